@@ -1,0 +1,435 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// CommandType is the first byte of every Raft log entry this FSM applies. It names both the
+// command and the layout of the body after it: a changed layout gets a new byte, and the old
+// bytes stay decodable for as long as a log or a snapshot may hold them.
+type CommandType byte
+
+// The command types. Zero is never valid, so a zeroed buffer does not decode.
+const (
+	TypeScheduleBatch    CommandType = 1
+	TypeCancel           CommandType = 2
+	TypeMarkFired        CommandType = 3
+	TypeMarkDeadLettered CommandType = 4
+)
+
+func (t CommandType) String() string {
+	switch t {
+	case TypeScheduleBatch:
+		return "ScheduleBatch"
+	case TypeCancel:
+		return "Cancel"
+	case TypeMarkFired:
+		return "MarkFired"
+	case TypeMarkDeadLettered:
+		return "MarkDeadLettered"
+	}
+	return fmt.Sprintf("CommandType(%d)", byte(t))
+}
+
+// Command is a decoded log entry: *ScheduleBatch, *Cancel, *MarkFired or *MarkDeadLettered.
+type Command interface {
+	Type() CommandType
+}
+
+// ErrMalformedCommand wraps every DecodeCommand error. Apply panics on it: a committed entry
+// that does not decode cannot be applied identically on every replica.
+var ErrMalformedCommand = errors.New("raftfsm: malformed command")
+
+// Header is a Kafka record header. Order is significant, as it is in Kafka.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// NewEvent is one event of a ScheduleBatch, as the leader resolved it.
+type NewEvent struct {
+	ID      string // idempotency key; rpc has validated it
+	Due     int64  // unix ns, absolute; relative delays were resolved by the leader
+	Topic   string
+	Key     []byte
+	Payload []byte
+	Headers []Header
+	// ContentHash is ContentHash() over the request as the client sent it, so that a
+	// re-send with the same relative delay matches even though Due differs.
+	ContentHash uint64
+}
+
+// ScheduleBatch creates events. Apply returns *ScheduleBatchResult.
+type ScheduleBatch struct {
+	ProposedAt int64 // unix ns, leader clock; becomes Record.CreatedAt
+	Events     []NewEvent
+}
+
+// Cancel cancels pending events by id. Apply returns *CancelBatchResult.
+type Cancel struct {
+	ProposedAt int64 // unix ns, leader clock; becomes Record.CancelledAt
+	IDs        []string
+}
+
+// Fired reports that the leader produced the event to Kafka.
+type Fired struct {
+	Seq      uint64
+	FiredAt  int64 // unix ns, when the produce was acknowledged
+	Attempts uint32
+}
+
+// MarkFired records produced events. Apply returns *MarkBatchResult.
+type MarkFired struct {
+	ProposedAt int64
+	Entries    []Fired
+}
+
+// DeadLettered reports that the leader gave up producing the event and wrote it to the
+// dead-letter topic.
+type DeadLettered struct {
+	Seq      uint64
+	At       int64 // unix ns
+	Attempts uint32
+	Error    string // the last produce error
+	Topic    string // the dead-letter topic
+}
+
+// MarkDeadLettered records dead-lettered events. Apply returns *MarkBatchResult.
+type MarkDeadLettered struct {
+	ProposedAt int64
+	Entries    []DeadLettered
+}
+
+func (*ScheduleBatch) Type() CommandType    { return TypeScheduleBatch }
+func (*Cancel) Type() CommandType           { return TypeCancel }
+func (*MarkFired) Type() CommandType        { return TypeMarkFired }
+func (*MarkDeadLettered) Type() CommandType { return TypeMarkDeadLettered }
+
+// Encoding. Integers are encoding/binary varints (signed ones zig-zag), strings and byte
+// slices are uvarint-length-prefixed, content hashes are 8 fixed little-endian bytes (they are
+// uniformly random, a varint would be longer). Lists are a uvarint count then the items.
+
+// AppendScheduleBatch appends the log entry encoding of c to dst.
+func AppendScheduleBatch(dst []byte, c *ScheduleBatch) []byte {
+	dst = append(dst, byte(TypeScheduleBatch))
+	dst = binary.AppendVarint(dst, c.ProposedAt)
+	dst = binary.AppendUvarint(dst, uint64(len(c.Events)))
+	for i := range c.Events {
+		e := &c.Events[i]
+		dst = appendString(dst, e.ID)
+		dst = binary.AppendVarint(dst, e.Due)
+		dst = appendString(dst, e.Topic)
+		dst = appendBytes(dst, e.Key)
+		dst = appendBytes(dst, e.Payload)
+		dst = appendHeaders(dst, e.Headers)
+		dst = binary.LittleEndian.AppendUint64(dst, e.ContentHash)
+	}
+	return dst
+}
+
+// AppendCancel appends the log entry encoding of c to dst.
+func AppendCancel(dst []byte, c *Cancel) []byte {
+	dst = append(dst, byte(TypeCancel))
+	dst = binary.AppendVarint(dst, c.ProposedAt)
+	dst = binary.AppendUvarint(dst, uint64(len(c.IDs)))
+	for _, id := range c.IDs {
+		dst = appendString(dst, id)
+	}
+	return dst
+}
+
+// AppendMarkFired appends the log entry encoding of c to dst.
+func AppendMarkFired(dst []byte, c *MarkFired) []byte {
+	dst = append(dst, byte(TypeMarkFired))
+	dst = binary.AppendVarint(dst, c.ProposedAt)
+	dst = binary.AppendUvarint(dst, uint64(len(c.Entries)))
+	for _, e := range c.Entries {
+		dst = binary.AppendUvarint(dst, e.Seq)
+		dst = binary.AppendVarint(dst, e.FiredAt)
+		dst = binary.AppendUvarint(dst, uint64(e.Attempts))
+	}
+	return dst
+}
+
+// AppendMarkDeadLettered appends the log entry encoding of c to dst.
+func AppendMarkDeadLettered(dst []byte, c *MarkDeadLettered) []byte {
+	dst = append(dst, byte(TypeMarkDeadLettered))
+	dst = binary.AppendVarint(dst, c.ProposedAt)
+	dst = binary.AppendUvarint(dst, uint64(len(c.Entries)))
+	for _, e := range c.Entries {
+		dst = binary.AppendUvarint(dst, e.Seq)
+		dst = binary.AppendVarint(dst, e.At)
+		dst = binary.AppendUvarint(dst, uint64(e.Attempts))
+		dst = appendString(dst, e.Error)
+		dst = appendString(dst, e.Topic)
+	}
+	return dst
+}
+
+// Smallest encodings of one list item, used to reject a count that cannot fit in the bytes
+// left before allocating for it (a corrupt count must not allocate gigabytes).
+const (
+	minEventLen        = 1 + 1 + 1 + 1 + 1 + 1 + 8 // id, due, topic, key, payload, headers, hash
+	minHeaderLen       = 1 + 1
+	minFiredLen        = 1 + 1 + 1
+	minDeadLetteredLen = 1 + 1 + 1 + 1 + 1
+)
+
+// DecodeCommand decodes one log entry. It never panics, whatever data holds; errors wrap
+// ErrMalformedCommand and name the field. Byte slices in the result (Key, Payload, header
+// values) alias data; empty byte slices and empty lists decode as nil.
+func DecodeCommand(data []byte) (Command, error) {
+	if len(data) == 0 {
+		return nil, fmt.Errorf("%w: empty entry", ErrMalformedCommand)
+	}
+	t := CommandType(data[0])
+	d := decoder{b: data[1:]}
+	var c Command
+	switch t {
+	case TypeScheduleBatch:
+		c = d.scheduleBatch()
+	case TypeCancel:
+		c = d.cancel()
+	case TypeMarkFired:
+		c = d.markFired()
+	case TypeMarkDeadLettered:
+		c = d.markDeadLettered()
+	default:
+		return nil, fmt.Errorf("%w: unknown command type %d", ErrMalformedCommand, data[0])
+	}
+	if err := d.finish(); err != nil {
+		return nil, fmt.Errorf("%w: %v: %v", ErrMalformedCommand, t, err)
+	}
+	return c, nil
+}
+
+func (d *decoder) scheduleBatch() *ScheduleBatch {
+	c := &ScheduleBatch{ProposedAt: d.varint("proposedAt")}
+	n := d.count("events", minEventLen)
+	if n > 0 {
+		c.Events = make([]NewEvent, n)
+	}
+	for i := range c.Events {
+		e := &c.Events[i]
+		d.at("events", i)
+		e.ID = d.str("id")
+		e.Due = d.varint("due")
+		e.Topic = d.str("topic")
+		e.Key = d.bytes("key")
+		e.Payload = d.bytes("payload")
+		e.Headers = d.headers()
+		e.ContentHash = d.fixed64("contentHash")
+	}
+	return c
+}
+
+func (d *decoder) cancel() *Cancel {
+	c := &Cancel{ProposedAt: d.varint("proposedAt")}
+	n := d.count("ids", 1)
+	if n > 0 {
+		c.IDs = make([]string, n)
+	}
+	for i := range c.IDs {
+		d.at("ids", i)
+		c.IDs[i] = d.str("id")
+	}
+	return c
+}
+
+func (d *decoder) markFired() *MarkFired {
+	c := &MarkFired{ProposedAt: d.varint("proposedAt")}
+	n := d.count("entries", minFiredLen)
+	if n > 0 {
+		c.Entries = make([]Fired, n)
+	}
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		d.at("entries", i)
+		e.Seq = d.uvarint("seq")
+		e.FiredAt = d.varint("firedAt")
+		e.Attempts = d.uint32("attempts")
+	}
+	return c
+}
+
+func (d *decoder) markDeadLettered() *MarkDeadLettered {
+	c := &MarkDeadLettered{ProposedAt: d.varint("proposedAt")}
+	n := d.count("entries", minDeadLetteredLen)
+	if n > 0 {
+		c.Entries = make([]DeadLettered, n)
+	}
+	for i := range c.Entries {
+		e := &c.Entries[i]
+		d.at("entries", i)
+		e.Seq = d.uvarint("seq")
+		e.At = d.varint("at")
+		e.Attempts = d.uint32("attempts")
+		e.Error = d.str("error")
+		e.Topic = d.str("topic")
+	}
+	return c
+}
+
+func appendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+func appendBytes(dst, b []byte) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(b)))
+	return append(dst, b...)
+}
+
+func appendHeaders(dst []byte, hs []Header) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(hs)))
+	for _, h := range hs {
+		dst = appendString(dst, h.Key)
+		dst = appendBytes(dst, h.Value)
+	}
+	return dst
+}
+
+// decoder reads the encoding above from b. The first error sticks: later reads return zero
+// values, so decoding code reads straight through and checks once (finish). Field names are
+// constants, so a successful decode allocates nothing for error reporting. Calls inside one
+// composite literal run in the order written (Go spec, "Order of evaluation"), so a literal
+// may read fields in wire order.
+type decoder struct {
+	b   []byte
+	err error
+	// list and item locate the failure within a list, for the error message.
+	list string
+	item int
+}
+
+func (d *decoder) at(list string, item int) { d.list, d.item = list, item }
+
+func (d *decoder) fail(field, format string, args ...any) {
+	if d.err != nil {
+		return
+	}
+	msg := fmt.Sprintf(format, args...)
+	if d.list != "" {
+		d.err = fmt.Errorf("%s[%d].%s: %s", d.list, d.item, field, msg)
+	} else {
+		d.err = fmt.Errorf("%s: %s", field, msg)
+	}
+}
+
+func (d *decoder) finish() error {
+	if d.err == nil && len(d.b) != 0 {
+		d.list = ""
+		d.fail("end", "%d unexpected trailing bytes", len(d.b))
+	}
+	return d.err
+}
+
+func (d *decoder) uvarint(field string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail(field, "truncated or overlong varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) varint(field string) int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail(field, "truncated or overlong varint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) uint32(field string) uint32 {
+	v := d.uvarint(field)
+	if v > 1<<32-1 {
+		d.fail(field, "%d does not fit in 32 bits", v)
+		return 0
+	}
+	return uint32(v)
+}
+
+func (d *decoder) fixed64(field string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 8 {
+		d.fail(field, "need 8 bytes, have %d", len(d.b))
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+
+func (d *decoder) byte1(field string) byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) == 0 {
+		d.fail(field, "missing")
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+// bytes returns a length-prefixed slice aliasing the input, nil when empty.
+func (d *decoder) bytes(field string) []byte {
+	n := d.uvarint(field)
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.fail(field, "length %d exceeds the %d bytes left", n, len(d.b))
+		return nil
+	}
+	if n == 0 {
+		return nil
+	}
+	v := d.b[:n:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) str(field string) string { return string(d.bytes(field)) }
+
+// count reads a list length and checks that that many items of at least minLen bytes each
+// fit in what is left.
+func (d *decoder) count(field string, minLen int) int {
+	n := d.uvarint(field)
+	if d.err != nil {
+		return 0
+	}
+	if n > uint64(len(d.b)/minLen) {
+		d.fail(field, "count %d cannot fit in the %d bytes left", n, len(d.b))
+		return 0
+	}
+	return int(n)
+}
+
+func (d *decoder) headers() []Header {
+	n := d.count("headers", minHeaderLen)
+	if n == 0 {
+		return nil
+	}
+	hs := make([]Header, n)
+	for i := range hs {
+		hs[i].Key = d.str("headers.key")
+		hs[i].Value = d.bytes("headers.value")
+	}
+	return hs
+}

@@ -1,0 +1,93 @@
+// Package raftfsm is the deterministic state machine of a Chime shard: it applies committed
+// Raft log entries (hashicorp/raft) to a shard's slice of the node's Pebble database, answers
+// the reads the firing path and the API need, and streams and restores shard snapshots.
+//
+// # What it owns
+//
+//   - The meaning of a committed command: ScheduleBatch, Cancel, MarkFired and
+//     MarkDeadLettered, their binary encoding (DecodeCommand is the only decode path; the
+//     Append* functions encode), and the result each one produces.
+//   - Every key of its shard in the node's Pebble (one Store per node, one FSM per shard).
+//   - The shard's event lifecycle: Scheduled → Fired | Cancelled | DeadLettered. Nothing
+//     leaves a final state.
+//   - The applied index: which log entry the Pebble state reflects.
+//
+// It does not decide anything: timestamps, due times and content hashes arrive inside the
+// commands, decided by the leader and the rpc layer (ContentHash is here so both sides hash
+// the same way). It does not validate client input either (invariant 7 belongs to rpc); it
+// applies what was committed.
+//
+// # Invariants
+//
+//  1. Apply is deterministic (design invariant 5). It reads no clock and no randomness, does
+//     no I/O but Pebble, and iterates no map in a way that reaches the output. Replicas fed the
+//     same log hold byte-identical shard key spaces (TestDeterministicKeySpace).
+//  2. An entry that cannot be decoded, or a Pebble failure during apply, panics: the replica
+//     can no longer be trusted to hold the same state as its peers and must stop loudly. A rule
+//     violation ("already fired", "different content for this id") is a result, identical on
+//     every replica.
+//  3. The applied index and term are written in the same Pebble batch as the state change
+//     they produced, so Pebble always holds a state that is exactly "the log up to
+//     AppliedIndex". Entries at or below it are skipped: with NoSnapshotRestoreOnStart, raft
+//     re-applies the log after its last snapshot on every start.
+//  4. Pebble writes from apply use NoSync: the Raft log (fsynced by raft-boltdb) is the
+//     durability point, and a lost Pebble tail is re-applied from it. This is only sound if
+//     raft never truncates log entries Pebble may have lost, so Snapshot syncs the Pebble WAL
+//     before it hands raft a snapshot; raft truncates only entries at or below a snapshot's
+//     index. Restore syncs too, because raft drops its log behind an installed snapshot.
+//  5. A pending event (state Scheduled) has exactly one due-index key; no other event has one.
+//     The in-memory counters equal the counters stored in Pebble after every commit.
+//  6. Idempotency (design invariant 6): an id is bound forever to the first event created
+//     with it. The same id with the same ContentHash returns the original Seq and Due; a
+//     different hash is a Conflict. Within one ScheduleBatch the first occurrence wins.
+//  7. Sequence numbers are assigned in apply order, start at 1, and are never reused.
+//
+// # Concurrency
+//
+// Apply, ApplyBatch, Snapshot and Restore are called by raft from one goroutine (the "apply
+// goroutine"). Reads (Get, ReadForFire, ForEachPending, Stats, AppliedIndex) may run on any
+// goroutine concurrently with them: each read uses one Pebble iterator, so it sees one
+// committed state. While a restore is unfinished, reads return ErrRestoring rather than a
+// half-loaded shard. The Observer is called on the apply goroutine, after the batch is
+// committed, in apply order; it must be cheap (the wheel insert/remove is).
+//
+// # Key layout
+//
+// Every key starts with the shard id as 4 big-endian bytes, then a tag byte. The shard's span
+// is [shard|0x00, shard|0xff): tags are ASCII letters, so a DeleteRange over the span never
+// touches another shard.
+//
+//	shard|'m'                        meta: applied index, applied term, next seq, counters
+//	shard|'i'|id                     seq (8 BE) | content hash (8 BE)
+//	shard|'e'|seq(8 BE)|'b'          body: id, createdAt, topic, key, payload, headers, hash
+//	shard|'e'|seq(8 BE)|'s'          status: state, due, fired/cancelled/dead-lettered at,
+//	                                 attempts, last error, dead-letter topic
+//	shard|'d'|due(8)|seq(8 BE)       empty; present only while the event is pending
+//	shard|'r'                        restoring marker: a Restore began and has not finished
+//
+// An event is split into an immutable body and a small mutable status, adjacent under its
+// seq: every event changes state once (MarkFired is as frequent as Schedule), and rewriting
+// only the status keeps that write small instead of copying the payload again. The due index
+// encodes due as uint64(due) XOR 1<<63, which orders negative (pre-1970) instants correctly,
+// so nothing is clamped and ForEachPending reports the exact due. The index exists for
+// ForEachPending (rebuilding the wheel) and for paging far-future events in later.
+//
+// Values carry a leading format byte (1 today) so that a layout change can be recognised.
+//
+// # Snapshot stream
+//
+// Persist writes, from a Pebble snapshot handle taken in Snapshot:
+//
+//	header   "chimesnp" | format version u32 BE (1) | shard u32 BE | applied index u64 BE |
+//	         applied term u64 BE
+//	frames   uvarint len(key) | key without the shard prefix | uvarint len(value) | value
+//	         (in key order; keys are never empty)
+//	end      uvarint 0
+//	trailer  frame count u64 BE | CRC-32C (Castagnoli) u32 BE of every byte before it
+//
+// Restore checks the header before touching anything. It then writes the restoring marker
+// and a DeleteRange of the span in one synced batch, loads the frames in batches of a few
+// MiB, and only after the trailer verifies deletes the marker (synced). A restore that fails
+// half way leaves the marker: NeedsRestore reports it, Apply refuses to run on top of it
+// (panic), and the shard owner lets raft restore from its snapshot store on the next start.
+package raftfsm

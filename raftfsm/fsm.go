@@ -1,0 +1,596 @@
+package raftfsm
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/raft"
+)
+
+// Observer learns about changes to the pending set, so the shard owner can keep its timing
+// wheel in step with Pebble. It is called on the apply goroutine after the Pebble batch holding
+// the change has committed, in apply order. Replayed (skipped) entries do not notify.
+type Observer interface {
+	// Scheduled reports a newly created pending event.
+	Scheduled(seq uint64, dueUnixNano int64)
+	// Settled reports that a pending event left the pending state: cancelled, fired or
+	// dead-lettered.
+	Settled(seq uint64)
+	// Reset reports that Restore replaced the shard's state; the owner drops what it holds
+	// and rebuilds from ForEachPending.
+	Reset()
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Scheduled(uint64, int64) {}
+func (nopObserver) Settled(uint64)          {}
+func (nopObserver) Reset()                  {}
+
+// ErrReplayed is the response for a log entry at or below the stored applied index: it was
+// applied before a restart and is skipped, changing nothing and notifying nobody. Only raft's
+// replay on start produces such entries, and nobody waits on their futures, so the FSM does
+// not re-derive their original results.
+var ErrReplayed = errors.New("raftfsm: log entry already applied; skipped")
+
+// ErrRestoring is returned by reads while a restore of the shard is unfinished (in progress,
+// or failed and left its marker); the shard's state is partial until it completes.
+var ErrRestoring = errors.New("raftfsm: shard restore unfinished")
+
+// ScheduleOutcome says what a ScheduleBatch did with one event.
+type ScheduleOutcome uint8
+
+const (
+	// Created: a new event, with a new Seq.
+	Created ScheduleOutcome = 1
+	// Existing: the id exists with the same ContentHash; Seq and Due are the original
+	// event's, whatever its state now.
+	Existing ScheduleOutcome = 2
+	// Conflict: the id exists with a different ContentHash; nothing changed. Seq and Due are
+	// the existing event's.
+	Conflict ScheduleOutcome = 3
+)
+
+func (o ScheduleOutcome) String() string {
+	switch o {
+	case Created:
+		return "Created"
+	case Existing:
+		return "Existing"
+	case Conflict:
+		return "Conflict"
+	}
+	return fmt.Sprintf("ScheduleOutcome(%d)", uint8(o))
+}
+
+// ScheduleResult is the result for one NewEvent, at the same position.
+type ScheduleResult struct {
+	Outcome ScheduleOutcome
+	Seq     uint64
+	Due     int64
+}
+
+// ScheduleBatchResult is the response to a ScheduleBatch entry.
+type ScheduleBatchResult struct {
+	Results []ScheduleResult
+}
+
+// CancelOutcome says what a Cancel did with one id.
+type CancelOutcome uint8
+
+const (
+	Cancelled           CancelOutcome = 1 // was pending, now cancelled
+	AlreadyCancelled    CancelOutcome = 2
+	NotFound            CancelOutcome = 3 // no event with this id; Seq is 0
+	AlreadyFired        CancelOutcome = 4
+	AlreadyDeadLettered CancelOutcome = 5
+)
+
+func (o CancelOutcome) String() string {
+	switch o {
+	case Cancelled:
+		return "Cancelled"
+	case AlreadyCancelled:
+		return "AlreadyCancelled"
+	case NotFound:
+		return "NotFound"
+	case AlreadyFired:
+		return "AlreadyFired"
+	case AlreadyDeadLettered:
+		return "AlreadyDeadLettered"
+	}
+	return fmt.Sprintf("CancelOutcome(%d)", uint8(o))
+}
+
+// CancelResult is the result for one id of a Cancel, at the same position.
+type CancelResult struct {
+	Outcome CancelOutcome
+	Seq     uint64
+}
+
+// CancelBatchResult is the response to a Cancel entry.
+type CancelBatchResult struct {
+	Results []CancelResult
+}
+
+// MarkOutcome says what a MarkFired or MarkDeadLettered did with one entry. Only Marked
+// changes the event; the others leave it exactly as it was.
+type MarkOutcome uint8
+
+const (
+	// Marked: the event was pending and now is Fired (or DeadLettered).
+	Marked MarkOutcome = 1
+	// WasFired: an earlier leader fired it already. For MarkFired this is a duplicate
+	// delivery, counted in Stats.Refired.
+	WasFired MarkOutcome = 2
+	// WasCancelled: it was cancelled. For MarkFired the record was produced although
+	// cancelled, counted in Stats.FiredAfterCancel.
+	WasCancelled MarkOutcome = 3
+	// WasDeadLettered: an earlier leader dead-lettered it.
+	WasDeadLettered MarkOutcome = 4
+	// UnknownSeq: no event has this seq.
+	UnknownSeq MarkOutcome = 5
+)
+
+func (o MarkOutcome) String() string {
+	switch o {
+	case Marked:
+		return "Marked"
+	case WasFired:
+		return "WasFired"
+	case WasCancelled:
+		return "WasCancelled"
+	case WasDeadLettered:
+		return "WasDeadLettered"
+	case UnknownSeq:
+		return "UnknownSeq"
+	}
+	return fmt.Sprintf("MarkOutcome(%d)", uint8(o))
+}
+
+// MarkBatchResult is the response to a MarkFired or MarkDeadLettered entry: one outcome per
+// entry, at the same position.
+type MarkBatchResult struct {
+	Outcomes []MarkOutcome
+}
+
+// Stats are the shard's counters, as of AppliedIndex.
+type Stats struct {
+	Pending          uint64 // events in state Scheduled
+	Fired            uint64
+	Cancelled        uint64
+	DeadLettered     uint64
+	Refired          uint64 // MarkFired entries for events already fired (duplicate deliveries)
+	FiredAfterCancel uint64 // MarkFired entries for cancelled events
+	AppliedIndex     uint64
+	AppliedTerm      uint64
+	NextSeq          uint64 // the seq the next created event will get
+}
+
+// FSM is the state machine of one shard. It implements raft.FSM and raft.BatchingFSM.
+//
+// Responses (ApplyFuture.Response) per entry:
+//   - ScheduleBatch: *ScheduleBatchResult
+//   - Cancel: *CancelBatchResult
+//   - MarkFired, MarkDeadLettered: *MarkBatchResult
+//   - any entry at or below the applied index: ErrReplayed
+//   - non-command entries (LogConfiguration, ...): nil; they still advance the applied index.
+type FSM struct {
+	st    *Store
+	db    *pebble.DB
+	shard uint32
+	obs   Observer
+
+	spanStart, spanEnd []byte // this shard's keys; see shardSpan
+
+	// ap is scratch reused by every apply; only the apply goroutine touches it.
+	ap applier
+
+	// mu guards meta and restoring for readers. Only the apply goroutine writes them, and
+	// only while holding mu, so the apply goroutine may read them without mu.
+	mu sync.RWMutex
+	// meta is the state as of the last committed batch (and as stored under shard|'m').
+	meta meta
+	// restoring is true while a restore marker exists: a Restore is running or failed.
+	restoring bool
+}
+
+var (
+	_ raft.FSM         = (*FSM)(nil)
+	_ raft.BatchingFSM = (*FSM)(nil)
+)
+
+// NewFSM opens the state machine of shard in st, loading its applied index and counters.
+// obs may be nil. If a previous restore did not finish, NeedsRestore reports true and the FSM
+// refuses to apply until a Restore succeeds.
+func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	if err := st.claim(shard); err != nil {
+		return nil, err
+	}
+	f := &FSM{st: st, db: st.db, shard: shard, obs: obs}
+	f.spanStart, f.spanEnd = shardSpan(shard)
+	f.ap.init(f)
+	if err := f.load(); err != nil {
+		st.release(shard)
+		return nil, err
+	}
+	return f, nil
+}
+
+// load reads meta and the restoring marker from Pebble into memory.
+// Called on the apply goroutine (or before it exists).
+func (f *FSM) load() error {
+	m := freshMeta()
+	v, closer, err := f.db.Get(metaKey(f.shard))
+	switch {
+	case err == nil:
+		m, err = decodeMeta(v)
+		closer.Close()
+		if err != nil {
+			return fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
+		}
+	case !errors.Is(err, pebble.ErrNotFound):
+		return fmt.Errorf("raftfsm: shard %d: read meta: %w", f.shard, err)
+	}
+	restoring := true
+	_, closer, err = f.db.Get(restoringKey(f.shard))
+	switch {
+	case err == nil:
+		closer.Close()
+	case errors.Is(err, pebble.ErrNotFound):
+		restoring = false
+	default:
+		return fmt.Errorf("raftfsm: shard %d: read restore marker: %w", f.shard, err)
+	}
+	f.mu.Lock()
+	f.meta, f.restoring = m, restoring
+	f.mu.Unlock()
+	return nil
+}
+
+// Close releases the shard's claim on the Store. The FSM must not be used afterwards.
+func (f *FSM) Close() { f.st.release(f.shard) }
+
+// Shard returns the shard id.
+func (f *FSM) Shard() uint32 { return f.shard }
+
+// AppliedIndex returns the index of the last log entry reflected in Pebble.
+func (f *FSM) AppliedIndex() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.meta.appliedIndex
+}
+
+// NeedsRestore reports whether a restore of this shard began and did not finish (in this
+// process or before a restart). The shard's Pebble state is then partial: the owner must have
+// raft restore its latest snapshot (start it without NoSnapshotRestoreOnStart) before applying.
+func (f *FSM) NeedsRestore() bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.restoring
+}
+
+// Apply applies one log entry. raft uses ApplyBatch; Apply exists for raft.FSM and behaves
+// exactly like a batch of one.
+func (f *FSM) Apply(l *raft.Log) interface{} {
+	var out [1]interface{}
+	f.apply([]*raft.Log{l}, out[:])
+	return out[0]
+}
+
+// ApplyBatch applies consecutive log entries in one Pebble batch, committed once, with the
+// applied index of the last entry written in the same batch.
+func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	out := make([]interface{}, len(logs))
+	f.apply(logs, out)
+	return out
+}
+
+func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
+	if f.restoring {
+		panic(fmt.Sprintf("raftfsm: shard %d: apply with an unfinished restore; the state is partial", f.shard))
+	}
+	a := &f.ap
+	a.begin(f.meta)
+	defer a.end()
+	changed := false
+	for i, l := range logs {
+		if l.Index <= a.m.appliedIndex {
+			out[i] = ErrReplayed
+			continue
+		}
+		if l.Type == raft.LogCommand {
+			cmd, err := DecodeCommand(l.Data)
+			if err != nil {
+				panic(fmt.Sprintf("raftfsm: shard %d: log entry %d (term %d) cannot be applied: %v", f.shard, l.Index, l.Term, err))
+			}
+			out[i] = a.command(cmd)
+		}
+		a.m.appliedIndex, a.m.appliedTerm = l.Index, l.Term
+		changed = true
+	}
+	if !changed {
+		return
+	}
+	a.val = a.m.append(a.val[:0])
+	a.set(metaKey(f.shard), a.val)
+	if err := a.batch.Commit(pebble.NoSync); err != nil {
+		panic(fmt.Sprintf("raftfsm: shard %d: commit entries through %d: %v", f.shard, a.m.appliedIndex, err))
+	}
+	f.mu.Lock()
+	f.meta = a.m
+	f.mu.Unlock()
+	for _, n := range a.notes {
+		if n.scheduled {
+			f.obs.Scheduled(n.seq, n.due)
+		} else {
+			f.obs.Settled(n.seq)
+		}
+	}
+}
+
+// applier applies commands into one Pebble batch. Reads must see the batch's own writes (a
+// later event or entry in the same batch may name an id created earlier in it), so the
+// applier keeps what it wrote in two small overlays instead of paying for an indexed batch:
+// ids created in this batch, and the latest status of every event it read or wrote.
+type applier struct {
+	f     *FSM
+	batch *pebble.Batch
+	m     meta // the working copy; becomes f.meta on commit
+
+	ids      map[string]idRef
+	statuses map[uint64]status
+	notes    []note
+
+	key, val []byte // scratch; Batch.Set copies
+}
+
+// note is an Observer call held back until the batch commits.
+type note struct {
+	scheduled bool // Scheduled(seq, due) if true, Settled(seq) if false
+	seq       uint64
+	due       int64
+}
+
+func (a *applier) init(f *FSM) {
+	a.f = f
+	a.ids = make(map[string]idRef)
+	a.statuses = make(map[uint64]status)
+}
+
+func (a *applier) begin(m meta) {
+	a.m = m
+	a.batch = a.f.db.NewBatch()
+}
+
+func (a *applier) end() {
+	_ = a.batch.Close()
+	a.batch = nil
+	clear(a.ids)
+	clear(a.statuses)
+	a.notes = a.notes[:0]
+}
+
+func (a *applier) fatal(format string, args ...any) {
+	panic(fmt.Sprintf("raftfsm: shard %d: ", a.f.shard) + fmt.Sprintf(format, args...))
+}
+
+func (a *applier) set(k, v []byte) {
+	if err := a.batch.Set(k, v, nil); err != nil {
+		a.fatal("batch set: %v", err)
+	}
+}
+
+func (a *applier) del(k []byte) {
+	if err := a.batch.Delete(k, nil); err != nil {
+		a.fatal("batch delete: %v", err)
+	}
+}
+
+// get reads a committed value; v is valid until closer is closed.
+func (a *applier) get(k []byte) (v []byte, closer io.Closer, found bool) {
+	v, closer, err := a.f.db.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil, false
+	}
+	if err != nil {
+		a.fatal("read %x: %v", k, err)
+	}
+	return v, closer, true
+}
+
+func (a *applier) lookupID(id string) (idRef, bool) {
+	if ref, ok := a.ids[id]; ok {
+		return ref, true
+	}
+	a.key = appendIDKey(a.key[:0], a.f.shard, id)
+	v, closer, ok := a.get(a.key)
+	if !ok {
+		return idRef{}, false
+	}
+	defer closer.Close()
+	ref, err := decodeIDRef(v)
+	if err != nil {
+		a.fatal("id %q: %v", id, err)
+	}
+	return ref, true
+}
+
+// status returns the current status of seq, which must exist.
+func (a *applier) status(seq uint64) status {
+	if s, ok := a.statuses[seq]; ok {
+		return s
+	}
+	a.key = appendEventKey(a.key[:0], a.f.shard, seq, partStatus)
+	v, closer, ok := a.get(a.key)
+	if !ok {
+		a.fatal("event %d has no status", seq)
+	}
+	defer closer.Close()
+	s, err := decodeStatus(v)
+	if err != nil {
+		a.fatal("event %d: %v", seq, err)
+	}
+	a.statuses[seq] = s
+	return s
+}
+
+func (a *applier) putStatus(seq uint64, s status) {
+	a.statuses[seq] = s
+	a.key = appendEventKey(a.key[:0], a.f.shard, seq, partStatus)
+	a.val = s.append(a.val[:0])
+	a.set(a.key, a.val)
+}
+
+// settle takes a pending event out of the due index; the caller stores its final status.
+func (a *applier) settle(seq uint64, due int64) {
+	a.key = appendDueKey(a.key[:0], a.f.shard, due, seq)
+	a.del(a.key)
+	a.m.pending--
+	a.notes = append(a.notes, note{seq: seq})
+}
+
+// known reports whether seq was ever assigned; seqs are dense from 1.
+func (a *applier) known(seq uint64) bool { return seq != 0 && seq < a.m.nextSeq }
+
+func (a *applier) command(c Command) interface{} {
+	switch c := c.(type) {
+	case *ScheduleBatch:
+		return a.schedule(c)
+	case *Cancel:
+		return a.cancel(c)
+	case *MarkFired:
+		return a.markFired(c)
+	case *MarkDeadLettered:
+		return a.markDeadLettered(c)
+	}
+	a.fatal("no apply for %T", c)
+	return nil
+}
+
+func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
+	res := make([]ScheduleResult, len(c.Events))
+	for i := range c.Events {
+		e := &c.Events[i]
+		if ref, ok := a.lookupID(e.ID); ok {
+			outcome := Existing
+			if ref.hash != e.ContentHash {
+				outcome = Conflict
+			}
+			res[i] = ScheduleResult{Outcome: outcome, Seq: ref.seq, Due: a.status(ref.seq).due}
+			continue
+		}
+		seq := a.m.nextSeq
+		a.m.nextSeq++
+		ref := idRef{seq: seq, hash: e.ContentHash}
+		a.ids[e.ID] = ref
+		a.key = appendIDKey(a.key[:0], a.f.shard, e.ID)
+		a.val = ref.append(a.val[:0])
+		a.set(a.key, a.val)
+		a.key = appendEventKey(a.key[:0], a.f.shard, seq, partBody)
+		a.val = appendBody(a.val[:0], e, c.ProposedAt)
+		a.set(a.key, a.val)
+		a.putStatus(seq, status{state: StateScheduled, due: e.Due})
+		a.key = appendDueKey(a.key[:0], a.f.shard, e.Due, seq)
+		a.set(a.key, nil)
+		a.m.pending++
+		a.notes = append(a.notes, note{scheduled: true, seq: seq, due: e.Due})
+		res[i] = ScheduleResult{Outcome: Created, Seq: seq, Due: e.Due}
+	}
+	return &ScheduleBatchResult{Results: res}
+}
+
+func (a *applier) cancel(c *Cancel) *CancelBatchResult {
+	res := make([]CancelResult, len(c.IDs))
+	for i, id := range c.IDs {
+		ref, ok := a.lookupID(id)
+		if !ok {
+			res[i] = CancelResult{Outcome: NotFound}
+			continue
+		}
+		res[i].Seq = ref.seq
+		s := a.status(ref.seq)
+		switch s.state {
+		case StateScheduled:
+			a.settle(ref.seq, s.due)
+			s.state, s.cancelledAt = StateCancelled, c.ProposedAt
+			a.putStatus(ref.seq, s)
+			a.m.cancelled++
+			res[i].Outcome = Cancelled
+		case StateCancelled:
+			res[i].Outcome = AlreadyCancelled
+		case StateFired:
+			res[i].Outcome = AlreadyFired
+		case StateDeadLettered:
+			res[i].Outcome = AlreadyDeadLettered
+		}
+	}
+	return &CancelBatchResult{Results: res}
+}
+
+// notPending maps the state of an event that is no longer pending to its MarkOutcome.
+func notPending(s State) MarkOutcome {
+	switch s {
+	case StateFired:
+		return WasFired
+	case StateCancelled:
+		return WasCancelled
+	default:
+		return WasDeadLettered
+	}
+}
+
+func (a *applier) markFired(c *MarkFired) *MarkBatchResult {
+	res := make([]MarkOutcome, len(c.Entries))
+	for i, e := range c.Entries {
+		if !a.known(e.Seq) {
+			res[i] = UnknownSeq
+			continue
+		}
+		s := a.status(e.Seq)
+		if s.state != StateScheduled {
+			res[i] = notPending(s.state)
+			switch s.state {
+			case StateFired:
+				a.m.refired++
+			case StateCancelled:
+				a.m.firedAfterCancel++
+			}
+			continue
+		}
+		a.settle(e.Seq, s.due)
+		s.state, s.firedAt, s.attempts = StateFired, e.FiredAt, e.Attempts
+		a.putStatus(e.Seq, s)
+		a.m.fired++
+		res[i] = Marked
+	}
+	return &MarkBatchResult{Outcomes: res}
+}
+
+func (a *applier) markDeadLettered(c *MarkDeadLettered) *MarkBatchResult {
+	res := make([]MarkOutcome, len(c.Entries))
+	for i, e := range c.Entries {
+		if !a.known(e.Seq) {
+			res[i] = UnknownSeq
+			continue
+		}
+		s := a.status(e.Seq)
+		if s.state != StateScheduled {
+			res[i] = notPending(s.state)
+			continue
+		}
+		a.settle(e.Seq, s.due)
+		s.state, s.deadLetteredAt, s.attempts = StateDeadLettered, e.At, e.Attempts
+		s.lastError, s.deadLetterTopic = e.Error, e.Topic
+		a.putStatus(e.Seq, s)
+		a.m.deadLettered++
+		res[i] = Marked
+	}
+	return &MarkBatchResult{Outcomes: res}
+}

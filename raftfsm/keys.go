@@ -1,0 +1,272 @@
+package raftfsm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Key tags; see the key layout in doc.go. They must stay below 0xff, the end of a shard span.
+const (
+	tagDue       = 'd'
+	tagEvent     = 'e'
+	tagID        = 'i'
+	tagMeta      = 'm'
+	tagRestoring = 'r'
+)
+
+// The two halves of an event under shard|'e'|seq. Body sorts first, so one SeekGE to the body
+// followed by Next reads the whole event.
+const (
+	partBody   = 'b'
+	partStatus = 's'
+)
+
+const shardPrefixLen = 4
+
+// formatV1 is the leading byte of every stored value written today.
+const formatV1 = 1
+
+// ErrCorrupt wraps errors about stored bytes that do not decode. During apply it panics
+// instead (see doc.go, invariant 2).
+var ErrCorrupt = errors.New("raftfsm: corrupt stored value")
+
+func appendShardTag(dst []byte, shard uint32, tag byte) []byte {
+	dst = binary.BigEndian.AppendUint32(dst, shard)
+	return append(dst, tag)
+}
+
+// shardSpan returns [start, end) covering every key of shard and nothing else.
+func shardSpan(shard uint32) (start, end []byte) {
+	return appendShardTag(nil, shard, 0x00), appendShardTag(nil, shard, 0xff)
+}
+
+func metaKey(shard uint32) []byte      { return appendShardTag(nil, shard, tagMeta) }
+func restoringKey(shard uint32) []byte { return appendShardTag(nil, shard, tagRestoring) }
+
+func appendIDKey(dst []byte, shard uint32, id string) []byte {
+	return append(appendShardTag(dst, shard, tagID), id...)
+}
+
+func appendEventKey(dst []byte, shard uint32, seq uint64, part byte) []byte {
+	dst = binary.BigEndian.AppendUint64(appendShardTag(dst, shard, tagEvent), seq)
+	return append(dst, part)
+}
+
+func appendDueKey(dst []byte, shard uint32, due int64, seq uint64) []byte {
+	dst = binary.BigEndian.AppendUint64(appendShardTag(dst, shard, tagDue), orderedDue(due))
+	return binary.BigEndian.AppendUint64(dst, seq)
+}
+
+const dueKeyLen = shardPrefixLen + 1 + 8 + 8
+
+// orderedDue maps int64 to uint64 preserving order (flip the sign bit), so big-endian keys
+// sort by due even before 1970.
+func orderedDue(due int64) uint64 { return uint64(due) ^ 1<<63 }
+
+func parseDueKey(k []byte) (due int64, seq uint64, err error) {
+	if len(k) != dueKeyLen || k[shardPrefixLen] != tagDue {
+		return 0, 0, fmt.Errorf("%w: due index key %x", ErrCorrupt, k)
+	}
+	due = int64(binary.BigEndian.Uint64(k[shardPrefixLen+1:]) ^ 1<<63)
+	return due, binary.BigEndian.Uint64(k[shardPrefixLen+9:]), nil
+}
+
+// idRef is the value under shard|'i'|id. The hash lives here rather than only in the body so
+// that an idempotent re-send is answered without reading the payload.
+type idRef struct {
+	seq  uint64
+	hash uint64
+}
+
+func (r idRef) append(dst []byte) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, r.seq)
+	return binary.BigEndian.AppendUint64(dst, r.hash)
+}
+
+func decodeIDRef(b []byte) (idRef, error) {
+	if len(b) != 16 {
+		return idRef{}, fmt.Errorf("%w: id entry of %d bytes", ErrCorrupt, len(b))
+	}
+	return idRef{seq: binary.BigEndian.Uint64(b), hash: binary.BigEndian.Uint64(b[8:])}, nil
+}
+
+// meta is the value under shard|'m', rewritten in every applied batch.
+type meta struct {
+	appliedIndex uint64
+	appliedTerm  uint64
+	nextSeq      uint64 // the seq the next created event gets; starts at 1
+
+	pending          uint64
+	fired            uint64
+	cancelled        uint64
+	deadLettered     uint64
+	refired          uint64 // MarkFired for an event already fired: a duplicate delivery
+	firedAfterCancel uint64 // MarkFired for a cancelled event: produced although cancelled
+}
+
+const metaLen = 1 + 9*8
+
+func freshMeta() meta { return meta{nextSeq: 1} }
+
+func (m *meta) append(dst []byte) []byte {
+	dst = append(dst, formatV1)
+	for _, v := range [...]uint64{m.appliedIndex, m.appliedTerm, m.nextSeq, m.pending, m.fired,
+		m.cancelled, m.deadLettered, m.refired, m.firedAfterCancel} {
+		dst = binary.BigEndian.AppendUint64(dst, v)
+	}
+	return dst
+}
+
+func decodeMeta(b []byte) (meta, error) {
+	if len(b) != metaLen || b[0] != formatV1 {
+		return meta{}, fmt.Errorf("%w: meta of %d bytes, format %x", ErrCorrupt, len(b), b[:min(len(b), 1)])
+	}
+	var v [9]uint64
+	for i := range v {
+		v[i] = binary.BigEndian.Uint64(b[1+8*i:])
+	}
+	return meta{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]}, nil
+}
+
+// State is where an event is in its lifecycle. Only Scheduled is pending; the others are
+// final.
+type State uint8
+
+// The states. Zero is never stored.
+const (
+	StateScheduled    State = 1
+	StateFired        State = 2
+	StateCancelled    State = 3
+	StateDeadLettered State = 4
+)
+
+func (s State) String() string {
+	switch s {
+	case StateScheduled:
+		return "Scheduled"
+	case StateFired:
+		return "Fired"
+	case StateCancelled:
+		return "Cancelled"
+	case StateDeadLettered:
+		return "DeadLettered"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// status is the mutable half of an event (shard|'e'|seq|'s'). Due is here, not in the body,
+// because rescheduling in place will change it.
+type status struct {
+	state           State
+	due             int64
+	firedAt         int64
+	cancelledAt     int64
+	deadLetteredAt  int64
+	attempts        uint32
+	lastError       string
+	deadLetterTopic string
+}
+
+func (s *status) append(dst []byte) []byte {
+	dst = append(dst, formatV1, byte(s.state))
+	dst = binary.AppendVarint(dst, s.due)
+	dst = binary.AppendVarint(dst, s.firedAt)
+	dst = binary.AppendVarint(dst, s.cancelledAt)
+	dst = binary.AppendVarint(dst, s.deadLetteredAt)
+	dst = binary.AppendUvarint(dst, uint64(s.attempts))
+	dst = appendString(dst, s.lastError)
+	return appendString(dst, s.deadLetterTopic)
+}
+
+func decodeStatus(b []byte) (status, error) {
+	d := decoder{b: b}
+	if v := d.byte1("format"); v != formatV1 && d.err == nil {
+		d.fail("format", "unknown status format %d", v)
+	}
+	s := status{
+		state:           State(d.byte1("state")),
+		due:             d.varint("due"),
+		firedAt:         d.varint("firedAt"),
+		cancelledAt:     d.varint("cancelledAt"),
+		deadLetteredAt:  d.varint("deadLetteredAt"),
+		attempts:        d.uint32("attempts"),
+		lastError:       d.str("lastError"),
+		deadLetterTopic: d.str("deadLetterTopic"),
+	}
+	if d.err == nil && (s.state < StateScheduled || s.state > StateDeadLettered) {
+		d.fail("state", "unknown state %d", s.state)
+	}
+	if err := d.finish(); err != nil {
+		return status{}, fmt.Errorf("%w: status: %v", ErrCorrupt, err)
+	}
+	return s, nil
+}
+
+// appendBody encodes the immutable half of an event (shard|'e'|seq|'b').
+func appendBody(dst []byte, e *NewEvent, createdAt int64) []byte {
+	dst = append(dst, formatV1)
+	dst = appendString(dst, e.ID)
+	dst = binary.AppendVarint(dst, createdAt)
+	dst = appendString(dst, e.Topic)
+	dst = appendBytes(dst, e.Key)
+	dst = appendBytes(dst, e.Payload)
+	dst = appendHeaders(dst, e.Headers)
+	return binary.LittleEndian.AppendUint64(dst, e.ContentHash)
+}
+
+// Record is an event as stored: what Get and ReadForFire return. Its byte slices are the
+// caller's.
+type Record struct {
+	Seq             uint64
+	ID              string
+	State           State
+	Due             int64 // unix ns
+	CreatedAt       int64 // the ScheduleBatch's ProposedAt
+	FiredAt         int64 // set when State is Fired
+	CancelledAt     int64 // set when State is Cancelled
+	DeadLetteredAt  int64 // set when State is DeadLettered
+	Attempts        uint32
+	LastError       string // set when State is DeadLettered
+	DeadLetterTopic string // set when State is DeadLettered
+	Topic           string
+	Key             []byte
+	Payload         []byte
+	Headers         []Header
+	ContentHash     uint64
+}
+
+// decodeRecord fills rec from an event's two values. rec keeps body (Key, Payload and header
+// values alias it), so the caller passes a copy it owns; st may be transient.
+func decodeRecord(seq uint64, body, st []byte, rec *Record) error {
+	s, err := decodeStatus(st)
+	if err != nil {
+		return fmt.Errorf("seq %d: %w", seq, err)
+	}
+	d := decoder{b: body}
+	if v := d.byte1("format"); v != formatV1 && d.err == nil {
+		d.fail("format", "unknown body format %d", v)
+	}
+	*rec = Record{
+		Seq:             seq,
+		ID:              d.str("id"),
+		CreatedAt:       d.varint("createdAt"),
+		Topic:           d.str("topic"),
+		Key:             d.bytes("key"),
+		Payload:         d.bytes("payload"),
+		Headers:         d.headers(),
+		ContentHash:     d.fixed64("contentHash"),
+		State:           s.state,
+		Due:             s.due,
+		FiredAt:         s.firedAt,
+		CancelledAt:     s.cancelledAt,
+		DeadLetteredAt:  s.deadLetteredAt,
+		Attempts:        s.attempts,
+		LastError:       s.lastError,
+		DeadLetterTopic: s.deadLetterTopic,
+	}
+	if err := d.finish(); err != nil {
+		return fmt.Errorf("%w: seq %d: body: %v", ErrCorrupt, seq, err)
+	}
+	return nil
+}

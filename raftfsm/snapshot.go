@@ -1,0 +1,364 @@
+package raftfsm
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"slices"
+	"sync"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/raft"
+)
+
+// Snapshot stream format; see doc.go.
+const (
+	snapshotMagic     = "chimesnp"
+	snapshotFormat    = 1
+	snapshotHeaderLen = len(snapshotMagic) + 4 + 4 + 8 + 8
+
+	// Bounds on one frame, enforced on both sides so that Persist never writes a stream
+	// Restore would reject, and a corrupt length cannot make Restore allocate gigabytes.
+	// Both are far above anything legal (an id is bounded by rpc, a payload by Kafka).
+	maxSnapshotKey   = 1 << 20
+	maxSnapshotValue = 256 << 20
+
+	// restoreBatchBytes is how much Restore buffers before committing a Pebble batch.
+	restoreBatchBytes = 4 << 20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrBadSnapshot wraps every reason Restore rejects a stream: wrong magic, format or shard,
+// truncation, a bad frame, a checksum mismatch.
+var ErrBadSnapshot = errors.New("raftfsm: bad snapshot")
+
+// Snapshot syncs Pebble's WAL and captures a Pebble snapshot handle; Persist streams from it
+// while apply goes on. The sync comes first because raft may truncate its log up to this
+// snapshot's index once it is persisted, and the Raft log is what re-creates any Pebble write
+// a crash loses (doc.go, invariant 4).
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	if f.restoring {
+		return nil, fmt.Errorf("%w: shard %d", ErrRestoring, f.shard)
+	}
+	if err := f.st.Sync(); err != nil {
+		return nil, err
+	}
+	return &fsmSnapshot{
+		snap:         f.db.NewSnapshot(),
+		shard:        f.shard,
+		appliedIndex: f.meta.appliedIndex,
+		appliedTerm:  f.meta.appliedTerm,
+		spanStart:    f.spanStart,
+		spanEnd:      f.spanEnd,
+	}, nil
+}
+
+type fsmSnapshot struct {
+	snap                      *pebble.Snapshot
+	shard                     uint32
+	appliedIndex, appliedTerm uint64
+	spanStart, spanEnd        []byte
+	release                   sync.Once
+}
+
+// Persist streams the shard's keys to sink and closes it, or cancels it on error.
+func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := s.writeTo(sink); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("raftfsm: shard %d: persist snapshot at %d: %w", s.shard, s.appliedIndex, err)
+	}
+	return sink.Close()
+}
+
+// Release closes the Pebble snapshot handle, which otherwise pins old versions of every key.
+func (s *fsmSnapshot) Release() {
+	s.release.Do(func() { _ = s.snap.Close() })
+}
+
+func (s *fsmSnapshot) writeTo(w io.Writer) (err error) {
+	sw := snapWriter{w: bufio.NewWriterSize(w, 256<<10)}
+	var hdr [snapshotHeaderLen]byte
+	h := append(hdr[:0], snapshotMagic...)
+	h = binary.BigEndian.AppendUint32(h, snapshotFormat)
+	h = binary.BigEndian.AppendUint32(h, s.shard)
+	h = binary.BigEndian.AppendUint64(h, s.appliedIndex)
+	h = binary.BigEndian.AppendUint64(h, s.appliedTerm)
+	if err := sw.write(h); err != nil {
+		return err
+	}
+	it, err := s.snap.NewIter(&pebble.IterOptions{LowerBound: s.spanStart, UpperBound: s.spanEnd})
+	if err != nil {
+		return err
+	}
+	defer closeIter(it, &err)
+	var frames uint64
+	for valid := it.First(); valid; valid = it.Next() {
+		k := it.Key()[shardPrefixLen:]
+		v, err := it.ValueAndErr()
+		if err != nil {
+			return err
+		}
+		if len(k) > maxSnapshotKey || len(v) > maxSnapshotValue {
+			return fmt.Errorf("key %x: %d-byte key or %d-byte value exceeds the snapshot frame limits", k, len(k), len(v))
+		}
+		if err := sw.frame(k, v); err != nil {
+			return err
+		}
+		frames++
+	}
+	if err := it.Error(); err != nil {
+		return err
+	}
+	if err := sw.uvarint(0); err != nil {
+		return err
+	}
+	var tr [8]byte
+	binary.BigEndian.PutUint64(tr[:], frames)
+	if err := sw.write(tr[:]); err != nil {
+		return err
+	}
+	binary.BigEndian.PutUint32(tr[:4], sw.crc)
+	if _, err := sw.w.Write(tr[:4]); err != nil {
+		return err
+	}
+	return sw.w.Flush()
+}
+
+// snapWriter checksums everything it writes.
+type snapWriter struct {
+	w   *bufio.Writer
+	crc uint32
+	buf [binary.MaxVarintLen64]byte
+}
+
+func (w *snapWriter) write(p []byte) error {
+	w.crc = crc32.Update(w.crc, castagnoli, p)
+	_, err := w.w.Write(p)
+	return err
+}
+
+func (w *snapWriter) uvarint(v uint64) error {
+	return w.write(w.buf[:binary.PutUvarint(w.buf[:], v)])
+}
+
+func (w *snapWriter) frame(k, v []byte) error {
+	if err := w.uvarint(uint64(len(k))); err != nil {
+		return err
+	}
+	if err := w.write(k); err != nil {
+		return err
+	}
+	if err := w.uvarint(uint64(len(v))); err != nil {
+		return err
+	}
+	return w.write(v)
+}
+
+// Restore replaces the shard's state with the snapshot in rc. It touches nothing until the
+// header checks out (magic, format, shard). From then until the trailer verifies, a marker
+// key says the shard is partial; if Restore fails in between it returns the error and
+// leaves the marker, NeedsRestore reports true, and Apply refuses to run. Other shards' keys
+// are never touched. On success it calls Observer.Reset.
+func (f *FSM) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	r := snapReader{br: bufio.NewReaderSize(rc, 256<<10)}
+	index, term, err := r.header(f.shard)
+	if err != nil {
+		return fmt.Errorf("raftfsm: shard %d: restore: %w", f.shard, err)
+	}
+	if err := f.restoreFrom(&r, index, term); err != nil {
+		return fmt.Errorf("raftfsm: shard %d: restore snapshot at %d: %w", f.shard, index, err)
+	}
+	f.obs.Reset()
+	return nil
+}
+
+func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
+	f.mu.Lock()
+	f.restoring = true
+	f.mu.Unlock()
+
+	// The marker and the wipe commit together, synced: a crash from here on finds the marker.
+	// Within a batch later operations win, so the marker survives the DeleteRange before it.
+	marker := restoringKey(f.shard)
+	b := f.db.NewBatch()
+	defer func() { _ = b.Close() }()
+	if err := b.DeleteRange(f.spanStart, f.spanEnd, nil); err != nil {
+		return err
+	}
+	if err := b.Set(marker, nil, nil); err != nil {
+		return err
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return err
+	}
+	_ = b.Close()
+	b = f.db.NewBatch()
+
+	key := appendShardTag(nil, f.shard, 0)[:shardPrefixLen]
+	var val []byte
+	var frames uint64
+	sawMeta := false
+	for {
+		n, err := r.length(maxSnapshotKey)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+		key, err = r.read(key[:shardPrefixLen], n)
+		if err != nil {
+			return err
+		}
+		isMeta := key[shardPrefixLen] == tagMeta
+		switch key[shardPrefixLen] {
+		case tagDue, tagEvent, tagID, tagMeta:
+		default:
+			return fmt.Errorf("%w: frame %d: key %x has no known tag", ErrBadSnapshot, frames, key[shardPrefixLen:])
+		}
+		if n, err = r.length(maxSnapshotValue); err != nil {
+			return err
+		}
+		if val, err = r.read(val[:0], n); err != nil {
+			return err
+		}
+		if isMeta {
+			m, err := decodeMeta(val)
+			if err != nil || len(key) != shardPrefixLen+1 {
+				return fmt.Errorf("%w: meta frame %x: %v", ErrBadSnapshot, key[shardPrefixLen:], err)
+			}
+			if m.appliedIndex != index || m.appliedTerm != term {
+				return fmt.Errorf("%w: header says index %d term %d, meta says %d, %d", ErrBadSnapshot, index, term, m.appliedIndex, m.appliedTerm)
+			}
+			sawMeta = true
+		}
+		if err := b.Set(key, val, nil); err != nil {
+			return err
+		}
+		frames++
+		if b.Len() >= restoreBatchBytes {
+			if err := b.Commit(pebble.NoSync); err != nil {
+				return err
+			}
+			_ = b.Close()
+			b = f.db.NewBatch()
+		}
+	}
+	if err := r.trailer(frames); err != nil {
+		return err
+	}
+	if !sawMeta && index != 0 {
+		return fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index)
+	}
+	// Synced: raft discards its log behind an installed snapshot, so nothing could re-create
+	// a restored state lost in a crash.
+	if err := b.Delete(marker, nil); err != nil {
+		return err
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		return err
+	}
+	return f.load()
+}
+
+// snapReader checksums everything it reads, up to the checksum itself.
+type snapReader struct {
+	br  *bufio.Reader
+	crc uint32
+}
+
+func truncated(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: truncated", ErrBadSnapshot)
+	}
+	return err
+}
+
+// read appends n bytes to dst. It grows dst as bytes arrive, so a corrupt length costs at
+// most what the stream really holds.
+func (r *snapReader) read(dst []byte, n uint64) ([]byte, error) {
+	start := len(dst)
+	for rem := n; rem > 0; {
+		c := int(min(rem, 1<<20))
+		l := len(dst)
+		dst = slices.Grow(dst, c)[:l+c]
+		if _, err := io.ReadFull(r.br, dst[l:]); err != nil {
+			return dst, truncated(err)
+		}
+		rem -= uint64(c)
+	}
+	r.crc = crc32.Update(r.crc, castagnoli, dst[start:])
+	return dst, nil
+}
+
+// length reads a uvarint frame length no greater than limit.
+func (r *snapReader) length(limit uint64) (uint64, error) {
+	var buf [binary.MaxVarintLen64]byte
+	for i := range buf {
+		c, err := r.br.ReadByte()
+		if err != nil {
+			return 0, truncated(err)
+		}
+		buf[i] = c
+		if c < 0x80 {
+			r.crc = crc32.Update(r.crc, castagnoli, buf[:i+1])
+			v, n := binary.Uvarint(buf[:i+1])
+			if n <= 0 {
+				break
+			}
+			if v > limit {
+				return 0, fmt.Errorf("%w: frame length %d exceeds %d", ErrBadSnapshot, v, limit)
+			}
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: overlong varint", ErrBadSnapshot)
+}
+
+func (r *snapReader) header(shard uint32) (index, term uint64, err error) {
+	h, err := r.read(make([]byte, 0, snapshotHeaderLen), uint64(snapshotHeaderLen))
+	if err != nil {
+		return 0, 0, err
+	}
+	if string(h[:len(snapshotMagic)]) != snapshotMagic {
+		return 0, 0, fmt.Errorf("%w: not a chime shard snapshot", ErrBadSnapshot)
+	}
+	h = h[len(snapshotMagic):]
+	if v := binary.BigEndian.Uint32(h); v != snapshotFormat {
+		return 0, 0, fmt.Errorf("%w: format %d, this build reads %d", ErrBadSnapshot, v, snapshotFormat)
+	}
+	if s := binary.BigEndian.Uint32(h[4:]); s != shard {
+		return 0, 0, fmt.Errorf("%w: snapshot of shard %d", ErrBadSnapshot, s)
+	}
+	return binary.BigEndian.Uint64(h[8:]), binary.BigEndian.Uint64(h[16:]), nil
+}
+
+// trailer checks the frame count and the checksum, and that nothing follows.
+func (r *snapReader) trailer(frames uint64) error {
+	var tr [8]byte
+	if _, err := r.read(tr[:0], 8); err != nil {
+		return err
+	}
+	if n := binary.BigEndian.Uint64(tr[:]); n != frames {
+		return fmt.Errorf("%w: trailer counts %d frames, read %d", ErrBadSnapshot, n, frames)
+	}
+	want := r.crc
+	if _, err := io.ReadFull(r.br, tr[:4]); err != nil {
+		return truncated(err)
+	}
+	if got := binary.BigEndian.Uint32(tr[:4]); got != want {
+		return fmt.Errorf("%w: checksum %08x, computed %08x", ErrBadSnapshot, got, want)
+	}
+	if _, err := r.br.ReadByte(); err != io.EOF {
+		if err == nil {
+			return fmt.Errorf("%w: bytes after the trailer", ErrBadSnapshot)
+		}
+		return err
+	}
+	return nil
+}
