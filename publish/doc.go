@@ -1,0 +1,61 @@
+// Package publish gets fired events into Kafka and reports, per event,
+// whether Kafka acknowledged it.
+//
+// The shard leader takes events that fell due out of its timing wheel,
+// reads their payloads from storage and hands them to [Publisher.Publish].
+// Only after Publish reports an [Outcome] with Done set may the shard mark
+// the event fired through Raft. This package owns exactly that step: turning
+// a [Record] into a Kafka record, producing it with acks=all, retrying
+// failures with exponential backoff and full jitter, and after the last
+// attempt producing it to the dead-letter topic instead.
+//
+// # Guarantees
+//
+//   - Done is true only after Kafka acknowledged the record with acks=all,
+//     either on its own topic or, with DeadLettered set, on the dead-letter
+//     topic. Done false means "not known to be in Kafka": the caller must
+//     fire the event again later (with Record.Attempts set from the
+//     Outcome), which may duplicate it. Every copy carries the same
+//     chime-id header so consumers can drop duplicates (at least once, never
+//     exactly once).
+//   - Attempts counts attempts on the record's own topic across calls: a
+//     record handed in with Attempts >= MaxAttempts goes straight to the
+//     dead-letter topic.
+//   - Publish blocks until every record is settled or ctx ends; it never
+//     returns before an attempt it started is answered unless ctx ended or
+//     the Publisher was closed. After Close returns no goroutine of this
+//     package is left running.
+//   - The clock (Config.Now) and the jitter source (Config.Rand) are
+//     injected, so tests decide FiredAt and the backoff schedule.
+//
+// # Wire format
+//
+// Key is Record.Key, or Record.ID when Key is empty, so the partition of a
+// keyed record follows from its key exactly as with the Java client (see
+// [Publisher] for the partitioner). Value is Record.Value. Headers are the
+// event's headers in order, followed by
+//
+//	chime-id              the event id (the idempotency key)
+//	chime-due-unix-ms     when the event was due, unix milliseconds
+//	chime-fired-unix-ms   when this attempt was sent, unix milliseconds
+//	chime-attempt         1-based number of the attempt on the event's topic
+//
+// all as decimal strings. Dead-letter records carry the same key, value
+// and headers (chime-attempt is the last attempt made on the original
+// topic), plus
+//
+//	chime-topic           the topic the event was meant for
+//	chime-error           the last produce error
+//
+// and, only when the record could never fit into a produce request,
+// chime-dropped: value, meaning the value was left out so that the
+// dead-letter record itself fits.
+//
+// # What this package must never do
+//
+// It never marks anything fired, never reads storage or the wheel, and never
+// reports Done for a record Kafka did not acknowledge. It never uses
+// kafka-go's own retries (Writer.MaxAttempts is 1): retries, their count and
+// their backoff are decided here, where they are visible in Outcome and
+// Stats.
+package publish

@@ -1,0 +1,672 @@
+package publish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Record is one event to produce.
+type Record struct {
+	// Seq identifies the record to the caller; it is copied to Outcome.Seq.
+	Seq uint64
+	// ID is the event id, sent as the chime-id header and used as the key
+	// when Key is empty.
+	ID      string
+	Topic   string
+	Key     []byte
+	Value   []byte
+	Headers []Header
+	// Due is when the event was due, unix nanoseconds.
+	Due int64
+	// Attempts is how many attempts on Topic were made before this call
+	// (0 for a first firing; Outcome.Attempts of an earlier call that
+	// returned Done false).
+	Attempts uint32
+}
+
+// Outcome is what happened to one Record.
+type Outcome struct {
+	Seq uint64
+	// FiredAt is when Kafka acknowledged the record, unix nanoseconds by
+	// Config.Now; zero unless Done.
+	FiredAt int64
+	// Attempts is the total number of attempts on the record's own topic,
+	// including those made before this call. Attempts on the dead-letter
+	// topic are not counted.
+	Attempts uint32
+	// DeadLettered is true when the record was produced to the dead-letter
+	// topic after its last attempt on its own topic failed.
+	DeadLettered bool
+	// Err is the last produce error; set when DeadLettered, and when Done
+	// is false to say why.
+	Err string
+	// Done is false only when the record was not acknowledged anywhere
+	// (ctx ended, the Publisher was closed, or even the dead-letter topic
+	// refused it). The caller must fire the record again later.
+	Done bool
+}
+
+// Stats are cumulative counters since New, for metrics.
+type Stats struct {
+	// Produced counts records Kafka acknowledged on their own topic.
+	Produced uint64
+	// Retried counts failed attempts that were followed by another attempt
+	// on the record's own topic.
+	Retried uint64
+	// DeadLettered counts records Kafka acknowledged on the dead-letter topic.
+	DeadLettered uint64
+	// Failed counts outcomes with Done false.
+	Failed uint64
+}
+
+// Header names this package adds to every record.
+const (
+	HeaderID      = "chime-id"
+	HeaderDue     = "chime-due-unix-ms"
+	HeaderFired   = "chime-fired-unix-ms"
+	HeaderAttempt = "chime-attempt"
+	// Only on dead-letter records.
+	HeaderTopic   = "chime-topic"
+	HeaderError   = "chime-error"
+	HeaderDropped = "chime-dropped"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultLinger             = 2 * time.Millisecond
+	DefaultMaxInFlight        = 8
+	DefaultMaxAttempts        = 5
+	DefaultDeadLetterAttempts = 3
+	DefaultBackoffBase        = 50 * time.Millisecond
+	DefaultBackoffMax         = 5 * time.Second
+	DefaultDeadLetterTopic    = "chime.deadletter"
+	DefaultBatchBytes         = 1 << 20 // 1 MiB, under Kafka's default message.max.bytes (1048588)
+	DefaultBatchSize          = 1000
+	DefaultWriteTimeout       = 10 * time.Second
+	DefaultClientID           = "chime"
+)
+
+// ErrClosed is the Err of outcomes of a Publish called after Close.
+var ErrClosed = errors.New("publish: publisher closed")
+
+// ErrConfig is wrapped by the error New returns for an invalid Config.
+var ErrConfig = errors.New("publish: invalid config")
+
+// Config configures a Publisher. Zero fields take the defaults above.
+type Config struct {
+	// Brokers are the bootstrap addresses (host:port). Required.
+	Brokers []string
+	// Linger is how long a partition batch waits for more records before
+	// it is sent (kafka-go Writer.BatchTimeout, whose own default is 1 s).
+	Linger time.Duration
+	// MaxInFlight bounds the produce calls in flight across all callers
+	// (the scheduler's semaphore_limit).
+	MaxInFlight int
+	// MaxAttempts is the total number of attempts on a record's own topic
+	// before it goes to the dead-letter topic.
+	MaxAttempts int
+	// DeadLetterAttempts bounds the attempts on the dead-letter topic
+	// within one Publish call; after that the outcome is Done false.
+	DeadLetterAttempts int
+	// BackoffBase and BackoffMax shape the wait before attempt n+1:
+	// uniform in [0, min(BackoffMax, BackoffBase*2^(n-1))] ("full jitter").
+	BackoffBase, BackoffMax time.Duration
+	// DeadLetterTopic receives records whose last attempt failed.
+	DeadLetterTopic string
+	// BatchBytes and BatchSize bound one partition batch (one produce
+	// request). BatchBytes must not exceed the brokers' message.max.bytes.
+	// A record that alone exceeds BatchBytes can never be produced: it is
+	// dead-lettered at once, without its value.
+	BatchBytes int64
+	BatchSize  int
+	// WriteTimeout bounds one produce attempt.
+	WriteTimeout time.Duration
+	// ClientID is sent to the brokers.
+	ClientID string
+	// Now is the clock for FiredAt and chime-fired-unix-ms; default time.Now.
+	Now func() time.Time
+	// Rand is the jitter source; the Publisher owns it after New and
+	// guards it with a mutex. Default: seeded from the runtime.
+	Rand *rand.Rand
+	// Logger gets retries (debug), dead letters (warn) and failures
+	// (error). Default: discard.
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	bad := func(field string, format string, args ...any) (Config, error) {
+		return c, fmt.Errorf("%w: %s %s", ErrConfig, field, fmt.Sprintf(format, args...))
+	}
+	if len(c.Brokers) == 0 {
+		return bad("Brokers", "must name at least one broker")
+	}
+	for i, b := range c.Brokers {
+		if b == "" {
+			return bad("Brokers", "[%d] is empty", i)
+		}
+	}
+	type durField struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}
+	for _, f := range []durField{
+		{"Linger", &c.Linger, DefaultLinger},
+		{"BackoffBase", &c.BackoffBase, DefaultBackoffBase},
+		{"BackoffMax", &c.BackoffMax, DefaultBackoffMax},
+		{"WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout},
+	} {
+		if *f.v < 0 {
+			return bad(f.name, "must not be negative (got %v)", *f.v)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if c.BackoffBase > c.BackoffMax {
+		return bad("BackoffBase", "(%v) must not exceed BackoffMax (%v)", c.BackoffBase, c.BackoffMax)
+	}
+	type intField struct {
+		name string
+		v    *int
+		def  int
+	}
+	for _, f := range []intField{
+		{"MaxInFlight", &c.MaxInFlight, DefaultMaxInFlight},
+		{"MaxAttempts", &c.MaxAttempts, DefaultMaxAttempts},
+		{"DeadLetterAttempts", &c.DeadLetterAttempts, DefaultDeadLetterAttempts},
+		{"BatchSize", &c.BatchSize, DefaultBatchSize},
+	} {
+		if *f.v < 0 {
+			return bad(f.name, "must not be negative (got %d)", *f.v)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if c.BatchBytes < 0 {
+		return bad("BatchBytes", "must not be negative (got %d)", c.BatchBytes)
+	}
+	if c.BatchBytes == 0 {
+		c.BatchBytes = DefaultBatchBytes
+	}
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = DefaultDeadLetterTopic
+	}
+	if err := ValidTopic(c.DeadLetterTopic); err != nil {
+		return bad("DeadLetterTopic", "%v", err)
+	}
+	if c.ClientID == "" {
+		c.ClientID = DefaultClientID
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Rand == nil {
+		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// Publisher produces records to Kafka through one kafka-go Writer shared
+// by all callers, so concurrent Publish calls fill the same partition
+// batches.
+//
+// The Writer uses kafka.Murmur2Balancer: for keyed records it is the Java
+// client's default partitioner (murmur2(key) & 0x7fffffff % partitions,
+// also librdkafka's "murmur2_random" and franz-go's default), so a Chime
+// event lands on the same partition as the same key produced by the
+// services that consume it — most of which use the Java client or a
+// client that copies it. kafka.Hash (FNV-1a, Sarama's default) would put
+// the same key elsewhere. Every record has a key (the id when Key is
+// empty), so the balancer's nil-key path is never taken.
+type Publisher struct {
+	cfg           Config
+	log           *slog.Logger
+	writer        *kafka.Writer
+	transport     *kafka.Transport
+	stopTransport context.CancelFunc
+	// sem holds one token per produce call in flight (MaxInFlight).
+	sem chan struct{}
+
+	randMu sync.Mutex
+	rand   *rand.Rand // guarded by randMu
+
+	produced, retried, deadLettered, failed atomic.Uint64
+
+	// closing ends when Close starts; every Publish call's context is
+	// cancelled with it.
+	closing context.Context
+	cancel  context.CancelFunc
+
+	mu       sync.Mutex // guards closed, and inflight.Add against Close's Wait
+	closed   bool
+	inflight sync.WaitGroup // Publish calls running
+}
+
+// New validates cfg, fills its defaults and returns a Publisher. It does
+// not contact the brokers: the first Publish does.
+func New(cfg Config) (*Publisher, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger.With("component", "publish")
+	// The transport's background metadata goroutine runs until this
+	// context ends (Close), not until the process exits.
+	tctx, tcancel := context.WithCancel(context.Background())
+	tr := &kafka.Transport{
+		ClientID: cfg.ClientID,
+		Context:  tctx,
+	}
+	w := &kafka.Writer{
+		Addr:                   kafka.TCP(cfg.Brokers...),
+		Balancer:               kafka.Murmur2Balancer{},
+		MaxAttempts:            1, // retries are ours
+		BatchSize:              cfg.BatchSize,
+		BatchBytes:             cfg.BatchBytes,
+		BatchTimeout:           cfg.Linger,
+		ReadTimeout:            cfg.WriteTimeout,
+		WriteTimeout:           cfg.WriteTimeout,
+		RequiredAcks:           kafka.RequireAll,
+		Async:                  false,
+		Transport:              tr,
+		AllowAutoTopicCreation: true,
+		ErrorLogger: kafka.LoggerFunc(func(format string, args ...any) {
+			if log.Enabled(context.Background(), slog.LevelDebug) {
+				log.Debug("kafka-go: " + fmt.Sprintf(format, args...))
+			}
+		}),
+	}
+	closing, cancel := context.WithCancel(context.Background())
+	return &Publisher{
+		cfg:           cfg,
+		log:           log,
+		writer:        w,
+		transport:     tr,
+		stopTransport: tcancel,
+		sem:           make(chan struct{}, cfg.MaxInFlight),
+		rand:          cfg.Rand,
+		closing:       closing,
+		cancel:        cancel,
+	}, nil
+}
+
+// Stats returns the counters so far.
+func (p *Publisher) Stats() Stats {
+	return Stats{
+		Produced:     p.produced.Load(),
+		Retried:      p.retried.Load(),
+		DeadLettered: p.deadLettered.Load(),
+		Failed:       p.failed.Load(),
+	}
+}
+
+// Close stops the Publisher: Publish calls in flight stop waiting and
+// report Done false for what was not yet acknowledged, batches already
+// handed to the Writer are flushed, and every goroutine of the Publisher
+// and its Writer has exited when Close returns. Later Publish calls report
+// Done false with ErrClosed. Close is idempotent.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+
+	p.cancel()
+	p.inflight.Wait()
+	err := p.writer.Close()
+	p.transport.CloseIdleConnections()
+	p.stopTransport()
+	return err
+}
+
+// Publish produces recs and returns outcome i for recs[i]. It blocks until
+// every record is acknowledged (on its topic or the dead-letter topic), has
+// failed for good, or ctx ends; see Outcome. It is safe for concurrent use.
+func (p *Publisher) Publish(ctx context.Context, recs []Record) []Outcome {
+	out := make([]Outcome, len(recs))
+	for i := range recs {
+		out[i] = Outcome{Seq: recs[i].Seq, Attempts: recs[i].Attempts}
+	}
+	if len(recs) == 0 {
+		return out
+	}
+
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		for i := range out {
+			out[i].Err = ErrClosed.Error()
+		}
+		p.failed.Add(uint64(len(out)))
+		return out
+	}
+	p.inflight.Add(1)
+	p.mu.Unlock()
+	defer p.inflight.Done()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.closing, cancel)()
+
+	p.run(ctx, recs, out)
+	return out
+}
+
+// pending is a record not yet settled within one Publish call.
+type pending struct {
+	i            int   // index into recs and out
+	dead         bool  // bound for the dead-letter topic
+	deadAttempts int   // attempts on the dead-letter topic in this call
+	dropValue    bool  // the dead-letter record goes without the value
+	lastErr      error // last error on the record's own topic
+	deadErr      error // last error on the dead-letter topic
+}
+
+func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
+	todo := make([]pending, 0, len(recs))
+	for i := range recs {
+		st := pending{i: i}
+		r := &recs[i]
+		switch {
+		case ValidTopic(r.Topic) != nil:
+			st.dead, st.lastErr = true, ValidTopic(r.Topic)
+		case int(r.Attempts) >= p.cfg.MaxAttempts:
+			st.dead = true
+			st.lastErr = fmt.Errorf("publish: %d attempts already made (MaxAttempts %d)", r.Attempts, p.cfg.MaxAttempts)
+		case sizeBound(r.key(), r.Value, r.Headers, 0) > p.cfg.BatchBytes:
+			st.dead, st.dropValue = true, true
+			st.lastErr = fmt.Errorf("publish: record of about %d bytes exceeds BatchBytes (%d): %w",
+				sizeBound(r.key(), r.Value, r.Headers, 0), p.cfg.BatchBytes, kafka.MessageSizeTooLarge)
+		}
+		todo = append(todo, st)
+	}
+
+	msgs := make([]kafka.Message, 0, len(todo))
+	for len(todo) > 0 && ctx.Err() == nil {
+		sentAt := p.cfg.Now()
+		msgs = msgs[:0]
+		for j := range todo {
+			st := &todo[j]
+			if st.dead {
+				st.deadAttempts++
+			} else {
+				out[st.i].Attempts++
+			}
+			msgs = append(msgs, p.message(&recs[st.i], st, out[st.i].Attempts, sentAt))
+		}
+		errs, ackedAt := p.send(ctx, msgs)
+
+		next := todo[:0]
+		wait := 0 // the highest attempt number among failures retried after a backoff
+		for j, st := range todo {
+			o := &out[st.i]
+			if errs[j] == nil {
+				o.Done, o.FiredAt = true, ackedAt[j].UnixNano()
+				if st.dead {
+					o.DeadLettered, o.Err = true, st.lastErr.Error()
+					p.deadLettered.Add(1)
+					p.log.Warn("dead-lettered", "seq", o.Seq, "id", recs[st.i].ID, "topic", recs[st.i].Topic,
+						"attempts", o.Attempts, "err", st.lastErr)
+				} else {
+					p.produced.Add(1)
+				}
+				continue
+			}
+			if ctx.Err() != nil {
+				// The caller gave up; what this attempt did is unknown.
+				next = append(next, st)
+				continue
+			}
+			if !st.dead {
+				st.lastErr = errs[j]
+				if permanent(errs[j]) || int(o.Attempts) >= p.cfg.MaxAttempts {
+					st.dead = true // no wait: the dead-letter topic is another topic
+				} else {
+					p.retried.Add(1)
+					wait = max(wait, int(o.Attempts))
+					p.log.Debug("retrying", "seq", o.Seq, "id", recs[st.i].ID, "topic", recs[st.i].Topic,
+						"attempt", o.Attempts, "err", errs[j])
+				}
+				next = append(next, st)
+				continue
+			}
+			st.deadErr = errs[j]
+			if errors.Is(errs[j], kafka.MessageSizeTooLarge) {
+				st.dropValue = true
+			}
+			if st.deadAttempts >= p.cfg.DeadLetterAttempts {
+				o.Err = fmt.Sprintf("dead-letter topic %s: %v; last produce error: %v", p.cfg.DeadLetterTopic, st.deadErr, st.lastErr)
+				p.failed.Add(1)
+				p.log.Error("dead-letter produce failed", "seq", o.Seq, "id", recs[st.i].ID, "topic", recs[st.i].Topic,
+					"attempts", o.Attempts, "err", st.deadErr, "produce_err", st.lastErr)
+				continue
+			}
+			wait = max(wait, st.deadAttempts)
+			next = append(next, st)
+		}
+		todo = next
+		if len(todo) > 0 && wait > 0 && !sleep(ctx, p.backoff(wait)) {
+			break
+		}
+	}
+
+	for _, st := range todo {
+		o := &out[st.i]
+		cause := context.Cause(ctx)
+		if p.closing.Err() != nil {
+			cause = ErrClosed
+		}
+		switch {
+		case st.deadErr != nil:
+			o.Err = fmt.Sprintf("%v; last dead-letter error: %v; last produce error: %v", cause, st.deadErr, st.lastErr)
+		case st.lastErr != nil:
+			o.Err = fmt.Sprintf("%v; last produce error: %v", cause, st.lastErr)
+		default:
+			o.Err = cause.Error()
+		}
+		p.failed.Add(1)
+	}
+	if len(todo) > 0 {
+		p.log.Debug("publish stopped before every record was acknowledged", "unacked", len(todo), "err", context.Cause(ctx))
+	}
+}
+
+// key is the Kafka record key: Key, or the id when Key is empty.
+func (r *Record) key() []byte {
+	if len(r.Key) > 0 {
+		return r.Key
+	}
+	return []byte(r.ID)
+}
+
+// message builds the Kafka record for one attempt; attempt is the number of
+// the attempt on the record's own topic (the last one, for dead letters).
+func (p *Publisher) message(r *Record, st *pending, attempt uint32, sentAt time.Time) kafka.Message {
+	key, value, userHeaders := r.key(), r.Value, r.Headers
+	var dropped string
+	if st.dead {
+		if st.dropValue || sizeBound(key, value, userHeaders, len(st.lastErr.Error())+len(r.Topic)) > p.cfg.BatchBytes {
+			value, dropped = nil, "value"
+			if sizeBound(key, nil, userHeaders, len(st.lastErr.Error())+len(r.Topic)) > p.cfg.BatchBytes {
+				userHeaders, dropped = nil, "value,headers"
+			}
+		}
+	}
+	hs := make([]kafka.Header, 0, len(userHeaders)+7)
+	for _, h := range userHeaders {
+		hs = append(hs, kafka.Header{Key: h.Key, Value: h.Value})
+	}
+	hs = append(hs,
+		kafka.Header{Key: HeaderID, Value: []byte(r.ID)},
+		kafka.Header{Key: HeaderDue, Value: strconv.AppendInt(nil, time.Unix(0, r.Due).UnixMilli(), 10)},
+		kafka.Header{Key: HeaderFired, Value: strconv.AppendInt(nil, sentAt.UnixMilli(), 10)},
+		kafka.Header{Key: HeaderAttempt, Value: strconv.AppendUint(nil, uint64(attempt), 10)},
+	)
+	topic := r.Topic
+	if st.dead {
+		topic = p.cfg.DeadLetterTopic
+		hs = append(hs,
+			kafka.Header{Key: HeaderTopic, Value: []byte(r.Topic)},
+			kafka.Header{Key: HeaderError, Value: []byte(st.lastErr.Error())},
+		)
+		if dropped != "" {
+			hs = append(hs, kafka.Header{Key: HeaderDropped, Value: []byte(dropped)})
+		}
+	}
+	return kafka.Message{Topic: topic, Key: key, Value: value, Headers: hs, Time: sentAt}
+}
+
+// sizeBound is an upper bound of kafka-go's size estimate for a message
+// (Message.totalSize, which it compares with BatchBytes), so that a record
+// allowed here is never refused by WriteMessages as a whole call.
+// extra is the size of header bytes still to be added by this package.
+func sizeBound(key, value []byte, headers []Header, extra int) int64 {
+	const (
+		fixed     = 4 + 1 + 1 + 8 + 4 + 4 // crc, magic, attributes, timestamp, key and value lengths
+		varint    = 5                     // the longest varint of an int32
+		ownHeader = 7 * (2*varint + 24)   // chime-* headers: names up to 19 bytes, decimal values up to 20
+	)
+	n := int64(fixed + varint + ownHeader + len(key) + len(value) + extra)
+	for _, h := range headers {
+		n += int64(2*varint + len(h.Key) + len(h.Value))
+	}
+	return n
+}
+
+// permanent reports whether err will recur for the same record however
+// often it is retried, so retrying only delays the dead letter.
+func permanent(err error) bool {
+	var ke kafka.Error
+	if !errors.As(err, &ke) {
+		return false
+	}
+	switch ke {
+	case kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidTopic, kafka.InvalidRecord:
+		return true
+	}
+	return false
+}
+
+// send produces msgs, one Writer call per topic so that a topic whose
+// metadata cannot be fetched (WriteMessages then fails as a whole) does
+// not fail the records of other topics. errs[j] is nil when msgs[j] was
+// acknowledged at ackedAt[j].
+func (p *Publisher) send(ctx context.Context, msgs []kafka.Message) (errs []error, ackedAt []time.Time) {
+	errs = make([]error, len(msgs))
+	ackedAt = make([]time.Time, len(msgs))
+	byTopic := make(map[string][]int)
+	var topics []string
+	for j := range msgs {
+		t := msgs[j].Topic
+		if _, ok := byTopic[t]; !ok {
+			topics = append(topics, t)
+		}
+		byTopic[t] = append(byTopic[t], j)
+	}
+	if len(topics) == 1 {
+		p.write(ctx, msgs, byTopic[topics[0]], errs, ackedAt)
+		return errs, ackedAt
+	}
+	var wg sync.WaitGroup
+	for _, t := range topics {
+		idx := byTopic[t]
+		wg.Go(func() { p.write(ctx, msgs, idx, errs, ackedAt) })
+	}
+	wg.Wait()
+	return errs, ackedAt
+}
+
+// write makes one WriteMessages call for msgs[idx] under the in-flight
+// semaphore and fills errs and ackedAt at idx (and nowhere else, so calls
+// for disjoint idx may run concurrently).
+func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, errs []error, ackedAt []time.Time) {
+	setAll := func(err error) {
+		for _, j := range idx {
+			errs[j] = err
+		}
+	}
+	select {
+	case p.sem <- struct{}{}:
+	case <-ctx.Done():
+		setAll(context.Cause(ctx))
+		return
+	}
+	defer func() { <-p.sem }()
+
+	batch := make([]kafka.Message, len(idx))
+	for k, j := range idx {
+		batch[k] = msgs[j]
+	}
+	wctx, cancel := context.WithTimeout(ctx, p.cfg.WriteTimeout)
+	err := p.writer.WriteMessages(wctx, batch...)
+	cancel()
+	now := p.cfg.Now()
+
+	var werrs kafka.WriteErrors
+	switch {
+	case err == nil:
+	case errors.As(err, &werrs) && len(werrs) == len(batch):
+		for k, j := range idx {
+			errs[j] = werrs[k]
+		}
+	default:
+		setAll(err)
+	}
+	for _, j := range idx {
+		if errs[j] == nil {
+			ackedAt[j] = now
+		}
+	}
+}
+
+// backoff is the wait after the n-th failed attempt (n >= 1): full jitter
+// over [0, min(BackoffMax, BackoffBase*2^(n-1))].
+func (p *Publisher) backoff(n int) time.Duration {
+	ceil := p.cfg.BackoffBase
+	for i := 1; i < n && ceil < p.cfg.BackoffMax; i++ {
+		ceil *= 2
+	}
+	ceil = min(ceil, p.cfg.BackoffMax)
+	p.randMu.Lock()
+	d := time.Duration(p.rand.Int64N(int64(ceil) + 1))
+	p.randMu.Unlock()
+	return d
+}
+
+// sleep waits d or until ctx ends; it reports whether the whole wait passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
