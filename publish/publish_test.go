@@ -714,11 +714,13 @@ func TestSizeBoundCoversKafkaGo(t *testing.T) {
 	extra := len(st.lastErr.Error()) + len(r.Topic)
 	bound := sizeBound(r.key(), r.Value, r.Headers, extra)
 	for _, bb := range []int64{bound, bound / 2} {
-		w := &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9"), BatchBytes: bb}
+		tr := &kafka.Transport{}
+		w := &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9"), BatchBytes: bb, Transport: tr}
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		err := w.WriteMessages(ctx, m)
 		cancel()
 		w.Close()
+		tr.CloseIdleConnections()
 		var tooLarge kafka.MessageTooLargeError
 		if refused := errors.As(err, &tooLarge); refused != (bb < bound) {
 			t.Fatalf("BatchBytes %d (bound %d): kafka-go refused=%v (%v)", bb, bound, refused, err)
