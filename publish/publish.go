@@ -390,9 +390,10 @@ func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
 	for i := range recs {
 		st := pending{i: i}
 		r := &recs[i]
+		topicErr := ValidTopic(r.Topic)
 		switch {
-		case ValidTopic(r.Topic) != nil:
-			st.dead, st.lastErr = true, ValidTopic(r.Topic)
+		case topicErr != nil:
+			st.dead, st.lastErr = true, topicErr
 		case int(r.Attempts) >= p.cfg.MaxAttempts:
 			st.dead = true
 			st.lastErr = fmt.Errorf("publish: %d attempts already made (MaxAttempts %d)", r.Attempts, p.cfg.MaxAttempts)
