@@ -310,6 +310,9 @@ func New(cfg Config) (*Publisher, error) {
 	}, nil
 }
 
+// DeadLetterTopic returns the topic records go to after their last attempt.
+func (p *Publisher) DeadLetterTopic() string { return p.cfg.DeadLetterTopic }
+
 // Stats returns the counters so far.
 func (p *Publisher) Stats() Stats {
 	return Stats{

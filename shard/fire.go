@@ -1,0 +1,264 @@
+package shard
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/wheel"
+)
+
+// Firing runs on the leader only. On gaining leadership the shard issues a
+// Raft barrier: once it returns, every entry committed before this term has
+// been applied, so the wheel (kept warm on every replica) holds every pending
+// event. Then the firing loop sleeps until the wheel's next due time, takes
+// what fell due out of the wheel, reads the events from Pebble, produces them
+// and records the outcome through Raft (MarkFired / MarkDeadLettered).
+//
+// An event taken out of the wheel is "in flight" until that outcome is
+// applied. If the produce or the mark does not complete (leadership lost,
+// broker down), the event goes back into the wheel, still pending in the FSM,
+// so this replica fires it again if it leads again; another leader fires it
+// from its own wheel. That is where duplicates come from: a record produced
+// whose MarkFired did not commit. The FSM counts them (Stats.Refired).
+
+// fireBatch is a set of events taken out of the wheel together.
+type fireBatch struct {
+	entries []wheel.Entry
+	done    chan struct{} // closed when every entry is settled or back in the wheel
+}
+
+func (b *fireBatch) all() map[uint64]bool {
+	m := make(map[uint64]bool, len(b.entries))
+	for _, e := range b.entries {
+		m[e.Ref] = true
+	}
+	return m
+}
+
+// leadershipLoop starts the firing loop when raft makes this replica leader
+// and stops it when leadership is lost or the shard closes.
+func (s *Shard) leadershipLoop() {
+	defer s.wg.Done()
+	var stopFiring func() // non-nil while the firing loop runs
+	for {
+		select {
+		case leader := <-s.notify:
+			if leader && stopFiring == nil {
+				stopFiring = s.startFiring()
+			} else if !leader && stopFiring != nil {
+				stopFiring()
+				stopFiring = nil
+			}
+		case <-s.stop:
+			if stopFiring != nil {
+				stopFiring()
+			}
+			return
+		}
+	}
+}
+
+// startFiring runs the firing loop until the returned function is called;
+// that function returns once the loop and its batches have finished.
+func (s *Shard) startFiring() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.fireLoop(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+func (s *Shard) fireLoop(ctx context.Context) {
+	s.logger.Info("leading: barrier, then firing")
+	for {
+		err := s.raft.Barrier(10 * time.Second).Error()
+		if err == nil {
+			break
+		}
+		s.logger.Warn("barrier failed", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	s.metrics.LeaderChanges.Inc()
+
+	slots := make(chan struct{}, s.tune.MaxFiring)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var due []wheel.Entry
+	for {
+		now := s.cfg.Now().UnixNano()
+		s.mu.Lock()
+		due = s.wheel.Advance(now, due[:0], s.tune.FireBatch)
+		var batch *fireBatch
+		if len(due) > 0 {
+			batch = &fireBatch{entries: slices.Clone(due), done: make(chan struct{})}
+			for _, e := range due {
+				delete(s.handles, e.Ref)
+				s.inflight[e.Ref] = batch
+			}
+			s.sleepUntil = now
+		} else if next, ok := s.wheel.NextDue(); ok {
+			s.sleepUntil = next
+		} else {
+			s.sleepUntil = 1<<63 - 1
+		}
+		sleepUntil := s.sleepUntil
+		s.mu.Unlock()
+
+		if batch != nil {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				s.settle(batch, batch.all(), 0)
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				s.fire(ctx, batch)
+			}()
+			continue
+		}
+		// Drain a stale kick before sleeping: the wheel was read after it.
+		select {
+		case <-s.kick:
+		default:
+		}
+		timer.Reset(time.Duration(min(sleepUntil-now, int64(time.Hour))))
+		select {
+		case <-timer.C:
+		case <-s.kick:
+			if !timer.Stop() {
+				<-timer.C
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// fire reads, produces and marks one batch. It always settles the batch.
+func (s *Shard) fire(ctx context.Context, b *fireBatch) {
+	seqs := make([]uint64, len(b.entries))
+	for i, e := range b.entries {
+		seqs[i] = e.Ref
+	}
+	recs, err := s.fsm.ReadForFire(seqs, nil)
+	if err != nil {
+		s.logger.Error("reading due events", "err", err, "events", len(seqs))
+		s.settle(b, b.all(), retryDelay)
+		return
+	}
+	out := make([]publish.Record, 0, len(recs))
+	for i := range recs {
+		r := &recs[i]
+		if r.State != raftfsm.StateScheduled {
+			continue // cancelled (or settled) after it entered the wheel
+		}
+		out = append(out, publish.Record{
+			Seq: r.Seq, ID: r.ID, Topic: r.Topic, Key: r.Key, Value: r.Payload,
+			Headers: toPublishHeaders(r.Headers), Due: r.Due, Attempts: r.Attempts,
+		})
+	}
+	if len(out) == 0 {
+		s.settle(b, nil, 0)
+		return
+	}
+	outcomes := s.cfg.Publisher.Publish(ctx, out)
+
+	var (
+		fired []raftfsm.Fired
+		dead  []raftfsm.DeadLettered
+	)
+	marked := make(map[uint64]bool, len(outcomes))
+	for i, o := range outcomes {
+		if !o.Done {
+			continue
+		}
+		if o.DeadLettered {
+			dead = append(dead, raftfsm.DeadLettered{Seq: o.Seq, At: o.FiredAt, Attempts: o.Attempts, Error: o.Err, Topic: s.cfg.Publisher.DeadLetterTopic()})
+			s.metrics.DeadLettered.Inc()
+			continue
+		}
+		fired = append(fired, raftfsm.Fired{Seq: o.Seq, FiredAt: o.FiredAt, Attempts: o.Attempts})
+		s.metrics.Lateness.Observe(time.Duration(o.FiredAt - out[i].Due).Seconds())
+	}
+	// The records are in Kafka: record that even if leadership was just
+	// lost, to spare the next leader a duplicate. Not bound by ctx.
+	mctx, cancel := context.WithTimeout(context.Background(), markTimeout)
+	defer cancel()
+	if len(fired) > 0 {
+		cmd := raftfsm.MarkFired{ProposedAt: s.cfg.Now().UnixNano(), Entries: fired}
+		if _, err := s.apply(mctx, raftfsm.AppendMarkFired(nil, &cmd)); err == nil {
+			for _, f := range fired {
+				marked[f.Seq] = true
+			}
+			s.metrics.Fired.Add(float64(len(fired)))
+		} else {
+			s.logger.Warn("marking fired events", "err", err, "events", len(fired))
+		}
+	}
+	if len(dead) > 0 {
+		cmd := raftfsm.MarkDeadLettered{ProposedAt: s.cfg.Now().UnixNano(), Entries: dead}
+		if _, err := s.apply(mctx, raftfsm.AppendMarkDeadLettered(nil, &cmd)); err == nil {
+			for _, d := range dead {
+				marked[d.Seq] = true
+			}
+		} else {
+			s.logger.Warn("marking dead-lettered events", "err", err, "events", len(dead))
+		}
+	}
+	// Whatever was due for production here and is not marked goes back.
+	// Events that were skipped above are settled and dropped.
+	unsettled := make(map[uint64]bool, len(out))
+	for _, r := range out {
+		if !marked[r.Seq] {
+			unsettled[r.Seq] = true
+		}
+	}
+	s.settle(b, unsettled, retryDelay)
+}
+
+// settle ends a batch: entries in requeue go back into the wheel, due no
+// sooner than delay from now; the rest are dropped from the in-flight set.
+func (s *Shard) settle(b *fireBatch, requeue map[uint64]bool, delay time.Duration) {
+	retryAt := s.cfg.Now().UnixNano() + int64(delay)
+	s.mu.Lock()
+	for _, e := range b.entries {
+		delete(s.inflight, e.Ref)
+		if requeue[e.Ref] {
+			s.handles[e.Ref] = s.wheel.Add(e.Ref, max(e.Due, retryAt))
+		}
+	}
+	s.mu.Unlock()
+	close(b.done)
+	if len(requeue) > 0 {
+		s.wake()
+	}
+}
+
+func toPublishHeaders(hs []raftfsm.Header) []publish.Header {
+	if len(hs) == 0 {
+		return nil
+	}
+	out := make([]publish.Header, len(hs))
+	for i, h := range hs {
+		out[i] = publish.Header{Key: h.Key, Value: h.Value}
+	}
+	return out
+}

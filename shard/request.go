@@ -1,0 +1,55 @@
+package shard
+
+import (
+	"errors"
+	"hash/fnv"
+	"time"
+
+	"github.com/chimehq/chime/raftfsm"
+)
+
+// Request is one event to schedule, as the client sent it and the rpc layer
+// validated it. The shard leader resolves Delay into a due time with its own
+// clock when it proposes the event.
+type Request struct {
+	ID           string
+	DeliverAt    int64 // Unix ns; meaningful when HasDeliverAt
+	Delay        time.Duration
+	HasDeliverAt bool
+	HasDelay     bool
+	Topic        string
+	Key          []byte
+	Payload      []byte
+	Headers      []raftfsm.Header
+	// ContentHash is raftfsm.ContentHash over the fields above as sent, so a
+	// re-send with the same relative delay is recognised as identical.
+	ContentHash uint64
+}
+
+// Result is what scheduling one Request did.
+type Result struct {
+	Outcome raftfsm.ScheduleOutcome // Created, Existing or Conflict
+	Seq     uint64
+	Due     int64 // Unix ns; the original due time when Existing
+}
+
+// Errors returned by shards and the host. The rpc layer maps each to a gRPC
+// status code in one place.
+var (
+	// ErrNotLeader: this node does not lead the shard; the request was not
+	// proposed. Retry on the leader.
+	ErrNotLeader = errors.New("shard: not the leader")
+	// ErrStopped: the shard or host is shutting down.
+	ErrStopped = errors.New("shard: stopped")
+	// ErrUnknownShard: this node holds no replica of the shard.
+	ErrUnknownShard = errors.New("shard: no replica of this shard on this node")
+)
+
+// For maps an event id to its shard: FNV-1a over the id, modulo the shard
+// count. The count is fixed when the cluster is created, so the mapping never
+// changes for a cluster.
+func For(id string, shards int) uint32 {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return uint32(h.Sum64() % uint64(shards))
+}

@@ -1,0 +1,413 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/wheel"
+)
+
+// Config configures one shard replica.
+type Config struct {
+	ID     uint32
+	NodeID string // this node's Raft server id
+	Dir    string // the shard's own directory: Raft log, stable store, snapshots
+	Store  *raftfsm.Store
+	Layer  raft.StreamLayer // from the node's Mux
+	// Publisher produces due events; shared by every shard of the node.
+	Publisher *publish.Publisher
+	// Bootstrap is the initial voter set when the shard is created on this
+	// node; ignored when the shard already has Raft state.
+	Bootstrap []raft.Server
+	Tuning    Tuning
+	Now       func() time.Time
+	Logger    *slog.Logger
+	Metrics   *Metrics
+}
+
+// Tuning holds the knobs with defaults sized for a 2-core machine.
+type Tuning struct {
+	// Resolution is the timing wheel's tick: the most an event fires late
+	// beyond the leader's own scheduling delay. Default 1 ms.
+	Resolution time.Duration
+	// ProposeBatch caps the events grouped into one Raft entry. Default 1024.
+	ProposeBatch int
+	// FireBatch caps the events read and produced together. Default 1024.
+	FireBatch int
+	// MaxFiring bounds the fire batches in flight per shard. Default 4.
+	MaxFiring int
+	// Raft timeouts; zero keeps hashicorp/raft's defaults.
+	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout, CommitTimeout time.Duration
+	// SnapshotThreshold is the number of log entries between snapshots.
+	SnapshotThreshold uint64
+}
+
+func (t *Tuning) fill() {
+	if t.Resolution <= 0 {
+		t.Resolution = wheel.DefaultResolution
+	}
+	if t.ProposeBatch <= 0 {
+		t.ProposeBatch = 1024
+	}
+	if t.FireBatch <= 0 {
+		t.FireBatch = 1024
+	}
+	if t.MaxFiring <= 0 {
+		t.MaxFiring = 4
+	}
+}
+
+const (
+	// applyTimeout bounds enqueueing a command in raft, not its commit.
+	applyTimeout = 5 * time.Second
+	// markTimeout bounds recording a firing result through Raft.
+	markTimeout = 10 * time.Second
+	// retryDelay is how long an event whose produce could not be completed
+	// waits before this leader tries it again.
+	retryDelay = time.Second
+)
+
+// Shard is one replica of a shard: a Raft group member whose state machine
+// is a slice of the node's Pebble, with a timing wheel of its pending events
+// kept warm on every replica. Only the leader proposes and fires.
+type Shard struct {
+	id      uint32
+	cfg     Config
+	tune    Tuning
+	logger  *slog.Logger
+	metrics *Metrics
+
+	fsm   *raftfsm.FSM
+	raft  *raft.Raft
+	trans *raft.NetworkTransport
+	logs  *raftboltdb.BoltStore
+
+	// mu guards the wheel and the maps beside it. It is taken by the raft
+	// apply goroutine (through observer), the firing loop and Cancel; each
+	// holds it only for in-memory work.
+	mu       sync.Mutex
+	wheel    *wheel.Wheel
+	handles  map[uint64]wheel.Handle // pending events in the wheel, by seq
+	inflight map[uint64]*fireBatch   // events taken out of the wheel and not yet settled here
+	// sleepUntil is when the firing loop next wakes (Unix ns); an event due
+	// earlier kicks it.
+	sleepUntil int64
+	kick       chan struct{}
+
+	proposals chan *proposal
+	applying  chan *pendingApply
+	notify    chan bool // raft leadership changes
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// Open opens (or creates) the shard replica described by cfg and starts its
+// goroutines.
+func Open(cfg Config) (*Shard, error) {
+	cfg.Tuning.fill()
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	s := &Shard{
+		id:         cfg.ID,
+		cfg:        cfg,
+		tune:       cfg.Tuning,
+		logger:     cfg.Logger.With("shard", cfg.ID),
+		metrics:    cfg.Metrics,
+		handles:    make(map[uint64]wheel.Handle),
+		inflight:   make(map[uint64]*fireBatch),
+		sleepUntil: 1<<63 - 1,
+		kick:       make(chan struct{}, 1),
+		proposals:  make(chan *proposal, 1024),
+		applying:   make(chan *pendingApply, 256),
+		notify:     make(chan bool, 16),
+		stop:       make(chan struct{}),
+	}
+	var err error
+	if s.wheel, err = wheel.New(cfg.Now().UnixNano(), s.tune.Resolution); err != nil {
+		return nil, err
+	}
+	if s.fsm, err = raftfsm.NewFSM(cfg.Store, cfg.ID, (*observer)(s)); err != nil {
+		return nil, err
+	}
+	if err := s.rebuildWheel(); err != nil {
+		s.fsm.Close()
+		return nil, err
+	}
+	if err := s.startRaft(); err != nil {
+		s.fsm.Close()
+		return nil, err
+	}
+	s.wg.Add(3)
+	go s.proposeLoop()
+	go s.applyWaitLoop()
+	go s.leadershipLoop()
+	return s, nil
+}
+
+func (s *Shard) startRaft() error {
+	cfg := s.cfg
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.NotifyCh = s.notify
+	rc.Logger = hclog.New(&hclog.LoggerOptions{
+		Name:   fmt.Sprintf("raft.shard%d", cfg.ID),
+		Level:  hclog.Warn,
+		Output: os.Stderr,
+	})
+	t := s.tune
+	if t.HeartbeatTimeout > 0 {
+		rc.HeartbeatTimeout = t.HeartbeatTimeout
+	}
+	if t.ElectionTimeout > 0 {
+		rc.ElectionTimeout = t.ElectionTimeout
+	}
+	if t.LeaderLeaseTimeout > 0 {
+		rc.LeaderLeaseTimeout = t.LeaderLeaseTimeout
+	}
+	if t.CommitTimeout > 0 {
+		rc.CommitTimeout = t.CommitTimeout
+	}
+	if t.SnapshotThreshold > 0 {
+		rc.SnapshotThreshold = t.SnapshotThreshold
+	}
+	// Pebble already holds the state up to the FSM's applied index, so a
+	// restart replays only the log after it instead of reloading a snapshot.
+	// The exception: a restore that did not finish, or a Pebble that lost
+	// what a snapshot covers.
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, rc.Logger)
+	if err != nil {
+		return err
+	}
+	var lastSnap uint64
+	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
+		lastSnap = metas[0].Index
+	}
+	rc.NoSnapshotRestoreOnStart = !s.fsm.NeedsRestore() && s.fsm.AppliedIndex() >= lastSnap
+
+	logs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
+	if err != nil {
+		return fmt.Errorf("shard %d: raft log: %w", cfg.ID, err)
+	}
+	s.logs = logs
+	s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  cfg.Layer,
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+		Logger:  rc.Logger,
+	})
+	cache, err := raft.NewLogCache(1024, logs)
+	if err != nil {
+		return err
+	}
+	existing, err := raft.HasExistingState(cache, logs, snaps)
+	if err != nil {
+		return err
+	}
+	if !existing && len(cfg.Bootstrap) > 0 {
+		if err := raft.BootstrapCluster(rc, cache, logs, snaps, s.trans, raft.Configuration{Servers: cfg.Bootstrap}); err != nil {
+			return fmt.Errorf("shard %d: bootstrap: %w", cfg.ID, err)
+		}
+	}
+	r, err := raft.NewRaft(rc, s.fsm, cache, logs, snaps, s.trans)
+	if err != nil {
+		s.trans.Close()
+		logs.Close()
+		return fmt.Errorf("shard %d: raft: %w", cfg.ID, err)
+	}
+	s.raft = r
+	return nil
+}
+
+// ID returns the shard id.
+func (s *Shard) ID() uint32 { return s.id }
+
+// Raft exposes the shard's Raft instance to the node's admin paths.
+func (s *Shard) Raft() *raft.Raft { return s.raft }
+
+// IsLeader reports whether this replica currently leads the shard.
+func (s *Shard) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// Stats returns the shard's replicated counters, as of its applied index.
+func (s *Shard) Stats() raftfsm.Stats { return s.fsm.Stats() }
+
+// Close stops the shard gracefully: no new proposals, the firing loop
+// finishes what it started, Raft shuts down, and the FSM is released. The
+// Pebble store and the Publisher belong to the caller.
+func (s *Shard) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.wg.Wait()
+		err = s.raft.Shutdown().Error()
+		s.trans.Close()
+		if cerr := s.logs.Close(); err == nil {
+			err = cerr
+		}
+		s.fsm.Close()
+	})
+	return err
+}
+
+// Get reads one event on the leader. Every Schedule acknowledged before the
+// call is visible: the leader applies an entry before acknowledging it.
+func (s *Shard) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {
+	if !s.IsLeader() {
+		return raftfsm.Record{}, false, ErrNotLeader
+	}
+	return s.fsm.Get(id)
+}
+
+// Cancel cancels the event id. When it reports Cancelled, no record of the
+// event can be produced any more: a fire batch that had already read the
+// event has finished.
+func (s *Shard) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+	if !s.IsLeader() {
+		return raftfsm.CancelResult{}, ErrNotLeader
+	}
+	cmd := raftfsm.Cancel{ProposedAt: s.cfg.Now().UnixNano(), IDs: []string{id}}
+	resp, err := s.apply(ctx, raftfsm.AppendCancel(nil, &cmd))
+	if err != nil {
+		return raftfsm.CancelResult{}, err
+	}
+	res, ok := resp.(*raftfsm.CancelBatchResult)
+	if !ok || len(res.Results) != 1 {
+		return raftfsm.CancelResult{}, fmt.Errorf("shard %d: unexpected cancel response %T", s.id, resp)
+	}
+	r := res.Results[0]
+	if r.Outcome == raftfsm.Cancelled || r.Outcome == raftfsm.AlreadyCancelled {
+		// The cancel is applied, so no fire batch that starts from now on
+		// will produce the event; wait for one that started before.
+		s.mu.Lock()
+		b := s.inflight[r.Seq]
+		s.mu.Unlock()
+		if b != nil {
+			select {
+			case <-b.done:
+			case <-ctx.Done():
+				return raftfsm.CancelResult{}, ctx.Err()
+			}
+		}
+	}
+	return r, nil
+}
+
+// apply proposes one command and waits for its result, bounded by ctx.
+func (s *Shard) apply(ctx context.Context, cmd []byte) (any, error) {
+	f := s.raft.Apply(cmd, applyTimeout)
+	done := make(chan struct{})
+	go func() { f.Error(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-s.stop:
+		return nil, ErrStopped
+	}
+	if err := f.Error(); err != nil {
+		return nil, raftErr(err)
+	}
+	resp := f.Response()
+	if err, ok := resp.(error); ok {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// raftErr maps raft's errors onto this package's sentinels.
+func raftErr(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost),
+		errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
+		return fmt.Errorf("%w (%v)", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrStopped
+	}
+	return err
+}
+
+// observer keeps the wheel in step with the FSM. Its methods run on the raft
+// apply goroutine.
+type observer Shard
+
+func (o *observer) Scheduled(seq uint64, due int64) {
+	s := (*Shard)(o)
+	s.mu.Lock()
+	s.handles[seq] = s.wheel.Add(seq, due)
+	wake := due < s.sleepUntil
+	s.mu.Unlock()
+	if wake {
+		s.wake()
+	}
+}
+
+func (o *observer) Settled(seq uint64) {
+	s := (*Shard)(o)
+	s.mu.Lock()
+	if h, ok := s.handles[seq]; ok {
+		s.wheel.Remove(h)
+		delete(s.handles, seq)
+	}
+	s.mu.Unlock()
+}
+
+func (o *observer) Reset() {
+	s := (*Shard)(o)
+	if err := s.rebuildWheel(); err != nil {
+		// The FSM's state is readable or Restore would have failed; a read
+		// error here means the node cannot trust what it holds.
+		panic(fmt.Sprintf("shard %d: rebuilding the wheel after a restore: %v", s.id, err))
+	}
+	s.wake()
+}
+
+// rebuildWheel replaces the wheel with one built from the pending events in
+// Pebble. Events that fell due while the node was down are overdue in the new
+// wheel and fire at once.
+func (s *Shard) rebuildWheel() error {
+	w, err := wheel.New(s.cfg.Now().UnixNano(), s.tune.Resolution)
+	if err != nil {
+		return err
+	}
+	handles := make(map[uint64]wheel.Handle)
+	err = s.fsm.ForEachPending(func(seq uint64, due int64) error {
+		handles[seq] = w.Add(seq, due)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.wheel, s.handles = w, handles
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Shard) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,198 @@
+package shard
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Every shard's Raft traffic shares one TCP port per node. A connection
+// starts with a fixed header naming the shard, after which it belongs to that
+// shard's raft.NetworkTransport unchanged.
+//
+//	"CHRM" | version (1 byte) | shard (4 bytes BE)
+const (
+	muxMagic        = "CHRM"
+	muxVersion      = 1
+	muxHeaderLen    = len(muxMagic) + 1 + 4
+	muxHeaderWait   = 5 * time.Second // a peer that connects must name its shard promptly
+	muxAcceptBuffer = 16
+)
+
+// Mux accepts Raft connections on one listener and hands each to the stream
+// layer of the shard it names.
+type Mux struct {
+	ln     net.Listener
+	logger *slog.Logger
+
+	mu     sync.Mutex
+	layers map[uint32]*streamLayer
+	closed bool
+
+	done chan struct{} // closed when the accept loop has returned
+}
+
+// NewMux serves Raft connections on ln until Close.
+func NewMux(ln net.Listener, logger *slog.Logger) *Mux {
+	m := &Mux{ln: ln, logger: logger, layers: make(map[uint32]*streamLayer), done: make(chan struct{})}
+	go m.acceptLoop()
+	return m
+}
+
+// Addr is the address peers dial.
+func (m *Mux) Addr() net.Addr { return m.ln.Addr() }
+
+// Layer returns the raft.StreamLayer of shard id. Closing the layer
+// unregisters it; connections for an unregistered shard are dropped.
+func (m *Mux) Layer(id uint32) (raft.StreamLayer, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrStopped
+	}
+	if _, ok := m.layers[id]; ok {
+		return nil, fmt.Errorf("shard %d: raft stream layer already registered", id)
+	}
+	l := &streamLayer{mux: m, id: id, conns: make(chan net.Conn, muxAcceptBuffer), closed: make(chan struct{})}
+	m.layers[id] = l
+	return l, nil
+}
+
+// Close stops accepting and closes every layer.
+func (m *Mux) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	layers := m.layers
+	m.layers = map[uint32]*streamLayer{}
+	m.mu.Unlock()
+	err := m.ln.Close()
+	<-m.done
+	for _, l := range layers {
+		l.shut()
+	}
+	return err
+}
+
+func (m *Mux) acceptLoop() {
+	defer close(m.done)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := m.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			m.logger.Warn("raft mux accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.route(c)
+		}()
+	}
+}
+
+// route reads the header and hands c to its shard, or closes it.
+func (m *Mux) route(c net.Conn) {
+	var hdr [muxHeaderLen]byte
+	c.SetReadDeadline(time.Now().Add(muxHeaderWait))
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		c.Close()
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	if string(hdr[:len(muxMagic)]) != muxMagic || hdr[len(muxMagic)] != muxVersion {
+		m.logger.Warn("raft mux: connection without a Chime header", "remote", c.RemoteAddr())
+		c.Close()
+		return
+	}
+	id := binary.BigEndian.Uint32(hdr[len(muxMagic)+1:])
+	m.mu.Lock()
+	l := m.layers[id]
+	m.mu.Unlock()
+	if l == nil {
+		c.Close()
+		return
+	}
+	select {
+	case l.conns <- c:
+	case <-l.closed:
+		c.Close()
+	}
+}
+
+// streamLayer is one shard's view of the mux: a raft.StreamLayer.
+type streamLayer struct {
+	mux       *Mux
+	id        uint32
+	conns     chan net.Conn
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *streamLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *streamLayer) Close() error {
+	l.mux.mu.Lock()
+	if l.mux.layers[l.id] == l {
+		delete(l.mux.layers, l.id)
+	}
+	l.mux.mu.Unlock()
+	l.shut()
+	return nil
+}
+
+func (l *streamLayer) shut() {
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		for {
+			select {
+			case c := <-l.conns:
+				c.Close()
+			default:
+				return
+			}
+		}
+	})
+}
+
+func (l *streamLayer) Addr() net.Addr { return l.mux.ln.Addr() }
+
+func (l *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp", string(addr), timeout)
+	if err != nil {
+		return nil, err
+	}
+	var hdr [muxHeaderLen]byte
+	copy(hdr[:], muxMagic)
+	hdr[len(muxMagic)] = muxVersion
+	binary.BigEndian.PutUint32(hdr[len(muxMagic)+1:], l.id)
+	c.SetWriteDeadline(time.Now().Add(timeout))
+	if _, err := c.Write(hdr[:]); err != nil {
+		c.Close()
+		return nil, err
+	}
+	c.SetWriteDeadline(time.Time{})
+	return c, nil
+}
