@@ -1,0 +1,22 @@
+package rpc
+
+import (
+	"context"
+
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+)
+
+// Backend is what the gRPC server needs from the node: a shard.Host routes
+// each id to its shard and proposes through Raft. The server never reaches
+// into Raft itself.
+type Backend interface {
+	// Schedule proposes validated requests and returns one result per
+	// request, in order. An error means none of the results are known.
+	Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error)
+	// Cancel cancels one event; it returns only once no record of it can be
+	// produced any more.
+	Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error)
+	// Get reads one event; found is false for an unknown id.
+	Get(ctx context.Context, id string) (rec raftfsm.Record, found bool, err error)
+}
