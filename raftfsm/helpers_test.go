@@ -1,0 +1,290 @@
+package raftfsm
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/hashicorp/raft"
+)
+
+// quietLogger keeps Pebble's informational lines out of test output; errors still fail loudly
+// through returned errors.
+type quietLogger struct{}
+
+func (quietLogger) Infof(string, ...any)  {}
+func (quietLogger) Errorf(string, ...any) {}
+func (quietLogger) Fatalf(format string, args ...any) {
+	panic(fmt.Sprintf(format, args...))
+}
+
+func openTestStore(t testing.TB, dir string, opts StoreOptions) *Store {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = quietLogger{}
+	}
+	st, err := OpenStore(dir, opts)
+	if err != nil {
+		t.Fatalf("OpenStore: %v", err)
+	}
+	return st
+}
+
+// newTestFSM opens shard on st with a recording observer wired to it.
+func newTestFSM(t testing.TB, st *Store, shard uint32) (*FSM, *pendingObserver) {
+	t.Helper()
+	obs := &pendingObserver{t: t, pending: map[uint64]int64{}}
+	f, err := NewFSM(st, shard, obs)
+	if err != nil {
+		t.Fatalf("NewFSM(%d): %v", shard, err)
+	}
+	obs.fsm = f
+	// Start from what is stored, as the shard owner does.
+	if !f.NeedsRestore() {
+		obs.Reset()
+		obs.resets = 0
+	}
+	return f, obs
+}
+
+// pendingObserver keeps the pending set the way the shard owner's wheel would, and fails the
+// test on a notification that does not fit (a Settled for an event it never saw scheduled).
+type pendingObserver struct {
+	t       testing.TB
+	fsm     *FSM
+	pending map[uint64]int64
+	calls   int
+	resets  int
+}
+
+func (o *pendingObserver) Scheduled(seq uint64, due int64) {
+	o.calls++
+	if _, dup := o.pending[seq]; dup {
+		o.t.Errorf("observer: Scheduled(%d) for an event already pending", seq)
+	}
+	o.pending[seq] = due
+}
+
+func (o *pendingObserver) Settled(seq uint64) {
+	o.calls++
+	if _, ok := o.pending[seq]; !ok {
+		o.t.Errorf("observer: Settled(%d) for an event not pending", seq)
+	}
+	delete(o.pending, seq)
+}
+
+func (o *pendingObserver) Reset() {
+	o.resets++
+	clear(o.pending)
+	if err := o.fsm.ForEachPending(func(seq uint64, due int64) error {
+		o.pending[seq] = due
+		return nil
+	}); err != nil {
+		o.t.Errorf("observer: rebuild after Reset: %v", err)
+	}
+}
+
+// memSink is a raft.SnapshotSink into memory.
+type memSink struct {
+	bytes.Buffer
+	closed, cancelled bool
+}
+
+func (s *memSink) ID() string    { return "mem" }
+func (s *memSink) Cancel() error { s.cancelled = true; return nil }
+func (s *memSink) Close() error  { s.closed = true; return nil }
+
+func persist(t testing.TB, snap raft.FSMSnapshot) []byte {
+	t.Helper()
+	defer snap.Release()
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatalf("Persist: %v", err)
+	}
+	if !sink.closed || sink.cancelled {
+		t.Fatalf("Persist left sink closed=%v cancelled=%v", sink.closed, sink.cancelled)
+	}
+	return sink.Bytes()
+}
+
+func snapshotBytes(t testing.TB, f *FSM) []byte {
+	t.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	return persist(t, snap)
+}
+
+func restore(f *FSM, b []byte) error {
+	return f.Restore(nopCloser{bytes.NewReader(b)})
+}
+
+type nopCloser struct{ *bytes.Reader }
+
+func (nopCloser) Close() error { return nil }
+
+// kv is one Pebble key and value.
+type kv struct{ k, v []byte }
+
+// dumpShard returns every key of shard in st, in order.
+func dumpShard(t testing.TB, st *Store, shard uint32) []kv {
+	t.Helper()
+	lo, hi := shardSpan(shard)
+	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	var out []kv
+	for valid := it.First(); valid; valid = it.Next() {
+		out = append(out, kv{bytes.Clone(it.Key()), bytes.Clone(it.Value())})
+	}
+	if err := it.Error(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sameKeySpace(t testing.TB, what string, a, b []kv) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("%s: %d keys vs %d keys", what, len(a), len(b))
+	}
+	for i := range a {
+		if !bytes.Equal(a[i].k, b[i].k) || !bytes.Equal(a[i].v, b[i].v) {
+			t.Fatalf("%s: key #%d differs:\n  %x = %x\n  %x = %x", what, i, a[i].k, a[i].v, b[i].k, b[i].v)
+		}
+	}
+}
+
+// gen produces commands that collide often: ids come from a small pool, each id has a few
+// content variants (same variant → same ContentHash), and marks aim mostly at known seqs.
+type gen struct {
+	rng   *rand.Rand
+	now   int64 // the leader's clock, advancing
+	ids   int   // ids issued so far: id-0 … id-(ids-1)
+	index uint64
+	term  uint64
+}
+
+func newGen(seed uint64) *gen {
+	return &gen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), now: 1_700_000_000e9, term: 1}
+}
+
+// id returns a new id or, as often, one issued before (or about to be), so that schedules
+// repeat ids and cancels hit every state.
+func (g *gen) id() string {
+	if g.ids == 0 || g.rng.IntN(5) < 3 {
+		g.ids++
+		return fmt.Sprintf("id-%d", g.ids-1)
+	}
+	return fmt.Sprintf("id-%d", g.rng.IntN(g.ids+2))
+}
+
+// event builds the event for id with content variant v; Due is freshly resolved, as a leader
+// resolving the same relative delay at another time would.
+func (g *gen) event(id string, v int) NewEvent {
+	e := NewEvent{ID: id, Topic: fmt.Sprintf("topic-%d", v)}
+	if v%2 == 0 {
+		e.Key = []byte(id)
+	}
+	if n := (v*37 + len(id)) % 50; n > 0 {
+		e.Payload = bytes.Repeat([]byte{byte('a' + v)}, n)
+	}
+	if v == 2 {
+		e.Headers = []Header{{Key: "chime-test", Value: []byte(id)}, {Key: "empty"}}
+	}
+	delay := int64(v+1) * 1e9
+	e.ContentHash = ContentHash(e.Topic, e.Key, e.Payload, e.Headers, 0, delay, false, true)
+	switch g.rng.IntN(10) {
+	case 0:
+		e.Due = -g.rng.Int64N(1e12) // before 1970: must still order correctly
+	case 1:
+		e.Due = g.now // ties on due
+	default:
+		e.Due = g.now + g.rng.Int64N(1e12)
+	}
+	return e
+}
+
+func (g *gen) tick() int64 {
+	g.now += g.rng.Int64N(1e9)
+	return g.now
+}
+
+// command returns a random command that makes sense against m.
+func (g *gen) command(m *model) Command {
+	switch r := g.rng.IntN(100); {
+	case r < 40:
+		c := &ScheduleBatch{ProposedAt: g.tick()}
+		for range 1 + g.rng.IntN(6) {
+			c.Events = append(c.Events, g.event(g.id(), g.rng.IntN(3)))
+		}
+		return c
+	case r < 55:
+		c := &Cancel{ProposedAt: g.tick()}
+		for range 1 + g.rng.IntN(4) {
+			c.IDs = append(c.IDs, g.id())
+		}
+		return c
+	case r < 80:
+		c := &MarkFired{ProposedAt: g.tick()}
+		for range 1 + g.rng.IntN(5) {
+			c.Entries = append(c.Entries, Fired{Seq: g.seq(m), FiredAt: g.now, Attempts: uint32(1 + g.rng.IntN(3))})
+		}
+		return c
+	default:
+		c := &MarkDeadLettered{ProposedAt: g.tick()}
+		for range 1 + g.rng.IntN(3) {
+			c.Entries = append(c.Entries, DeadLettered{
+				Seq: g.seq(m), At: g.now, Attempts: uint32(5 + g.rng.IntN(3)),
+				Error: fmt.Sprintf("broker said no %d", g.rng.IntN(5)), Topic: "chime-dlq",
+			})
+		}
+		return c
+	}
+}
+
+// seq picks a seq to mark: usually a pending one, sometimes any known one, sometimes unknown.
+func (g *gen) seq(m *model) uint64 {
+	switch r := g.rng.IntN(10); {
+	case r < 6 && len(m.pendingSeqs()) > 0:
+		p := m.pendingSeqs()
+		return p[g.rng.IntN(len(p))]
+	case r < 9 && m.nextSeq > 1:
+		return 1 + g.rng.Uint64N(m.nextSeq-1)
+	case r == 9:
+		return 0
+	default:
+		return m.nextSeq + g.rng.Uint64N(3)
+	}
+}
+
+func encode(c Command) []byte {
+	switch c := c.(type) {
+	case *ScheduleBatch:
+		return AppendScheduleBatch(nil, c)
+	case *Cancel:
+		return AppendCancel(nil, c)
+	case *MarkFired:
+		return AppendMarkFired(nil, c)
+	case *MarkDeadLettered:
+		return AppendMarkDeadLettered(nil, c)
+	}
+	panic(fmt.Sprintf("encode %T", c))
+}
+
+// entry wraps the next log entry: a command, or (rarely) a configuration change, which the
+// FSM must count as applied too.
+func (g *gen) entry(m *model) (*raft.Log, Command) {
+	g.index++
+	if g.rng.IntN(20) == 0 {
+		g.term++
+		return &raft.Log{Index: g.index, Term: g.term, Type: raft.LogConfiguration, Data: []byte("conf")}, nil
+	}
+	c := g.command(m)
+	return &raft.Log{Index: g.index, Term: g.term, Type: raft.LogCommand, Data: encode(c)}, c
+}

@@ -1,0 +1,409 @@
+package raftfsm
+
+import (
+	"cmp"
+	"fmt"
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/hashicorp/raft"
+)
+
+// model is the reference the FSM is checked against: the rules of doc.go written as plainly as
+// possible, over a map of id → record, with no storage and no batching.
+type model struct {
+	byID    map[string]*Record
+	bySeq   map[uint64]*Record
+	nextSeq uint64
+	stats   Stats
+}
+
+func newModel() *model {
+	return &model{byID: map[string]*Record{}, bySeq: map[uint64]*Record{}, nextSeq: 1}
+}
+
+func (m *model) pendingSeqs() []uint64 {
+	var out []uint64
+	for seq, r := range m.bySeq {
+		if r.State == StateScheduled {
+			out = append(out, seq)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// apply returns the response the FSM must give for l.
+func (m *model) apply(l *raft.Log, c Command) interface{} {
+	m.stats.AppliedIndex, m.stats.AppliedTerm = l.Index, l.Term
+	switch c := c.(type) {
+	case nil:
+		return nil
+	case *ScheduleBatch:
+		res := &ScheduleBatchResult{Results: make([]ScheduleResult, len(c.Events))}
+		for i, e := range c.Events {
+			if r, ok := m.byID[e.ID]; ok {
+				o := Existing
+				if r.ContentHash != e.ContentHash {
+					o = Conflict
+				}
+				res.Results[i] = ScheduleResult{Outcome: o, Seq: r.Seq, Due: r.Due}
+				continue
+			}
+			r := &Record{
+				Seq: m.nextSeq, ID: e.ID, State: StateScheduled, Due: e.Due, CreatedAt: c.ProposedAt,
+				Topic: e.Topic, Key: e.Key, Payload: e.Payload, Headers: e.Headers, ContentHash: e.ContentHash,
+			}
+			m.nextSeq++
+			m.byID[e.ID], m.bySeq[r.Seq] = r, r
+			m.stats.Pending++
+			res.Results[i] = ScheduleResult{Outcome: Created, Seq: r.Seq, Due: r.Due}
+		}
+		return res
+	case *Cancel:
+		res := &CancelBatchResult{Results: make([]CancelResult, len(c.IDs))}
+		for i, id := range c.IDs {
+			r, ok := m.byID[id]
+			if !ok {
+				res.Results[i] = CancelResult{Outcome: NotFound}
+				continue
+			}
+			o := map[State]CancelOutcome{StateCancelled: AlreadyCancelled, StateFired: AlreadyFired, StateDeadLettered: AlreadyDeadLettered}[r.State]
+			if r.State == StateScheduled {
+				o = Cancelled
+				r.State, r.CancelledAt = StateCancelled, c.ProposedAt
+				m.stats.Pending--
+				m.stats.Cancelled++
+			}
+			res.Results[i] = CancelResult{Outcome: o, Seq: r.Seq}
+		}
+		return res
+	case *MarkFired:
+		res := &MarkBatchResult{Outcomes: make([]MarkOutcome, len(c.Entries))}
+		for i, e := range c.Entries {
+			r, ok := m.bySeq[e.Seq]
+			switch {
+			case !ok:
+				res.Outcomes[i] = UnknownSeq
+			case r.State == StateScheduled:
+				r.State, r.FiredAt, r.Attempts = StateFired, e.FiredAt, e.Attempts
+				m.stats.Pending--
+				m.stats.Fired++
+				res.Outcomes[i] = Marked
+			case r.State == StateFired:
+				m.stats.Refired++
+				res.Outcomes[i] = WasFired
+			case r.State == StateCancelled:
+				m.stats.FiredAfterCancel++
+				res.Outcomes[i] = WasCancelled
+			default:
+				res.Outcomes[i] = WasDeadLettered
+			}
+		}
+		return res
+	case *MarkDeadLettered:
+		res := &MarkBatchResult{Outcomes: make([]MarkOutcome, len(c.Entries))}
+		for i, e := range c.Entries {
+			r, ok := m.bySeq[e.Seq]
+			switch {
+			case !ok:
+				res.Outcomes[i] = UnknownSeq
+			case r.State == StateScheduled:
+				r.State, r.DeadLetteredAt, r.Attempts = StateDeadLettered, e.At, e.Attempts
+				r.LastError, r.DeadLetterTopic = e.Error, e.Topic
+				m.stats.Pending--
+				m.stats.DeadLettered++
+				res.Outcomes[i] = Marked
+			default:
+				res.Outcomes[i] = map[State]MarkOutcome{StateFired: WasFired, StateCancelled: WasCancelled, StateDeadLettered: WasDeadLettered}[r.State]
+			}
+		}
+		return res
+	}
+	panic(fmt.Sprintf("model: %T", c))
+}
+
+func (m *model) wantStats() Stats {
+	s := m.stats
+	s.NextSeq = m.nextSeq
+	return s
+}
+
+// harness drives one FSM (replaced on restore or reopen) and the model through the same log.
+type harness struct {
+	t    *testing.T
+	g    *gen
+	m    *model
+	st   *Store
+	dir  string
+	f    *FSM
+	obs  *pendingObserver
+	log  []*raft.Log   // log[i] has index i+1
+	resp []interface{} // the response the FSM gave for log[i] when first applied
+}
+
+func (h *harness) close() {
+	h.f.Close()
+	if err := h.st.Close(); err != nil {
+		h.t.Fatalf("close store: %v", err)
+	}
+}
+
+func (h *harness) open(dir string) {
+	h.dir = dir
+	h.st = openTestStore(h.t, dir, StoreOptions{})
+	h.f, h.obs = newTestFSM(h.t, h.st, 7)
+}
+
+// applyNew appends 1-4 entries and applies them in one ApplyBatch or one at a time.
+func (h *harness) applyNew() {
+	n := 1 + h.g.rng.IntN(4)
+	logs := make([]*raft.Log, n)
+	want := make([]interface{}, n)
+	for i := range logs {
+		var c Command
+		logs[i], c = h.g.entry(h.m)
+		want[i] = h.m.apply(logs[i], c)
+	}
+	var got []interface{}
+	if h.g.rng.IntN(2) == 0 {
+		got = h.f.ApplyBatch(logs)
+	} else {
+		for _, l := range logs {
+			got = append(got, h.f.Apply(l))
+		}
+	}
+	for i := range logs {
+		if !reflect.DeepEqual(got[i], want[i]) {
+			h.t.Fatalf("entry %d (%s): got %s, want %s", logs[i].Index, describe(logs[i]), show(got[i]), show(want[i]))
+		}
+	}
+	last := logs[n-1]
+	if s := h.f.Stats(); s.AppliedIndex != last.Index || s.AppliedTerm != last.Term {
+		h.t.Fatalf("after entry %d (%s) term %d: applied index %d term %d", last.Index, last.Type, last.Term, s.AppliedIndex, s.AppliedTerm)
+	}
+	h.log = append(h.log, logs...)
+	h.resp = append(h.resp, got...)
+}
+
+// replay feeds already-applied entries again, as raft does on start: every one is skipped,
+// nothing changes, nobody is notified.
+func (h *harness) replay() {
+	if len(h.log) == 0 {
+		return
+	}
+	from := h.g.rng.IntN(len(h.log))
+	to := from + 1 + h.g.rng.IntN(min(8, len(h.log)-from))
+	before, calls := h.f.Stats(), h.obs.calls
+	for i, r := range h.f.ApplyBatch(h.log[from:to]) {
+		if r != ErrReplayed {
+			h.t.Fatalf("replayed entry %d: got %s, want ErrReplayed", h.log[from+i].Index, show(r))
+		}
+	}
+	if after := h.f.Stats(); after != before || h.obs.calls != calls {
+		h.t.Fatalf("replay changed something: stats %+v → %+v, observer calls %d → %d", before, after, calls, h.obs.calls)
+	}
+}
+
+// snapshotRestore takes a snapshot, keeps applying to the FSM while the snapshot is pending
+// (Persist must still see the state as of Snapshot), then restores it either into a fresh FSM
+// on a fresh store (a new replica) or into the same FSM (a follower rolled back to the
+// snapshot, so the restore must wipe everything newer). It then sends the entries after the
+// snapshot as raft would: they must give the responses they gave the first time.
+func (h *harness) snapshotRestore() {
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		h.t.Fatalf("Snapshot: %v", err)
+	}
+	at := h.f.AppliedIndex()
+	for range 1 + h.g.rng.IntN(3) {
+		h.applyNew()
+	}
+	data := persist(h.t, snap)
+	if h.g.rng.IntN(2) == 0 {
+		h.close()
+		h.open(h.t.TempDir())
+	}
+	resets := h.obs.resets
+	if err := restore(h.f, data); err != nil {
+		h.t.Fatalf("Restore: %v", err)
+	}
+	if h.obs.resets != resets+1 {
+		h.t.Fatalf("Restore called Reset %d times, want 1", h.obs.resets-resets)
+	}
+	if got := h.f.AppliedIndex(); got != at {
+		h.t.Fatalf("restored AppliedIndex %d, want %d", got, at)
+	}
+	h.reapplyAfter(at)
+}
+
+// reopen closes and reopens the store in place (a clean restart), then replays the log from a
+// random earlier point, as raft with NoSnapshotRestoreOnStart does.
+func (h *harness) reopen() {
+	at := h.f.AppliedIndex()
+	h.close()
+	h.open(h.dir)
+	if got := h.f.AppliedIndex(); got != at {
+		h.t.Fatalf("reopened AppliedIndex %d, want %d", got, at)
+	}
+	h.reapplyAfter(uint64(h.g.rng.IntN(int(at) + 1)))
+}
+
+// reapplyAfter feeds log entries after index from, in random groupings, checking that the
+// ones the FSM already has are skipped and the others give their original responses.
+func (h *harness) reapplyAfter(from uint64) {
+	applied := h.f.AppliedIndex()
+	for i := int(from); i < len(h.log); {
+		n := min(1+h.g.rng.IntN(4), len(h.log)-i)
+		for j, got := range h.f.ApplyBatch(h.log[i : i+n]) {
+			l := h.log[i+j]
+			want := h.resp[i+j]
+			if l.Index <= applied {
+				want = ErrReplayed
+			}
+			if !reflect.DeepEqual(got, want) {
+				h.t.Fatalf("re-applied entry %d (%s): got %s, want %s", l.Index, describe(l), show(got), show(want))
+			}
+		}
+		i += n
+	}
+}
+
+// check compares everything observable with the model.
+func (h *harness) check() {
+	t, f, m := h.t, h.f, h.m
+	t.Helper()
+	if got, want := f.Stats(), m.wantStats(); got != want {
+		t.Fatalf("Stats:\n got %+v\nwant %+v", got, want)
+	}
+	for i := range h.g.ids + 5 { // a few ids never scheduled
+		id := fmt.Sprintf("id-%d", i)
+		got, found, err := f.Get(id)
+		if err != nil {
+			t.Fatalf("Get(%q): %v", id, err)
+		}
+		want, ok := m.byID[id]
+		if found != ok {
+			t.Fatalf("Get(%q): found=%v, model has it: %v", id, found, ok)
+		}
+		if ok && !reflect.DeepEqual(got, *want) {
+			t.Fatalf("Get(%q):\n got %+v\nwant %+v", id, got, *want)
+		}
+	}
+
+	type pend struct {
+		seq uint64
+		due int64
+	}
+	var want []pend
+	for _, seq := range m.pendingSeqs() {
+		want = append(want, pend{seq, m.bySeq[seq].Due})
+	}
+	slices.SortFunc(want, func(a, b pend) int { return cmp.Or(cmp.Compare(a.due, b.due), cmp.Compare(a.seq, b.seq)) })
+	var got []pend
+	if err := f.ForEachPending(func(seq uint64, due int64) error {
+		got = append(got, pend{seq, due})
+		return nil
+	}); err != nil {
+		t.Fatalf("ForEachPending: %v", err)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ForEachPending (due order):\n got %v\nwant %v", got, want)
+	}
+	if len(h.obs.pending) != len(want) {
+		t.Fatalf("observer holds %d pending, model %d", len(h.obs.pending), len(want))
+	}
+	for _, p := range want {
+		if due, ok := h.obs.pending[p.seq]; !ok || due != p.due {
+			t.Fatalf("observer: seq %d due %d (present %v), model due %d", p.seq, due, ok, p.due)
+		}
+	}
+
+	// ReadForFire on a shuffled mix of known, duplicate and unknown seqs.
+	var seqs []uint64
+	for range 10 {
+		seqs = append(seqs, h.g.rng.Uint64N(m.nextSeq+3))
+	}
+	seqs = append(seqs, seqs[0])
+	recs, err := f.ReadForFire(seqs, nil)
+	if err != nil {
+		t.Fatalf("ReadForFire: %v", err)
+	}
+	slices.Sort(seqs)
+	var wantRecs []Record
+	for _, seq := range slices.Compact(seqs) {
+		if r, ok := m.bySeq[seq]; ok {
+			wantRecs = append(wantRecs, *r)
+		}
+	}
+	if !reflect.DeepEqual(recs, wantRecs) {
+		t.Fatalf("ReadForFire(%v):\n got %+v\nwant %+v", seqs, recs, wantRecs)
+	}
+}
+
+// TestModel drives random logs through the FSM and the reference model and compares every
+// response, and regularly every record, the counters, the pending index and the observer's
+// view; along the way it replays applied entries, restarts the store, and moves the shard to
+// a fresh store by snapshot and restore.
+func TestModel(t *testing.T) {
+	seeds, steps := 6, 400
+	if testing.Short() {
+		seeds, steps = 2, 200
+	}
+	for seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			h := &harness{t: t, g: newGen(uint64(seed)), m: newModel()}
+			h.open(t.TempDir())
+			defer h.close()
+			restores, reopens := 0, 0
+			for step := range steps {
+				switch r := h.g.rng.IntN(100); {
+				case r < 2:
+					h.snapshotRestore()
+					restores++
+				case r < 4:
+					h.reopen()
+					reopens++
+				case r < 10:
+					h.replay()
+				default:
+					h.applyNew()
+				}
+				if step%50 == 49 {
+					h.check()
+				}
+			}
+			h.check()
+			// The run must have exercised what it claims to, or it proves little.
+			s := h.f.Stats()
+			if s.Pending == 0 || s.Fired == 0 || s.Cancelled == 0 || s.DeadLettered == 0 || s.Refired == 0 || s.FiredAfterCancel == 0 {
+				t.Errorf("weak run, some outcome never happened: %+v", s)
+			}
+			t.Logf("%d entries, %d restores, %d reopens, stats %+v", len(h.log), restores, reopens, s)
+		})
+	}
+}
+
+func describe(l *raft.Log) string {
+	if l.Type != raft.LogCommand {
+		return l.Type.String()
+	}
+	c, err := DecodeCommand(l.Data)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%+v", c)
+}
+
+func show(v interface{}) string {
+	switch v := v.(type) {
+	case *ScheduleBatchResult:
+		return fmt.Sprintf("%+v", *v)
+	case *CancelBatchResult:
+		return fmt.Sprintf("%+v", *v)
+	case *MarkBatchResult:
+		return fmt.Sprintf("%+v", *v)
+	}
+	return fmt.Sprintf("%#v", v)
+}
