@@ -1,0 +1,141 @@
+package rpc
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Limits bound what one event may carry. A zero field means its default
+// (DefaultLimits); negative values are rejected by Validate.
+//
+// The gRPC server's maximum receive message size (grpc.MaxRecvMsgSize,
+// 4 MiB by default) bounds a whole request before any of these are checked:
+// a request larger than it fails with RESOURCE_EXHAUSTED from gRPC itself.
+// Keep it above MaxPayloadBytes plus the key and headers, and know that it,
+// not MaxBatch, is what usually bounds a BatchSchedule.
+type Limits struct {
+	// MaxPayloadBytes bounds Event.payload (chimed --max-payload). Default
+	// 1 MiB, Kafka's default max.message.bytes: a larger record would be
+	// refused by a default topic and end up dead-lettered.
+	MaxPayloadBytes int
+	// MaxHorizon is how far ahead of the server's clock an event may be due
+	// (chimed --max-horizon): deliver_at at most now+MaxHorizon, delay at
+	// most MaxHorizon. Default 10 years (of 365 days).
+	MaxHorizon time.Duration
+	// MaxIDBytes bounds Event.id. Default 256, the limit the API documents;
+	// raising it breaks that promise to clients.
+	MaxIDBytes int
+	// MaxKeyBytes bounds Event.key. Default 16 KiB.
+	MaxKeyBytes int
+	// MaxHeaders bounds the number of Event.headers. Default 64.
+	MaxHeaders int
+	// MaxHeaderBytes bounds the header keys and values of one event taken
+	// together, so headers cannot carry what the payload limit forbids.
+	// Default 64 KiB.
+	MaxHeaderBytes int
+	// MaxBatch bounds the number of events in one BatchSchedule. Default
+	// 10,000.
+	MaxBatch int
+}
+
+// year is the year MaxHorizon is counted and printed in: 365 days.
+const year = 365 * 24 * time.Hour
+
+// DefaultLimits returns the limits a zero Limits stands for.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxPayloadBytes: 1 << 20,
+		MaxHorizon:      10 * year,
+		MaxIDBytes:      256,
+		MaxKeyBytes:     16 << 10,
+		MaxHeaders:      64,
+		MaxHeaderBytes:  64 << 10,
+		MaxBatch:        10000,
+	}
+}
+
+// Validate reports negative limits, naming the field (and chimed's flag where
+// there is one). Zero is fine: it means the default.
+func (l Limits) Validate() error {
+	var errs []error
+	check := func(name string, v int64) {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("rpc: Limits.%s must not be negative (got %d)", name, v))
+		}
+	}
+	check("MaxPayloadBytes (--max-payload)", int64(l.MaxPayloadBytes))
+	check("MaxHorizon (--max-horizon)", int64(l.MaxHorizon))
+	check("MaxIDBytes", int64(l.MaxIDBytes))
+	check("MaxKeyBytes", int64(l.MaxKeyBytes))
+	check("MaxHeaders", int64(l.MaxHeaders))
+	check("MaxHeaderBytes", int64(l.MaxHeaderBytes))
+	check("MaxBatch", int64(l.MaxBatch))
+	return errors.Join(errs...)
+}
+
+// withDefaults replaces every zero field by its default.
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	if l.MaxPayloadBytes == 0 {
+		l.MaxPayloadBytes = d.MaxPayloadBytes
+	}
+	if l.MaxHorizon == 0 {
+		l.MaxHorizon = d.MaxHorizon
+	}
+	if l.MaxIDBytes == 0 {
+		l.MaxIDBytes = d.MaxIDBytes
+	}
+	if l.MaxKeyBytes == 0 {
+		l.MaxKeyBytes = d.MaxKeyBytes
+	}
+	if l.MaxHeaders == 0 {
+		l.MaxHeaders = d.MaxHeaders
+	}
+	if l.MaxHeaderBytes == 0 {
+		l.MaxHeaderBytes = d.MaxHeaderBytes
+	}
+	if l.MaxBatch == 0 {
+		l.MaxBatch = d.MaxBatch
+	}
+	return l
+}
+
+// formatHorizon renders a horizon for people: whole years (of 365 days) and
+// days when it is at least a day, "10y", "1y30d", "90d", and Go's duration
+// syntax without trailing zero units below that, "36h" is "1d12h", "90m" is
+// "1h30m". Parts below a second are dropped when there are days in it.
+func formatHorizon(d time.Duration) string {
+	if d < 0 {
+		return "-" + formatHorizon(-d)
+	}
+	const day = 24 * time.Hour
+	var b strings.Builder
+	if y := d / year; y > 0 {
+		fmt.Fprintf(&b, "%dy", y)
+		d -= y * year
+	}
+	if dd := d / day; dd > 0 {
+		fmt.Fprintf(&b, "%dd", dd)
+		d -= dd * day
+	}
+	if b.Len() > 0 {
+		d = d.Truncate(time.Second)
+		if d == 0 {
+			return b.String()
+		}
+	}
+	if d == 0 {
+		return "0s"
+	}
+	s := d.String() // e.g. 1h30m0s, 2h0m0s, 10m0s, 1.5s
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	b.WriteString(s)
+	return b.String()
+}

@@ -1,0 +1,202 @@
+// Package rpctest provides an in-memory rpc.Backend for tests of the gRPC
+// server and its clients (chimectl). It follows raftfsm's rules for what a
+// request does: idempotency by ContentHash (Created, Existing with the
+// original due, Conflict), the first occurrence of an id in one batch wins,
+// delays are resolved with the backend's clock, cancel outcomes by state. It
+// has no Raft, no durability and no firing of its own: tests move events to
+// Fired or DeadLettered with Fire and DeadLetter. The real Backend
+// (shard.Host) is covered by the end-to-end tests.
+package rpctest
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+)
+
+// Backend is an in-memory rpc.Backend. The zero value is not usable; call
+// New. It is safe for concurrent use.
+type Backend struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	events  map[string]*raftfsm.Record
+	nextSeq uint64
+	calls   []Call
+	fail    error
+}
+
+// Call is one call the Backend received, for tests that assert what reached
+// it (or that nothing did).
+type Call struct {
+	Method string          // "Schedule", "Cancel" or "Get"
+	Reqs   []shard.Request // Schedule's requests
+	ID     string          // Cancel's and Get's id
+}
+
+// New returns an empty Backend whose clock, for resolving delays and stamping
+// CreatedAt and CancelledAt, is now (nil: time.Now).
+func New(now func() time.Time) *Backend {
+	if now == nil {
+		now = time.Now
+	}
+	return &Backend{now: now, events: make(map[string]*raftfsm.Record), nextSeq: 1}
+}
+
+// Calls returns the calls received so far, in order.
+func (b *Backend) Calls() []Call {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.calls)
+}
+
+// FailWith makes every later call fail with err (nil: succeed again). The
+// call is still recorded.
+func (b *Backend) FailWith(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fail = err
+}
+
+// Schedule implements rpc.Backend.
+func (b *Backend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, Call{Method: "Schedule", Reqs: slices.Clone(reqs)})
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	now := b.now().UnixNano()
+	out := make([]shard.Result, len(reqs))
+	for i, r := range reqs {
+		if rec, ok := b.events[r.ID]; ok {
+			o := raftfsm.Existing
+			if rec.ContentHash != r.ContentHash {
+				o = raftfsm.Conflict
+			}
+			out[i] = shard.Result{Outcome: o, Seq: rec.Seq, Due: rec.Due}
+			continue
+		}
+		due := r.DeliverAt
+		if r.HasDelay {
+			due = now + int64(r.Delay)
+		}
+		rec := &raftfsm.Record{
+			Seq:         b.nextSeq,
+			ID:          r.ID,
+			State:       raftfsm.StateScheduled,
+			Due:         due,
+			CreatedAt:   now,
+			Topic:       r.Topic,
+			Key:         slices.Clone(r.Key),
+			Payload:     slices.Clone(r.Payload),
+			ContentHash: r.ContentHash,
+		}
+		for _, h := range r.Headers {
+			rec.Headers = append(rec.Headers, raftfsm.Header{Key: h.Key, Value: slices.Clone(h.Value)})
+		}
+		b.nextSeq++
+		b.events[r.ID] = rec
+		out[i] = shard.Result{Outcome: raftfsm.Created, Seq: rec.Seq, Due: due}
+	}
+	return out, nil
+}
+
+// Cancel implements rpc.Backend.
+func (b *Backend) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, Call{Method: "Cancel", ID: id})
+	if err := b.check(ctx); err != nil {
+		return raftfsm.CancelResult{}, err
+	}
+	rec, ok := b.events[id]
+	if !ok {
+		return raftfsm.CancelResult{Outcome: raftfsm.NotFound}, nil
+	}
+	res := raftfsm.CancelResult{Seq: rec.Seq}
+	switch rec.State {
+	case raftfsm.StateScheduled:
+		rec.State = raftfsm.StateCancelled
+		rec.CancelledAt = b.now().UnixNano()
+		res.Outcome = raftfsm.Cancelled
+	case raftfsm.StateCancelled:
+		res.Outcome = raftfsm.AlreadyCancelled
+	case raftfsm.StateFired:
+		res.Outcome = raftfsm.AlreadyFired
+	case raftfsm.StateDeadLettered:
+		res.Outcome = raftfsm.AlreadyDeadLettered
+	}
+	return res, nil
+}
+
+// Get implements rpc.Backend.
+func (b *Backend) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, Call{Method: "Get", ID: id})
+	if err := b.check(ctx); err != nil {
+		return raftfsm.Record{}, false, err
+	}
+	rec, ok := b.events[id]
+	if !ok {
+		return raftfsm.Record{}, false, nil
+	}
+	return clone(rec), true, nil
+}
+
+// Fire moves a pending event to Fired at the given time, as a MarkFired
+// would; it reports false when id is unknown or not pending.
+func (b *Backend) Fire(id string, at time.Time, attempts uint32) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rec, ok := b.events[id]
+	if !ok || rec.State != raftfsm.StateScheduled {
+		return false
+	}
+	rec.State = raftfsm.StateFired
+	rec.FiredAt = at.UnixNano()
+	rec.Attempts = attempts
+	return true
+}
+
+// DeadLetter moves a pending event to DeadLettered, as a MarkDeadLettered
+// would; it reports false when id is unknown or not pending.
+func (b *Backend) DeadLetter(id string, at time.Time, attempts uint32, lastError, topic string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	rec, ok := b.events[id]
+	if !ok || rec.State != raftfsm.StateScheduled {
+		return false
+	}
+	rec.State = raftfsm.StateDeadLettered
+	rec.DeadLetteredAt = at.UnixNano()
+	rec.Attempts = attempts
+	rec.LastError = lastError
+	rec.DeadLetterTopic = topic
+	return true
+}
+
+// check returns the injected failure or the context's error. Called with
+// b.mu held.
+func (b *Backend) check(ctx context.Context) error {
+	if b.fail != nil {
+		return b.fail
+	}
+	return ctx.Err()
+}
+
+func clone(rec *raftfsm.Record) raftfsm.Record {
+	c := *rec
+	c.Key = slices.Clone(rec.Key)
+	c.Payload = slices.Clone(rec.Payload)
+	c.Headers = nil
+	for _, h := range rec.Headers {
+		c.Headers = append(c.Headers, raftfsm.Header{Key: h.Key, Value: slices.Clone(h.Value)})
+	}
+	return c
+}

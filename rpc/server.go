@@ -1,0 +1,267 @@
+package rpc
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Server implements chimev1.SchedulerServer on top of a Backend. It holds no
+// state of its own and is safe for concurrent use.
+type Server struct {
+	chimev1.UnimplementedSchedulerServer
+
+	backend Backend
+	limits  Limits
+	now     func() time.Time
+	logger  *slog.Logger
+}
+
+// NewServer returns a Server that validates requests against lim (zero fields
+// take their DefaultLimits value) and hands valid ones to b. now is the clock
+// used for the horizon check (nil: time.Now); logger receives the errors
+// reported to clients as INTERNAL (nil: slog.Default()).
+//
+// NewServer panics if lim.Validate fails: check user-supplied limits with
+// Validate first.
+func NewServer(b Backend, lim Limits, now func() time.Time, logger *slog.Logger) *Server {
+	if err := lim.Validate(); err != nil {
+		panic(err)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &Server{backend: b, limits: lim.withDefaults(), now: now, logger: logger}
+}
+
+// Register registers s on gs as the chime.v1.Scheduler service, together with
+// gRPC server reflection (v1 and v1alpha), so that grpcurl and similar tools
+// can list and call the API. Reflection must not be registered on gs again:
+// a second registration of the same service panics in grpc. Services added
+// to gs later (an Admin service) are visible through it too, because
+// reflection reads gs's service list on each request.
+func Register(gs *grpc.Server, s *Server) {
+	chimev1.RegisterSchedulerServer(gs, s)
+	reflection.Register(gs)
+}
+
+// Schedule validates one event and schedules it.
+func (s *Server) Schedule(ctx context.Context, in *chimev1.ScheduleRequest) (*chimev1.ScheduleResponse, error) {
+	req, ferr := s.checkEvent("event", in.GetEvent(), s.now())
+	if ferr != nil {
+		return nil, status.Error(codes.InvalidArgument, ferr.Error())
+	}
+	results, err := s.backend.Schedule(ctx, []shard.Request{req})
+	if err != nil {
+		return nil, s.backendStatus("Schedule", err)
+	}
+	if len(results) != 1 {
+		return nil, s.backendStatus("Schedule", fmt.Errorf("backend returned %d results for 1 request", len(results)))
+	}
+	res, rerr := s.scheduleResult("event", req, results[0])
+	if rerr != nil {
+		return nil, rerr
+	}
+	return &chimev1.ScheduleResponse{Id: res.Id, Due: res.Due, Existing: res.Existing}, nil
+}
+
+// BatchSchedule validates every event on its own, reports the invalid ones
+// in their results (code 3), and schedules the valid ones in one Backend
+// call, in request order.
+func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleRequest) (*chimev1.BatchScheduleResponse, error) {
+	events := in.GetEvents()
+	switch n := len(events); {
+	case n == 0:
+		return nil, status.Error(codes.InvalidArgument, "events: required (at least one event)")
+	case n > s.limits.MaxBatch:
+		return nil, status.Errorf(codes.InvalidArgument, "events: %d events, at most %d allowed", n, s.limits.MaxBatch)
+	}
+
+	now := s.now()
+	out := make([]*chimev1.ScheduleResult, len(events))
+	reqs := make([]shard.Request, 0, len(events))
+	at := make([]int, 0, len(events)) // at[j] is the index in events of reqs[j]
+	for i, ev := range events {
+		req, ferr := s.checkEvent(fmt.Sprintf("events[%d]", i), ev, now)
+		if ferr != nil {
+			out[i] = &chimev1.ScheduleResult{Id: ev.GetId(), Code: int32(codes.InvalidArgument), Message: ferr.Error()}
+			continue
+		}
+		reqs = append(reqs, req)
+		at = append(at, i)
+	}
+	if len(reqs) > 0 {
+		results, err := s.backend.Schedule(ctx, reqs)
+		if err != nil {
+			return nil, s.backendStatus("BatchSchedule", err)
+		}
+		if len(results) != len(reqs) {
+			return nil, s.backendStatus("BatchSchedule", fmt.Errorf("backend returned %d results for %d requests", len(results), len(reqs)))
+		}
+		for j, r := range results {
+			i := at[j]
+			res, rerr := s.scheduleResult(fmt.Sprintf("events[%d]", i), reqs[j], r)
+			if rerr != nil {
+				st := status.Convert(rerr)
+				res = &chimev1.ScheduleResult{Id: reqs[j].ID, Code: int32(st.Code()), Message: st.Message()}
+			}
+			out[i] = res
+		}
+	}
+	return &chimev1.BatchScheduleResponse{Results: out}, nil
+}
+
+// scheduleResult turns one Backend result into the client's answer, or a
+// status error (ALREADY_EXISTS for a Conflict).
+func (s *Server) scheduleResult(path string, req shard.Request, r shard.Result) (*chimev1.ScheduleResult, error) {
+	switch r.Outcome {
+	case raftfsm.Created, raftfsm.Existing:
+		return &chimev1.ScheduleResult{
+			Id:       req.ID,
+			Due:      timestamppb.New(time.Unix(0, r.Due)),
+			Existing: r.Outcome == raftfsm.Existing,
+		}, nil
+	case raftfsm.Conflict:
+		return nil, status.Errorf(codes.AlreadyExists, "%s.id: %q already scheduled with different content", path, req.ID)
+	default:
+		return nil, s.backendStatus("Schedule", fmt.Errorf("backend returned unknown schedule outcome %d for id %q", r.Outcome, req.ID))
+	}
+}
+
+// Cancel cancels one event.
+func (s *Server) Cancel(ctx context.Context, in *chimev1.CancelRequest) (*chimev1.CancelResponse, error) {
+	id := in.GetId()
+	if ferr := s.checkID(id); ferr != nil {
+		return nil, status.Error(codes.InvalidArgument, ferr.Error())
+	}
+	res, err := s.backend.Cancel(ctx, id)
+	if err != nil {
+		return nil, s.backendStatus("Cancel", err)
+	}
+	switch res.Outcome {
+	case raftfsm.Cancelled, raftfsm.AlreadyCancelled:
+		return &chimev1.CancelResponse{Id: id, State: chimev1.EventState_EVENT_STATE_CANCELLED}, nil
+	case raftfsm.NotFound:
+		return nil, status.Errorf(codes.NotFound, "id: no event %q", id)
+	case raftfsm.AlreadyFired, raftfsm.AlreadyDeadLettered:
+		return nil, status.Error(codes.FailedPrecondition, s.tooLateToCancel(ctx, id, res.Outcome))
+	default:
+		return nil, s.backendStatus("Cancel", fmt.Errorf("backend returned unknown cancel outcome %d for id %q", res.Outcome, id))
+	}
+}
+
+// tooLateToCancel words the FAILED_PRECONDITION of a Cancel, with the time
+// the event fired when one more read can tell it. The cancel outcome is the
+// answer; the read only decorates it, so its failure is not an error.
+func (s *Server) tooLateToCancel(ctx context.Context, id string, o raftfsm.CancelOutcome) string {
+	verb := "fired"
+	if o == raftfsm.AlreadyDeadLettered {
+		verb = "been dead-lettered"
+	}
+	msg := fmt.Sprintf("id: event %q has already %s; it can no longer be cancelled", id, verb)
+	rec, found, err := s.backend.Get(ctx, id)
+	if err != nil || !found {
+		return msg
+	}
+	switch {
+	case o == raftfsm.AlreadyFired && rec.FiredAt != 0:
+		msg = fmt.Sprintf("id: event %q already fired at %s; it can no longer be cancelled",
+			id, time.Unix(0, rec.FiredAt).UTC().Format(time.RFC3339Nano))
+	case o == raftfsm.AlreadyDeadLettered && rec.DeadLetteredAt != 0:
+		msg = fmt.Sprintf("id: event %q was already dead-lettered to %q at %s; it can no longer be cancelled",
+			id, rec.DeadLetterTopic, time.Unix(0, rec.DeadLetteredAt).UTC().Format(time.RFC3339Nano))
+	}
+	return msg
+}
+
+// Get returns one event.
+func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetResponse, error) {
+	id := in.GetId()
+	if ferr := s.checkID(id); ferr != nil {
+		return nil, status.Error(codes.InvalidArgument, ferr.Error())
+	}
+	rec, found, err := s.backend.Get(ctx, id)
+	if err != nil {
+		return nil, s.backendStatus("Get", err)
+	}
+	if !found {
+		return nil, status.Errorf(codes.NotFound, "id: no event %q", id)
+	}
+	st, ok := eventState(rec.State)
+	if !ok {
+		return nil, s.backendStatus("Get", fmt.Errorf("backend returned unknown state %d for id %q", rec.State, id))
+	}
+	due := timestamppb.New(time.Unix(0, rec.Due))
+	resp := &chimev1.GetResponse{
+		Event: &chimev1.Event{
+			Id:        rec.ID,
+			DeliverAt: due,
+			Topic:     rec.Topic,
+			Key:       rec.Key,
+			Payload:   rec.Payload,
+		},
+		State:           st,
+		Due:             due,
+		CreatedAt:       optionalTime(rec.CreatedAt),
+		Attempts:        rec.Attempts,
+		LastError:       rec.LastError,
+		CancelledAt:     optionalTime(rec.CancelledAt),
+		DeadLetterTopic: rec.DeadLetterTopic,
+	}
+	switch rec.State {
+	case raftfsm.StateFired:
+		resp.FiredAt = optionalTime(rec.FiredAt)
+	case raftfsm.StateDeadLettered:
+		resp.FiredAt = optionalTime(rec.DeadLetteredAt)
+	}
+	for _, h := range rec.Headers {
+		resp.Event.Headers = append(resp.Event.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
+	}
+	return resp, nil
+}
+
+// checkID validates the id of a Cancel or Get.
+func (s *Server) checkID(id string) *fieldError {
+	switch {
+	case id == "":
+		return invalid("id", "required")
+	case len(id) > s.limits.MaxIDBytes:
+		return invalid("id", "%d bytes, at most %d allowed", len(id), s.limits.MaxIDBytes)
+	}
+	return nil
+}
+
+func eventState(st raftfsm.State) (chimev1.EventState, bool) {
+	switch st {
+	case raftfsm.StateScheduled:
+		return chimev1.EventState_EVENT_STATE_SCHEDULED, true
+	case raftfsm.StateFired:
+		return chimev1.EventState_EVENT_STATE_FIRED, true
+	case raftfsm.StateCancelled:
+		return chimev1.EventState_EVENT_STATE_CANCELLED, true
+	case raftfsm.StateDeadLettered:
+		return chimev1.EventState_EVENT_STATE_DEAD_LETTERED, true
+	}
+	return chimev1.EventState_EVENT_STATE_UNSPECIFIED, false
+}
+
+// optionalTime is nil for 0, the "not set" of raftfsm.Record's timestamps.
+func optionalTime(unixNano int64) *timestamppb.Timestamp {
+	if unixNano == 0 {
+		return nil
+	}
+	return timestamppb.New(time.Unix(0, unixNano))
+}

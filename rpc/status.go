@@ -1,0 +1,43 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+
+	"github.com/chimehq/chime/shard"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// backendStatus is the one place a Backend error becomes a gRPC status.
+//
+//   - shard.ErrNotLeader, ErrStopped, ErrUnknownShard: UNAVAILABLE. Nothing
+//     was proposed (or the outcome is unknown because the node is going
+//     away), and a retry, after a short backoff or on another node, can
+//     succeed. Schedule with a client-chosen id is idempotent, so retrying it
+//     is always safe.
+//   - context.DeadlineExceeded / context.Canceled: DEADLINE_EXCEEDED /
+//     CANCELED. The outcome is unknown: the proposal may still commit.
+//   - An error that already carries a gRPC status (a call the Backend
+//     forwarded to another node) keeps it.
+//   - Anything else: INTERNAL, logged with the operation, because it is a bug
+//     or a broken node, not something the client can fix.
+func (s *Server) backendStatus(op string, err error) error {
+	switch {
+	case errors.Is(err, shard.ErrNotLeader):
+		return status.Errorf(codes.Unavailable, "%v (leadership is moving); retry in a moment", err)
+	case errors.Is(err, shard.ErrStopped):
+		return status.Errorf(codes.Unavailable, "%v (this node is shutting down); retry on another node", err)
+	case errors.Is(err, shard.ErrUnknownShard):
+		return status.Errorf(codes.Unavailable, "%v (the cluster is moving replicas); retry in a moment or on another node", err)
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Errorf(codes.DeadlineExceeded, "%s: %v (a Schedule or Cancel may still take effect; retrying it with the same id is safe)", op, err)
+	case errors.Is(err, context.Canceled):
+		return status.Errorf(codes.Canceled, "%s: %v (a Schedule or Cancel may still take effect; retrying it with the same id is safe)", op, err)
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Err()
+	}
+	s.logger.Error("rpc: backend failed", "op", op, "err", err)
+	return status.Errorf(codes.Internal, "%s: internal error: %v", op, err)
+}

@@ -1,0 +1,154 @@
+package rpc
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+)
+
+// fieldError is one broken rule: the field's path in the request
+// ("event.topic", "events[3].headers[2].key") and the rule, worded for the
+// person who sent it.
+type fieldError struct {
+	path string
+	rule string
+}
+
+func (e *fieldError) Error() string { return e.path + ": " + e.rule }
+
+func invalid(path, format string, args ...any) *fieldError {
+	return &fieldError{path: path, rule: fmt.Sprintf(format, args...)}
+}
+
+// reservedHeaderPrefix names the headers publish adds to every record
+// (chime-id, chime-due-unix-ms, ...). A client header with that prefix would
+// be indistinguishable from Chime's own, so consumers that deduplicate on
+// chime-id could be fooled. Compared case-insensitively: "Chime-Id" is a
+// different Kafka header but just as misleading to a person reading it.
+const reservedHeaderPrefix = "chime-"
+
+// The instants an int64 of Unix nanoseconds can hold; deliver_at must lie
+// between them because due times are stored that way.
+var (
+	minDue = time.Unix(0, math.MinInt64).UTC()
+	maxDue = time.Unix(0, math.MaxInt64).UTC()
+)
+
+// topicRule is the rule publish.ValidTopic enforces, worded for a message.
+const topicRule = `1-249 characters of [a-zA-Z0-9._-], not "." or ".."`
+
+// checkEvent validates ev (found at path in the request) against every rule
+// and, if it passes, returns the shard.Request to schedule: id generated if
+// empty, ContentHash computed. It reports the first rule broken, in field
+// order. Nothing here has side effects beyond reading the clock value now.
+func (s *Server) checkEvent(path string, ev *chimev1.Event, now time.Time) (shard.Request, *fieldError) {
+	lim := s.limits
+	if ev == nil {
+		return shard.Request{}, invalid(path, "required")
+	}
+	if n := len(ev.Id); n > lim.MaxIDBytes {
+		return shard.Request{}, invalid(path+".id", "%d bytes, at most %d allowed", n, lim.MaxIDBytes)
+	}
+
+	switch {
+	case ev.Topic == "":
+		return shard.Request{}, invalid(path+".topic", "required")
+	case len(ev.Topic) > 249:
+		return shard.Request{}, invalid(path+".topic", "%d characters is not a valid Kafka topic name (%s)", len(ev.Topic), topicRule)
+	case publish.ValidTopic(ev.Topic) != nil:
+		return shard.Request{}, invalid(path+".topic", "%q is not a valid Kafka topic name (%s)", ev.Topic, topicRule)
+	}
+
+	req := shard.Request{ID: ev.Id, Topic: ev.Topic}
+	switch {
+	case ev.DeliverAt != nil && ev.Delay != nil:
+		return shard.Request{}, invalid(path, "set exactly one of deliver_at and delay (both are set)")
+	case ev.DeliverAt == nil && ev.Delay == nil:
+		return shard.Request{}, invalid(path, "set exactly one of deliver_at and delay (neither is set)")
+	case ev.DeliverAt != nil:
+		if err := ev.DeliverAt.CheckValid(); err != nil {
+			return shard.Request{}, invalid(path+".deliver_at", "not a valid Timestamp: %v", err)
+		}
+		at := ev.DeliverAt.AsTime()
+		if at.Before(minDue) || at.After(maxDue) {
+			return shard.Request{}, invalid(path+".deliver_at", "%s is outside the times Chime can store (%s to %s)",
+				at.Format(time.RFC3339Nano), minDue.Format(time.RFC3339Nano), maxDue.Format(time.RFC3339Nano))
+		}
+		if at.Sub(now) > lim.MaxHorizon {
+			return shard.Request{}, invalid(path+".deliver_at", "%s is more than %s ahead (--max-horizon)",
+				at.Format(time.RFC3339Nano), formatHorizon(lim.MaxHorizon))
+		}
+		req.HasDeliverAt = true
+		req.DeliverAt = at.UnixNano()
+	default:
+		if err := ev.Delay.CheckValid(); err != nil {
+			return shard.Request{}, invalid(path+".delay", "not a valid Duration: %v", err)
+		}
+		if ev.Delay.Seconds < 0 || ev.Delay.Nanos < 0 {
+			return shard.Request{}, invalid(path+".delay", "must not be negative (got %s)", durationText(ev.Delay.Seconds, ev.Delay.Nanos))
+		}
+		// AsDuration saturates at ~292 years, which is beyond any horizon
+		// an int64 of nanoseconds can express, so the comparison holds.
+		if d := ev.Delay.AsDuration(); d > lim.MaxHorizon {
+			return shard.Request{}, invalid(path+".delay", "%s is more than %s (--max-horizon)",
+				durationText(ev.Delay.Seconds, ev.Delay.Nanos), formatHorizon(lim.MaxHorizon))
+		}
+		req.HasDelay = true
+		req.Delay = ev.Delay.AsDuration()
+	}
+
+	if n := len(ev.Key); n > lim.MaxKeyBytes {
+		return shard.Request{}, invalid(path+".key", "%d bytes, at most %d allowed", n, lim.MaxKeyBytes)
+	}
+	if n := len(ev.Payload); n > lim.MaxPayloadBytes {
+		return shard.Request{}, invalid(path+".payload", "%d bytes, at most %d allowed (--max-payload)", n, lim.MaxPayloadBytes)
+	}
+	if n := len(ev.Headers); n > lim.MaxHeaders {
+		return shard.Request{}, invalid(path+".headers", "%d headers, at most %d allowed", n, lim.MaxHeaders)
+	}
+	headerBytes := 0
+	for i, h := range ev.Headers {
+		if h == nil { // cannot come off the wire, only from an in-process caller
+			return shard.Request{}, invalid(fmt.Sprintf("%s.headers[%d]", path, i), "required")
+		}
+		if len(h.Key) >= len(reservedHeaderPrefix) && strings.EqualFold(h.Key[:len(reservedHeaderPrefix)], reservedHeaderPrefix) {
+			return shard.Request{}, invalid(fmt.Sprintf("%s.headers[%d].key", path, i),
+				"the %q prefix is reserved for headers Chime adds", reservedHeaderPrefix)
+		}
+		headerBytes += len(h.Key) + len(h.Value)
+	}
+	if headerBytes > lim.MaxHeaderBytes {
+		return shard.Request{}, invalid(path+".headers", "%d bytes of keys and values, at most %d allowed", headerBytes, lim.MaxHeaderBytes)
+	}
+
+	req.Key = ev.Key
+	req.Payload = ev.Payload
+	if len(ev.Headers) > 0 {
+		req.Headers = make([]raftfsm.Header, len(ev.Headers))
+		for i, h := range ev.Headers {
+			req.Headers[i] = raftfsm.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	req.ContentHash = raftfsm.ContentHash(req.Topic, req.Key, req.Payload, req.Headers,
+		req.DeliverAt, int64(req.Delay), req.HasDeliverAt, req.HasDelay)
+	if req.ID == "" {
+		req.ID = newID()
+	}
+	return req, nil
+}
+
+// durationText prints a google.protobuf.Duration exactly, including the ones
+// too long for a time.Duration.
+func durationText(seconds int64, nanos int32) string {
+	const maxSeconds = math.MaxInt64 / int64(time.Second)
+	if seconds > -maxSeconds && seconds < maxSeconds {
+		return (time.Duration(seconds)*time.Second + time.Duration(nanos)).String()
+	}
+	return fmt.Sprintf("%ds", seconds)
+}
