@@ -198,7 +198,10 @@ func invalidCases() []struct {
 		}, ".deliver_at: 1600-01-01T00:00:00Z is outside the times Chime can store (1677-09-21T00:12:43.145224192Z to 2262-04-11T23:47:16.854775807Z)"},
 		{"delay negative", func(ev *chimev1.Event) *chimev1.Event { ev.Delay = durationpb.New(-5 * time.Second); return ev },
 			".delay: must not be negative (got -5s)"},
-		{"delay invalid", func(ev *chimev1.Event) *chimev1.Event { ev.Delay = &durationpb.Duration{Seconds: 1, Nanos: -1}; return ev },
+		{"delay invalid", func(ev *chimev1.Event) *chimev1.Event {
+			ev.Delay = &durationpb.Duration{Seconds: 1, Nanos: -1}
+			return ev
+		},
 			".delay: not a valid Duration: " + (&durationpb.Duration{Seconds: 1, Nanos: -1}).CheckValid().Error()},
 		{"delay beyond the horizon", func(ev *chimev1.Event) *chimev1.Event {
 			ev.Delay = durationpb.New(10*365*24*time.Hour + time.Second)
