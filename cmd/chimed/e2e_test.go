@@ -1,0 +1,473 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/publish"
+)
+
+// The end-to-end tests run the real chimed binary as a process on loopback:
+// gRPC in, Raft with fsync and Pebble underneath, records out to a kfake
+// broker that lives in the test process, so killing chimed loses nothing
+// Kafka had acknowledged.
+
+var chimedBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "chimed-e2e")
+	if err != nil {
+		panic(err)
+	}
+	chimedBin = filepath.Join(dir, "chimed")
+	out, err := exec.Command("go", "build", "-o", chimedBin, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "building chimed: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type daemon struct {
+	t                          *testing.T
+	cmd                        *exec.Cmd
+	dataDir                    string
+	grpcAddr, httpAddr, raftAd string
+	brokers                    string
+	stderr                     *bytes.Buffer
+	exited                     chan struct{}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func newDaemon(t *testing.T, brokers []string) *daemon {
+	return &daemon{
+		t: t, dataDir: t.TempDir(), grpcAddr: freeAddr(t), httpAddr: freeAddr(t), raftAd: freeAddr(t),
+		brokers: brokers[0],
+	}
+}
+
+// start runs chimed serve and waits until /readyz says every shard leads.
+func (d *daemon) start() {
+	d.t.Helper()
+	d.stderr = &bytes.Buffer{}
+	d.cmd = exec.Command(chimedBin, "serve", "--node-id", "e2e", "--data-dir", d.dataDir,
+		"--grpc-addr", d.grpcAddr, "--http-addr", d.httpAddr, "--raft-addr", d.raftAd,
+		"--kafka-brokers", d.brokers, "--shards", "4", "--log-level", "warn")
+	d.cmd.Stderr = d.stderr
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	d.exited = make(chan struct{})
+	go func() { d.cmd.Wait(); close(d.exited) }()
+	d.t.Cleanup(func() { d.kill() })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + d.httpAddr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		select {
+		case <-d.exited:
+			d.t.Fatalf("chimed exited during start: %s", d.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("chimed not ready after 30s: %s", d.stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill stops chimed with SIGKILL: no graceful shutdown at all.
+func (d *daemon) kill() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.exited
+}
+
+// stop stops chimed with SIGTERM and expects a clean exit.
+func (d *daemon) stop() {
+	d.t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		d.t.Fatal("chimed did not stop within 30s of SIGTERM")
+	}
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
+		d.t.Fatalf("chimed exited with %d after SIGTERM: %s", code, d.stderr)
+	}
+}
+
+func (d *daemon) client() chimev1.SchedulerClient {
+	d.t.Helper()
+	cc, err := grpc.NewClient(d.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.t.Cleanup(func() { cc.Close() })
+	return chimev1.NewSchedulerClient(cc)
+}
+
+func broker(t *testing.T) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+// record is one consumed Kafka record, as an independent client read it.
+type record struct {
+	id         string
+	dueMs      int64
+	firedMs    int64
+	attempt    int
+	value      string
+	receivedAt time.Time
+}
+
+// collector consumes topics in the background from their start.
+type collector struct {
+	mu   sync.Mutex
+	recs []record
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func collect(t *testing.T, brokers []string, topics ...string) *collector {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &collector{stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		defer cl.Close()
+		for ctx.Err() == nil {
+			fs := cl.PollFetches(ctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) {
+				h := map[string]string{}
+				for _, kv := range r.Headers {
+					h[kv.Key] = string(kv.Value)
+				}
+				due, _ := strconv.ParseInt(h[publish.HeaderDue], 10, 64)
+				fired, _ := strconv.ParseInt(h[publish.HeaderFired], 10, 64)
+				attempt, _ := strconv.Atoi(h[publish.HeaderAttempt])
+				c.mu.Lock()
+				c.recs = append(c.recs, record{id: h[publish.HeaderID], dueMs: due, firedMs: fired, attempt: attempt, value: string(r.Value), receivedAt: now})
+				c.mu.Unlock()
+			})
+		}
+	}()
+	t.Cleanup(c.close)
+	return c
+}
+
+func (c *collector) close() { c.stop(); <-c.done }
+
+// byID returns the first record of each id and how many duplicates came.
+func (c *collector) byID() (map[string]record, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[string]record, len(c.recs))
+	dups := 0
+	for _, r := range c.recs {
+		if _, ok := m[r.id]; ok {
+			dups++
+			continue
+		}
+		m[r.id] = r
+	}
+	return m, dups
+}
+
+// waitIDs waits until every id in want has been consumed.
+func (c *collector) waitIDs(t *testing.T, want map[string]time.Time, d time.Duration) map[string]record {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		got, _ := c.byID()
+		missing := 0
+		var example string
+		for id := range want {
+			if _, ok := got[id]; !ok {
+				missing++
+				example = id
+			}
+		}
+		if missing == 0 {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d acknowledged events never reached Kafka (e.g. %s)", missing, len(want), example)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestEndToEnd(t *testing.T) {
+	brokers := broker(t)
+	d := newDaemon(t, brokers)
+	d.start()
+	cl := d.client()
+	ctx := context.Background()
+	col := collect(t, brokers, "e2e.orders", "e2e.cancel")
+
+	// 10,000 events with random delays of 0-3 s, from 8 concurrent callers
+	// in batches of 250, plus a few single Schedule calls.
+	const n, callers, batch = 10_000, 8, 250
+	due := make(map[string]time.Time, n)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(c), 1))
+			for lo := c * (n / callers); lo < (c+1)*(n/callers); lo += batch {
+				req := &chimev1.BatchScheduleRequest{}
+				for i := lo; i < lo+batch; i++ {
+					id := fmt.Sprintf("ev-%05d", i)
+					req.Events = append(req.Events, &chimev1.Event{
+						Id: id, Topic: "e2e.orders",
+						Delay:   durationpb.New(time.Duration(r.Int64N(int64(3 * time.Second)))),
+						Payload: []byte("payload-" + id),
+					})
+				}
+				resp, err := cl.BatchSchedule(ctx, req)
+				if err != nil {
+					t.Errorf("BatchSchedule: %v", err)
+					return
+				}
+				mu.Lock()
+				for i, res := range resp.Results {
+					if res.Code != 0 {
+						t.Errorf("%s: code %d %s", req.Events[i].Id, res.Code, res.Message)
+					}
+					due[res.Id] = res.Due.AsTime()
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("scheduled %d events in %v", len(due), time.Since(start).Round(time.Millisecond))
+
+	// Cancelled events never fire.
+	cancelled := map[string]bool{}
+	for i := range 50 {
+		id := fmt.Sprintf("cancel-%d", i)
+		_, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: id, Topic: "e2e.cancel", Delay: durationpb.New(2 * time.Second)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := cl.Cancel(ctx, &chimev1.CancelRequest{Id: id})
+		if err != nil || resp.State != chimev1.EventState_EVENT_STATE_CANCELLED {
+			t.Fatalf("cancel %s: %v %v", id, resp, err)
+		}
+		cancelled[id] = true
+	}
+
+	// A re-sent id is idempotent; different content for it is refused.
+	first, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: "ev-00007", Topic: "e2e.orders", Delay: durationpb.New(time.Hour), Payload: []byte("other")}})
+	if status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("conflicting re-send: %v, %v; want AlreadyExists", first, err)
+	}
+
+	got := col.waitIDs(t, due, 30*time.Second)
+	var late, fireLate []time.Duration
+	for id, dueAt := range due {
+		r := got[id]
+		if r.firedMs < dueAt.UnixMilli() {
+			t.Errorf("%s fired early: due %v, fired %v", id, dueAt, time.UnixMilli(r.firedMs))
+		}
+		if r.value != "payload-"+id {
+			t.Errorf("%s: value %q", id, r.value)
+		}
+		late = append(late, r.receivedAt.Sub(dueAt))
+		fireLate = append(fireLate, time.Duration(r.firedMs-dueAt.UnixMilli())*time.Millisecond)
+	}
+	t.Logf("fire lateness (chime-fired-unix-ms - due, ms resolution), %d events: %s", len(fireLate), quantiles(fireLate))
+	t.Logf("end-to-end lateness (due -> consumed by an independent client): %s", quantiles(late))
+
+	// Idempotent re-send after firing: the original result, nothing new.
+	again, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: "cancel-3", Topic: "e2e.cancel", Delay: durationpb.New(2 * time.Second)}})
+	if err != nil || !again.Existing {
+		t.Fatalf("identical re-send of a cancelled id: %v, %v; want existing", again, err)
+	}
+	time.Sleep(2 * time.Second) // past every cancelled event's due time
+	all, _ := col.byID()
+	for id := range cancelled {
+		if _, ok := all[id]; ok {
+			t.Errorf("cancelled event %s was produced", id)
+		}
+	}
+	g, err := cl.Get(ctx, &chimev1.GetRequest{Id: "ev-00042"})
+	if err != nil || g.State != chimev1.EventState_EVENT_STATE_FIRED || g.FiredAt == nil || g.FiredAt.AsTime().Before(g.Due.AsTime()) {
+		t.Fatalf("get of a fired event: %v, %v", g, err)
+	}
+	d.stop()
+}
+
+func quantiles(ds []time.Duration) string {
+	slices.Sort(ds)
+	q := func(p float64) time.Duration { return ds[int(p*float64(len(ds)-1))].Round(time.Microsecond) }
+	return fmt.Sprintf("p50 %v  p99 %v  max %v", q(0.5), q(0.99), ds[len(ds)-1].Round(time.Microsecond))
+}
+
+func TestBadInputIsRejectedAndLeavesNoTrace(t *testing.T) {
+	brokers := broker(t)
+	d := newDaemon(t, brokers)
+	d.start()
+	cl := d.client()
+	ctx := context.Background()
+	in := func(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+	long := string(bytes.Repeat([]byte("x"), 257))
+	cases := []struct {
+		name  string
+		ev    *chimev1.Event
+		field string
+	}{
+		{"empty topic", &chimev1.Event{Id: "bad-1", Delay: in(time.Second)}, "event.topic"},
+		{"invalid topic", &chimev1.Event{Id: "bad-2", Topic: "no spaces", Delay: in(time.Second)}, "event.topic"},
+		{"id too long", &chimev1.Event{Id: long, Topic: "t", Delay: in(time.Second)}, "event.id"},
+		{"payload too large", &chimev1.Event{Id: "bad-4", Topic: "t", Delay: in(time.Second), Payload: make([]byte, 1<<20+1)}, "event.payload"},
+		{"beyond horizon", &chimev1.Event{Id: "bad-5", Topic: "t", DeliverAt: timestamppb.New(time.Now().AddDate(11, 0, 0))}, "event.deliver_at"},
+		{"both times", &chimev1.Event{Id: "bad-6", Topic: "t", Delay: in(time.Second), DeliverAt: timestamppb.Now()}, "deliver_at"},
+		{"neither time", &chimev1.Event{Id: "bad-7", Topic: "t"}, "deliver_at"},
+		{"negative delay", &chimev1.Event{Id: "bad-8", Topic: "t", Delay: in(-time.Second)}, "event.delay"},
+	}
+	for _, c := range cases {
+		_, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: c.ev})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: %v; want InvalidArgument", c.name, err)
+			continue
+		}
+		if msg := status.Convert(err).Message(); !bytes.Contains([]byte(msg), []byte(c.field)) {
+			t.Errorf("%s: message %q does not name %s", c.name, msg, c.field)
+		}
+		if c.ev.Id != long {
+			if _, err := cl.Get(ctx, &chimev1.GetRequest{Id: c.ev.Id}); status.Code(err) != codes.NotFound {
+				t.Errorf("%s: after rejection Get says %v; want NotFound", c.name, err)
+			}
+		}
+	}
+	if _, err := cl.Cancel(ctx, &chimev1.CancelRequest{Id: "never-scheduled"}); status.Code(err) != codes.NotFound {
+		t.Errorf("cancel of an unknown id: %v; want NotFound", err)
+	}
+	// A due time in the past fires at once; cancelling it afterwards fails.
+	if _, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: "past", Topic: "e2e.past", DeliverAt: timestamppb.New(time.Now().Add(-time.Hour))}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g, err := cl.Get(ctx, &chimev1.GetRequest{Id: "past"})
+		if err == nil && g.State == chimev1.EventState_EVENT_STATE_FIRED {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a past-due event did not fire within 10s: %v %v", g, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := cl.Cancel(ctx, &chimev1.CancelRequest{Id: "past"}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("cancel of a fired event: %v; want FailedPrecondition", err)
+	}
+}
+
+// TestKillAndRestart kills chimed without any shutdown right after it
+// acknowledged events, starts it again on the same data, and expects every
+// acknowledged event in Kafka.
+func TestKillAndRestart(t *testing.T) {
+	brokers := broker(t)
+	d := newDaemon(t, brokers)
+	d.start()
+	cl := d.client()
+	ctx := context.Background()
+	col := collect(t, brokers, "e2e.kill")
+	due := map[string]time.Time{}
+	for b := range 8 {
+		req := &chimev1.BatchScheduleRequest{}
+		for i := range 250 {
+			req.Events = append(req.Events, &chimev1.Event{
+				Id: fmt.Sprintf("k-%d-%d", b, i), Topic: "e2e.kill",
+				Delay: durationpb.New(time.Duration(i%40) * 100 * time.Millisecond),
+			})
+		}
+		resp, err := cl.BatchSchedule(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resp.Results {
+			if r.Code != 0 {
+				t.Fatalf("%s: %d %s", r.Id, r.Code, r.Message)
+			}
+			due[r.Id] = r.Due.AsTime()
+		}
+	}
+	d.kill()
+	killedAt := time.Now()
+	d.start()
+	got := col.waitIDs(t, due, 30*time.Second)
+	early := 0
+	for id, at := range due {
+		if got[id].firedMs < at.UnixMilli() {
+			early++
+		}
+	}
+	if early > 0 {
+		t.Fatalf("%d events fired early", early)
+	}
+	_, dups := col.byID()
+	t.Logf("all %d acknowledged events fired after kill -9 and restart (restart took %v; %d duplicates)", len(due), time.Since(killedAt).Round(time.Millisecond), dups)
+}
