@@ -1,0 +1,426 @@
+package raftfsm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/hashicorp/raft"
+)
+
+// genLog returns n log entries that make sense in order (marks name seqs that exist).
+func genLog(seed uint64, n int) []*raft.Log {
+	g, m := newGen(seed), newModel()
+	logs := make([]*raft.Log, n)
+	for i := range logs {
+		var c Command
+		logs[i], c = g.entry(m)
+		m.apply(logs[i], c)
+	}
+	return logs
+}
+
+func cmdLog(index uint64, c Command) *raft.Log {
+	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: encode(c)}
+}
+
+// TestScheduleCancelMark walks the rules of doc.go once, readably: idempotency within and
+// across batches, the cancel outcomes, the mark outcomes and their counters, and the order of
+// observer calls.
+func TestScheduleCancelMark(t *testing.T) {
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, obs := newTestFSM(t, st, 1)
+	defer f.Close()
+	var trace []string
+	f.obs = tracingObserver{obs, &trace}
+
+	ev := func(id string, due int64, payload string) NewEvent {
+		return NewEvent{ID: id, Due: due, Topic: "t", Payload: []byte(payload), ContentHash: ContentHash("t", nil, []byte(payload), nil, 0, 0, false, false)}
+	}
+	got := f.ApplyBatch([]*raft.Log{
+		cmdLog(1, &ScheduleBatch{ProposedAt: 100, Events: []NewEvent{
+			ev("a", 1000, "x"), ev("a", 2000, "x"), ev("b", 500, "y"), ev("a", 1000, "other"),
+		}}),
+		cmdLog(2, &Cancel{ProposedAt: 200, IDs: []string{"a", "a", "nope"}}),
+		cmdLog(3, &ScheduleBatch{ProposedAt: 300, Events: []NewEvent{ev("a", 9999, "x")}}),
+		cmdLog(4, &MarkFired{ProposedAt: 400, Entries: []Fired{{Seq: 1, FiredAt: 401, Attempts: 1}, {Seq: 2, FiredAt: 402, Attempts: 2}, {Seq: 2, FiredAt: 403, Attempts: 1}, {Seq: 77}}}),
+		cmdLog(5, &MarkDeadLettered{ProposedAt: 500, Entries: []DeadLettered{{Seq: 2, At: 501, Attempts: 9, Error: "e", Topic: "dlq"}}}),
+	})
+	want := []interface{}{
+		&ScheduleBatchResult{Results: []ScheduleResult{{Created, 1, 1000}, {Existing, 1, 1000}, {Created, 2, 500}, {Conflict, 1, 1000}}},
+		&CancelBatchResult{Results: []CancelResult{{Cancelled, 1}, {AlreadyCancelled, 1}, {NotFound, 0}}},
+		&ScheduleBatchResult{Results: []ScheduleResult{{Existing, 1, 1000}}},
+		&MarkBatchResult{Outcomes: []MarkOutcome{WasCancelled, Marked, WasFired, UnknownSeq}},
+		&MarkBatchResult{Outcomes: []MarkOutcome{WasFired}},
+	}
+	for i := range want {
+		if !reflect.DeepEqual(got[i], want[i]) {
+			t.Errorf("entry %d: got %s, want %s", i+1, show(got[i]), show(want[i]))
+		}
+	}
+	if want := []string{"Scheduled(1,1000)", "Scheduled(2,500)", "Settled(1)", "Settled(2)"}; !slices.Equal(trace, want) {
+		t.Errorf("observer calls %v, want %v", trace, want)
+	}
+	wantStats := Stats{Fired: 1, Cancelled: 1, Refired: 1, FiredAfterCancel: 1, AppliedIndex: 5, AppliedTerm: 1, NextSeq: 3}
+	if s := f.Stats(); s != wantStats {
+		t.Errorf("Stats %+v, want %+v", s, wantStats)
+	}
+	rec, ok, err := f.Get("b")
+	wantRec := Record{Seq: 2, ID: "b", State: StateFired, Due: 500, CreatedAt: 100, FiredAt: 402, Attempts: 2, Topic: "t", Payload: []byte("y"), ContentHash: ev("b", 0, "y").ContentHash}
+	if err != nil || !ok || !reflect.DeepEqual(rec, wantRec) {
+		t.Errorf("Get(b) = %+v, %v, %v; want %+v", rec, ok, err, wantRec)
+	}
+	recs, err := f.ReadForFire([]uint64{9, 2, 1, 2}, nil)
+	if err != nil || len(recs) != 2 || recs[0].Seq != 1 || recs[0].State != StateCancelled || recs[0].CancelledAt != 200 || recs[1].Seq != 2 {
+		t.Errorf("ReadForFire = %+v, %v; want seq 1 (Cancelled at 200) then seq 2", recs, err)
+	}
+}
+
+type tracingObserver struct {
+	Observer
+	trace *[]string
+}
+
+func (o tracingObserver) Scheduled(seq uint64, due int64) {
+	*o.trace = append(*o.trace, fmt.Sprintf("Scheduled(%d,%d)", seq, due))
+	o.Observer.Scheduled(seq, due)
+}
+
+func (o tracingObserver) Settled(seq uint64) {
+	*o.trace = append(*o.trace, fmt.Sprintf("Settled(%d)", seq))
+	o.Observer.Settled(seq)
+}
+
+// TestDeterministicKeySpace: two replicas fed the same log, one entry at a time on one and in
+// random batches on the other, give the same responses and byte-identical shard key spaces.
+func TestDeterministicKeySpace(t *testing.T) {
+	logs := genLog(11, 600)
+	a := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer a.Close()
+	b := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer b.Close()
+	fa, _ := newTestFSM(t, a, 3)
+	fb, _ := newTestFSM(t, b, 3)
+
+	var ra, rb []interface{}
+	for _, l := range logs {
+		ra = append(ra, fa.Apply(l))
+	}
+	g := newGen(99)
+	for i := 0; i < len(logs); {
+		n := min(1+g.rng.IntN(16), len(logs)-i)
+		rb = append(rb, fb.ApplyBatch(logs[i:i+n])...)
+		i += n
+	}
+	for i := range ra {
+		if !reflect.DeepEqual(ra[i], rb[i]) {
+			t.Fatalf("entry %d: %s vs %s", i+1, show(ra[i]), show(rb[i]))
+		}
+	}
+	da, db := dumpShard(t, a, 3), dumpShard(t, b, 3)
+	if len(da) < 1000 {
+		t.Fatalf("only %d keys: the log is too small to prove much", len(da))
+	}
+	sameKeySpace(t, "replica A vs B", da, db)
+	if fa.Stats() != fb.Stats() {
+		t.Fatalf("Stats differ: %+v vs %+v", fa.Stats(), fb.Stats())
+	}
+}
+
+// TestRestoreLeavesOtherShardsUntouched: with several shards in one Store, including the
+// first and the last possible shard ids, restoring one changes exactly that shard's keys.
+func TestRestoreLeavesOtherShardsUntouched(t *testing.T) {
+	shards := []uint32{0, 1, 2, math.MaxUint32}
+	node := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer node.Close()
+	other := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer other.Close()
+
+	fsms := map[uint32]*FSM{}
+	for i, s := range shards {
+		fsms[s], _ = newTestFSM(t, node, s)
+		fsms[s].ApplyBatch(genLog(uint64(i), 150))
+	}
+	before := map[uint32][]kv{}
+	stats := map[uint32]Stats{}
+	for _, s := range shards {
+		before[s], stats[s] = dumpShard(t, node, s), fsms[s].Stats()
+	}
+
+	for i, s := range []uint32{1, math.MaxUint32} {
+		src, _ := newTestFSM(t, other, s)
+		src.ApplyBatch(genLog(uint64(100+i), 80))
+		if err := restore(fsms[s], snapshotBytes(t, src)); err != nil {
+			t.Fatalf("restore shard %d: %v", s, err)
+		}
+		sameKeySpace(t, fmt.Sprintf("restored shard %d vs its source", s), dumpShard(t, node, s), dumpShard(t, other, s))
+		if fsms[s].Stats() != src.Stats() {
+			t.Fatalf("shard %d: restored Stats %+v, source %+v", s, fsms[s].Stats(), src.Stats())
+		}
+	}
+	for _, s := range []uint32{0, 2} {
+		sameKeySpace(t, fmt.Sprintf("untouched shard %d", s), before[s], dumpShard(t, node, s))
+		if fsms[s].Stats() != stats[s] {
+			t.Fatalf("shard %d Stats changed: %+v → %+v", s, stats[s], fsms[s].Stats())
+		}
+	}
+
+	// A snapshot of one shard offered to another is refused before anything is touched.
+	err := restore(fsms[2], snapshotBytes(t, fsms[0]))
+	if !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), "snapshot of shard 0") {
+		t.Fatalf("restore of shard 0's snapshot into shard 2: %v", err)
+	}
+	if fsms[2].NeedsRestore() {
+		t.Fatal("a refused header left the restore marker")
+	}
+	sameKeySpace(t, "shard 2 after a refused restore", before[2], dumpShard(t, node, 2))
+}
+
+// TestReopenSkipsReplayedEntries: after a clean restart the applied index, counters and
+// records are as before, and raft's replay of the log changes nothing and notifies nobody.
+func TestReopenSkipsReplayedEntries(t *testing.T) {
+	dir := t.TempDir()
+	logs := genLog(5, 300)
+	st := openTestStore(t, dir, StoreOptions{})
+	f, _ := newTestFSM(t, st, 9)
+	f.ApplyBatch(logs[:200])
+	stats, keys := f.Stats(), dumpShard(t, st, 9)
+	f.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st = openTestStore(t, dir, StoreOptions{})
+	defer st.Close()
+	f, obs := newTestFSM(t, st, 9)
+	if f.AppliedIndex() != 200 || f.Stats() != stats {
+		t.Fatalf("after reopen: AppliedIndex %d, Stats %+v; want 200, %+v", f.AppliedIndex(), f.Stats(), stats)
+	}
+	if uint64(len(obs.pending)) != stats.Pending {
+		t.Fatalf("rebuilt pending set has %d events, Stats says %d", len(obs.pending), stats.Pending)
+	}
+	for i, r := range f.ApplyBatch(logs[:200]) {
+		if r != ErrReplayed {
+			t.Fatalf("replayed entry %d: %s", i+1, show(r))
+		}
+	}
+	// A replayed entry is not even decoded: garbage at an applied index is skipped.
+	if r := f.Apply(&raft.Log{Index: 7, Type: raft.LogCommand, Data: []byte{0xee}}); r != ErrReplayed {
+		t.Fatalf("garbage at applied index 7: %s", show(r))
+	}
+	if obs.calls != 0 {
+		t.Fatalf("replay notified the observer %d times", obs.calls)
+	}
+	sameKeySpace(t, "after replay", keys, dumpShard(t, st, 9))
+
+	// Raft's batch may straddle the applied index: the old part is skipped, the rest applies.
+	rs := f.ApplyBatch(logs[190:300])
+	for i, r := range rs {
+		if replayed := r == ErrReplayed; replayed != (i < 10) {
+			t.Fatalf("entry %d: %s", 191+i, show(r))
+		}
+	}
+	if f.AppliedIndex() != 300 {
+		t.Fatalf("AppliedIndex %d, want 300", f.AppliedIndex())
+	}
+}
+
+// TestCrashAfterSnapshot: a crash loses Pebble writes that were never synced, but never
+// those at or below a snapshot index handed to raft (Snapshot syncs first). Re-applying the
+// log from wherever Pebble stands gives the same key space as a replica that never crashed.
+func TestCrashAfterSnapshot(t *testing.T) {
+	logs := genLog(8, 400)
+	fs := vfs.NewCrashableMem()
+	st := openTestStore(t, "db", StoreOptions{FS: fs})
+	f, _ := newTestFSM(t, st, 4)
+	// Small batches, as raft delivers them: one huge batch would make Pebble rotate its WAL,
+	// which syncs it, and hide the loss this test is about.
+	applyInChunks := func(f *FSM, logs []*raft.Log) {
+		for len(logs) > 0 {
+			n := min(4, len(logs))
+			f.ApplyBatch(logs[:n])
+			logs = logs[n:]
+		}
+	}
+	applyInChunks(f, logs[:150])
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	applyInChunks(f, logs[150:])
+	want := dumpShard(t, st, 4)
+	// The power cut: keep exactly what was synced.
+	crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+	f.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st = openTestStore(t, "db", StoreOptions{FS: crashed})
+	defer st.Close()
+	f, obs := newTestFSM(t, st, 4)
+	at := f.AppliedIndex()
+	if at < 150 {
+		t.Fatalf("after the crash AppliedIndex is %d, below the snapshot index 150 that raft may have truncated to", at)
+	}
+	if at == 400 {
+		t.Fatalf("the crash lost nothing: this test no longer shows that unsynced applies are lost and replayed")
+	}
+	// Raft replays everything after its snapshot.
+	applyInChunks(f, logs[150:])
+	sameKeySpace(t, "crashed and replayed vs never crashed", want, dumpShard(t, st, 4))
+	if uint64(len(obs.pending)) != f.Stats().Pending {
+		t.Fatalf("observer holds %d pending, Stats says %d", len(obs.pending), f.Stats().Pending)
+	}
+}
+
+// TestRestoreRejectsCorruptSnapshot: any damaged byte, truncation or trailing garbage makes
+// Restore fail. Past the header, the failure leaves the marker: NeedsRestore, reads refuse,
+// Snapshot refuses, Apply panics, and all of it survives a restart until a good restore.
+func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
+	srcStore := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer srcStore.Close()
+	src, _ := newTestFSM(t, srcStore, 2)
+	src.ApplyBatch(genLog(21, 120))
+	good := snapshotBytes(t, src)
+
+	dir := t.TempDir()
+	st := openTestStore(t, dir, StoreOptions{})
+	f, _ := newTestFSM(t, st, 2)
+	f.ApplyBatch(genLog(22, 50)) // state the restore must replace
+
+	bad := slices.Clone(good)
+	bad[len(bad)/2] ^= 0x40
+	err := restore(f, bad)
+	if !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("restore of a corrupt snapshot: %v, want ErrBadSnapshot", err)
+	}
+	checkRestoring(t, f)
+
+	// Restart: the marker is in Pebble, not only in memory.
+	f.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st = openTestStore(t, dir, StoreOptions{})
+	defer st.Close()
+	f, obs := newTestFSM(t, st, 2)
+	checkRestoring(t, f)
+
+	header := snapshotHeaderLen
+	for _, tc := range []struct {
+		name string
+		data []byte
+	}{
+		{"truncated in the header", good[:10]},
+		{"truncated in the frames", good[:len(good)/3]},
+		{"truncated before the checksum", good[:len(good)-4]},
+		{"trailing garbage", append(slices.Clone(good), 0)},
+		{"empty", nil},
+	} {
+		if err := restore(f, tc.data); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("%s: %v, want ErrBadSnapshot", tc.name, err)
+		}
+	}
+	// Every byte matters: flip each in turn (all of header and trailer, a sample between).
+	g := newGen(3)
+	for pos := range len(good) {
+		if pos >= header && pos < len(good)-16 && g.rng.IntN(len(good)/40) != 0 {
+			continue
+		}
+		bad := slices.Clone(good)
+		bad[pos] ^= 1 << g.rng.IntN(8)
+		if err := restore(f, bad); err == nil {
+			t.Fatalf("flipping a bit of byte %d/%d went unnoticed", pos, len(good))
+		} else if pos < header && !errors.Is(err, ErrBadSnapshot) {
+			t.Fatalf("byte %d: %v", pos, err)
+		}
+	}
+
+	if err := restore(f, good); err != nil {
+		t.Fatalf("good restore after failures: %v", err)
+	}
+	if f.NeedsRestore() {
+		t.Fatal("NeedsRestore after a good restore")
+	}
+	sameKeySpace(t, "restored vs source", dumpShard(t, srcStore, 2), dumpShard(t, st, 2))
+	if f.Stats() != src.Stats() || uint64(len(obs.pending)) != src.Stats().Pending {
+		t.Fatalf("after restore Stats %+v (observer %d pending), source %+v", f.Stats(), len(obs.pending), src.Stats())
+	}
+	if _, _, err := f.Get("id-1"); err != nil {
+		t.Fatalf("Get after restore: %v", err)
+	}
+}
+
+func checkRestoring(t *testing.T, f *FSM) {
+	t.Helper()
+	if !f.NeedsRestore() {
+		t.Fatal("NeedsRestore is false after a failed restore")
+	}
+	if _, _, err := f.Get("id-1"); !errors.Is(err, ErrRestoring) {
+		t.Fatalf("Get during an unfinished restore: %v, want ErrRestoring", err)
+	}
+	if err := f.ForEachPending(func(uint64, int64) error { return nil }); !errors.Is(err, ErrRestoring) {
+		t.Fatalf("ForEachPending during an unfinished restore: %v, want ErrRestoring", err)
+	}
+	if _, err := f.Snapshot(); !errors.Is(err, ErrRestoring) {
+		t.Fatalf("Snapshot during an unfinished restore: %v, want ErrRestoring", err)
+	}
+	msg := panicMessage(func() { f.Apply(cmdLog(f.AppliedIndex()+1, &Cancel{IDs: []string{"x"}})) })
+	if !strings.Contains(msg, "unfinished restore") {
+		t.Fatalf("Apply during an unfinished restore: panic %q", msg)
+	}
+}
+
+func panicMessage(fn func()) (msg string) {
+	defer func() {
+		if r := recover(); r != nil {
+			msg = fmt.Sprint(r)
+		}
+	}()
+	fn()
+	return ""
+}
+
+// TestApplyPanicsOnUndecodableEntry: design invariant 5; nothing of the batch is committed.
+func TestApplyPanicsOnUndecodableEntry(t *testing.T) {
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, obs := newTestFSM(t, st, 1)
+	for _, data := range [][]byte{nil, {0xee, 1, 2}, {byte(TypeCancel), 0, 5, 1}} {
+		msg := panicMessage(func() {
+			f.ApplyBatch([]*raft.Log{
+				cmdLog(1, &ScheduleBatch{Events: []NewEvent{{ID: "a"}}}),
+				{Index: 2, Term: 1, Type: raft.LogCommand, Data: data},
+			})
+		})
+		if !strings.Contains(msg, "log entry 2 (term 1) cannot be applied") || !strings.Contains(msg, ErrMalformedCommand.Error()) {
+			t.Fatalf("data %x: panic %q", data, msg)
+		}
+	}
+	if f.AppliedIndex() != 0 || obs.calls != 0 || len(dumpShard(t, st, 1)) != 0 {
+		t.Fatalf("a panicking batch left traces: applied %d, observer calls %d", f.AppliedIndex(), obs.calls)
+	}
+}
+
+func TestNewFSMRefusesSecondOpen(t *testing.T) {
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, _ := newTestFSM(t, st, 1)
+	if _, err := NewFSM(st, 1, nil); !errors.Is(err, ErrShardOpen) {
+		t.Fatalf("second NewFSM for shard 1: %v, want ErrShardOpen", err)
+	}
+	f.Close()
+	g, err := NewFSM(st, 1, nil)
+	if err != nil {
+		t.Fatalf("NewFSM after Close: %v", err)
+	}
+	g.Close()
+}
