@@ -1,0 +1,352 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// call dials --addr and runs fn with a client and a context bounded by
+// --timeout (no bound when it is 0).
+func (c *cli) call(ctx context.Context, fn func(ctx context.Context, sc chimev1.SchedulerClient) error) error {
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("--addr %q: %w", c.addr, err)
+	}
+	defer conn.Close()
+	if c.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+	}
+	return fn(ctx, chimev1.NewSchedulerClient(conn))
+}
+
+func (c *cli) printJSON(v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func scheduleCommand() *command {
+	return &command{
+		name:    "schedule",
+		summary: "schedule a record to be produced to a Kafka topic at a given time",
+		about: `Schedule stores an event in Chime, which produces it as a Kafka record to
+--topic when it falls due: --in from now, or at the absolute time --at. The
+record gets --key, the payload from --payload or --payload-file, the given
+--header values, and Chime's own chime-* headers (chime-id is the event id,
+for deduplication). The id is the idempotency key: scheduling the same id
+with the same content again changes nothing and reports "already
+scheduled" with the original due time; the same id with different content
+fails with AlreadyExists. Without --id the server generates one, and a retry
+would schedule a second event.`,
+		example: `  chimectl schedule --topic reminders --in 30m --id order-42-reminder --payload '{"order":42}'
+  chimectl schedule --topic billing.retry --at 2030-01-02T09:00:00+01:00 --key customer-7 --header trace=abc
+  gzip -c report.json | chimectl schedule --topic reports --in 24h --payload-file - --json`,
+		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
+			topic := fs.String("topic", "", "Kafka `topic` to produce the record to (required)")
+			in := fs.Duration("in", 0, "produce the record this long from now, a `duration` like 2s, 90m or 36h (set exactly one of --in and --at)")
+			at := fs.String("at", "", "produce the record at this RFC 3339 `time`, e.g. 2030-01-02T09:00:00Z")
+			key := fs.String("key", "", "Kafka record `key` (chooses the partition); empty means no key")
+			payload := fs.String("payload", "", "record value as a `string`")
+			payloadFile := fs.String("payload-file", "", "read the record value from `path`; - reads standard input")
+			id := fs.String("id", "", "event `id`, the idempotency key (at most 256 bytes); empty lets the server generate one")
+			var hdrs multiFlag
+			fs.Var(&hdrs, "header", "add a Kafka record header `name=value`; repeatable, kept in order")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected argument %q", args[0])
+				}
+				set := map[string]bool{}
+				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+				if *topic == "" {
+					return usagef("--topic is required")
+				}
+				ev := &chimev1.Event{Id: *id, Topic: *topic, Key: []byte(*key)}
+				switch {
+				case set["in"] && set["at"]:
+					return usagef("set exactly one of --in and --at, not both")
+				case set["in"]:
+					ev.Delay = durationpb.New(*in)
+				case set["at"]:
+					t, err := time.Parse(time.RFC3339, *at)
+					if err != nil {
+						return usagef("--at %q is not an RFC 3339 time like 2030-01-02T09:00:00Z or 2030-01-02T10:00:00+01:00", *at)
+					}
+					ev.DeliverAt = timestamppb.New(t)
+				default:
+					return usagef("set one of --in (a delay) and --at (a time)")
+				}
+				switch {
+				case set["payload"] && set["payload-file"]:
+					return usagef("set at most one of --payload and --payload-file")
+				case set["payload-file"]:
+					b, err := c.readPayload(*payloadFile)
+					if err != nil {
+						return err
+					}
+					ev.Payload = b
+				default:
+					ev.Payload = []byte(*payload)
+				}
+				for _, h := range hdrs {
+					k, v, ok := strings.Cut(h, "=")
+					if !ok {
+						return usagef("--header %q: want name=value", h)
+					}
+					ev.Headers = append(ev.Headers, &chimev1.Header{Key: k, Value: []byte(v)})
+				}
+				var resp *chimev1.ScheduleResponse
+				err := c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
+					var err error
+					resp, err = sc.Schedule(ctx, &chimev1.ScheduleRequest{Event: ev})
+					return err
+				})
+				if err != nil {
+					return err
+				}
+				due := resp.GetDue().AsTime()
+				if c.json {
+					return c.printJSON(struct {
+						ID       string `json:"id"`
+						Due      string `json:"due"`
+						Existing bool   `json:"existing"`
+					}{resp.GetId(), due.UTC().Format(time.RFC3339Nano), resp.GetExisting()})
+				}
+				verb := "scheduled"
+				if resp.GetExisting() {
+					verb = "already scheduled"
+				}
+				_, err = fmt.Fprintf(c.stdout, "%s %s due %s (%s)\n", verb, resp.GetId(), c.localTime(due), relative(due.Sub(c.now())))
+				return err
+			}
+		},
+	}
+}
+
+func (c *cli) readPayload(path string) ([]byte, error) {
+	if path == "-" {
+		return io.ReadAll(c.stdin)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--payload-file: %w", err)
+	}
+	return b, nil
+}
+
+// oneID returns the single event id of cancel and get.
+func oneID(args []string) (string, error) {
+	if len(args) != 1 {
+		return "", usagef("want exactly one event id, got %d arguments", len(args))
+	}
+	return args[0], nil
+}
+
+func cancelCommand() *command {
+	return &command{
+		name:    "cancel",
+		summary: "cancel a scheduled event so that it is never produced",
+		args:    "ID",
+		about: `Cancel stops the event with id ID from being produced. When it returns
+successfully, the record will not be produced. Cancelling an event that is
+already cancelled succeeds again. It fails with NotFound for an unknown id
+and with FailedPrecondition when the event has already fired or been
+dead-lettered.`,
+		example: `  chimectl cancel order-42-reminder
+  chimectl --addr chime-2:7070 cancel --json order-42-reminder
+  chimectl cancel -- -id-starting-with-a-dash`,
+		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
+			return func(ctx context.Context, args []string) error {
+				id, err := oneID(args)
+				if err != nil {
+					return err
+				}
+				var resp *chimev1.CancelResponse
+				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
+					resp, err = sc.Cancel(ctx, &chimev1.CancelRequest{Id: id})
+					return err
+				})
+				if err != nil {
+					return err
+				}
+				if c.json {
+					return c.printJSON(struct {
+						ID    string `json:"id"`
+						State string `json:"state"`
+					}{resp.GetId(), stateName(resp.GetState())})
+				}
+				return printBlock(c.stdout, [][2]string{{"id", resp.GetId()}, {"state", stateName(resp.GetState())}})
+			}
+		},
+	}
+}
+
+func getCommand() *command {
+	return &command{
+		name:    "get",
+		summary: "show an event, its content and its state",
+		args:    "ID",
+		about: `Get shows the event with id ID as Chime stores it: its state (scheduled,
+fired, cancelled or dead_lettered), when it is or was due, its topic, key,
+payload and headers, when it was produced, how many produce attempts were
+made and the last produce error. Key, payload and header values are shown
+as text when they are printable UTF-8 and as base64: otherwise; long
+payloads are cut in text output (--json shows them whole). It fails with
+NotFound for an unknown id.`,
+		example: `  chimectl get order-42-reminder
+  chimectl get --json order-42-reminder | jq -r .state
+  chimectl --addr chime-1:7070 --timeout 2s get order-42-reminder`,
+		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
+			return func(ctx context.Context, args []string) error {
+				id, err := oneID(args)
+				if err != nil {
+					return err
+				}
+				var resp *chimev1.GetResponse
+				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
+					resp, err = sc.Get(ctx, &chimev1.GetRequest{Id: id})
+					return err
+				})
+				if err != nil {
+					return err
+				}
+				if c.json {
+					return c.printJSON(eventJSON(resp))
+				}
+				return printBlock(c.stdout, c.eventBlock(resp))
+			}
+		},
+	}
+}
+
+// stateName is the lower-case state: scheduled, fired, cancelled,
+// dead_lettered (unspecified for a value this chimectl does not know).
+func stateName(s chimev1.EventState) string {
+	n := strings.ToLower(strings.TrimPrefix(s.String(), "EVENT_STATE_"))
+	if _, known := chimev1.EventState_name[int32(s)]; !known {
+		return "unspecified"
+	}
+	return n
+}
+
+// getJSON is get --json's object. Every field is always present (times are
+// null when unset) so scripts can rely on the shape. Byte fields are text
+// when they are valid UTF-8 and base64 otherwise, as their *_encoding says.
+type getJSON struct {
+	ID              string       `json:"id"`
+	State           string       `json:"state"`
+	Due             *string      `json:"due"`
+	CreatedAt       *string      `json:"created_at"`
+	Topic           string       `json:"topic"`
+	Key             string       `json:"key"`
+	KeyEncoding     string       `json:"key_encoding"`
+	Payload         string       `json:"payload"`
+	PayloadEncoding string       `json:"payload_encoding"`
+	Headers         []headerJSON `json:"headers"`
+	FiredAt         *string      `json:"fired_at"`
+	CancelledAt     *string      `json:"cancelled_at"`
+	Attempts        uint32       `json:"attempts"`
+	LastError       string       `json:"last_error"`
+	DeadLetterTopic string       `json:"dead_letter_topic"`
+}
+
+type headerJSON struct {
+	Key           string `json:"key"`
+	Value         string `json:"value"`
+	ValueEncoding string `json:"value_encoding"`
+}
+
+func eventJSON(r *chimev1.GetResponse) getJSON {
+	ev := r.GetEvent()
+	g := getJSON{
+		ID:              ev.GetId(),
+		State:           stateName(r.GetState()),
+		Due:             jsonTime(r.GetDue()),
+		CreatedAt:       jsonTime(r.GetCreatedAt()),
+		Topic:           ev.GetTopic(),
+		Headers:         []headerJSON{},
+		FiredAt:         jsonTime(r.GetFiredAt()),
+		CancelledAt:     jsonTime(r.GetCancelledAt()),
+		Attempts:        r.GetAttempts(),
+		LastError:       r.GetLastError(),
+		DeadLetterTopic: r.GetDeadLetterTopic(),
+	}
+	g.Key, g.KeyEncoding = jsonBytes(ev.GetKey())
+	g.Payload, g.PayloadEncoding = jsonBytes(ev.GetPayload())
+	for _, h := range ev.GetHeaders() {
+		v, enc := jsonBytes(h.GetValue())
+		g.Headers = append(g.Headers, headerJSON{Key: h.GetKey(), Value: v, ValueEncoding: enc})
+	}
+	return g
+}
+
+func jsonTime(ts *timestamppb.Timestamp) *string {
+	if ts == nil {
+		return nil
+	}
+	s := ts.AsTime().UTC().Format(time.RFC3339Nano)
+	return &s
+}
+
+// eventBlock is get's text output, one labelled line each.
+func (c *cli) eventBlock(r *chimev1.GetResponse) [][2]string {
+	ev := r.GetEvent()
+	optTime := func(ts *timestamppb.Timestamp) string {
+		if ts == nil {
+			return "-"
+		}
+		return c.localTime(ts.AsTime())
+	}
+	due := r.GetDue().AsTime()
+	rows := [][2]string{
+		{"id", ev.GetId()},
+		{"state", stateName(r.GetState())},
+		{"due", fmt.Sprintf("%s (%s)", c.localTime(due), relative(due.Sub(c.now())))},
+		{"created_at", optTime(r.GetCreatedAt())},
+		{"topic", ev.GetTopic()},
+		{"key", orNone(showBytes(ev.GetKey(), 0), "(none)")},
+		{"payload", orNone(showBytes(ev.GetPayload(), 512), "(empty)")},
+	}
+	if len(ev.GetHeaders()) == 0 {
+		rows = append(rows, [2]string{"headers", "(none)"})
+	}
+	for i, h := range ev.GetHeaders() {
+		label := ""
+		if i == 0 {
+			label = "headers"
+		}
+		rows = append(rows, [2]string{label, h.GetKey() + "=" + showBytes(h.GetValue(), 256)})
+	}
+	rows = append(rows,
+		[2]string{"fired_at", optTime(r.GetFiredAt())},
+		[2]string{"attempts", fmt.Sprint(r.GetAttempts())},
+		[2]string{"last_error", orNone(r.GetLastError(), "-")},
+	)
+	if r.GetCancelledAt() != nil {
+		rows = append(rows, [2]string{"cancelled_at", optTime(r.GetCancelledAt())})
+	}
+	if r.GetDeadLetterTopic() != "" {
+		rows = append(rows, [2]string{"dead_letter_topic", r.GetDeadLetterTopic()})
+	}
+	return rows
+}
+
+func orNone(s, none string) string {
+	if s == "" {
+		return none
+	}
+	return s
+}

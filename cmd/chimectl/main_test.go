@@ -1,0 +1,379 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/rpctest"
+	"google.golang.org/grpc"
+)
+
+// t0 is the time on every clock in these tests: the server's, the test
+// backend's and chimectl's.
+var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// cet is the local zone of chimectl in these tests, so that text output is
+// the same on every machine.
+var cet = time.FixedZone("CET", 3600)
+
+// startChime serves the real rpc.Server over an in-memory backend on a
+// loopback port.
+func startChime(t *testing.T) (addr string, b *rpctest.Backend) {
+	t.Helper()
+	now := func() time.Time { return t0 }
+	b = rpctest.New(now)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rpc.Register(gs, rpc.NewServer(b, rpc.Limits{}, now, nil))
+	done := make(chan struct{})
+	go func() { defer close(done); gs.Serve(ln) }()
+	t.Cleanup(func() { gs.Stop(); <-done })
+	return ln.Addr().String(), b
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// chimectl runs the command in-process with the given environment and stdin.
+func chimectl(t *testing.T, env map[string]string, stdin string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	c := &cli{
+		stdin:  strings.NewReader(stdin),
+		stdout: &out,
+		stderr: &errOut,
+		getenv: func(k string) string { return env[k] },
+		now:    func() time.Time { return t0 },
+		loc:    cet,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	code := c.run(ctx, args)
+	return result{code, out.String(), errOut.String()}
+}
+
+func (r result) want(t *testing.T, code int, stdout, stderr string) {
+	t.Helper()
+	if r.code != code || r.stdout != stdout || r.stderr != stderr {
+		t.Fatalf("got exit %d\nstdout:\n%s\nstderr:\n%s\nwant exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr, code, stdout, stderr)
+	}
+}
+
+func TestHelpTeachesEveryCommandAndFlag(t *testing.T) {
+	top := chimectl(t, nil, "", "--help")
+	if top.code != 0 || top.stderr != "" {
+		t.Fatalf("--help: exit %d, stderr %q", top.code, top.stderr)
+	}
+	for _, want := range []string{"Usage:", "Commands:", "Examples:", "--addr address", "--timeout duration", "--json", "CHIME_ADDR", "default 127.0.0.1:7070", "default 10s"} {
+		if !strings.Contains(top.stdout, want) {
+			t.Errorf("chimectl --help lacks %q:\n%s", want, top.stdout)
+		}
+	}
+	if got := chimectl(t, nil, "", "help"); got.stdout != top.stdout || got.code != 0 {
+		t.Errorf("chimectl help differs from chimectl --help")
+	}
+	if got := chimectl(t, map[string]string{"CHIME_ADDR": "chime-9:7070"}, "", "--help"); !strings.Contains(got.stdout, "(default chime-9:7070)") {
+		t.Errorf("--help does not show the CHIME_ADDR default:\n%s", got.stdout)
+	}
+
+	for _, cmd := range commands() {
+		if !strings.Contains(top.stdout, "  "+cmd.name+" ") {
+			t.Errorf("chimectl --help does not list %s", cmd.name)
+		}
+		r := chimectl(t, nil, "", cmd.name, "--help")
+		if r.code != 0 || r.stderr != "" {
+			t.Fatalf("%s --help: exit %d, stderr %q", cmd.name, r.code, r.stderr)
+		}
+		if h := chimectl(t, nil, "", "help", cmd.name); h.stdout != r.stdout {
+			t.Errorf("chimectl help %s differs from chimectl %s --help", cmd.name, cmd.name)
+		}
+		if !strings.Contains(r.stdout, cmd.about) {
+			t.Errorf("%s --help lacks its description", cmd.name)
+		}
+		fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
+		cmd.flags(&cli{}, fs)
+		fs.VisitAll(func(f *flag.Flag) {
+			if !strings.Contains(r.stdout, "  --"+f.Name+" ") && !strings.Contains(r.stdout, "  --"+f.Name+"\n") {
+				t.Errorf("%s --help does not document --%s:\n%s", cmd.name, f.Name, r.stdout)
+			}
+		})
+		for _, g := range []string{"--addr", "--timeout", "--json"} {
+			if !strings.Contains(r.stdout, "  "+g) {
+				t.Errorf("%s --help does not document global %s", cmd.name, g)
+			}
+		}
+		_, examples, ok := strings.Cut(r.stdout, "\nExamples:\n")
+		if n := strings.Count(examples, "chimectl "+cmd.name); !ok || n < 2 || n > 3 {
+			t.Errorf("%s --help has %d examples, want 2-3:\n%s", cmd.name, n, examples)
+		}
+	}
+}
+
+func TestUsageErrorsExit2(t *testing.T) {
+	r := chimectl(t, nil, "", "bogus")
+	if r.code != 2 || r.stdout != "" || !strings.HasPrefix(r.stderr, "chimectl: unknown command \"bogus\"\n") || !strings.Contains(r.stderr, "Commands:") {
+		t.Fatalf("unknown command: %+v", r)
+	}
+	r = chimectl(t, nil, "")
+	if r.code != 2 || !strings.HasPrefix(r.stderr, "chimectl: no command given") {
+		t.Fatalf("no command: %+v", r)
+	}
+	addr, b := startChime(t)
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"schedule", "--in", "1s"}, "--topic is required"},
+		{[]string{"schedule", "--topic", "t"}, "set one of --in (a delay) and --at (a time)"},
+		{[]string{"schedule", "--topic", "t", "--in", "1s", "--at", "2030-01-01T00:00:00Z"}, "set exactly one of --in and --at, not both"},
+		{[]string{"schedule", "--topic", "t", "--at", "tomorrow"}, `--at "tomorrow" is not an RFC 3339 time like 2030-01-02T09:00:00Z or 2030-01-02T10:00:00+01:00`},
+		{[]string{"schedule", "--topic", "t", "--in", "1s", "--header", "novalue"}, `--header "novalue": want name=value`},
+		{[]string{"schedule", "--topic", "t", "--in", "1s", "--payload", "x", "--payload-file", "-"}, "set at most one of --payload and --payload-file"},
+		{[]string{"schedule", "--topic", "t", "--in", "soon"}, `invalid value "soon" for flag --in: parse error`},
+		{[]string{"get"}, "want exactly one event id, got 0 arguments"},
+		{[]string{"cancel", "a", "b"}, "want exactly one event id, got 2 arguments"},
+		{[]string{"tail"}, "--topic is required"},
+		{[]string{"get", "--nope", "x"}, "flag provided but not defined: --nope"},
+	} {
+		cmd := tc.args[0]
+		r := chimectl(t, nil, "", append([]string{"--addr", addr}, tc.args...)...)
+		want := "chimectl " + cmd + ": " + tc.msg + "\nRun 'chimectl " + cmd + " --help' for usage.\n"
+		r.want(t, 2, "", want)
+	}
+	if calls := b.Calls(); len(calls) != 0 {
+		t.Fatalf("usage errors reached the server: %+v", calls)
+	}
+}
+
+func TestSchedule(t *testing.T) {
+	addr, b := startChime(t)
+	args := []string{"--addr", addr, "schedule", "--topic", "orders", "--in", "2s", "--id", "order-42",
+		"--key", "customer-7", "--payload", "hello", "--header", "trace=abc", "--header", "eq=a=b"}
+	chimectl(t, nil, "", args...).want(t, 0, "scheduled order-42 due 2026-03-01T13:00:02+01:00 (in 2s)\n", "")
+	chimectl(t, nil, "", args...).want(t, 0, "already scheduled order-42 due 2026-03-01T13:00:02+01:00 (in 2s)\n", "")
+
+	rec, found, _ := b.Get(context.Background(), "order-42")
+	wantHeaders := []raftfsm.Header{{Key: "trace", Value: []byte("abc")}, {Key: "eq", Value: []byte("a=b")}}
+	if !found || rec.Topic != "orders" || string(rec.Key) != "customer-7" || string(rec.Payload) != "hello" ||
+		len(rec.Headers) != 2 || rec.Headers[0].Key != wantHeaders[0].Key || string(rec.Headers[1].Value) != "a=b" {
+		t.Fatalf("stored %+v", rec)
+	}
+
+	// The global flags work after the command too.
+	chimectl(t, nil, "", "schedule", "--topic", "orders", "--at", "2026-03-01T14:00:00+01:00", "--id", "abs", "--json", "--addr", addr).
+		want(t, 0, `{"id":"abs","due":"2026-03-01T13:00:00Z","existing":false}`+"\n", "")
+	chimectl(t, nil, "", "--json", "--addr", addr, "schedule", "--topic", "orders", "--at", "2026-03-01T13:00:00Z", "--id", "abs").
+		want(t, 0, `{"id":"abs","due":"2026-03-01T13:00:00Z","existing":true}`+"\n", "")
+
+	// A due time in the past is said so.
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "orders", "--at", "2026-03-01T11:58:30Z", "--id", "past").
+		want(t, 0, "scheduled past due 2026-03-01T12:58:30+01:00 (1m30s ago)\n", "")
+
+	r := chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "orders", "--in", "90m")
+	if !regexp.MustCompile(`^scheduled [a-z2-7]{26} due 2026-03-01T14:30:00\+01:00 \(in 1h30m\)\n$`).MatchString(r.stdout) || r.code != 0 {
+		t.Fatalf("generated id: %+v", r)
+	}
+}
+
+func TestSchedulePayloadFromAFileOrStdin(t *testing.T) {
+	addr, b := startChime(t)
+	chimectl(t, nil, "from stdin\n", "--addr", addr, "schedule", "--topic", "t", "--in", "1s", "--id", "stdin", "--payload-file", "-").
+		want(t, 0, "scheduled stdin due 2026-03-01T13:00:01+01:00 (in 1s)\n", "")
+	binary := []byte{0, 1, 2, 0xff, 'x'}
+	path := filepath.Join(t.TempDir(), "payload.bin")
+	if err := os.WriteFile(path, binary, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "t", "--in", "1s", "--id", "file", "--payload-file", path).
+		want(t, 0, "scheduled file due 2026-03-01T13:00:01+01:00 (in 1s)\n", "")
+	for id, want := range map[string]string{"stdin": "from stdin\n", "file": string(binary)} {
+		if rec, _, _ := b.Get(context.Background(), id); string(rec.Payload) != want {
+			t.Errorf("%s: stored payload %q, want %q", id, rec.Payload, want)
+		}
+	}
+	r := chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "t", "--in", "1s", "--payload-file", filepath.Join(t.TempDir(), "missing"))
+	if r.code != 1 || !strings.HasPrefix(r.stderr, "chimectl: --payload-file: open ") {
+		t.Fatalf("missing file: %+v", r)
+	}
+}
+
+func TestServerErrorsPrintTheCodeAndExit1(t *testing.T) {
+	addr, _ := startChime(t)
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "a b", "--in", "1s").
+		want(t, 1, "", `chimectl: InvalidArgument: event.topic: "a b" is not a valid Kafka topic name (1-249 characters of [a-zA-Z0-9._-], not "." or "..")`+"\n")
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "t", "--in", "-1s").
+		want(t, 1, "", "chimectl: InvalidArgument: event.delay: must not be negative (got -1s)\n")
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "t", "--in", "1s", "--id", "x").want(t, 0, "scheduled x due 2026-03-01T13:00:01+01:00 (in 1s)\n", "")
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "t", "--in", "2s", "--id", "x").
+		want(t, 1, "", `chimectl: AlreadyExists: event.id: "x" already scheduled with different content`+"\n")
+	chimectl(t, nil, "", "--addr", addr, "get", "nope").want(t, 1, "", `chimectl: NotFound: id: no event "nope"`+"\n")
+	chimectl(t, nil, "", "--addr", addr, "cancel", "nope").want(t, 1, "", `chimectl: NotFound: id: no event "nope"`+"\n")
+
+	// Nothing listens on a port we just closed: Unavailable, promptly.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	r := chimectl(t, nil, "", "--addr", dead, "--timeout", "5s", "get", "x")
+	if r.code != 1 || !strings.HasPrefix(r.stderr, "chimectl: Unavailable: ") {
+		t.Fatalf("dead address: %+v", r)
+	}
+}
+
+func TestAddrComesFromTheEnvironmentUnlessGiven(t *testing.T) {
+	addr, _ := startChime(t)
+	env := map[string]string{"CHIME_ADDR": addr}
+	chimectl(t, env, "", "schedule", "--topic", "t", "--in", "1s", "--id", "env").want(t, 0, "scheduled env due 2026-03-01T13:00:01+01:00 (in 1s)\n", "")
+	r := chimectl(t, map[string]string{"CHIME_ADDR": "127.0.0.1:1"}, "", "--addr", addr, "get", "env")
+	if r.code != 0 {
+		t.Fatalf("--addr did not override CHIME_ADDR: %+v", r)
+	}
+}
+
+func TestGetAndCancelText(t *testing.T) {
+	addr, b := startChime(t)
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "orders", "--in", "2s", "--id", "order-42",
+		"--key", "customer-7", "--payload", `{"remind":true}`, "--header", "trace=abc", "--header", "bin=x").want(t, 0, "scheduled order-42 due 2026-03-01T13:00:02+01:00 (in 2s)\n", "")
+	chimectl(t, nil, "", "--addr", addr, "get", "order-42").want(t, 0, `id          order-42
+state       scheduled
+due         2026-03-01T13:00:02+01:00 (in 2s)
+created_at  2026-03-01T13:00:00+01:00
+topic       orders
+key         customer-7
+payload     {"remind":true}
+headers     trace=abc
+            bin=x
+fired_at    -
+attempts    0
+last_error  -
+`, "")
+
+	chimectl(t, nil, "", "--addr", addr, "cancel", "order-42").want(t, 0, "id     order-42\nstate  cancelled\n", "")
+	chimectl(t, nil, "", "--addr", addr, "cancel", "order-42", "--json").want(t, 0, `{"id":"order-42","state":"cancelled"}`+"\n", "")
+	r := chimectl(t, nil, "", "--addr", addr, "get", "order-42")
+	if !strings.Contains(r.stdout, "\nstate         cancelled\n") || !strings.Contains(r.stdout, "\ncancelled_at  2026-03-01T13:00:00+01:00\n") {
+		t.Fatalf("get of a cancelled event:\n%s", r.stdout)
+	}
+
+	// A binary payload without key, fired after two attempts.
+	path := filepath.Join(t.TempDir(), "p")
+	if err := os.WriteFile(path, []byte{0xff, 0x00, 0x10}, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "bin", "--in", "1s", "--id", "bin", "--payload-file", path).want(t, 0, "scheduled bin due 2026-03-01T13:00:01+01:00 (in 1s)\n", "")
+	b.Fire("bin", t0.Add(1003*time.Millisecond), 2)
+	chimectl(t, nil, "", "--addr", addr, "get", "bin").want(t, 0, `id          bin
+state       fired
+due         2026-03-01T13:00:01+01:00 (in 1s)
+created_at  2026-03-01T13:00:00+01:00
+topic       bin
+key         (none)
+payload     base64:/wAQ
+headers     (none)
+fired_at    2026-03-01T13:00:01.003+01:00
+attempts    2
+last_error  -
+`, "")
+	chimectl(t, nil, "", "--addr", addr, "cancel", "bin").
+		want(t, 1, "", `chimectl: FailedPrecondition: id: event "bin" already fired at 2026-03-01T12:00:01.003Z; it can no longer be cancelled`+"\n")
+
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "t", "--in", "1s", "--id", "dead", "--payload", strings.Repeat("é", 300)).want(t, 0, "scheduled dead due 2026-03-01T13:00:01+01:00 (in 1s)\n", "")
+	b.DeadLetter("dead", t0.Add(time.Minute), 5, "kafka: MESSAGE_TOO_LARGE", "chime.dlq")
+	r = chimectl(t, nil, "", "--addr", addr, "get", "dead")
+	for _, want := range []string{
+		"\nstate              dead_lettered\n",
+		"\npayload            " + strings.Repeat("é", 256) + "... (600 bytes)\n",
+		"\nfired_at           2026-03-01T13:01:00+01:00\n",
+		"\nattempts           5\n",
+		"\nlast_error         kafka: MESSAGE_TOO_LARGE\n",
+		"\ndead_letter_topic  chime.dlq\n",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("get of a dead-lettered event lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestGetJSON(t *testing.T) {
+	addr, b := startChime(t)
+	path := filepath.Join(t.TempDir(), "p")
+	if err := os.WriteFile(path, []byte{0xff, 0x00, 0x10}, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "orders", "--in", "2s", "--id", "order-42",
+		"--key", "customer-7", "--payload-file", path, "--header", "trace=abc").want(t, 0, "scheduled order-42 due 2026-03-01T13:00:02+01:00 (in 2s)\n", "")
+
+	want := `{"id":"order-42","state":"scheduled","due":"2026-03-01T12:00:02Z","created_at":"2026-03-01T12:00:00Z",` +
+		`"topic":"orders","key":"customer-7","key_encoding":"utf8","payload":"/wAQ","payload_encoding":"base64",` +
+		`"headers":[{"key":"trace","value":"abc","value_encoding":"utf8"}],"fired_at":null,"cancelled_at":null,` +
+		`"attempts":0,"last_error":"","dead_letter_topic":""}` + "\n"
+	chimectl(t, nil, "", "--addr", addr, "--json", "get", "order-42").want(t, 0, want, "")
+
+	b.Fire("order-42", t0.Add(2*time.Second+5*time.Millisecond), 1)
+	r := chimectl(t, nil, "", "--addr", addr, "get", "order-42", "--json")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("get --json printed %q: %v", r.stdout, err)
+	}
+	for k, v := range map[string]any{"id": "order-42", "state": "fired", "due": "2026-03-01T12:00:02Z", "topic": "orders",
+		"fired_at": "2026-03-01T12:00:02.005Z", "attempts": 1.0} {
+		if got[k] != v {
+			t.Errorf("get --json: %s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+func TestShowBytes(t *testing.T) {
+	for _, tc := range []struct {
+		in   []byte
+		max  int
+		want string
+	}{
+		{[]byte("plain text"), 0, "plain text"},
+		{[]byte("tab\there"), 0, "base64:dGFiCWhlcmU="},
+		{[]byte{0xff}, 0, "base64:/w=="},
+		{[]byte("abcdef"), 4, "abcd... (6 bytes)"},
+		{[]byte("aéé"), 4, "aé... (5 bytes)"}, // never cut inside a rune
+		{nil, 0, ""},
+	} {
+		if got := showBytes(tc.in, tc.max); got != tc.want {
+			t.Errorf("showBytes(%q, %d) = %q, want %q", tc.in, tc.max, got, tc.want)
+		}
+	}
+}
+
+func TestHumanDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		2 * time.Second:                            "2s",
+		1998 * time.Millisecond:                    "2s",
+		1450 * time.Millisecond:                    "1.5s",
+		250 * time.Millisecond:                     "250ms",
+		90 * time.Minute:                           "1h30m",
+		30*time.Minute - time.Millisecond:          "30m",
+		3*24*time.Hour + 4*time.Hour + time.Second: "3d4h",
+		48 * time.Hour:                             "2d",
+		36 * time.Hour:                             "36h",
+	} {
+		if got := humanDuration(d); got != want {
+			t.Errorf("humanDuration(%v) = %q, want %q", d, got, want)
+		}
+	}
+}

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// The headers Chime puts on every record it produces (see package publish).
+const (
+	headerID      = "chime-id"
+	headerDue     = "chime-due-unix-ms"
+	headerFired   = "chime-fired-unix-ms"
+	headerAttempt = "chime-attempt"
+)
+
+func tailCommand() *command {
+	return &command{
+		name:    "tail",
+		summary: "print records as they arrive on a Kafka topic, with how late they were",
+		about: `Tail consumes --topic directly from Kafka (not through Chime) and prints one
+line per record: when it was received, its partition and offset, its chime-id,
+key and value (cut in text output), late= (how long after its due time Chime
+produced it: chime-fired-unix-ms minus chime-due-unix-ms) and lag= (how long
+after its due time it reached this consumer). Records without Chime's headers
+show late=- and lag=-. It starts at the end of the topic (only new records)
+unless --from-beginning is set, and stops on Ctrl-C (SIGINT) or SIGTERM, or
+after --count records. With --group it joins that consumer group and commits
+what it printed, so a later tail with the same group continues from there;
+--from-beginning then only matters when the group has no committed offset.
+--timeout does not apply to tail.`,
+		example: `  chimectl tail --topic reminders
+  chimectl tail --topic reminders --brokers kafka-0:9092,kafka-1:9092 --from-beginning --count 10
+  chimectl tail --topic chime.dlq --group ops-dlq --json | jq -r '.headers[] | select(.key=="chime-error") | .value'`,
+		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
+			topic := fs.String("topic", "", "Kafka `topic` to consume (required)")
+			brokers := fs.String("brokers", "127.0.0.1:9092", "comma-separated Kafka bootstrap `addresses` (host:port)")
+			fromBeginning := fs.Bool("from-beginning", false, "start at the oldest record instead of the end of the topic")
+			count := fs.Int("count", 0, "stop after `n` records; 0 means until interrupted")
+			group := fs.String("group", "", "consume as a member of this consumer `group`, committing offsets (default: no group, nothing committed)")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected argument %q", args[0])
+				}
+				if *topic == "" {
+					return usagef("--topic is required")
+				}
+				if *count < 0 {
+					return usagef("--count must not be negative")
+				}
+				var seeds []string
+				for _, b := range strings.Split(*brokers, ",") {
+					if b = strings.TrimSpace(b); b != "" {
+						seeds = append(seeds, b)
+					}
+				}
+				if len(seeds) == 0 {
+					return usagef("--brokers: no address given")
+				}
+				return c.tail(ctx, seeds, *topic, *group, *fromBeginning, *count)
+			}
+		},
+	}
+}
+
+func (c *cli) tail(ctx context.Context, seeds []string, topic, group string, fromBeginning bool, count int) error {
+	start := kgo.NewOffset().AtEnd()
+	if fromBeginning {
+		start = kgo.NewOffset().AtStart()
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(seeds...),
+		kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(start),
+	}
+	if group != "" {
+		opts = append(opts, kgo.ConsumerGroup(group))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("tail: %w", err)
+	}
+	defer cl.Close()
+
+	printed := 0
+	reported := make(map[string]bool) // errors kgo retries come back on every poll; say each once
+	for (count == 0 || printed < count) && ctx.Err() == nil {
+		max := 0
+		if count > 0 {
+			max = count - printed
+		}
+		fetches := cl.PollRecords(ctx, max)
+		if ctx.Err() != nil {
+			break
+		}
+		for _, fe := range fetches.Errors() {
+			if errors.Is(fe.Err, kgo.ErrClientClosed) || errors.Is(fe.Err, context.Canceled) {
+				return nil
+			}
+			msg := fmt.Sprintf("topic %s partition %d: %v", fe.Topic, fe.Partition, fe.Err)
+			if !reported[msg] {
+				reported[msg] = true
+				fmt.Fprintf(c.stderr, "chimectl tail: %s\n", msg)
+			}
+		}
+		var werr error
+		fetches.EachRecord(func(r *kgo.Record) {
+			if werr == nil {
+				werr = c.printRecord(r)
+				printed++
+			}
+		})
+		if werr != nil {
+			return werr
+		}
+	}
+	if group != "" {
+		// Commit what was printed, whatever stopped the loop.
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := cl.CommitUncommittedOffsets(cctx); err != nil {
+			return fmt.Errorf("tail: committing offsets of group %q: %w", group, err)
+		}
+	}
+	return nil
+}
+
+// tailJSON is one line of tail --json. Every field is always present; the
+// chime-* derived ones are null when the record lacks the header.
+type tailJSON struct {
+	Received      string       `json:"received"`
+	Topic         string       `json:"topic"`
+	Partition     int32        `json:"partition"`
+	Offset        int64        `json:"offset"`
+	Timestamp     string       `json:"timestamp"` // the record's own timestamp
+	ChimeID       *string      `json:"chime_id"`
+	Key           string       `json:"key"`
+	KeyEncoding   string       `json:"key_encoding"`
+	Value         string       `json:"value"`
+	ValueEncoding string       `json:"value_encoding"`
+	Headers       []headerJSON `json:"headers"`
+	Due           *string      `json:"due"`
+	Fired         *string      `json:"fired"`
+	Attempt       *int64       `json:"attempt"`
+	LateMs        *int64       `json:"late_ms"`
+	LagMs         *int64       `json:"lag_ms"`
+}
+
+func (c *cli) printRecord(r *kgo.Record) error {
+	received := c.now()
+	var id *string
+	var dueMs, firedMs, attempt *int64
+	for _, h := range r.Headers {
+		switch h.Key {
+		case headerID:
+			v := string(h.Value)
+			id = &v
+		case headerDue:
+			dueMs = parseInt(h.Value)
+		case headerFired:
+			firedMs = parseInt(h.Value)
+		case headerAttempt:
+			attempt = parseInt(h.Value)
+		}
+	}
+	var lateMs, lagMs *int64
+	if dueMs != nil && firedMs != nil {
+		v := *firedMs - *dueMs
+		lateMs = &v
+	}
+	if dueMs != nil {
+		v := received.Sub(time.UnixMilli(*dueMs)).Milliseconds()
+		lagMs = &v
+	}
+
+	if c.json {
+		j := tailJSON{
+			Received:  received.UTC().Format(time.RFC3339Nano),
+			Topic:     r.Topic,
+			Partition: r.Partition,
+			Offset:    r.Offset,
+			Timestamp: r.Timestamp.UTC().Format(time.RFC3339Nano),
+			ChimeID:   id,
+			Headers:   []headerJSON{},
+			Due:       msTime(dueMs),
+			Fired:     msTime(firedMs),
+			Attempt:   attempt,
+			LateMs:    lateMs,
+			LagMs:     lagMs,
+		}
+		j.Key, j.KeyEncoding = jsonBytes(r.Key)
+		j.Value, j.ValueEncoding = jsonBytes(r.Value)
+		for _, h := range r.Headers {
+			v, enc := jsonBytes(h.Value)
+			j.Headers = append(j.Headers, headerJSON{Key: h.Key, Value: v, ValueEncoding: enc})
+		}
+		return c.printJSON(j)
+	}
+
+	idText := "-"
+	if id != nil {
+		idText = *id
+	}
+	_, err := fmt.Fprintf(c.stdout, "%s partition=%d offset=%d id=%s key=%s late=%s lag=%s value=%s\n",
+		c.localTime(received), r.Partition, r.Offset, idText, orNone(showBytes(r.Key, 64), "-"),
+		msText(lateMs), msText(lagMs), showBytes(r.Value, 120))
+	return err
+}
+
+func parseInt(b []byte) *int64 {
+	v, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return nil
+	}
+	return &v
+}
+
+func msTime(ms *int64) *string {
+	if ms == nil {
+		return nil
+	}
+	s := time.UnixMilli(*ms).UTC().Format(time.RFC3339Nano)
+	return &s
+}
+
+// msText prints milliseconds exactly (a late record is worth knowing about
+// to the millisecond), or "-".
+func msText(ms *int64) string {
+	if ms == nil {
+		return "-"
+	}
+	return (time.Duration(*ms) * time.Millisecond).String()
+}
