@@ -424,3 +424,42 @@ func TestNewFSMRefusesSecondOpen(t *testing.T) {
 	}
 	g.Close()
 }
+
+func TestDropShardRemovesOnlyThatShard(t *testing.T) {
+	st, err := OpenStore(t.TempDir(), StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, shard := range []uint32{1, 2} {
+		f, err := NewFSM(st, shard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := ScheduleBatch{ProposedAt: 1, Events: []NewEvent{{ID: "a", Due: 5, Topic: "t", ContentHash: 9}}}
+		f.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: AppendScheduleBatch(nil, &cmd)})
+		if shard == 1 {
+			if err := st.DropShard(1); err == nil {
+				t.Fatal("DropShard of a shard with an open FSM succeeded")
+			}
+		}
+		f.Close()
+	}
+	if err := st.DropShard(1); err != nil {
+		t.Fatal(err)
+	}
+	for shard, want := range map[uint32]bool{1: false, 2: true} {
+		f, err := NewFSM(st, shard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, found, err := f.Get("a")
+		if err != nil || found != want {
+			t.Fatalf("shard %d after dropping shard 1: found=%v err=%v, want found=%v", shard, found, err, want)
+		}
+		if want == false && f.AppliedIndex() != 0 {
+			t.Fatalf("dropped shard kept applied index %d", f.AppliedIndex())
+		}
+		f.Close()
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
@@ -43,14 +44,19 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	}
 	cache := pebble.NewCache(size)
 	defer cache.Unref()
-	db, err := pebble.Open(dir, &pebble.Options{
+	po := &pebble.Options{
 		FS:     opts.FS,
 		Cache:  cache,
 		Logger: opts.Logger,
 		// A new database: take the newest stable on-disk format rather than the
 		// compatibility default.
 		FormatMajorVersion: pebble.FormatNewest,
-	})
+	}
+	// Every created event first checks that its id is new, a Get that misses. Without
+	// filters a miss searches every level; with them it is answered from memory. (Deeper
+	// levels inherit L0's policy.)
+	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	db, err := pebble.Open(dir, po)
 	if err != nil {
 		return nil, fmt.Errorf("raftfsm: open pebble in %s: %w", dir, err)
 	}
@@ -86,4 +92,21 @@ func (s *Store) release(shard uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.shards, shard)
+}
+
+// DropShard deletes every key of shard from the store, durably. It is for a
+// replica this node no longer holds (moved elsewhere by the placement); the
+// shard must not have an open FSM here.
+func (s *Store) DropShard(shard uint32) error {
+	s.mu.Lock()
+	_, open := s.shards[shard]
+	s.mu.Unlock()
+	if open {
+		return fmt.Errorf("%w: shard %d", ErrShardOpen, shard)
+	}
+	start, end := shardSpan(shard)
+	if err := s.db.DeleteRange(start, end, pebble.Sync); err != nil {
+		return fmt.Errorf("raftfsm: drop shard %d: %w", shard, err)
+	}
+	return nil
 }
