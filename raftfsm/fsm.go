@@ -1,9 +1,9 @@
 package raftfsm
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -342,7 +342,8 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 type applier struct {
 	f     *FSM
 	batch *pebble.Batch
-	m     meta // the working copy; becomes f.meta on commit
+	it    *pebble.Iterator // over committed state, opened on first read; see get
+	m     meta             // the working copy; becomes f.meta on commit
 
 	ids      map[string]idRef
 	statuses map[uint64]status
@@ -370,6 +371,10 @@ func (a *applier) begin(m meta) {
 }
 
 func (a *applier) end() {
+	if a.it != nil {
+		_ = a.it.Close()
+		a.it = nil
+	}
 	_ = a.batch.Close()
 	a.batch = nil
 	clear(a.ids)
@@ -393,16 +398,30 @@ func (a *applier) del(k []byte) {
 	}
 }
 
-// get reads a committed value; v is valid until closer is closed.
-func (a *applier) get(k []byte) (v []byte, closer io.Closer, found bool) {
-	v, closer, err := a.f.db.Get(k)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return nil, nil, false
+// get reads a committed value; v is valid until the next get. All reads of one apply go
+// through one iterator: it sees the committed state, which nothing else changes while the
+// apply goroutine builds its batch (only this goroutine writes the shard's keys), and unlike a
+// Get per key it opens each sstable once per apply rather than once per read. SeekPrefixGE
+// (the whole key is the prefix under the default comparer) consults the bloom filters.
+func (a *applier) get(k []byte) (v []byte, found bool) {
+	if a.it == nil {
+		it, err := a.f.db.NewIter(&pebble.IterOptions{LowerBound: a.f.spanStart, UpperBound: a.f.spanEnd})
+		if err != nil {
+			a.fatal("open iterator: %v", err)
+		}
+		a.it = it
 	}
+	if !a.it.SeekPrefixGE(k) || !bytes.Equal(a.it.Key(), k) {
+		if err := a.it.Error(); err != nil {
+			a.fatal("read %x: %v", k, err)
+		}
+		return nil, false
+	}
+	v, err := a.it.ValueAndErr()
 	if err != nil {
 		a.fatal("read %x: %v", k, err)
 	}
-	return v, closer, true
+	return v, true
 }
 
 func (a *applier) lookupID(id string) (idRef, bool) {
@@ -410,11 +429,10 @@ func (a *applier) lookupID(id string) (idRef, bool) {
 		return ref, true
 	}
 	a.key = appendIDKey(a.key[:0], a.f.shard, id)
-	v, closer, ok := a.get(a.key)
+	v, ok := a.get(a.key)
 	if !ok {
 		return idRef{}, false
 	}
-	defer closer.Close()
 	ref, err := decodeIDRef(v)
 	if err != nil {
 		a.fatal("id %q: %v", id, err)
@@ -428,11 +446,10 @@ func (a *applier) status(seq uint64) status {
 		return s
 	}
 	a.key = appendEventKey(a.key[:0], a.f.shard, seq, partStatus)
-	v, closer, ok := a.get(a.key)
+	v, ok := a.get(a.key)
 	if !ok {
 		a.fatal("event %d has no status", seq)
 	}
-	defer closer.Close()
 	s, err := decodeStatus(v)
 	if err != nil {
 		a.fatal("event %d: %v", seq, err)
