@@ -62,18 +62,27 @@ func (s *Shard) leadershipLoop() {
 	}
 }
 
-// startFiring runs the firing loop until the returned function is called;
-// that function returns once the loop and its batches have finished.
+// startFiring runs the leader's loops (firing and, in a cluster,
+// reconciliation) until the returned function is called; that function
+// returns once they and their batches have finished.
 func (s *Shard) startFiring() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		defer close(done)
+		defer wg.Done()
 		s.fireLoop(ctx)
 	}()
+	if s.cfg.Directory != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.reconcileLoop(ctx)
+		}()
+	}
 	return func() {
 		cancel()
-		<-done
+		wg.Wait()
 	}
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -28,22 +30,35 @@ type HostConfig struct {
 	RaftAdvertise string
 	Store         *raftfsm.Store
 	Publisher     *publish.Publisher
-	Tuning        Tuning
-	Now           func() time.Time
-	Logger        *slog.Logger
-	Metrics       *Metrics
+	// Bootstrap creates every shard that has no Raft state yet with this
+	// node as its only voter: the first node of a new cluster, or a single
+	// node. Other nodes start empty and receive replicas from the leaders.
+	Bootstrap bool
+	// Directory is the cluster as the shards see it. Nil means a fixed
+	// single-node host: no placement, no reconciliation.
+	Directory Directory
+	Tuning    Tuning
+	Now       func() time.Time
+	Logger    *slog.Logger
+	Metrics   *Metrics
 }
 
-// Host owns the shard replicas of one node and the Raft port they share, and
-// routes each event id to its shard.
+// Host owns the shard replicas of one node and the Raft port they share,
+// routes each event id to its shard, and (with a Directory) opens and
+// releases replicas as the placement moves them.
 type Host struct {
-	cfg    HostConfig
-	mux    *Mux
+	cfg HostConfig
+	mux *Mux
+
+	mu     sync.RWMutex
 	shards map[uint32]*Shard
+
+	stop chan struct{}
+	done chan struct{}
 }
 
-// OpenHost opens every shard replica of this node. A shard with no Raft
-// state yet is bootstrapped with this node as its only voter.
+// OpenHost opens the shard replicas this node holds: every shard with Raft
+// state in DataDir, plus, with Bootstrap, every shard of the cluster.
 func OpenHost(cfg HostConfig) (*Host, error) {
 	if cfg.Shards <= 0 {
 		return nil, fmt.Errorf("shard count must be positive, got %d", cfg.Shards)
@@ -54,36 +69,97 @@ func OpenHost(cfg HostConfig) (*Host, error) {
 	if cfg.RaftAdvertise == "" {
 		cfg.RaftAdvertise = cfg.RaftListener.Addr().String()
 	}
-	h := &Host{cfg: cfg, mux: NewMux(cfg.RaftListener, cfg.Logger), shards: make(map[uint32]*Shard)}
-	self := []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(cfg.NodeID), Address: raft.ServerAddress(cfg.RaftAdvertise)}}
+	h := &Host{
+		cfg: cfg, mux: NewMux(cfg.RaftListener, cfg.Logger), shards: make(map[uint32]*Shard),
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
 	for i := range cfg.Shards {
 		id := uint32(i)
-		layer, err := h.mux.Layer(id)
-		if err != nil {
+		_, err := os.Stat(h.shardDir(id))
+		if err != nil && !cfg.Bootstrap {
+			continue
+		}
+		if _, err := h.openReplica(id, cfg.Bootstrap); err != nil {
+			close(h.done)
 			h.Close()
 			return nil, err
 		}
-		s, err := Open(Config{
-			ID: id, NodeID: cfg.NodeID, Dir: filepath.Join(cfg.DataDir, fmt.Sprintf("shard-%04d", id)),
-			Store: cfg.Store, Layer: layer, Publisher: cfg.Publisher, Bootstrap: self,
-			Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
-		})
-		if err != nil {
-			layer.Close()
-			h.Close()
-			return nil, err
-		}
-		h.shards[id] = s
+	}
+	if cfg.Directory == nil {
+		close(h.done)
+	} else {
+		go h.controlLoop()
 	}
 	return h, nil
 }
 
+func (h *Host) shardDir(id uint32) string {
+	return filepath.Join(h.cfg.DataDir, fmt.Sprintf("shard-%04d", id))
+}
+
+// openReplica opens this node's replica of shard id. With bootstrap, a shard
+// with no Raft state starts with this node as its only voter; without, it
+// waits for the shard's leader to add it.
+func (h *Host) openReplica(id uint32, bootstrap bool) (*Shard, error) {
+	layer, err := h.mux.Layer(id)
+	if err != nil {
+		return nil, err
+	}
+	var voters []raft.Server
+	if bootstrap {
+		voters = []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(h.cfg.NodeID), Address: raft.ServerAddress(h.cfg.RaftAdvertise)}}
+	}
+	cfg := h.cfg
+	s, err := Open(Config{
+		ID: id, NodeID: cfg.NodeID, Dir: h.shardDir(id),
+		Store: cfg.Store, Layer: layer, Publisher: cfg.Publisher, Bootstrap: voters,
+		Directory: cfg.Directory, Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
+	})
+	if err != nil {
+		layer.Close()
+		return nil, err
+	}
+	h.mu.Lock()
+	h.shards[id] = s
+	h.mu.Unlock()
+	return s, nil
+}
+
+// releaseReplica closes this node's replica of shard id and deletes its data:
+// the shard's leader has taken it out of the configuration.
+func (h *Host) releaseReplica(id uint32) error {
+	h.mu.Lock()
+	s := h.shards[id]
+	delete(h.shards, id)
+	h.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	if err := s.Close(); err != nil {
+		h.cfg.Logger.Warn("closing a released replica", "shard", id, "err", err)
+	}
+	if err := h.cfg.Store.DropShard(id); err != nil {
+		return err
+	}
+	return os.RemoveAll(h.shardDir(id))
+}
+
 // Close stops every shard replica, then the Raft port.
 func (h *Host) Close() error {
+	select {
+	case <-h.stop:
+	default:
+		close(h.stop)
+	}
+	<-h.done
 	var errs []error
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for _, s := range h.shards {
+	h.mu.Lock()
+	shards := h.shards
+	h.shards = map[uint32]*Shard{}
+	h.mu.Unlock()
+	for _, s := range shards {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -101,20 +177,42 @@ func (h *Host) Close() error {
 	return errors.Join(errs...)
 }
 
+// Count returns the cluster's shard count.
+func (h *Host) Count() int { return h.cfg.Shards }
+
+// NodeID returns this node's id.
+func (h *Host) NodeID() string { return h.cfg.NodeID }
+
 // Shards returns the replicas on this node, by shard id.
-func (h *Host) Shards() map[uint32]*Shard { return h.shards }
+func (h *Host) Shards() map[uint32]*Shard {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return maps.Clone(h.shards)
+}
+
+// Replica returns this node's replica of shard id, or nil.
+func (h *Host) Replica(id uint32) *Shard {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	return h.shards[id]
+}
 
 func (h *Host) shardFor(id string) (*Shard, error) {
-	s := h.shards[For(id, h.cfg.Shards)]
+	s := h.Replica(For(id, h.cfg.Shards))
 	if s == nil {
 		return nil, ErrUnknownShard
 	}
 	return s, nil
 }
 
-// Ready reports whether every shard has a leader.
+// Ready reports whether every replica on this node knows a leader (and, for a
+// fixed single-node host, that every shard has one).
 func (h *Host) Ready() bool {
-	for _, s := range h.shards {
+	shards := h.Shards()
+	if h.cfg.Directory == nil && len(shards) < h.cfg.Shards {
+		return false
+	}
+	for _, s := range shards {
 		if addr, _ := s.raft.LeaderWithID(); addr == "" {
 			return false
 		}
@@ -153,7 +251,7 @@ func (h *Host) Schedule(ctx context.Context, reqs []Request) ([]Result, error) {
 	errs := make(chan error, len(groups))
 	for id, g := range groups {
 		go func() {
-			s := h.shards[id]
+			s := h.Replica(id)
 			if s == nil {
 				errs <- ErrUnknownShard
 				return
@@ -217,7 +315,7 @@ func (c hostCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
-	for id, s := range c.h.shards {
+	for id, s := range c.h.Shards() {
 		shard := fmt.Sprint(id)
 		st := s.Stats()
 		ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(st.Pending), shard)

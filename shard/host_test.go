@@ -56,7 +56,7 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int) *tes
 	n.addr = ln.Addr().String()
 	n.host, err = OpenHost(HostConfig{
 		NodeID: "n1", DataDir: dir + "/raft", Shards: shards, RaftListener: ln,
-		Store: n.store, Publisher: n.pub,
+		Store: n.store, Publisher: n.pub, Bootstrap: true,
 		Tuning: Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 			LeaderLeaseTimeout: 100 * time.Millisecond},
 	})

@@ -31,6 +31,9 @@ type Config struct {
 	// Bootstrap is the initial voter set when the shard is created on this
 	// node; ignored when the shard already has Raft state.
 	Bootstrap []raft.Server
+	// Directory, when set, makes the leader reconcile the shard's Raft
+	// configuration toward the placement.
+	Directory Directory
 	Tuning    Tuning
 	Now       func() time.Time
 	Logger    *slog.Logger

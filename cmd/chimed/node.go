@@ -127,7 +127,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if n.host, err = shard.OpenHost(shard.HostConfig{
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
-		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
+		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning, Bootstrap: true,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg),
 	}); err != nil {
 		raftLn.Close()
