@@ -29,7 +29,9 @@
 //  3. The applied index and term are written in the same Pebble batch as the state change
 //     they produced, so Pebble always holds a state that is exactly "the log up to
 //     AppliedIndex". Entries at or below it are skipped: with NoSnapshotRestoreOnStart, raft
-//     re-applies the log after its last snapshot on every start.
+//     re-applies the log after its last snapshot on every start. (AppliedIndex may trail
+//     raft's own applied index by no-op and barrier entries, which raft never hands to an
+//     FSM; they carry no state.)
 //  4. Pebble writes from apply use NoSync: the Raft log (fsynced by raft-boltdb) is the
 //     durability point, and a lost Pebble tail is re-applied from it. This is only sound if
 //     raft never truncates log entries Pebble may have lost, so Snapshot syncs the Pebble WAL
@@ -72,7 +74,8 @@
 // so nothing is clamped and ForEachPending reports the exact due. The index exists for
 // ForEachPending (rebuilding the wheel) and for paging far-future events in later.
 //
-// Values carry a leading format byte (1 today) so that a layout change can be recognised.
+// Meta, body and status values start with a format byte (1 today) so that a layout change
+// can be recognised; the id entry is a fixed 16 bytes and index entries are empty.
 //
 // # Snapshot stream
 //

@@ -185,6 +185,8 @@ type FSM struct {
 	obs   Observer
 
 	spanStart, spanEnd []byte // this shard's keys; see shardSpan
+	metaKey            []byte
+	restoringKey       []byte
 
 	// ap is scratch reused by every apply; only the apply goroutine touches it.
 	ap applier
@@ -215,6 +217,7 @@ func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
 	}
 	f := &FSM{st: st, db: st.db, shard: shard, obs: obs}
 	f.spanStart, f.spanEnd = shardSpan(shard)
+	f.metaKey, f.restoringKey = appendShardTag(nil, shard, tagMeta), appendShardTag(nil, shard, tagRestoring)
 	f.ap.init(f)
 	if err := f.load(); err != nil {
 		st.release(shard)
@@ -227,7 +230,7 @@ func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
 // Called on the apply goroutine (or before it exists).
 func (f *FSM) load() error {
 	m := freshMeta()
-	v, closer, err := f.db.Get(metaKey(f.shard))
+	v, closer, err := f.db.Get(f.metaKey)
 	switch {
 	case err == nil:
 		m, err = decodeMeta(v)
@@ -239,7 +242,7 @@ func (f *FSM) load() error {
 		return fmt.Errorf("raftfsm: shard %d: read meta: %w", f.shard, err)
 	}
 	restoring := true
-	_, closer, err = f.db.Get(restoringKey(f.shard))
+	_, closer, err = f.db.Get(f.restoringKey)
 	switch {
 	case err == nil:
 		closer.Close()
@@ -319,7 +322,7 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 		return
 	}
 	a.val = a.m.append(a.val[:0])
-	a.set(metaKey(f.shard), a.val)
+	a.set(f.metaKey, a.val)
 	if err := a.batch.Commit(pebble.NoSync); err != nil {
 		panic(fmt.Sprintf("raftfsm: shard %d: commit entries through %d: %v", f.shard, a.m.appliedIndex, err))
 	}

@@ -41,9 +41,6 @@ func shardSpan(shard uint32) (start, end []byte) {
 	return appendShardTag(nil, shard, 0x00), appendShardTag(nil, shard, 0xff)
 }
 
-func metaKey(shard uint32) []byte      { return appendShardTag(nil, shard, tagMeta) }
-func restoringKey(shard uint32) []byte { return appendShardTag(nil, shard, tagRestoring) }
-
 func appendIDKey(dst []byte, shard uint32, id string) []byte {
 	return append(appendShardTag(dst, shard, tagID), id...)
 }

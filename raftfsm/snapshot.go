@@ -184,13 +184,12 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 
 	// The marker and the wipe commit together, synced: a crash from here on finds the marker.
 	// Within a batch later operations win, so the marker survives the DeleteRange before it.
-	marker := restoringKey(f.shard)
 	b := f.db.NewBatch()
 	defer func() { _ = b.Close() }()
 	if err := b.DeleteRange(f.spanStart, f.spanEnd, nil); err != nil {
 		return err
 	}
-	if err := b.Set(marker, nil, nil); err != nil {
+	if err := b.Set(f.restoringKey, nil, nil); err != nil {
 		return err
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
@@ -199,7 +198,7 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	_ = b.Close()
 	b = f.db.NewBatch()
 
-	key := appendShardTag(nil, f.shard, 0)[:shardPrefixLen]
+	key := binary.BigEndian.AppendUint32(nil, f.shard) // every frame's key goes after this
 	var val []byte
 	var frames uint64
 	sawMeta := false
@@ -228,9 +227,12 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 			return err
 		}
 		if isMeta {
+			if len(key) != shardPrefixLen+1 {
+				return fmt.Errorf("%w: frame %d: key %x is not the meta key", ErrBadSnapshot, frames, key[shardPrefixLen:])
+			}
 			m, err := decodeMeta(val)
-			if err != nil || len(key) != shardPrefixLen+1 {
-				return fmt.Errorf("%w: meta frame %x: %v", ErrBadSnapshot, key[shardPrefixLen:], err)
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 			}
 			if m.appliedIndex != index || m.appliedTerm != term {
 				return fmt.Errorf("%w: header says index %d term %d, meta says %d, %d", ErrBadSnapshot, index, term, m.appliedIndex, m.appliedTerm)
@@ -257,7 +259,7 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	}
 	// Synced: raft discards its log behind an installed snapshot, so nothing could re-create
 	// a restored state lost in a crash.
-	if err := b.Delete(marker, nil); err != nil {
+	if err := b.Delete(f.restoringKey, nil); err != nil {
 		return err
 	}
 	if err := b.Commit(pebble.Sync); err != nil {
