@@ -98,10 +98,10 @@ func (s *Store) release(shard uint32) {
 // replica this node no longer holds (moved elsewhere by the placement); the
 // shard must not have an open FSM here.
 func (s *Store) DropShard(shard uint32) error {
+	// Held across the delete, so that NewFSM cannot claim the shard half way through.
 	s.mu.Lock()
-	_, open := s.shards[shard]
-	s.mu.Unlock()
-	if open {
+	defer s.mu.Unlock()
+	if _, open := s.shards[shard]; open {
 		return fmt.Errorf("%w: shard %d", ErrShardOpen, shard)
 	}
 	start, end := shardSpan(shard)
