@@ -7,7 +7,8 @@
 //   - The meaning of a committed command: ScheduleBatch, Cancel, MarkFired and
 //     MarkDeadLettered, their binary encoding (DecodeCommand is the only decode path; the
 //     Append* functions encode), and the result each one produces.
-//   - Every key of its shard in the node's Pebble (one Store per node, one FSM per shard).
+//   - Every key of its shard in the node's Pebble (one Store per node, one FSM per shard;
+//     Store.DropShard deletes a shard's keys when the placement moves the replica away).
 //   - The shard's event lifecycle: Scheduled → Fired | Cancelled | DeadLettered. Nothing
 //     leaves a final state.
 //   - The applied index: which log entry the Pebble state reflects.
