@@ -3,6 +3,7 @@ package rpc
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	"github.com/chimehq/chime/shard"
 	"google.golang.org/grpc/codes"
@@ -22,7 +23,10 @@ import (
 //     forwarded to another node) keeps it.
 //   - Anything else: INTERNAL, logged with the operation, because it is a bug
 //     or a broken node, not something the client can fix.
-func (s *Server) backendStatus(op string, err error) error {
+func (s *Server) backendStatus(op string, err error) error { return statusOf(s.logger, op, err) }
+
+// statusOf is backendStatus for callers without a Server (the Admin API).
+func statusOf(logger *slog.Logger, op string, err error) error {
 	switch {
 	case errors.Is(err, shard.ErrNotLeader):
 		return status.Errorf(codes.Unavailable, "%v (leadership is moving); retry in a moment", err)
@@ -38,6 +42,6 @@ func (s *Server) backendStatus(op string, err error) error {
 	if st, ok := status.FromError(err); ok {
 		return st.Err()
 	}
-	s.logger.Error("rpc: backend failed", "op", op, "err", err)
+	logger.Error("rpc: backend failed", "op", op, "err", err)
 	return status.Errorf(codes.Internal, "%s: internal error: %v", op, err)
 }

@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -67,10 +68,11 @@ type flags struct {
 	fs                                      *flag.FlagSet
 	nodeID, dataDir, grpcAddr, httpAddr     string
 	raftAddr, kafkaAddr, brokers, logLevel  string
-	deadLetter                              string
+	deadLetter, gossipAddr, join            string
 	shards, maxPayload, maxInFlight         int
-	maxAttempts                             int
+	maxAttempts, replication, nodes         int
 	maxHorizon, resolution, linger, timeout time.Duration
+	deadTimeout                             time.Duration
 }
 
 func newFlags(cmd string, stderr io.Writer) *flags {
@@ -86,12 +88,17 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:7070", "address of the gRPC API (chime.v1.Scheduler, with reflection)")
 	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:7080", "address of /healthz, /readyz and Prometheus /metrics")
 	fs.StringVar(&f.raftAddr, "raft-addr", "127.0.0.1:7071", "address of the Raft port shared by every shard")
+	fs.StringVar(&f.gossipAddr, "gossip-addr", "127.0.0.1:7072", "address for membership gossip (TCP and UDP)")
 	if cmd == "dev" {
 		fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "address of the embedded Kafka-protocol broker")
+		fs.IntVar(&f.nodes, "nodes", 1, "run a local cluster of this many nodes in one process; node i (from 0) uses\nthe ports above plus 100*i and --data-dir/node-i")
 	} else {
 		fs.StringVar(&f.brokers, "kafka-brokers", "", "comma-separated Kafka bootstrap brokers (required)")
+		fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses of existing members; empty creates a new cluster")
 	}
-	fs.IntVar(&f.shards, "shards", 4, "number of shards, fixed when the data directory is created")
+	fs.IntVar(&f.shards, "shards", 8, "number of shards, fixed when the cluster is created")
+	fs.IntVar(&f.replication, "replication", 3, "replicas (Raft voters) per shard, fixed when the cluster is created")
+	fs.DurationVar(&f.deadTimeout, "dead-timeout", 2*time.Minute, "how long a member may be dead before its replicas move to other nodes")
 	fs.IntVar(&f.maxPayload, "max-payload", rpc.DefaultLimits().MaxPayloadBytes, "largest accepted event payload, in bytes")
 	fs.DurationVar(&f.maxHorizon, "max-horizon", rpc.DefaultLimits().MaxHorizon, "furthest ahead an event may be due")
 	fs.DurationVar(&f.resolution, "resolution", wheel.DefaultResolution, "timing wheel tick: events fire at most one tick after they are due")
@@ -102,16 +109,26 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
-		what := "one Chime node against an external Kafka"
+		what := `one Chime node against an external Kafka. The first node of a cluster is
+started without --join and creates it (with --shards and --replication);
+every other node is started with --join naming one or more members`
 		if cmd == "dev" {
-			what = "one Chime node with an embedded Kafka-protocol broker, for trying Chime\nand for development; Kafka data is kept under --data-dir/kafka"
+			what = "Chime with an embedded Kafka-protocol broker, for trying it and for\ndevelopment: one node, or a local cluster with --nodes; Kafka data is kept\nunder --data-dir/kafka"
 		}
 		fmt.Fprintf(stderr, "Usage: chimed %s [flags]\n\nRuns %s.\nSIGINT or SIGTERM shut it down gracefully.\n\nFlags:\n", cmd, what)
 		fs.PrintDefaults()
 		if cmd == "dev" {
-			fmt.Fprint(stderr, "\nExamples:\n  chimed dev\n  chimed dev --data-dir /tmp/chime --kafka-addr 127.0.0.1:19092\n")
+			fmt.Fprint(stderr, "\nExamples:\n  chimed dev\n  chimed dev --nodes 3\n  chimed dev --data-dir /tmp/chime --kafka-addr 127.0.0.1:19092\n")
 		} else {
-			fmt.Fprint(stderr, "\nExample:\n  chimed serve --kafka-brokers kafka-1:9092,kafka-2:9092 --data-dir /var/lib/chime\n")
+			fmt.Fprint(stderr, `
+Examples:
+  # the first node creates the cluster
+  chimed serve --node-id a --kafka-brokers kafka:9092 --data-dir /var/lib/chime \\
+      --grpc-addr 10.0.0.1:7070 --raft-addr 10.0.0.1:7071 --gossip-addr 10.0.0.1:7072
+  # the others join it
+  chimed serve --node-id b --kafka-brokers kafka:9092 --data-dir /var/lib/chime \\
+      --grpc-addr 10.0.0.2:7070 --raft-addr 10.0.0.2:7071 --gossip-addr 10.0.0.2:7072 --join 10.0.0.1:7072
+`)
 		}
 	}
 	return f
@@ -150,11 +167,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		defer broker.Close()
 		brokers = broker.ListenAddrs()
 	} else {
-		for _, b := range strings.Split(f.brokers, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				brokers = append(brokers, b)
-			}
-		}
+		brokers = splitList(f.brokers)
 		if len(brokers) == 0 {
 			fmt.Fprintln(stderr, "chimed serve: --kafka-brokers is required (for example --kafka-brokers localhost:9092)")
 			return 2
@@ -167,41 +180,126 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chimed: %v\n", err)
 		return 2
 	}
-	n, err := startNode(nodeConfig{
+	base := nodeConfig{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
-		Tuning: shard.Tuning{Resolution: f.resolution}, Linger: f.linger,
+		Tuning: clusterTuning(shard.Tuning{Resolution: f.resolution}), Linger: f.linger,
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
-		Logger: logger,
-	})
-	if err != nil {
-		return fail(err)
+		Logger: logger, Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
+		Join: splitList(f.join), Replication: f.replication, DeadTimeout: f.deadTimeout,
+	}
+	if f.nodes < 1 {
+		fmt.Fprintln(stderr, "chimed dev: --nodes must be at least 1")
+		return 2
+	}
+	if !base.Cluster {
+		base.Replication = 1
+	}
+	var nodes []*node
+	closeAll := func(ctx context.Context) error {
+		var errs []error
+		for i := len(nodes) - 1; i >= 0; i-- {
+			errs = append(errs, nodes[i].Close(ctx))
+		}
+		return errors.Join(errs...)
+	}
+	for i := range f.nodes {
+		cfg := base
+		if f.nodes > 1 {
+			cfg = devNode(base, i)
+			if i > 0 {
+				cfg.Join = []string{nodes[0].ml.LocalAddr()}
+			}
+		}
+		n, err := startNode(cfg)
+		if err != nil {
+			closeAll(context.Background())
+			return fail(err)
+		}
+		nodes = append(nodes, n)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	readyCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = n.waitReady(readyCtx)
+	readyCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	var err error
+	for _, n := range nodes {
+		if err = n.waitReady(readyCtx); err != nil {
+			break
+		}
+	}
 	cancel()
 	if err != nil {
-		n.Close(context.Background())
+		closeAll(context.Background())
 		return fail(err)
 	}
-	printBanner(stdout, cmd, n, brokers, time.Since(started))
+	printBanner(stdout, cmd, nodes, brokers, time.Since(started))
 
+	serveErr := make(chan error, len(nodes))
+	for _, n := range nodes {
+		go func() {
+			select {
+			case err := <-n.serveErr:
+				serveErr <- err
+			case <-ctx.Done():
+			}
+		}()
+	}
 	select {
 	case <-ctx.Done():
-	case err := <-n.serveErr:
+	case err := <-serveErr:
 		logger.Error("server stopped", "err", err)
 	}
 	stop() // a second signal now kills the process
 	logger.Info("shutting down", "timeout", f.timeout)
 	sctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
-	if err := n.Close(sctx); err != nil {
+	if err := closeAll(sctx); err != nil {
 		return fail(fmt.Errorf("shutdown: %w", err))
 	}
 	logger.Info("stopped")
 	return 0
+}
+
+// clusterTuning sets Raft timeouts for failover within about a second and a
+// cheap idle: heartbeats every HeartbeatTimeout/10, and the idle commit
+// notification to followers every CommitTimeout instead of hashicorp/raft's
+// 50 ms.
+func clusterTuning(t shard.Tuning) shard.Tuning {
+	t.HeartbeatTimeout = 500 * time.Millisecond
+	t.ElectionTimeout = 500 * time.Millisecond
+	t.LeaderLeaseTimeout = 250 * time.Millisecond
+	t.CommitTimeout = 200 * time.Millisecond
+	return t
+}
+
+// devNode derives node i of a local cluster: its own data directory, ports
+// shifted by 100*i, and the node id node-i.
+func devNode(base nodeConfig, i int) nodeConfig {
+	cfg := base
+	cfg.NodeID = fmt.Sprintf("node-%d", i)
+	cfg.DataDir = filepath.Join(base.DataDir, cfg.NodeID)
+	shift := func(addr string) string {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return addr
+		}
+		p, _ := strconv.Atoi(port)
+		return net.JoinHostPort(host, strconv.Itoa(p+100*i))
+	}
+	cfg.GRPCAddr, cfg.HTTPAddr = shift(base.GRPCAddr), shift(base.HTTPAddr)
+	cfg.RaftAddr, cfg.GossipAddr = shift(base.RaftAddr), shift(base.GossipAddr)
+	cfg.Logger = base.Logger.With("node", cfg.NodeID)
+	return cfg
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // startBroker runs the embedded Kafka-protocol broker (kfake) on addr, keeping
@@ -225,23 +323,38 @@ func startBroker(addr, dataDir string) (*kfake.Cluster, error) {
 	)
 }
 
-func printBanner(w io.Writer, cmd string, n *node, brokers []string, took time.Duration) {
+func printBanner(w io.Writer, cmd string, nodes []*node, brokers []string, took time.Duration) {
 	kafka := strings.Join(brokers, ",")
 	if cmd == "dev" {
 		kafka += "   (embedded broker; topics are created on first use)"
 	}
-	fmt.Fprintf(w, `chimed %s: node %q ready in %v
-  gRPC   %s   (chime.v1.Scheduler, server reflection on)
-  Kafka  %s
-  HTTP   http://%s   (/healthz /readyz /metrics)
-  Raft   %s
-  data   %s   (%d shards)
-
+	first := nodes[0]
+	what := fmt.Sprintf("node %q", first.cfg.NodeID)
+	if len(nodes) > 1 {
+		what = fmt.Sprintf("%d-node cluster", len(nodes))
+	}
+	fmt.Fprintf(w, "chimed %s: %s ready in %v\n", cmd, what, took.Round(time.Millisecond))
+	for _, n := range nodes {
+		if len(nodes) > 1 {
+			fmt.Fprintf(w, "  %s\n", n.cfg.NodeID)
+		}
+		fmt.Fprintf(w, "  gRPC   %s   (chime.v1.Scheduler, server reflection on)\n", n.grpcAddr)
+		fmt.Fprintf(w, "  HTTP   http://%s   (/healthz /readyz /metrics)\n", n.httpAddr)
+		fmt.Fprintf(w, "  Raft   %s\n", n.raftAddr)
+		if n.ml != nil {
+			fmt.Fprintf(w, "  gossip %s\n", n.ml.LocalAddr())
+		}
+		fmt.Fprintf(w, "  data   %s   (%d shards, replication %d)\n", n.cfg.DataDir, n.cfg.Shards, n.cfg.Replication)
+	}
+	fmt.Fprintf(w, "  Kafka  %s\n", kafka)
+	fmt.Fprintf(w, `
 Try it:
   go run ./cmd/chimectl tail --topic demo &
   go run ./cmd/chimectl schedule --topic demo --in 2s --payload hello
   grpcurl -plaintext -d '{"event":{"topic":"demo","delay":"2s","payload":"aGVsbG8="}}' %s chime.v1.Scheduler/Schedule
   kcat -C -b %s -t demo -f '%%s  %%h\n'
-`, cmd, n.cfg.NodeID, took.Round(time.Millisecond), n.grpcAddr, kafka, n.httpAddr, n.raftAddr,
-		n.cfg.DataDir, n.cfg.Shards, n.grpcAddr, brokers[0])
+`, first.grpcAddr, brokers[0])
+	if len(nodes) > 1 {
+		fmt.Fprintln(w, "  go run ./cmd/chimectl status")
+	}
 }

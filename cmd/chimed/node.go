@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
+	"github.com/chimehq/chime/membership"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
@@ -26,31 +29,44 @@ import (
 
 // nodeConfig is everything one chimed node needs, from flags.
 type nodeConfig struct {
-	NodeID      string
-	DataDir     string
-	GRPCAddr    string
-	HTTPAddr    string
-	RaftAddr    string
-	Brokers     []string
-	Shards      int
-	Limits      rpc.Limits
-	Tuning      shard.Tuning
-	Linger      time.Duration
+	NodeID   string
+	DataDir  string
+	GRPCAddr string
+	HTTPAddr string
+	RaftAddr string
+	Brokers  []string
+	Shards   int
+	Limits   rpc.Limits
+	Tuning   shard.Tuning
+	Linger   time.Duration
+
 	MaxInFlight int
 	MaxAttempts int
 	DeadLetter  string
 	Logger      *slog.Logger
+
+	// Cluster mode: gossip with memberlist, replicate each shard on
+	// Replication nodes, forward requests to shard leaders. Without it the
+	// node is a fixed single node (chimed dev).
+	Cluster     bool
+	GossipAddr  string
+	Join        []string
+	Replication int
+	DeadTimeout time.Duration
 }
 
-// node is a running chimed: Pebble, the shard host, the publisher, and the
-// gRPC and HTTP servers. Close stops them in dependency order.
+// node is a running chimed: Pebble, the shard host, the publisher, the
+// membership (in cluster mode), and the gRPC and HTTP servers. Close stops
+// them in dependency order.
 type node struct {
-	cfg   nodeConfig
-	store *raftfsm.Store
-	pub   *publish.Publisher
-	host  *shard.Host
-	grpc  *grpc.Server
-	http  *http.Server
+	cfg     nodeConfig
+	store   *raftfsm.Store
+	pub     *publish.Publisher
+	ml      *membership.Membership
+	cluster *rpc.Cluster
+	host    *shard.Host
+	grpc    *grpc.Server
+	http    *http.Server
 
 	grpcAddr, httpAddr, raftAddr net.Addr
 	serveErr                     chan error
@@ -59,55 +75,107 @@ type node struct {
 // clusterMeta is written once, when the data directory is created, so that a
 // restart cannot change what was fixed at creation.
 type clusterMeta struct {
-	Shards  int       `json:"shards"`
-	NodeID  string    `json:"node_id"`
-	Created time.Time `json:"created"`
+	ClusterID   string    `json:"cluster_id,omitempty"`
+	Shards      int       `json:"shards"`
+	Replication int       `json:"replication,omitempty"`
+	NodeID      string    `json:"node_id"`
+	Created     time.Time `json:"created"`
 }
 
-func loadOrCreateMeta(cfg *nodeConfig) error {
-	path := filepath.Join(cfg.DataDir, "cluster.json")
-	b, err := os.ReadFile(path)
+func metaPath(dataDir string) string { return filepath.Join(dataDir, "cluster.json") }
+
+// loadMeta reads the data directory's cluster.json; ok is false when the
+// directory is new.
+func loadMeta(dataDir string) (m clusterMeta, ok bool, err error) {
+	b, err := os.ReadFile(metaPath(dataDir))
 	if errors.Is(err, os.ErrNotExist) {
-		m := clusterMeta{Shards: cfg.Shards, NodeID: cfg.NodeID, Created: time.Now().UTC()}
-		b, _ = json.MarshalIndent(m, "", "  ")
-		tmp := path + ".tmp"
-		if err := os.WriteFile(tmp, b, 0o644); err != nil {
-			return err
-		}
-		return os.Rename(tmp, path)
+		return m, false, nil
 	}
 	if err != nil {
+		return m, false, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, false, fmt.Errorf("%s: %w", metaPath(dataDir), err)
+	}
+	return m, true, nil
+}
+
+func saveMeta(dataDir string, m clusterMeta) error {
+	b, _ := json.MarshalIndent(m, "", "  ")
+	tmp := metaPath(dataDir) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return err
 	}
-	var m clusterMeta
-	if err := json.Unmarshal(b, &m); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+	return os.Rename(tmp, metaPath(dataDir))
+}
+
+// listen binds addr, naming the flag in the error.
+func listen(flag, addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--%s %s: %w", flag, addr, err)
 	}
-	if m.Shards != cfg.Shards && cfg.Shards != 0 {
-		cfg.Logger.Warn("ignoring --shards: the shard count is fixed when the data directory is created",
-			"flag", cfg.Shards, "stored", m.Shards, "file", path)
-	}
-	cfg.Shards = m.Shards
-	if m.NodeID != cfg.NodeID {
-		return fmt.Errorf("%s belongs to node %q, not %q: use --node-id %s or another --data-dir", cfg.DataDir, m.NodeID, cfg.NodeID, m.NodeID)
-	}
-	return nil
+	return ln, nil
 }
 
 func startNode(cfg nodeConfig) (_ *node, err error) {
 	n := &node{cfg: cfg, serveErr: make(chan error, 2)}
+	var lns []net.Listener // closed on failure until a server owns them
 	defer func() {
 		if err != nil {
+			for _, ln := range lns {
+				ln.Close()
+			}
 			n.Close(context.Background())
 		}
 	}()
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
-	if err := loadOrCreateMeta(&cfg); err != nil {
+	raftLn, err := listen("raft-addr", cfg.RaftAddr)
+	if err != nil {
 		return nil, err
 	}
+	lns = append(lns, raftLn)
+	grpcLn, err := listen("grpc-addr", cfg.GRPCAddr)
+	if err != nil {
+		return nil, err
+	}
+	lns = append(lns, grpcLn)
+	httpLn, err := listen("http-addr", cfg.HTTPAddr)
+	if err != nil {
+		return nil, err
+	}
+	lns = append(lns, httpLn)
+	n.raftAddr, n.grpcAddr, n.httpAddr = raftLn.Addr(), grpcLn.Addr(), httpLn.Addr()
+
+	meta, existed, err := loadMeta(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	if existed && meta.NodeID != cfg.NodeID {
+		return nil, fmt.Errorf("%s belongs to node %q, not %q: use --node-id %s or another --data-dir", cfg.DataDir, meta.NodeID, cfg.NodeID, meta.NodeID)
+	}
+	if !existed {
+		meta = clusterMeta{Shards: cfg.Shards, Replication: cfg.Replication, NodeID: cfg.NodeID, Created: time.Now().UTC()}
+	}
+	if cfg.Cluster {
+		if meta, err = n.joinCluster(cfg, meta, existed); err != nil {
+			return nil, err
+		}
+	}
+	if existed && (meta.Shards != cfg.Shards || (cfg.Cluster && meta.Replication != cfg.Replication)) {
+		cfg.Logger.Info("using the shard count and replication fixed when the cluster was created",
+			"shards", meta.Shards, "replication", meta.Replication, "file", metaPath(cfg.DataDir))
+	}
+	cfg.Shards, cfg.Replication = meta.Shards, meta.Replication
+	if !existed {
+		if err := saveMeta(cfg.DataDir, meta); err != nil {
+			return nil, err
+		}
+	}
 	n.cfg = cfg
+
 	if n.store, err = raftfsm.OpenStore(filepath.Join(cfg.DataDir, "pebble"), raftfsm.StoreOptions{Logger: pebbleLogger{cfg.Logger}}); err != nil {
 		return nil, fmt.Errorf("opening Pebble: %w", err)
 	}
@@ -118,37 +186,46 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	}); err != nil {
 		return nil, err
 	}
-	raftLn, err := net.Listen("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, fmt.Errorf("--raft-addr: %w", err)
-	}
-	n.raftAddr = raftLn.Addr()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if n.host, err = shard.OpenHost(shard.HostConfig{
+	hc := shard.HostConfig{
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
-		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning, Bootstrap: true,
+		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg),
-	}); err != nil {
-		raftLn.Close()
+		// Only the node that creates the cluster starts shards alone, and
+		// only then: a restarted node must never found a second group.
+		Bootstrap: !existed && len(cfg.Join) == 0,
+	}
+	var backend rpc.Backend
+	if cfg.Cluster {
+		if n.cluster, err = rpc.NewCluster(rpc.ClusterConfig{
+			Membership: n.ml, Shards: cfg.Shards, Replication: cfg.Replication, DeadTimeout: cfg.DeadTimeout,
+			RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), Logger: cfg.Logger.With("component", "cluster"),
+		}); err != nil {
+			return nil, err
+		}
+		hc.Directory = n.cluster
+		backend = n.cluster
+	}
+	if n.host, err = shard.OpenHost(hc); err != nil {
 		return nil, err
 	}
+	lns = lns[1:] // the host owns the Raft listener now
 	reg.MustRegister(n.host.Collector())
-
-	grpcLn, err := net.Listen("tcp", cfg.GRPCAddr)
-	if err != nil {
-		return nil, fmt.Errorf("--grpc-addr: %w", err)
+	if n.cluster != nil {
+		n.cluster.SetHost(n.host)
+	} else {
+		backend = n.host
 	}
-	n.grpcAddr = grpcLn.Addr()
+
 	n.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
-	rpc.Register(n.grpc, rpc.NewServer(n.host, cfg.Limits, time.Now, cfg.Logger.With("component", "rpc")))
-	go func() { n.serveErr <- n.grpc.Serve(grpcLn) }()
-
-	httpLn, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return nil, fmt.Errorf("--http-addr: %w", err)
+	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, time.Now, cfg.Logger.With("component", "rpc")))
+	if n.cluster != nil {
+		rpc.RegisterAdmin(n.grpc, n.cluster)
 	}
-	n.httpAddr = httpLn.Addr()
+	go func() { n.serveErr <- n.grpc.Serve(grpcLn) }()
+	lns = lns[1:]
+
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -165,7 +242,63 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 			n.serveErr <- err
 		}
 	}()
+	lns = nil
 	return n, nil
+}
+
+// joinCluster starts gossip and settles the cluster parameters: a new node
+// that joins learns them from the members, the node that creates a cluster
+// takes them from its flags, and a node with stored parameters checks that
+// the members agree.
+func (n *node) joinCluster(cfg nodeConfig, meta clusterMeta, existed bool) (clusterMeta, error) {
+	creating := !existed && len(cfg.Join) == 0
+	if creating {
+		meta.ClusterID = newClusterID()
+	}
+	params := membership.ClusterParams{ClusterID: meta.ClusterID, Shards: uint32(meta.Shards), Replication: uint32(meta.Replication)}
+	if !existed && !creating {
+		params = membership.ClusterParams{} // learned below
+	}
+	var err error
+	n.ml, err = membership.Start(membership.Config{
+		Meta: membership.Meta{
+			NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr.String(), HTTPAddr: n.httpAddr.String(),
+			ClusterID: params.ClusterID, Shards: params.Shards, Replication: params.Replication,
+		},
+		BindAddr: cfg.GossipAddr, Join: cfg.Join, Logger: cfg.Logger.With("component", "membership"),
+	})
+	if err != nil {
+		return meta, err
+	}
+	if len(cfg.Join) == 0 {
+		return meta, nil
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		learned, err := n.ml.View().ClusterParams()
+		if err == nil {
+			if !params.IsZero() && learned != params {
+				return meta, fmt.Errorf("this node's data (%s) belongs to cluster %s, but the members at --join %v belong to %s", cfg.DataDir, params, cfg.Join, learned)
+			}
+			if params.IsZero() {
+				if err := n.ml.SetClusterParams(learned); err != nil {
+					return meta, err
+				}
+				meta.ClusterID, meta.Shards, meta.Replication = learned.ClusterID, int(learned.Shards), int(learned.Replication)
+			}
+			return meta, nil
+		}
+		if time.Now().After(deadline) {
+			return meta, fmt.Errorf("learning the cluster's parameters from --join %v: %w", cfg.Join, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func newClusterID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // waitReady blocks until every shard has a leader.
@@ -187,6 +320,13 @@ func (n *node) waitReady(ctx context.Context) error {
 // results through Raft), then the publisher and Pebble.
 func (n *node) Close(ctx context.Context) error {
 	var errs []error
+	if n.ml != nil {
+		// Tell the others first: a member that left is not suspected, and
+		// keeps its replicas if it returns within the dead timeout.
+		if err := n.ml.Leave(2 * time.Second); err != nil {
+			n.cfg.Logger.Warn("leaving the gossip cluster", "err", err)
+		}
+	}
 	if n.grpc != nil {
 		stopped := make(chan struct{})
 		go func() { n.grpc.GracefulStop(); close(stopped) }()
@@ -201,6 +341,12 @@ func (n *node) Close(ctx context.Context) error {
 	}
 	if n.host != nil {
 		errs = append(errs, n.host.Close())
+	}
+	if n.cluster != nil {
+		n.cluster.Close()
+	}
+	if n.ml != nil {
+		errs = append(errs, n.ml.Shutdown())
 	}
 	if n.pub != nil {
 		errs = append(errs, n.pub.Close())

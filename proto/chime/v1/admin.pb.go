@@ -504,18 +504,20 @@ type Replica struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Shard uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
 	// Leader, Follower, Candidate or Shutdown.
-	RaftState     string   `protobuf:"bytes,2,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`
-	Leader        string   `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
-	Voters        []string `protobuf:"bytes,4,rep,name=voters,proto3" json:"voters,omitempty"`
-	Nonvoters     []string `protobuf:"bytes,5,rep,name=nonvoters,proto3" json:"nonvoters,omitempty"`
-	AppliedIndex  uint64   `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
-	LastLogIndex  uint64   `protobuf:"varint,7,opt,name=last_log_index,json=lastLogIndex,proto3" json:"last_log_index,omitempty"`
-	CommitIndex   uint64   `protobuf:"varint,8,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
-	Pending       uint64   `protobuf:"varint,9,opt,name=pending,proto3" json:"pending,omitempty"`
-	Fired         uint64   `protobuf:"varint,10,opt,name=fired,proto3" json:"fired,omitempty"`
-	Cancelled     uint64   `protobuf:"varint,11,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
-	DeadLettered  uint64   `protobuf:"varint,12,opt,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
-	Refired       uint64   `protobuf:"varint,13,opt,name=refired,proto3" json:"refired,omitempty"`
+	RaftState    string   `protobuf:"bytes,2,opt,name=raft_state,json=raftState,proto3" json:"raft_state,omitempty"`
+	Leader       string   `protobuf:"bytes,3,opt,name=leader,proto3" json:"leader,omitempty"`
+	Voters       []string `protobuf:"bytes,4,rep,name=voters,proto3" json:"voters,omitempty"`
+	Nonvoters    []string `protobuf:"bytes,5,rep,name=nonvoters,proto3" json:"nonvoters,omitempty"`
+	AppliedIndex uint64   `protobuf:"varint,6,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	LastLogIndex uint64   `protobuf:"varint,7,opt,name=last_log_index,json=lastLogIndex,proto3" json:"last_log_index,omitempty"`
+	CommitIndex  uint64   `protobuf:"varint,8,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	Pending      uint64   `protobuf:"varint,9,opt,name=pending,proto3" json:"pending,omitempty"`
+	Fired        uint64   `protobuf:"varint,10,opt,name=fired,proto3" json:"fired,omitempty"`
+	Cancelled    uint64   `protobuf:"varint,11,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	DeadLettered uint64   `protobuf:"varint,12,opt,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
+	Refired      uint64   `protobuf:"varint,13,opt,name=refired,proto3" json:"refired,omitempty"`
+	// The Raft term this replica is in; it grows with every election.
+	Term          uint64 `protobuf:"varint,14,opt,name=term,proto3" json:"term,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -637,6 +639,13 @@ func (x *Replica) GetDeadLettered() uint64 {
 func (x *Replica) GetRefired() uint64 {
 	if x != nil {
 		return x.Refired
+	}
+	return 0
+}
+
+func (x *Replica) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
 	}
 	return 0
 }
@@ -1047,7 +1056,7 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\vreplication\x18\x02 \x01(\rR\vreplication\x12*\n" +
 	"\amembers\x18\x03 \x03(\v2\x10.chime.v1.MemberR\amembers\x12'\n" +
 	"\x06shards\x18\x04 \x03(\v2\x0f.chime.v1.ShardR\x06shards\"\x13\n" +
-	"\x11NodeStatusRequest\"\x87\x03\n" +
+	"\x11NodeStatusRequest\"\x9b\x03\n" +
 	"\aReplica\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
@@ -1063,7 +1072,8 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	" \x01(\x04R\x05fired\x12\x1c\n" +
 	"\tcancelled\x18\v \x01(\x04R\tcancelled\x12#\n" +
 	"\rdead_lettered\x18\f \x01(\x04R\fdeadLettered\x12\x18\n" +
-	"\arefired\x18\r \x01(\x04R\arefired\"x\n" +
+	"\arefired\x18\r \x01(\x04R\arefired\x12\x12\n" +
+	"\x04term\x18\x0e \x01(\x04R\x04term\"x\n" +
 	"\x12NodeStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bdraining\x18\x02 \x01(\bR\bdraining\x12-\n" +

@@ -1,0 +1,242 @@
+package rpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+)
+
+// Any node accepts any request. The Cluster, as the Scheduler's Backend,
+// proposes on the shards this node leads and forwards the rest to their
+// leaders through the same public API, marked so that the receiving node
+// does not forward again (a request that reaches a stale leader fails with
+// UNAVAILABLE and the client retries, idempotently by id).
+
+// forwardedKey marks a request forwarded by another node.
+const forwardedKey = "chime-forwarded"
+
+func forwarded(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return len(md.Get(forwardedKey)) > 0
+}
+
+func forwardCtx(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, forwardedKey, "1")
+}
+
+// leaderNode returns the node that leads shard s as far as this node can
+// tell, or an error wrapping shard.ErrNotLeader.
+func (c *Cluster) leaderNode(ctx context.Context, s uint32) (string, error) {
+	if h := c.host.Load(); h != nil {
+		if r := h.Replica(s); r != nil {
+			if l := r.Leader(); l != "" {
+				return l, nil
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, node, err := c.leaderReplica(ctx, s)
+	return node, err
+}
+
+// local returns this node's replica of s when it leads it.
+func (c *Cluster) local(s uint32) *shard.Shard {
+	if h := c.host.Load(); h != nil {
+		if r := h.Replica(s); r != nil && r.IsLeader() {
+			return r
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) schedulerClient(ctx context.Context, s uint32) (chimev1.SchedulerClient, error) {
+	if forwarded(ctx) {
+		return nil, fmt.Errorf("%w: shard %d (request was already forwarded once)", shard.ErrNotLeader, s)
+	}
+	node, err := c.leaderNode(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	if node == c.self {
+		return nil, fmt.Errorf("%w: shard %d is changing leader", shard.ErrNotLeader, s)
+	}
+	cc, err := c.conn(node)
+	if err != nil {
+		return nil, err
+	}
+	return chimev1.NewSchedulerClient(cc), nil
+}
+
+// Schedule implements Backend: each shard's requests go to its leader.
+func (c *Cluster) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
+	groups := map[uint32][]int{}
+	for i, r := range reqs {
+		s := shard.For(r.ID, c.shards)
+		groups[s] = append(groups[s], i)
+	}
+	out := make([]shard.Result, len(reqs))
+	errs := make(chan error, len(groups))
+	for s, idx := range groups {
+		go func() {
+			part := make([]shard.Request, len(idx))
+			for j, i := range idx {
+				part[j] = reqs[i]
+			}
+			res, err := c.scheduleOn(ctx, s, part)
+			if err == nil {
+				for j, i := range idx {
+					out[i] = res[j]
+				}
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range groups {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return nil, first
+	}
+	return out, nil
+}
+
+func (c *Cluster) scheduleOn(ctx context.Context, s uint32, reqs []shard.Request) ([]shard.Result, error) {
+	if r := c.local(s); r != nil {
+		res, err := r.Schedule(ctx, reqs)
+		if !errors.Is(err, shard.ErrNotLeader) {
+			return res, err
+		}
+	}
+	cl, err := c.schedulerClient(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	req := &chimev1.BatchScheduleRequest{Events: make([]*chimev1.Event, len(reqs))}
+	for i, r := range reqs {
+		req.Events[i] = toEvent(r)
+	}
+	resp, err := cl.BatchSchedule(forwardCtx(ctx), req)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Results) != len(reqs) {
+		return nil, fmt.Errorf("forwarded batch: %d results for %d events", len(resp.Results), len(reqs))
+	}
+	out := make([]shard.Result, len(reqs))
+	for i, r := range resp.Results {
+		switch codes.Code(r.Code) {
+		case codes.OK:
+			out[i] = shard.Result{Outcome: raftfsm.Created, Due: r.Due.AsTime().UnixNano()}
+			if r.Existing {
+				out[i].Outcome = raftfsm.Existing
+			}
+		case codes.AlreadyExists:
+			out[i] = shard.Result{Outcome: raftfsm.Conflict}
+		default:
+			return nil, status.Error(codes.Code(r.Code), r.Message)
+		}
+	}
+	return out, nil
+}
+
+func toEvent(r shard.Request) *chimev1.Event {
+	ev := &chimev1.Event{Id: r.ID, Topic: r.Topic, Key: r.Key, Payload: r.Payload}
+	if r.HasDeliverAt {
+		ev.DeliverAt = timestamppb.New(time.Unix(0, r.DeliverAt))
+	}
+	if r.HasDelay {
+		ev.Delay = durationpb.New(r.Delay)
+	}
+	for _, h := range r.Headers {
+		ev.Headers = append(ev.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
+	}
+	return ev
+}
+
+// Cancel implements Backend.
+func (c *Cluster) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+	s := shard.For(id, c.shards)
+	if r := c.local(s); r != nil {
+		res, err := r.Cancel(ctx, id)
+		if !errors.Is(err, shard.ErrNotLeader) {
+			return res, err
+		}
+	}
+	cl, err := c.schedulerClient(ctx, s)
+	if err != nil {
+		return raftfsm.CancelResult{}, err
+	}
+	// The leader's answer, error codes and messages included, is the answer.
+	if _, err := cl.Cancel(forwardCtx(ctx), &chimev1.CancelRequest{Id: id}); err != nil {
+		return raftfsm.CancelResult{}, err
+	}
+	return raftfsm.CancelResult{Outcome: raftfsm.Cancelled}, nil
+}
+
+// Get implements Backend.
+func (c *Cluster) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {
+	s := shard.For(id, c.shards)
+	if r := c.local(s); r != nil {
+		rec, ok, err := r.Get(ctx, id)
+		if !errors.Is(err, shard.ErrNotLeader) {
+			return rec, ok, err
+		}
+	}
+	cl, err := c.schedulerClient(ctx, s)
+	if err != nil {
+		return raftfsm.Record{}, false, err
+	}
+	resp, err := cl.Get(forwardCtx(ctx), &chimev1.GetRequest{Id: id})
+	if status.Code(err) == codes.NotFound {
+		return raftfsm.Record{}, false, nil
+	}
+	if err != nil {
+		return raftfsm.Record{}, false, err
+	}
+	return fromGetResponse(resp), true, nil
+}
+
+func fromGetResponse(g *chimev1.GetResponse) raftfsm.Record {
+	ns := func(t *timestamppb.Timestamp) int64 {
+		if t == nil {
+			return 0
+		}
+		return t.AsTime().UnixNano()
+	}
+	rec := raftfsm.Record{
+		Due: ns(g.Due), CreatedAt: ns(g.CreatedAt), CancelledAt: ns(g.CancelledAt),
+		Attempts: g.Attempts, LastError: g.LastError, DeadLetterTopic: g.DeadLetterTopic,
+	}
+	switch g.State {
+	case chimev1.EventState_EVENT_STATE_SCHEDULED:
+		rec.State = raftfsm.StateScheduled
+	case chimev1.EventState_EVENT_STATE_FIRED:
+		rec.State, rec.FiredAt = raftfsm.StateFired, ns(g.FiredAt)
+	case chimev1.EventState_EVENT_STATE_CANCELLED:
+		rec.State = raftfsm.StateCancelled
+	case chimev1.EventState_EVENT_STATE_DEAD_LETTERED:
+		rec.State, rec.DeadLetteredAt = raftfsm.StateDeadLettered, ns(g.FiredAt)
+	}
+	if ev := g.Event; ev != nil {
+		rec.ID, rec.Topic, rec.Key, rec.Payload = ev.Id, ev.Topic, ev.Key, ev.Payload
+		for _, h := range ev.Headers {
+			rec.Headers = append(rec.Headers, raftfsm.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	return rec
+}
