@@ -256,4 +256,3 @@ func (a *Admin) RemoveNode(ctx context.Context, req *chimev1.RemoveNodeRequest) 
 	}
 	return resp, nil
 }
-
