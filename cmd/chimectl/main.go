@@ -1,6 +1,8 @@
 // Command chimectl is the command-line client for Chime: it schedules,
-// cancels and inspects events over the chime.v1 gRPC API, and tails a Kafka
-// topic to watch them arrive. Run `chimectl --help` for its usage.
+// cancels and inspects events over the chime.v1 gRPC API, tails a Kafka
+// topic to watch them arrive, and operates the cluster (status, drain,
+// transfer-leader, remove) over chime.v1.Admin. Run `chimectl --help` for
+// its usage.
 //
 // Exit status: 0 on success, 1 when a request fails (the gRPC code and
 // message are printed as "chimectl: <code>: <message>"), 2 for a usage
@@ -49,6 +51,9 @@ type cli struct {
 	getenv         func(string) string
 	now            func() time.Time
 	loc            *time.Location // for human-readable times
+	// sleep waits d or until ctx is done (drain --wait between calls); nil
+	// means real time. Tests pair it with now to run on a fake clock.
+	sleep func(ctx context.Context, d time.Duration) error
 
 	// Global flags.
 	addr    string
@@ -68,7 +73,10 @@ type command struct {
 }
 
 func commands() []*command {
-	return []*command{scheduleCommand(), cancelCommand(), getCommand(), tailCommand()}
+	return []*command{
+		scheduleCommand(), cancelCommand(), getCommand(), tailCommand(),
+		statusCommand(), drainCommand(), transferLeaderCommand(), removeCommand(), clusterMapCommand(),
+	}
 }
 
 // usageError is bad command-line input: printed with a hint, exit status 2.
@@ -83,12 +91,17 @@ func usagef(format string, args ...any) error {
 const topAbout = `chimectl talks to a Chime cluster, the durable delayed-event scheduler: it
 schedules a record to be produced to a Kafka topic at a given time, cancels
 it, shows an event and its state, and tails a topic to watch records arrive
-and how late they were. Any Chime node accepts any request. Requests are
-gRPC (chime.v1.Scheduler); tail reads Kafka directly.`
+and how late they were. For operators it shows the cluster's members and
+shards, drains a node before it is stopped, moves a shard's leadership, and
+removes a node that will not come back. Any Chime node accepts any request.
+Requests are gRPC (chime.v1.Scheduler and chime.v1.Admin); tail reads Kafka
+directly.`
 
 const topExamples = `  chimectl schedule --topic reminders --in 30m --key user-7 --payload '{"remind":true}'
   CHIME_ADDR=chime-1:7070 chimectl get --json order-42-reminder
-  chimectl tail --topic reminders --brokers kafka-0:9092,kafka-1:9092`
+  chimectl tail --topic reminders --brokers kafka-0:9092,kafka-1:9092
+  chimectl status
+  chimectl drain node-2 && ssh node-2 systemctl stop chimed`
 
 // run executes chimectl with args (without the program name) and returns
 // the exit status.
@@ -212,10 +225,14 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 
 func (c *cli) topUsage(w io.Writer) {
 	fmt.Fprintf(w, "%s\n\nUsage:\n  chimectl [global flags] <command> [flags] [arguments]\n\nCommands:\n", topAbout)
+	width := len("help")
 	for _, cmd := range commands() {
-		fmt.Fprintf(w, "  %-9s %s\n", cmd.name, cmd.summary)
+		width = max(width, len(cmd.name))
 	}
-	fmt.Fprintf(w, "  %-9s %s\n", "help", "show the help of a command: chimectl help <command>")
+	for _, cmd := range commands() {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, cmd.name, cmd.summary)
+	}
+	fmt.Fprintf(w, "  %-*s  %s\n", width, "help", "show the help of a command: chimectl help <command>")
 	fmt.Fprintf(w, "\nGlobal flags (before or after the command):\n")
 	c.printFlags(w, c.defaultGlobalFlags(), func(string) bool { return true })
 	fmt.Fprintf(w, "\nExamples:\n%s\n\nRun 'chimectl <command> --help' for a command's flags and examples.\n", topExamples)
@@ -230,6 +247,15 @@ func (c *cli) commandUsage(w io.Writer, cmd *command) {
 	fs := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	cmd.flags(&cli{}, fs)
+	own := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		if !globalFlagNames[f.Name] {
+			own++
+		}
+	})
+	if own == 0 {
+		fmt.Fprintf(w, "  (none besides the global flags)\n")
+	}
 	c.printFlags(w, fs, func(name string) bool { return !globalFlagNames[name] })
 	fmt.Fprintf(w, "\nGlobal flags:\n")
 	c.printFlags(w, c.defaultGlobalFlags(), func(string) bool { return true })
@@ -256,10 +282,16 @@ func (c *cli) printFlags(w io.Writer, fs *flag.FlagSet, keep func(string) bool) 
 			line += " " + typ
 		}
 		fmt.Fprintf(w, "%s\n      %s", line, usage)
-		switch f.DefValue {
+		def := f.DefValue
+		if g, ok := f.Value.(flag.Getter); ok {
+			if d, ok := g.Get().(time.Duration); ok {
+				def = humanDuration(d) // 5m, not 5m0s
+			}
+		}
+		switch def {
 		case "", "false", "0", "0s", "[]":
 		default:
-			fmt.Fprintf(w, " (default %s)", f.DefValue)
+			fmt.Fprintf(w, " (default %s)", def)
 		}
 		fmt.Fprintln(w)
 	})
