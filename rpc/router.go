@@ -115,7 +115,45 @@ func (c *Cluster) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.R
 	return out, nil
 }
 
+// leaderWait bounds how long a request waits out a leadership change (an
+// election, a transfer, a replica move) before UNAVAILABLE reaches the
+// client.
+const leaderWait = 3 * time.Second
+
+// retryLeader runs fn until it succeeds, fails for another reason than a
+// missing leader, or leaderWait (or ctx) runs out. Every operation it wraps is
+// idempotent by event id.
+func retryLeader[T any](ctx context.Context, fn func() (T, error)) (T, error) {
+	deadline := time.Now().Add(leaderWait)
+	backoff := 20 * time.Millisecond
+	for {
+		v, err := fn()
+		if err == nil || !leaderMissing(err) || time.Now().Add(backoff).After(deadline) {
+			return v, err
+		}
+		select {
+		case <-ctx.Done():
+			return v, err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 250*time.Millisecond)
+	}
+}
+
+// leaderMissing reports an error that a retry after a leader change can cure.
+func leaderMissing(err error) bool {
+	return errors.Is(err, shard.ErrNotLeader) || errors.Is(err, shard.ErrUnknownShard) ||
+		status.Code(err) == codes.Unavailable
+}
+
 func (c *Cluster) scheduleOn(ctx context.Context, s uint32, reqs []shard.Request) ([]shard.Result, error) {
+	if forwarded(ctx) {
+		return c.scheduleOnce(ctx, s, reqs)
+	}
+	return retryLeader(ctx, func() ([]shard.Result, error) { return c.scheduleOnce(ctx, s, reqs) })
+}
+
+func (c *Cluster) scheduleOnce(ctx context.Context, s uint32, reqs []shard.Request) ([]shard.Result, error) {
 	if r := c.local(s); r != nil {
 		res, err := r.Schedule(ctx, reqs)
 		if !errors.Is(err, shard.ErrNotLeader) {
@@ -170,6 +208,13 @@ func toEvent(r shard.Request) *chimev1.Event {
 
 // Cancel implements Backend.
 func (c *Cluster) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+	if forwarded(ctx) {
+		return c.cancelOnce(ctx, id)
+	}
+	return retryLeader(ctx, func() (raftfsm.CancelResult, error) { return c.cancelOnce(ctx, id) })
+}
+
+func (c *Cluster) cancelOnce(ctx context.Context, id string) (raftfsm.CancelResult, error) {
 	s := shard.For(id, c.shards)
 	if r := c.local(s); r != nil {
 		res, err := r.Cancel(ctx, id)
@@ -188,8 +233,24 @@ func (c *Cluster) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, 
 	return raftfsm.CancelResult{Outcome: raftfsm.Cancelled}, nil
 }
 
+type found struct {
+	rec raftfsm.Record
+	ok  bool
+}
+
 // Get implements Backend.
 func (c *Cluster) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {
+	if forwarded(ctx) {
+		return c.getOnce(ctx, id)
+	}
+	f, err := retryLeader(ctx, func() (found, error) {
+		rec, ok, err := c.getOnce(ctx, id)
+		return found{rec, ok}, err
+	})
+	return f.rec, f.ok, err
+}
+
+func (c *Cluster) getOnce(ctx context.Context, id string) (raftfsm.Record, bool, error) {
 	s := shard.For(id, c.shards)
 	if r := c.local(s); r != nil {
 		rec, ok, err := r.Get(ctx, id)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -56,8 +57,12 @@ func TestMain(m *testing.M) {
 type daemon struct {
 	t                          *testing.T
 	cmd                        *exec.Cmd
+	nodeID                     string
 	dataDir                    string
 	grpcAddr, httpAddr, raftAd string
+	gossipAddr                 string
+	join                       []string
+	extra                      []string // more flags
 	brokers                    string
 	stderr                     *bytes.Buffer
 	exited                     chan struct{}
@@ -75,8 +80,8 @@ func freeAddr(t *testing.T) string {
 
 func newDaemon(t *testing.T, brokers []string) *daemon {
 	return &daemon{
-		t: t, dataDir: t.TempDir(), grpcAddr: freeAddr(t), httpAddr: freeAddr(t), raftAd: freeAddr(t),
-		brokers: brokers[0],
+		t: t, nodeID: "e2e", dataDir: t.TempDir(), grpcAddr: freeAddr(t), httpAddr: freeAddr(t), raftAd: freeAddr(t),
+		gossipAddr: freeAddr(t), brokers: brokers[0],
 	}
 }
 
@@ -84,9 +89,13 @@ func newDaemon(t *testing.T, brokers []string) *daemon {
 func (d *daemon) start() {
 	d.t.Helper()
 	d.stderr = &bytes.Buffer{}
-	d.cmd = exec.Command(chimedBin, "serve", "--node-id", "e2e", "--data-dir", d.dataDir,
+	args := []string{"serve", "--node-id", d.nodeID, "--data-dir", d.dataDir,
 		"--grpc-addr", d.grpcAddr, "--http-addr", d.httpAddr, "--raft-addr", d.raftAd,
-		"--kafka-brokers", d.brokers, "--shards", "4", "--log-level", "warn")
+		"--gossip-addr", d.gossipAddr, "--kafka-brokers", d.brokers, "--shards", "4", "--log-level", "warn"}
+	if len(d.join) > 0 {
+		args = append(args, "--join", strings.Join(d.join, ","))
+	}
+	d.cmd = exec.Command(chimedBin, append(args, d.extra...)...)
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)

@@ -188,6 +188,9 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		Logger: logger, Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: splitList(f.join), Replication: f.replication, DeadTimeout: f.deadTimeout,
 	}
+	if cmd == "serve" {
+		f.nodes = 1
+	}
 	if f.nodes < 1 {
 		fmt.Fprintln(stderr, "chimed dev: --nodes must be at least 1")
 		return 2
