@@ -1,0 +1,685 @@
+package membership
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// Defaults, chosen for a small LAN cluster whose nodes must idle cheaply (a
+// node runs many Raft groups; gossip must stay a rounding error next to
+// them). See doc.go for the failure-detection time they give.
+const (
+	// DefaultProbeInterval: one UDP ping+ack per node per second
+	// (memberlist's LAN default). Probing is what detects failures, and it
+	// is cheap: slowing it buys little CPU and costs detection time.
+	DefaultProbeInterval = time.Second
+	// DefaultProbeTimeout: memberlist's LAN default (a LAN RTT p99 is far below).
+	DefaultProbeTimeout = 500 * time.Millisecond
+	// DefaultSuspicionMult: memberlist's LAN default; a suspect has
+	// SuspicionMult*max(1,log10(N))*ProbeInterval (4 s for N<=10) to refute.
+	DefaultSuspicionMult = 4
+	// DefaultGossipInterval is 500 ms instead of memberlist's 200 ms: the
+	// gossip tick runs whether or not there is anything to send, and
+	// membership changes also ride on every probe and ack, so a slower tick
+	// saves idle wake-ups at the cost of a few hundred milliseconds of
+	// propagation for drain and join updates.
+	DefaultGossipInterval = 500 * time.Millisecond
+	// DefaultPushPullInterval: memberlist's default full state sync (TCP),
+	// the anti-entropy that repairs anything gossip missed.
+	DefaultPushPullInterval = 30 * time.Second
+	// DefaultGossipToTheDeadTime: how long memberlist keeps gossiping to a
+	// dead node so it can refute, after which it forgets it. Membership
+	// itself remembers dead nodes regardless.
+	DefaultGossipToTheDeadTime = 30 * time.Second
+	// DefaultDeadNodeReclaimTime: memberlist's default (0) never lets a dead
+	// node's id come back from another address until it is forgotten
+	// (GossipToTheDeadTime). A node restarted with a new IP (a rescheduled
+	// pod) is accepted this long after its old address was declared dead;
+	// the delay gives a node wrongly declared dead time to refute first.
+	DefaultDeadNodeReclaimTime = 5 * time.Second
+	// DefaultTCPTimeout bounds each push/pull (including each join attempt
+	// per seed address): memberlist's LAN default.
+	DefaultTCPTimeout = 10 * time.Second
+	// DefaultJoinTimeout bounds the join retries of Start.
+	DefaultJoinTimeout = 30 * time.Second
+	// DefaultBroadcastTimeout bounds how long SetDraining and Leave wait
+	// for their update to be gossiped.
+	DefaultBroadcastTimeout = 5 * time.Second
+)
+
+// Config configures a node's membership. Zero durations take the defaults above.
+type Config struct {
+	// Meta is what this node advertises. Meta.NodeID is required and is
+	// memberlist's node name.
+	Meta Meta
+
+	// BindAddr is the gossip "ip:port" (TCP and UDP). An empty ip means all
+	// interfaces; port 0 picks a free port (see LocalAddr).
+	BindAddr string
+	// AdvertiseAddr is the "ip:port" the others should use, if not the
+	// bound one (NAT, containers). Port 0 means the bound port.
+	AdvertiseAddr string
+	// Join lists seed gossip addresses ("host:port"). Empty means this is
+	// the first node of a new cluster.
+	Join []string
+	// JoinTimeout bounds how long Start retries the seeds. A join attempt
+	// already under way may overrun it by up to TCPTimeout per seed address.
+	JoinTimeout time.Duration
+
+	ProbeInterval       time.Duration
+	ProbeTimeout        time.Duration
+	SuspicionMult       int
+	GossipInterval      time.Duration
+	PushPullInterval    time.Duration
+	GossipToTheDeadTime time.Duration
+	DeadNodeReclaimTime time.Duration
+	TCPTimeout          time.Duration
+	BroadcastTimeout    time.Duration
+
+	// Now stamps Member.Since. Default time.Now. Timeouts (join, broadcast)
+	// use the real clock whatever Now is.
+	Now func() time.Time
+	// Logger receives membership events; memberlist's own log lines are
+	// routed to it at debug level. Default slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) withDefaults() (Config, error) {
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"JoinTimeout", &c.JoinTimeout, DefaultJoinTimeout},
+		{"ProbeInterval", &c.ProbeInterval, DefaultProbeInterval},
+		{"ProbeTimeout", &c.ProbeTimeout, DefaultProbeTimeout},
+		{"GossipInterval", &c.GossipInterval, DefaultGossipInterval},
+		{"PushPullInterval", &c.PushPullInterval, DefaultPushPullInterval},
+		{"GossipToTheDeadTime", &c.GossipToTheDeadTime, DefaultGossipToTheDeadTime},
+		{"DeadNodeReclaimTime", &c.DeadNodeReclaimTime, DefaultDeadNodeReclaimTime},
+		{"TCPTimeout", &c.TCPTimeout, DefaultTCPTimeout},
+		{"BroadcastTimeout", &c.BroadcastTimeout, DefaultBroadcastTimeout},
+	}
+	for _, d := range durations {
+		if *d.v < 0 {
+			return c, fmt.Errorf("membership: Config.%s is %s: must be positive (0 means the default %s)", d.name, *d.v, d.def)
+		}
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if c.ProbeTimeout >= c.ProbeInterval {
+		return c, fmt.Errorf("membership: Config.ProbeTimeout (%s) must be shorter than ProbeInterval (%s)", c.ProbeTimeout, c.ProbeInterval)
+	}
+	if c.SuspicionMult < 0 {
+		return c, fmt.Errorf("membership: Config.SuspicionMult is %d: must be positive (0 means the default %d)", c.SuspicionMult, DefaultSuspicionMult)
+	}
+	if c.SuspicionMult == 0 {
+		c.SuspicionMult = DefaultSuspicionMult
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+// ErrNodeIDConflict is returned by Start when another live node already
+// gossips under this node's id from another address.
+var ErrNodeIDConflict = errors.New("membership: node id already used by another live node")
+
+// ErrShutdown is returned by methods called after Shutdown.
+var ErrShutdown = errors.New("membership: shut down")
+
+// ErrLeft is returned by SetDraining and SetClusterParams after Leave: a node
+// that left cannot change what it advertises.
+var ErrLeft = errors.New("membership: node has left the cluster")
+
+// ErrClusterParamsFixed is returned by SetClusterParams when the node already
+// advertises different cluster parameters.
+var ErrClusterParamsFixed = errors.New("membership: cluster parameters are fixed")
+
+// Membership is a running gossip member. Its methods are safe for concurrent use.
+type Membership struct {
+	list             *memberlist.Memberlist
+	now              func() time.Time
+	log              *slog.Logger
+	broadcastTimeout time.Duration
+	changes          chan struct{}
+
+	// lifeMu serialises everything that calls memberlist to change the
+	// local node (SetDraining, SetClusterParams, Leave) with Shutdown:
+	// memberlist panics on Leave after Shutdown, and an update after Leave
+	// would block until its timeout. It is held across those calls; mu is
+	// never taken before it.
+	lifeMu sync.Mutex
+
+	// mu guards the fields below. Memberlist calls the delegates with its
+	// own node lock held, so nothing may call into memberlist while holding
+	// mu.
+	mu      sync.Mutex
+	meta    Meta
+	encoded []byte            // wire form of meta, what NodeMeta returns
+	members map[string]Member // the view, by node id
+	// leaving holds the ids of live members that announced a graceful
+	// leave; NotifyLeave turns them Left instead of Dead.
+	leaving  map[string]bool
+	conflict string // set when another node claims our id; read by join
+	left     bool
+	shutdown bool
+
+	// sends counts the leave announcements in flight; Shutdown waits for
+	// them (each is bounded by Config.TCPTimeout).
+	sends sync.WaitGroup
+}
+
+// Start starts gossip on cfg.BindAddr and, if cfg.Join is not empty, joins
+// the cluster through the seeds, retrying until one answers or
+// cfg.JoinTimeout passes. On error nothing keeps running.
+func Start(cfg Config) (*Membership, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	encoded, err := encodeMeta(cfg.Meta)
+	if err != nil {
+		return nil, err
+	}
+	bindIP, bindPort, err := splitIPPort("BindAddr", cfg.BindAddr)
+	if err != nil {
+		return nil, err
+	}
+	if bindIP == "" {
+		bindIP = "0.0.0.0"
+	}
+
+	m := &Membership{
+		now:              cfg.Now,
+		log:              cfg.Logger.With("node", cfg.Meta.NodeID),
+		broadcastTimeout: cfg.BroadcastTimeout,
+		changes:          make(chan struct{}, 1),
+		meta:             cfg.Meta,
+		encoded:          encoded,
+		members:          make(map[string]Member),
+		leaving:          make(map[string]bool),
+	}
+
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.Meta.NodeID
+	mc.BindAddr, mc.BindPort = bindIP, bindPort
+	mc.AdvertisePort = bindPort
+	if cfg.AdvertiseAddr != "" {
+		ip, port, err := splitIPPort("AdvertiseAddr", cfg.AdvertiseAddr)
+		if err != nil {
+			return nil, err
+		}
+		if ip == "" {
+			return nil, fmt.Errorf("membership: Config.AdvertiseAddr %q has no ip", cfg.AdvertiseAddr)
+		}
+		mc.AdvertiseAddr = ip
+		if port != 0 {
+			mc.AdvertisePort = port
+		}
+	}
+	mc.ProbeInterval = cfg.ProbeInterval
+	mc.ProbeTimeout = cfg.ProbeTimeout
+	mc.SuspicionMult = cfg.SuspicionMult
+	mc.GossipInterval = cfg.GossipInterval
+	mc.PushPullInterval = cfg.PushPullInterval
+	mc.GossipToTheDeadTime = cfg.GossipToTheDeadTime
+	mc.DeadNodeReclaimTime = cfg.DeadNodeReclaimTime
+	mc.TCPTimeout = cfg.TCPTimeout
+	d := &delegate{m: m}
+	mc.Delegate = d
+	mc.Events = d
+	mc.Conflict = d
+	mc.Logger = log.New(logWriter{m.log}, "", 0)
+
+	list, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("membership: start gossip on %s: %w", cfg.BindAddr, err)
+	}
+	m.list = list
+	if len(cfg.Join) > 0 {
+		if err := m.join(cfg.Join, cfg.JoinTimeout); err != nil {
+			_ = list.Shutdown()
+			return nil, err
+		}
+	}
+	m.log.Info("membership started", "gossip_addr", m.LocalAddr(), "seeds", cfg.Join)
+	return m, nil
+}
+
+// join contacts the seeds until one answers without reporting that our id is
+// taken, backing off between attempts, within timeout.
+func (m *Membership) join(seeds []string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	backoff := 100 * time.Millisecond
+	var lastErr error
+	var conflict string
+	for attempt := 1; ; attempt++ {
+		m.mu.Lock()
+		m.conflict = ""
+		m.mu.Unlock()
+		// Join does a push/pull with each seed and merges its state before
+		// returning, so a conflict on our id is already reported when it returns.
+		n, err := m.list.Join(seeds)
+		m.mu.Lock()
+		conflict = m.conflict
+		m.mu.Unlock()
+		switch {
+		case err != nil:
+			lastErr = err
+		case conflict != "":
+			// Maybe a previous incarnation of this node that is not
+			// declared dead yet: retry, it will be.
+			lastErr = nil
+		default:
+			m.log.Info("joined cluster", "seeds_answered", n, "attempts", attempt)
+			return nil
+		}
+		m.log.Debug("join attempt failed", "attempt", attempt, "err", lastErr, "conflict", conflict)
+		remaining := time.Until(deadline)
+		if remaining <= 0 {
+			break
+		}
+		time.Sleep(min(backoff, remaining)) // the last attempt is at the deadline
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	if conflict != "" {
+		return fmt.Errorf("%w: node id %q is used by the live node at %s (this node is at %s); still so after %s of retries: give each node its own id",
+			ErrNodeIDConflict, m.list.LocalNode().Name, conflict, m.LocalAddr(), timeout)
+	}
+	return fmt.Errorf("membership: could not join the cluster: none of the seeds %s answered within %s: %w",
+		strings.Join(seeds, ", "), timeout, lastErr)
+}
+
+// View returns a consistent snapshot of the membership.
+func (m *Membership) View() View {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v := View{Self: m.meta.NodeID, Members: make(map[string]Member, len(m.members))}
+	for id, mem := range m.members {
+		v.Members[id] = mem
+	}
+	return v
+}
+
+// Changes returns a channel that receives a value after any join, leave,
+// metadata update or state change. Notifications are coalesced (buffer 1):
+// after a receive, call View for the current state. The channel is never
+// closed.
+func (m *Membership) Changes() <-chan struct{} { return m.changes }
+
+// LocalAddr returns the gossip "ip:port" this node advertises: the bound
+// address, with the port actually bound when BindAddr asked for port 0, or
+// AdvertiseAddr when set. It is what other nodes should list in Join.
+func (m *Membership) LocalAddr() string { return m.list.LocalNode().Address() }
+
+// SetDraining sets the local Draining flag and gossips it (memberlist
+// UpdateNode). The local view changes at once. An error means memberlist had
+// not finished broadcasting the update within Config.BroadcastTimeout; the
+// flag is set anyway and the next push/pull carries it. Setting the current
+// value does nothing.
+func (m *Membership) SetDraining(draining bool) error {
+	return m.updateMeta(func(meta *Meta) error {
+		meta.Draining = draining
+		return nil
+	})
+}
+
+// SetClusterParams makes the node advertise the cluster parameters, once a
+// new node has learned them (View.ClusterParams) and stored them. Setting the
+// parameters the node already advertises does nothing; changing them returns
+// ErrClusterParamsFixed.
+func (m *Membership) SetClusterParams(p ClusterParams) error {
+	return m.updateMeta(func(meta *Meta) error {
+		if cur := meta.ClusterParams(); cur != p && !cur.IsZero() {
+			return fmt.Errorf("%w: this node advertises %s, not %s", ErrClusterParamsFixed, cur, p)
+		}
+		meta.ClusterID, meta.Shards, meta.Replication = p.ClusterID, p.Shards, p.Replication
+		return nil
+	})
+}
+
+func (m *Membership) updateMeta(change func(*Meta) error) error {
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+
+	m.mu.Lock()
+	switch {
+	case m.shutdown:
+		m.mu.Unlock()
+		return ErrShutdown
+	case m.left:
+		m.mu.Unlock()
+		return ErrLeft
+	}
+	meta := m.meta
+	if err := change(&meta); err != nil || meta == m.meta {
+		m.mu.Unlock()
+		return err // nil when there is nothing to change
+	}
+	encoded, err := encodeMeta(meta)
+	if err != nil {
+		m.mu.Unlock()
+		return err
+	}
+	m.meta, m.encoded = meta, encoded
+	if self, ok := m.members[meta.NodeID]; ok {
+		self.Meta = meta
+		m.members[meta.NodeID] = self
+	}
+	m.mu.Unlock()
+	m.notify()
+
+	if err := m.list.UpdateNode(m.broadcastTimeout); err != nil {
+		return fmt.Errorf("membership: metadata updated locally but not gossiped within %s (push/pull will carry it): %w", m.broadcastTimeout, err)
+	}
+	return nil
+}
+
+// Leave announces a graceful leave and waits up to timeout (Config.
+// BroadcastTimeout if timeout <= 0) for it to be delivered: half of it for a
+// direct announcement to every live member, so they report this node Left
+// rather than Dead, the rest for memberlist's leave gossip. Gossip keeps
+// running until Shutdown, which should follow; SetDraining and
+// SetClusterParams fail with ErrLeft from now on.
+func (m *Membership) Leave(timeout time.Duration) error {
+	if timeout <= 0 {
+		timeout = m.broadcastTimeout
+	}
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+
+	began := time.Now()
+	m.mu.Lock()
+	switch {
+	case m.shutdown:
+		m.mu.Unlock()
+		return ErrShutdown
+	case m.left:
+		m.mu.Unlock()
+		return nil
+	}
+	m.left = true
+	self := m.meta.NodeID
+	m.leaving[self] = true // so our own NotifyLeave says Left
+	var peers []Member
+	for id, mem := range m.members {
+		if id != self && mem.State.Live() {
+			peers = append(peers, mem)
+		}
+	}
+	m.mu.Unlock()
+
+	// First tell every live member directly, over TCP, that this is a
+	// leave: memberlist v0.5.4 does not tell the others whether a node left
+	// or failed, and its gossip of anything else we could send before the
+	// leave may never reach some members. Then leave.
+	m.announceLeaving(self, peers, began.Add(timeout/2))
+	remaining := max(timeout-time.Since(began), time.Millisecond) // memberlist reads 0 as no timeout
+	if err := m.list.Leave(remaining); err != nil {
+		return fmt.Errorf("membership: leave not gossiped within %s: %w", timeout, err)
+	}
+	m.log.Info("left cluster")
+	return nil
+}
+
+// msgLeaving is the first byte of the user message a node sends each live
+// member just before it leaves; the rest is its node id.
+const msgLeaving byte = 1
+
+// announceLeaving sends the leave announcement to each peer concurrently and
+// waits for them until wait. Sends still in flight then are left to finish
+// on their own (Shutdown waits for them): a member that misses the
+// announcement reports this node Dead instead of Left, which placement
+// treats the same.
+func (m *Membership) announceLeaving(self string, peers []Member, wait time.Time) {
+	msg := append([]byte{msgLeaving}, self...)
+	results := make(chan error, len(peers))
+	for _, p := range peers {
+		host, portStr, err := net.SplitHostPort(p.GossipAddr)
+		port, perr := strconv.ParseUint(portStr, 10, 16)
+		if err != nil || perr != nil || net.ParseIP(host) == nil {
+			results <- fmt.Errorf("%s: bad gossip address %q", p.Meta.NodeID, p.GossipAddr)
+			continue
+		}
+		node := &memberlist.Node{Name: p.Meta.NodeID, Addr: net.ParseIP(host), Port: uint16(port)}
+		m.sends.Add(1)
+		go func() {
+			defer m.sends.Done()
+			if err := m.list.SendReliable(node, msg); err != nil {
+				results <- fmt.Errorf("%s: %w", node.Name, err)
+				return
+			}
+			results <- nil
+		}()
+	}
+	timer := time.NewTimer(time.Until(wait))
+	defer timer.Stop()
+	for range peers {
+		select {
+		case err := <-results:
+			if err != nil {
+				m.log.Warn("leave announcement not delivered; that member will see this node dead, not left", "err", err)
+			}
+		case <-timer.C:
+			m.log.Warn("leave announcements still in flight; those members may see this node dead, not left")
+			return
+		}
+	}
+}
+
+// Shutdown stops gossip without announcing anything: the others will detect
+// this node as Dead (call Leave first for Left). It waits for an in-flight
+// Leave or SetDraining to finish (bounded by their timeouts). Safe to call
+// more than once.
+func (m *Membership) Shutdown() error {
+	m.lifeMu.Lock()
+	defer m.lifeMu.Unlock()
+	m.mu.Lock()
+	if m.shutdown {
+		m.mu.Unlock()
+		return nil
+	}
+	m.shutdown = true
+	m.mu.Unlock()
+	err := m.list.Shutdown()
+	m.sends.Wait()
+	if err != nil {
+		return fmt.Errorf("membership: shutdown: %w", err)
+	}
+	m.log.Info("membership stopped")
+	return nil
+}
+
+func (m *Membership) notify() {
+	select {
+	case m.changes <- struct{}{}:
+	default:
+	}
+}
+
+// delegate receives memberlist's callbacks. Memberlist calls the event
+// methods one at a time, with its node lock held (so they must not call
+// back into memberlist), and may still call them after Shutdown (a
+// suspicion timer that fires late).
+type delegate struct{ m *Membership }
+
+var (
+	_ memberlist.Delegate         = (*delegate)(nil)
+	_ memberlist.EventDelegate    = (*delegate)(nil)
+	_ memberlist.ConflictDelegate = (*delegate)(nil)
+)
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	d.m.mu.Lock()
+	defer d.m.mu.Unlock()
+	if len(d.m.encoded) > limit {
+		// encodeMeta enforces memberlist.MetaMaxSize, the only limit
+		// memberlist passes; never hand memberlist more (it panics).
+		d.m.log.Error("node metadata exceeds memberlist's limit; advertising none", "size", len(d.m.encoded), "limit", limit)
+		return nil
+	}
+	return bytes.Clone(d.m.encoded)
+}
+
+// NotifyMsg receives leave announcements (see Leave). An announcement that
+// arrives after memberlist already reported the node gone (the two travel
+// separately) turns Dead into Left.
+func (d *delegate) NotifyMsg(b []byte) {
+	if len(b) < 2 || b[0] != msgLeaving {
+		d.m.log.Warn("unknown user message ignored", "size", len(b))
+		return
+	}
+	id := string(b[1:])
+	d.m.mu.Lock()
+	mem, ok := d.m.members[id]
+	switch {
+	case ok && mem.State.Live():
+		d.m.leaving[id] = true
+		ok = false
+	case ok && mem.State == Dead:
+		mem.State = Left
+		d.m.members[id] = mem
+	default:
+		ok = false
+	}
+	d.m.mu.Unlock()
+	d.m.log.Debug("member announced its leave", "member", id)
+	if ok {
+		d.m.log.Info("member gone", "member", id, "state", Left.String())
+		d.m.notify()
+	}
+}
+
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d *delegate) LocalState(join bool) []byte                { return nil }
+func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// memberFromNode decodes what a memberlist node carries. A node whose
+// metadata cannot be decoded keeps only its id: it advertises no cluster
+// parameters, so it is never a placement candidate.
+func (d *delegate) memberFromNode(n *memberlist.Node) Member {
+	mem := Member{GossipAddr: n.Address()}
+	meta, err := decodeMeta(n.Meta)
+	if err != nil {
+		d.m.log.Warn("undecodable node metadata; the node cannot be placed on", "member", n.Name, "gossip_addr", mem.GossipAddr, "err", err)
+		meta = Meta{NodeID: n.Name}
+	}
+	if meta.NodeID != n.Name {
+		d.m.log.Warn("node metadata names another id; using the gossip name", "member", n.Name, "meta_id", meta.NodeID)
+		meta.NodeID = n.Name
+	}
+	mem.Meta = meta
+	return mem
+}
+
+func (d *delegate) NotifyJoin(n *memberlist.Node) {
+	mem := d.memberFromNode(n)
+	mem.State, mem.Since = Alive, d.m.now()
+	d.m.mu.Lock()
+	prev, known := d.m.members[n.Name]
+	d.m.members[n.Name] = mem
+	delete(d.m.leaving, n.Name) // back: a later failure is a failure
+	self := d.m.meta.ClusterParams()
+	d.m.mu.Unlock()
+	if p := mem.Meta.ClusterParams(); !p.IsZero() && !self.IsZero() && p != self {
+		d.m.log.Warn("member advertises other cluster parameters; it will not be placed on", "member", n.Name, "theirs", p.String(), "ours", self.String())
+	}
+	if known {
+		d.m.log.Info("member back", "member", n.Name, "gossip_addr", mem.GossipAddr, "was", prev.State.String())
+	} else {
+		d.m.log.Info("member joined", "member", n.Name, "gossip_addr", mem.GossipAddr)
+	}
+	d.m.notify()
+}
+
+func (d *delegate) NotifyUpdate(n *memberlist.Node) {
+	mem := d.memberFromNode(n)
+	d.m.mu.Lock()
+	prev, known := d.m.members[n.Name]
+	if known {
+		mem.State, mem.Since = prev.State, prev.Since
+	} else {
+		mem.State, mem.Since = Alive, d.m.now()
+	}
+	d.m.members[n.Name] = mem
+	d.m.mu.Unlock()
+	d.m.log.Debug("member updated", "member", n.Name, "draining", mem.Meta.Draining)
+	d.m.notify()
+}
+
+// NotifyLeave tells Dead from Left by whether the node announced its leave
+// (NotifyMsg): memberlist v0.5.4 passes node.State as StateAlive whatever
+// happened (nodeState.State shadows Node.State, hashicorp/memberlist#293).
+func (d *delegate) NotifyLeave(n *memberlist.Node) {
+	mem := d.memberFromNode(n)
+	mem.State, mem.Since = Dead, d.m.now()
+	d.m.mu.Lock()
+	if d.m.leaving[n.Name] {
+		mem.State = Left
+		delete(d.m.leaving, n.Name)
+	}
+	d.m.members[n.Name] = mem
+	d.m.mu.Unlock()
+	d.m.log.Info("member gone", "member", n.Name, "gossip_addr", mem.GossipAddr, "state", mem.State.String())
+	d.m.notify()
+}
+
+func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
+	d.m.mu.Lock()
+	self := d.m.meta.NodeID
+	if existing.Name == self {
+		d.m.conflict = other.Address()
+	}
+	d.m.mu.Unlock()
+	d.m.log.Error("two nodes claim the same node id; the newcomer is ignored",
+		"node_id", existing.Name, "known_at", existing.Address(), "claimed_from", other.Address(), "self", existing.Name == self)
+}
+
+// logWriter routes memberlist's log lines ("[LEVEL] memberlist: msg") to slog
+// at debug level: memberlist is chatty, and what matters is logged by
+// Membership itself at the right level.
+type logWriter struct{ log *slog.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	line := strings.TrimRight(string(p), "\n")
+	level := ""
+	if strings.HasPrefix(line, "[") {
+		if i := strings.IndexByte(line, ']'); i > 0 {
+			level, line = line[1:i], strings.TrimSpace(line[i+1:])
+		}
+	}
+	w.log.Debug(line, "memberlist_level", level)
+	return len(p), nil
+}
+
+// splitIPPort parses "ip:port" where ip may be empty.
+func splitIPPort(field, addr string) (string, int, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("membership: Config.%s %q: want ip:port: %w", field, addr, err)
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil {
+		return "", 0, fmt.Errorf("membership: Config.%s %q: port must be a number 0-65535", field, addr)
+	}
+	if host != "" && net.ParseIP(host) == nil {
+		return "", 0, fmt.Errorf("membership: Config.%s %q: host must be an ip address (memberlist binds and advertises ips)", field, addr)
+	}
+	return host, int(port), nil
+}
