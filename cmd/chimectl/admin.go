@@ -86,14 +86,25 @@ func plural(n uint32, one, many string) string {
 	return fmt.Sprintf("%d %s", n, many)
 }
 
-// table prints rows under a header with the columns aligned.
+// table prints rows under a header with the columns aligned and no
+// trailing spaces (an empty last cell would leave some).
 func table(w io.Writer, header []string, rows [][]string) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var b strings.Builder
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, r := range rows {
 		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var out strings.Builder
+	for line := range strings.Lines(b.String()) {
+		out.WriteString(strings.TrimRight(line, " \n"))
+		out.WriteByte('\n')
+	}
+	_, err := io.WriteString(w, out.String())
+	return err
 }
 
 // orDash is "-" for an empty cell.

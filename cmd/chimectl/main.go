@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -151,6 +152,11 @@ func (c *cli) run(ctx context.Context, args []string) int {
 		}
 		// The flag package names flags with one dash; this help uses two.
 		msg := strings.NewReplacer("flag -", "flag --", "defined: -", "defined: --").Replace(err.Error())
+		if n, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+			if _, numErr := strconv.ParseFloat(n, 64); numErr == nil {
+				msg = fmt.Sprintf("-%s is taken for a flag; to pass a negative number as an argument, put it after --", n)
+			}
+		}
 		fmt.Fprintf(c.stderr, "chimectl %s: %s\nRun 'chimectl %s --help' for usage.\n", cmd.name, msg, cmd.name)
 		return 2
 	}
