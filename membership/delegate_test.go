@@ -18,6 +18,8 @@ func newDelegateForTest(now time.Time) (*Membership, *delegate) {
 		meta:    Meta{NodeID: "self"},
 		members: map[string]Member{},
 		leaving: map[string]bool{},
+
+		conflictLogged: map[string]time.Time{},
 	}
 	return m, &delegate{m: m}
 }

@@ -66,9 +66,19 @@
 //     so Suspect is never reported: a suspected node stays Alive until it is
 //     declared Dead (the suspicion time is part of the detection time above).
 //   - By default a dead node's name cannot return from another address until
-//     memberlist forgets it. Config.DeadNodeReclaimTime (5 s) lets a node
-//     restarted with a new IP rejoin soon after its old address was declared
-//     dead.
+//     memberlist forgets it (GossipToTheDeadTime, 30 s). Config.
+//     DeadNodeReclaimTime defaults to 1 ns instead, so a node restarted with
+//     a new IP is accepted as soon as its old address is declared dead. If it
+//     comes back before that, memberlist reports a name conflict on every
+//     node; Start keeps retrying until JoinTimeout, so a quick restart waits
+//     out failure detection while a real duplicate id fails with
+//     ErrNodeIDConflict.
+//   - A node that rejoins after a restart starts again at incarnation 1,
+//     below what the others remember; it gets back in by refuting the
+//     dead/left state the seeds send it on join, not by its first alive
+//     message.
+//   - Members() and Node.State cannot be used for a view: Members() drops
+//     dead and left nodes and Node.State is never set.
 //   - Memberlist calls the event delegate with its node lock held and may
 //     call it after Shutdown (a suspicion timer firing late); the delegate
 //     only updates the view and never calls back into memberlist.

@@ -2,6 +2,7 @@ package membership
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log"
@@ -42,11 +43,15 @@ const (
 	// itself remembers dead nodes regardless.
 	DefaultGossipToTheDeadTime = 30 * time.Second
 	// DefaultDeadNodeReclaimTime: memberlist's default (0) never lets a dead
-	// node's id come back from another address until it is forgotten
-	// (GossipToTheDeadTime). A node restarted with a new IP (a rescheduled
-	// pod) is accepted this long after its old address was declared dead;
-	// the delay gives a node wrongly declared dead time to refute first.
-	DefaultDeadNodeReclaimTime = 5 * time.Second
+	// node's id come back from another address until memberlist forgets it
+	// (GossipToTheDeadTime plus a probe round). Chime lets it come back as
+	// soon as the old address is declared dead, so a node restarted with a
+	// new IP (a rescheduled pod) rejoins at once: the failure detector has
+	// already decided the old address is gone. What a longer wait would
+	// refuse is a second process with the same id while the first is wrongly
+	// declared dead, an operator error that Start's conflict check catches
+	// whenever the first is seen alive.
+	DefaultDeadNodeReclaimTime = time.Nanosecond
 	// DefaultTCPTimeout bounds each push/pull (including each join attempt
 	// per seed address): memberlist's LAN default.
 	DefaultTCPTimeout = 10 * time.Second
@@ -74,6 +79,10 @@ type Config struct {
 	Join []string
 	// JoinTimeout bounds how long Start retries the seeds. A join attempt
 	// already under way may overrun it by up to TCPTimeout per seed address.
+	// Start also retries while the cluster still sees this node's id alive
+	// at another address (a restart at a new address before the old one is
+	// declared dead), so JoinTimeout should exceed the failure-detection
+	// time (see doc.go).
 	JoinTimeout time.Duration
 
 	ProbeInterval       time.Duration
@@ -177,8 +186,11 @@ type Membership struct {
 	// leave; NotifyLeave turns them Left instead of Dead.
 	leaving  map[string]bool
 	conflict string // set when another node claims our id; read by join
-	left     bool
-	shutdown bool
+	// conflictLogged rate-limits the error log of a conflict, which
+	// memberlist reports on every gossip that carries the claim.
+	conflictLogged map[string]time.Time
+	left           bool
+	shutdown       bool
 
 	// sends counts the leave announcements in flight; Shutdown waits for
 	// them (each is bounded by Config.TCPTimeout).
@@ -214,6 +226,7 @@ func Start(cfg Config) (*Membership, error) {
 		encoded:          encoded,
 		members:          make(map[string]Member),
 		leaving:          make(map[string]bool),
+		conflictLogged:   make(map[string]time.Time),
 	}
 
 	mc := memberlist.DefaultLANConfig()
@@ -641,13 +654,24 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) {
 }
 
 func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
+	key := existing.Name + " " + other.Address()
+	now := time.Now()
 	d.m.mu.Lock()
 	self := d.m.meta.NodeID
 	if existing.Name == self {
 		d.m.conflict = other.Address()
 	}
+	level := slog.LevelError
+	if last, ok := d.m.conflictLogged[key]; ok && now.Sub(last) < time.Minute {
+		level = slog.LevelDebug
+	} else {
+		if len(d.m.conflictLogged) >= 64 {
+			clear(d.m.conflictLogged)
+		}
+		d.m.conflictLogged[key] = now
+	}
 	d.m.mu.Unlock()
-	d.m.log.Error("two nodes claim the same node id; the newcomer is ignored",
+	d.m.log.Log(context.Background(), level, "two nodes claim the same node id; the newcomer is ignored",
 		"node_id", existing.Name, "known_at", existing.Address(), "claimed_from", other.Address(), "self", existing.Name == self)
 }
 

@@ -23,10 +23,9 @@ func quietLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-// fastConfig detects failures in about a second: probes every 200 ms, a
+// fastConfig detects failures in about a second: probes every 200 ms, and a
 // suspect has 3*200 ms to refute (more with the confirmations memberlist
-// waits for), and a dead node's id may come back from another address after
-// 100 ms.
+// waits for).
 func fastConfig(id string, join ...string) Config {
 	return Config{
 		Meta: Meta{
@@ -45,7 +44,6 @@ func fastConfig(id string, join ...string) Config {
 		GossipInterval:      20 * time.Millisecond,
 		PushPullInterval:    time.Second,
 		GossipToTheDeadTime: 5 * time.Second,
-		DeadNodeReclaimTime: 100 * time.Millisecond,
 		TCPTimeout:          time.Second,
 		BroadcastTimeout:    3 * time.Second,
 		Logger:              quietLogger(),
@@ -239,6 +237,36 @@ func TestClusterLifecycle(t *testing.T) {
 	if nodes["d"].LocalAddr() == dAddr {
 		t.Logf("d restarted on its old port %s by chance", dAddr)
 	}
+}
+
+// TestRestartAtNewAddressBeforeDeclaredDead: a node that crashes and comes
+// back at another address before the cluster noticed is first refused (its
+// id is still alive at the old address), and Start keeps trying until the
+// old address is declared dead, then the node is back under its id.
+func TestRestartAtNewAddressBeforeDeclaredDead(t *testing.T) {
+	defer checkGoroutines(t)()
+	a := start(t, fastConfig("a"))
+	defer a.Shutdown()
+	b := start(t, fastConfig("b", a.LocalAddr()))
+	waitView(t, a, 5*time.Second, "see b", hasMember("b", Alive, fastConfig("b").Meta))
+	oldAddr := b.LocalAddr()
+	if err := b.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.View().Members["b"].State; st != Alive {
+		t.Fatalf("a already sees b %s; the test needs the restart to beat failure detection", st)
+	}
+	b2 := start(t, fastConfig("b", a.LocalAddr()))
+	defer b2.Shutdown()
+	if b2.LocalAddr() == oldAddr {
+		t.Skipf("b restarted on its old port %s by chance", oldAddr)
+	}
+	waitView(t, a, 5*time.Second, "see b back at its new address", func(v View) string {
+		if mem := v.Members["b"]; mem.State != Alive || mem.GossipAddr != b2.LocalAddr() {
+			return fmt.Sprintf("b is %s at %s", mem.State, mem.GossipAddr)
+		}
+		return ""
+	})
 }
 
 // TestJoinNoSeedAnswers: Start gives up after JoinTimeout and names the seeds.
