@@ -315,8 +315,10 @@ func (m *Membership) join(seeds []string, timeout time.Duration) error {
 		return fmt.Errorf("%w: node id %q is used by the live node at %s (this node is at %s); still so after %s of retries: give each node its own id",
 			ErrNodeIDConflict, m.list.LocalNode().Name, conflict, m.LocalAddr(), timeout)
 	}
-	return fmt.Errorf("membership: could not join the cluster: none of the seeds %s answered within %s: %w",
-		strings.Join(seeds, ", "), timeout, lastErr)
+	// memberlist's error is a multi-line list, one entry per seed address.
+	last := strings.Join(strings.Fields(lastErr.Error()), " ")
+	return fmt.Errorf("membership: could not join the cluster: none of the seeds %s answered within %s; last attempt: %s",
+		strings.Join(seeds, ", "), timeout, last)
 }
 
 // View returns a consistent snapshot of the membership.
