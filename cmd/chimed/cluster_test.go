@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,13 +30,13 @@ const clusterShards = 8
 
 // cluster is a set of chimed processes forming one cluster.
 type cluster struct {
-	t       *testing.T
+	t       testing.TB
 	brokers []string
 	nodes   map[string]*daemon
 	order   []string
 }
 
-func newCluster(t *testing.T, n int, extra ...string) *cluster {
+func newCluster(t testing.TB, n int, extra ...string) *cluster {
 	t.Helper()
 	c := &cluster{t: t, brokers: broker(t), nodes: map[string]*daemon{}}
 	for i := range n {
@@ -173,7 +177,7 @@ func (c *cluster) workload(prefix string, n int, spread time.Duration) map[strin
 }
 
 // checkFired waits for every acknowledged event and checks none was early.
-func checkFired(t *testing.T, col *collector, due map[string]time.Time) {
+func checkFired(t testing.TB, col *collector, due map[string]time.Time) {
 	t.Helper()
 	got := col.waitIDs(t, due, 60*time.Second)
 	for id, at := range due {
@@ -380,4 +384,43 @@ func TestClusterDeadNodeReplaced(t *testing.T) {
 	}
 	t.Logf("%s died; every shard back to three voters without it", victim)
 	checkFired(t, col, due)
+}
+
+// BenchmarkIdleCluster measures what an idle 3-node cluster with default
+// settings costs: each node's CPU time (user+system, from /proc) over 30 s
+// with no requests, as a percentage of one core.
+//
+//	go test -run '^$' -bench IdleCluster -benchtime 1x ./cmd/chimed/
+func BenchmarkIdleCluster(b *testing.B) {
+	c := newCluster(b, 3)
+	c.waitConverged(30 * time.Second)
+	time.Sleep(5 * time.Second) // let the balancer and the first snapshots settle
+	const window = 30 * time.Second
+	before := map[string]float64{}
+	for _, id := range c.order {
+		before[id] = cpuSeconds(b, c.nodes[id].cmd.Process.Pid)
+	}
+	b.ResetTimer()
+	time.Sleep(window)
+	worst := 0.0
+	for _, id := range c.order {
+		pct := (cpuSeconds(b, c.nodes[id].cmd.Process.Pid) - before[id]) / window.Seconds() * 100
+		b.Logf("%s: %.2f%% of one core", id, pct)
+		worst = max(worst, pct)
+	}
+	b.ReportMetric(worst, "max-cpu%/node")
+}
+
+// cpuSeconds is a process's user+system CPU time, from /proc/PID/stat.
+func cpuSeconds(b testing.TB, pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Fields after the command name (which may contain spaces) start at the
+	// closing parenthesis; utime and stime are fields 14 and 15.
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ is 100 on Linux
 }

@@ -55,7 +55,7 @@ func TestMain(m *testing.M) {
 }
 
 type daemon struct {
-	t                          *testing.T
+	t                          testing.TB
 	cmd                        *exec.Cmd
 	nodeID                     string
 	dataDir                    string
@@ -68,7 +68,7 @@ type daemon struct {
 	exited                     chan struct{}
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -78,7 +78,7 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func newDaemon(t *testing.T, brokers []string) *daemon {
+func newDaemon(t testing.TB, brokers []string) *daemon {
 	return &daemon{
 		t: t, nodeID: "e2e", dataDir: t.TempDir(), grpcAddr: freeAddr(t), httpAddr: freeAddr(t), raftAd: freeAddr(t),
 		gossipAddr: freeAddr(t), brokers: brokers[0],
@@ -157,7 +157,7 @@ func (d *daemon) client() chimev1.SchedulerClient {
 	return chimev1.NewSchedulerClient(cc)
 }
 
-func broker(t *testing.T) []string {
+func broker(t testing.TB) []string {
 	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
 	if err != nil {
@@ -185,7 +185,7 @@ type collector struct {
 	done chan struct{}
 }
 
-func collect(t *testing.T, brokers []string, topics ...string) *collector {
+func collect(t testing.TB, brokers []string, topics ...string) *collector {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
@@ -237,7 +237,7 @@ func (c *collector) byID() (map[string]record, int) {
 }
 
 // waitIDs waits until every id in want has been consumed.
-func (c *collector) waitIDs(t *testing.T, want map[string]time.Time, d time.Duration) map[string]record {
+func (c *collector) waitIDs(t testing.TB, want map[string]time.Time, d time.Duration) map[string]record {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"time"
@@ -236,6 +237,11 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 		io.WriteString(w, "ready\n")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Profiles for operators and for BENCHMARKS.md; the HTTP port is an
+	// operator port (bind it to loopback or a private network).
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := n.http.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
