@@ -192,6 +192,12 @@ func (a *Admin) TransferLeader(ctx context.Context, req *chimev1.TransferLeaderR
 				return nil, status.Errorf(codes.Aborted, "transfer of shard %d to %s: %v", req.Shard, req.Node, err)
 			}
 		}
+		// The old leader has stepped down; report the new one once this
+		// replica hears from it.
+		deadline := time.Now().Add(3 * time.Second)
+		for r.Leader() == "" && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
 		return &chimev1.TransferLeaderResponse{Leader: r.Leader()}, nil
 	}
 	if forwarded(ctx) {
