@@ -125,6 +125,27 @@ func (c *cluster) waitConverged(d time.Duration, from ...string) *chimev1.Status
 	return nil
 }
 
+// waitSettled waits until the cluster has converged and every shard is led by
+// its preferred leader, so no balancing transfer is still to come.
+func (c *cluster) waitSettled(d time.Duration) *chimev1.StatusResponse {
+	c.t.Helper()
+	deadline := time.Now().Add(d)
+	var st *chimev1.StatusResponse
+	for time.Now().Before(deadline) {
+		st = c.status(c.order[0])
+		settled := converged(st)
+		for _, s := range st.GetShards() {
+			settled = settled && s.Leader == s.Desired[0]
+		}
+		if settled {
+			return st
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("cluster did not settle on its preferred leaders within %v: %s", d, describe(st))
+	return nil
+}
+
 func describe(st *chimev1.StatusResponse) string {
 	if st == nil {
 		return "<none>"
@@ -314,7 +335,10 @@ func TestClusterDrain(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	before := c.waitConverged(30 * time.Second)
+	// Wait also for the balancer to finish moving leaders to the preferred
+	// ones (a transfer bumps the Raft term too): from then on, any term
+	// change would be an election caused by the stop.
+	before := c.waitSettled(30 * time.Second)
 	for _, s := range before.Shards {
 		if slices.Contains(s.Voters, target) || slices.Contains(s.Nonvoters, target) || s.Leader == target {
 			t.Fatalf("drained %s still in shard %d: %s", target, s.Id, describe(before))
