@@ -463,3 +463,36 @@ func TestDropShardRemovesOnlyThatShard(t *testing.T) {
 		f.Close()
 	}
 }
+
+func TestDigestMatchesAcrossReplicasAndSeesChanges(t *testing.T) {
+	var fsms []*FSM
+	for range 2 {
+		st, err := OpenStore(t.TempDir(), StoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		f, err := NewFSM(st, 3, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		fsms = append(fsms, f)
+	}
+	sched := AppendScheduleBatch(nil, &ScheduleBatch{ProposedAt: 1, Events: []NewEvent{
+		{ID: "a", Due: 5, Topic: "t", ContentHash: 1}, {ID: "b", Due: 6, Topic: "t", ContentHash: 2}}})
+	for _, f := range fsms {
+		f.Apply(&raft.Log{Index: 1, Term: 1, Type: raft.LogCommand, Data: sched})
+	}
+	i0, d0, err := fsms[0].Digest()
+	i1, d1, err1 := fsms[1].Digest()
+	if err != nil || err1 != nil || i0 != 1 || i1 != 1 || d0 != d1 {
+		t.Fatalf("replicas at the same index: (%d %x %v) vs (%d %x %v)", i0, d0, err, i1, d1, err1)
+	}
+	cancel := AppendCancel(nil, &Cancel{ProposedAt: 2, IDs: []string{"a"}})
+	fsms[1].Apply(&raft.Log{Index: 2, Term: 1, Type: raft.LogCommand, Data: cancel})
+	i1, d1, _ = fsms[1].Digest()
+	if i1 != 2 || d1 == d0 {
+		t.Fatalf("after a cancel: index %d digest %x; want index 2 and a new digest", i1, d1)
+	}
+}

@@ -2,6 +2,7 @@ package rpc
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -30,8 +31,23 @@ func RegisterAdmin(gs *grpc.Server, c *Cluster) {
 // statusFanout bounds how long Status waits for one member.
 const statusFanout = 2 * time.Second
 
-func (a *Admin) NodeStatus(context.Context, *chimev1.NodeStatusRequest) (*chimev1.NodeStatusResponse, error) {
-	return a.c.localStatus(), nil
+func (a *Admin) NodeStatus(_ context.Context, req *chimev1.NodeStatusRequest) (*chimev1.NodeStatusResponse, error) {
+	st := a.c.localStatus()
+	if req.Digest {
+		h := a.c.host.Load()
+		for _, r := range st.Replicas {
+			s := h.Replica(r.Shard)
+			if s == nil {
+				continue
+			}
+			idx, d, err := s.Digest()
+			if err != nil {
+				return nil, statusOf(a.c.logger, "digest", err)
+			}
+			r.DigestIndex, r.Digest = idx, fmt.Sprintf("%016x", d)
+		}
+	}
+	return st, nil
 }
 
 func (a *Admin) GetClusterMap(ctx context.Context, _ *chimev1.GetClusterMapRequest) (*chimev1.ClusterMap, error) {

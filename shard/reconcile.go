@@ -189,6 +189,9 @@ func (s *Shard) Leader() string {
 	return string(id)
 }
 
+// Digest fingerprints this replica's state; see raftfsm.FSM.Digest.
+func (s *Shard) Digest() (applied, digest uint64, err error) { return s.fsm.Digest() }
+
 // AppliedIndex returns the last log index applied to this replica's state.
 func (s *Shard) AppliedIndex() uint64 { return s.fsm.AppliedIndex() }
 

@@ -185,7 +185,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
 		Tuning: clusterTuning(shard.Tuning{Resolution: f.resolution}), Linger: f.linger,
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
-		Logger: logger, Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
+		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: splitList(f.join), Replication: f.replication, DeadTimeout: f.deadTimeout,
 	}
 	if cmd == "serve" {

@@ -45,6 +45,8 @@ type nodeConfig struct {
 	MaxAttempts int
 	DeadLetter  string
 	Logger      *slog.Logger
+	// Now is the clock events are fired, stamped and resolved by.
+	Now func() time.Time
 
 	// Cluster mode: gossip with memberlist, replicate each shard on
 	// Replication nodes, forward requests to shard leaders. Without it the
@@ -183,7 +185,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	if n.pub, err = publish.New(publish.Config{
 		Brokers: cfg.Brokers, Linger: cfg.Linger, MaxInFlight: cfg.MaxInFlight,
 		MaxAttempts: cfg.MaxAttempts, DeadLetterTopic: cfg.DeadLetter,
-		ClientID: "chimed-" + cfg.NodeID, Logger: cfg.Logger.With("component", "publish"),
+		ClientID: "chimed-" + cfg.NodeID, Logger: cfg.Logger.With("component", "publish"), Now: cfg.Now,
 	}); err != nil {
 		return nil, err
 	}
@@ -192,7 +194,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	hc := shard.HostConfig{
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
-		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg),
+		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
 		// Only the node that creates the cluster starts shards alone, and
 		// only then: a restarted node must never found a second group.
 		Bootstrap: !existed && len(cfg.Join) == 0,
@@ -220,7 +222,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	}
 
 	n.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
-	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, time.Now, cfg.Logger.With("component", "rpc")))
+	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc")))
 	if n.cluster != nil {
 		rpc.RegisterAdmin(n.grpc, n.cluster)
 	}
@@ -242,6 +244,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	registerFaultHandlers(mux)
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := n.http.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {

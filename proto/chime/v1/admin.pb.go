@@ -464,7 +464,10 @@ func (x *StatusResponse) GetShards() []*Shard {
 }
 
 type NodeStatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Also fingerprint every replica's state (reads each shard in full: for
+	// consistency checks, not for routine status).
+	Digest        bool `protobuf:"varint,1,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -499,6 +502,13 @@ func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
 	return file_chime_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
+func (x *NodeStatusRequest) GetDigest() bool {
+	if x != nil {
+		return x.Digest
+	}
+	return false
+}
+
 // Replica is one shard replica on the answering node.
 type Replica struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -517,7 +527,11 @@ type Replica struct {
 	DeadLettered uint64   `protobuf:"varint,12,opt,name=dead_lettered,json=deadLettered,proto3" json:"dead_lettered,omitempty"`
 	Refired      uint64   `protobuf:"varint,13,opt,name=refired,proto3" json:"refired,omitempty"`
 	// The Raft term this replica is in; it grows with every election.
-	Term          uint64 `protobuf:"varint,14,opt,name=term,proto3" json:"term,omitempty"`
+	Term uint64 `protobuf:"varint,14,opt,name=term,proto3" json:"term,omitempty"`
+	// Only with NodeStatusRequest.digest: a fingerprint of the replica's whole
+	// state as of digest_index. Replicas at the same index must agree.
+	Digest        string `protobuf:"bytes,15,opt,name=digest,proto3" json:"digest,omitempty"`
+	DigestIndex   uint64 `protobuf:"varint,16,opt,name=digest_index,json=digestIndex,proto3" json:"digest_index,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -646,6 +660,20 @@ func (x *Replica) GetRefired() uint64 {
 func (x *Replica) GetTerm() uint64 {
 	if x != nil {
 		return x.Term
+	}
+	return 0
+}
+
+func (x *Replica) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *Replica) GetDigestIndex() uint64 {
+	if x != nil {
+		return x.DigestIndex
 	}
 	return 0
 }
@@ -1055,8 +1083,9 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"shardCount\x12 \n" +
 	"\vreplication\x18\x02 \x01(\rR\vreplication\x12*\n" +
 	"\amembers\x18\x03 \x03(\v2\x10.chime.v1.MemberR\amembers\x12'\n" +
-	"\x06shards\x18\x04 \x03(\v2\x0f.chime.v1.ShardR\x06shards\"\x13\n" +
-	"\x11NodeStatusRequest\"\x9b\x03\n" +
+	"\x06shards\x18\x04 \x03(\v2\x0f.chime.v1.ShardR\x06shards\"+\n" +
+	"\x11NodeStatusRequest\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\bR\x06digest\"\xd6\x03\n" +
 	"\aReplica\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1d\n" +
 	"\n" +
@@ -1073,7 +1102,9 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\tcancelled\x18\v \x01(\x04R\tcancelled\x12#\n" +
 	"\rdead_lettered\x18\f \x01(\x04R\fdeadLettered\x12\x18\n" +
 	"\arefired\x18\r \x01(\x04R\arefired\x12\x12\n" +
-	"\x04term\x18\x0e \x01(\x04R\x04term\"x\n" +
+	"\x04term\x18\x0e \x01(\x04R\x04term\x12\x16\n" +
+	"\x06digest\x18\x0f \x01(\tR\x06digest\x12!\n" +
+	"\fdigest_index\x18\x10 \x01(\x04R\vdigestIndex\"x\n" +
 	"\x12NodeStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bdraining\x18\x02 \x01(\bR\bdraining\x12-\n" +
