@@ -1,0 +1,286 @@
+package checker
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// content is what the idempotency rules compare: the schedule request's fields that the
+// server's content hash covers and that the history records (topic, payload, and the due
+// time as the client gave it: delay or deliver_at, with which one was set).
+type content struct {
+	topic, payload       string
+	delayNs, deliverAtNs int64
+}
+
+func contentOf(op *Op) content {
+	return content{op.Topic, op.Payload, op.DelayNs, op.DeliverAtNs}
+}
+
+func (c content) String() string {
+	due := fmt.Sprintf("delay=%s", time.Duration(c.delayNs))
+	if c.deliverAtNs != 0 {
+		due = fmt.Sprintf("deliver_at=%d", c.deliverAtNs)
+	}
+	return fmt.Sprintf("topic=%q payload=%s %s", c.topic, shortQuote(c.payload), due)
+}
+
+func shortQuote(s string) string {
+	const max = 32
+	if len(s) > max {
+		return fmt.Sprintf("%q…(%d bytes)", s[:max], len(s))
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// window is one nemesis fault: [start, heal] on the driver's clock.
+type window struct {
+	kind    string
+	targets []string
+	start   int64
+	heal    int64
+	skew    int64
+}
+
+func (w window) contains(t int64) bool { return t >= w.start && t <= w.heal }
+
+// idHistory is everything the run knows about one id.
+type idHistory struct {
+	id        string
+	schedules []*Op     // history order
+	cancels   []*Op     // history order
+	records   []*Record // by AppendMs, then partition, offset, topic: records[0] is the first copy
+	// oks are the ok schedules: creators (existing=false) by invoke time, then existing=true
+	// ones by completion time. oks[0], when there is one, defines the event's content.
+	oks []*Op
+	// ackDueNs is the first non-zero AckDueNs in oks; 0 when no ok schedule carried one.
+	ackDueNs int64
+}
+
+// accepted reports whether any ok or info schedule carried this id: only such an op can
+// have stored an event under it.
+func (h *idHistory) accepted() bool {
+	for _, op := range h.schedules {
+		if op.Type == TypeOK || op.Type == TypeInfo {
+			return true
+		}
+	}
+	return false
+}
+
+// analysis is the indexed run that every check and the report read.
+type analysis struct {
+	cfg      Config
+	windows  []window // by start
+	ids      map[string]*idHistory
+	order    []string // ids, sorted
+	startNs  int64    // earliest op invocation (or record append when there are no ops)
+	endNs    int64    // latest time anything was seen
+	nRecords int
+}
+
+func analyze(ops []Op, recs []Record, cfg Config) *analysis {
+	a := &analysis{cfg: cfg.withDefaults(ops), ids: make(map[string]*idHistory), nRecords: len(recs)}
+	get := func(id string) *idHistory {
+		h := a.ids[id]
+		if h == nil {
+			h = &idHistory{id: id}
+			a.ids[id] = h
+		}
+		return h
+	}
+	// The run starts at the first invocation (or, with no ops, the first append) and ends at
+	// the latest time anything was seen; zero times are "not recorded".
+	lo, hi := int64(0), int64(0)
+	see := func(t int64) {
+		if t == 0 {
+			return
+		}
+		if lo == 0 || t < lo {
+			lo = t
+		}
+		hi = max(hi, t)
+	}
+	for i := range ops {
+		op := &ops[i]
+		see(op.InvokeNs)
+		hi = max(hi, op.CompleteNs)
+		switch op.F {
+		case FSchedule:
+			if op.ID != "" {
+				h := get(op.ID)
+				h.schedules = append(h.schedules, op)
+			}
+		case FCancel:
+			if op.ID != "" {
+				h := get(op.ID)
+				h.cancels = append(h.cancels, op)
+			}
+		}
+	}
+	for i := range recs {
+		r := &recs[i]
+		if len(ops) == 0 {
+			see(r.AppendMs * 1e6)
+		}
+		hi = max(hi, r.AppendMs*1e6)
+		h := get(r.ID)
+		h.records = append(h.records, r)
+	}
+	a.startNs, a.endNs = lo, hi
+	for i := range ops {
+		op := &ops[i]
+		if op.F != FNemesis {
+			continue
+		}
+		w := window{kind: op.Kind, targets: op.Targets, start: op.InvokeNs, heal: op.CompleteNs, skew: op.SkewNs}
+		if w.kind == "" {
+			w.kind = "unknown"
+		}
+		if w.heal < w.start { // never healed: it lasted to the end of the run
+			w.heal = a.endNs
+		}
+		a.windows = append(a.windows, w)
+	}
+	slices.SortStableFunc(a.windows, func(x, y window) int { return cmp.Compare(x.start, y.start) })
+
+	for id, h := range a.ids {
+		a.order = append(a.order, id)
+		slices.SortStableFunc(h.records, func(x, y *Record) int {
+			return cmp.Or(cmp.Compare(x.AppendMs, y.AppendMs), cmp.Compare(x.Partition, y.Partition),
+				cmp.Compare(x.Offset, y.Offset), cmp.Compare(x.Topic, y.Topic))
+		})
+		var creators, existing []*Op
+		for _, op := range h.schedules {
+			if op.Type != TypeOK {
+				continue
+			}
+			if op.Existing {
+				existing = append(existing, op)
+			} else {
+				creators = append(creators, op)
+			}
+		}
+		slices.SortStableFunc(creators, func(x, y *Op) int {
+			return cmp.Or(cmp.Compare(x.InvokeNs, y.InvokeNs), cmp.Compare(x.Index, y.Index))
+		})
+		slices.SortStableFunc(existing, func(x, y *Op) int {
+			return cmp.Or(cmp.Compare(x.CompleteNs, y.CompleteNs), cmp.Compare(x.Index, y.Index))
+		})
+		h.oks = append(creators, existing...)
+		for _, op := range h.oks {
+			if op.AckDueNs != 0 {
+				h.ackDueNs = op.AckDueNs
+				break
+			}
+		}
+	}
+	slices.Sort(a.order)
+	return a
+}
+
+// dueNs is the due time a record is judged against: the acked due of its id when a schedule
+// of it was acked with one, else the record's own chime-due-unix-ms header.
+func (a *analysis) dueNs(h *idHistory, r *Record) int64 {
+	if h != nil && h.ackDueNs != 0 {
+		return h.ackDueNs
+	}
+	return r.DueMs * 1e6
+}
+
+func (a *analysis) isDeadLetter(r *Record) bool { return r.Topic == a.cfg.DeadLetterTopic }
+
+// phantom returns why r is a phantom, or "" when some schedule that could have been
+// accepted carried its id and content.
+//
+// The candidates are the ok schedules of the id when there is one (an ok says the stored
+// content is its own: it created it, or existing=true means identical), else its info
+// schedules (any of them may have been stored). A failed schedule, ALREADY_EXISTS or not,
+// never stored anything. A dead-letter copy is matched on payload only.
+func (a *analysis) phantom(h *idHistory, r *Record) string {
+	if h == nil || !h.accepted() {
+		return "no ok or info schedule ever carried this id"
+	}
+	var cands []*Op
+	if len(h.oks) > 0 {
+		cands = h.oks
+	} else {
+		for _, op := range h.schedules {
+			if op.Type == TypeInfo {
+				cands = append(cands, op)
+			}
+		}
+	}
+	for _, op := range cands {
+		if op.Payload == r.Payload && (op.Topic == r.Topic || a.isDeadLetter(r)) {
+			return ""
+		}
+	}
+	which := "info"
+	if len(h.oks) > 0 {
+		which = "ok"
+	}
+	return fmt.Sprintf("record %s has topic=%q payload=%s, which no %s schedule of this id carried (e.g. %s)",
+		recName(r), r.Topic, shortQuote(r.Payload), which, contentOf(cands[0]))
+}
+
+// period names the part of the run an event due at due belongs to.
+func (a *analysis) period(due int64) string {
+	for _, w := range a.windows {
+		if w.contains(due) {
+			return "faulty"
+		}
+	}
+	if a.cfg.FinalHealNs > 0 && due > a.cfg.FinalHealNs {
+		return "after_heal"
+	}
+	return "healthy"
+}
+
+// skewExplains returns the skew window that can explain a record appended at appendNs being
+// early for due: the due time or the append falls inside the window (a clock moved ahead
+// fires while the skew is in place), and, when the window says by how much the clock moved,
+// the record is early by no more than that plus EarlyTolerance.
+func (a *analysis) skewExplains(due, appendNs int64) (window, bool) {
+	earliness := due - appendNs
+	for _, w := range a.windows {
+		if w.kind != KindSkew || !(w.contains(due) || w.contains(appendNs)) {
+			continue
+		}
+		if s := abs(w.skew); s != 0 && earliness > s+int64(a.cfg.EarlyTolerance) {
+			continue
+		}
+		return w, true
+	}
+	return window{}, false
+}
+
+// attribute names the fault a duplicate appended at t belongs to: among the windows whose
+// [start, heal+DuplicateGrace] contains t, the one that started last; "none" otherwise.
+func (a *analysis) attribute(t int64) string {
+	kind := "none"
+	for _, w := range a.windows { // by start: the last match started last
+		if t >= w.start && t <= w.heal+int64(a.cfg.DuplicateGrace) {
+			kind = w.kind
+		}
+	}
+	return kind
+}
+
+// rel formats a driver-clock time relative to the start of the run.
+func (a *analysis) rel(t int64) string {
+	return fmt.Sprintf("t=%.3fs", float64(t-a.startNs)/1e9)
+}
+
+func recName(r *Record) string {
+	return fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}

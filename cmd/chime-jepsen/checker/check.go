@@ -1,0 +1,379 @@
+package checker
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Check runs every check of doc.go over one run: the history ops, every record read back
+// from Kafka, and the final cluster state. It is pure: same input, same Results.
+func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
+	a := analyze(ops, recs, cfg)
+	res := Results{
+		DuplicatesByFault:   map[string]int{"none": 0},
+		ConvergenceProblems: []string{},
+		Recovery:            []Recovery{},
+		Ops:                 map[string]map[string]int{},
+		Examples:            map[string][]Example{},
+		Records:             len(recs),
+		Config: ConfigUsed{
+			EarlyToleranceNs:  int64(a.cfg.EarlyTolerance),
+			CancelToleranceNs: int64(a.cfg.CancelTolerance),
+			DuplicateGraceNs:  int64(a.cfg.DuplicateGrace),
+			FinalHealNs:       a.cfg.FinalHealNs,
+			DeadLetterTopic:   a.cfg.DeadLetterTopic,
+		},
+	}
+	note := func(check, id, format string, args ...any) {
+		if len(res.Examples[check]) < MaxExamples {
+			res.Examples[check] = append(res.Examples[check], Example{ID: id, Why: fmt.Sprintf(format, args...)})
+		}
+	}
+
+	for i := range ops {
+		op := &ops[i]
+		if res.Ops[op.F] == nil {
+			res.Ops[op.F] = map[string]int{}
+		}
+		res.Ops[op.F][op.Type]++
+		if op.F == FInvalid && op.Type == TypeOK {
+			res.InvalidAccepted++
+			note("invalid_accepted", op.ID, "invalid op %d (%s) returned ok", op.Index, a.rel(op.InvokeNs))
+		}
+	}
+	for _, w := range a.windows {
+		res.DuplicatesByFault[w.kind] += 0
+	}
+	for i := range recs {
+		if a.isDeadLetter(&recs[i]) {
+			res.DeadLetterRecords++
+		}
+	}
+
+	var late struct{ healthy, faulty, afterHeal []float64 }
+	for _, id := range a.order {
+		h := a.ids[id]
+		if len(h.oks) > 0 {
+			res.AckedIDs++
+		}
+		if len(h.records) > 0 {
+			res.DeliveredIDs++
+		}
+
+		// 1. lost
+		if len(h.oks) > 0 && len(h.records) == 0 && !cancelMayHaveHappened(h) {
+			res.Lost++
+			due := "unknown"
+			if h.ackDueNs != 0 {
+				due = a.rel(h.ackDueNs)
+			}
+			note("lost", id, "schedule acked at %s (due %s, %s), no cancel ok or info, and no record",
+				a.rel(h.oks[0].CompleteNs), due, contentOf(h.oks[0]))
+		}
+
+		// 2. early, early under skew
+		for _, r := range h.records {
+			due, at := a.dueNs(h, r), r.AppendMs*1e6
+			if at >= due-int64(a.cfg.EarlyTolerance) {
+				continue
+			}
+			early := time.Duration(due - at)
+			if w, ok := a.skewExplains(due, at); ok {
+				res.EarlyUnderSkew++
+				note("early_under_skew", id, "record %s appended %s before due %s, inside skew window %s–%s (skew %s)",
+					recName(r), early, a.rel(due), a.rel(w.start), a.rel(w.heal), time.Duration(w.skew))
+				continue
+			}
+			res.Early++
+			note("early", id, "record %s appended at %s, %s before due %s (tolerance %s)",
+				recName(r), a.rel(at), early, a.rel(due), a.cfg.EarlyTolerance)
+		}
+
+		// 3. cancel violations: judged against the earliest ok cancel
+		var cancel *Op
+		for _, op := range h.cancels {
+			if op.Type == TypeOK && (cancel == nil || op.CompleteNs < cancel.CompleteNs) {
+				cancel = op
+			}
+		}
+		if cancel != nil {
+			for _, r := range h.records {
+				if at := r.AppendMs * 1e6; at > cancel.CompleteNs+int64(a.cfg.CancelTolerance) {
+					res.CancelViolations++
+					note("cancel_violations", id, "record %s appended at %s, %s after the cancel was acked at %s",
+						recName(r), a.rel(at), time.Duration(at-cancel.CompleteNs), a.rel(cancel.CompleteNs))
+				}
+			}
+		}
+
+		// 4. phantom
+		var genuine []*Record // records that are not phantoms
+		for _, r := range h.records {
+			if why := a.phantom(h, r); why != "" {
+				res.Phantom++
+				note("phantom", id, "%s", why)
+			} else {
+				genuine = append(genuine, r)
+			}
+		}
+
+		// 5. idempotency
+		if problems := a.idempotencyProblems(h, genuine); len(problems) > 0 {
+			res.IdempotencyViolations++
+			note("idempotency_violations", id, "%s", strings.Join(problems, "; "))
+		}
+
+		// 6. duplicates
+		for _, r := range h.records[min(1, len(h.records)):] {
+			at := r.AppendMs * 1e6
+			kind := a.attribute(at)
+			res.Duplicates++
+			res.DuplicatesByFault[kind]++
+			note("duplicates", id, "copy %s appended at %s after the first at %s (attributed to %s)",
+				recName(r), a.rel(at), a.rel(h.records[0].AppendMs*1e6), kind)
+		}
+
+		// 7. lateness, of the first copy of every event the history knows
+		if len(h.records) > 0 && h.accepted() {
+			r := h.records[0]
+			due := a.dueNs(h, r)
+			l := float64(r.AppendMs*1e6-due) / 1e6
+			switch a.period(due) {
+			case "faulty":
+				late.faulty = append(late.faulty, l)
+			case "after_heal":
+				late.afterHeal = append(late.afterHeal, l)
+			default:
+				late.healthy = append(late.healthy, l)
+			}
+		}
+	}
+	res.LatenessMs = Lateness{
+		Healthy:   quantiles(late.healthy),
+		Faulty:    quantiles(late.faulty),
+		AfterHeal: quantiles(late.afterHeal),
+	}
+	res.Recovery = a.recovery()
+
+	// 8. convergence
+	res.ConvergenceProblems = convergenceProblems(final)
+	res.Converged = len(res.ConvergenceProblems) == 0
+
+	res.Valid = res.Lost == 0 && res.Early == 0 && res.CancelViolations == 0 && res.Phantom == 0 &&
+		res.IdempotencyViolations == 0 && res.Converged
+	return res
+}
+
+// cancelMayHaveHappened: some cancel of the id was acked (ok) or may have taken effect
+// (info). A failed cancel definitely did not.
+func cancelMayHaveHappened(h *idHistory) bool {
+	for _, op := range h.cancels {
+		if op.Type == TypeOK || op.Type == TypeInfo {
+			return true
+		}
+	}
+	return false
+}
+
+// idempotencyProblems lists what breaks design invariant 6 for one id. genuine are its
+// records that are not phantoms.
+func (a *analysis) idempotencyProblems(h *idHistory, genuine []*Record) []string {
+	var problems []string
+
+	// Two ok schedules that both claim to have created the id.
+	var creators []string
+	for _, op := range h.oks {
+		if !op.Existing {
+			creators = append(creators, fmt.Sprintf("op %d at %s", op.Index, a.rel(op.CompleteNs)))
+		}
+	}
+	if len(creators) > 1 {
+		problems = append(problems, fmt.Sprintf("%d ok schedules returned existing=false (%s)",
+			len(creators), strings.Join(creators, ", ")))
+	}
+
+	// Every ok schedule carries the stored content: they must all agree, and identical
+	// content must get the same due time.
+	dues := map[content][]int64{}
+	var contents []content
+	for _, op := range h.oks {
+		c := contentOf(op)
+		d, ok := dues[c]
+		if !ok {
+			contents = append(contents, c)
+		}
+		if op.AckDueNs != 0 && !slices.Contains(d, op.AckDueNs) {
+			d = append(d, op.AckDueNs)
+		}
+		dues[c] = d
+	}
+	for _, c := range contents {
+		if d := dues[c]; len(d) > 1 {
+			problems = append(problems, fmt.Sprintf("ok schedules with identical content returned %d different due times (%s)",
+				len(d), joinInts(d)))
+		}
+	}
+	if len(contents) > 1 {
+		problems = append(problems, fmt.Sprintf("ok schedules with different content: first accepted %s, also acked %s",
+			contents[0], contents[1]))
+	}
+
+	// existing=true says another schedule of the id came first.
+	for _, op := range h.oks {
+		if !op.Existing {
+			continue
+		}
+		before := false
+		for _, o := range h.schedules {
+			if o != op && (o.Type == TypeOK || o.Type == TypeInfo) && o.InvokeNs < op.CompleteNs {
+				before = true
+				break
+			}
+		}
+		if !before {
+			problems = append(problems, fmt.Sprintf("op %d returned existing=true at %s but no other schedule of this id had been sent",
+				op.Index, a.rel(op.CompleteNs)))
+		}
+	}
+
+	// Records that each match a possible content but differ: two events under one id.
+	var payloads, topics []string
+	for _, r := range genuine {
+		if !slices.Contains(payloads, r.Payload) {
+			payloads = append(payloads, r.Payload)
+		}
+		if !a.isDeadLetter(r) && !slices.Contains(topics, r.Topic) {
+			topics = append(topics, r.Topic)
+		}
+	}
+	if len(payloads) > 1 {
+		problems = append(problems, fmt.Sprintf("records carry %d different payloads (%s, %s)",
+			len(payloads), shortQuote(payloads[0]), shortQuote(payloads[1])))
+	}
+	if len(topics) > 1 {
+		problems = append(problems, fmt.Sprintf("records were produced to %d different topics (%q, %q)",
+			len(topics), topics[0], topics[1]))
+	}
+	return problems
+}
+
+// recovery measures, per fault, how long after its heal the last event due by then reached
+// Kafka (first copies only: a later duplicate is not backlog).
+func (a *analysis) recovery() []Recovery {
+	out := make([]Recovery, 0, len(a.windows))
+	for _, w := range a.windows {
+		var last int64 = math.MinInt64
+		for _, id := range a.order {
+			h := a.ids[id]
+			if len(h.records) == 0 || !h.accepted() {
+				continue
+			}
+			r := h.records[0]
+			if a.dueNs(h, r) <= w.heal {
+				last = max(last, r.AppendMs*1e6)
+			}
+		}
+		ms := 0.0
+		if last > w.heal {
+			ms = roundMicro(float64(last-w.heal) / 1e6)
+		}
+		out = append(out, Recovery{Kind: w.kind, Targets: w.targets, StartNs: w.start, HealNs: w.heal, RecoveryMs: ms})
+	}
+	return out
+}
+
+// convergenceProblems: every shard has exactly one leader, which is one of its replicas, and
+// replicas agree on the applied index; replicas at the same applied index agree on the digest.
+func convergenceProblems(final Cluster) []string {
+	problems := []string{}
+	if len(final.Shards) == 0 {
+		return append(problems, "the final state lists no shards")
+	}
+	shards := slices.Clone(final.Shards)
+	slices.SortStableFunc(shards, func(x, y ShardState) int { return cmp.Compare(x.ID, y.ID) })
+	for _, s := range shards {
+		var leaders []string
+		for _, l := range s.Leaders {
+			if !slices.Contains(leaders, l) {
+				leaders = append(leaders, l)
+			}
+		}
+		switch {
+		case len(leaders) == 0:
+			problems = append(problems, fmt.Sprintf("shard %d: no leader", s.ID))
+		case len(leaders) > 1:
+			problems = append(problems, fmt.Sprintf("shard %d: %d leaders (%s)", s.ID, len(leaders), strings.Join(leaders, ", ")))
+		}
+		if len(s.Replicas) == 0 {
+			problems = append(problems, fmt.Sprintf("shard %d: no replicas", s.ID))
+			continue
+		}
+		for _, l := range leaders {
+			if !slices.ContainsFunc(s.Replicas, func(r ReplicaState) bool { return r.Node == l }) {
+				problems = append(problems, fmt.Sprintf("shard %d: leader %s is not one of its replicas", s.ID, l))
+			}
+		}
+		var parts []string
+		indexes := map[uint64]bool{}
+		for _, r := range s.Replicas {
+			indexes[r.AppliedIndex] = true
+			parts = append(parts, fmt.Sprintf("%s=%d", r.Node, r.AppliedIndex))
+		}
+		if len(indexes) > 1 {
+			problems = append(problems, fmt.Sprintf("shard %d: applied indexes differ (%s)", s.ID, strings.Join(parts, " ")))
+		}
+		byIndex := map[uint64][]ReplicaState{}
+		for _, r := range s.Replicas {
+			byIndex[r.AppliedIndex] = append(byIndex[r.AppliedIndex], r)
+		}
+		idx := make([]uint64, 0, len(byIndex))
+		for i := range byIndex {
+			idx = append(idx, i)
+		}
+		slices.Sort(idx)
+		for _, i := range idx {
+			group := byIndex[i]
+			differ := false
+			var parts []string
+			for _, r := range group {
+				differ = differ || r.Digest != group[0].Digest
+				parts = append(parts, fmt.Sprintf("%s=%s", r.Node, r.Digest))
+			}
+			if differ {
+				problems = append(problems, fmt.Sprintf("shard %d: digests differ at applied index %d (%s)",
+					s.ID, i, strings.Join(parts, " ")))
+			}
+		}
+	}
+	return problems
+}
+
+// quantiles uses nearest rank: the q-quantile of n sorted values is the value at rank
+// ceil(q*n) (1-based), so p50 of 1..100 is 50 and p99 is 99.
+func quantiles(v []float64) Quantiles {
+	if len(v) == 0 {
+		return Quantiles{}
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	rank := func(q float64) float64 {
+		i := int(math.Ceil(q*float64(len(s)))) - 1
+		return roundMicro(s[max(0, min(i, len(s)-1))])
+	}
+	return Quantiles{Count: len(s), P50: rank(0.50), P99: rank(0.99), Max: roundMicro(s[len(s)-1])}
+}
+
+// roundMicro rounds milliseconds to the microsecond, so results.json stays readable.
+func roundMicro(ms float64) float64 { return math.Round(ms*1000) / 1000 }
+
+func joinInts(v []int64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,232 @@
+package checker
+
+import "time"
+
+// Op is one client operation or one nemesis fault window, as the driver recorded it. Times
+// are Unix nanoseconds on the driver's single clock.
+type Op struct {
+	Index   int    `json:"index"`
+	Process int    `json:"process"`
+	F       string `json:"f"`              // "schedule", "cancel", "get", "invalid", "nemesis"
+	Node    string `json:"node,omitempty"` // node the request was sent to
+
+	ID          string `json:"id,omitempty"`
+	Topic       string `json:"topic,omitempty"`
+	Payload     string `json:"payload,omitempty"`
+	DelayNs     int64  `json:"delay_ns,omitempty"`      // schedule: exactly one of DelayNs and DeliverAtNs is set
+	DeliverAtNs int64  `json:"deliver_at_ns,omitempty"` //
+
+	InvokeNs   int64 `json:"invoke_ns"`
+	CompleteNs int64 `json:"complete_ns"`
+
+	// Type is "ok", "fail" (definitely did not happen) or "info" (unknown: timed out, or
+	// the connection was lost after sending).
+	Type  string `json:"type"`
+	Error string `json:"error,omitempty"`
+	Code  string `json:"code,omitempty"` // gRPC code name, e.g. "ALREADY_EXISTS"
+
+	AckDueNs int64  `json:"ack_due_ns,omitempty"` // schedule ok: the due time the server returned
+	Existing bool   `json:"existing,omitempty"`   // schedule ok: the id already existed with this content
+	State    string `json:"state,omitempty"`      // get ok: scheduled/fired/cancelled/dead_lettered
+
+	// Nemesis only: InvokeNs is the fault's start, CompleteNs its heal.
+	Kind    string   `json:"kind,omitempty"`
+	Targets []string `json:"targets,omitempty"`
+	SkewNs  int64    `json:"skew_ns,omitempty"`
+}
+
+// Op.F values.
+const (
+	FSchedule = "schedule"
+	FCancel   = "cancel"
+	FGet      = "get"
+	FInvalid  = "invalid"
+	FNemesis  = "nemesis"
+)
+
+// Op.Type values.
+const (
+	TypeOK   = "ok"
+	TypeFail = "fail"
+	TypeInfo = "info"
+)
+
+// KindSkew is the nemesis kind that moves node clocks; early records under it are reported
+// apart (Results.EarlyUnderSkew).
+const KindSkew = "skew"
+
+// Record is one Kafka record as read back after the run by an independent client.
+//
+// AppendMs is the broker's LogAppendTime. The broker runs in the driver process, so it is the
+// driver's clock, at millisecond resolution (truncated). ReceivedNs is when the reader got it.
+// DueMs, FiredMs and Attempt are the chime-due-unix-ms, chime-fired-unix-ms and chime-attempt
+// headers; FiredMs is the firing node's clock, which a skew nemesis moves.
+type Record struct {
+	ID         string `json:"id"`
+	Topic      string `json:"topic"`
+	Partition  int32  `json:"partition"`
+	Offset     int64  `json:"offset"`
+	Payload    string `json:"payload"`
+	DueMs      int64  `json:"due_ms"`
+	FiredMs    int64  `json:"fired_ms"`
+	Attempt    int    `json:"attempt"`
+	AppendMs   int64  `json:"append_ms"`
+	ReceivedNs int64  `json:"received_ns"`
+}
+
+// Cluster is the final state of the cluster after the last heal and the drain.
+type Cluster struct {
+	Shards []ShardState `json:"shards"`
+}
+
+// ShardState is one shard as every node reported it.
+type ShardState struct {
+	ID       uint32         `json:"id"`
+	Leaders  []string       `json:"leaders"` // every node that claims leadership of the shard
+	Replicas []ReplicaState `json:"replicas"`
+}
+
+// ReplicaState is one replica's applied index and state digest.
+type ReplicaState struct {
+	Node         string `json:"node"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Digest       string `json:"digest"`
+}
+
+// Config holds the tolerances of the checks. Zero fields take the defaults below; a negative
+// EarlyTolerance or DuplicateGrace means zero.
+type Config struct {
+	// EarlyTolerance: a record is early only if it was appended more than this before its
+	// due time. Default 2 ms: AppendMs is truncated to the millisecond (up to 1 ms lost) and
+	// a due time taken from the chime-due-unix-ms header is truncated too (another 1 ms).
+	EarlyTolerance time.Duration
+	// CancelTolerance: a record appended up to this long after a Cancel's ack is not a
+	// violation. Default 0: AppendMs is truncated, so AppendMs*1e6 > ack already proves the
+	// append happened after the ack.
+	CancelTolerance time.Duration
+	// DuplicateGrace: a duplicate appended up to this long after a fault's heal is
+	// attributed to that fault. Default 10 s (leader elections, Raft catch-up and produce
+	// retries with backoff up to 5 s settle within it).
+	DuplicateGrace time.Duration
+	// FinalHealNs is the end of the last fault: events due after it are in the after_heal
+	// period. Zero means the latest heal among the nemesis ops.
+	FinalHealNs int64
+	// DeadLetterTopic is the topic of dead-lettered copies (default "chime.deadletter",
+	// publish.DefaultDeadLetterTopic). Their topic is not compared with the scheduled
+	// topic (the dead-letter record's chime-topic header is not part of Record).
+	DeadLetterTopic string
+}
+
+// Defaults of Config.
+const (
+	DefaultEarlyTolerance  = 2 * time.Millisecond
+	DefaultDuplicateGrace  = 10 * time.Second
+	DefaultDeadLetterTopic = "chime.deadletter"
+)
+
+func (c Config) withDefaults(ops []Op) Config {
+	if c.EarlyTolerance == 0 {
+		c.EarlyTolerance = DefaultEarlyTolerance
+	} else if c.EarlyTolerance < 0 {
+		c.EarlyTolerance = 0
+	}
+	if c.CancelTolerance < 0 {
+		c.CancelTolerance = 0
+	}
+	if c.DuplicateGrace == 0 {
+		c.DuplicateGrace = DefaultDuplicateGrace
+	} else if c.DuplicateGrace < 0 {
+		c.DuplicateGrace = 0
+	}
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = DefaultDeadLetterTopic
+	}
+	if c.FinalHealNs == 0 {
+		for _, op := range ops {
+			if op.F == FNemesis && op.CompleteNs > c.FinalHealNs {
+				c.FinalHealNs = op.CompleteNs
+			}
+		}
+	}
+	return c
+}
+
+// Results is what Check found. It is written as results.json.
+type Results struct {
+	// Valid: Lost, Early, CancelViolations, Phantom and IdempotencyViolations are all zero
+	// and the final state converged.
+	Valid bool `json:"valid"`
+
+	Lost                  int `json:"lost"`                   // ids
+	Early                 int `json:"early"`                  // records
+	EarlyUnderSkew        int `json:"early_under_skew"`       // records, not in Early
+	CancelViolations      int `json:"cancel_violations"`      // records
+	Phantom               int `json:"phantom"`                // records
+	IdempotencyViolations int `json:"idempotency_violations"` // ids
+
+	Duplicates        int            `json:"duplicates"`          // extra copies
+	DuplicatesByFault map[string]int `json:"duplicates_by_fault"` // nemesis kind or "none" → extra copies
+
+	Converged           bool     `json:"converged"`
+	ConvergenceProblems []string `json:"convergence_problems"`
+
+	LatenessMs Lateness   `json:"lateness_ms"`
+	Recovery   []Recovery `json:"recovery"`
+
+	// InvalidAccepted counts "invalid" ops (deliberately bad input) that returned ok
+	// (design invariant 7). Reported, not part of Valid.
+	InvalidAccepted int `json:"invalid_accepted"`
+
+	Ops               map[string]map[string]int `json:"ops"` // f → type → count
+	AckedIDs          int                       `json:"acked_ids"`
+	DeliveredIDs      int                       `json:"delivered_ids"`
+	Records           int                       `json:"records"`
+	DeadLetterRecords int                       `json:"dead_letter_records"`
+
+	// Examples: check name (the JSON key of its count) → up to MaxExamples findings.
+	Examples map[string][]Example `json:"examples"`
+
+	Config ConfigUsed `json:"config"`
+}
+
+// MaxExamples bounds Results.Examples per check.
+const MaxExamples = 10
+
+// Example is one finding of a check.
+type Example struct {
+	ID  string `json:"id"`
+	Why string `json:"why"`
+}
+
+// Lateness is the lateness distribution per period of the run.
+type Lateness struct {
+	Healthy   Quantiles `json:"healthy"`
+	Faulty    Quantiles `json:"faulty"`
+	AfterHeal Quantiles `json:"after_heal"`
+}
+
+// Quantiles summarises lateness values in milliseconds (nearest-rank quantiles).
+type Quantiles struct {
+	Count int     `json:"count"`
+	P50   float64 `json:"p50"`
+	P99   float64 `json:"p99"`
+	Max   float64 `json:"max"`
+}
+
+// Recovery is how long after one fault's heal the backlog took to reach Kafka.
+type Recovery struct {
+	Kind       string   `json:"kind"`
+	Targets    []string `json:"targets"`
+	StartNs    int64    `json:"start_ns"`
+	HealNs     int64    `json:"heal_ns"`
+	RecoveryMs float64  `json:"recovery_ms"`
+}
+
+// ConfigUsed is the Config Check ran with, defaults applied.
+type ConfigUsed struct {
+	EarlyToleranceNs  int64  `json:"early_tolerance_ns"`
+	CancelToleranceNs int64  `json:"cancel_tolerance_ns"`
+	DuplicateGraceNs  int64  `json:"duplicate_grace_ns"`
+	FinalHealNs       int64  `json:"final_heal_ns"`
+	DeadLetterTopic   string `json:"dead_letter_topic"`
+}
