@@ -1,0 +1,374 @@
+package checker
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// violations are the counts that make a run invalid, by their results.json key.
+func violations(res Results) map[string]int {
+	return map[string]int{
+		"lost":                   res.Lost,
+		"early":                  res.Early,
+		"cancel_violations":      res.CancelViolations,
+		"phantom":                res.Phantom,
+		"idempotency_violations": res.IdempotencyViolations,
+	}
+}
+
+func assertClean(t *testing.T, res Results) {
+	t.Helper()
+	for k, n := range violations(res) {
+		if n != 0 {
+			t.Errorf("%s = %d, want 0; examples: %v", k, n, res.Examples[k])
+		}
+	}
+	if !res.Converged || len(res.ConvergenceProblems) != 0 {
+		t.Errorf("converged = %v, problems %v", res.Converged, res.ConvergenceProblems)
+	}
+	if !res.Valid {
+		t.Errorf("valid = false on a clean run")
+	}
+}
+
+// assertOnly checks that the run is invalid because of exactly one finding of check, about id.
+func assertOnly(t *testing.T, res Results, check, id string) {
+	t.Helper()
+	if res.Valid {
+		t.Errorf("valid = true, want false")
+	}
+	for k, n := range violations(res) {
+		want := 0
+		if k == check {
+			want = 1
+		}
+		if n != want {
+			t.Errorf("%s = %d, want %d; examples: %v", k, n, want, res.Examples[k])
+		}
+	}
+	if !res.Converged {
+		t.Errorf("converged = false: %v", res.ConvergenceProblems)
+	}
+	ex := res.Examples[check]
+	if len(ex) != 1 || ex[0].ID != id {
+		t.Fatalf("examples[%s] = %v, want one naming %s", check, ex, id)
+	}
+	t.Logf("%s: %s: %s", check, ex[0].ID, ex[0].Why)
+}
+
+func TestCleanHistoriesPass(t *testing.T) {
+	for seed := uint64(1); seed <= 12; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			g := genClean(seed, 650)
+			res := g.check()
+			assertClean(t, res)
+			if res.Duplicates != 0 || res.EarlyUnderSkew != 0 || res.InvalidAccepted != 0 {
+				t.Errorf("duplicates %d, early_under_skew %d, invalid_accepted %d; want 0",
+					res.Duplicates, res.EarlyUnderSkew, res.InvalidAccepted)
+			}
+			// The run is not trivially clean: every scenario is there and was looked at.
+			for _, sc := range scenarios {
+				if len(g.ids[sc]) < 40 {
+					t.Fatalf("scenario %s has %d ids", sc, len(g.ids[sc]))
+				}
+			}
+			if res.Records != len(g.recs) || res.DeadLetterRecords != len(g.ids["deadletter"]) {
+				t.Errorf("records %d (dead-letter %d), want %d (%d)", res.Records, res.DeadLetterRecords, len(g.recs), len(g.ids["deadletter"]))
+			}
+			if res.Ops[FSchedule][TypeOK] == 0 || res.Ops[FSchedule][TypeInfo] == 0 || res.Ops[FSchedule][TypeFail] == 0 ||
+				res.Ops[FNemesis][TypeInfo] != len(genWindows) {
+				t.Errorf("op counts %v", res.Ops)
+			}
+			l := res.LatenessMs
+			if l.Healthy.Count == 0 || l.Faulty.Count == 0 || l.AfterHeal.Count == 0 {
+				t.Errorf("lateness periods %+v: each should have events", l)
+			}
+			// Healthy: up to 30 ms, dead-letter copies 300 ms more; faulty: until after the heal.
+			if l.Healthy.Max > 330 || l.Healthy.P50 > 30 || l.Faulty.Max < 1000 {
+				t.Errorf("lateness healthy p50 %v max %v (want <= 30, 330 ms), faulty max %v (want > 1 s)",
+					l.Healthy.P50, l.Healthy.Max, l.Faulty.Max)
+			}
+			if len(res.Recovery) != len(genWindows) {
+				t.Errorf("recovery has %d entries, want %d", len(res.Recovery), len(genWindows))
+			}
+		})
+	}
+}
+
+func TestPlantLost(t *testing.T) {
+	g := genClean(7, 650)
+	id := g.pick("acked", nil)
+	g.dropRecords(id)
+	assertOnly(t, g.check(), "lost", id)
+}
+
+func TestPlantEarly(t *testing.T) {
+	g := genClean(7, 650)
+	id := g.pick("acked", g.awayFromFaults)
+	g.recs[g.recsOf(id)[0]].AppendMs = g.due[id]/1e6 - 10
+	assertOnly(t, g.check(), "early", id)
+}
+
+func TestPlantCancelAfterAck(t *testing.T) {
+	g := genClean(7, 650)
+	id := g.pick("cancel_before", g.awayFromFaults)
+	s := g.ops[g.opsOf(id, FSchedule)[0]]
+	g.recs = append(g.recs, Record{ID: id, Topic: s.Topic, Payload: s.Payload, Offset: 99999,
+		DueMs: g.due[id] / 1e6, FiredMs: g.due[id]/1e6 + 4, Attempt: 1, AppendMs: g.due[id]/1e6 + 5})
+	assertOnly(t, g.check(), "cancel_violations", id)
+}
+
+func TestPlantPhantomUnknownID(t *testing.T) {
+	g := genClean(7, 650)
+	g.recs = append(g.recs, Record{ID: "ghost-1", Topic: "reminders", Payload: "boo", Offset: 99999,
+		DueMs: at(20*time.Second) / 1e6, AppendMs: at(20*time.Second) / 1e6, Attempt: 1})
+	assertOnly(t, g.check(), "phantom", "ghost-1")
+}
+
+func TestPlantPhantomConflictingContent(t *testing.T) {
+	g := genClean(7, 650)
+	id := g.pick("acked_conflict", nil)
+	ops := g.opsOf(id, FSchedule)
+	rejected := g.ops[ops[1]]
+	if rejected.Code != "ALREADY_EXISTS" {
+		t.Fatalf("second schedule of %s is %+v", id, rejected)
+	}
+	g.recs[g.recsOf(id)[0]].Payload = rejected.Payload
+	assertOnly(t, g.check(), "phantom", id)
+}
+
+func TestPlantIdempotency(t *testing.T) {
+	cases := []struct {
+		name, scenario, want string
+		plant                func(g *run, id string)
+	}{
+		{"two creators", "acked_resend", "existing=false", func(g *run, id string) {
+			g.ops[g.opsOf(id, FSchedule)[1]].Existing = false
+		}},
+		{"identical content, different due", "acked_resend", "different due times", func(g *run, id string) {
+			g.ops[g.opsOf(id, FSchedule)[1]].AckDueNs += int64(time.Millisecond)
+		}},
+		{"existing=true with different content", "acked_resend", "different content", func(g *run, id string) {
+			g.ops[g.opsOf(id, FSchedule)[1]].Payload += "-changed"
+		}},
+		{"records with different payloads", "info_conflict", "different payloads", func(g *run, id string) {
+			second := g.ops[g.opsOf(id, FSchedule)[1]]
+			first := g.recs[g.recsOf(id)[0]]
+			first.Payload, first.Offset, first.AppendMs = second.Payload, 99999, first.AppendMs+3
+			g.recs = append(g.recs, first)
+		}},
+		{"existing=true before any other send", "acked", "no other schedule", func(g *run, id string) {
+			g.ops[g.opsOf(id, FSchedule)[0]].Existing = true
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(7, 650)
+			id := g.pick(tc.scenario, nil)
+			tc.plant(g, id)
+			res := g.check()
+			assertOnly(t, res, "idempotency_violations", id)
+			if why := res.Examples["idempotency_violations"][0].Why; !strings.Contains(why, tc.want) {
+				t.Errorf("example %q does not say %q", why, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlantNotConverged(t *testing.T) {
+	cases := []struct {
+		name, want string
+		plant      func(s *ShardState)
+	}{
+		{"two leaders", "2 leaders", func(s *ShardState) { s.Leaders = append(s.Leaders, s.Replicas[0].Node) }},
+		{"no leader", "no leader", func(s *ShardState) { s.Leaders = nil }},
+		{"digest mismatch", "digests differ", func(s *ShardState) { s.Replicas[1].Digest = "bad" }},
+		{"applied index mismatch", "applied indexes differ", func(s *ShardState) { s.Replicas[2].AppliedIndex-- }},
+		{"leader not a replica", "not one of its replicas", func(s *ShardState) { s.Leaders = []string{"n9"} }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(3, 200)
+			tc.plant(&g.final.Shards[2])
+			res := g.check()
+			if res.Valid || res.Converged {
+				t.Errorf("valid %v converged %v, want both false", res.Valid, res.Converged)
+			}
+			for k, n := range violations(res) {
+				if n != 0 {
+					t.Errorf("%s = %d, want 0", k, n)
+				}
+			}
+			p := res.ConvergenceProblems
+			if len(p) != 1 || !strings.HasPrefix(p[0], "shard 2: ") || !strings.Contains(p[0], tc.want) {
+				t.Fatalf("problems %q, want one about shard 2 saying %q", p, tc.want)
+			}
+		})
+	}
+	res := Check(nil, nil, Cluster{}, Config{})
+	if res.Converged || res.Valid {
+		t.Errorf("an empty final state converged")
+	}
+}
+
+// event returns an acked schedule due at due and its record appended late after due, with
+// exact millisecond times so that lateness is known exactly.
+func event(id string, due, late time.Duration) (Op, Record) {
+	d := at(due)
+	op := Op{F: FSchedule, ID: id, Topic: "t", Payload: "p-" + id, DeliverAtNs: d, Type: TypeOK, AckDueNs: d,
+		InvokeNs: d - int64(time.Second), CompleteNs: d - int64(time.Second) + 1e6}
+	rec := Record{ID: id, Topic: "t", Payload: "p-" + id, DueMs: d / 1e6, Attempt: 1, AppendMs: (d + int64(late)) / 1e6}
+	return op, rec
+}
+
+func TestDuplicatesAttributedToFault(t *testing.T) {
+	g := genClean(5, 300)
+	copies := map[string]time.Duration{ // id → when its extra copy lands
+		"dup-kill":      12 * time.Second,         // inside kill [10, 14]
+		"dup-partition": 40 * time.Second,         // partition healed at 35: within the 10 s grace
+		"dup-skew":      56 * time.Second,         // skew healed at 53
+		"dup-kafka":     71 * time.Second,         // inside kafka [70, 72] and pause's grace: the later start wins
+		"dup-none":      95 * time.Second,         // kafka's grace ended at 82
+		"dup-none2":     24500 * time.Millisecond, // kill's grace ended at 24, partition starts at 25
+		"dup-boundary":  45 * time.Second,         // partition heal + grace exactly: still the partition's
+		"dup-dlq":       12500 * time.Millisecond,
+	}
+	for id, when := range copies {
+		op, rec := event(id, 5*time.Second, 20*time.Millisecond)
+		op.Index = len(g.ops)
+		g.ops = append(g.ops, op)
+		g.recs = append(g.recs, rec)
+		rec.AppendMs = at(when) / 1e6
+		rec.Offset = 1
+		if id == "dup-dlq" {
+			rec.Topic = DefaultDeadLetterTopic
+		}
+		g.recs = append(g.recs, rec)
+	}
+	res := g.check()
+	assertClean(t, res)
+	want := map[string]int{"kill": 2, "partition": 2, "skew": 1, "pause": 0, "kafka": 1, "none": 2}
+	if fmt.Sprint(res.DuplicatesByFault) != fmt.Sprint(want) {
+		t.Errorf("duplicates_by_fault = %v, want %v", res.DuplicatesByFault, want)
+	}
+	if res.Duplicates != len(copies) {
+		t.Errorf("duplicates = %d, want %d", res.Duplicates, len(copies))
+	}
+}
+
+func TestEarlyUnderSkew(t *testing.T) {
+	// genWindows' skew: [48 s, 53 s], clock moved by 3 s.
+	cases := []struct {
+		name       string
+		due, early time.Duration
+		underSkew  bool
+	}{
+		{"due inside the window", 50 * time.Second, time.Second, true},
+		{"appended inside the window, due after it", 54500 * time.Millisecond, 2500 * time.Millisecond, true},
+		{"earlier than the skew explains", 50 * time.Second, 3500 * time.Millisecond, false},
+		{"nowhere near the window", 42 * time.Second, time.Second, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(9, 300)
+			op, rec := event("early-1", tc.due, -tc.early)
+			g.ops = append(g.ops, op)
+			g.recs = append(g.recs, rec)
+			res := g.check()
+			if tc.underSkew {
+				if res.EarlyUnderSkew != 1 || res.Early != 0 || !res.Valid {
+					t.Fatalf("early_under_skew %d, early %d, valid %v; want 1, 0, true", res.EarlyUnderSkew, res.Early, res.Valid)
+				}
+				if ex := res.Examples["early_under_skew"]; len(ex) != 1 || ex[0].ID != "early-1" {
+					t.Errorf("examples %v", ex)
+				}
+				return
+			}
+			if res.EarlyUnderSkew != 0 {
+				t.Errorf("early_under_skew = %d, want 0", res.EarlyUnderSkew)
+			}
+			assertOnly(t, res, "early", "early-1")
+		})
+	}
+}
+
+func TestToleranceBoundaries(t *testing.T) {
+	op, rec := event("b", 10*time.Second, -2*time.Millisecond) // exactly EarlyTolerance early
+	res := Check([]Op{op}, []Record{rec}, cleanCluster(1), Config{})
+	assertClean(t, res)
+	rec.AppendMs--
+	res = Check([]Op{op}, []Record{rec}, cleanCluster(1), Config{})
+	assertOnly(t, res, "early", "b")
+	res = Check([]Op{op}, []Record{rec}, cleanCluster(1), Config{EarlyTolerance: 5 * time.Millisecond})
+	assertClean(t, res)
+
+	// Due from the ack wins over the record's header.
+	op, rec = event("h", 10*time.Second, time.Millisecond)
+	rec.DueMs -= 1000
+	rec.AppendMs -= 500
+	assertOnly(t, Check([]Op{op}, []Record{rec}, cleanCluster(1), Config{}), "early", "h")
+
+	// Cancel: an append in the millisecond of the ack is not provably after it.
+	op, rec = event("c", 10*time.Second, 5*time.Millisecond)
+	cancel := Op{F: FCancel, ID: "c", Type: TypeOK, InvokeNs: rec.AppendMs*1e6 - 3e6, CompleteNs: rec.AppendMs * 1e6}
+	assertClean(t, Check([]Op{op, cancel}, []Record{rec}, cleanCluster(1), Config{}))
+	cancel.CompleteNs--
+	assertOnly(t, Check([]Op{op, cancel}, []Record{rec}, cleanCluster(1), Config{}), "cancel_violations", "c")
+	assertClean(t, Check([]Op{op, cancel}, []Record{rec}, cleanCluster(1), Config{CancelTolerance: time.Nanosecond}))
+
+	// Lost: a failed cancel does not excuse a missing record; an info one does.
+	cancel = Op{F: FCancel, ID: "c", Type: TypeFail, Code: "FAILED_PRECONDITION"}
+	assertOnly(t, Check([]Op{op, cancel}, nil, cleanCluster(1), Config{}), "lost", "c")
+	cancel.Type = TypeInfo
+	assertClean(t, Check([]Op{op, cancel}, nil, cleanCluster(1), Config{}))
+}
+
+func TestLatenessAndRecovery(t *testing.T) {
+	ops := []Op{{F: FNemesis, Kind: "kill", Targets: []string{"n1"}, InvokeNs: at(100 * time.Second), CompleteNs: at(110 * time.Second)}}
+	var recs []Record
+	add := func(id string, due, late time.Duration) {
+		op, rec := event(id, due, late)
+		ops = append(ops, op)
+		recs = append(recs, rec)
+	}
+	// Healthy: lateness 1..100 ms.
+	for i := range 100 {
+		add(fmt.Sprintf("h%03d", i), 10*time.Second+time.Duration(i)*500*time.Millisecond, time.Duration(i+1)*time.Millisecond)
+	}
+	recs[0].DueMs = 0 // the acked due is used, not the header
+	// A late duplicate of a healthy event is not its lateness.
+	dup := recs[5]
+	dup.AppendMs += 5000
+	dup.Offset = 7
+	recs = append(recs, dup)
+	// Faulty: due inside [100 s, 110 s].
+	add("f1", 101*time.Second, 1000*time.Millisecond)
+	add("f2", 105*time.Second, 2000*time.Millisecond)
+	add("f3", 109*time.Second, 3000*time.Millisecond)
+	// After the heal (FinalHealNs defaults to the last heal, 110 s).
+	add("a1", 120*time.Second, 5*time.Millisecond)
+	add("a2", 130*time.Second, 7*time.Millisecond)
+
+	res := Check(ops, recs, cleanCluster(1), Config{})
+	assertClean(t, res)
+	want := Lateness{
+		Healthy:   Quantiles{Count: 100, P50: 50, P99: 99, Max: 100},
+		Faulty:    Quantiles{Count: 3, P50: 2000, P99: 3000, Max: 3000},
+		AfterHeal: Quantiles{Count: 2, P50: 5, P99: 7, Max: 7},
+	}
+	if res.LatenessMs != want {
+		t.Errorf("lateness_ms = %+v\nwant          %+v", res.LatenessMs, want)
+	}
+	if res.Config.FinalHealNs != at(110*time.Second) {
+		t.Errorf("final heal %d, want the kill's heal", res.Config.FinalHealNs)
+	}
+	// f3, due at 109 s, reached Kafka at 112 s: two seconds after the heal.
+	if len(res.Recovery) != 1 || res.Recovery[0].RecoveryMs != 2000 || res.Recovery[0].Kind != "kill" {
+		t.Errorf("recovery = %+v, want kill 2000 ms", res.Recovery)
+	}
+	if res.Duplicates != 1 || res.DuplicatesByFault["none"] != 1 {
+		t.Errorf("duplicates %d by fault %v", res.Duplicates, res.DuplicatesByFault)
+	}
+}
