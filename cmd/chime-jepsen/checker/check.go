@@ -281,7 +281,11 @@ func (a *analysis) recovery() []Recovery {
 		if last > w.heal {
 			ms = roundMicro(float64(last-w.heal) / 1e6)
 		}
-		out = append(out, Recovery{Kind: w.kind, Targets: w.targets, StartNs: w.start, HealNs: w.heal, RecoveryMs: ms})
+		targets := w.targets
+		if targets == nil {
+			targets = []string{} // a fault on no node in particular (kafka) reads [] rather than null
+		}
+		out = append(out, Recovery{Kind: w.kind, Targets: targets, StartNs: w.start, HealNs: w.heal, RecoveryMs: ms})
 	}
 	return out
 }

@@ -1,0 +1,149 @@
+// Package checker decides whether a chime-jepsen run kept Chime's invariants, measures what
+// the faults cost (duplicates, lateness, recovery), and writes the run's report.
+//
+// # What it owns and what it must never do
+//
+// It owns the meaning of a run's files: the history (one [Op] per client operation or fault
+// window), the records read back from Kafka (one [Record] each), the final cluster state
+// ([Cluster]), the rules below, results.json and report.html. The driver (package main of
+// cmd/chime-jepsen) produces the inputs; this package only reads them.
+//
+// It is pure: no network, no clock, no randomness. [Check] is a function of its arguments,
+// so a stored run can be re-checked, and tests feed it synthetic histories. It never trusts
+// what the system under test says about itself where the history can decide: due times come
+// from acked Schedule responses when there are some, not from the record headers.
+//
+// # Times
+//
+// Op times are Unix nanoseconds on the driver's single clock. Record.AppendMs is the broker's
+// LogAppendTime; the broker runs in the driver process, so it is the same clock, truncated to
+// the millisecond: the real append happened in [AppendMs, AppendMs+1ms). Below, "append" is
+// AppendMs×1e6 ns. FiredMs is the firing node's clock (moved by a skew nemesis) and is not
+// used by any check.
+//
+// The due time of a record is the AckDueNs of its id's reference ok schedule (below) when an
+// ok schedule of the id carried one, else the record's chime-due-unix-ms header × 1e6.
+//
+// Schedule and cancel ops are indexed by Op.ID; one without an id is ignored, so a record
+// without a chime-id header (ID "") is a phantom.
+//
+// A fault window is a nemesis op: [InvokeNs, CompleteNs] = [start, heal]. A window whose heal
+// is before its start (never healed) lasts to the latest time seen in the run.
+//
+// # The checks that decide validity
+//
+// valid = lost == 0 && early == 0 && cancel_violations == 0 && phantom == 0 &&
+// idempotency_violations == 0 && converged.
+//
+//  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
+//     (existing or not) and no cancel op of type ok or info must have at least one record,
+//     on any topic (a copy on the dead-letter topic counts: dead-lettering is an outcome the
+//     design allows). An info schedule alone makes no demand: it may never have happened. A
+//     failed cancel (FAILED_PRECONDITION, NOT_FOUND, ...) excuses nothing. The driver must
+//     read Kafka only after every acked event is due and the cluster has drained.
+//
+//  2. early (counts records; invariant 2). A record is early when append < due −
+//     EarlyTolerance. The default tolerance, 2 ms, covers the truncation of AppendMs (< 1 ms)
+//     and of the header due when it is the one used (< 1 ms); nodes and broker share one
+//     kernel clock, so nothing else needs room. Strict "<": a record appended exactly
+//     EarlyTolerance before due is not early.
+//
+//     early_under_skew (counts records, not in early, not in valid) takes the early records
+//     that a skew window can explain: its due or its append lies in [start, heal] of a window
+//     of kind "skew" (a clock set ahead fires while the skew is in place, and the event it
+//     fires may be due after the heal), and, when the window's SkewNs is non-zero, it is
+//     early by at most |SkewNs| + EarlyTolerance (a clock moved by s cannot fire more than s
+//     early). Chime's leader fires by its own clock, so a moved clock can fire early; the
+//     report shows how often without calling it a bug.
+//
+//  3. cancel_violations (counts records; invariant 4). For an id with a cancel op of type ok,
+//     take the earliest such ack, completed at C. Every record of the id with append > C +
+//     CancelTolerance is a violation. The default tolerance is 0 because AppendMs is
+//     truncated: append > C already proves the real append followed the ack, while a record
+//     in the ack's own millisecond gets the benefit of the doubt. Records appended before the
+//     ack are allowed: the produce may race the cancel, and the invariant only forbids
+//     production after the ack.
+//
+//  4. phantom (counts records). A record is a phantom when no schedule op of type ok or info
+//     ever carried its id, or when its (topic, payload) matches none of the id's candidate
+//     contents. The candidates are the contents of the id's ok schedules if it has any (an ok
+//     says the stored content is its own: it created it, or existing=true means identical),
+//     else the contents of its info schedules (any one may be the stored one). A failed
+//     schedule never stored anything: a re-send that failed with ALREADY_EXISTS (or any other
+//     code) is never the stored content. Records on the dead-letter topic are matched on
+//     payload only; their topic is the dead-letter topic.
+//
+//  5. idempotency_violations (counts ids; invariant 6). Content is what the server's content
+//     hash covers and the history holds: topic, payload, and the due as the client gave it
+//     (delay_ns or deliver_at_ns). An id violates idempotency when any of these holds:
+//     (a) two or more ok schedules returned existing=false (both claim to have created it);
+//     (b) ok schedules with identical content returned different non-zero AckDueNs;
+//     (c) its ok schedules carry different contents (an existing=true whose content differs
+//     from the first accepted content: the first creator by invoke time, else the first ok
+//     by completion time);
+//     (d) an ok with existing=true completed before any other ok or info schedule of the id
+//     had been invoked (nothing existed to be identical to);
+//     (e) its non-phantom records carry different payloads, or (dead-letter copies aside)
+//     different topics: two events were stored under one id. Phantom records are left to
+//     check 4, so one wrong record is reported once.
+//     One example per id lists every clause that holds.
+//
+//  6. converged. The final state must list at least one shard; every shard must have exactly
+//     one distinct node in Leaders, that leader must be one of its replicas, it must have
+//     replicas, all replicas must have the same AppliedIndex, and replicas at the same
+//     AppliedIndex must have the same Digest (digests at different indexes are expected to
+//     differ, so an index mismatch is reported once, as an index mismatch). Each failure is
+//     one line of convergence_problems, naming the shard.
+//
+// # What is measured, not judged
+//
+//   - duplicates: per id, the records beyond the first (records ordered by AppendMs, then
+//     partition, offset, topic), on any topic. Each extra copy is attributed, by its append,
+//     to the fault window whose [start, heal + DuplicateGrace] contains it, the one that
+//     started last when several do, else to "none". DuplicateGrace defaults to 10 s: elections,
+//     Raft catch-up and produce retries (backoff up to 5 s) settle within it. Invariant 3 says
+//     duplicates happen only around leader changes and Kafka retries, so "none" is the count
+//     to look at.
+//   - lateness_ms: for the first copy of every id some ok or info schedule carried,
+//     lateness = (append − due) / 1e6 ms. Its period is decided by the event's due: faulty
+//     if the due lies in any fault window [start, heal], else after_heal if it is after
+//     FinalHealNs (default: the latest heal), else healthy. Each period reports count, p50,
+//     p99 and max; quantiles are nearest-rank (the value at rank ⌈q·n⌉ of the sorted values),
+//     rounded to the microsecond. Duplicates are left out: they measure retries, not delivery.
+//   - recovery: per fault window, in start order, recovery_ms = max(0, A − heal) / 1e6, where
+//     A is the latest append among the first copies whose due ≤ heal (0 when there is none):
+//     how long after the heal the backlog took to reach Kafka. Later duplicates are not
+//     backlog and are left out.
+//   - invalid_accepted: ops with f "invalid" (deliberately bad input, invariant 7) that
+//     returned ok. Reported, not in valid; a record for such an op's id is a phantom anyway.
+//   - ops (counts by f and type), acked_ids, delivered_ids, records, dead_letter_records.
+//
+// Examples holds, per check (keyed like its count), up to [MaxExamples] findings in id
+// order, each an id and a one-line explanation with times relative to the run's start (the
+// first op invocation).
+//
+// # results.json
+//
+//	{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
+//	 "idempotency_violations", "duplicates", "duplicates_by_fault": {kind|"none": n},
+//	 "converged", "convergence_problems": [string],
+//	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},
+//	 "recovery": [{"kind", "targets", "start_ns", "heal_ns", "recovery_ms"}],
+//	 "invalid_accepted", "ops": {f: {type: n}}, "acked_ids", "delivered_ids", "records",
+//	 "dead_letter_records", "examples": {check: [{"id", "why"}]},
+//	 "config": {"early_tolerance_ns", "cancel_tolerance_ns", "duplicate_grace_ns",
+//	            "final_heal_ns", "dead_letter_topic"}}
+//
+// # report.html
+//
+// One self-contained page (no script, no external URL): the checks with valid and violated
+// rows highlighted, lateness per period, duplicates by fault, faults and recovery, the final
+// state, op counts, examples, and two inline SVG plots drawn here: lateness vs due time (one
+// dot per record, first copies, duplicates, phantoms and early records in their own colours)
+// and latency over time (one dot per completed client op, coloured ok/info/fail). Both use a
+// symlog y axis (sign(y)·log10(1+|y|)), so outliers and early records stay on the plot
+// instead of being clipped, and the largest lateness is labelled. Fault windows are shaded
+// bands, one colour per nemesis kind, with a legend. Each plot draws at most [MaxPlotPoints]
+// dots: dots on the same pixel of the same class are drawn once, then small classes are kept
+// whole and the rest is sampled evenly in time; the legend says how many were drawn.
+package checker

@@ -1,0 +1,221 @@
+package checker
+
+import (
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestWriteReport(t *testing.T) {
+	g := genClean(11, 650)
+	// Make the page show something in each class: an early record, a duplicate, a phantom.
+	early := g.pick("acked", g.awayFromFaults)
+	g.recs[g.recsOf(early)[0]].AppendMs -= 50
+	dup := g.recs[g.recsOf(g.pick("acked_resend", nil))[0]]
+	dup.Offset, dup.AppendMs = 424242, dup.AppendMs+1500
+	g.recs = append(g.recs, dup)
+	g.recs = append(g.recs, Record{ID: "ghost<&>", Topic: "reminders", Payload: "x", AppendMs: at(30*time.Second) / 1e6})
+	res := g.check()
+	if res.Valid || res.Early != 1 || res.Phantom != 1 || res.Duplicates != 1 {
+		t.Fatalf("setup: valid %v early %d phantom %d duplicates %d", res.Valid, res.Early, res.Phantom, res.Duplicates)
+	}
+
+	dir := filepath.Join(t.TempDir(), "out")
+	if err := WriteReport(dir, g.ops, g.recs, res); err != nil {
+		t.Fatal(err)
+	}
+
+	// results.json: indented, round-trips to the same Results, has every documented key.
+	js, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(js), "{\n  \"valid\": false,") {
+		t.Errorf("results.json is not indented or does not start with valid: %.40q", js)
+	}
+	var back Results
+	if err := json.Unmarshal(js, &back); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(back, res) {
+		t.Errorf("results.json does not round-trip:\n got %+v\nwant %+v", back, res)
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(js, &keys); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
+		"idempotency_violations", "duplicates", "duplicates_by_fault", "converged", "convergence_problems",
+		"lateness_ms", "recovery", "ops", "examples"} {
+		if _, ok := keys[k]; !ok {
+			t.Errorf("results.json has no %q", k)
+		}
+	}
+	var late map[string]map[string]float64
+	if err := json.Unmarshal(keys["lateness_ms"], &late); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"healthy", "faulty", "after_heal"} {
+		for _, f := range []string{"count", "p50", "p99", "max"} {
+			if _, ok := late[p][f]; !ok {
+				t.Errorf("lateness_ms.%s has no %s", p, f)
+			}
+		}
+	}
+	var rec []map[string]any
+	if err := json.Unmarshal(keys["recovery"], &rec); err != nil || len(rec) != len(genWindows) {
+		t.Fatalf("recovery: %v, %d entries", err, len(rec))
+	}
+	for _, f := range []string{"kind", "targets", "start_ns", "heal_ns", "recovery_ms"} {
+		if _, ok := rec[0][f]; !ok {
+			t.Errorf("recovery[0] has no %s", f)
+		}
+	}
+
+	// report.html: well-formed, self-contained, both plots with bands and legends.
+	b, err := os.ReadFile(filepath.Join(dir, "report.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	d := xml.NewDecoder(strings.NewReader(page))
+	d.Strict = true
+	for {
+		_, err := d.Token()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("report.html is not well-formed: %v", err)
+		}
+	}
+	for _, bad := range []string{"http://", "https://", "<script", "src=", "@import"} {
+		if strings.Contains(page, bad) {
+			t.Errorf("report.html contains %q", bad)
+		}
+	}
+	if n := strings.Count(page, "<svg "); n != 2 {
+		t.Errorf("%d <svg> elements, want 2", n)
+	}
+	for _, want := range []string{
+		`<span class="bad">INVALID</span>`,
+		`id="lateness"`, `id="latency"`, "Lateness vs due time", "Latency over time",
+		`data-series="first copy"`, `data-series="duplicate"`, `data-series="early"`, `data-series="phantom"`,
+		`data-series="ok"`, `data-series="info"`, `data-series="fail"`,
+		"ghost&lt;&amp;&gt;", "max ",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("report.html lacks %q", want)
+		}
+	}
+	if n := strings.Count(page, `class="legend"`); n != 2 {
+		t.Errorf("%d legends, want 2", n)
+	}
+	if n := strings.Count(page, `<g class="faults">`); n != 2 {
+		t.Errorf("%d fault band groups, want 2", n)
+	}
+	for _, w := range genWindows {
+		if n := strings.Count(page, "fault: "+w.kind+"<"); n != 2 {
+			t.Errorf("legend entry for %s appears %d times, want 2 (one per plot)", w.kind, n)
+		}
+		if n := strings.Count(page, "<title>"+w.kind+" "); n != 2 {
+			t.Errorf("band for %s appears %d times, want 2", w.kind, n)
+		}
+	}
+	// The row for early is flagged, the one for lost is not.
+	if !regexp.MustCompile(`<td class="l">early</td><td>1</td><td class="l bad">`).MatchString(page) ||
+		!regexp.MustCompile(`<td class="l">lost</td><td>0</td><td class="l good">`).MatchString(page) {
+		t.Errorf("summary rows are not highlighted as expected")
+	}
+}
+
+// TestPlotDownsample: a plot of 120k dots draws at most MaxPlotPoints, keeps a rare class
+// whole, and still draws the common one densely.
+func TestPlotDownsample(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	common := series{name: "first copy", color: "#00f", radius: 1}
+	for range 120000 {
+		common.pts = append(common.pts, point{x: r.Float64() * 600, y: r.ExpFloat64() * 20})
+	}
+	rare := series{name: "early", color: "#f00", radius: 2}
+	for i := range 37 {
+		rare.pts = append(rare.pts, point{x: float64(i) * 10, y: -float64(i + 3)})
+	}
+	var b strings.Builder
+	renderPlot(&b, plotSpec{id: "p", title: "t", series: []series{common, rare}, startNs: t0,
+		windows:   []window{{kind: "kill", start: at(100 * time.Second), heal: at(110 * time.Second)}},
+		kindColor: map[string]string{"kill": "#e41a1c"}})
+	drawn := map[string]int{}
+	for _, m := range regexp.MustCompile(`data-series="([^"]*)" data-points="(\d+)" data-total="(\d+)"`).FindAllStringSubmatch(b.String(), -1) {
+		n, _ := strconv.Atoi(m[2])
+		drawn[m[1]] = n
+		if got := strings.Count(b.String(), "h0"); got < n {
+			t.Fatalf("path has %d dots, attribute says %d", got, n)
+		}
+	}
+	if total := drawn["first copy"] + drawn["early"]; total > MaxPlotPoints || total < MaxPlotPoints*9/10 {
+		t.Errorf("drew %d dots, want close to and at most %d", total, MaxPlotPoints)
+	}
+	if drawn["early"] != 37 {
+		t.Errorf("drew %d early dots, want all 37", drawn["early"])
+	}
+	if size := b.Len(); size > 600_000 {
+		t.Errorf("plot is %d bytes", size)
+	}
+}
+
+func TestJSONLRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	g := genClean(2, 100)
+	path := filepath.Join(dir, "history.jsonl")
+	if err := WriteJSONL(path, g.ops); err != nil {
+		t.Fatal(err)
+	}
+	ops, err := ReadJSONL[Op](path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(ops, g.ops) {
+		t.Errorf("ops do not round-trip")
+	}
+	// Field names are the documented ones.
+	raw, _ := os.ReadFile(path)
+	for _, k := range []string{`"index":`, `"f":"schedule"`, `"invoke_ns":`, `"complete_ns":`, `"type":"ok"`, `"ack_due_ns":`, `"kind":"kill"`, `"skew_ns":`} {
+		if !strings.Contains(string(raw), k) {
+			t.Errorf("history.jsonl has no %s", k)
+		}
+	}
+
+	rpath := filepath.Join(dir, "records.jsonl")
+	if err := WriteJSONL(rpath, g.recs); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := ReadJSONL[Record](rpath)
+	if err != nil || !reflect.DeepEqual(recs, g.recs) {
+		t.Errorf("records do not round-trip: %v", err)
+	}
+
+	// Blank lines are skipped; a broken line is an error naming the line.
+	bad := filepath.Join(dir, "bad.jsonl")
+	os.WriteFile(bad, []byte("{\"id\":\"a\"}\n\n{\"id\":\"b\"}\n{\"id\":\"c\""), 0o644)
+	if _, err := ReadJSONL[Record](bad); err == nil || !strings.Contains(err.Error(), "bad.jsonl:4:") {
+		t.Errorf("truncated last line: err = %v, want one naming line 4", err)
+	}
+	os.WriteFile(bad, []byte("{\"id\":\"a\"}\n\n{\"id\":\"b\"}\n"), 0o644)
+	if got, err := ReadJSONL[Record](bad); err != nil || len(got) != 2 || got[1].ID != "b" {
+		t.Errorf("got %v, %v", got, err)
+	}
+	if _, err := ReadJSONL[Record](filepath.Join(dir, "missing.jsonl")); err == nil {
+		t.Errorf("missing file: no error")
+	}
+}
