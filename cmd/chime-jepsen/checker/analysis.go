@@ -242,14 +242,16 @@ func (a *analysis) period(due int64) string {
 // skewExplains returns the skew window that can explain a record appended at appendNs being
 // early for due: the due time or the append falls inside the window (a clock moved ahead
 // fires while the skew is in place), and, when the window says by how much the clock moved,
-// the record is early by no more than that plus EarlyTolerance.
+// it moved ahead (SkewNs > 0, chimed's convention: now = real time + offset) and the record
+// is early by no more than that plus EarlyTolerance. A clock moved back fires late, never
+// early.
 func (a *analysis) skewExplains(due, appendNs int64) (window, bool) {
 	earliness := due - appendNs
 	for _, w := range a.windows {
 		if w.kind != KindSkew || !(w.contains(due) || w.contains(appendNs)) {
 			continue
 		}
-		if s := abs(w.skew); s != 0 && earliness > s+int64(a.cfg.EarlyTolerance) {
+		if w.skew < 0 || (w.skew > 0 && earliness > w.skew+int64(a.cfg.EarlyTolerance)) {
 			continue
 		}
 		return w, true
@@ -276,11 +278,4 @@ func (a *analysis) rel(t int64) string {
 
 func recName(r *Record) string {
 	return fmt.Sprintf("%s/%d@%d", r.Topic, r.Partition, r.Offset)
-}
-
-func abs(x int64) int64 {
-	if x < 0 {
-		return -x
-	}
-	return x
 }

@@ -269,10 +269,18 @@ func TestEarlyUnderSkew(t *testing.T) {
 		{"appended inside the window, due after it", 54500 * time.Millisecond, 2500 * time.Millisecond, true},
 		{"earlier than the skew explains", 50 * time.Second, 3500 * time.Millisecond, false},
 		{"nowhere near the window", 42 * time.Second, time.Second, false},
+		{"clock moved back", 50 * time.Second, time.Second, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			g := genClean(9, 300)
+			if tc.name == "clock moved back" {
+				for i := range g.ops {
+					if g.ops[i].Kind == KindSkew {
+						g.ops[i].SkewNs = -g.ops[i].SkewNs
+					}
+				}
+			}
 			op, rec := event("early-1", tc.due, -tc.early)
 			g.ops = append(g.ops, op)
 			g.recs = append(g.recs, rec)

@@ -51,10 +51,13 @@
 //     early_under_skew (counts records, not in early, not in valid) takes the early records
 //     that a skew window can explain: its due or its append lies in [start, heal] of a window
 //     of kind "skew" (a clock set ahead fires while the skew is in place, and the event it
-//     fires may be due after the heal), and, when the window's SkewNs is non-zero, it is
-//     early by at most |SkewNs| + EarlyTolerance (a clock moved by s cannot fire more than s
-//     early). Chime's leader fires by its own clock, so a moved clock can fire early; the
-//     report shows how often without calling it a bug.
+//     fires may be due after the heal), and, when the window's SkewNs is non-zero, the clock
+//     moved ahead (SkewNs > 0: chimed's fault clock reads real time + offset) and the record
+//     is early by at most SkewNs + EarlyTolerance (a clock moved ahead by s cannot fire more
+//     than s early; one moved back fires late, never early). SkewNs == 0 means the magnitude
+//     is unknown: any early record the window contains counts as under skew. Chime's leader
+//     fires by its own clock, so a clock moved ahead fires early; the report shows how often
+//     without calling it a bug.
 //
 //  3. cancel_violations (counts records; invariant 4). For an id with a cancel op of type ok,
 //     take the earliest such ack, completed at C. Every record of the id with append > C +
