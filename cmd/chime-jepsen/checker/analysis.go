@@ -59,6 +59,22 @@ type idHistory struct {
 	ackDueNs int64
 }
 
+// createdNs is the earliest the event can have been created: the invocation of the ok
+// schedule that created it (existing=false), else of the first ok or info schedule.
+func (h *idHistory) createdNs() int64 {
+	for _, op := range h.oks {
+		if !op.Existing {
+			return op.InvokeNs
+		}
+	}
+	for _, op := range h.schedules {
+		if op.Type == TypeOK || op.Type == TypeInfo {
+			return op.InvokeNs
+		}
+	}
+	return 0
+}
+
 // accepted reports whether any ok or info schedule carried this id: only such an op can
 // have stored an event under it.
 func (h *idHistory) accepted() bool {

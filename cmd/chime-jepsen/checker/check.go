@@ -141,7 +141,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		if len(h.records) > 0 && h.accepted() {
 			r := h.records[0]
 			due := a.dueNs(h, r)
-			l := float64(r.AppendMs*1e6-due) / 1e6
+			l := float64(r.AppendMs*1e6-max(due, h.createdNs())) / 1e6
 			switch a.period(due) {
 			case "faulty":
 				late.faulty = append(late.faulty, l)
@@ -222,24 +222,6 @@ func (a *analysis) idempotencyProblems(h *idHistory, genuine []*Record) []string
 			contents[0], contents[1]))
 	}
 
-	// existing=true says another schedule of the id came first.
-	for _, op := range h.oks {
-		if !op.Existing {
-			continue
-		}
-		before := false
-		for _, o := range h.schedules {
-			if o != op && (o.Type == TypeOK || o.Type == TypeInfo) && o.InvokeNs < op.CompleteNs {
-				before = true
-				break
-			}
-		}
-		if !before {
-			problems = append(problems, fmt.Sprintf("op %d returned existing=true at %s but no other schedule of this id had been sent",
-				op.Index, a.rel(op.CompleteNs)))
-		}
-	}
-
 	// Records that each match a possible content but differ: two events under one id.
 	var payloads, topics []string
 	for _, r := range genuine {
@@ -273,7 +255,7 @@ func (a *analysis) recovery() []Recovery {
 				continue
 			}
 			r := h.records[0]
-			if a.dueNs(h, r) <= w.heal {
+			if max(a.dueNs(h, r), h.createdNs()) <= w.heal {
 				last = max(last, r.AppendMs*1e6)
 			}
 		}

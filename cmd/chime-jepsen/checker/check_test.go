@@ -159,9 +159,6 @@ func TestPlantIdempotency(t *testing.T) {
 			first.Payload, first.Offset, first.AppendMs = second.Payload, 99999, first.AppendMs+3
 			g.recs = append(g.recs, first)
 		}},
-		{"existing=true before any other send", "acked", "no other schedule", func(g *run, id string) {
-			g.ops[g.opsOf(id, FSchedule)[0]].Existing = true
-		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -378,5 +375,19 @@ func TestLatenessAndRecovery(t *testing.T) {
 	}
 	if res.Duplicates != 1 || res.DuplicatesByFault["none"] != 1 {
 		t.Errorf("duplicates %d by fault %v", res.Duplicates, res.DuplicatesByFault)
+	}
+}
+
+// An event accepted after its due time (a deliver_at in the past, or a retry
+// of a request refused during a fault) is late only from its acceptance.
+func TestLatenessCountsFromAcceptance(t *testing.T) {
+	op, rec := event("past", 10*time.Second, 30*time.Second+4*time.Millisecond)
+	op.InvokeNs, op.CompleteNs = at(40*time.Second), at(40*time.Second)+1e6 // accepted 30 s after due
+	refused := op
+	refused.Type, refused.Code, refused.InvokeNs, refused.CompleteNs = TypeFail, "InvalidArgument", at(5*time.Second), at(5*time.Second)
+	res := Check([]Op{refused, op}, []Record{rec}, cleanCluster(1), Config{})
+	assertClean(t, res)
+	if got := res.LatenessMs.Healthy; got.Count != 1 || got.Max != 4 {
+		t.Errorf("lateness of an event accepted after its due = %+v, want 4 ms from acceptance", got)
 	}
 }

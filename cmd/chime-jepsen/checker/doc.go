@@ -84,12 +84,14 @@
 //     (c) its ok schedules carry different contents (an existing=true whose content differs
 //     from the first accepted content: the first creator by invoke time, else the first ok
 //     by completion time);
-//     (d) an ok with existing=true completed before any other ok or info schedule of the id
-//     had been invoked (nothing existed to be identical to);
-//     (e) its non-phantom records carry different payloads, or (dead-letter copies aside)
+//     (d) its non-phantom records carry different payloads, or (dead-letter copies aside)
 //     different topics: two events were stored under one id. Phantom records are left to
 //     check 4, so one wrong record is reported once.
 //     One example per id lists every clause that holds.
+//     An ok with existing=true for a client's first send of an id is not a violation: when a
+//     request meets a leader change, the server retries it for the client, and a retry after
+//     an attempt whose outcome was unknown finds the attempt's own event ("already scheduled
+//     with identical content"), which is what existing=true says.
 //
 //  6. converged. The final state must list at least one shard; every shard must have exactly
 //     one distinct node in Leaders, that leader must be one of its replicas, it must have
@@ -108,13 +110,18 @@
 //     duplicates happen only around leader changes and Kafka retries, so "none" is the count
 //     to look at.
 //   - lateness_ms: for the first copy of every id some ok or info schedule carried,
-//     lateness = (append − due) / 1e6 ms. Its period is decided by the event's due: faulty
+//     lateness = (append − max(due, created)) / 1e6 ms, where created is the invocation of
+//     the ok schedule that created the event (existing=false), else of the first schedule
+//     that could have: an event accepted after its due time (a deliver_at in the past, a
+//     retry of a request the cluster refused during a fault) fires at acceptance, and is
+//     late only from then. Its period is decided by the event's due: faulty
 //     if the due lies in any fault window [start, heal], else after_heal if it is after
 //     FinalHealNs (default: the latest heal), else healthy. Each period reports count, p50,
 //     p99 and max; quantiles are nearest-rank (the value at rank ⌈q·n⌉ of the sorted values),
 //     rounded to the microsecond. Duplicates are left out: they measure retries, not delivery.
 //   - recovery: per fault window, in start order, recovery_ms = max(0, A − heal) / 1e6, where
-//     A is the latest append among the first copies whose due ≤ heal (0 when there is none):
+//     A is the latest append among the first copies whose due and creation (as for lateness)
+//     are ≤ heal (0 when there is none):
 //     how long after the heal the backlog took to reach Kafka. Later duplicates are not
 //     backlog and are left out.
 //   - invalid_accepted: ops with f "invalid" (deliberately bad input, invariant 7) that

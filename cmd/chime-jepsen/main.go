@@ -1,0 +1,368 @@
+// Command chime-jepsen is Chime's fault-test driver, in the manner of Jepsen:
+// it runs real chimed processes in network namespaces of its own, a client
+// workload that records every operation in a history, and a nemesis that
+// kills, pauses, partitions, slows, skews and cuts nodes off from Kafka on a
+// schedule; after a final heal it reads every record from Kafka with a client
+// of its own and checks the history against Chime's promises.
+//
+//	sudo go run ./cmd/chime-jepsen --time-limit 10m --nemesis mixed --out jepsen-out
+//
+// It needs root (network namespaces, iptables, tc) and touches only the
+// namespaces, bridge and addresses (10.77.0.0/24) it creates, all removed
+// when it ends.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/publish"
+)
+
+const kafkaPort = "9092"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type options struct {
+	timeLimit, maxDelay, drain time.Duration
+	nemesis, out               string
+	seed                       uint64
+	nodes, clients, shards     int
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	var o options
+	fs := flag.NewFlagSet("chime-jepsen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.DurationVar(&o.timeLimit, "time-limit", 5*time.Minute, "how long the workload and the nemesis run (then: final heal, drain, read, check)")
+	fs.StringVar(&o.nemesis, "nemesis", "mixed", "faults to inject: mixed, none, or a comma-separated list of "+strings.Join(faultKinds, ", "))
+	fs.StringVar(&o.out, "out", "", "directory for the run's history, records, results.json and report.html (default jepsen-out/<time>)")
+	fs.Uint64Var(&o.seed, "seed", 0, "random seed for the workload and the nemesis (default: from the clock; printed and saved)")
+	fs.IntVar(&o.nodes, "nodes", 5, "chimed processes, one per network namespace")
+	fs.IntVar(&o.clients, "clients", 8, "concurrent client workers")
+	fs.IntVar(&o.shards, "shards", 8, "shards of the cluster under test")
+	fs.DurationVar(&o.maxDelay, "max-delay", 2*time.Minute, "longest delay a scheduled event gets")
+	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long to keep reading after the last event fell due")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, `Usage: chime-jepsen [flags]   (as root)
+
+Runs a Jepsen-style fault test of Chime: --nodes chimed processes in network
+namespaces joined by a bridge, a Kafka-protocol broker on the host side, a
+workload of schedules (delays from 0 to --max-delay, some on tick boundaries),
+re-sends (identical and conflicting, sometimes to two nodes at once), cancels
+(well before, within 50 ms of, and after due), gets and invalid requests, and a
+nemesis that injects one fault about every 10 s. After the final heal and a
+drain it reads every record back and checks: nothing acknowledged lost, nothing
+early, nothing after an acknowledged cancel, no phantom record, idempotency,
+duplicates by fault, lateness per period, recovery time per fault, and that all
+replicas converged. Exits 0 when the run is valid, 1 when a check failed.
+
+Flags:
+`)
+		fs.PrintDefaults()
+		fmt.Fprint(stderr, `
+Examples:
+  sudo go run ./cmd/chime-jepsen --time-limit 10m
+  sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis partition-halves,kill-leader --seed 42
+`)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(stderr, "chime-jepsen: must run as root: it creates network namespaces, a bridge, veth pairs and iptables rules (try: sudo go run ./cmd/chime-jepsen)")
+		return 2
+	}
+	kinds, err := nemesisKinds(o.nemesis)
+	if err != nil {
+		fmt.Fprintf(stderr, "chime-jepsen: --nemesis: %v\n", err)
+		return 2
+	}
+	if o.seed == 0 {
+		o.seed = uint64(time.Now().UnixNano())
+	}
+	if o.out == "" {
+		o.out = filepath.Join("jepsen-out", time.Now().Format("20060102-150405"))
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	res, err := runTest(o, kinds, logger)
+	if err != nil {
+		logger.Error("run failed", "err", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s\nreport: %s\n", summary(res), filepath.Join(o.out, "report.html"))
+	if !res.Valid {
+		return 1
+	}
+	return 0
+}
+
+func nemesisKinds(s string) ([]string, error) {
+	switch s {
+	case "mixed":
+		return faultKinds, nil
+	case "none", "":
+		return nil, nil
+	}
+	var out []string
+	for _, k := range strings.Split(s, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.Contains(faultKinds, k) {
+			return nil, fmt.Errorf("unknown fault %q (known: mixed, none, %s)", k, strings.Join(faultKinds, ", "))
+		}
+		out = append(out, k)
+	}
+	return out, nil
+}
+
+func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, error) {
+	var res checker.Results
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return res, err
+	}
+	out, _ := filepath.Abs(o.out)
+	os.WriteFile(filepath.Join(out, "seed"), []byte(fmt.Sprintln(o.seed)), 0o644)
+	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds)
+
+	bin, err := buildChimed(out)
+	if err != nil {
+		return res, err
+	}
+	if err := setupNetwork(o.nodes); err != nil {
+		teardownNetwork(o.nodes)
+		return res, fmt.Errorf("network: %w", err)
+	}
+	defer teardownNetwork(o.nodes)
+
+	// The broker runs here, on the host side of the bridge. Its records
+	// carry LogAppendTime: the broker's clock, which is this process's, so
+	// "when was it produced" is measured on the same clock as the history.
+	broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
+		kfake.Ports(9092), kfake.ListenFn(func(network, _ string) (net.Listener, error) {
+			return net.Listen(network, net.JoinHostPort(hostIP, kafkaPort))
+		}),
+		kfake.BrokerConfigs(map[string]string{"log.message.timestamp.type": "LogAppendTime"}))
+	if err != nil {
+		return res, fmt.Errorf("broker: %w", err)
+	}
+	defer broker.Close()
+
+	c := &cluster{}
+	for i := 1; i <= o.nodes; i++ {
+		n := &node{i: i, id: fmt.Sprintf("n%d", i), ip: nodeIP(i), dataDir: filepath.Join(out, fmt.Sprintf("n%d", i)),
+			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards}
+		if i > 1 {
+			n.join = nodeIP(1) + ":7072"
+		}
+		c.nodes = append(c.nodes, n)
+	}
+	defer func() {
+		for _, n := range c.nodes {
+			n.kill()
+		}
+	}()
+	for _, n := range c.nodes {
+		if err := n.start(); err != nil {
+			return res, err
+		}
+		time.Sleep(300 * time.Millisecond) // the first node creates the cluster before the others join
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := c.waitConverged(ctx, 90*time.Second); err != nil {
+		return res, err
+	}
+	logger.Info("cluster converged; starting workload and nemesis")
+
+	h := &history{}
+	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second}
+	nm := &nemesis{c: c, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
+	start := time.Now()
+	runCtx, cancel := context.WithTimeout(ctx, o.timeLimit)
+	done := make(chan struct{})
+	go func() {
+		nm.run(runCtx, 10*time.Second)
+		close(done)
+	}()
+	w.run(runCtx, o.clients, o.seed)
+	cancel()
+	<-done
+	nm.finalHeal()
+	finalHeal := time.Now()
+	logger.Info("final heal", "ops", len(h.snapshot()), "ran", time.Since(start).Round(time.Second))
+
+	// Drain: wait until every event fell due (plus the drain period), then
+	// read everything back.
+	w.mu.Lock()
+	lastDue := w.maxDue
+	w.mu.Unlock()
+	wait := time.Until(lastDue.Add(o.drain))
+	wait = max(wait, o.drain)
+	logger.Info("draining", "until", time.Now().Add(wait).Format(time.TimeOnly))
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case <-time.After(wait):
+	}
+	recs, err := readRecords(ctx, []string{net.JoinHostPort(hostIP, kafkaPort)})
+	if err != nil {
+		return res, err
+	}
+	final, err := finalState(ctx, c, logger)
+	if err != nil {
+		logger.Warn("final state", "err", err)
+	}
+	ops := h.snapshot()
+	if err := checker.WriteJSONL(filepath.Join(out, "history.jsonl"), ops); err != nil {
+		return res, err
+	}
+	if err := checker.WriteJSONL(filepath.Join(out, "records.jsonl"), recs); err != nil {
+		return res, err
+	}
+	res = checker.Check(ops, recs, final, checker.Config{FinalHealNs: finalHeal.UnixNano()})
+	if err := checker.WriteReport(out, ops, recs, res); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// readRecords reads every record of every Chime topic from the start, until
+// a few seconds pass with nothing new.
+func readRecords(ctx context.Context, brokers []string) ([]checker.Record, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+		kgo.ConsumeTopics(append(slices.Clone(topics), publish.DefaultDeadLetterTopic)...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	var recs []checker.Record
+	quiet := time.Now()
+	for time.Since(quiet) < 5*time.Second && ctx.Err() == nil {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		fs := cl.PollFetches(pctx)
+		cancel()
+		now := time.Now().UnixNano()
+		fs.EachRecord(func(r *kgo.Record) {
+			quiet = time.Now()
+			rec := checker.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Payload: string(r.Value),
+				AppendMs: r.Timestamp.UnixMilli(), ReceivedNs: now}
+			for _, h := range r.Headers {
+				switch h.Key {
+				case publish.HeaderID:
+					rec.ID = string(h.Value)
+				case publish.HeaderDue:
+					rec.DueMs, _ = strconv.ParseInt(string(h.Value), 10, 64)
+				case publish.HeaderFired:
+					rec.FiredMs, _ = strconv.ParseInt(string(h.Value), 10, 64)
+				case publish.HeaderAttempt:
+					rec.Attempt, _ = strconv.Atoi(string(h.Value))
+				}
+			}
+			recs = append(recs, rec)
+		})
+	}
+	return recs, ctx.Err()
+}
+
+// finalState waits (up to a minute) until every shard has one leader and
+// its replicas agree, and returns what it saw last.
+func finalState(ctx context.Context, c *cluster, logger *slog.Logger) (checker.Cluster, error) {
+	var last checker.Cluster
+	deadline := time.Now().Add(time.Minute)
+	for {
+		last = snapshotState(ctx, c)
+		if converged(last) {
+			return last, nil
+		}
+		if time.Now().After(deadline) {
+			return last, errors.New("replicas did not converge within a minute of the drain")
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func snapshotState(ctx context.Context, c *cluster) checker.Cluster {
+	byShard := map[uint32]*checker.ShardState{}
+	members := map[uint32][]string{} // the leader's voters and non-voters
+	for _, n := range c.nodes {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		st, err := n.admin().NodeStatus(cctx, &chimev1.NodeStatusRequest{Digest: true})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, r := range st.Replicas {
+			s := byShard[r.Shard]
+			if s == nil {
+				s = &checker.ShardState{ID: r.Shard}
+				byShard[r.Shard] = s
+			}
+			if r.RaftState == "Leader" {
+				s.Leaders = append(s.Leaders, n.id)
+				members[r.Shard] = append(slices.Clone(r.Voters), r.Nonvoters...)
+			}
+			s.Replicas = append(s.Replicas, checker.ReplicaState{Node: n.id, AppliedIndex: r.DigestIndex, Digest: r.Digest})
+		}
+	}
+	var out checker.Cluster
+	for id, s := range byShard {
+		// A replica that left the configuration is released lazily; only
+		// the configuration's members must agree.
+		if m, ok := members[id]; ok {
+			s.Replicas = slices.DeleteFunc(s.Replicas, func(r checker.ReplicaState) bool { return !slices.Contains(m, r.Node) })
+		}
+		out.Shards = append(out.Shards, *s)
+	}
+	slices.SortFunc(out.Shards, func(a, b checker.ShardState) int { return int(a.ID) - int(b.ID) })
+	return out
+}
+
+func converged(c checker.Cluster) bool {
+	if len(c.Shards) == 0 {
+		return false
+	}
+	for _, s := range c.Shards {
+		if len(s.Leaders) != 1 || len(s.Replicas) == 0 {
+			return false
+		}
+		for _, r := range s.Replicas {
+			if r != (checker.ReplicaState{Node: r.Node, AppliedIndex: s.Replicas[0].AppliedIndex, Digest: s.Replicas[0].Digest}) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func summary(r checker.Results) string {
+	verdict := "VALID"
+	if !r.Valid {
+		verdict = "INVALID"
+	}
+	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d duplicates=%d converged=%v",
+		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.Duplicates, r.Converged)
+}

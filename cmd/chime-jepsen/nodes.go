@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+)
+
+// node is one chimed process in its own namespace.
+type node struct {
+	i       int
+	id      string
+	ip      string
+	dataDir string
+	logPath string
+	bin     string
+	join    string
+	shards  int
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	stopped bool // SIGSTOPped
+
+	conn *grpc.ClientConn
+}
+
+func (n *node) grpcAddr() string { return n.ip + ":7070" }
+func (n *node) httpAddr() string { return n.ip + ":7080" }
+
+// start launches chimed in the node's namespace. The process dies with the
+// driver (Pdeathsig), so nothing outlives a crashed run.
+func (n *node) start() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	args := []string{"netns", "exec", nsName(n.i), n.bin, "serve",
+		"--node-id", n.id, "--data-dir", n.dataDir,
+		"--grpc-addr", n.grpcAddr(), "--http-addr", n.httpAddr(),
+		"--raft-addr", n.ip + ":7071", "--gossip-addr", n.ip + ":7072",
+		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
+		"--dead-timeout", "1m", "--log-level", "info"}
+	if n.join != "" {
+		args = append(args, "--join", n.join)
+	}
+	cmd := exec.Command("ip", args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	n.cmd, n.exited, n.stopped = cmd, make(chan struct{}), false
+	exited := n.exited
+	go func() {
+		cmd.Wait()
+		logf.Close()
+		close(exited)
+	}()
+	return nil
+}
+
+func (n *node) alive() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil {
+		return false
+	}
+	select {
+	case <-n.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill sends SIGKILL and waits for the process to go.
+func (n *node) kill() {
+	n.mu.Lock()
+	cmd, exited := n.cmd, n.exited
+	n.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGCONT) // a paused process must not linger
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+}
+
+func (n *node) signal(sig syscall.Signal) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd != nil {
+		n.cmd.Process.Signal(sig)
+		n.stopped = sig == syscall.SIGSTOP
+	}
+}
+
+func (n *node) client() (*grpc.ClientConn, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.conn == nil {
+		cc, err := grpc.NewClient(n.grpcAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, err
+		}
+		n.conn = cc
+	}
+	return n.conn, nil
+}
+
+func (n *node) scheduler() chimev1.SchedulerClient {
+	cc, _ := n.client()
+	return chimev1.NewSchedulerClient(cc)
+}
+
+func (n *node) admin() chimev1.AdminClient {
+	cc, _ := n.client()
+	return chimev1.NewAdminClient(cc)
+}
+
+// setClockOffset skews the node's clock (a chimefault build's debug handler).
+func (n *node) setClockOffset(d time.Duration) error {
+	url := fmt.Sprintf("http://%s/debug/fault/clock-offset?ns=%d", n.httpAddr(), d.Nanoseconds())
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("clock offset on %s: %s", n.id, resp.Status)
+	}
+	return nil
+}
+
+// buildChimed builds the daemon with the fault-test clock into dir.
+func buildChimed(dir string) (string, error) {
+	bin := filepath.Join(dir, "chimed")
+	cmd := exec.Command("go", "build", "-tags", "chimefault", "-o", bin, "./cmd/chimed")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build -tags chimefault ./cmd/chimed: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// cluster is the set of nodes of a run.
+type cluster struct {
+	nodes []*node
+}
+
+// status asks any answering node for the cluster status.
+func (c *cluster) status(ctx context.Context) (*chimev1.StatusResponse, error) {
+	var last error
+	for _, n := range c.nodes {
+		if !n.alive() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		st, err := n.admin().Status(ctx, &chimev1.StatusRequest{})
+		cancel()
+		if err == nil {
+			return st, nil
+		}
+		last = err
+	}
+	return nil, fmt.Errorf("no node answered Status: %v", last)
+}
+
+// waitConverged waits until every shard has a leader and its desired voters.
+func (c *cluster) waitConverged(ctx context.Context, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		st, err := c.status(ctx)
+		if err == nil {
+			ok := len(st.Shards) > 0
+			for _, s := range st.Shards {
+				ok = ok && s.Leader != "" && len(s.Nonvoters) == 0 && len(s.Voters) == len(s.Desired) && len(s.Desired) > 0
+			}
+			if ok {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cluster not converged after %v (last error: %v)", d, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// leaderOfMost returns the node leading the most shards.
+func (c *cluster) leaderOfMost(ctx context.Context) *node {
+	st, err := c.status(ctx)
+	if err != nil {
+		return c.nodes[0]
+	}
+	counts := map[string]int{}
+	for _, s := range st.Shards {
+		counts[s.Leader]++
+	}
+	best := c.nodes[0]
+	for _, n := range c.nodes {
+		if counts[n.id] > counts[best.id] {
+			best = n
+		}
+	}
+	return best
+}
+
+func (c *cluster) byID(id string) *node {
+	for _, n := range c.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func ids(ns []*node) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, n.id)
+	}
+	return out
+}
+
+func joinIDs(ns []*node) string { return strings.Join(ids(ns), ",") }

@@ -1,0 +1,325 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+)
+
+// history collects operations from every client and the nemesis. Times are
+// the driver's clock (Unix ns).
+type history struct {
+	mu  sync.Mutex
+	ops []checker.Op
+}
+
+func (h *history) add(op checker.Op) {
+	h.mu.Lock()
+	op.Index = len(h.ops)
+	h.ops = append(h.ops, op)
+	h.mu.Unlock()
+}
+
+func (h *history) snapshot() []checker.Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]checker.Op(nil), h.ops...)
+}
+
+// sent remembers what was scheduled, for re-sends and cancels.
+type sent struct {
+	id, topic, payload string
+	delay              time.Duration
+	deliverAt          time.Time // zero when delay was used
+	due                time.Time // the driver's estimate
+}
+
+type workload struct {
+	c         *cluster
+	h         *history
+	maxDelay  time.Duration
+	opTimeout time.Duration
+
+	mu     sync.Mutex
+	events []sent // every id ever sent (any outcome)
+	seq    int
+	maxDue time.Time
+}
+
+var topics = []string{"jepsen.a", "jepsen.b", "jepsen.c", "jepsen.d"}
+
+// classify turns a call's error into a history type: fail only when the
+// request certainly changed nothing.
+func classify(err error) (typ, code string) {
+	if err == nil {
+		return "ok", ""
+	}
+	st, _ := status.FromError(err)
+	switch st.Code() {
+	case codes.InvalidArgument, codes.AlreadyExists, codes.NotFound, codes.FailedPrecondition:
+		return "fail", st.Code().String()
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "info", codes.DeadlineExceeded.String()
+	}
+	return "info", st.Code().String()
+}
+
+// run starts `clients` workers and a canceller; they stop when ctx ends.
+func (w *workload) run(ctx context.Context, clients int, seed uint64) {
+	var wg sync.WaitGroup
+	cancels := make(chan sent, 1024)
+	for p := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.client(ctx, p, rand.New(rand.NewPCG(seed, uint64(p))), cancels)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.canceller(ctx, clients, rand.New(rand.NewPCG(seed, 999)), cancels)
+	}()
+	wg.Wait()
+}
+
+func (w *workload) node(r *rand.Rand) *node { return w.c.nodes[r.IntN(len(w.c.nodes))] }
+
+// record adds op to the history. After an unknown outcome (a node down or
+// unreachable answers at once), the client waits a little, as a real client
+// backing off would, instead of filling the history with instant failures.
+func (w *workload) record(op checker.Op) {
+	w.h.add(op)
+	if op.Type == "info" {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (w *workload) client(ctx context.Context, p int, r *rand.Rand, cancels chan<- sent) {
+	for ctx.Err() == nil {
+		switch x := r.IntN(100); {
+		case x < 55:
+			ev := w.newEvent(r)
+			if w.schedule(p, w.node(r), ev) && r.IntN(4) == 0 {
+				select { // a quarter of them get cancelled, at various times
+				case cancels <- ev:
+				default:
+				}
+			}
+		case x < 63:
+			if ev, ok := w.pick(r); ok {
+				w.schedule(p, w.node(r), ev) // identical re-send
+			}
+		case x < 67:
+			if ev, ok := w.pick(r); ok {
+				ev.payload += "-conflict"
+				w.schedule(p, w.node(r), ev)
+			}
+		case x < 70:
+			// The same new id to two nodes at once.
+			ev := w.newEvent(r)
+			a, b := w.node(r), w.node(r)
+			var wg sync.WaitGroup
+			wg.Add(2)
+			go func() { defer wg.Done(); w.schedule(p, a, ev) }()
+			go func() { defer wg.Done(); w.schedule(p+1000, b, ev) }()
+			wg.Wait()
+		case x < 80:
+			if ev, ok := w.pick(r); ok {
+				w.cancel(p, w.node(r), ev.id) // whenever: before, around or after due
+			}
+		case x < 97:
+			if ev, ok := w.pick(r); ok {
+				w.get(p, w.node(r), ev.id)
+			}
+		default:
+			w.invalid(p, w.node(r), r)
+		}
+	}
+}
+
+// canceller cancels some events well before, or within ±50 ms of, their due
+// time.
+func (w *workload) canceller(ctx context.Context, p int, r *rand.Rand, in <-chan sent) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-in:
+			at := time.Now().Add(time.Duration(r.Int64N(int64(time.Second))))
+			if r.IntN(2) == 0 {
+				at = ev.due.Add(time.Duration(r.Int64N(int64(100*time.Millisecond))) - 50*time.Millisecond)
+			}
+			go func() {
+				select {
+				case <-ctx.Done():
+				case <-time.After(time.Until(at)):
+					w.cancel(p, w.node(rand.New(rand.NewPCG(uint64(at.UnixNano()), 1))), ev.id)
+				}
+			}()
+		}
+	}
+}
+
+func (w *workload) newEvent(r *rand.Rand) sent {
+	w.mu.Lock()
+	w.seq++
+	id := fmt.Sprintf("e%d", w.seq)
+	w.mu.Unlock()
+	ev := sent{id: id, topic: topics[r.IntN(len(topics))], payload: "p-" + id}
+	now := time.Now()
+	switch x := r.IntN(100); {
+	case x < 5:
+		ev.delay = 0
+	case x < 45:
+		ev.delay = time.Duration(r.Int64N(int64(2 * time.Second)))
+	case x < 75:
+		ev.delay = 2*time.Second + time.Duration(r.Int64N(int64(8*time.Second)))
+	case x < 90:
+		ev.delay = time.Duration(r.Int64N(int64(w.maxDelay)))
+	default:
+		// Exactly on a wheel tick boundary (1 ms), a little ahead.
+		ev.deliverAt = now.Truncate(time.Millisecond).Add(time.Duration(1+r.IntN(3000)) * time.Millisecond)
+	}
+	ev.due = now.Add(ev.delay)
+	if !ev.deliverAt.IsZero() {
+		ev.due = ev.deliverAt
+	}
+	return ev
+}
+
+func (w *workload) pick(r *rand.Rand) (sent, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.events) == 0 {
+		return sent{}, false
+	}
+	// Mostly recent ids, so cancels and gets meet events still pending.
+	n := len(w.events)
+	i := n - 1 - r.IntN(min(n, 200))
+	if r.IntN(5) == 0 {
+		i = r.IntN(n)
+	}
+	return w.events[i], true
+}
+
+func (w *workload) schedule(p int, n *node, ev sent) bool {
+	e := &chimev1.Event{Id: ev.id, Topic: ev.topic, Payload: []byte(ev.payload)}
+	op := checker.Op{Process: p, F: "schedule", Node: n.id, ID: ev.id, Topic: ev.topic, Payload: ev.payload}
+	if ev.deliverAt.IsZero() {
+		e.Delay = durationpb.New(ev.delay)
+		op.DelayNs = int64(ev.delay)
+	} else {
+		e.DeliverAt = timestamppb.New(ev.deliverAt)
+		op.DeliverAtNs = ev.deliverAt.UnixNano()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	op.InvokeNs = time.Now().UnixNano()
+	resp, err := n.scheduler().Schedule(ctx, &chimev1.ScheduleRequest{Event: e})
+	op.CompleteNs = time.Now().UnixNano()
+	op.Type, op.Code = classify(err)
+	if err != nil {
+		op.Error = err.Error()
+	} else {
+		op.AckDueNs, op.Existing = resp.Due.AsTime().UnixNano(), resp.Existing
+	}
+	w.record(op)
+	if op.Type != "fail" {
+		w.mu.Lock()
+		w.events = append(w.events, ev)
+		due := ev.due
+		if op.AckDueNs != 0 {
+			due = time.Unix(0, op.AckDueNs)
+		}
+		if due.After(w.maxDue) {
+			w.maxDue = due
+		}
+		w.mu.Unlock()
+	}
+	return op.Type == "ok"
+}
+
+func (w *workload) cancel(p int, n *node, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	op := checker.Op{Process: p, F: "cancel", Node: n.id, ID: id, InvokeNs: time.Now().UnixNano()}
+	_, err := n.scheduler().Cancel(ctx, &chimev1.CancelRequest{Id: id})
+	op.CompleteNs = time.Now().UnixNano()
+	op.Type, op.Code = classify(err)
+	if err != nil {
+		op.Error = err.Error()
+	}
+	w.record(op)
+}
+
+func (w *workload) get(p int, n *node, id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	op := checker.Op{Process: p, F: "get", Node: n.id, ID: id, InvokeNs: time.Now().UnixNano()}
+	resp, err := n.scheduler().Get(ctx, &chimev1.GetRequest{Id: id})
+	op.CompleteNs = time.Now().UnixNano()
+	op.Type, op.Code = classify(err)
+	if err != nil {
+		op.Error = err.Error()
+	} else {
+		op.State = stateName(resp.State)
+	}
+	w.record(op)
+}
+
+func stateName(s chimev1.EventState) string {
+	switch s {
+	case chimev1.EventState_EVENT_STATE_SCHEDULED:
+		return "scheduled"
+	case chimev1.EventState_EVENT_STATE_FIRED:
+		return "fired"
+	case chimev1.EventState_EVENT_STATE_CANCELLED:
+		return "cancelled"
+	case chimev1.EventState_EVENT_STATE_DEAD_LETTERED:
+		return "dead_lettered"
+	}
+	return s.String()
+}
+
+// invalid sends a request that must be refused with INVALID_ARGUMENT and
+// leave nothing behind; its id is never used again.
+func (w *workload) invalid(p int, n *node, r *rand.Rand) {
+	w.mu.Lock()
+	w.seq++
+	id := fmt.Sprintf("bad%d", w.seq)
+	w.mu.Unlock()
+	e := &chimev1.Event{Id: id, Topic: "jepsen.a", Delay: durationpb.New(time.Second)}
+	switch r.IntN(4) {
+	case 0:
+		e.Topic = "not a topic"
+	case 1:
+		e.DeliverAt = timestamppb.Now() // both set
+	case 2:
+		e.Delay = durationpb.New(-time.Second)
+	default:
+		e.Topic = ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	op := checker.Op{Process: p, F: "invalid", Node: n.id, ID: id, Topic: e.Topic, InvokeNs: time.Now().UnixNano()}
+	_, err := n.scheduler().Schedule(ctx, &chimev1.ScheduleRequest{Event: e})
+	op.CompleteNs = time.Now().UnixNano()
+	op.Type, op.Code = classify(err)
+	if err != nil {
+		op.Error = err.Error()
+	}
+	w.record(op)
+}
