@@ -8,6 +8,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,6 +85,14 @@ type Config struct {
 	// declared dead), so JoinTimeout should exceed the failure-detection
 	// time (see doc.go).
 	JoinTimeout time.Duration
+	// Peers are more gossip addresses of members, reached in the background
+	// (not required to answer at start): a restarted node passes the members
+	// it knew, so it finds the cluster again without --join.
+	Peers []string
+	// ReconnectInterval is how often peers and members that are not live
+	// are contacted again, so that the sides of a healed partition, or a
+	// restarted node, merge back into one view. Default 5 s.
+	ReconnectInterval time.Duration
 
 	ProbeInterval       time.Duration
 	ProbeTimeout        time.Duration
@@ -110,6 +119,7 @@ func (c Config) withDefaults() (Config, error) {
 		def  time.Duration
 	}{
 		{"JoinTimeout", &c.JoinTimeout, DefaultJoinTimeout},
+		{"ReconnectInterval", &c.ReconnectInterval, 5 * time.Second},
 		{"ProbeInterval", &c.ProbeInterval, DefaultProbeInterval},
 		{"ProbeTimeout", &c.ProbeTimeout, DefaultProbeTimeout},
 		{"GossipInterval", &c.GossipInterval, DefaultGossipInterval},
@@ -195,6 +205,14 @@ type Membership struct {
 	// sends counts the leave announcements in flight; Shutdown waits for
 	// them (each is bounded by Config.TCPTimeout).
 	sends sync.WaitGroup
+
+	// peers are gossip addresses to reach again when they are not live:
+	// Config.Peers plus every member ever seen. reconnectLoop owns the
+	// retries; stop/done end it.
+	peers     []string
+	reconnect time.Duration
+	stop      chan struct{}
+	done      chan struct{}
 }
 
 // Start starts gossip on cfg.BindAddr and, if cfg.Join is not empty, joins
@@ -271,8 +289,79 @@ func Start(cfg Config) (*Membership, error) {
 			return nil, err
 		}
 	}
-	m.log.Info("membership started", "gossip_addr", m.LocalAddr(), "seeds", cfg.Join)
+	m.peers = append(slices.Clone(cfg.Peers), cfg.Join...)
+	m.reconnect = cfg.ReconnectInterval
+	m.stop, m.done = make(chan struct{}), make(chan struct{})
+	go m.reconnectLoop()
+	m.log.Info("membership started", "gossip_addr", m.LocalAddr(), "seeds", cfg.Join, "peers", cfg.Peers)
 	return m, nil
+}
+
+// reconnectLoop contacts, every ReconnectInterval, the known peers that are
+// not live members. Memberlist gossips only with live members and forgets
+// dead ones after GossipToTheDeadTime, so without this two sides of a long
+// partition, or a node restarted without seeds, would stay apart after the
+// network healed: each would go on seeing the other as dead.
+func (m *Membership) reconnectLoop() {
+	defer close(m.done)
+	t := time.NewTicker(m.reconnect)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		targets := m.absentPeers()
+		if len(targets) == 0 {
+			continue
+		}
+		if n, err := m.list.Join(targets); err == nil && n > 0 {
+			m.log.Info("reconnected to members", "answered", n, "tried", targets)
+		}
+	}
+}
+
+// absentPeers returns the gossip addresses, known from configuration or
+// from having seen the member, of nodes that are not live members now.
+func (m *Membership) absentPeers() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	live := map[string]bool{}
+	self := ""
+	for _, mem := range m.members {
+		if mem.Meta.NodeID == m.meta.NodeID {
+			self = mem.GossipAddr
+		}
+		if mem.State.Live() {
+			live[mem.GossipAddr] = true
+		} else if mem.GossipAddr != "" && !slices.Contains(m.peers, mem.GossipAddr) {
+			m.peers = append(m.peers, mem.GossipAddr)
+		}
+	}
+	var out []string
+	for _, p := range m.peers {
+		if !live[p] && p != self && p != m.list.LocalNode().Address() && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Peers returns the gossip addresses of every member this node has seen,
+// for a restarted node to reach again (chimed keeps them in its data
+// directory).
+func (m *Membership) Peers() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, mem := range m.members {
+		if mem.Meta.NodeID != m.meta.NodeID && mem.GossipAddr != "" {
+			out = append(out, mem.GossipAddr)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // join contacts the seeds until one answers without reporting that our id is
@@ -512,6 +601,8 @@ func (m *Membership) Shutdown() error {
 	}
 	m.shutdown = true
 	m.mu.Unlock()
+	close(m.stop)
+	<-m.done
 	err := m.list.Shutdown()
 	m.sends.Wait()
 	if err != nil {

@@ -434,3 +434,36 @@ func TestIdleCPU(t *testing.T) {
 		t.Fatalf("3 idle nodes used %.2f%% of a core together; budget is 5%% per node, asserted for all three", 100*share)
 	}
 }
+
+// TestRestartedNodeWithoutSeedsIsFoundAgain is the regression test for an
+// island the fault tests found: the first node of a cluster, restarted
+// without --join after the others had declared it dead, formed a view of
+// its own, and memberlist, which gossips only with live members, never
+// merged the two. The members that saw it die reach its address again.
+func TestRestartedNodeWithoutSeedsIsFoundAgain(t *testing.T) {
+	defer checkGoroutines(t)()
+	cfgA := fastConfig("a")
+	cfgA.ReconnectInterval = 200 * time.Millisecond
+	a := start(t, cfgA)
+	cfgB := fastConfig("b", a.LocalAddr())
+	cfgB.ReconnectInterval = 200 * time.Millisecond
+	b := start(t, cfgB)
+	defer b.Shutdown()
+	waitView(t, a, 5*time.Second, "see b", hasMember("b", Alive, cfgB.Meta))
+	addrA := a.LocalAddr()
+	if err := a.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	waitView(t, b, 10*time.Second, "see a dead", func(v View) string {
+		if st := v.Members["a"].State; st != Dead {
+			return "a is " + st.String()
+		}
+		return ""
+	})
+	// a comes back on the same address with no seeds at all.
+	cfgA.BindAddr = addrA
+	a2 := start(t, cfgA)
+	defer a2.Shutdown()
+	waitView(t, a2, 10*time.Second, "the restarted a sees b again", hasMember("b", Alive, cfgB.Meta))
+	waitView(t, b, 10*time.Second, "b sees a alive again", hasMember("a", Alive, cfgA.Meta))
+}

@@ -31,6 +31,7 @@ type Cluster struct {
 	replication int
 	deadTimeout time.Duration
 	removedPath string
+	peersPath   string
 	logger      *slog.Logger
 
 	host atomic.Pointer[shard.Host] // set once the host is open
@@ -57,7 +58,11 @@ type ClusterConfig struct {
 	DeadTimeout time.Duration
 	// RemovedPath is a file holding the nodes an operator removed for good.
 	RemovedPath string
-	Logger      *slog.Logger
+	// PeersPath, if set, is a file kept up to date with the gossip
+	// addresses of every member seen, for the node to find them again
+	// after a restart.
+	PeersPath string
+	Logger    *slog.Logger
 }
 
 // NewCluster computes the first placement and follows membership changes
@@ -68,7 +73,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 	}
 	c := &Cluster{
 		self: cfg.Membership.View().Self, ml: cfg.Membership, shards: cfg.Shards,
-		replication: cfg.Replication, deadTimeout: cfg.DeadTimeout, removedPath: cfg.RemovedPath,
+		replication: cfg.Replication, deadTimeout: cfg.DeadTimeout, removedPath: cfg.RemovedPath, peersPath: cfg.PeersPath,
 		logger: cfg.Logger, removed: map[string]bool{}, conns: map[string]*grpc.ClientConn{},
 		changes: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -133,11 +138,25 @@ func (c *Cluster) refresh() {
 	c.view, c.desired = view, desired
 	c.mu.Unlock()
 	if changed {
+		c.savePeers()
 		c.epoch.Add(1)
 		select {
 		case c.changes <- struct{}{}:
 		default:
 		}
+	}
+}
+
+// savePeers records the members' gossip addresses (best effort: a node that
+// cannot write them only loses a shortcut for its next start).
+func (c *Cluster) savePeers() {
+	if c.peersPath == "" {
+		return
+	}
+	b, _ := json.Marshal(c.ml.Peers())
+	tmp := c.peersPath + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err == nil {
+		os.Rename(tmp, c.peersPath)
 	}
 }
 
@@ -278,6 +297,15 @@ func (c *Cluster) Removed(node string) bool {
 	defer c.mu.RUnlock()
 	return c.removed[node]
 }
+
+// Leaving implements shard.Directory: the node gossips that it is draining.
+func (c *Cluster) Leaving(node string) bool {
+	m, ok := c.member(node)
+	return ok && m.Meta.Draining
+}
+
+// Replication implements shard.Directory.
+func (c *Cluster) Replication() int { return c.replication }
 
 // Changes implements shard.Directory.
 func (c *Cluster) Changes() <-chan struct{} { return c.changes }

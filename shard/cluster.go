@@ -19,6 +19,10 @@ type Directory interface {
 	RaftAddr(node string) (string, bool)
 	// Removed reports a node forgotten by an operator (chimectl remove).
 	Removed(node string) bool
+	// Leaving reports a node an operator is draining.
+	Leaving(node string) bool
+	// Replication is the cluster's replication factor.
+	Replication() int
 	// Applied asks node how far its replica of shard has applied the log.
 	Applied(ctx context.Context, node string, shard uint32) (uint64, error)
 	// Members asks the shard's leader, through any node that knows it, for

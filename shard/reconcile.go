@@ -16,9 +16,10 @@ import (
 //     While a non-voter is catching up, nothing else changes.
 //  2. a voter an operator removed is dropped at once.
 //  3. a desired node missing from the configuration is added as a non-voter.
-//  4. with more voters than desired, one that is not desired is removed; if
-//     that is the leader itself, it first hands leadership to a desired
-//     voter that has caught up.
+//  4. a voter that is not desired is removed when the shard has more voters
+//     than its replication factor, or when an operator drains or removes
+//     that node; if it is the leader itself, it first hands leadership to a
+//     desired voter that has caught up.
 //  5. for a while after the membership changed, leadership moves to the
 //     preferred leader (the first desired node), which spreads leaders
 //     evenly over the nodes.
@@ -59,66 +60,112 @@ func (s *Shard) reconcileLoop(ctx context.Context) {
 // transfer) toward the placement.
 func (s *Shard) reconcile(ctx context.Context, balance bool) {
 	dir := s.cfg.Directory
-	desired := dir.Desired(s.id)
-	if len(desired) == 0 {
-		return
-	}
 	voters, nonvoters, err := s.Configuration()
 	if err != nil {
 		return
 	}
-	self := s.cfg.NodeID
-	log := s.logger.With("voters", voters, "nonvoters", nonvoters, "desired", desired)
-
-	for _, nv := range nonvoters { // 1
-		if !slices.Contains(desired, nv) || dir.Removed(nv) {
-			log.Info("dropping a non-voter the placement no longer wants", "node", nv)
-			s.configChange(s.raft.RemoveServer(raft.ServerID(nv), 0, configTimeout))
-			return
-		}
-		if s.caughtUp(ctx, nv) {
-			if addr, ok := dir.RaftAddr(nv); ok {
-				log.Info("promoting a caught-up non-voter", "node", nv)
-				s.configChange(s.raft.AddVoter(raft.ServerID(nv), raft.ServerAddress(addr), 0, configTimeout))
-			}
-		}
+	st := configState{
+		self: s.cfg.NodeID, voters: voters, nonvoters: nonvoters, desired: dir.Desired(s.id),
+		replication: dir.Replication(), removed: dir.Removed, leaving: dir.Leaving,
+		caughtUp: func(n string) bool { return s.caughtUp(ctx, n) }, balance: balance,
+	}
+	act := plan(st)
+	if act.kind == noChange {
 		return
 	}
-	for _, v := range voters { // 2
-		if v != self && dir.Removed(v) && len(voters) > 1 {
-			log.Info("dropping a removed node", "node", v)
-			s.configChange(s.raft.RemoveServer(raft.ServerID(v), 0, configTimeout))
+	s.logger.Info(act.why, "node", act.node, "voters", voters, "nonvoters", nonvoters, "desired", st.desired)
+	switch act.kind {
+	case removeServer:
+		s.configChange(s.raft.RemoveServer(raft.ServerID(act.node), 0, configTimeout))
+	case promote, addNonvoter:
+		addr, ok := dir.RaftAddr(act.node)
+		if !ok {
 			return
 		}
+		if act.kind == promote {
+			s.configChange(s.raft.AddVoter(raft.ServerID(act.node), raft.ServerAddress(addr), 0, configTimeout))
+		} else {
+			s.configChange(s.raft.AddNonvoter(raft.ServerID(act.node), raft.ServerAddress(addr), 0, configTimeout))
+		}
+	case transfer:
+		s.transferLeadership(ctx, act.to)
 	}
-	for _, d := range desired { // 3
-		if slices.Contains(voters, d) {
+}
+
+// configState is what a shard leader decides its next configuration change
+// from. The functions answer for one node: removed by an operator, leaving
+// (draining), caught up with the leader's log.
+type configState struct {
+	self                       string
+	voters, nonvoters, desired []string
+	replication                int
+	removed, leaving, caughtUp func(node string) bool
+	balance                    bool
+}
+
+type actionKind int
+
+const (
+	noChange actionKind = iota
+	removeServer
+	promote
+	addNonvoter
+	transfer
+)
+
+type action struct {
+	kind actionKind
+	node string   // the server to remove, promote or add
+	to   []string // transfer: candidates, in order
+	why  string
+}
+
+// plan is the reconciliation rule as a pure function; see the list at the
+// top of this file. The placement only says where replicas should be; it
+// never shrinks a shard below its replication factor by itself, because a
+// node's view can be wrong (a node that rejoined and has not yet heard of
+// every member would otherwise strip live voters). Only an operator's word
+// (drain, remove) takes a shard below it.
+func plan(st configState) action {
+	if len(st.desired) == 0 {
+		return action{}
+	}
+	for _, nv := range st.nonvoters { // 1
+		if !slices.Contains(st.desired, nv) || st.removed(nv) {
+			return action{kind: removeServer, node: nv, why: "dropping a non-voter the placement no longer wants"}
+		}
+		if st.caughtUp(nv) {
+			return action{kind: promote, node: nv, why: "promoting a caught-up non-voter"}
+		}
+		return action{} // one change at a time: let it catch up
+	}
+	for _, v := range st.voters { // 2
+		if v != st.self && st.removed(v) && len(st.voters) > 1 {
+			return action{kind: removeServer, node: v, why: "dropping a removed node"}
+		}
+	}
+	for _, d := range st.desired { // 3
+		if !slices.Contains(st.voters, d) {
+			return action{kind: addNonvoter, node: d, why: "adding a non-voter"}
+		}
+	}
+	for _, v := range st.voters { // 4
+		if slices.Contains(st.desired, v) {
 			continue
 		}
-		if addr, ok := dir.RaftAddr(d); ok {
-			log.Info("adding a non-voter", "node", d)
-			s.configChange(s.raft.AddNonvoter(raft.ServerID(d), raft.ServerAddress(addr), 0, configTimeout))
-			return
+		explicit := st.leaving(v) || st.removed(v)
+		if len(st.voters) <= st.replication && !(explicit && len(st.voters) > 1) {
+			continue
 		}
-	}
-	if len(voters) > len(desired) { // 4
-		for _, v := range voters {
-			if slices.Contains(desired, v) {
-				continue
-			}
-			if v == self {
-				log.Info("handing leadership over before leaving the shard")
-				s.transferLeadership(ctx, desired)
-			} else {
-				log.Info("removing a voter the placement no longer wants", "node", v)
-				s.configChange(s.raft.RemoveServer(raft.ServerID(v), 0, configTimeout))
-			}
-			return
+		if v == st.self {
+			return action{kind: transfer, to: st.desired, why: "handing leadership over before leaving the shard"}
 		}
+		return action{kind: removeServer, node: v, why: "removing a voter the placement no longer wants"}
 	}
-	if balance && desired[0] != self && slices.Contains(voters, desired[0]) { // 5
-		s.transferLeadership(ctx, desired[:1])
+	if st.balance && st.desired[0] != st.self && slices.Contains(st.voters, st.desired[0]) { // 5
+		return action{kind: transfer, to: st.desired[:1], why: "handing leadership to the preferred leader"}
 	}
+	return action{}
 }
 
 // transferLeadership hands leadership to the first of to that has caught up.

@@ -448,3 +448,75 @@ func cpuSeconds(b testing.TB, pid int) float64 {
 	st, _ := strconv.ParseFloat(f[12], 64)
 	return (ut + st) / 100 // USER_HZ is 100 on Linux
 }
+
+// TestClusterRestartWithoutQuorum is the regression test for a node the
+// fault tests saw exit: restarted while its peers were down, it gave up
+// waiting for shard leaders and quit, which kept those shards without a
+// quorum after the peers came back. A node must keep serving.
+func TestClusterRestartWithoutQuorum(t *testing.T) {
+	c := newCluster(t, 3)
+	col := collect(t, c.brokers, "cluster.events")
+	due := c.workload("noquorum", 600, 20*time.Second)
+	for _, id := range c.order {
+		c.nodes[id].kill()
+	}
+	first := c.nodes[c.order[0]]
+	first.extra = append(first.extra, "--startup-wait", "1s")
+	first.launch()
+	first.waitHTTP("/healthz", 30*time.Second)
+	time.Sleep(3 * time.Second) // well past --startup-wait, with no quorum anywhere
+	select {
+	case <-first.exited:
+		t.Fatalf("%s exited while its shards had no quorum: %s", first.nodeID, first.stderr)
+	default:
+	}
+	for _, id := range c.order[1:] {
+		c.nodes[id].start()
+	}
+	c.waitConverged(60 * time.Second)
+	checkFired(t, col, due)
+}
+
+// TestClusterSeedRestartsAlone is the regression test for a membership
+// island: the first node (started without --join) was restarted after the
+// others had declared it dead, formed a view of its own, and never merged
+// back. The members reconnect to it.
+func TestClusterSeedRestartsAlone(t *testing.T) {
+	c := newCluster(t, 3)
+	seed := c.nodes[c.order[0]]
+	seed.kill()
+	other := c.order[1]
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := c.status(other)
+		dead := false
+		for _, m := range st.GetMembers() {
+			dead = dead || (m.Id == seed.nodeID && m.State == "dead")
+		}
+		if dead {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never saw %s dead: %s", other, seed.nodeID, describe(st))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	seed.start() // as before: no --join
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		st := c.status(seed.nodeID)
+		alive := 0
+		for _, m := range st.GetMembers() {
+			if m.State == "alive" {
+				alive++
+			}
+		}
+		if alive == 3 && converged(st) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted seed did not rejoin the others: %s", describe(st))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -88,6 +88,13 @@ func newDaemon(t testing.TB, brokers []string) *daemon {
 // start runs chimed serve and waits until /readyz says every shard leads.
 func (d *daemon) start() {
 	d.t.Helper()
+	d.launch()
+	d.waitHTTP("/readyz", 30*time.Second)
+}
+
+// launch starts chimed serve without waiting for anything.
+func (d *daemon) launch() {
+	d.t.Helper()
 	d.stderr = &bytes.Buffer{}
 	args := []string{"serve", "--node-id", d.nodeID, "--data-dir", d.dataDir,
 		"--grpc-addr", d.grpcAddr, "--http-addr", d.httpAddr, "--raft-addr", d.raftAd,
@@ -103,9 +110,14 @@ func (d *daemon) start() {
 	d.exited = make(chan struct{})
 	go func() { d.cmd.Wait(); close(d.exited) }()
 	d.t.Cleanup(func() { d.kill() })
-	deadline := time.Now().Add(30 * time.Second)
+}
+
+// waitHTTP waits until path on the HTTP port answers 200.
+func (d *daemon) waitHTTP(path string, timeout time.Duration) {
+	d.t.Helper()
+	deadline := time.Now().Add(timeout)
 	for {
-		resp, err := http.Get("http://" + d.httpAddr + "/readyz")
+		resp, err := http.Get("http://" + d.httpAddr + path)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -118,7 +130,7 @@ func (d *daemon) start() {
 		default:
 		}
 		if time.Now().After(deadline) {
-			d.t.Fatalf("chimed not ready after 30s: %s", d.stderr)
+			d.t.Fatalf("chimed: %s not 200 after %v: %s", path, timeout, d.stderr)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

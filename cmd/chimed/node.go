@@ -203,7 +203,8 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	if cfg.Cluster {
 		if n.cluster, err = rpc.NewCluster(rpc.ClusterConfig{
 			Membership: n.ml, Shards: cfg.Shards, Replication: cfg.Replication, DeadTimeout: cfg.DeadTimeout,
-			RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), Logger: cfg.Logger.With("component", "cluster"),
+			RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), PeersPath: peersPath(cfg.DataDir),
+			Logger: cfg.Logger.With("component", "cluster"),
 		}); err != nil {
 			return nil, err
 		}
@@ -268,18 +269,25 @@ func (n *node) joinCluster(cfg nodeConfig, meta clusterMeta, existed bool) (clus
 	if !existed && !creating {
 		params = membership.ClusterParams{} // learned below
 	}
+	// A node that already belongs to the cluster does not need a seed to
+	// answer: it reaches the members it knew (and --join) in the background,
+	// so a restart while others are down or partitioned still starts.
+	join, peers := cfg.Join, loadPeers(cfg.DataDir)
+	if existed {
+		join, peers = nil, append(peers, cfg.Join...)
+	}
 	var err error
 	n.ml, err = membership.Start(membership.Config{
 		Meta: membership.Meta{
 			NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr.String(), HTTPAddr: n.httpAddr.String(),
 			ClusterID: params.ClusterID, Shards: params.Shards, Replication: params.Replication,
 		},
-		BindAddr: cfg.GossipAddr, Join: cfg.Join, Logger: cfg.Logger.With("component", "membership"),
+		BindAddr: cfg.GossipAddr, Join: join, Peers: peers, Logger: cfg.Logger.With("component", "membership"),
 	})
 	if err != nil {
 		return meta, err
 	}
-	if len(cfg.Join) == 0 {
+	if len(join) == 0 {
 		return meta, nil
 	}
 	deadline := time.Now().Add(30 * time.Second)
@@ -302,6 +310,18 @@ func (n *node) joinCluster(cfg nodeConfig, meta clusterMeta, existed bool) (clus
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// peersPath keeps the gossip addresses of the members this node has seen,
+// so that after a restart it can find them again without --join.
+func peersPath(dataDir string) string { return filepath.Join(dataDir, "peers.json") }
+
+func loadPeers(dataDir string) []string {
+	var peers []string
+	if b, err := os.ReadFile(peersPath(dataDir)); err == nil {
+		json.Unmarshal(b, &peers)
+	}
+	return peers
 }
 
 func newClusterID() string {
