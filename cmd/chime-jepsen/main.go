@@ -157,18 +157,18 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	defer teardownNetwork(o.nodes)
 
-	// The broker runs here, on the host side of the bridge. Its records
-	// carry LogAppendTime: the broker's clock, which is this process's, so
-	// "when was it produced" is measured on the same clock as the history.
+	// The broker runs here, on the host side of the bridge, so "when did a
+	// record reach Kafka" is measured on the same clock as the history
+	// (appendLog).
 	broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4),
 		kfake.Ports(9092), kfake.ListenFn(func(network, _ string) (net.Listener, error) {
 			return net.Listen(network, net.JoinHostPort(hostIP, kafkaPort))
-		}),
-		kfake.BrokerConfigs(map[string]string{"log.message.timestamp.type": "LogAppendTime"}))
+		}))
 	if err != nil {
 		return res, fmt.Errorf("broker: %w", err)
 	}
 	defer broker.Close()
+	appends := watchProduces(broker)
 
 	c := &cluster{}
 	for i := 1; i <= o.nodes; i++ {
@@ -227,7 +227,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 		return res, ctx.Err()
 	case <-time.After(wait):
 	}
-	recs, err := readRecords(ctx, []string{net.JoinHostPort(hostIP, kafkaPort)})
+	recs, err := readRecords(ctx, []string{net.JoinHostPort(hostIP, kafkaPort)}, appends, logger)
 	if err != nil {
 		return res, err
 	}
@@ -251,7 +251,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 
 // readRecords reads every record of every Chime topic from the start, until
 // a few seconds pass with nothing new.
-func readRecords(ctx context.Context, brokers []string) ([]checker.Record, error) {
+func readRecords(ctx context.Context, brokers []string, appends *appendLog, logger *slog.Logger) ([]checker.Record, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
 		kgo.ConsumeTopics(append(slices.Clone(topics), publish.DefaultDeadLetterTopic)...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
@@ -260,6 +260,7 @@ func readRecords(ctx context.Context, brokers []string) ([]checker.Record, error
 	}
 	defer cl.Close()
 	var recs []checker.Record
+	unmatched := 0
 	quiet := time.Now()
 	for time.Since(quiet) < 5*time.Second && ctx.Err() == nil {
 		pctx, cancel := context.WithTimeout(ctx, time.Second)
@@ -282,8 +283,17 @@ func readRecords(ctx context.Context, brokers []string) ([]checker.Record, error
 					rec.Attempt, _ = strconv.Atoi(string(h.Value))
 				}
 			}
+			k := appendKey{topic: r.Topic, id: rec.ID, fired: strconv.FormatInt(rec.FiredMs, 10), attempt: strconv.Itoa(rec.Attempt)}
+			if at, ok := appends.lookup(k); ok {
+				rec.AppendMs = at / 1e6
+			} else {
+				unmatched++
+			}
 			recs = append(recs, rec)
 		})
+	}
+	if unmatched > 0 {
+		logger.Warn("records whose produce request was not seen; their append time is the producer's timestamp", "records", unmatched)
 	}
 	return recs, ctx.Err()
 }
