@@ -140,6 +140,11 @@ func nemesisKinds(s string) ([]string, error) {
 
 func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, error) {
 	var res checker.Results
+	// The nodes' data directories live in the run's folder: reusing one
+	// would start the cluster from an old state.
+	if entries, err := os.ReadDir(o.out); err == nil && len(entries) > 0 {
+		return res, fmt.Errorf("--out %s already holds a run; choose another folder or remove it", o.out)
+	}
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return res, err
 	}
