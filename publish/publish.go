@@ -620,6 +620,13 @@ func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, 
 	}
 	defer func() { <-p.sem }()
 
+	// The caller's deadline can be a leadership lease: nothing is handed to
+	// the writer once it has passed (waiting for the semaphore, or a pause
+	// of the whole process, may have used it up).
+	if ctx.Err() != nil {
+		setAll(context.Cause(ctx))
+		return
+	}
 	batch := make([]kafka.Message, len(idx))
 	for k, j := range idx {
 		batch[k] = msgs[j]

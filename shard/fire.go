@@ -162,7 +162,26 @@ func (s *Shard) fireLoop(ctx context.Context) {
 }
 
 // fire reads, produces and marks one batch. It always settles the batch.
+//
+// Before producing, the leader confirms with a quorum that it still leads
+// (raft VerifyLeader) and gives the produce a deadline of the leader lease
+// from the moment it asked: followers do not elect a new leader until a
+// heartbeat timeout after they last heard from this one, which is longer,
+// so a record is handed to Kafka only while no other leader can exist. A
+// leader that was paused (a GC stall, SIGSTOP, a slow disk) finds its lease
+// gone when it resumes and produces nothing: the fault tests caught a
+// paused leader that resumed and produced events a new leader had already
+// cancelled. (The remaining window is a pause between that check and the
+// bytes leaving for the broker; closing it needs the broker to fence old
+// producers, see README.)
 func (s *Shard) fire(ctx context.Context, b *fireBatch) {
+	asked := time.Now()
+	if err := s.raft.VerifyLeader().Error(); err != nil {
+		s.settle(b, b.all(), 0)
+		return
+	}
+	ctx, cancel := context.WithDeadline(ctx, asked.Add(s.lease))
+	defer cancel()
 	seqs := make([]uint64, len(b.entries))
 	for i, e := range b.entries {
 		seqs[i] = e.Ref

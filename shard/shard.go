@@ -94,6 +94,10 @@ type Shard struct {
 
 	fsm   *raftfsm.FSM
 	raft  *raft.Raft
+	// lease bounds how long after confirming its leadership the leader may
+	// hand records to Kafka: raft's LeaderLeaseTimeout, shorter than the
+	// heartbeat timeout after which followers may elect another leader.
+	lease time.Duration
 	trans *raft.NetworkTransport
 	logs  *raftboltdb.BoltStore
 
@@ -196,6 +200,7 @@ func (s *Shard) startRaft() error {
 	if t.SnapshotThreshold > 0 {
 		rc.SnapshotThreshold = t.SnapshotThreshold
 	}
+	s.lease = rc.LeaderLeaseTimeout
 	// Pebble already holds the state up to the FSM's applied index, so a
 	// restart replays only the log after it instead of reloading a snapshot.
 	// The exception: a restore that did not finish, or a Pebble that lost

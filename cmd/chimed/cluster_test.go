@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -518,5 +519,66 @@ func TestClusterSeedRestartsAlone(t *testing.T) {
 			t.Fatalf("the restarted seed did not rejoin the others: %s", describe(st))
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestClusterPausedLeaderProducesNothingAfterCancel is the regression test
+// for a cancel violation the fault tests found: a leader paused (SIGSTOP)
+// past its lease resumed and produced events that the new leader had
+// already cancelled, because it fired from its own stale state before Raft
+// told it that it had been deposed.
+func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
+	c := newCluster(t, 3)
+	col := collect(t, c.brokers, "cluster.paused")
+	st := c.waitSettled(30 * time.Second)
+	const s = 0
+	leader := st.Shards[s].Leader
+	other := c.order[0]
+	if other == leader {
+		other = c.order[1]
+	}
+	// Events on the leader's shard, due while it will be paused.
+	var ids []string
+	for i := 0; len(ids) < 50; i++ {
+		if id := fmt.Sprintf("paused-%d", i); shard.For(id, clusterShards) == s {
+			ids = append(ids, id)
+		}
+	}
+	req := &chimev1.BatchScheduleRequest{}
+	// Due times spread across the moment the leader resumes, so its
+	// firing loop has work the instant it runs again.
+	for i, id := range ids {
+		d := 9*time.Second + time.Duration(i)*40*time.Millisecond
+		req.Events = append(req.Events, &chimev1.Event{Id: id, Topic: "cluster.paused", Delay: durationpb.New(d)})
+	}
+	scheduled := time.Now()
+	if _, err := c.nodes[other].client().BatchSchedule(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[leader].cmd.Process.Signal(syscall.SIGSTOP)
+	defer c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if st := c.status(other); st != nil && st.Shards[s].Leader != "" && st.Shards[s].Leader != leader {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new leader for shard %d while %s was paused", s, leader)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, id := range ids {
+		if _, err := c.nodes[other].client().Cancel(context.Background(), &chimev1.CancelRequest{Id: id}); err != nil {
+			t.Fatalf("cancel %s: %v", id, err)
+		}
+	}
+	time.Sleep(time.Until(scheduled.Add(10 * time.Second))) // half of them are past due
+	c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT)
+	time.Sleep(3 * time.Second)
+	got, _ := col.byID()
+	for _, id := range ids {
+		if r, ok := got[id]; ok {
+			t.Errorf("%s was produced at %v after its cancel was acknowledged", id, time.UnixMilli(r.firedMs))
+		}
 	}
 }

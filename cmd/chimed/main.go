@@ -102,7 +102,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.IntVar(&f.maxPayload, "max-payload", rpc.DefaultLimits().MaxPayloadBytes, "largest accepted event payload, in bytes")
 	fs.DurationVar(&f.maxHorizon, "max-horizon", rpc.DefaultLimits().MaxHorizon, "furthest ahead an event may be due")
 	fs.DurationVar(&f.resolution, "resolution", wheel.DefaultResolution, "timing wheel tick: events fire at most one tick after they are due")
-	fs.DurationVar(&f.linger, "linger", time.Millisecond, "how long a Kafka batch waits for more records")
+	fs.DurationVar(&f.linger, "linger", 200*time.Microsecond, "how long a Kafka batch waits for more records (the firing path already groups due events)")
 	fs.IntVar(&f.maxInFlight, "max-inflight", publish.DefaultMaxInFlight, "produce batches in flight to Kafka at once")
 	fs.IntVar(&f.maxAttempts, "max-attempts", publish.DefaultMaxAttempts, "produce attempts before a record goes to the dead-letter topic")
 	fs.StringVar(&f.deadLetter, "dead-letter-topic", publish.DefaultDeadLetterTopic, "topic for records whose last produce attempt failed")
