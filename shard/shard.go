@@ -92,8 +92,8 @@ type Shard struct {
 	logger  *slog.Logger
 	metrics *Metrics
 
-	fsm   *raftfsm.FSM
-	raft  *raft.Raft
+	fsm  *raftfsm.FSM
+	raft *raft.Raft
 	// lease bounds how long after confirming its leadership the leader may
 	// hand records to Kafka: raft's LeaderLeaseTimeout, shorter than the
 	// heartbeat timeout after which followers may elect another leader.
