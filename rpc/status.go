@@ -32,6 +32,10 @@ func statusOf(logger *slog.Logger, op string, err error) error {
 		return status.Errorf(codes.Unavailable, "%v (leadership is moving); retry in a moment", err)
 	case errors.Is(err, shard.ErrStopped):
 		return status.Errorf(codes.Unavailable, "%v (this node is shutting down); retry on another node", err)
+	case errors.Is(err, shard.ErrProduceUnknown):
+		return status.Errorf(codes.Aborted, "%v; nothing was changed: retry the cancel once Kafka is reachable (it then fails with FAILED_PRECONDITION if the event fired)", err)
+	case errors.Is(err, shard.ErrCancelUnsure):
+		return status.Errorf(codes.Aborted, "%v; the cancel is recorded (Get shows CANCELLED)", err)
 	case errors.Is(err, shard.ErrUnknownShard):
 		return status.Errorf(codes.Unavailable, "%v (the cluster is moving replicas); retry in a moment or on another node", err)
 	case errors.Is(err, context.DeadlineExceeded):

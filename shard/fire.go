@@ -214,8 +214,13 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 		dead  []raftfsm.DeadLettered
 	)
 	marked := make(map[uint64]bool, len(outcomes))
+	var unsure []uint64
 	for i, o := range outcomes {
 		if !o.Done {
+			if o.Attempts > out[i].Attempts || o.Err != "" {
+				// The request was sent (or may have been) and not answered.
+				unsure = append(unsure, o.Seq)
+			}
 			continue
 		}
 		if o.DeadLettered {
@@ -250,6 +255,13 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 		} else {
 			s.logger.Warn("marking dead-lettered events", "err", err, "events", len(dead))
 		}
+	}
+	if len(unsure) > 0 {
+		s.mu.Lock()
+		for _, seq := range unsure {
+			s.unsure[seq] = true
+		}
+		s.mu.Unlock()
 	}
 	// Whatever was due for production here and is not marked goes back.
 	// Events that were skipped above are settled and dropped.

@@ -108,6 +108,10 @@ type Shard struct {
 	wheel    *wheel.Wheel
 	handles  map[uint64]wheel.Handle // pending events in the wheel, by seq
 	inflight map[uint64]*fireBatch   // events taken out of the wheel and not yet settled here
+	// unsure holds events a produce attempt of which ended without an
+	// answer (a timeout): the request may still reach the broker later, so
+	// this leader cannot promise that a cancel stops them.
+	unsure map[uint64]bool
 	// sleepUntil is when the firing loop next wakes (Unix ns); an event due
 	// earlier kicks it.
 	sleepUntil int64
@@ -145,6 +149,7 @@ func Open(cfg Config) (*Shard, error) {
 		metrics:    cfg.Metrics,
 		handles:    make(map[uint64]wheel.Handle),
 		inflight:   make(map[uint64]*fireBatch),
+		unsure:     make(map[uint64]bool),
 		sleepUntil: 1<<63 - 1,
 		kick:       make(chan struct{}, 1),
 		proposals:  make(chan *proposal, 1024),
@@ -295,6 +300,14 @@ func (s *Shard) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, er
 	if !s.IsLeader() {
 		return raftfsm.CancelResult{}, ErrNotLeader
 	}
+	if rec, ok, err := s.fsm.Get(id); err == nil && ok {
+		s.mu.Lock()
+		unsure := s.unsure[rec.Seq]
+		s.mu.Unlock()
+		if unsure {
+			return raftfsm.CancelResult{}, ErrProduceUnknown
+		}
+	}
 	cmd := raftfsm.Cancel{ProposedAt: s.cfg.Now().UnixNano(), IDs: []string{id}}
 	resp, err := s.apply(ctx, raftfsm.AppendCancel(nil, &cmd))
 	if err != nil {
@@ -317,6 +330,15 @@ func (s *Shard) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, er
 			case <-ctx.Done():
 				return raftfsm.CancelResult{}, ctx.Err()
 			}
+		}
+		// That batch may have ended without an answer from Kafka: then
+		// its request can still land, and the cancel cannot promise more
+		// than that the event will not be fired again.
+		s.mu.Lock()
+		unsure := s.unsure[r.Seq] // kept: a repeated cancel must say so too
+		s.mu.Unlock()
+		if unsure {
+			return raftfsm.CancelResult{}, ErrCancelUnsure
 		}
 	}
 	return r, nil
@@ -374,6 +396,7 @@ func (o *observer) Scheduled(seq uint64, due int64) {
 func (o *observer) Settled(seq uint64) {
 	s := (*Shard)(o)
 	s.mu.Lock()
+	delete(s.unsure, seq)
 	if h, ok := s.handles[seq]; ok {
 		s.wheel.Remove(h)
 		delete(s.handles, seq)
