@@ -81,38 +81,7 @@ func (c *Cluster) schedulerClient(ctx context.Context, s uint32) (chimev1.Schedu
 
 // Schedule implements Backend: each shard's requests go to its leader.
 func (c *Cluster) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
-	groups := map[uint32][]int{}
-	for i, r := range reqs {
-		s := shard.For(r.ID, c.shards)
-		groups[s] = append(groups[s], i)
-	}
-	out := make([]shard.Result, len(reqs))
-	errs := make(chan error, len(groups))
-	for s, idx := range groups {
-		go func() {
-			part := make([]shard.Request, len(idx))
-			for j, i := range idx {
-				part[j] = reqs[i]
-			}
-			res, err := c.scheduleOn(ctx, s, part)
-			if err == nil {
-				for j, i := range idx {
-					out[i] = res[j]
-				}
-			}
-			errs <- err
-		}()
-	}
-	var first error
-	for range groups {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	if first != nil {
-		return nil, first
-	}
-	return out, nil
+	return shard.ScheduleByShard(ctx, reqs, c.shards, c.scheduleOn)
 }
 
 // leaderWait bounds how long a request waits out a leadership change (an

@@ -220,46 +220,45 @@ func (h *Host) Ready() bool {
 	return true
 }
 
-// Schedule routes each request to its shard, proposes them there (shards in
-// parallel) and returns the results in request order. Any shard's error
-// fails the call; requests that did commit are then found idempotently on a
-// retry with the same ids.
+// Schedule routes each request to its shard and proposes it there.
 func (h *Host) Schedule(ctx context.Context, reqs []Request) ([]Result, error) {
-	if len(reqs) == 1 {
-		s, err := h.shardFor(reqs[0].ID)
-		if err != nil {
-			return nil, err
+	return ScheduleByShard(ctx, reqs, h.cfg.Shards, func(ctx context.Context, id uint32, part []Request) ([]Result, error) {
+		s := h.Replica(id)
+		if s == nil {
+			return nil, ErrUnknownShard
 		}
-		return s.Schedule(ctx, reqs)
-	}
-	type group struct {
-		idx  []int
-		reqs []Request
-	}
-	groups := make(map[uint32]*group)
+		return s.Schedule(ctx, part)
+	})
+}
+
+// ScheduleByShard splits reqs by shard, runs schedule for every shard's part
+// in parallel, and returns the results in request order. Any part's error
+// fails the call; parts that did commit are found idempotently on a retry
+// with the same ids.
+func ScheduleByShard(ctx context.Context, reqs []Request, shards int,
+	schedule func(ctx context.Context, shard uint32, part []Request) ([]Result, error)) ([]Result, error) {
+	groups := map[uint32][]int{}
 	for i, r := range reqs {
-		id := For(r.ID, h.cfg.Shards)
-		g := groups[id]
-		if g == nil {
-			g = &group{}
-			groups[id] = g
+		id := For(r.ID, shards)
+		groups[id] = append(groups[id], i)
+	}
+	if len(groups) == 1 {
+		for id := range groups {
+			return schedule(ctx, id, reqs)
 		}
-		g.idx = append(g.idx, i)
-		g.reqs = append(g.reqs, r)
 	}
 	out := make([]Result, len(reqs))
 	errs := make(chan error, len(groups))
-	for id, g := range groups {
+	for id, idx := range groups {
 		go func() {
-			s := h.Replica(id)
-			if s == nil {
-				errs <- ErrUnknownShard
-				return
+			part := make([]Request, len(idx))
+			for j, i := range idx {
+				part[j] = reqs[i]
 			}
-			res, err := s.Schedule(ctx, g.reqs)
+			res, err := schedule(ctx, id, part)
 			if err == nil {
-				for j, r := range res {
-					out[g.idx[j]] = r
+				for j, i := range idx {
+					out[i] = res[j]
 				}
 			}
 			errs <- err
