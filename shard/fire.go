@@ -101,6 +101,14 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		}
 	}
 	s.metrics.LeaderChanges.Inc()
+	s.mu.Lock()
+	s.fenceUntil = s.cfg.Now().UnixNano() + int64(s.tune.ClockSkewBound)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.fenceUntil = 1<<63 - 1
+		s.mu.Unlock()
+	}()
 
 	slots := make(chan struct{}, s.tune.MaxFiring)
 	var wg sync.WaitGroup
@@ -214,13 +222,8 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 		dead  []raftfsm.DeadLettered
 	)
 	marked := make(map[uint64]bool, len(outcomes))
-	var unsure []uint64
 	for i, o := range outcomes {
 		if !o.Done {
-			if o.Attempts > out[i].Attempts || o.Err != "" {
-				// The request was sent (or may have been) and not answered.
-				unsure = append(unsure, o.Seq)
-			}
 			continue
 		}
 		if o.DeadLettered {
@@ -256,22 +259,38 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 			s.logger.Warn("marking dead-lettered events", "err", err, "events", len(dead))
 		}
 	}
-	if len(unsure) > 0 {
-		s.mu.Lock()
-		for _, seq := range unsure {
-			s.unsure[seq] = true
-		}
-		s.mu.Unlock()
-	}
-	// Whatever was due for production here and is not marked goes back.
-	// Events that were skipped above are settled and dropped.
+	// Whatever was due for production here and is not marked goes back, and
+	// stays in doubt: an unanswered request (of this call, or of an earlier
+	// attempt within it) may still land, and a produced record whose mark
+	// did not commit is in Kafka already. Events that were skipped above
+	// are settled and dropped.
 	unsettled := make(map[uint64]bool, len(out))
+	now := s.cfg.Now().UnixNano()
+	s.mu.Lock()
 	for _, r := range out {
-		if !marked[r.Seq] {
-			unsettled[r.Seq] = true
+		if marked[r.Seq] {
+			delete(s.unsure, r.Seq)
+			continue
+		}
+		unsettled[r.Seq] = true
+		s.unsure[r.Seq] = now
+	}
+	delay := retryDelay
+	if len(unsettled) == 0 {
+		s.failedBatches = 0
+	} else {
+		s.failedBatches++
+		delay = min(retryDelay<<min(s.failedBatches-1, 8), maxRetryDelay)
+		if len(s.unsure) > 1024 {
+			for seq, at := range s.unsure {
+				if now-at > int64(unsureTTL) {
+					delete(s.unsure, seq)
+				}
+			}
 		}
 	}
-	s.settle(b, unsettled, retryDelay)
+	s.mu.Unlock()
+	s.settle(b, unsettled, delay)
 }
 
 // settle ends a batch: entries in requeue go back into the wheel, due no

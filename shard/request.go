@@ -43,15 +43,14 @@ var (
 	ErrStopped = errors.New("shard: stopped")
 	// ErrUnknownShard: this node holds no replica of the shard.
 	ErrUnknownShard = errors.New("shard: no replica of this shard on this node")
-	// ErrProduceUnknown: a produce attempt of the event timed out, so its
-	// record may still reach Kafka; a cancel now could not promise that no
-	// record follows. Nothing was changed; retry once the event has fired
-	// or Kafka is reachable again.
-	ErrProduceUnknown = errors.New("shard: a produce attempt of this event timed out and may still reach Kafka")
+	// ErrProduceUnknown: a record of the event may still reach Kafka (a
+	// produce attempt went unanswered, or the shard changed leader around
+	// the event's due time), so a cancel now could not promise that no
+	// record follows. Nothing was changed; retry once the event has fired.
+	ErrProduceUnknown = errors.New("shard: a record of this event may already be on its way to Kafka (an unanswered produce attempt, or a leader change around its due time)")
 	// ErrCancelUnsure: the event is cancelled and will not be fired again,
-	// but a produce attempt that was under way ended without an answer and
-	// may still reach Kafka.
-	ErrCancelUnsure = errors.New("shard: cancelled, but a produce attempt under way timed out and its record may still reach Kafka")
+	// but a record from an earlier produce attempt may still reach Kafka.
+	ErrCancelUnsure = errors.New("shard: cancelled, but a record from an earlier produce attempt may still reach Kafka")
 )
 
 // For maps an event id to its shard: FNV-1a over the id, modulo the shard

@@ -55,6 +55,13 @@ type Tuning struct {
 	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout, CommitTimeout time.Duration
 	// SnapshotThreshold is the number of log entries between snapshots.
 	SnapshotThreshold uint64
+	// ClockSkewBound is how far apart the nodes' clocks are assumed to be
+	// at most. A new leader cannot know which events its predecessor
+	// handed to Kafka without an answer, so for this long past its own
+	// start it treats every unfired event due by then as possibly
+	// produced: a cancel of one is refused (retryable) until it fires.
+	// Default 1 s.
+	ClockSkewBound time.Duration
 }
 
 func (t *Tuning) fill() {
@@ -70,6 +77,9 @@ func (t *Tuning) fill() {
 	if t.MaxFiring <= 0 {
 		t.MaxFiring = 4
 	}
+	if t.ClockSkewBound <= 0 {
+		t.ClockSkewBound = time.Second
+	}
 }
 
 const (
@@ -78,8 +88,16 @@ const (
 	// markTimeout bounds recording a firing result through Raft.
 	markTimeout = 10 * time.Second
 	// retryDelay is how long an event whose produce could not be completed
-	// waits before this leader tries it again.
-	retryDelay = time.Second
+	// waits before this leader tries it again; it doubles with each batch
+	// in a row that fails, up to maxRetryDelay, because every attempt sent
+	// into a broker that does not answer may still land later, as one
+	// more duplicate.
+	retryDelay    = time.Second
+	maxRetryDelay = 8 * time.Second
+	// unsureTTL is how long an unanswered produce is remembered for an
+	// event that was cancelled meanwhile: far longer than the producer or
+	// the kernel keep retrying a request.
+	unsureTTL = time.Hour
 )
 
 // Shard is one replica of a shard: a Raft group member whose state machine
@@ -108,10 +126,20 @@ type Shard struct {
 	wheel    *wheel.Wheel
 	handles  map[uint64]wheel.Handle // pending events in the wheel, by seq
 	inflight map[uint64]*fireBatch   // events taken out of the wheel and not yet settled here
-	// unsure holds events a produce attempt of which ended without an
-	// answer (a timeout): the request may still reach the broker later, so
-	// this leader cannot promise that a cancel stops them.
-	unsure map[uint64]bool
+	// unsure holds, with the time it was noted, every event a produce
+	// attempt of which ended without the record being marked fired (a
+	// timeout, a lost leadership): the request may still reach the broker
+	// later, so this leader cannot promise that a cancel stops it. Only
+	// marking the event fired clears it; entries of cancelled events
+	// expire after unsureTTL.
+	unsure map[uint64]int64
+	// fenceUntil: unfired events due by then may have been handed to Kafka
+	// by an earlier leader (see Tuning.ClockSkewBound). It is the end of
+	// time until the firing loop has passed its barrier.
+	fenceUntil int64
+	// failedBatches counts fire batches in a row that left events
+	// unproduced; it sets the retry delay.
+	failedBatches int
 	// sleepUntil is when the firing loop next wakes (Unix ns); an event due
 	// earlier kicks it.
 	sleepUntil int64
@@ -149,7 +177,8 @@ func Open(cfg Config) (*Shard, error) {
 		metrics:    cfg.Metrics,
 		handles:    make(map[uint64]wheel.Handle),
 		inflight:   make(map[uint64]*fireBatch),
-		unsure:     make(map[uint64]bool),
+		unsure:     make(map[uint64]int64),
+		fenceUntil: 1<<63 - 1,
 		sleepUntil: 1<<63 - 1,
 		kick:       make(chan struct{}, 1),
 		proposals:  make(chan *proposal, 1024),
@@ -295,17 +324,21 @@ func (s *Shard) Get(ctx context.Context, id string) (raftfsm.Record, bool, error
 
 // Cancel cancels the event id. When it reports Cancelled, no record of the
 // event can be produced any more: a fire batch that had already read the
-// event has finished.
+// event has finished, and no produce attempt of it is unanswered.
+//
+// When a record may still land (ErrProduceUnknown, ErrCancelUnsure) it says
+// so instead, and keeps saying so for as long as that holds: a repeated
+// cancel cannot be told less than the first one.
 func (s *Shard) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
 	if !s.IsLeader() {
 		return raftfsm.CancelResult{}, ErrNotLeader
 	}
-	if rec, ok, err := s.fsm.Get(id); err == nil && ok {
-		s.mu.Lock()
-		unsure := s.unsure[rec.Seq]
-		s.mu.Unlock()
-		if unsure {
+	if rec, ok, err := s.fsm.Get(id); err == nil && ok && s.inDoubt(rec) {
+		switch rec.State {
+		case raftfsm.StateScheduled:
 			return raftfsm.CancelResult{}, ErrProduceUnknown
+		case raftfsm.StateCancelled:
+			return raftfsm.CancelResult{}, ErrCancelUnsure
 		}
 	}
 	cmd := raftfsm.Cancel{ProposedAt: s.cfg.Now().UnixNano(), IDs: []string{id}}
@@ -335,13 +368,39 @@ func (s *Shard) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, er
 		// its request can still land, and the cancel cannot promise more
 		// than that the event will not be fired again.
 		s.mu.Lock()
-		unsure := s.unsure[r.Seq] // kept: a repeated cancel must say so too
+		_, unsure := s.unsure[r.Seq]
 		s.mu.Unlock()
 		if unsure {
 			return raftfsm.CancelResult{}, ErrCancelUnsure
 		}
 	}
 	return r, nil
+}
+
+// inDoubt reports whether a record of rec may still reach Kafka from a
+// produce attempt that is over: one of this leader's that went unanswered,
+// or one of an earlier leader's, which this leader cannot see. An earlier
+// leader produced only events due by its own clock, so by the time this
+// leader started firing (plus the clock skew bound); and only before they
+// were cancelled, so not events cancelled well before they fell due.
+func (s *Shard) inDoubt(rec raftfsm.Record) bool {
+	s.mu.Lock()
+	_, unsure := s.unsure[rec.Seq]
+	fence := s.fenceUntil
+	s.mu.Unlock()
+	if unsure {
+		return true
+	}
+	if rec.Due > fence {
+		return false
+	}
+	switch rec.State {
+	case raftfsm.StateScheduled:
+		return true
+	case raftfsm.StateCancelled:
+		return rec.CancelledAt >= rec.Due-int64(s.tune.ClockSkewBound)
+	}
+	return false
 }
 
 // apply proposes one command and waits for its result, bounded by ctx.
@@ -396,7 +455,6 @@ func (o *observer) Scheduled(seq uint64, due int64) {
 func (o *observer) Settled(seq uint64) {
 	s := (*Shard)(o)
 	s.mu.Lock()
-	delete(s.unsure, seq)
 	if h, ok := s.handles[seq]; ok {
 		s.wheel.Remove(h)
 		delete(s.handles, seq)

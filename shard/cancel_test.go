@@ -1,0 +1,217 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/chimehq/chime/raftfsm"
+)
+
+// gate holds a broker's traffic while it is shut, the way a network that
+// drops packets does: the client's requests sit in socket buffers and reach
+// the broker when the gate opens, long after the client gave up on them.
+type gate struct {
+	mu   sync.Mutex
+	shut bool
+	open chan struct{} // closed while open
+}
+
+func newGate() *gate {
+	g := &gate{open: make(chan struct{})}
+	close(g.open)
+	return g
+}
+
+func (g *gate) cut() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.shut {
+		g.shut, g.open = true, make(chan struct{})
+	}
+}
+
+func (g *gate) heal() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut {
+		g.shut = false
+		close(g.open)
+	}
+}
+
+func (g *gate) wait() {
+	g.mu.Lock()
+	ch := g.open
+	g.mu.Unlock()
+	<-ch
+}
+
+type gatedListener struct {
+	net.Listener
+	g *gate
+}
+
+func (l gatedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return gatedConn{c, l.g}, nil
+}
+
+type gatedConn struct {
+	net.Conn
+	g *gate
+}
+
+// Read hands bytes to the broker only while the gate is open, including
+// bytes that arrived just before it shut.
+func (c gatedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.g.wait()
+	return n, err
+}
+
+func (c gatedConn) Write(p []byte) (int, error) {
+	c.g.wait()
+	return c.Conn.Write(p)
+}
+
+// TestCancelWhileProduceUnanswered cuts the broker off while events fire and
+// cancels them (before, around and after their due time, twice each, from
+// two callers at once). The produce requests sent during the cut reach the
+// broker after it heals. No event a cancel reported as cancelled without
+// qualification may have a record.
+func TestCancelWhileProduceUnanswered(t *testing.T) {
+	g := newGate()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1),
+		kfake.ListenFn(func(network, addr string) (net.Listener, error) {
+			ln, err := net.Listen(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return gatedListener{ln, g}, nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1)
+	defer n.close()
+	ctx := context.Background()
+
+	req := func(id string, delay time.Duration) Request {
+		r := Request{ID: id, Delay: delay, HasDelay: true, Topic: "cut", Payload: []byte("p-" + id)}
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true)
+		return r
+	}
+	// A first record creates the topic and the connections.
+	if _, err := n.host.Schedule(ctx, []Request{req("warm", 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := consume(t, brokers, "cut", 1, 10*time.Second); len(got) != 1 {
+		t.Fatal("the warm-up record did not arrive")
+	}
+
+	g.cut()
+	const events = 150
+	var reqs []Request
+	for i := range events {
+		reqs = append(reqs, req(fmt.Sprintf("e%d", i), time.Duration(50+i*10)*time.Millisecond))
+	}
+	if _, err := n.host.Schedule(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	type answer struct {
+		id  string
+		out raftfsm.CancelOutcome
+		err error
+	}
+	answers := make(chan answer, 4*events)
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		// Cancel from -100 ms to +1.5 s around the due time, spread finely:
+		// before the first attempt, during it, as it gives up, and between
+		// retries.
+		at := time.Duration(50+i*10)*time.Millisecond + time.Duration(i*53%1600)*time.Millisecond - 100*time.Millisecond
+		for range 2 {
+			wg.Go(func() {
+				time.Sleep(time.Until(start.Add(at)))
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				res, err := n.host.Cancel(cctx, r.ID)
+				answers <- answer{r.ID, res.Outcome, err}
+				// A later cancel must not forget what an earlier one said.
+				time.Sleep(300 * time.Millisecond)
+				res, err = n.host.Cancel(cctx, r.ID)
+				answers <- answer{r.ID, res.Outcome, err}
+			})
+		}
+	}
+	wg.Wait()
+	close(answers)
+	g.heal()
+
+	acked := map[string]bool{}
+	unsure := 0
+	for a := range answers {
+		switch {
+		case a.err == nil && (a.out == raftfsm.Cancelled || a.out == raftfsm.AlreadyCancelled):
+			acked[a.id] = true
+		case errors.Is(a.err, ErrCancelUnsure), errors.Is(a.err, ErrProduceUnknown):
+			unsure++
+		case a.err != nil:
+			t.Errorf("cancel %s: %v", a.id, a.err)
+		}
+	}
+	got, _ := consume(t, brokers, "cut", events+1, 8*time.Second)
+	for id := range got {
+		if acked[id] {
+			t.Errorf("%s: a cancel reported it cancelled, and its record reached Kafka afterwards", id)
+		}
+	}
+	t.Logf("%d events: %d cancels acknowledged, %d answered unsure, %d records after the heal", events, len(acked), unsure, len(got)-1)
+	if unsure == 0 {
+		t.Error("no cancel was answered unsure: the cut did not hold any produce back")
+	}
+}
+
+// TestInDoubtAfterLeaderChange pins down which events a new leader cannot
+// promise to cancel: its predecessor may have produced any unfired event due
+// by the time this leader began firing plus the clock skew bound, unless it
+// was cancelled well before it fell due.
+func TestInDoubtAfterLeaderChange(t *testing.T) {
+	const sec = int64(time.Second)
+	s := &Shard{unsure: map[uint64]int64{7: 1}, tune: Tuning{ClockSkewBound: time.Second}}
+	s.fenceUntil = 100 * sec // began firing at 99 s
+	for _, c := range []struct {
+		name string
+		rec  raftfsm.Record
+		want bool
+	}{
+		{"scheduled, due before the leader began", raftfsm.Record{Seq: 1, State: raftfsm.StateScheduled, Due: 50 * sec}, true},
+		{"scheduled, due within the skew bound", raftfsm.Record{Seq: 1, State: raftfsm.StateScheduled, Due: 100 * sec}, true},
+		{"scheduled, due after the fence", raftfsm.Record{Seq: 1, State: raftfsm.StateScheduled, Due: 100*sec + 1}, false},
+		{"cancelled around its due time", raftfsm.Record{Seq: 1, State: raftfsm.StateCancelled, Due: 50 * sec, CancelledAt: 50*sec - sec/2}, true},
+		{"cancelled well before its due time", raftfsm.Record{Seq: 1, State: raftfsm.StateCancelled, Due: 50 * sec, CancelledAt: 40 * sec}, false},
+		{"fired", raftfsm.Record{Seq: 1, State: raftfsm.StateFired, Due: 50 * sec}, false},
+		{"this leader's unanswered produce", raftfsm.Record{Seq: 7, State: raftfsm.StateCancelled, Due: 200 * sec, CancelledAt: 10 * sec}, true},
+	} {
+		if got := s.inDoubt(c.rec); got != c.want {
+			t.Errorf("%s: inDoubt %v, want %v", c.name, got, c.want)
+		}
+	}
+	s.fenceUntil = 1<<63 - 1 // not yet past the barrier: everything due is in doubt
+	if !s.inDoubt(raftfsm.Record{Seq: 2, State: raftfsm.StateScheduled, Due: 1 << 62}) {
+		t.Error("before the barrier, a scheduled event is not in doubt")
+	}
+}
