@@ -1,0 +1,763 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/shard"
+)
+
+func benchCommand() *command {
+	return &command{
+		name:    "bench",
+		summary: "load a cluster with events and measure ingest, firing, lateness and cost",
+		about: `Bench schedules --events distinct events from --callers concurrent callers,
+--batch events per BatchSchedule call, and reads the records back from Kafka
+with its own consumer. Each event is due --delay after it is sent (or a time
+drawn from --delay to --delay-max), or, with --due-at, all at once: --due-at
+after the bench starts, spread over --spread. --rate paces the callers (0: as
+fast as the cluster acknowledges). Batches go straight to the leader of each
+event's shard, found with Admin.GetClusterMap (--route=false sends them to
+--addr, which forwards).
+
+While it runs it prints one line a second: events acknowledged, fired (by
+the chime-fired header, one second behind) and consumed in that second. At
+the end it prints the totals, the acknowledgement latency of the calls
+(p50/p99/max), fire lateness (chime-fired minus due, 1 ms resolution:
+p50/p99/p99.9/max), delivery lag (consumer receipt minus due), the number
+of records fired before they were due, duplicates, and, for chimed processes
+on this machine (--pids, or every process named chimed), CPU seconds per 1,000
+events and the peak resident memory. --json prints the summary as JSON;
+--svg writes a plot of the rates and the lateness per second.
+
+Ids are <--id-prefix><n>, unique per run unless --id-prefix is given, so a
+rerun with the same prefix measures idempotent re-sends instead.`,
+		example: `  # ingest: as fast as possible, due in 10-20 s
+  chimectl bench --events 6000000 --callers 16 --batch 500 --delay 10s --delay-max 20s --no-consume
+  # drain: 1,000,000 events all due in the same second
+  chimectl bench --events 1000000 --batch 1000 --due-at 30s --spread 1s
+  # precision: 10,000 events/s for 60 s, each due 2 s after it is sent
+  chimectl bench --events 600000 --rate 10000 --delay 2s --svg precision.svg`,
+		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
+			o := benchOptions{}
+			fs.IntVar(&o.events, "events", 100000, "how many distinct `n` events to schedule")
+			fs.IntVar(&o.callers, "callers", 8, "concurrent callers")
+			fs.IntVar(&o.batch, "batch", 200, "events per call; 1 uses Schedule instead of BatchSchedule")
+			fs.Float64Var(&o.rate, "rate", 0, "target events per second over all callers; 0 means as fast as acknowledged")
+			fs.DurationVar(&o.delay, "delay", 5*time.Second, "each event is due this long after it is sent")
+			fs.DurationVar(&o.delayMax, "delay-max", 0, "if set, delays are drawn uniformly from --delay to this")
+			fs.DurationVar(&o.dueAt, "due-at", 0, "if set, every event is due this long after the bench starts (see --spread), instead of --delay")
+			fs.DurationVar(&o.spread, "spread", 0, "with --due-at, due times are spread uniformly over this window")
+			fs.StringVar(&o.topic, "topic", "chime.bench", "Kafka `topic` the events are produced to")
+			fs.StringVar(&o.brokers, "brokers", "127.0.0.1:9092", "comma-separated Kafka bootstrap `addresses` for the consumer")
+			fs.BoolVar(&o.noConsume, "no-consume", false, "do not read the records back (ingest only)")
+			fs.IntVar(&o.payload, "payload-size", 64, "payload `bytes` per event")
+			fs.BoolVar(&o.route, "route", true, "send each batch to its shard's leader (from the cluster map) rather than to --addr")
+			fs.StringVar(&o.pids, "pids", "", "comma-separated `pids` of local chimed processes to measure (default: every process named chimed)")
+			fs.StringVar(&o.svg, "svg", "", "write a plot of rates and lateness per second to this `file`")
+			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
+			fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long to wait for records after the last one is due")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected argument %q", args[0])
+				}
+				if err := o.validate(); err != nil {
+					return err
+				}
+				return c.bench(ctx, o)
+			}
+		},
+	}
+}
+
+type benchOptions struct {
+	events, callers, batch, payload int
+	rate                            float64
+	delay, delayMax, dueAt, spread  time.Duration
+	topic, brokers, pids, svg       string
+	prefix                          string
+	noConsume, route                bool
+	wait                            time.Duration
+}
+
+func (o *benchOptions) validate() error {
+	switch {
+	case o.events < 1:
+		return usagef("--events must be at least 1")
+	case o.callers < 1:
+		return usagef("--callers must be at least 1")
+	case o.batch < 1:
+		return usagef("--batch must be at least 1")
+	case o.rate < 0:
+		return usagef("--rate must not be negative")
+	case o.delay < 0 || o.dueAt < 0 || o.spread < 0:
+		return usagef("--delay, --due-at and --spread must not be negative")
+	case o.delayMax != 0 && o.delayMax < o.delay:
+		return usagef("--delay-max (%v) must not be below --delay (%v)", o.delayMax, o.delay)
+	case o.payload < 0:
+		return usagef("--payload-size must not be negative")
+	case o.topic == "":
+		return usagef("--topic must not be empty")
+	}
+	return nil
+}
+
+// benchRun is the state of one bench: what was sent and what came back,
+// bucketed per second since start.
+type benchRun struct {
+	o      benchOptions
+	start  time.Time
+	prefix string
+	dues   []int64 // unix ns per event number, 0 until acknowledged
+
+	acked, failed atomic.Int64
+	mu            sync.Mutex
+	ackLat        []time.Duration // per call
+	secs          []benchSecond
+	seen          []bool // per event number: a record was consumed
+	late, lag     []float64
+	early, dups   int
+	consumed      int
+	lastDue       int64
+	firstErr      error
+}
+
+type benchSecond struct {
+	acked, fired, consumed int
+	late                   []float64 // ms, by fired second
+}
+
+func (r *benchRun) second(t time.Time) *benchSecond {
+	i := max(int(t.Sub(r.start)/time.Second), 0)
+	for len(r.secs) <= i {
+		r.secs = append(r.secs, benchSecond{})
+	}
+	return &r.secs[i]
+}
+
+func (c *cli) bench(ctx context.Context, o benchOptions) error {
+	r := &benchRun{o: o, start: time.Now(), dues: make([]int64, o.events)}
+	r.prefix = o.prefix
+	if r.prefix == "" {
+		r.prefix = fmt.Sprintf("bench-%d-", r.start.UnixMilli())
+	}
+	if !o.noConsume {
+		r.seen = make([]bool, o.events)
+	}
+	procs := localProcs(o.pids)
+	cpu0 := procCPU(procs)
+
+	route, closeConns, err := c.benchRoutes(ctx, o.route)
+	if err != nil {
+		return err
+	}
+	defer closeConns()
+
+	var consumerDone chan error
+	cctx, stopConsumer := context.WithCancel(ctx)
+	defer stopConsumer()
+	if !o.noConsume {
+		consumerDone = make(chan error, 1)
+		ready := make(chan struct{})
+		go func() { consumerDone <- r.consume(cctx, ready) }()
+		select {
+		case <-ready:
+		case err := <-consumerDone:
+			return err
+		}
+	}
+
+	tctx, stopTicker := context.WithCancel(ctx)
+	tickerDone := make(chan struct{})
+	go func() { defer close(tickerDone); r.report(tctx, c, procs) }()
+
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range o.callers {
+		wg.Go(func() { r.call(ctx, &next, route) })
+	}
+	wg.Wait()
+	sendEnd := time.Now()
+
+	if !o.noConsume && ctx.Err() == nil {
+		// Wait until every acknowledged event came back, or --wait after
+		// the last due time.
+		deadline := time.Unix(0, r.lastDue).Add(o.wait)
+		for ctx.Err() == nil && time.Now().Before(deadline) {
+			r.mu.Lock()
+			done := r.consumed >= int(r.acked.Load())
+			r.mu.Unlock()
+			if done {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	stopTicker()
+	<-tickerDone
+	stopConsumer()
+	if consumerDone != nil {
+		if err := <-consumerDone; err != nil && !errors.Is(err, context.Canceled) {
+			fmt.Fprintf(c.stderr, "chimectl bench: consumer: %v\n", err)
+		}
+	}
+	end := time.Now()
+	cpu1 := procCPU(procs)
+	sum := r.summary(sendEnd, end, procs, cpu1-cpu0)
+	if o.svg != "" {
+		if err := os.WriteFile(o.svg, []byte(r.plot()), 0o644); err != nil {
+			return fmt.Errorf("--svg: %w", err)
+		}
+	}
+	if c.json {
+		if err := c.printJSON(sum); err != nil {
+			return err
+		}
+	} else {
+		sum.print(c)
+	}
+	if r.firstErr != nil && r.acked.Load() == 0 {
+		return r.firstErr
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// benchRoute returns the client for the leader of event id's shard (or the
+// one client when not routing).
+type benchRoute func(id string) chimev1.SchedulerClient
+
+func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), error) {
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	conn, err := dial(c.addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--addr %q: %w", c.addr, err)
+	}
+	conns := []*grpc.ClientConn{conn}
+	closeAll := func() {
+		for _, cc := range conns {
+			cc.Close()
+		}
+	}
+	direct := chimev1.NewSchedulerClient(conn)
+	if !route {
+		return func(string) chimev1.SchedulerClient { return direct }, closeAll, nil
+	}
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	m, err := chimev1.NewAdminClient(conn).GetClusterMap(mctx, &chimev1.GetClusterMapRequest{})
+	if status.Code(err) == codes.Unimplemented {
+		// A single node without the cluster layer leads every shard.
+		return func(string) chimev1.SchedulerClient { return direct }, closeAll, nil
+	}
+	if err != nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("reading the cluster map from %s (use --route=false to send everything there): %w", c.addr, err)
+	}
+	byNode := map[string]chimev1.SchedulerClient{}
+	for _, mem := range m.Members {
+		if mem.GrpcAddr == "" {
+			continue
+		}
+		cc, err := dial(mem.GrpcAddr)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("member %s at %s: %w", mem.Id, mem.GrpcAddr, err)
+		}
+		conns = append(conns, cc)
+		byNode[mem.Id] = chimev1.NewSchedulerClient(cc)
+	}
+	leaders := make([]chimev1.SchedulerClient, m.ShardCount)
+	for i := range leaders {
+		leaders[i] = direct
+	}
+	for _, s := range m.Shards {
+		if cl, ok := byNode[s.Leader]; ok && int(s.Id) < len(leaders) {
+			leaders[s.Id] = cl
+		}
+	}
+	shards := int(m.ShardCount)
+	return func(id string) chimev1.SchedulerClient { return leaders[shard.For(id, shards)] }, closeAll, nil
+}
+
+// call is one caller: it takes --batch event numbers at a time until all
+// are taken, splits them by shard leader and sends each part.
+func (r *benchRun) call(ctx context.Context, next *atomic.Int64, route benchRoute) {
+	o := r.o
+	rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+	payload := make([]byte, o.payload)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+	for ctx.Err() == nil {
+		from := int(next.Add(int64(o.batch))) - o.batch
+		if from >= o.events {
+			return
+		}
+		to := min(from+o.batch, o.events)
+		if o.rate > 0 {
+			at := r.start.Add(time.Duration(float64(from) / o.rate * float64(time.Second)))
+			if d := time.Until(at); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		parts := map[chimev1.SchedulerClient][]*chimev1.Event{}
+		var order []chimev1.SchedulerClient
+		for n := from; n < to; n++ {
+			ev := &chimev1.Event{Id: r.prefix + strconv.Itoa(n), Topic: o.topic, Payload: payload}
+			if o.dueAt > 0 {
+				at := r.start.Add(o.dueAt)
+				if o.spread > 0 {
+					at = at.Add(time.Duration(rnd.Int64N(int64(o.spread))))
+				}
+				ev.DeliverAt = timestamppb.New(at)
+			} else {
+				d := o.delay
+				if o.delayMax > o.delay {
+					d += time.Duration(rnd.Int64N(int64(o.delayMax - o.delay)))
+				}
+				ev.Delay = durationpb.New(d)
+			}
+			cl := route(ev.Id)
+			if _, ok := parts[cl]; !ok {
+				order = append(order, cl)
+			}
+			parts[cl] = append(parts[cl], ev)
+		}
+		var wg sync.WaitGroup
+		for _, cl := range order {
+			evs := parts[cl]
+			wg.Go(func() { r.send(ctx, cl, evs) })
+		}
+		wg.Wait()
+	}
+}
+
+// send schedules evs in one call (Schedule when --batch is 1), retrying on
+// UNAVAILABLE (a leader change) with the same ids, which is idempotent.
+func (r *benchRun) send(ctx context.Context, cl chimev1.SchedulerClient, evs []*chimev1.Event) {
+	for attempt := 0; ; attempt++ {
+		t0 := time.Now()
+		dues, err := r.schedule(ctx, cl, evs)
+		lat := time.Since(t0)
+		if err == nil {
+			now := time.Now()
+			r.mu.Lock()
+			r.ackLat = append(r.ackLat, lat)
+			r.second(now).acked += len(dues)
+			for i, due := range dues {
+				if due == 0 {
+					continue
+				}
+				n, _ := strconv.Atoi(strings.TrimPrefix(evs[i].Id, r.prefix))
+				r.dues[n] = due
+				r.lastDue = max(r.lastDue, due)
+			}
+			r.mu.Unlock()
+			r.acked.Add(int64(countNonZero(dues)))
+			return
+		}
+		if ctx.Err() != nil || attempt >= 20 {
+			r.fail(err, len(evs))
+			return
+		}
+		time.Sleep(time.Duration(min(attempt+1, 10)) * 50 * time.Millisecond)
+	}
+}
+
+func countNonZero(xs []int64) int {
+	n := 0
+	for _, x := range xs {
+		if x != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *benchRun) fail(err error, n int) {
+	r.failed.Add(int64(n))
+	r.mu.Lock()
+	if r.firstErr == nil {
+		r.firstErr = err
+	}
+	r.mu.Unlock()
+}
+
+// schedule returns the due time of each event (0 for one the server
+// rejected, which is counted as failed).
+func (r *benchRun) schedule(ctx context.Context, cl chimev1.SchedulerClient, evs []*chimev1.Event) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	dues := make([]int64, len(evs))
+	if len(evs) == 1 {
+		resp, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: evs[0]})
+		if err != nil {
+			return nil, err
+		}
+		dues[0] = resp.Due.AsTime().UnixNano()
+		return dues, nil
+	}
+	resp, err := cl.BatchSchedule(ctx, &chimev1.BatchScheduleRequest{Events: evs})
+	if err != nil {
+		return nil, err
+	}
+	for i, res := range resp.Results {
+		if res.Code != 0 {
+			r.fail(fmt.Errorf("event %s: code %d: %s", res.Id, res.Code, res.Message), 1)
+			continue
+		}
+		dues[i] = res.Due.AsTime().UnixNano()
+	}
+	return dues, nil
+}
+
+// consume reads the topic from the bench's start and accounts for every
+// record of this run; ready is closed once partitions are assigned.
+func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(splitAddrs(r.o.brokers)...),
+		kgo.ConsumeTopics(r.o.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(r.start.Add(-time.Second).UnixMilli())),
+		kgo.AllowAutoTopicCreation(),
+		kgo.FetchMaxWait(50*time.Millisecond),
+	)
+	if err != nil {
+		return fmt.Errorf("--brokers: %w", err)
+	}
+	defer cl.Close()
+	// Make sure the topic exists before scheduling, so the consumer sees
+	// it from its first record.
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = cl.ProduceSync(pctx, &kgo.Record{Topic: r.o.topic, Value: []byte("chimectl bench start")}).FirstErr()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("creating topic %s at %s: %w", r.o.topic, r.o.brokers, err)
+	}
+	close(ready)
+	for {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		now := time.Now()
+		r.mu.Lock()
+		fs.EachRecord(func(rec *kgo.Record) { r.record(rec, now) })
+		r.mu.Unlock()
+	}
+}
+
+// record accounts for one consumed record; r.mu is held.
+func (r *benchRun) record(rec *kgo.Record, now time.Time) {
+	var id string
+	var fired int64 = -1
+	for _, h := range rec.Headers {
+		switch h.Key {
+		case headerID:
+			id = string(h.Value)
+		case headerFired:
+			fired, _ = strconv.ParseInt(string(h.Value), 10, 64)
+		}
+	}
+	rest, ok := strings.CutPrefix(id, r.prefix)
+	if !ok {
+		return
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n < 0 || n >= len(r.seen) {
+		return
+	}
+	if r.seen[n] {
+		r.dups++
+		return
+	}
+	r.seen[n] = true
+	r.consumed++
+	r.second(now).consumed++
+	due := r.dues[n]
+	if due == 0 || fired < 0 {
+		return // the ack is still on its way back; lateness unknown
+	}
+	// chime-fired has millisecond resolution: compare at that resolution.
+	late := float64(fired - due/1e6)
+	if fired < due/1e6 {
+		r.early++
+	}
+	r.late = append(r.late, late)
+	r.lag = append(r.lag, float64(now.UnixNano()-due)/1e6)
+	sec := r.second(time.UnixMilli(fired))
+	sec.fired++
+	sec.late = append(sec.late, late)
+}
+
+func splitAddrs(s string) []string {
+	var out []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// report prints a line a second until ctx ends.
+func (r *benchRun) report(ctx context.Context, c *cli, procs []int) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	if !c.json {
+		fmt.Fprintf(c.stderr, "%6s %12s %12s %12s %8s %10s\n", "t", "acked/s", "fired/s", "consumed/s", "cpu%", "rss")
+	}
+	prevCPU, prevT := procCPU(procs), time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			i := int(now.Sub(r.start)/time.Second) - 1
+			r.mu.Lock()
+			var cur, prev benchSecond
+			if i >= 0 && i < len(r.secs) {
+				cur = r.secs[i]
+			}
+			if i >= 1 && i-1 < len(r.secs) {
+				prev = r.secs[i-1]
+			}
+			r.mu.Unlock()
+			cpu := procCPU(procs)
+			pct := 100 * (cpu - prevCPU) / now.Sub(prevT).Seconds()
+			prevCPU, prevT = cpu, now
+			if !c.json {
+				fmt.Fprintf(c.stderr, "%5ds %12d %12d %12d %7.0f%% %10s\n", i+1, cur.acked, prev.fired, cur.consumed, pct, mib(procRSS(procs)))
+			}
+		}
+	}
+}
+
+func mib(b int64) string {
+	if b <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20))
+}
+
+// benchSummary is what bench prints at the end (and --json emits).
+type benchSummary struct {
+	Events        int     `json:"events"`
+	Acked         int64   `json:"acked"`
+	Failed        int64   `json:"failed"`
+	FirstError    string  `json:"first_error,omitempty"`
+	SendSeconds   float64 `json:"send_seconds"`
+	AckedPerSec   float64 `json:"acked_per_second"`
+	PeakAckedSec  int     `json:"peak_acked_in_a_second"`
+	Calls         int     `json:"calls"`
+	AckP50Ms      float64 `json:"ack_p50_ms"`
+	AckP99Ms      float64 `json:"ack_p99_ms"`
+	AckMaxMs      float64 `json:"ack_max_ms"`
+	Consumed      int     `json:"consumed"`
+	Missing       int     `json:"missing"`
+	Duplicates    int     `json:"duplicates"`
+	Early         int     `json:"early"`
+	FiredPerSec   float64 `json:"fired_per_second"` // over the span from first to last fired second
+	PeakFiredSec  int     `json:"peak_fired_in_a_second"`
+	LateP50Ms     float64 `json:"late_p50_ms"`
+	LateP99Ms     float64 `json:"late_p99_ms"`
+	LateP999Ms    float64 `json:"late_p999_ms"`
+	LateMaxMs     float64 `json:"late_max_ms"`
+	LagP50Ms      float64 `json:"lag_p50_ms"`
+	LagP99Ms      float64 `json:"lag_p99_ms"`
+	LagMaxMs      float64 `json:"lag_max_ms"`
+	Processes     []int   `json:"processes"`
+	CPUSeconds    float64 `json:"cpu_seconds"`
+	CPUPer1000    float64 `json:"cpu_seconds_per_1000_events"`
+	PeakRSSBytes  int64   `json:"peak_rss_bytes"` // the largest VmHWM among the processes
+	consumeActive bool
+}
+
+func (r *benchRun) summary(sendEnd, end time.Time, procs []int, cpu float64) benchSummary {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := benchSummary{
+		Events: r.o.events, Acked: r.acked.Load(), Failed: r.failed.Load(),
+		SendSeconds: sendEnd.Sub(r.start).Seconds(), Calls: len(r.ackLat),
+		Consumed: r.consumed, Duplicates: r.dups, Early: r.early,
+		Processes: procs, CPUSeconds: cpu, consumeActive: !r.o.noConsume,
+	}
+	if s.Processes == nil {
+		s.Processes = []int{}
+	}
+	if r.firstErr != nil {
+		s.FirstError = r.firstErr.Error()
+	}
+	s.AckedPerSec = float64(s.Acked) / s.SendSeconds
+	if !r.o.noConsume {
+		s.Missing = int(s.Acked) - r.consumed
+	}
+	lat := make([]float64, len(r.ackLat))
+	for i, d := range r.ackLat {
+		lat[i] = float64(d) / 1e6
+	}
+	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 1)
+	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = quantile(r.late, 0.5), quantile(r.late, 0.99), quantile(r.late, 0.999), quantile(r.late, 1)
+	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = quantile(r.lag, 0.5), quantile(r.lag, 0.99), quantile(r.lag, 1)
+	first, last := -1, -1
+	for i, sec := range r.secs {
+		s.PeakAckedSec = max(s.PeakAckedSec, sec.acked)
+		s.PeakFiredSec = max(s.PeakFiredSec, sec.fired)
+		if sec.fired > 0 {
+			if first < 0 {
+				first = i
+			}
+			last = i
+		}
+	}
+	if first >= 0 {
+		fired := 0
+		for _, sec := range r.secs[first : last+1] {
+			fired += sec.fired
+		}
+		s.FiredPerSec = float64(fired) / float64(last-first+1)
+	}
+	if s.Acked > 0 {
+		s.CPUPer1000 = cpu / float64(s.Acked) * 1000
+	}
+	for _, p := range procs {
+		s.PeakRSSBytes = max(s.PeakRSSBytes, procStatus(p, "VmHWM:"))
+	}
+	return s
+}
+
+// quantile sorts xs in place and returns its q-quantile (nearest rank), 0
+// when empty.
+func quantile(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	if !slices.IsSorted(xs) {
+		slices.Sort(xs)
+	}
+	i := int(q*float64(len(xs))+0.5) - 1
+	return xs[min(max(i, 0), len(xs)-1)]
+}
+
+func (s benchSummary) print(c *cli) {
+	w := c.stdout
+	fmt.Fprintf(w, "scheduled  %d of %d acknowledged in %.1f s: %.0f events/s (peak second %d)", s.Acked, s.Events, s.SendSeconds, s.AckedPerSec, s.PeakAckedSec)
+	if s.Failed > 0 {
+		fmt.Fprintf(w, "; %d failed, first: %s", s.Failed, s.FirstError)
+	}
+	fmt.Fprintf(w, "\nack        %d calls: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", s.Calls, s.AckP50Ms, s.AckP99Ms, s.AckMaxMs)
+	if s.consumeActive {
+		fmt.Fprintf(w, "consumed   %d records, %d missing, %d duplicates, %d early\n", s.Consumed, s.Missing, s.Duplicates, s.Early)
+		fmt.Fprintf(w, "fired      %.0f events/s from first to last firing second (peak second %d)\n", s.FiredPerSec, s.PeakFiredSec)
+		fmt.Fprintf(w, "lateness   p50 %.0f ms, p99 %.0f ms, p99.9 %.0f ms, max %.0f ms (chime-fired − due, 1 ms resolution)\n", s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs)
+		fmt.Fprintf(w, "lag        p50 %.1f ms, p99 %.1f ms, max %.1f ms (received by this consumer − due)\n", s.LagP50Ms, s.LagP99Ms, s.LagMaxMs)
+	}
+	if len(s.Processes) > 0 {
+		fmt.Fprintf(w, "cost       %d chimed processes: %.1f CPU s, %.3f CPU s per 1000 events, peak RSS %s\n", len(s.Processes), s.CPUSeconds, s.CPUPer1000, mib(s.PeakRSSBytes))
+	} else {
+		fmt.Fprintf(w, "cost       no local chimed process found (see --pids)\n")
+	}
+}
+
+// localProcs returns the pids in list, or every process whose command name
+// is chimed.
+func localProcs(list string) []int {
+	var out []int
+	if list != "" {
+		for _, f := range splitAddrs(list) {
+			if p, err := strconv.Atoi(f); err == nil {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if comm, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err == nil && strings.TrimSpace(string(comm)) == "chimed" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// procCPU is the user+system CPU seconds of procs so far.
+func procCPU(procs []int) float64 {
+	total := 0.0
+	for _, p := range procs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name (which may hold spaces) start at
+		// the state, field 3; utime and stime are fields 14 and 15.
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseFloat(f[11], 64)
+		st, _ := strconv.ParseFloat(f[12], 64)
+		total += (ut + st) / clockTicks
+	}
+	return total
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+func procRSS(procs []int) int64 {
+	var total int64
+	for _, p := range procs {
+		total += procStatus(p, "VmRSS:")
+	}
+	return total
+}
+
+// procStatus reads a "kB" field of /proc/pid/status, in bytes.
+func procStatus(pid int, field string) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, field); ok {
+			f := strings.Fields(rest)
+			if len(f) > 0 {
+				kb, _ := strconv.ParseInt(f[0], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}

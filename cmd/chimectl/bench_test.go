@@ -1,0 +1,131 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"google.golang.org/grpc"
+
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/shard"
+)
+
+// startNode runs one real Chime node in the test process: Raft with fsync,
+// Pebble, the gRPC server and a kfake broker on loopback.
+func startNode(t *testing.T) (addr string, brokers []string) {
+	t.Helper()
+	kf, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(kf.Close)
+	brokers = kf.ListenAddrs()
+	dir := t.TempDir()
+	store, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), raftfsm.StoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := publish.New(publish.Config{Brokers: brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := shard.OpenHost(shard.HostConfig{NodeID: "n1", DataDir: filepath.Join(dir, "raft"), Shards: 2,
+		RaftListener: rln, Store: store, Publisher: pub, Bootstrap: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !host.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("no shard leaders after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	rpc.Register(gs, rpc.NewServer(host, rpc.DefaultLimits(), time.Now, nil))
+	done := make(chan struct{})
+	go func() { defer close(done); gs.Serve(ln) }()
+	t.Cleanup(func() {
+		gs.Stop()
+		<-done
+		host.Close()
+		pub.Close()
+		store.Close()
+	})
+	return ln.Addr().String(), brokers
+}
+
+func TestBenchAgainstARealNode(t *testing.T) {
+	addr, brokers := startNode(t)
+	svg := filepath.Join(t.TempDir(), "bench.svg")
+	const events = 3000
+	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--events", fmt.Sprint(events), "--callers", "4",
+		"--batch", "50", "--delay", "200ms", "--delay-max", "700ms", "--brokers", strings.Join(brokers, ","),
+		"--pids", fmt.Sprint(os.Getpid()), "--svg", svg, "--wait", "10s")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var s map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, r.stdout)
+	}
+	for k, want := range map[string]float64{"acked": events, "consumed": events, "missing": 0, "early": 0, "failed": 0} {
+		if s[k] != want {
+			t.Errorf("%s = %v, want %v", k, s[k], want)
+		}
+	}
+	if s["late_max_ms"].(float64) > 5000 || s["ack_p50_ms"].(float64) <= 0 || s["cpu_seconds_per_1000_events"].(float64) <= 0 || s["peak_rss_bytes"].(float64) <= 0 {
+		t.Errorf("implausible figures: %s", r.stdout)
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil || !strings.HasPrefix(string(b), "<svg") || !strings.Contains(string(b), "polyline") {
+		t.Errorf("--svg wrote %d bytes (%v), not a plot", len(b), err)
+	}
+	// The per-second lines go to stderr; --json keeps stdout for the summary.
+	if strings.Contains(r.stdout, "acked/s") {
+		t.Errorf("per-second lines on stdout with --json")
+	}
+}
+
+func TestBenchRejectsBadFlags(t *testing.T) {
+	for _, c := range []struct{ args, msg string }{
+		{"--events 0", "--events must be at least 1"},
+		{"--batch 0", "--batch must be at least 1"},
+		{"--delay 2s --delay-max 1s", "--delay-max (1s) must not be below --delay (2s)"},
+		{"--rate -1", "--rate must not be negative"},
+	} {
+		r := chimectl(t, nil, "", append([]string{"bench"}, strings.Fields(c.args)...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.msg) {
+			t.Errorf("bench %s: exit %d, stderr %q; want 2 and %q", c.args, r.code, r.stderr, c.msg)
+		}
+	}
+}
+
+func TestQuantile(t *testing.T) {
+	xs := []float64{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
+	for _, c := range []struct{ q, want float64 }{{0.5, 5}, {0.9, 9}, {0.99, 10}, {1, 10}, {0, 1}} {
+		if got := quantile(xs, c.q); got != c.want {
+			t.Errorf("quantile(%v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	if quantile(nil, 0.5) != 0 {
+		t.Error("quantile of nothing is not 0")
+	}
+}
