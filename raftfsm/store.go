@@ -15,7 +15,10 @@ type StoreOptions struct {
 	// FS is the filesystem Pebble uses; nil means the OS's. Tests inject
 	// vfs.NewCrashableMem to drop unsynced writes the way a power cut does.
 	FS vfs.FS
-	// CacheSize is Pebble's block cache in bytes; 0 means 64 MiB.
+	// CacheSize is Pebble's block cache in bytes; 0 means 256 MiB. Every
+	// new event's id lookup reads the bloom filter blocks of the tables it
+	// may be in; with 64 MiB they were evicted and re-read (with a
+	// checksum) on every lookup, half of the CPU of an ingest benchmark.
 	CacheSize int64
 	// Logger receives Pebble's log lines; nil means Pebble's default (the standard log
 	// package).
@@ -40,7 +43,7 @@ type Store struct {
 func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	size := opts.CacheSize
 	if size <= 0 {
-		size = 64 << 20
+		size = 256 << 20
 	}
 	cache := pebble.NewCache(size)
 	defer cache.Unref()
@@ -48,9 +51,22 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		FS:     opts.FS,
 		Cache:  cache,
 		Logger: opts.Logger,
-		// A new database: take the newest stable on-disk format rather than the
-		// compatibility default.
-		FormatMajorVersion: pebble.FormatNewest,
+		// The newest format with row-oriented blocks: the columnar blocks of
+		// later formats cost more CPU to write, and this store is written far
+		// more than it is scanned (ingest +10% in BENCHMARKS.md).
+		FormatMajorVersion: pebble.FormatFlushableIngestExcises,
+		// Write-heavy tuning. Every event is written (four keys) on each
+		// replica and most are rewritten or deleted when they fire, so
+		// compaction, not the write itself, is what scheduling costs: with
+		// Pebble's 4 MiB memtables it took 69% of a 3-node cluster's CPU
+		// at 15k events/s (BENCHMARKS.md). Large memtables flush less
+		// often, and a short-lived event's keys may die in the memtable
+		// or in L0 before they are compacted further.
+		MemTableSize:                64 << 20,
+		MemTableStopWritesThreshold: 4,
+		L0CompactionThreshold:       4,
+		L0StopWritesThreshold:       24,
+		LBaseMaxBytes:               512 << 20,
 	}
 	// Every created event first checks that its id is new, a Get that misses. Without
 	// filters a miss searches every level; with them it is answered from memory. (Deeper
