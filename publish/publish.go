@@ -348,6 +348,13 @@ func (p *Publisher) Close() error {
 // Publish produces recs and returns outcome i for recs[i]. It blocks until
 // every record is acknowledged (on its topic or the dead-letter topic), has
 // failed for good, or ctx ends; see Outcome. It is safe for concurrent use.
+//
+// ctx's deadline bounds when records may be handed to the broker (a leader
+// lease): no attempt starts after it. An attempt under way when it passes
+// is still waited for, up to WriteTimeout: its records are on their way and
+// giving up on the answer would only make the caller send them again (under
+// load, when answers take longer than the lease, nearly every record was
+// produced twice). Cancelling ctx, or Close, stops waiting at once.
 func (p *Publisher) Publish(ctx context.Context, recs []Record) []Outcome {
 	out := make([]Outcome, len(recs))
 	for i := range recs {
@@ -631,8 +638,16 @@ func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, 
 	for k, j := range idx {
 		batch[k] = msgs[j]
 	}
-	wctx, cancel := context.WithTimeout(ctx, p.cfg.WriteTimeout)
+	// Wait for the answer past ctx's deadline (see Publish), but not past
+	// its cancellation.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.WriteTimeout)
+	stop := context.AfterFunc(ctx, func() {
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			cancel()
+		}
+	})
 	err := p.writer.WriteMessages(wctx, batch...)
+	stop()
 	cancel()
 	now := p.cfg.Now()
 

@@ -172,16 +172,18 @@ func (s *Shard) fireLoop(ctx context.Context) {
 // fire reads, produces and marks one batch. It always settles the batch.
 //
 // Before producing, the leader confirms with a quorum that it still leads
-// (raft VerifyLeader) and gives the produce a deadline of the leader lease
-// from the moment it asked: followers do not elect a new leader until a
-// heartbeat timeout after they last heard from this one, which is longer,
-// so a record is handed to Kafka only while no other leader can exist. A
-// leader that was paused (a GC stall, SIGSTOP, a slow disk) finds its lease
-// gone when it resumes and produces nothing: the fault tests caught a
+// (raft VerifyLeader), and it hands records to Kafka only within the leader
+// lease from the moment it asked: followers do not elect a new leader until
+// a heartbeat timeout after they last heard from this one, which is longer.
+// A leader that was paused (a GC stall, SIGSTOP, a slow disk) finds its
+// lease gone when it resumes and starts no produce: the fault tests caught a
 // paused leader that resumed and produced events a new leader had already
-// cancelled. (The remaining window is a pause between that check and the
-// bytes leaving for the broker; closing it needs the broker to fence old
-// producers, see README.)
+// cancelled. The answer to a produce under way may take longer than the
+// lease and is waited for. What an old leader's produce can still deliver
+// after a new leader took over (a pause between the check and the write,
+// a request the network held back) is covered on the new leader's side:
+// it does not acknowledge a cancel of an event that may have been
+// produced (see Shard.inDoubt).
 func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 	asked := time.Now()
 	if err := s.raft.VerifyLeader().Error(); err != nil {
