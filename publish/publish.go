@@ -59,6 +59,11 @@ type Outcome struct {
 	// (ctx ended, the Publisher was closed, or even the dead-letter topic
 	// refused it). The caller must fire the record again later.
 	Done bool
+	// Sent is true once a request carrying the record (to its topic or
+	// the dead-letter topic) was handed to the Kafka client in this call.
+	// A record that is neither Done nor Sent cannot reach Kafka from this
+	// call: it never left (ctx ended while it waited for its turn).
+	Sent bool
 }
 
 // Stats are cumulative counters since New, for metrics.
@@ -428,7 +433,12 @@ func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
 			}
 			msgs = append(msgs, p.message(&recs[st.i], st, out[st.i].Attempts, sentAt))
 		}
-		errs, ackedAt := p.send(ctx, msgs)
+		errs, ackedAt, sent := p.send(ctx, msgs)
+		for j, st := range todo {
+			if sent[j] {
+				out[st.i].Sent = true
+			}
+		}
 
 		next := todo[:0]
 		wait := 0 // the highest attempt number among failures retried after a backoff
@@ -585,9 +595,10 @@ func permanent(err error) bool {
 // metadata cannot be fetched (WriteMessages then fails as a whole) does
 // not fail the records of other topics. errs[j] is nil when msgs[j] was
 // acknowledged at ackedAt[j].
-func (p *Publisher) send(ctx context.Context, msgs []kafka.Message) (errs []error, ackedAt []time.Time) {
+func (p *Publisher) send(ctx context.Context, msgs []kafka.Message) (errs []error, ackedAt []time.Time, sent []bool) {
 	errs = make([]error, len(msgs))
 	ackedAt = make([]time.Time, len(msgs))
+	sent = make([]bool, len(msgs))
 	byTopic := make(map[string][]int)
 	var topics []string
 	for j := range msgs {
@@ -598,22 +609,22 @@ func (p *Publisher) send(ctx context.Context, msgs []kafka.Message) (errs []erro
 		byTopic[t] = append(byTopic[t], j)
 	}
 	if len(topics) == 1 {
-		p.write(ctx, msgs, byTopic[topics[0]], errs, ackedAt)
-		return errs, ackedAt
+		p.write(ctx, msgs, byTopic[topics[0]], errs, ackedAt, sent)
+		return errs, ackedAt, sent
 	}
 	var wg sync.WaitGroup
 	for _, t := range topics {
 		idx := byTopic[t]
-		wg.Go(func() { p.write(ctx, msgs, idx, errs, ackedAt) })
+		wg.Go(func() { p.write(ctx, msgs, idx, errs, ackedAt, sent) })
 	}
 	wg.Wait()
-	return errs, ackedAt
+	return errs, ackedAt, sent
 }
 
 // write makes one WriteMessages call for msgs[idx] under the in-flight
-// semaphore and fills errs and ackedAt at idx (and nowhere else, so calls
+// semaphore and fills errs, ackedAt and sent at idx (and nowhere else, so calls
 // for disjoint idx may run concurrently).
-func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, errs []error, ackedAt []time.Time) {
+func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, errs []error, ackedAt []time.Time, sent []bool) {
 	setAll := func(err error) {
 		for _, j := range idx {
 			errs[j] = err
@@ -637,6 +648,7 @@ func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, 
 	batch := make([]kafka.Message, len(idx))
 	for k, j := range idx {
 		batch[k] = msgs[j]
+		sent[j] = true
 	}
 	// Wait for the answer past ctx's deadline (see Publish), but not past
 	// its cancellation.

@@ -108,6 +108,10 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		s.mu.Lock()
 		s.fenceUntil = 1<<63 - 1
 		s.mu.Unlock()
+		// A lease confirmed in this term must not serve the next one.
+		s.leaseMu.Lock()
+		s.leaseAsked = time.Time{}
+		s.leaseMu.Unlock()
 	}()
 
 	slots := make(chan struct{}, s.tune.MaxFiring)
@@ -146,8 +150,10 @@ func (s *Shard) fireLoop(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				defer func() { <-slots }()
-				s.fire(ctx, batch)
+				var once sync.Once
+				release := func() { once.Do(func() { <-slots }) }
+				defer release()
+				s.fire(ctx, batch, release)
 			}()
 			continue
 		}
@@ -184,13 +190,17 @@ func (s *Shard) fireLoop(ctx context.Context) {
 // a request the network held back) is covered on the new leader's side:
 // it does not acknowledge a cancel of an event that may have been
 // produced (see Shard.inDoubt).
-func (s *Shard) fire(ctx context.Context, b *fireBatch) {
-	asked := time.Now()
-	if err := s.raft.VerifyLeader().Error(); err != nil {
+//
+// release frees the batch's firing slot: the slots bound the produces in
+// flight, and a batch no longer needs its slot once Kafka has answered, so
+// the next batch does not wait for this one's MarkFired to commit.
+func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
+	deadline, err := s.leaseDeadline()
+	if err != nil {
 		s.settle(b, b.all(), 0)
 		return
 	}
-	ctx, cancel := context.WithDeadline(ctx, asked.Add(s.lease))
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	seqs := make([]uint64, len(b.entries))
 	for i, e := range b.entries {
@@ -218,6 +228,7 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 		return
 	}
 	outcomes := s.cfg.Publisher.Publish(ctx, out)
+	release()
 
 	var (
 		fired []raftfsm.Fired
@@ -241,8 +252,7 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 	mctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 	defer cancel()
 	if len(fired) > 0 {
-		cmd := raftfsm.MarkFired{ProposedAt: s.cfg.Now().UnixNano(), Entries: fired}
-		if _, err := s.apply(mctx, raftfsm.AppendMarkFired(nil, &cmd)); err == nil {
+		if err := s.markFired(mctx, fired); err == nil {
 			for _, f := range fired {
 				marked[f.Seq] = true
 			}
@@ -268,18 +278,27 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 	// are settled and dropped.
 	unsettled := make(map[uint64]bool, len(out))
 	now := s.cfg.Now().UnixNano()
+	failed := false // a produce went out and did not come back marked
 	s.mu.Lock()
-	for _, r := range out {
+	for i, r := range out {
 		if marked[r.Seq] {
 			delete(s.unsure, r.Seq)
 			continue
 		}
 		unsettled[r.Seq] = true
-		s.unsure[r.Seq] = now
+		if outcomes[i].Sent || outcomes[i].Done {
+			s.unsure[r.Seq] = now
+			failed = true
+		}
+		// Neither sent nor done: the lease ran out while the record waited
+		// for its turn in the publisher. It never left; fire it again at
+		// once, under a fresh lease.
 	}
-	delay := retryDelay
-	if len(unsettled) == 0 {
-		s.failedBatches = 0
+	delay := time.Duration(0)
+	if !failed {
+		if len(unsettled) == 0 {
+			s.failedBatches = 0
+		}
 	} else {
 		s.failedBatches++
 		delay = min(retryDelay<<min(s.failedBatches-1, 8), maxRetryDelay)
@@ -293,6 +312,30 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch) {
 	}
 	s.mu.Unlock()
 	s.settle(b, unsettled, delay)
+}
+
+// leaseDeadline returns until when this leader may hand records to Kafka: a
+// leader lease from the last time it asked a quorum (raft VerifyLeader)
+// whether it still leads. It asks again when less than half a lease is
+// left, so that at 10,000 events a second the batches of one lease share
+// one round trip instead of making one each.
+func (s *Shard) leaseDeadline() (time.Time, error) {
+	s.leaseMu.Lock()
+	asked := s.leaseAsked
+	s.leaseMu.Unlock()
+	if now := time.Now(); now.Before(asked.Add(s.lease / 2)) {
+		return asked.Add(s.lease), nil
+	}
+	asked = time.Now()
+	if err := s.raft.VerifyLeader().Error(); err != nil {
+		return time.Time{}, err
+	}
+	s.leaseMu.Lock()
+	if asked.After(s.leaseAsked) {
+		s.leaseAsked = asked
+	}
+	s.leaseMu.Unlock()
+	return asked.Add(s.lease), nil
 }
 
 // settle ends a batch: entries in requeue go back into the wheel, due no

@@ -116,8 +116,12 @@ type Shard struct {
 	// hand records to Kafka: raft's LeaderLeaseTimeout, shorter than the
 	// heartbeat timeout after which followers may elect another leader.
 	lease time.Duration
-	trans *raft.NetworkTransport
-	logs  *raftboltdb.BoltStore
+	// leaseAsked is when this leader last asked a quorum whether it leads
+	// and was told yes; see leaseDeadline.
+	leaseMu    sync.Mutex
+	leaseAsked time.Time
+	trans      *raft.NetworkTransport
+	logs       *raftboltdb.BoltStore
 
 	// mu guards the wheel and the maps beside it. It is taken by the raft
 	// apply goroutine (through observer), the firing loop and Cancel; each
@@ -146,6 +150,7 @@ type Shard struct {
 	kick       chan struct{}
 
 	proposals chan *proposal
+	marks     chan *markRequest
 	applying  chan *pendingApply
 	notify    chan bool // raft leadership changes
 	stop      chan struct{}
@@ -182,6 +187,7 @@ func Open(cfg Config) (*Shard, error) {
 		sleepUntil: 1<<63 - 1,
 		kick:       make(chan struct{}, 1),
 		proposals:  make(chan *proposal, 1024),
+		marks:      make(chan *markRequest, 1024),
 		applying:   make(chan *pendingApply, 256),
 		notify:     make(chan bool, 16),
 		stop:       make(chan struct{}),
@@ -201,9 +207,10 @@ func Open(cfg Config) (*Shard, error) {
 		s.fsm.Close()
 		return nil, err
 	}
-	s.wg.Add(3)
+	s.wg.Add(4)
 	go s.proposeLoop()
 	go s.applyWaitLoop()
+	go s.markLoop()
 	go s.leadershipLoop()
 	return s, nil
 }

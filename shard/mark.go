@@ -1,0 +1,84 @@
+package shard
+
+import (
+	"context"
+
+	"github.com/chimehq/chime/raftfsm"
+)
+
+// Marking fired events is group-committed like scheduling. At 10,000 events
+// a second a shard's leader fires a batch every millisecond tick, and a
+// MarkFired entry per batch cost each replica a log append and fsync per
+// millisecond: the Raft logs, not the CPU, became the bottleneck, and fire
+// lateness grew to hundreds of milliseconds (BENCHMARKS.md). One markLoop
+// per shard gathers the marks that queued while the previous entry
+// committed into the next entry.
+
+// maxMarkBatch bounds the events in one MarkFired entry.
+const maxMarkBatch = 8192
+
+type markRequest struct {
+	fired []raftfsm.Fired
+	done  chan error // buffered: markLoop never blocks on it
+}
+
+// markFired records fired through Raft, together with other batches' marks,
+// and reports whether the entry committed on this leader.
+func (s *Shard) markFired(ctx context.Context, fired []raftfsm.Fired) error {
+	r := &markRequest{fired: fired, done: make(chan error, 1)}
+	select {
+	case s.marks <- r:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.stop:
+		return ErrStopped
+	}
+	select {
+	case err := <-r.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Shard) markLoop() {
+	defer s.wg.Done()
+	for {
+		var first *markRequest
+		select {
+		case first = <-s.marks:
+		case <-s.stop:
+			for {
+				select {
+				case r := <-s.marks:
+					r.done <- ErrStopped
+				default:
+					return
+				}
+			}
+		}
+		reqs := []*markRequest{first}
+		n := len(first.fired)
+	gather:
+		for n < maxMarkBatch {
+			select {
+			case r := <-s.marks:
+				reqs = append(reqs, r)
+				n += len(r.fired)
+			default:
+				break gather
+			}
+		}
+		cmd := raftfsm.MarkFired{ProposedAt: s.cfg.Now().UnixNano(), Entries: make([]raftfsm.Fired, 0, n)}
+		for _, r := range reqs {
+			cmd.Entries = append(cmd.Entries, r.fired...)
+		}
+		err := s.raft.Apply(raftfsm.AppendMarkFired(nil, &cmd), applyTimeout).Error()
+		if err != nil {
+			err = raftErr(err)
+		}
+		for _, r := range reqs {
+			r.done <- err
+		}
+	}
+}
