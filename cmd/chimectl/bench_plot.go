@@ -52,12 +52,16 @@ func (r *benchRun) plot() string {
 		}
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>`+"\n", left, y0, w-left-20, panelH)
 		fmt.Fprintf(&b, `<text x="12" y="%d" transform="rotate(-90 12 %d)" text-anchor="middle">%s</text>`+"\n", y0+panelH/2, y0+panelH/2, label)
-		for k := 0; k <= 4; k++ {
-			v := ymin + (ymax-ymin)*float64(k)/4
+		ticks := 4
+		if logY {
+			ticks = int(ymax) // one per decade: 1, 10, 100 ms...
+		}
+		for k := 0; k <= ticks; k++ {
+			v := ymin + (ymax-ymin)*float64(k)/float64(ticks)
 			text := fmt.Sprintf("%.0f", v)
 			if logY {
-				text = fmt.Sprintf("%g", math.Pow(10, v))
 				v = math.Pow(10, v)
+				text = fmt.Sprintf("%.0f", v)
 			}
 			y := yv(v)
 			fmt.Fprintf(&b, `<line x1="%d" x2="%d" y1="%.1f" y2="%.1f" stroke="#eee"/><text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", left, w-20, y, y, left-4, y+4, text)
