@@ -32,30 +32,32 @@ ctl() { "$bin/chimectl" --addr $grpc "$@"; }
 echo "== chimectl"
 out=$(ctl schedule --topic qs.demo --in 1s --payload hello --id qs-1 --json)
 echo "$out"
-echo "$out" | grep -q '"id":"qs-1"' || fail "schedule --json did not print the id"
+echo "$out" | grep '"id":"qs-1"' >/dev/null || fail "schedule --json did not print the id"
 ctl schedule --topic qs.demo --at 2035-01-01T09:00:00Z --id qs-later --payload reminder
-ctl get qs-later --json | grep -q '"state":"scheduled"' || fail "get --json: not scheduled"
+ctl get qs-later --json | grep '"state":"scheduled"' >/dev/null || fail "get --json: not scheduled"
 ctl cancel qs-later
-ctl get qs-later --json | grep -q '"state":"cancelled"' || fail "get --json: not cancelled"
+ctl get qs-later --json | grep '"state":"cancelled"' >/dev/null || fail "get --json: not cancelled"
 tailout=$(timeout 20 "$bin/chimectl" tail --topic qs.demo --brokers $kafka --from-beginning --count 1)
 echo "$tailout"
-echo "$tailout" | grep -q "qs-1" || fail "tail did not show qs-1"
+echo "$tailout" | grep "qs-1" >/dev/null || fail "tail did not show qs-1"
 for _ in $(seq 1 50); do
-  ctl get qs-1 --json | grep -q '"state":"fired"' && break
+  ctl get qs-1 --json | grep '"state":"fired"' >/dev/null && break
   sleep 0.1
 done
-ctl get qs-1 --json | grep -q '"state":"fired"' || fail "qs-1 not marked fired"
+ctl get qs-1 --json | grep '"state":"fired"' >/dev/null || fail "qs-1 not marked fired"
 
 echo "== grpcurl and kcat"
-grpcurl -plaintext $grpc list | grep -q chime.v1.Scheduler || fail "reflection does not list chime.v1.Scheduler"
+# (grep reads all of its input here: with grep -q, a command still writing
+# after the first match dies of SIGPIPE and pipefail fails the step.)
+grpcurl -plaintext $grpc list | grep chime.v1.Scheduler >/dev/null || fail "reflection does not list chime.v1.Scheduler"
 grpcurl -plaintext -d '{"event":{"id":"hello-1","topic":"qs.grpcurl","delay":"1s","payload":"aGVsbG8="}}' \
   $grpc chime.v1.Scheduler/Schedule | tee "$work/sched.json"
 grep -q '"id": "hello-1"' "$work/sched.json" || fail "grpcurl Schedule"
 for _ in $(seq 1 50); do # kcat refuses a topic that does not exist yet: wait for the fire
-  grpcurl -plaintext -d '{"id":"hello-1"}' $grpc chime.v1.Scheduler/Get | grep -q EVENT_STATE_FIRED && break
+  grpcurl -plaintext -d '{"id":"hello-1"}' $grpc chime.v1.Scheduler/Get | grep EVENT_STATE_FIRED >/dev/null && break
   sleep 0.1
 done
-grpcurl -plaintext -d '{"id":"hello-1"}' $grpc chime.v1.Scheduler/Get | grep -q EVENT_STATE_FIRED || fail "hello-1 did not fire"
+grpcurl -plaintext -d '{"id":"hello-1"}' $grpc chime.v1.Scheduler/Get | grep EVENT_STATE_FIRED >/dev/null || fail "hello-1 did not fire"
 rec=$(timeout 20 kcat -C -b $kafka -t qs.grpcurl -o beginning -c 1 -f 'key=%k value=%s headers=%h\n')
 echo "$rec"
 case "$rec" in
