@@ -455,9 +455,8 @@ func (a *applier) iter() *pebble.Iterator {
 // the top of every level: a fire batch's MarkFired names up to a thousand
 // mostly neighbouring events, and a SeekPrefixGE for each cost a third of a
 // cluster's CPU while it drained a backlog (BENCHMARKS.md). Unknown seqs are
-// skipped; status() reports them.
+// skipped; status() reports them. It sorts seqs in place.
 func (a *applier) loadStatuses(seqs []uint64) {
-	seqs = slices.Clone(seqs)
 	slices.Sort(seqs)
 	var key []byte
 	for i, seq := range seqs {

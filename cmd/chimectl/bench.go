@@ -328,7 +328,7 @@ func (r *benchRun) call(ctx context.Context, next *atomic.Int64, route benchRout
 				}
 			}
 		}
-		parts := map[chimev1.SchedulerClient][]*chimev1.Event{}
+		parts := map[chimev1.SchedulerClient]*benchPart{}
 		var order []chimev1.SchedulerClient
 		for n := from; n < to; n++ {
 			ev := &chimev1.Event{Id: r.prefix + strconv.Itoa(n), Topic: o.topic, Payload: payload}
@@ -346,60 +346,60 @@ func (r *benchRun) call(ctx context.Context, next *atomic.Int64, route benchRout
 				ev.Delay = durationpb.New(d)
 			}
 			cl := route(ev.Id)
-			if _, ok := parts[cl]; !ok {
+			p := parts[cl]
+			if p == nil {
+				p = &benchPart{}
+				parts[cl] = p
 				order = append(order, cl)
 			}
-			parts[cl] = append(parts[cl], ev)
+			p.evs, p.nums = append(p.evs, ev), append(p.nums, n)
 		}
 		var wg sync.WaitGroup
 		for _, cl := range order {
-			evs := parts[cl]
-			wg.Go(func() { r.send(ctx, cl, evs) })
+			p := parts[cl]
+			wg.Go(func() { r.send(ctx, cl, p) })
 		}
 		wg.Wait()
 	}
 }
 
-// send schedules evs in one call (Schedule when --batch is 1), retrying on
-// UNAVAILABLE (a leader change) with the same ids, which is idempotent.
-func (r *benchRun) send(ctx context.Context, cl chimev1.SchedulerClient, evs []*chimev1.Event) {
+// benchPart is the events of one batch bound for one leader, with their
+// event numbers.
+type benchPart struct {
+	evs  []*chimev1.Event
+	nums []int
+}
+
+// send schedules p in one call (Schedule when --batch is 1). A failed call
+// is retried with the same ids, which is idempotent, up to 20 times.
+func (r *benchRun) send(ctx context.Context, cl chimev1.SchedulerClient, p *benchPart) {
 	for attempt := 0; ; attempt++ {
 		t0 := time.Now()
-		dues, err := r.schedule(ctx, cl, evs)
+		dues, err := r.schedule(ctx, cl, p.evs)
 		lat := time.Since(t0)
 		if err == nil {
 			now := time.Now()
+			accepted := 0
 			r.mu.Lock()
 			r.ackLat = append(r.ackLat, lat)
-			r.second(now).acked += len(dues)
 			for i, due := range dues {
-				if due == 0 {
-					continue
+				if due != 0 {
+					r.dues[p.nums[i]] = due
+					r.lastDue = max(r.lastDue, due)
+					accepted++
 				}
-				n, _ := strconv.Atoi(strings.TrimPrefix(evs[i].Id, r.prefix))
-				r.dues[n] = due
-				r.lastDue = max(r.lastDue, due)
 			}
+			r.second(now).acked += accepted
 			r.mu.Unlock()
-			r.acked.Add(int64(countNonZero(dues)))
+			r.acked.Add(int64(accepted))
 			return
 		}
 		if ctx.Err() != nil || attempt >= 20 {
-			r.fail(err, len(evs))
+			r.fail(err, len(p.evs))
 			return
 		}
 		time.Sleep(time.Duration(min(attempt+1, 10)) * 50 * time.Millisecond)
 	}
-}
-
-func countNonZero(xs []int64) int {
-	n := 0
-	for _, x := range xs {
-		if x != 0 {
-			n++
-		}
-	}
-	return n
 }
 
 func (r *benchRun) fail(err error, n int) {
@@ -443,7 +443,7 @@ func (r *benchRun) schedule(ctx context.Context, cl chimev1.SchedulerClient, evs
 // record of this run; ready is closed once partitions are assigned.
 func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(splitAddrs(r.o.brokers)...),
+		kgo.SeedBrokers(splitList(r.o.brokers)...),
 		kgo.ConsumeTopics(r.o.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(r.start.Add(-time.Second).UnixMilli())),
 		kgo.AllowAutoTopicCreation(),
@@ -515,16 +515,6 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 	sec := r.second(time.UnixMilli(fired))
 	sec.fired++
 	sec.late = append(sec.late, late)
-}
-
-func splitAddrs(s string) []string {
-	var out []string
-	for _, a := range strings.Split(s, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			out = append(out, a)
-		}
-	}
-	return out
 }
 
 // report prints a line a second until ctx ends.
@@ -691,7 +681,7 @@ func (s benchSummary) print(c *cli) {
 func localProcs(list string) []int {
 	var out []int
 	if list != "" {
-		for _, f := range splitAddrs(list) {
+		for _, f := range splitList(list) {
 			if p, err := strconv.Atoi(f); err == nil {
 				out = append(out, p)
 			}

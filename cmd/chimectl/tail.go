@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -54,12 +53,7 @@ what it printed, so a later tail with the same group continues from there;
 				if *count < 0 {
 					return usagef("--count must not be negative")
 				}
-				var seeds []string
-				for _, b := range strings.Split(*brokers, ",") {
-					if b = strings.TrimSpace(b); b != "" {
-						seeds = append(seeds, b)
-					}
-				}
+				seeds := splitList(*brokers)
 				if len(seeds) == 0 {
 					return usagef("--brokers: no address given")
 				}
