@@ -65,6 +65,6 @@ func benchPublish(b *testing.B, callers, batch int) {
 func BenchmarkPublish(b *testing.B) {
 	b.Run("batch=1000/parallelism=1", func(b *testing.B) { benchPublish(b, 1, 1000) })
 	b.Run("batch=1000/parallelism=8", func(b *testing.B) { benchPublish(b, 8, 1000) })
-	// One record per call: the latency of a lone event, dominated by Linger.
+	// One record per call: the latency of a lone event, one round trip.
 	b.Run("batch=1/parallelism=1", func(b *testing.B) { benchPublish(b, 1, 1) })
 }

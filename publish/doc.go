@@ -54,8 +54,8 @@
 // # What this package must never do
 //
 // It never marks anything fired, never reads storage or the wheel, and never
-// reports Done for a record Kafka did not acknowledge. It never uses
-// kafka-go's own retries (Writer.MaxAttempts is 1): retries, their count and
-// their backoff are decided here, where they are visible in Outcome and
-// Stats.
+// reports Done for a record Kafka did not acknowledge. It never lets
+// kafka-go retry (it sends requests with kafka-go's Client, which does not):
+// retries, their count and their backoff are decided here, where they are
+// visible in Outcome and Stats.
 package publish

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/metadata"
 )
 
 // Header is one Kafka record header.
@@ -93,8 +94,7 @@ const (
 
 // Defaults for zero Config fields.
 const (
-	DefaultLinger             = 2 * time.Millisecond
-	DefaultMaxInFlight        = 8
+	DefaultMaxInFlight        = 32
 	DefaultMaxAttempts        = 5
 	DefaultDeadLetterAttempts = 3
 	DefaultBackoffBase        = 50 * time.Millisecond
@@ -116,11 +116,8 @@ var ErrConfig = errors.New("publish: invalid config")
 type Config struct {
 	// Brokers are the bootstrap addresses (host:port). Required.
 	Brokers []string
-	// Linger is how long a partition batch waits for more records before
-	// it is sent (kafka-go Writer.BatchTimeout, whose own default is 1 s).
-	Linger time.Duration
-	// MaxInFlight bounds the produce calls in flight across all callers
-	// (the scheduler's semaphore_limit).
+	// MaxInFlight bounds the produce requests in flight across all
+	// callers.
 	MaxInFlight int
 	// MaxAttempts is the total number of attempts on a record's own topic
 	// before it goes to the dead-letter topic.
@@ -133,8 +130,10 @@ type Config struct {
 	BackoffBase, BackoffMax time.Duration
 	// DeadLetterTopic receives records whose last attempt failed.
 	DeadLetterTopic string
-	// BatchBytes and BatchSize bound one partition batch (one produce
-	// request). BatchBytes must not exceed the brokers' message.max.bytes.
+	// BatchBytes and BatchSize bound the records of one produce request
+	// (one partition's record batch); a Publish call's records for one
+	// partition go in as few requests as these allow. BatchBytes must not
+	// exceed the brokers' message.max.bytes.
 	// A record that alone exceeds BatchBytes can never be produced: it is
 	// dead-lettered at once, without its value.
 	BatchBytes int64
@@ -171,7 +170,6 @@ func (c Config) withDefaults() (Config, error) {
 		def  time.Duration
 	}
 	for _, f := range []durField{
-		{"Linger", &c.Linger, DefaultLinger},
 		{"BackoffBase", &c.BackoffBase, DefaultBackoffBase},
 		{"BackoffMax", &c.BackoffMax, DefaultBackoffMax},
 		{"WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout},
@@ -231,11 +229,19 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// Publisher produces records to Kafka through one kafka-go Writer shared
-// by all callers, so concurrent Publish calls fill the same partition
-// batches.
+// Publisher produces records to Kafka with kafka-go's Client: each Publish
+// call sends one produce request per partition its records fall on, all at
+// once, and waits for their answers. It does not use kafka-go's Writer, for
+// two reasons the benchmarks and the fault tests showed. The Writer sends
+// one request at a time per partition, so under load concurrent fire
+// batches queued behind each other's round trips (10,000 events/s had
+// produce calls of 40-60 ms, and the firing loop waited for them). And a
+// Writer batch whose caller gave up stays queued and is written when the
+// broker answers again, after the shard has put its events back to fire
+// later: duplicates, and a slow recovery after a Kafka outage. A request
+// made here is either answered, or abandoned with its call.
 //
-// The Writer uses kafka.Murmur2Balancer: for keyed records it is the Java
+// Records are partitioned with kafka.Murmur2Balancer: for keyed records it is the Java
 // client's default partitioner (murmur2(key) & 0x7fffffff % partitions,
 // also librdkafka's "murmur2_random" and franz-go's default), so a Chime
 // event lands on the same partition as the same key produced by the
@@ -246,10 +252,11 @@ func (c Config) withDefaults() (Config, error) {
 type Publisher struct {
 	cfg           Config
 	log           *slog.Logger
-	writer        *kafka.Writer
+	client        *kafka.Client
 	transport     *kafka.Transport
 	stopTransport context.CancelFunc
-	// sem holds one token per produce call in flight (MaxInFlight).
+	balancer      kafka.Murmur2Balancer
+	// sem holds one token per produce request in flight (MaxInFlight).
 	sem chan struct{}
 
 	randMu sync.Mutex
@@ -282,30 +289,16 @@ func New(cfg Config) (*Publisher, error) {
 		ClientID: cfg.ClientID,
 		Context:  tctx,
 	}
-	w := &kafka.Writer{
-		Addr:                   kafka.TCP(cfg.Brokers...),
-		Balancer:               kafka.Murmur2Balancer{},
-		MaxAttempts:            1, // retries are ours
-		BatchSize:              cfg.BatchSize,
-		BatchBytes:             cfg.BatchBytes,
-		BatchTimeout:           cfg.Linger,
-		ReadTimeout:            cfg.WriteTimeout,
-		WriteTimeout:           cfg.WriteTimeout,
-		RequiredAcks:           kafka.RequireAll,
-		Async:                  false,
-		Transport:              tr,
-		AllowAutoTopicCreation: true,
-		ErrorLogger: kafka.LoggerFunc(func(format string, args ...any) {
-			if log.Enabled(context.Background(), slog.LevelDebug) {
-				log.Debug("kafka-go: " + fmt.Sprintf(format, args...))
-			}
-		}),
+	client := &kafka.Client{
+		Addr:      kafka.TCP(cfg.Brokers...),
+		Transport: tr,
+		Timeout:   cfg.WriteTimeout,
 	}
 	closing, cancel := context.WithCancel(context.Background())
 	return &Publisher{
 		cfg:           cfg,
 		log:           log,
-		writer:        w,
+		client:        client,
 		transport:     tr,
 		stopTransport: tcancel,
 		sem:           make(chan struct{}, cfg.MaxInFlight),
@@ -329,9 +322,9 @@ func (p *Publisher) Stats() Stats {
 }
 
 // Close stops the Publisher: Publish calls in flight stop waiting and
-// report Done false for what was not yet acknowledged, batches already
-// handed to the Writer are flushed, and every goroutine of the Publisher
-// and its Writer has exited when Close returns. Later Publish calls report
+// report Done false for what was not yet acknowledged (their requests are
+// abandoned), and every goroutine of the Publisher has exited when Close
+// returns. Later Publish calls report
 // Done false with ErrClosed. Close is idempotent.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
@@ -344,10 +337,9 @@ func (p *Publisher) Close() error {
 
 	p.cancel()
 	p.inflight.Wait()
-	err := p.writer.Close()
 	p.transport.CloseIdleConnections()
 	p.stopTransport()
-	return err
+	return nil
 }
 
 // Publish produces recs and returns outcome i for recs[i]. It blocks until
@@ -560,10 +552,10 @@ func (p *Publisher) message(r *Record, st *pending, attempt uint32, sentAt time.
 	return kafka.Message{Topic: topic, Key: key, Value: value, Headers: hs, Time: sentAt}
 }
 
-// sizeBound is an upper bound of kafka-go's size estimate for a message
-// (Message.totalSize, which it compares with BatchBytes), so that a record
-// allowed here is never refused by WriteMessages as a whole call.
-// extra is the size of header bytes still to be added by this package.
+// sizeBound is an upper bound of the bytes a record takes in a v2 record
+// batch (and of kafka-go's own estimate, Message.totalSize), so that the
+// records of a request stay within BatchBytes. extra is the size of header
+// bytes still to be added by this package.
 func sizeBound(key, value []byte, headers []Header, extra int) int64 {
 	const (
 		fixed     = 4 + 1 + 1 + 8 + 4 + 4 // crc, magic, attributes, timestamp, key and value lengths
@@ -591,10 +583,21 @@ func permanent(err error) bool {
 	return false
 }
 
-// send produces msgs, one Writer call per topic so that a topic whose
-// metadata cannot be fetched (WriteMessages then fails as a whole) does
-// not fail the records of other topics. errs[j] is nil when msgs[j] was
-// acknowledged at ackedAt[j].
+// request is one produce request: the records msgs[idx] for one partition.
+type request struct {
+	topic     string
+	partition int
+	idx       []int
+	bytes     int64
+}
+
+// send produces msgs and reports, at the same index, nil in errs and the
+// time in ackedAt for each record Kafka acknowledged, and in sent whether
+// the record went out. It makes one request per partition the records fall
+// on (more if a partition's share exceeds BatchSize or BatchBytes), sends
+// them all at once under the MaxInFlight semaphore, and returns when each
+// is answered or given up. A topic whose partitions cannot be looked up
+// fails only its own records.
 func (p *Publisher) send(ctx context.Context, msgs []kafka.Message) (errs []error, ackedAt []time.Time, sent []bool) {
 	errs = make([]error, len(msgs))
 	ackedAt = make([]time.Time, len(msgs))
@@ -608,25 +611,79 @@ func (p *Publisher) send(ctx context.Context, msgs []kafka.Message) (errs []erro
 		}
 		byTopic[t] = append(byTopic[t], j)
 	}
-	if len(topics) == 1 {
-		p.write(ctx, msgs, byTopic[topics[0]], errs, ackedAt, sent)
+	var reqs []*request
+	for _, t := range topics {
+		n, err := p.partitions(ctx, t)
+		if err != nil {
+			for _, j := range byTopic[t] {
+				errs[j] = err
+			}
+			continue
+		}
+		parts := make([]int, n)
+		for i := range parts {
+			parts[i] = i
+		}
+		open := make(map[int]*request)
+		for _, j := range byTopic[t] {
+			part := p.balancer.Balance(msgs[j], parts...)
+			size := messageSize(&msgs[j])
+			r := open[part]
+			if r == nil || len(r.idx) >= p.cfg.BatchSize || (len(r.idx) > 0 && r.bytes+size > p.cfg.BatchBytes) {
+				r = &request{topic: t, partition: part}
+				open[part] = r
+				reqs = append(reqs, r)
+			}
+			r.idx = append(r.idx, j)
+			r.bytes += size
+		}
+	}
+	if len(reqs) == 1 {
+		p.produce(ctx, msgs, reqs[0], errs, ackedAt, sent)
 		return errs, ackedAt, sent
 	}
 	var wg sync.WaitGroup
-	for _, t := range topics {
-		idx := byTopic[t]
-		wg.Go(func() { p.write(ctx, msgs, idx, errs, ackedAt, sent) })
+	for _, r := range reqs {
+		wg.Go(func() { p.produce(ctx, msgs, r, errs, ackedAt, sent) })
 	}
 	wg.Wait()
 	return errs, ackedAt, sent
 }
 
-// write makes one WriteMessages call for msgs[idx] under the in-flight
-// semaphore and fills errs, ackedAt and sent at idx (and nowhere else, so calls
-// for disjoint idx may run concurrently).
-func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, errs []error, ackedAt []time.Time, sent []bool) {
+// partitions returns how many partitions topic has, creating it if the
+// broker allows. kafka-go's Transport answers from its metadata cache when
+// it can.
+func (p *Publisher) partitions(ctx context.Context, topic string) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.WriteTimeout)
+	defer cancel()
+	r, err := p.transport.RoundTrip(ctx, p.client.Addr, &metadata.Request{
+		TopicNames:             []string{topic},
+		AllowAutoTopicCreation: true,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("publish: partitions of %s: %w", topic, err)
+	}
+	for _, t := range r.(*metadata.Response).Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.ErrorCode != 0 {
+			return 0, kafka.Error(t.ErrorCode)
+		}
+		if len(t.Partitions) == 0 {
+			return 0, kafka.LeaderNotAvailable // created, not yet assigned
+		}
+		return len(t.Partitions), nil
+	}
+	return 0, kafka.UnknownTopicOrPartition
+}
+
+// produce sends one request under the in-flight semaphore and fills errs,
+// ackedAt and sent at r.idx (and nowhere else, so requests for disjoint idx
+// may run concurrently).
+func (p *Publisher) produce(ctx context.Context, msgs []kafka.Message, r *request, errs []error, ackedAt []time.Time, sent []bool) {
 	setAll := func(err error) {
-		for _, j := range idx {
+		for _, j := range r.idx {
 			errs[j] = err
 		}
 	}
@@ -638,16 +695,17 @@ func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, 
 	}
 	defer func() { <-p.sem }()
 
-	// The caller's deadline can be a leadership lease: nothing is handed to
-	// the writer once it has passed (waiting for the semaphore, or a pause
-	// of the whole process, may have used it up).
+	// The caller's deadline can be a leadership lease: nothing is sent
+	// once it has passed (waiting for the semaphore, or a pause of the
+	// whole process, may have used it up).
 	if ctx.Err() != nil {
 		setAll(context.Cause(ctx))
 		return
 	}
-	batch := make([]kafka.Message, len(idx))
-	for k, j := range idx {
-		batch[k] = msgs[j]
+	records := make([]kafka.Record, len(r.idx))
+	for k, j := range r.idx {
+		m := &msgs[j]
+		records[k] = kafka.Record{Time: m.Time, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: m.Headers}
 		sent[j] = true
 	}
 	// Wait for the answer past ctx's deadline (see Publish), but not past
@@ -658,26 +716,39 @@ func (p *Publisher) write(ctx context.Context, msgs []kafka.Message, idx []int, 
 			cancel()
 		}
 	})
-	err := p.writer.WriteMessages(wctx, batch...)
+	res, err := p.client.Produce(wctx, &kafka.ProduceRequest{
+		Topic:        r.topic,
+		Partition:    r.partition,
+		RequiredAcks: kafka.RequireAll,
+		Records:      kafka.NewRecordReader(records...),
+	})
 	stop()
 	cancel()
 	now := p.cfg.Now()
-
-	var werrs kafka.WriteErrors
 	switch {
-	case err == nil:
-	case errors.As(err, &werrs) && len(werrs) == len(batch):
-		for k, j := range idx {
-			errs[j] = werrs[k]
-		}
-	default:
+	case err != nil:
 		setAll(err)
+		return
+	case res.Error != nil:
+		setAll(res.Error)
+		return
 	}
-	for _, j := range idx {
-		if errs[j] == nil {
-			ackedAt[j] = now
+	for k, j := range r.idx {
+		if rerr, ok := res.RecordErrors[k]; ok {
+			errs[j] = rerr
+			continue
 		}
+		ackedAt[j] = now
 	}
+}
+
+// messageSize bounds the bytes m takes in a record batch.
+func messageSize(m *kafka.Message) int64 {
+	var hs int
+	for _, h := range m.Headers {
+		hs += 2*5 + len(h.Key) + len(h.Value)
+	}
+	return sizeBound(m.Key, m.Value, nil, hs)
 }
 
 // backoff is the wait after the n-th failed attempt (n >= 1): full jitter

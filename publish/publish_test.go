@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -605,28 +606,17 @@ func TestNoGoroutineLeak(t *testing.T) {
 	}
 }
 
-func TestWriterConfig(t *testing.T) {
+func TestConfigDefaults(t *testing.T) {
 	p, err := New(Config{Brokers: []string{"127.0.0.1:9"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	w := p.writer
-	// The kafka-go traps: 1 s linger, acks=none, keys ignored, retries
-	// hidden inside the Writer, errors dropped by Async.
-	if w.BatchTimeout != DefaultLinger || w.RequiredAcks != kafka.RequireAll || w.MaxAttempts != 1 || w.Async || !w.AllowAutoTopicCreation {
-		t.Fatalf("writer BatchTimeout %v RequiredAcks %v MaxAttempts %d Async %v AllowAutoTopicCreation %v",
-			w.BatchTimeout, w.RequiredAcks, w.MaxAttempts, w.Async, w.AllowAutoTopicCreation)
-	}
-	if _, ok := w.Balancer.(kafka.Murmur2Balancer); !ok {
-		t.Fatalf("balancer %T, want kafka.Murmur2Balancer", w.Balancer)
-	}
-	if w.BatchSize != DefaultBatchSize || w.BatchBytes != DefaultBatchBytes || w.WriteTimeout != DefaultWriteTimeout {
-		t.Fatalf("writer BatchSize %d BatchBytes %d WriteTimeout %v", w.BatchSize, w.BatchBytes, w.WriteTimeout)
-	}
 	cfg := p.cfg
-	if cfg.MaxInFlight != 8 || cap(p.sem) != 8 || cfg.MaxAttempts != 5 || cfg.BackoffBase != 50*time.Millisecond ||
-		cfg.BackoffMax != 5*time.Second || cfg.DeadLetterTopic != "chime.deadletter" {
+	if cfg.MaxInFlight != 32 || cap(p.sem) != 32 || cfg.MaxAttempts != 5 || cfg.BackoffBase != 50*time.Millisecond ||
+		cfg.BackoffMax != 5*time.Second || cfg.DeadLetterTopic != "chime.deadletter" ||
+		cfg.BatchSize != DefaultBatchSize || cfg.BatchBytes != DefaultBatchBytes || cfg.WriteTimeout != DefaultWriteTimeout ||
+		p.client.Timeout != DefaultWriteTimeout {
 		t.Fatalf("defaults not filled: %+v", cfg)
 	}
 }
@@ -639,7 +629,6 @@ func TestNewRejects(t *testing.T) {
 	}{
 		{"Brokers", func(c *Config) { c.Brokers = nil }},
 		{"Brokers", func(c *Config) { c.Brokers = []string{""} }},
-		{"Linger", func(c *Config) { c.Linger = -1 }},
 		{"MaxInFlight", func(c *Config) { c.MaxInFlight = -1 }},
 		{"MaxAttempts", func(c *Config) { c.MaxAttempts = -2 }},
 		{"BackoffBase", func(c *Config) { c.BackoffBase, c.BackoffMax = time.Second, time.Millisecond }},
@@ -711,10 +700,10 @@ func TestBackoffFullJitter(t *testing.T) {
 	}
 }
 
-func TestSizeBoundCoversKafkaGo(t *testing.T) {
-	// kafka-go refuses a whole WriteMessages call when one message's size
-	// estimate exceeds BatchBytes. Our bound must never be below that
-	// estimate, or one oversized record would fail its neighbours.
+func TestMessageSizeBoundsTheEncoding(t *testing.T) {
+	// Requests are cut at BatchBytes by messageSize; a record batch must
+	// never come out larger than the sum of its records' bounds plus the
+	// batch header, or a request could pass message.max.bytes.
 	p, err := New(Config{Brokers: []string{"127.0.0.1:9"}})
 	if err != nil {
 		t.Fatal(err)
@@ -722,21 +711,24 @@ func TestSizeBoundCoversKafkaGo(t *testing.T) {
 	defer p.Close()
 	r := Record{ID: "evt-1", Topic: "t", Key: []byte("some key"), Value: bytes.Repeat([]byte{'v'}, 300), Due: 1 << 62, Attempts: 4,
 		Headers: []Header{{Key: "a", Value: []byte("b")}, {Key: "trace-id", Value: bytes.Repeat([]byte{'t'}, 200)}}}
-	st := &pending{dead: true, lastErr: errors.New(strings.Repeat("e", 500))}
-	m := p.message(&r, st, 5, time.Now())
-	extra := len(st.lastErr.Error()) + len(r.Topic)
-	bound := sizeBound(r.key(), r.Value, r.Headers, extra)
-	for _, bb := range []int64{bound, bound / 2} {
-		tr := &kafka.Transport{}
-		w := &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9"), BatchBytes: bb, Transport: tr}
-		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		err := w.WriteMessages(ctx, m)
-		cancel()
-		w.Close()
-		tr.CloseIdleConnections()
-		var tooLarge kafka.MessageTooLargeError
-		if refused := errors.As(err, &tooLarge); refused != (bb < bound) {
-			t.Fatalf("BatchBytes %d (bound %d): kafka-go refused=%v (%v)", bb, bound, refused, err)
+	for _, st := range []*pending{{}, {dead: true, lastErr: errors.New(strings.Repeat("e", 500))}} {
+		var (
+			recs  []kafka.Record
+			bound int64
+		)
+		for i := range 50 {
+			m := p.message(&r, st, uint32(i+1), time.Unix(0, 1<<62))
+			recs = append(recs, kafka.Record{Time: m.Time, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: m.Headers})
+			bound += messageSize(&m)
+			var buf bytes.Buffer
+			rs := protocol.RecordSet{Version: 2, Records: kafka.NewRecordReader(recs...)}
+			if _, err := rs.WriteTo(&buf); err != nil {
+				t.Fatal(err)
+			}
+			const batchHeader = 61
+			if int64(buf.Len()) > bound+batchHeader {
+				t.Fatalf("dead=%v: %d records encode to %d bytes, above their bound %d + %d", st.dead, i+1, buf.Len(), bound, batchHeader)
+			}
 		}
 	}
 }

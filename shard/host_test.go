@@ -43,7 +43,7 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int) *tes
 	if n.store, err = raftfsm.OpenStore(dir+"/pebble", raftfsm.StoreOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if n.pub, err = publish.New(publish.Config{Brokers: brokers, Linger: time.Millisecond}); err != nil {
+	if n.pub, err = publish.New(publish.Config{Brokers: brokers}); err != nil {
 		t.Fatal(err)
 	}
 	if addr == "" {

@@ -65,14 +65,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // flags binds the flags shared by dev and serve.
 type flags struct {
-	fs                                                    *flag.FlagSet
-	nodeID, dataDir, grpcAddr, httpAddr                   string
-	raftAddr, kafkaAddr, brokers, logLevel                string
-	deadLetter, gossipAddr, join                          string
-	shards, maxPayload, maxInFlight                       int
-	maxAttempts, replication, nodes                       int
-	maxHorizon, resolution, linger, timeout, maxClockSkew time.Duration
-	deadTimeout, startupWait                              time.Duration
+	fs                                            *flag.FlagSet
+	nodeID, dataDir, grpcAddr, httpAddr           string
+	raftAddr, kafkaAddr, brokers, logLevel        string
+	deadLetter, gossipAddr, join                  string
+	shards, maxPayload, maxInFlight               int
+	maxAttempts, replication, nodes               int
+	maxHorizon, resolution, timeout, maxClockSkew time.Duration
+	deadTimeout, startupWait                      time.Duration
 }
 
 func newFlags(cmd string, stderr io.Writer) *flags {
@@ -103,8 +103,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.DurationVar(&f.maxHorizon, "max-horizon", rpc.DefaultLimits().MaxHorizon, "furthest ahead an event may be due")
 	fs.DurationVar(&f.resolution, "resolution", wheel.DefaultResolution, "timing wheel tick: events fire at most one tick after they are due")
 	fs.DurationVar(&f.maxClockSkew, "max-clock-skew", time.Second, "how far apart the nodes' clocks may be; for this long after a leader change, cancels of unfired events due by then are refused (ABORTED, retryable) because the old leader may have produced them")
-	fs.DurationVar(&f.linger, "linger", 200*time.Microsecond, "how long a Kafka batch waits for more records (the firing path already groups due events)")
-	fs.IntVar(&f.maxInFlight, "max-inflight", publish.DefaultMaxInFlight, "produce batches in flight to Kafka at once")
+	fs.IntVar(&f.maxInFlight, "max-inflight", publish.DefaultMaxInFlight, "produce requests in flight to Kafka at once (each carries one partition's share of a fire batch)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", publish.DefaultMaxAttempts, "produce attempts before a record goes to the dead-letter topic")
 	fs.StringVar(&f.deadLetter, "dead-letter-topic", publish.DefaultDeadLetterTopic, "topic for records whose last produce attempt failed")
 	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced")
@@ -185,7 +184,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	base := nodeConfig{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
-		Tuning: clusterTuning(shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew}), Linger: f.linger,
+		Tuning:      clusterTuning(shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew}),
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: splitList(f.join), Replication: f.replication, DeadTimeout: f.deadTimeout,

@@ -39,7 +39,6 @@ type nodeConfig struct {
 	Shards   int
 	Limits   rpc.Limits
 	Tuning   shard.Tuning
-	Linger   time.Duration
 
 	MaxInFlight int
 	MaxAttempts int
@@ -183,7 +182,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 		return nil, fmt.Errorf("opening Pebble: %w", err)
 	}
 	if n.pub, err = publish.New(publish.Config{
-		Brokers: cfg.Brokers, Linger: cfg.Linger, MaxInFlight: cfg.MaxInFlight,
+		Brokers: cfg.Brokers, MaxInFlight: cfg.MaxInFlight,
 		MaxAttempts: cfg.MaxAttempts, DeadLetterTopic: cfg.DeadLetter,
 		ClientID: "chimed-" + cfg.NodeID, Logger: cfg.Logger.With("component", "publish"), Now: cfg.Now,
 	}); err != nil {
