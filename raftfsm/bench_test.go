@@ -49,8 +49,17 @@ func BenchmarkApplyScheduleBatch(b *testing.B) {
 }
 
 // BenchmarkApplyMarkFired: the other half of every event's life, 256 MarkFired entries per
-// log entry. Only the small status value is rewritten, not the payload.
+// log entry. Only the small status value is rewritten, not the payload. "read" reads each
+// event's status first (TypeMarkFired); "due-known" carries the due times the leader read and
+// settles from the in-memory pending set (TypeMarkFiredDue), as the shard sends it.
 func BenchmarkApplyMarkFired(b *testing.B) {
+	for _, dueKnown := range []bool{false, true} {
+		name := map[bool]string{false: "read", true: "due-known"}[dueKnown]
+		b.Run(name, func(b *testing.B) { benchMarkFired(b, dueKnown) })
+	}
+}
+
+func benchMarkFired(b *testing.B, dueKnown bool) {
 	st := openTestStore(b, b.TempDir(), StoreOptions{})
 	defer st.Close()
 	f, err := NewFSM(st, 1, nil)
@@ -70,9 +79,9 @@ func BenchmarkApplyMarkFired(b *testing.B) {
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
-		c := &MarkFired{ProposedAt: 2e18, Entries: make([]Fired, benchBatch)}
+		c := &MarkFired{ProposedAt: 2e18, DueKnown: dueKnown, Entries: make([]Fired, benchBatch)}
 		for j := range c.Entries {
-			c.Entries[j] = Fired{Seq: uint64(i*benchBatch + j + 1), FiredAt: 2e18, Attempts: 1}
+			c.Entries[j] = Fired{Seq: uint64(i*benchBatch + j + 1), FiredAt: 2e18, Attempts: 1, Due: 1e18 + int64(j)*1e6}
 		}
 		data := AppendMarkFired(nil, c)
 		b.StartTimer()

@@ -17,6 +17,9 @@ const (
 	TypeCancel           CommandType = 2
 	TypeMarkFired        CommandType = 3
 	TypeMarkDeadLettered CommandType = 4
+	// TypeMarkFiredDue is MarkFired with each event's due time, so that apply need not read
+	// the event (MarkFired.DueKnown).
+	TypeMarkFiredDue CommandType = 5
 )
 
 func (t CommandType) String() string {
@@ -29,6 +32,8 @@ func (t CommandType) String() string {
 		return "MarkFired"
 	case TypeMarkDeadLettered:
 		return "MarkDeadLettered"
+	case TypeMarkFiredDue:
+		return "MarkFiredDue"
 	}
 	return fmt.Sprintf("CommandType(%d)", byte(t))
 }
@@ -78,11 +83,23 @@ type Fired struct {
 	Seq      uint64
 	FiredAt  int64 // unix ns, when the produce was acknowledged
 	Attempts uint32
+	// Due is the event's due time as the leader read it (Record.Due); used only when
+	// MarkFired.DueKnown.
+	Due int64
 }
 
 // MarkFired records produced events. Apply returns *MarkBatchResult.
+//
+// With DueKnown, every entry carries the due time the leader read with the event, and apply
+// settles an event that is still pending without reading it: it knows which events are
+// pending from memory, and with the due time it can delete the due-index key and write the
+// final status blind. A due time that does not match the stored one would leave a stray
+// due-index key, so only a due read from this shard's state may be sent (an event's due
+// never changes while it is pending). It encodes as TypeMarkFiredDue; without DueKnown, as
+// TypeMarkFired, and apply reads each event.
 type MarkFired struct {
 	ProposedAt int64
+	DueKnown   bool
 	Entries    []Fired
 }
 
@@ -104,7 +121,12 @@ type MarkDeadLettered struct {
 
 func (*ScheduleBatch) Type() CommandType    { return TypeScheduleBatch }
 func (*Cancel) Type() CommandType           { return TypeCancel }
-func (*MarkFired) Type() CommandType        { return TypeMarkFired }
+func (c *MarkFired) Type() CommandType {
+	if c.DueKnown {
+		return TypeMarkFiredDue
+	}
+	return TypeMarkFired
+}
 func (*MarkDeadLettered) Type() CommandType { return TypeMarkDeadLettered }
 
 // Encoding. Integers are encoding/binary varints (signed ones zig-zag), strings and byte
@@ -142,13 +164,16 @@ func AppendCancel(dst []byte, c *Cancel) []byte {
 
 // AppendMarkFired appends the log entry encoding of c to dst.
 func AppendMarkFired(dst []byte, c *MarkFired) []byte {
-	dst = append(dst, byte(TypeMarkFired))
+	dst = append(dst, byte(c.Type()))
 	dst = binary.AppendVarint(dst, c.ProposedAt)
 	dst = binary.AppendUvarint(dst, uint64(len(c.Entries)))
 	for _, e := range c.Entries {
 		dst = binary.AppendUvarint(dst, e.Seq)
 		dst = binary.AppendVarint(dst, e.FiredAt)
 		dst = binary.AppendUvarint(dst, uint64(e.Attempts))
+		if c.DueKnown {
+			dst = binary.AppendVarint(dst, e.Due)
+		}
 	}
 	return dst
 }
@@ -193,7 +218,9 @@ func DecodeCommand(data []byte) (Command, error) {
 	case TypeCancel:
 		c = d.cancel()
 	case TypeMarkFired:
-		c = d.markFired()
+		c = d.markFired(false)
+	case TypeMarkFiredDue:
+		c = d.markFired(true)
 	case TypeMarkDeadLettered:
 		c = d.markDeadLettered()
 	default:
@@ -238,9 +265,13 @@ func (d *decoder) cancel() *Cancel {
 	return c
 }
 
-func (d *decoder) markFired() *MarkFired {
-	c := &MarkFired{ProposedAt: d.varint("proposedAt")}
-	n := d.count("entries", minFiredLen)
+func (d *decoder) markFired(dueKnown bool) *MarkFired {
+	c := &MarkFired{ProposedAt: d.varint("proposedAt"), DueKnown: dueKnown}
+	minLen := minFiredLen
+	if dueKnown {
+		minLen++
+	}
+	n := d.count("entries", minLen)
 	if n > 0 {
 		c.Entries = make([]Fired, n)
 	}
@@ -250,6 +281,9 @@ func (d *decoder) markFired() *MarkFired {
 		e.Seq = d.uvarint("seq")
 		e.FiredAt = d.varint("firedAt")
 		e.Attempts = d.uint32("attempts")
+		if dueKnown {
+			e.Due = d.varint("due")
+		}
 	}
 	return c
 }

@@ -28,6 +28,8 @@ func sampleCommands() []Command {
 		&Cancel{ProposedAt: 99, IDs: []string{"a", "", "order-42"}},
 		&Cancel{},
 		&MarkFired{ProposedAt: 5, Entries: []Fired{{Seq: 1, FiredAt: 10, Attempts: 1}, {Seq: 1<<64 - 1, FiredAt: -1 << 63, Attempts: 1<<32 - 1}}},
+		&MarkFired{ProposedAt: 7, DueKnown: true, Entries: []Fired{{Seq: 2, FiredAt: 12, Attempts: 1, Due: -1 << 63}, {Seq: 9, Due: 1<<63 - 1}}},
+		&MarkFired{DueKnown: true},
 		&MarkDeadLettered{ProposedAt: 6, Entries: []DeadLettered{{Seq: 3, At: 11, Attempts: 5, Error: "kafka: leader not available", Topic: "chime-dlq"}, {}}},
 	}
 }

@@ -39,7 +39,10 @@
 //     before it hands raft a snapshot; raft truncates only entries at or below a snapshot's
 //     index. Restore syncs too, because raft drops its log behind an installed snapshot.
 //  5. A pending event (state Scheduled) has exactly one due-index key; no other event has one.
-//     The in-memory counters equal the counters stored in Pebble after every commit.
+//     The in-memory counters equal the counters stored in Pebble after every commit, and the
+//     in-memory pending set (pendingSet) holds exactly the seqs of the due index. A pending
+//     event's status is exactly {Scheduled, due}, which is what lets a MarkFired carrying due
+//     times (MarkFired.DueKnown) settle it without reading it.
 //  6. Idempotency (design invariant 6): an id is bound forever to the first event created
 //     with it. The same id with the same ContentHash returns the original Seq and Due; a
 //     different hash is a Conflict. Within one ScheduleBatch the first occurrence wins.

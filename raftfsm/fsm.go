@@ -191,6 +191,8 @@ type FSM struct {
 
 	// ap is scratch reused by every apply; only the apply goroutine touches it.
 	ap applier
+	// pending mirrors the due index; see pendingSet.
+	pending pendingSet
 
 	// mu guards meta and restoring for readers. Only the apply goroutine writes them, and
 	// only while holding mu, so the apply goroutine may read them without mu.
@@ -299,6 +301,11 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 	if f.restoring {
 		panic(fmt.Sprintf("raftfsm: shard %d: apply with an unfinished restore; the state is partial", f.shard))
+	}
+	if !f.pending.loaded {
+		if err := f.LoadPending(nil); err != nil {
+			panic(fmt.Sprintf("raftfsm: shard %d: reading the pending events: %v", f.shard, err))
+		}
 	}
 	a := &f.ap
 	a.begin(f.meta)
@@ -510,6 +517,7 @@ func (a *applier) putStatus(seq uint64, s status) {
 func (a *applier) settle(seq uint64, due int64) {
 	a.key = appendDueKey(a.key[:0], a.f.shard, due, seq)
 	a.del(a.key)
+	a.f.pending.remove(seq)
 	a.m.pending--
 	a.notes = append(a.notes, note{seq: seq})
 }
@@ -557,6 +565,7 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 		a.putStatus(seq, status{state: StateScheduled, due: e.Due})
 		a.key = appendDueKey(a.key[:0], a.f.shard, e.Due, seq)
 		a.set(a.key, nil)
+		a.f.pending.add(seq)
 		a.m.pending++
 		a.notes = append(a.notes, note{scheduled: true, seq: seq, due: e.Due})
 		res[i] = ScheduleResult{Outcome: Created, Seq: seq, Due: e.Due}
@@ -606,14 +615,24 @@ func notPending(s State) MarkOutcome {
 
 func (a *applier) markFired(c *MarkFired) *MarkBatchResult {
 	res := make([]MarkOutcome, len(c.Entries))
-	seqs := make([]uint64, len(c.Entries))
-	for i, e := range c.Entries {
-		seqs[i] = e.Seq
+	var seqs []uint64 // events to read: all of them, or with DueKnown those not pending
+	for _, e := range c.Entries {
+		if !c.DueKnown || !a.f.pending.has(e.Seq) {
+			seqs = append(seqs, e.Seq)
+		}
 	}
 	a.loadStatuses(seqs)
 	for i, e := range c.Entries {
 		if !a.known(e.Seq) {
 			res[i] = UnknownSeq
+			continue
+		}
+		if c.DueKnown && a.f.pending.has(e.Seq) {
+			// A pending event's status is exactly {Scheduled, due}: write its final one blind.
+			a.settle(e.Seq, e.Due)
+			a.putStatus(e.Seq, status{state: StateFired, due: e.Due, firedAt: e.FiredAt, attempts: e.Attempts})
+			a.m.fired++
+			res[i] = Marked
 			continue
 		}
 		s := a.status(e.Seq)

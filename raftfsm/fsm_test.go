@@ -133,6 +133,48 @@ func TestDeterministicKeySpace(t *testing.T) {
 	}
 }
 
+// TestMarkFiredDueKnownChangesNothing: a MarkFired that carries due times (settled from the
+// in-memory pending set, without reading the events) leaves exactly the key space and results
+// of the same MarkFired without them, which reads every event.
+func TestMarkFiredDueKnownChangesNothing(t *testing.T) {
+	logs := genLog(12, 800)
+	a := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer a.Close()
+	b := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer b.Close()
+	fa, _ := newTestFSM(t, a, 3)
+	fb, _ := newTestFSM(t, b, 3)
+	withDue := 0
+	for i, l := range logs {
+		lb := *l
+		if l.Type == raft.LogCommand {
+			c, err := DecodeCommand(l.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mf, ok := c.(*MarkFired); ok && mf.DueKnown {
+				withDue++
+				mf.DueKnown = false
+				lb.Data = AppendMarkFired(nil, mf)
+			}
+		}
+		ra, rb := fa.Apply(l), fb.Apply(&lb)
+		if !reflect.DeepEqual(ra, rb) {
+			t.Fatalf("entry %d: %s with due times vs %s without", i+1, show(ra), show(rb))
+		}
+	}
+	if withDue < 50 {
+		t.Fatalf("only %d MarkFired entries carried due times", withDue)
+	}
+	sameKeySpace(t, "with due times vs without", dumpShard(t, a, 3), dumpShard(t, b, 3))
+	if fa.Stats() != fb.Stats() {
+		t.Fatalf("Stats differ: %+v vs %+v", fa.Stats(), fb.Stats())
+	}
+	if got, want := fa.pending.count(), int(fa.Stats().Pending); got != want {
+		t.Fatalf("pending set holds %d events, Stats says %d", got, want)
+	}
+}
+
 // TestRestoreLeavesOtherShardsUntouched: with several shards in one Store, including the
 // first and the last possible shard ids, restoring one changes exactly that shard's keys.
 func TestRestoreLeavesOtherShardsUntouched(t *testing.T) {

@@ -231,9 +231,15 @@ func (g *gen) command(m *model) Command {
 		}
 		return c
 	case r < 80:
-		c := &MarkFired{ProposedAt: g.tick()}
+		// Half of them carry due times, as the shard's leader sends them: the due each
+		// event had when it was read (for an unknown seq, anything).
+		c := &MarkFired{ProposedAt: g.tick(), DueKnown: g.rng.IntN(2) == 0}
 		for range 1 + g.rng.IntN(5) {
-			c.Entries = append(c.Entries, Fired{Seq: g.seq(m), FiredAt: g.now, Attempts: uint32(1 + g.rng.IntN(3))})
+			e := Fired{Seq: g.seq(m), FiredAt: g.now, Attempts: uint32(1 + g.rng.IntN(3))}
+			if r, ok := m.bySeq[e.Seq]; ok && c.DueKnown {
+				e.Due = r.Due
+			}
+			c.Entries = append(c.Entries, e)
 		}
 		return c
 	default:

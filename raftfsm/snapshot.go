@@ -162,7 +162,8 @@ func (w *snapWriter) frame(k, v []byte) error {
 // header checks out (magic, format, shard). From then until the trailer verifies, a marker
 // key says the shard is partial; if Restore fails in between it returns the error and
 // leaves the marker, NeedsRestore reports true, and Apply refuses to run. Other shards' keys
-// are never touched. On success it calls Observer.Reset.
+// are never touched. On success it calls Observer.Reset, from which the owner may call
+// LoadPending.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	r := snapReader{br: bufio.NewReaderSize(rc, 256<<10)}
@@ -170,6 +171,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("raftfsm: shard %d: restore: %w", f.shard, err)
 	}
+	f.pending = pendingSet{} // rebuilt from the restored state by LoadPending or the next apply
 	if err := f.restoreFrom(&r, index, term); err != nil {
 		return fmt.Errorf("raftfsm: shard %d: restore snapshot at %d: %w", f.shard, index, err)
 	}

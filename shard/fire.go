@@ -246,7 +246,7 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 			s.metrics.DeadLettered.Inc()
 			continue
 		}
-		fired = append(fired, raftfsm.Fired{Seq: o.Seq, FiredAt: o.FiredAt, Attempts: o.Attempts})
+		fired = append(fired, raftfsm.Fired{Seq: o.Seq, FiredAt: o.FiredAt, Attempts: o.Attempts, Due: out[i].Due})
 		s.metrics.Lateness.Observe(time.Duration(o.FiredAt - out[i].Due).Seconds())
 	}
 	// The records are in Kafka: record that even if leadership was just

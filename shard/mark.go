@@ -69,7 +69,7 @@ func (s *Shard) markLoop() {
 				break gather
 			}
 		}
-		cmd := raftfsm.MarkFired{ProposedAt: s.cfg.Now().UnixNano(), Entries: make([]raftfsm.Fired, 0, n)}
+		cmd := raftfsm.MarkFired{ProposedAt: s.cfg.Now().UnixNano(), DueKnown: true, Entries: make([]raftfsm.Fired, 0, n)}
 		for _, r := range reqs {
 			cmd.Entries = append(cmd.Entries, r.fired...)
 		}

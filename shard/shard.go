@@ -492,14 +492,16 @@ func (o *observer) Reset() {
 
 // rebuildWheel replaces the wheel with one built from the pending events in
 // Pebble. Events that fell due while the node was down are overdue in the new
-// wheel and fire at once.
+// wheel and fire at once. The same pass builds the FSM's in-memory pending
+// set (FSM.LoadPending), so it runs only before raft starts and from
+// Observer.Reset, never beside an apply.
 func (s *Shard) rebuildWheel() error {
 	w, err := wheel.New(s.cfg.Now().UnixNano(), s.tune.Resolution)
 	if err != nil {
 		return err
 	}
 	handles := make(map[uint64]wheel.Handle)
-	err = s.fsm.ForEachPending(func(seq uint64, due int64) error {
+	err = s.fsm.LoadPending(func(seq uint64, due int64) error {
 		handles[seq] = w.Add(seq, due)
 		return nil
 	})
