@@ -119,8 +119,8 @@ type MarkDeadLettered struct {
 	Entries    []DeadLettered
 }
 
-func (*ScheduleBatch) Type() CommandType    { return TypeScheduleBatch }
-func (*Cancel) Type() CommandType           { return TypeCancel }
+func (*ScheduleBatch) Type() CommandType { return TypeScheduleBatch }
+func (*Cancel) Type() CommandType        { return TypeCancel }
 func (c *MarkFired) Type() CommandType {
 	if c.DueKnown {
 		return TypeMarkFiredDue
