@@ -83,7 +83,10 @@
 //
 // # Snapshot stream
 //
-// Persist writes, from a Pebble snapshot handle taken in Snapshot:
+// The snapshot raft takes and keeps (Snapshot, then Persist) is a reference: the header below
+// with the magic "chimeref", then the CRC-32C of the header, nothing else. The state it names
+// is this replica's own Pebble. The full stream, which a reference expands to when raft sends
+// a snapshot to another replica, is written by WriteSnapshot from a Pebble snapshot handle:
 //
 //	header   "chimesnp" | format version u32 BE (1) | shard u32 BE | applied index u64 BE |
 //	         applied term u64 BE

@@ -1,6 +1,8 @@
 package raftfsm
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -536,5 +538,49 @@ func TestDigestMatchesAcrossReplicasAndSeesChanges(t *testing.T) {
 	i1, d1, _ = fsms[1].Digest()
 	if i1 != 2 || d1 == d0 {
 		t.Fatalf("after a cancel: index %d digest %x; want index 2 and a new digest", i1, d1)
+	}
+}
+
+// TestSnapshotIsAReference: what raft keeps after Snapshot is a reference to the replica's
+// own state, tiny whatever the shard holds; Restore refuses it without touching anything, and
+// WriteSnapshot gives the full stream that a reference stands for.
+func TestSnapshotIsAReference(t *testing.T) {
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, _ := newTestFSM(t, st, 2)
+	logs := genLog(5, 300)
+	for _, l := range logs {
+		f.Apply(l)
+	}
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := persist(t, snap)
+	if !IsSnapshotReference(bufio.NewReader(bytes.NewReader(ref))) || len(ref) > 64 {
+		t.Fatalf("Snapshot persisted %d bytes, not a reference", len(ref))
+	}
+	before := dumpShard(t, st, 2)
+	if err := restore(f, ref); !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("Restore of a reference: %v, want ErrBadSnapshot", err)
+	}
+	if f.NeedsRestore() {
+		t.Fatal("a refused reference left the shard needing a restore")
+	}
+	sameKeySpace(t, "after refusing a reference", before, dumpShard(t, st, 2))
+
+	full := snapshotBytes(t, f)
+	if IsSnapshotReference(bufio.NewReader(bytes.NewReader(full))) {
+		t.Fatal("WriteSnapshot wrote a reference")
+	}
+	other := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer other.Close()
+	g, _ := newTestFSM(t, other, 2)
+	if err := restore(g, full); err != nil {
+		t.Fatal(err)
+	}
+	sameKeySpace(t, "restored from WriteSnapshot", before, dumpShard(t, other, 2))
+	if g.AppliedIndex() != f.AppliedIndex() {
+		t.Fatalf("restored AppliedIndex %d, want %d", g.AppliedIndex(), f.AppliedIndex())
 	}
 }

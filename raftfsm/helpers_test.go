@@ -111,11 +111,11 @@ func persist(t testing.TB, snap raft.FSMSnapshot) []byte {
 
 func snapshotBytes(t testing.TB, f *FSM) []byte {
 	t.Helper()
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatalf("Snapshot: %v", err)
+	var buf bytes.Buffer
+	if _, err := f.WriteSnapshot(&buf); err != nil {
+		t.Fatalf("WriteSnapshot: %v", err)
 	}
-	return persist(t, snap)
+	return buf.Bytes()
 }
 
 func restore(f *FSM, b []byte) error {

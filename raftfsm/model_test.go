@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"reflect"
@@ -206,21 +207,24 @@ func (h *harness) replay() {
 	}
 }
 
-// snapshotRestore takes a snapshot, keeps applying to the FSM while the snapshot is pending
-// (Persist must still see the state as of Snapshot), then restores it either into a fresh FSM
-// on a fresh store (a new replica) or into the same FSM (a follower rolled back to the
-// snapshot, so the restore must wipe everything newer). It then sends the entries after the
-// snapshot as raft would: they must give the responses they gave the first time.
+// snapshotRestore writes a full snapshot stream, keeps applying to the FSM, then restores the
+// stream either into a fresh FSM on a fresh store (a new replica) or into the same FSM (a
+// follower rolled back to the snapshot, so the restore must wipe everything newer). It then
+// sends the entries after the snapshot as raft would: they must give the responses they gave
+// the first time.
 func (h *harness) snapshotRestore() {
-	snap, err := h.f.Snapshot()
+	var buf bytes.Buffer
+	at, err := h.f.WriteSnapshot(&buf)
 	if err != nil {
-		h.t.Fatalf("Snapshot: %v", err)
+		h.t.Fatalf("WriteSnapshot: %v", err)
 	}
-	at := h.f.AppliedIndex()
+	if at != h.f.AppliedIndex() {
+		h.t.Fatalf("WriteSnapshot at %d, AppliedIndex %d", at, h.f.AppliedIndex())
+	}
 	for range 1 + h.g.rng.IntN(3) {
 		h.applyNew()
 	}
-	data := persist(h.t, snap)
+	data := buf.Bytes()
 	if h.g.rng.IntN(2) == 0 {
 		h.close()
 		h.open(h.t.TempDir())

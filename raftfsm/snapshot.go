@@ -8,7 +8,6 @@ import (
 	"hash/crc32"
 	"io"
 	"slices"
-	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
@@ -17,6 +16,7 @@ import (
 // Snapshot stream format; see doc.go.
 const (
 	snapshotMagic     = "chimesnp"
+	snapshotRefMagic  = "chimeref" // a reference; see FSM.Snapshot
 	snapshotFormat    = 1
 	snapshotHeaderLen = len(snapshotMagic) + 4 + 4 + 8 + 8
 
@@ -36,10 +36,18 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // truncation, a bad frame, a checksum mismatch.
 var ErrBadSnapshot = errors.New("raftfsm: bad snapshot")
 
-// Snapshot syncs Pebble's WAL and captures a Pebble snapshot handle; Persist streams from it
-// while apply goes on. The sync comes first because raft may truncate its log up to this
-// snapshot's index once it is persisted, and the Raft log is what re-creates any Pebble write
-// a crash loses (doc.go, invariant 4).
+// Snapshot makes what raft keeps as this shard's snapshot: a reference, not a copy. The
+// shard's state already lives in Pebble, so the snapshot raft writes after every
+// SnapshotThreshold entries only records "Pebble holds the log up to index I", after syncing
+// Pebble's WAL so that this is true across a crash; raft may then truncate its log up to I
+// (doc.go, invariant 4). Copying the whole shard instead cost a full write of every pending
+// event each time (gigabytes at ten million), so snapshots were rare and a restart replayed
+// the Raft log since the last one, which held 1.3 GB of a restarted node's memory in the log's
+// file mapping.
+//
+// A reference cannot be sent to another replica. The shard owner's snapshot store expands it
+// when raft opens it (WriteSnapshot writes the full stream), and raft on a follower stores and
+// restores full streams.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if f.restoring {
 		return nil, fmt.Errorf("%w: shard %d", ErrRestoring, f.shard)
@@ -47,47 +55,90 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if err := f.st.Sync(); err != nil {
 		return nil, err
 	}
-	return &fsmSnapshot{
-		snap:         f.db.NewSnapshot(),
-		shard:        f.shard,
-		appliedIndex: f.meta.appliedIndex,
-		appliedTerm:  f.meta.appliedTerm,
-		spanStart:    f.spanStart,
-		spanEnd:      f.spanEnd,
-	}, nil
+	return refSnapshot{shard: f.shard, appliedIndex: f.meta.appliedIndex, appliedTerm: f.meta.appliedTerm}, nil
 }
 
+// refSnapshot is a snapshot reference: the snapshot header with the reference magic, then the
+// CRC-32C of the header.
+type refSnapshot struct {
+	shard                     uint32
+	appliedIndex, appliedTerm uint64
+}
+
+func (r refSnapshot) Persist(sink raft.SnapshotSink) error {
+	h := appendSnapshotHeader(nil, snapshotRefMagic, r.shard, r.appliedIndex, r.appliedTerm)
+	h = binary.BigEndian.AppendUint32(h, crc32.Checksum(h, castagnoli))
+	if _, err := sink.Write(h); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("raftfsm: shard %d: persist snapshot reference at %d: %w", r.shard, r.appliedIndex, err)
+	}
+	return sink.Close()
+}
+
+func (refSnapshot) Release() {}
+
+// IsSnapshotReference reports whether the stream in r (not consumed) is a snapshot reference
+// written by Snapshot rather than a full snapshot stream.
+func IsSnapshotReference(r *bufio.Reader) bool {
+	magic, err := r.Peek(len(snapshotRefMagic))
+	return err == nil && string(magic) == snapshotRefMagic
+}
+
+// WriteSnapshot writes the shard's whole current state to w as a full snapshot stream (the
+// format Restore reads; see doc.go) and returns the applied index it reflects, which is at or
+// after that of any reference Snapshot returned before. It reads from a Pebble snapshot, so
+// apply goes on meanwhile. The shard's snapshot store calls it to expand a reference.
+func (f *FSM) WriteSnapshot(w io.Writer) (index uint64, err error) {
+	f.mu.RLock()
+	if f.restoring {
+		f.mu.RUnlock()
+		return 0, fmt.Errorf("%w: shard %d", ErrRestoring, f.shard)
+	}
+	snap := f.db.NewSnapshot()
+	f.mu.RUnlock()
+	defer snap.Close()
+	// The header must name the state the snapshot holds, which may be one apply past f.meta
+	// (apply commits before it updates f.meta): read it from the snapshot itself.
+	m := freshMeta()
+	v, closer, err := snap.Get(f.metaKey)
+	switch {
+	case err == nil:
+		m, err = decodeMeta(v)
+		closer.Close()
+		if err != nil {
+			return 0, fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
+		}
+	case !errors.Is(err, pebble.ErrNotFound):
+		return 0, fmt.Errorf("raftfsm: shard %d: read meta: %w", f.shard, err)
+	}
+	s := &fsmSnapshot{snap: snap, shard: f.shard, appliedIndex: m.appliedIndex, appliedTerm: m.appliedTerm,
+		spanStart: f.spanStart, spanEnd: f.spanEnd}
+	if err := s.writeTo(w); err != nil {
+		return 0, fmt.Errorf("raftfsm: shard %d: write snapshot at %d: %w", f.shard, m.appliedIndex, err)
+	}
+	return m.appliedIndex, nil
+}
+
+// fsmSnapshot streams a shard's keys from a Pebble snapshot handle.
 type fsmSnapshot struct {
 	snap                      *pebble.Snapshot
 	shard                     uint32
 	appliedIndex, appliedTerm uint64
 	spanStart, spanEnd        []byte
-	release                   sync.Once
 }
 
-// Persist streams the shard's keys to sink and closes it, or cancels it on error.
-func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := s.writeTo(sink); err != nil {
-		_ = sink.Cancel()
-		return fmt.Errorf("raftfsm: shard %d: persist snapshot at %d: %w", s.shard, s.appliedIndex, err)
-	}
-	return sink.Close()
-}
-
-// Release closes the Pebble snapshot handle, which otherwise pins old versions of every key.
-func (s *fsmSnapshot) Release() {
-	s.release.Do(func() { _ = s.snap.Close() })
+func appendSnapshotHeader(dst []byte, magic string, shard uint32, index, term uint64) []byte {
+	dst = append(dst, magic...)
+	dst = binary.BigEndian.AppendUint32(dst, snapshotFormat)
+	dst = binary.BigEndian.AppendUint32(dst, shard)
+	dst = binary.BigEndian.AppendUint64(dst, index)
+	return binary.BigEndian.AppendUint64(dst, term)
 }
 
 func (s *fsmSnapshot) writeTo(w io.Writer) (err error) {
 	sw := snapWriter{w: bufio.NewWriterSize(w, 256<<10)}
 	var hdr [snapshotHeaderLen]byte
-	h := append(hdr[:0], snapshotMagic...)
-	h = binary.BigEndian.AppendUint32(h, snapshotFormat)
-	h = binary.BigEndian.AppendUint32(h, s.shard)
-	h = binary.BigEndian.AppendUint64(h, s.appliedIndex)
-	h = binary.BigEndian.AppendUint64(h, s.appliedTerm)
-	if err := sw.write(h); err != nil {
+	if err := sw.write(appendSnapshotHeader(hdr[:0], snapshotMagic, s.shard, s.appliedIndex, s.appliedTerm)); err != nil {
 		return err
 	}
 	it, err := s.snap.NewIter(&pebble.IterOptions{LowerBound: s.spanStart, UpperBound: s.spanEnd})
@@ -328,6 +379,9 @@ func (r *snapReader) header(shard uint32) (index, term uint64, err error) {
 	h, err := r.read(make([]byte, 0, snapshotHeaderLen), uint64(snapshotHeaderLen))
 	if err != nil {
 		return 0, 0, err
+	}
+	if string(h[:len(snapshotRefMagic)]) == snapshotRefMagic {
+		return 0, 0, fmt.Errorf("%w: a snapshot reference, which only names an index of this replica's own state; the shard's snapshot store expands references into full streams", ErrBadSnapshot)
 	}
 	if string(h[:len(snapshotMagic)]) != snapshotMagic {
 		return 0, 0, fmt.Errorf("%w: not a chime shard snapshot", ErrBadSnapshot)

@@ -57,7 +57,11 @@ type Tuning struct {
 	// Raft timeouts; zero keeps hashicorp/raft's defaults.
 	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout, CommitTimeout time.Duration
 	// SnapshotThreshold is the number of log entries between snapshots.
+	// Default 256 (snapshots are references; see snapshotStore).
 	SnapshotThreshold uint64
+	// TrailingLogs is how many entries the log keeps behind a snapshot, for
+	// followers that lag. Default 2048.
+	TrailingLogs uint64
 	// ClockSkewBound is how far apart the nodes' clocks are assumed to be
 	// at most. A new leader cannot know which events its predecessor
 	// handed to Kafka without an answer, so for this long past its own
@@ -246,18 +250,31 @@ func (s *Shard) startRaft() error {
 	if t.CommitTimeout > 0 {
 		rc.CommitTimeout = t.CommitTimeout
 	}
+	// Snapshots are references to the state in Pebble (snapshotStore), as
+	// cheap as a WAL sync, so take them often: the log after the last one is
+	// what a restart reads back (through bbolt's file mapping, which counts
+	// in the node's RSS) and replays. TrailingLogs keeps enough behind a
+	// snapshot for a follower a few seconds behind to catch up from the log;
+	// further behind, it gets the whole shard.
+	rc.SnapshotThreshold = 256
+	rc.SnapshotInterval = 10 * time.Second
+	rc.TrailingLogs = 2048
 	if t.SnapshotThreshold > 0 {
 		rc.SnapshotThreshold = t.SnapshotThreshold
+	}
+	if t.TrailingLogs > 0 {
+		rc.TrailingLogs = t.TrailingLogs
 	}
 	s.lease = rc.LeaderLeaseTimeout
 	// Pebble already holds the state up to the FSM's applied index, so a
 	// restart replays only the log after it instead of reloading a snapshot.
 	// The exception: a restore that did not finish, or a Pebble that lost
 	// what a snapshot covers.
-	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, rc.Logger)
+	files, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, rc.Logger)
 	if err != nil {
 		return err
 	}
+	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir}
 	var lastSnap uint64
 	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
 		lastSnap = metas[0].Index

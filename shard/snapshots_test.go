@@ -1,0 +1,116 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/hashicorp/raft"
+)
+
+// TestFollowerCatchesUpFromAnExpandedSnapshot: the leader's snapshots are
+// references and its log is truncated behind them, so a new replica can only
+// be brought up by a snapshot: the reference is expanded into the full shard,
+// sent, restored, and the replica then holds exactly the leader's state.
+func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
+	pub, err := publish.New(publish.Config{Brokers: startBroker(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	tune := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond, SnapshotThreshold: 8, TrailingLogs: 4}
+	type replica struct {
+		s    *Shard
+		dir  string
+		addr string
+	}
+	open := func(name string, bootstrap bool) replica {
+		dir := t.TempDir()
+		st, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), raftfsm.StoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mux := NewMux(ln, nil)
+		layer, err := mux.Layer(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := replica{dir: filepath.Join(dir, "shard"), addr: ln.Addr().String()}
+		var voters []raft.Server
+		if bootstrap {
+			voters = []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(name), Address: raft.ServerAddress(r.addr)}}
+		}
+		r.s, err = Open(Config{ID: 0, NodeID: name, Dir: r.dir, Store: st, Layer: layer, Publisher: pub, Bootstrap: voters, Tuning: tune})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			r.s.Close()
+			mux.Close()
+			st.Close()
+		})
+		return r
+	}
+	ctx := context.Background()
+	schedule := func(s *Shard, from, to int) {
+		for i := from; i < to; i++ {
+			r := Request{ID: fmt.Sprintf("e%d", i), Delay: time.Hour, HasDelay: true, Topic: "snap", Payload: []byte("p")}
+			r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+			if _, err := s.Schedule(ctx, []Request{r}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
+	a := open("a", true)
+	waitFor(t, 10*time.Second, "a leads", a.s.IsLeader)
+	schedule(a.s, 0, 60)
+	if err := a.s.Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	schedule(a.s, 60, 70) // entries after the snapshot, sent from the log
+	if first, err := a.s.logs.FirstIndex(); err != nil || first < 50 {
+		t.Fatalf("the leader's log starts at %d (%v): not truncated behind the snapshot", first, err)
+	}
+
+	b := open("b", false)
+	if err := a.s.Raft().AddVoter("b", raft.ServerAddress(b.addr), 0, 10*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "b catches up", func() bool { return b.s.AppliedIndex() >= a.s.AppliedIndex() })
+	ia, da, err := a.s.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, db, err := b.s.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ia != ib || da != db {
+		t.Fatalf("leader at %d digest %x, new replica at %d digest %x", ia, da, ib, db)
+	}
+	if got := b.s.Stats().Pending; got != 70 {
+		t.Fatalf("new replica holds %d pending events, want 70", got)
+	}
+	metas, err := raft.NewFileSnapshotStore(b.dir, 2, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, err := metas.List(); err != nil || len(list) == 0 {
+		t.Fatalf("the new replica holds no snapshot (%v): it was not brought up by one", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(a.dir, "expand-*")); len(left) > 0 {
+		t.Fatalf("expansions left behind: %v", left)
+	}
+}
