@@ -180,9 +180,10 @@ func (s *Shard) fireLoop(ctx context.Context) {
 // fire reads, produces and marks one batch. It always settles the batch.
 //
 // Before producing, the leader confirms with a quorum that it still leads
-// (raft VerifyLeader), and it hands records to Kafka only within the leader
-// lease from the moment it asked: followers do not elect a new leader until
-// a heartbeat timeout after they last heard from this one, which is longer.
+// (a raft Barrier; see renewLease), and it hands records to Kafka only
+// within the leader lease from the moment it asked: followers do not elect
+// a new leader until a heartbeat timeout after they last heard from this
+// one, which is longer.
 // A leader that was paused (a GC stall, SIGSTOP, a slow disk) finds its
 // lease gone when it resumes and starts no produce: the fault tests caught a
 // paused leader that resumed and produced events a new leader had already
@@ -317,8 +318,8 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 }
 
 // leaseDeadline returns until when this leader may hand records to Kafka: a
-// leader lease from the last time it asked a quorum (raft VerifyLeader)
-// whether it still leads. Batches share a lease instead of asking each.
+// leader lease from the last time it asked a quorum (renewLease) whether it
+// still leads. Batches share a lease instead of asking each.
 // Once a third of the lease has passed, one renewal is started in the
 // background, and batches keep using the lease they have meanwhile: under
 // load a quorum round trip took 20-150 ms, and when the renewal was made in
@@ -362,10 +363,20 @@ const leaseMargin = 25 * time.Millisecond
 // starts a new lease from the moment it asked. It closes done when it has
 // recorded the answer. The firing loop waits for it (leaseWG) before it
 // ends, so a renewal of one term never lands in the next.
+//
+// It asks with a Barrier, a log entry made after the moment it asked, which
+// commits only once a quorum has accepted it: proof that a quorum still
+// followed this leader after that moment. raft's VerifyLeader is not such a
+// proof. It counts any successful reply the leader reads after the call,
+// and a leader paused for seconds (SIGSTOP in the fault tests) reads, on
+// waking, the replies to heartbeats it sent before the pause: it verified,
+// took a lease from the moment it woke, and produced an event that a new
+// leader had cancelled eight seconds earlier. A Barrier costs a log append;
+// one is made every third of a lease while the shard fires.
 func (s *Shard) renewLease(done chan struct{}) {
 	defer s.leaseWG.Done()
 	asked := time.Now()
-	err := s.raft.VerifyLeader().Error()
+	err := s.raft.Barrier(s.lease).Error()
 	s.leaseMu.Lock()
 	if err == nil && asked.After(s.leaseAsked) {
 		s.leaseAsked = asked
