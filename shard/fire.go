@@ -112,7 +112,7 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		// A lease confirmed in this term must not serve the next one.
 		s.leaseWG.Wait()
 		s.leaseMu.Lock()
-		s.leaseAsked, s.leaseErr = time.Time{}, nil
+		s.leaseAsked, s.leaseStarted, s.leaseErr = time.Time{}, time.Time{}, nil
 		s.leaseMu.Unlock()
 	}()
 
@@ -198,13 +198,6 @@ func (s *Shard) fireLoop(ctx context.Context) {
 // flight, and a batch no longer needs its slot once Kafka has answered, so
 // the next batch does not wait for this one's MarkFired to commit.
 func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
-	deadline, err := s.leaseDeadline(ctx)
-	if err != nil {
-		s.settle(b, b.all(), 0)
-		return
-	}
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
 	seqs := make([]uint64, len(b.entries))
 	for i, e := range b.entries {
 		seqs[i] = e.Ref
@@ -230,6 +223,17 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 		s.settle(b, nil, 0)
 		return
 	}
+	// The lease is taken after the read, just before the produce: a read of
+	// a thousand events can take longer than what is left of a lease, and
+	// when it was taken first, a draining backlog spent its CPU reading
+	// batches whose lease had run out by the time they could be sent.
+	deadline, err := s.leaseDeadline(ctx)
+	if err != nil {
+		s.settle(b, b.all(), leaseRetry)
+		return
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	outcomes := s.cfg.Publisher.Publish(ctx, out)
 	release()
 
@@ -319,50 +323,59 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 
 // leaseDeadline returns until when this leader may hand records to Kafka: a
 // leader lease from the last time it asked a quorum (renewLease) whether it
-// still leads. Batches share a lease instead of asking each.
-// Once a third of the lease has passed, one renewal is started in the
-// background, and batches keep using the lease they have meanwhile: under
-// load a quorum round trip took 20-150 ms, and when the renewal was made in
-// line every batch of that moment waited for it, which made most of the
-// firing tail at 10,000 events a second. A batch waits for the renewal only
-// when less than leaseMargin of the lease is left.
+// still leads. Batches share a lease instead of asking each. Renewals run in
+// the background, one started every quarter of a lease while the shard
+// fires and up to maxLeaseRenewals at once, and batches keep using the
+// lease they have meanwhile: under load a quorum round trip took 20-150 ms
+// (a barrier, more while Raft's apply queue is long), and when the renewal
+// was made in line every batch of that moment waited for it, which made
+// most of the firing tail at 10,000 events a second. Overlapping renewals
+// keep a lease valid even when one takes longer than a lease. A batch waits
+// only when less than leaseMargin of the lease is left.
 func (s *Shard) leaseDeadline(ctx context.Context) (time.Time, error) {
-	for waited := false; ; waited = true {
+	for waits := 0; ; waits++ {
 		s.leaseMu.Lock()
-		asked, renewal, lastErr := s.leaseAsked, s.leaseRenewal, s.leaseErr
 		now := time.Now()
-		if renewal == nil && now.Sub(asked) > s.lease/3 && !waited {
-			renewal = make(chan struct{})
-			s.leaseRenewal = renewal
+		short := s.leaseAsked.Add(s.lease).Sub(now) < leaseMargin
+		due := now.Sub(s.leaseAsked) > s.lease/4 && now.Sub(s.leaseStarted) > s.lease/4
+		if (due && s.leaseRenewing < maxLeaseRenewals) || (short && s.leaseRenewing == 0) {
+			s.leaseStarted = now
+			s.leaseRenewing++
 			s.leaseWG.Add(1)
-			go s.renewLease(renewal)
+			go s.renewLease(now)
 		}
+		deadline, changed, lastErr := s.leaseAsked.Add(s.lease), s.leaseChanged, s.leaseErr
 		s.leaseMu.Unlock()
-		if deadline := asked.Add(s.lease); deadline.Sub(now) >= leaseMargin {
+		if deadline.Sub(now) >= leaseMargin {
 			return deadline, nil
 		}
-		if waited {
-			if lastErr == nil {
-				lastErr = errors.New("shard: leader lease not renewed")
-			}
+		if waits > 0 && lastErr != nil {
 			return time.Time{}, lastErr
 		}
+		if waits >= maxLeaseRenewals {
+			return time.Time{}, errors.New("shard: leader lease not renewed")
+		}
 		select {
-		case <-renewal:
+		case <-changed:
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
 		}
 	}
 }
 
-// leaseMargin is the least lease a batch starts with: what is left must
-// cover reading the batch and starting its produce requests.
-const leaseMargin = 25 * time.Millisecond
+const (
+	// leaseMargin is the least lease a batch starts its produce with.
+	leaseMargin = 25 * time.Millisecond
+	// maxLeaseRenewals bounds the renewals in flight.
+	maxLeaseRenewals = 3
+	// leaseRetry is how long a batch that got no lease waits to fire again.
+	leaseRetry = 50 * time.Millisecond
+)
 
 // renewLease asks a quorum whether this replica still leads and, if so,
-// starts a new lease from the moment it asked. It closes done when it has
-// recorded the answer. The firing loop waits for it (leaseWG) before it
-// ends, so a renewal of one term never lands in the next.
+// starts a new lease from asked, the moment it asked. It then wakes the
+// batches waiting for a lease. The firing loop waits for it (leaseWG)
+// before it ends, so a renewal of one term never lands in the next.
 //
 // It asks with a Barrier, a log entry made after the moment it asked, which
 // commits only once a quorum has accepted it: proof that a quorum still
@@ -372,19 +385,19 @@ const leaseMargin = 25 * time.Millisecond
 // waking, the replies to heartbeats it sent before the pause: it verified,
 // took a lease from the moment it woke, and produced an event that a new
 // leader had cancelled eight seconds earlier. A Barrier costs a log append;
-// one is made every third of a lease while the shard fires.
-func (s *Shard) renewLease(done chan struct{}) {
+// about four are made per lease while the shard fires.
+func (s *Shard) renewLease(asked time.Time) {
 	defer s.leaseWG.Done()
-	asked := time.Now()
 	err := s.raft.Barrier(s.lease).Error()
 	s.leaseMu.Lock()
 	if err == nil && asked.After(s.leaseAsked) {
 		s.leaseAsked = asked
 	}
 	s.leaseErr = err
-	s.leaseRenewal = nil
+	s.leaseRenewing--
+	close(s.leaseChanged)
+	s.leaseChanged = make(chan struct{})
 	s.leaseMu.Unlock()
-	close(done)
 }
 
 // settle ends a batch: entries in requeue go back into the wheel, due no

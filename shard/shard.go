@@ -124,16 +124,19 @@ type Shard struct {
 	// heartbeat timeout after which followers may elect another leader.
 	lease time.Duration
 	// leaseAsked is when this leader last asked a quorum whether it leads
-	// and was told yes; leaseRenewal is closed when the renewal in flight
-	// (if any) has recorded its answer, and leaseErr is the last renewal's
-	// error. See leaseDeadline.
-	leaseMu      sync.Mutex
-	leaseAsked   time.Time
-	leaseRenewal chan struct{}
-	leaseErr     error
-	leaseWG      sync.WaitGroup // renewLease goroutines
-	trans        *raft.NetworkTransport
-	logs         *raftboltdb.BoltStore
+	// and was told yes; leaseStarted is when the latest renewal started,
+	// leaseRenewing counts those in flight, leaseChanged is closed (and
+	// replaced) each time one ends, and leaseErr is the last one's error.
+	// See leaseDeadline.
+	leaseMu       sync.Mutex
+	leaseAsked    time.Time
+	leaseStarted  time.Time
+	leaseRenewing int
+	leaseChanged  chan struct{}
+	leaseErr      error
+	leaseWG       sync.WaitGroup // renewLease goroutines
+	trans         *raft.NetworkTransport
+	logs          *raftboltdb.BoltStore
 
 	// mu guards the wheel and the maps beside it. It is taken by the raft
 	// apply goroutine (through observer), the firing loop and Cancel; each
@@ -187,22 +190,23 @@ func Open(cfg Config) (*Shard, error) {
 		return nil, err
 	}
 	s := &Shard{
-		id:         cfg.ID,
-		cfg:        cfg,
-		tune:       cfg.Tuning,
-		logger:     cfg.Logger.With("shard", cfg.ID),
-		metrics:    cfg.Metrics,
-		handles:    make(map[uint64]wheel.Handle),
-		inflight:   make(map[uint64]*fireBatch),
-		unsure:     make(map[uint64]int64),
-		fenceUntil: 1<<63 - 1,
-		sleepUntil: 1<<63 - 1,
-		kick:       make(chan struct{}, 1),
-		proposals:  make(chan *proposal, 1024),
-		marks:      make(chan *markRequest, 1024),
-		applying:   make(chan *pendingApply, 256),
-		notify:     make(chan bool, 16),
-		stop:       make(chan struct{}),
+		id:           cfg.ID,
+		cfg:          cfg,
+		tune:         cfg.Tuning,
+		logger:       cfg.Logger.With("shard", cfg.ID),
+		metrics:      cfg.Metrics,
+		handles:      make(map[uint64]wheel.Handle),
+		inflight:     make(map[uint64]*fireBatch),
+		unsure:       make(map[uint64]int64),
+		fenceUntil:   1<<63 - 1,
+		sleepUntil:   1<<63 - 1,
+		kick:         make(chan struct{}, 1),
+		leaseChanged: make(chan struct{}),
+		proposals:    make(chan *proposal, 1024),
+		marks:        make(chan *markRequest, 1024),
+		applying:     make(chan *pendingApply, 256),
+		notify:       make(chan bool, 16),
+		stop:         make(chan struct{}),
 	}
 	var err error
 	if s.wheel, err = wheel.New(cfg.Now().UnixNano(), s.tune.Resolution); err != nil {
