@@ -25,7 +25,7 @@ func TestLeaseRenewedAhead(t *testing.T) {
 		return s.leaseAsked
 	}
 
-	// More than a third of the lease gone, more than the margin left: the
+	// More than a quarter of the lease gone, more than the margin left: the
 	// batch gets the lease it has, and a renewal starts.
 	old := time.Now().Add(-s.lease / 2)
 	setAsked(old)
