@@ -103,12 +103,7 @@ func (o tracingObserver) Settled(seq uint64) {
 // random batches on the other, give the same responses and byte-identical shard key spaces.
 func TestDeterministicKeySpace(t *testing.T) {
 	logs := genLog(11, 600)
-	a := openTestStore(t, t.TempDir(), StoreOptions{})
-	defer a.Close()
-	b := openTestStore(t, t.TempDir(), StoreOptions{})
-	defer b.Close()
-	fa, _ := newTestFSM(t, a, 3)
-	fb, _ := newTestFSM(t, b, 3)
+	a, b, fa, fb := twoReplicas(t, 3)
 
 	var ra, rb []interface{}
 	for _, l := range logs {
@@ -125,13 +120,30 @@ func TestDeterministicKeySpace(t *testing.T) {
 			t.Fatalf("entry %d: %s vs %s", i+1, show(ra[i]), show(rb[i]))
 		}
 	}
-	da, db := dumpShard(t, a, 3), dumpShard(t, b, 3)
-	if len(da) < 1000 {
-		t.Fatalf("only %d keys: the log is too small to prove much", len(da))
+	if n := len(dumpShard(t, a, 3)); n < 1000 {
+		t.Fatalf("only %d keys: the log is too small to prove much", n)
 	}
-	sameKeySpace(t, "replica A vs B", da, db)
+	sameReplicas(t, "replica A vs B", a, b, fa, fb)
+}
+
+// twoReplicas opens two stores, each with an FSM for shard; the stores close when the test ends.
+func twoReplicas(t *testing.T, shard uint32) (a, b *Store, fa, fb *FSM) {
+	t.Helper()
+	a = openTestStore(t, t.TempDir(), StoreOptions{})
+	t.Cleanup(func() { a.Close() })
+	b = openTestStore(t, t.TempDir(), StoreOptions{})
+	t.Cleanup(func() { b.Close() })
+	fa, _ = newTestFSM(t, a, shard)
+	fb, _ = newTestFSM(t, b, shard)
+	return a, b, fa, fb
+}
+
+// sameReplicas fails unless the two replicas hold identical key spaces and Stats.
+func sameReplicas(t *testing.T, what string, a, b *Store, fa, fb *FSM) {
+	t.Helper()
+	sameKeySpace(t, what, dumpShard(t, a, fa.Shard()), dumpShard(t, b, fb.Shard()))
 	if fa.Stats() != fb.Stats() {
-		t.Fatalf("Stats differ: %+v vs %+v", fa.Stats(), fb.Stats())
+		t.Fatalf("%s: Stats differ: %+v vs %+v", what, fa.Stats(), fb.Stats())
 	}
 }
 
@@ -140,12 +152,7 @@ func TestDeterministicKeySpace(t *testing.T) {
 // of the same MarkFired without them, which reads every event.
 func TestMarkFiredDueKnownChangesNothing(t *testing.T) {
 	logs := genLog(12, 800)
-	a := openTestStore(t, t.TempDir(), StoreOptions{})
-	defer a.Close()
-	b := openTestStore(t, t.TempDir(), StoreOptions{})
-	defer b.Close()
-	fa, _ := newTestFSM(t, a, 3)
-	fb, _ := newTestFSM(t, b, 3)
+	a, b, fa, fb := twoReplicas(t, 3)
 	withDue := 0
 	for i, l := range logs {
 		lb := *l
@@ -168,10 +175,7 @@ func TestMarkFiredDueKnownChangesNothing(t *testing.T) {
 	if withDue < 50 {
 		t.Fatalf("only %d MarkFired entries carried due times", withDue)
 	}
-	sameKeySpace(t, "with due times vs without", dumpShard(t, a, 3), dumpShard(t, b, 3))
-	if fa.Stats() != fb.Stats() {
-		t.Fatalf("Stats differ: %+v vs %+v", fa.Stats(), fb.Stats())
-	}
+	sameReplicas(t, "with due times vs without", a, b, fa, fb)
 	if got, want := fa.pending.count(), int(fa.Stats().Pending); got != want {
 		t.Fatalf("pending set holds %d events, Stats says %d", got, want)
 	}
