@@ -20,6 +20,9 @@ const (
 	// TypeMarkFiredDue is MarkFired with each event's due time, so that apply need not read
 	// the event (MarkFired.DueKnown).
 	TypeMarkFiredDue CommandType = 5
+	// TypeMarkDeadLetteredDue is MarkDeadLettered with each event's due time
+	// (MarkDeadLettered.DueKnown).
+	TypeMarkDeadLetteredDue CommandType = 6
 )
 
 func (t CommandType) String() string {
@@ -34,6 +37,8 @@ func (t CommandType) String() string {
 		return "MarkDeadLettered"
 	case TypeMarkFiredDue:
 		return "MarkFiredDue"
+	case TypeMarkDeadLetteredDue:
+		return "MarkDeadLetteredDue"
 	}
 	return fmt.Sprintf("CommandType(%d)", byte(t))
 }
@@ -111,11 +116,19 @@ type DeadLettered struct {
 	Attempts uint32
 	Error    string // the last produce error
 	Topic    string // the dead-letter topic
+	// Due is the event's due time as the leader read it; used only when
+	// MarkDeadLettered.DueKnown.
+	Due int64
 }
 
 // MarkDeadLettered records dead-lettered events. Apply returns *MarkBatchResult.
+//
+// DueKnown means what it means for MarkFired, and encodes as TypeMarkDeadLetteredDue. An entry
+// without due times (TypeMarkDeadLettered, as chimed wrote before key layout 2) makes apply
+// search the due index for each pending event it names.
 type MarkDeadLettered struct {
 	ProposedAt int64
+	DueKnown   bool
 	Entries    []DeadLettered
 }
 
@@ -127,7 +140,12 @@ func (c *MarkFired) Type() CommandType {
 	}
 	return TypeMarkFired
 }
-func (*MarkDeadLettered) Type() CommandType { return TypeMarkDeadLettered }
+func (c *MarkDeadLettered) Type() CommandType {
+	if c.DueKnown {
+		return TypeMarkDeadLetteredDue
+	}
+	return TypeMarkDeadLettered
+}
 
 // Encoding. Integers are encoding/binary varints (signed ones zig-zag), strings and byte
 // slices are uvarint-length-prefixed, content hashes are 8 fixed little-endian bytes (they are
@@ -180,7 +198,7 @@ func AppendMarkFired(dst []byte, c *MarkFired) []byte {
 
 // AppendMarkDeadLettered appends the log entry encoding of c to dst.
 func AppendMarkDeadLettered(dst []byte, c *MarkDeadLettered) []byte {
-	dst = append(dst, byte(TypeMarkDeadLettered))
+	dst = append(dst, byte(c.Type()))
 	dst = binary.AppendVarint(dst, c.ProposedAt)
 	dst = binary.AppendUvarint(dst, uint64(len(c.Entries)))
 	for _, e := range c.Entries {
@@ -189,6 +207,9 @@ func AppendMarkDeadLettered(dst []byte, c *MarkDeadLettered) []byte {
 		dst = binary.AppendUvarint(dst, uint64(e.Attempts))
 		dst = appendString(dst, e.Error)
 		dst = appendString(dst, e.Topic)
+		if c.DueKnown {
+			dst = binary.AppendVarint(dst, e.Due)
+		}
 	}
 	return dst
 }
@@ -222,7 +243,9 @@ func DecodeCommand(data []byte) (Command, error) {
 	case TypeMarkFiredDue:
 		c = d.markFired(true)
 	case TypeMarkDeadLettered:
-		c = d.markDeadLettered()
+		c = d.markDeadLettered(false)
+	case TypeMarkDeadLetteredDue:
+		c = d.markDeadLettered(true)
 	default:
 		return nil, fmt.Errorf("%w: unknown command type %d", ErrMalformedCommand, data[0])
 	}
@@ -288,9 +311,13 @@ func (d *decoder) markFired(dueKnown bool) *MarkFired {
 	return c
 }
 
-func (d *decoder) markDeadLettered() *MarkDeadLettered {
-	c := &MarkDeadLettered{ProposedAt: d.varint("proposedAt")}
-	n := d.count("entries", minDeadLetteredLen)
+func (d *decoder) markDeadLettered(dueKnown bool) *MarkDeadLettered {
+	c := &MarkDeadLettered{ProposedAt: d.varint("proposedAt"), DueKnown: dueKnown}
+	minLen := minDeadLetteredLen
+	if dueKnown {
+		minLen++
+	}
+	n := d.count("entries", minLen)
 	if n > 0 {
 		c.Entries = make([]DeadLettered, n)
 	}
@@ -302,6 +329,9 @@ func (d *decoder) markDeadLettered() *MarkDeadLettered {
 		e.Attempts = d.uint32("attempts")
 		e.Error = d.str("error")
 		e.Topic = d.str("topic")
+		if dueKnown {
+			e.Due = d.varint("due")
+		}
 	}
 	return c
 }

@@ -31,6 +31,7 @@ func sampleCommands() []Command {
 		&MarkFired{ProposedAt: 7, DueKnown: true, Entries: []Fired{{Seq: 2, FiredAt: 12, Attempts: 1, Due: -1 << 63}, {Seq: 9, Due: 1<<63 - 1}}},
 		&MarkFired{DueKnown: true},
 		&MarkDeadLettered{ProposedAt: 6, Entries: []DeadLettered{{Seq: 3, At: 11, Attempts: 5, Error: "kafka: leader not available", Topic: "chime-dlq"}, {}}},
+		&MarkDeadLettered{ProposedAt: 8, DueKnown: true, Entries: []DeadLettered{{Seq: 4, At: 13, Attempts: 2, Error: "x", Topic: "dlq", Due: -1 << 63}, {Due: 1<<63 - 1}}},
 	}
 }
 

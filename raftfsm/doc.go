@@ -38,11 +38,12 @@
 //     raft never truncates log entries Pebble may have lost, so Snapshot syncs the Pebble WAL
 //     before it hands raft a snapshot; raft truncates only entries at or below a snapshot's
 //     index. Restore syncs too, because raft drops its log behind an installed snapshot.
-//  5. A pending event (state Scheduled) has exactly one due-index key; no other event has one.
-//     The in-memory counters equal the counters stored in Pebble after every commit, and the
-//     in-memory pending set (pendingSet) holds exactly the seqs of the due index. A pending
-//     event's status is exactly {Scheduled, due}, which is what lets a MarkFired carrying due
-//     times (MarkFired.DueKnown) settle it without reading it.
+//  5. A pending event (state Scheduled) has exactly one due-index key and no status key; every
+//     other event has a status key and no due-index key. The in-memory counters equal the
+//     counters stored in Pebble after every commit, and the in-memory pending set (pendingSet)
+//     holds exactly the seqs of the due index. A pending event's status is exactly
+//     {Scheduled, due}, which is what lets a MarkFired carrying due times (MarkFired.DueKnown)
+//     settle it without reading it.
 //  6. Idempotency (design invariant 6): an id is bound forever to the first event created
 //     with it. The same id with the same ContentHash returns the original Seq and Due; a
 //     different hash is a Conflict. Within one ScheduleBatch the first occurrence wins.
@@ -61,25 +62,34 @@
 //
 // Every key starts with the shard id as 4 big-endian bytes, then a tag byte. The shard's span
 // is [shard|0x00, shard|0xff): tags are ASCII letters, so a DeleteRange over the span never
-// touches another shard.
+// touches another shard. This is key layout 2, named by the meta value's first byte.
 //
-//	shard|'m'                        meta: applied index, applied term, next seq, counters
-//	shard|'i'|id                     seq (8 BE) | content hash (8 BE)
-//	shard|'e'|seq(8 BE)|'b'          body: id, createdAt, topic, key, payload, headers, hash
-//	shard|'e'|seq(8 BE)|'s'          status: state, due, fired/cancelled/dead-lettered at,
-//	                                 attempts, last error, dead-letter topic
+//	shard|'m'                        meta: layout (2), applied index, applied term, next seq,
+//	                                 counters
+//	shard|'i'|id                     seq (8 BE) | content hash (8 BE) | due (8 BE)
+//	shard|'b'|due(8)|seq(8 BE)       body: id, createdAt, topic, key, payload, headers, hash
 //	shard|'d'|due(8)|seq(8 BE)       empty; present only while the event is pending
+//	shard|'s'|seq(8 BE)              status: state, due, fired/cancelled/dead-lettered at,
+//	                                 attempts, last error, dead-letter topic; written once,
+//	                                 when the event leaves Scheduled
 //	shard|'r'                        restoring marker: a Restore began and has not finished
 //
-// An event is split into an immutable body and a small mutable status, adjacent under its
-// seq: every event changes state once (MarkFired is as frequent as Schedule), and rewriting
-// only the status keeps that write small instead of copying the payload again. The due index
-// encodes due as uint64(due) XOR 1<<63, which orders negative (pre-1970) instants correctly,
-// so nothing is clamped and ForEachPending reports the exact due. The index exists for
-// ForEachPending (rebuilding the wheel) and for paging far-future events in later.
+// An event is an immutable body and, once it is settled, a small status. Bodies are keyed by
+// due time: a fire batch is the events that fall due together, and reading them is a walk
+// over neighbouring keys with forward seeks (key layout 1 keyed bodies by seq, and a batch
+// due in one second was a thousand seeks all over the shard; BENCHMARKS.md). A pending event
+// has no status: it is {Scheduled, due}, which the due index and the in-memory pending set
+// say, so creating an event writes three keys and settling it two (the status and the
+// due-index deletion) without rewriting the payload. The id entry holds the due time because
+// it is half of the body's key. The due encoding is uint64(due) XOR 1<<63, which orders
+// negative (pre-1970) instants correctly, so nothing is clamped and ForEachPending reports
+// the exact due. The due index exists for ForEachPending (rebuilding the wheel) and for
+// ReadForFire to tell pending events from settled ones in the same forward walk.
 //
-// Meta, body and status values start with a format byte (1 today) so that a layout change
-// can be recognised; the id entry is a fixed 16 bytes and index entries are empty.
+// Body and status values start with a format byte (1 today) so that a change can be
+// recognised; the id entry is a fixed 24 bytes and index entries are empty. A shard stored in
+// layout 1 is refused with ErrOldLayout: nothing converts it, and a node holding one starts on
+// an empty data directory and receives the shard from its peers.
 //
 // # Snapshot stream
 //
@@ -88,7 +98,7 @@
 // is this replica's own Pebble. The full stream, which a reference expands to when raft sends
 // a snapshot to another replica, is written by WriteSnapshot from a Pebble snapshot handle:
 //
-//	header   "chimesnp" | format version u32 BE (1) | shard u32 BE | applied index u64 BE |
+//	header   "chimesnp" | format version u32 BE (2: layout 2) | shard u32 BE | applied index u64 BE |
 //	         applied term u64 BE
 //	frames   uvarint len(key) | key without the shard prefix | uvarint len(value) | value
 //	         (in key order; keys are never empty)

@@ -78,9 +78,10 @@ func TestScheduleCancelMark(t *testing.T) {
 	if err != nil || !ok || !reflect.DeepEqual(rec, wantRec) {
 		t.Errorf("Get(b) = %+v, %v, %v; want %+v", rec, ok, err, wantRec)
 	}
-	recs, err := f.ReadForFire([]uint64{9, 2, 1, 2}, nil)
-	if err != nil || len(recs) != 2 || recs[0].Seq != 1 || recs[0].State != StateCancelled || recs[0].CancelledAt != 200 || recs[1].Seq != 2 {
-		t.Errorf("ReadForFire = %+v, %v; want seq 1 (Cancelled at 200) then seq 2", recs, err)
+	// Unknown seq 9, seq 1 under a due it does not have, a duplicate: left out. Due order.
+	recs, err := f.ReadForFire([]Ref{{9, 1000}, {1, 1000}, {2, 500}, {1, 999}, {2, 500}}, nil)
+	if err != nil || len(recs) != 2 || recs[0].Seq != 2 || recs[0].State != StateFired || recs[1].Seq != 1 || recs[1].State != StateCancelled || recs[1].CancelledAt != 200 {
+		t.Errorf("ReadForFire = %+v, %v; want seq 2 (Fired) then seq 1 (Cancelled at 200)", recs, err)
 	}
 }
 

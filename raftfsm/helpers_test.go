@@ -243,12 +243,16 @@ func (g *gen) command(m *model) Command {
 		}
 		return c
 	default:
-		c := &MarkDeadLettered{ProposedAt: g.tick()}
+		c := &MarkDeadLettered{ProposedAt: g.tick(), DueKnown: g.rng.IntN(2) == 0}
 		for range 1 + g.rng.IntN(3) {
-			c.Entries = append(c.Entries, DeadLettered{
+			e := DeadLettered{
 				Seq: g.seq(m), At: g.now, Attempts: uint32(5 + g.rng.IntN(3)),
 				Error: fmt.Sprintf("broker said no %d", g.rng.IntN(5)), Topic: "chime-dlq",
-			})
+			}
+			if r, ok := m.bySeq[e.Seq]; ok && c.DueKnown {
+				e.Due = r.Due
+			}
+			c.Entries = append(c.Entries, e)
 		}
 		return c
 	}

@@ -8,24 +8,22 @@ import (
 
 // Key tags; see the key layout in doc.go. They must stay below 0xff, the end of a shard span.
 const (
+	tagBody      = 'b'
 	tagDue       = 'd'
-	tagEvent     = 'e'
 	tagID        = 'i'
 	tagMeta      = 'm'
 	tagRestoring = 'r'
-)
-
-// The two halves of an event under shard|'e'|seq. Body sorts first, so one SeekGE to the body
-// followed by Next reads the whole event.
-const (
-	partBody   = 'b'
-	partStatus = 's'
+	tagStatus    = 's'
 )
 
 const shardPrefixLen = 4
 
-// formatV1 is the leading byte of every stored value written today.
+// formatV1 is the leading byte of every body and status value written today.
 const formatV1 = 1
+
+// layoutV2 is the leading byte of the meta value, and names the key layout of the whole
+// shard. Layout 1 kept bodies under their seq and a status for every event; see doc.go.
+const layoutV2 = 2
 
 // ErrCorrupt wraps errors about stored bytes that do not decode. During apply it panics
 // instead (see doc.go, invariant 2).
@@ -45,14 +43,23 @@ func appendIDKey(dst []byte, shard uint32, id string) []byte {
 	return append(appendShardTag(dst, shard, tagID), id...)
 }
 
-func appendEventKey(dst []byte, shard uint32, seq uint64, part byte) []byte {
-	dst = binary.BigEndian.AppendUint64(appendShardTag(dst, shard, tagEvent), seq)
-	return append(dst, part)
+// appendBodyKey appends the key of an event's body: shard|'b'|due|seq, in the order the
+// events fall due, so that a fire batch reads neighbouring keys.
+func appendBodyKey(dst []byte, shard uint32, due int64, seq uint64) []byte {
+	return appendDueSeq(appendShardTag(dst, shard, tagBody), due, seq)
 }
 
 func appendDueKey(dst []byte, shard uint32, due int64, seq uint64) []byte {
-	dst = binary.BigEndian.AppendUint64(appendShardTag(dst, shard, tagDue), orderedDue(due))
+	return appendDueSeq(appendShardTag(dst, shard, tagDue), due, seq)
+}
+
+func appendDueSeq(dst []byte, due int64, seq uint64) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, orderedDue(due))
 	return binary.BigEndian.AppendUint64(dst, seq)
+}
+
+func appendStatusKey(dst []byte, shard uint32, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(appendShardTag(dst, shard, tagStatus), seq)
 }
 
 const dueKeyLen = shardPrefixLen + 1 + 8 + 8
@@ -70,22 +77,27 @@ func parseDueKey(k []byte) (due int64, seq uint64, err error) {
 }
 
 // idRef is the value under shard|'i'|id. The hash lives here rather than only in the body so
-// that an idempotent re-send is answered without reading the payload.
+// that an idempotent re-send is answered without reading the payload; the due time, because
+// it is half of the body's key.
 type idRef struct {
 	seq  uint64
 	hash uint64
+	due  int64
 }
+
+const idRefLen = 24
 
 func (r idRef) append(dst []byte) []byte {
 	dst = binary.BigEndian.AppendUint64(dst, r.seq)
-	return binary.BigEndian.AppendUint64(dst, r.hash)
+	dst = binary.BigEndian.AppendUint64(dst, r.hash)
+	return binary.BigEndian.AppendUint64(dst, uint64(r.due))
 }
 
 func decodeIDRef(b []byte) (idRef, error) {
-	if len(b) != 16 {
+	if len(b) != idRefLen {
 		return idRef{}, fmt.Errorf("%w: id entry of %d bytes", ErrCorrupt, len(b))
 	}
-	return idRef{seq: binary.BigEndian.Uint64(b), hash: binary.BigEndian.Uint64(b[8:])}, nil
+	return idRef{seq: binary.BigEndian.Uint64(b), hash: binary.BigEndian.Uint64(b[8:]), due: int64(binary.BigEndian.Uint64(b[16:]))}, nil
 }
 
 // meta is the value under shard|'m', rewritten in every applied batch.
@@ -107,7 +119,7 @@ const metaLen = 1 + 9*8
 func freshMeta() meta { return meta{nextSeq: 1} }
 
 func (m *meta) append(dst []byte) []byte {
-	dst = append(dst, formatV1)
+	dst = append(dst, layoutV2)
 	for _, v := range [...]uint64{m.appliedIndex, m.appliedTerm, m.nextSeq, m.pending, m.fired,
 		m.cancelled, m.deadLettered, m.refired, m.firedAfterCancel} {
 		dst = binary.BigEndian.AppendUint64(dst, v)
@@ -115,9 +127,16 @@ func (m *meta) append(dst []byte) []byte {
 	return dst
 }
 
+// ErrOldLayout is returned for a shard stored in layout 1 (written before November 2026).
+// This version cannot read it; nothing converts it.
+var ErrOldLayout = errors.New("raftfsm: the shard is stored in key layout 1, which this version cannot read; start the node on an empty --data-dir (the other replicas send it the shard)")
+
 func decodeMeta(b []byte) (meta, error) {
-	if len(b) != metaLen || b[0] != formatV1 {
-		return meta{}, fmt.Errorf("%w: meta of %d bytes, format %x", ErrCorrupt, len(b), b[:min(len(b), 1)])
+	if len(b) == metaLen && b[0] == 1 {
+		return meta{}, ErrOldLayout
+	}
+	if len(b) != metaLen || b[0] != layoutV2 {
+		return meta{}, fmt.Errorf("%w: meta of %d bytes, layout %x", ErrCorrupt, len(b), b[:min(len(b), 1)])
 	}
 	var v [9]uint64
 	for i := range v {
@@ -152,8 +171,8 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
-// status is the mutable half of an event (shard|'e'|seq|'s'). Due is here, not in the body,
-// because rescheduling in place will change it.
+// status is the mutable half of an event (shard|'s'|seq). It is stored only once the event
+// leaves Scheduled: a pending event's status is {Scheduled, due}, known from the due index.
 type status struct {
 	state           State
 	due             int64
@@ -200,7 +219,7 @@ func decodeStatus(b []byte) (status, error) {
 	return s, nil
 }
 
-// appendBody encodes the immutable half of an event (shard|'e'|seq|'b').
+// appendBody encodes the immutable half of an event (shard|'b'|due|seq).
 func appendBody(dst []byte, e *NewEvent, createdAt int64) []byte {
 	dst = append(dst, formatV1)
 	dst = appendString(dst, e.ID)
@@ -233,13 +252,9 @@ type Record struct {
 	ContentHash     uint64
 }
 
-// decodeRecord fills rec from an event's two values. rec keeps body (Key, Payload and header
-// values alias it), so the caller passes a copy it owns; st may be transient.
-func decodeRecord(seq uint64, body, st []byte, rec *Record) error {
-	s, err := decodeStatus(st)
-	if err != nil {
-		return fmt.Errorf("seq %d: %w", seq, err)
-	}
+// decodeRecord fills rec from an event's body and status. rec keeps body (Key, Payload and
+// header values alias it), so the caller passes a copy it owns.
+func decodeRecord(seq uint64, body []byte, s status, rec *Record) error {
 	d := decoder{b: body}
 	if v := d.byte1("format"); v != formatV1 && d.err == nil {
 		d.fail("format", "unknown body format %d", v)

@@ -324,25 +324,32 @@ func (h *harness) check() {
 		}
 	}
 
-	// ReadForFire on a shuffled mix of known, duplicate and unknown seqs.
-	var seqs []uint64
+	// ReadForFire on a shuffled mix of known, duplicate and unknown seqs, and known seqs
+	// under a wrong due time.
+	var refs []Ref
 	for range 10 {
-		seqs = append(seqs, h.g.rng.Uint64N(m.nextSeq+3))
+		seq := h.g.rng.Uint64N(m.nextSeq + 3)
+		due := h.g.rng.Int64N(1000)
+		if r, ok := m.bySeq[seq]; ok && h.g.rng.IntN(5) > 0 {
+			due = r.Due
+		}
+		refs = append(refs, Ref{seq, due})
 	}
-	seqs = append(seqs, seqs[0])
-	recs, err := f.ReadForFire(seqs, nil)
+	refs = append(refs, refs[0])
+	var wantRecs []Record
+	for _, r := range refs {
+		if rec, ok := m.bySeq[r.Seq]; ok && rec.Due == r.Due && !slices.ContainsFunc(wantRecs, func(w Record) bool { return w.Seq == r.Seq }) {
+			wantRecs = append(wantRecs, *rec)
+		}
+	}
+	slices.SortFunc(wantRecs, func(a, b Record) int { return cmp.Or(cmp.Compare(a.Due, b.Due), cmp.Compare(a.Seq, b.Seq)) })
+	asked := slices.Clone(refs)
+	recs, err := f.ReadForFire(refs, nil)
 	if err != nil {
 		t.Fatalf("ReadForFire: %v", err)
 	}
-	slices.Sort(seqs)
-	var wantRecs []Record
-	for _, seq := range slices.Compact(seqs) {
-		if r, ok := m.bySeq[seq]; ok {
-			wantRecs = append(wantRecs, *r)
-		}
-	}
 	if !reflect.DeepEqual(recs, wantRecs) {
-		t.Fatalf("ReadForFire(%v):\n got %+v\nwant %+v", seqs, recs, wantRecs)
+		t.Fatalf("ReadForFire(%v):\n got %+v\nwant %+v", asked, recs, wantRecs)
 	}
 }
 

@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"slices"
@@ -54,72 +55,104 @@ func (f *FSM) Get(id string) (rec Record, found bool, err error) {
 	if err != nil {
 		return Record{}, false, fmt.Errorf("raftfsm: shard %d: id %q: %w", f.shard, id, err)
 	}
-	found, err = f.readEvent(it, ref.seq, &rec)
-	if err == nil && !found {
-		err = fmt.Errorf("%w: shard %d: id %q names seq %d, which has no event", ErrCorrupt, f.shard, id, ref.seq)
-	}
-	return rec, found, err
-}
-
-// readEvent positions it at seq's body and reads body and status into rec.
-func (f *FSM) readEvent(it *pebble.Iterator, seq uint64, rec *Record) (found bool, err error) {
-	var kb [shardPrefixLen + 1 + 8 + 1]byte
-	bodyKey := appendEventKey(kb[:0], f.shard, seq, partBody)
-	if !it.SeekGE(bodyKey) || !bytes.Equal(it.Key(), bodyKey) {
-		return false, it.Error()
-	}
-	body, err := it.ValueAndErr()
-	if err != nil {
-		return false, err
-	}
-	// The one copy of the event's bytes: body is iterator memory, valid only until Next, and
-	// the record's Key, Payload and header values alias this copy.
-	body = bytes.Clone(body)
-	statusKey := bodyKey
-	statusKey[len(statusKey)-1] = partStatus
-	if !it.Next() || !bytes.Equal(it.Key(), statusKey) {
+	var kb [dueKeyLen]byte
+	if !it.SeekGE(appendBodyKey(kb[:0], f.shard, ref.due, ref.seq)) || !bytes.Equal(it.Key(), kb[:]) {
 		if err := it.Error(); err != nil {
-			return false, err
+			return Record{}, false, err
 		}
-		return false, fmt.Errorf("%w: shard %d: event %d has a body but no status", ErrCorrupt, f.shard, seq)
+		return Record{}, false, fmt.Errorf("%w: shard %d: id %q names seq %d due %d, which has no body", ErrCorrupt, f.shard, id, ref.seq, ref.due)
 	}
-	st, err := it.ValueAndErr()
-	if err != nil {
-		return false, err
+	// The one copy of the event's bytes: the value is iterator memory, valid only until the
+	// next move, and the record's Key, Payload and header values alias this copy.
+	body := bytes.Clone(it.Value())
+	st := status{state: StateScheduled, due: ref.due}
+	if !it.SeekGE(appendStatusKey(kb[:0], f.shard, ref.seq)) || !bytes.Equal(it.Key(), kb[:shardPrefixLen+9]) {
+		if err := it.Error(); err != nil {
+			return Record{}, false, err
+		}
+	} else if st, err = decodeStatus(it.Value()); err != nil {
+		return Record{}, false, fmt.Errorf("raftfsm: shard %d: event %d: %w", f.shard, ref.seq, err)
 	}
-	if err := decodeRecord(seq, body, st, rec); err != nil {
-		return false, fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
+	if err := decodeRecord(ref.seq, body, st, &rec); err != nil {
+		return Record{}, false, fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
 	}
-	return true, nil
+	return rec, true, nil
 }
 
-// ReadForFire appends to out the records of seqs, for the firing path: one iterator and one
-// seek per seq, in seq order. It sorts seqs in place. Records no longer Scheduled are returned
-// with their state, so the caller skips them; seqs with no event are left out.
-func (f *FSM) ReadForFire(seqs []uint64, out []Record) (_ []Record, err error) {
-	if len(seqs) == 0 {
+// Ref names an event by its seq and its due time, the two halves of its body's key.
+type Ref struct {
+	Seq uint64
+	Due int64
+}
+
+// ReadForFire appends to out the records refs name, in due order (ties by seq), for the
+// firing path. Bodies are keyed by due time, so a batch of events that fall due together is
+// read from neighbouring keys with forward seeks. A ref whose seq and due name no event is
+// left out. Records no longer Scheduled are returned with their state, so the caller skips
+// them. It sorts refs in place.
+func (f *FSM) ReadForFire(refs []Ref, out []Record) (_ []Record, err error) {
+	if len(refs) == 0 {
 		return out, nil
 	}
-	slices.Sort(seqs)
-	lower := appendShardTag(nil, f.shard, tagEvent)
-	upper := appendShardTag(nil, f.shard, tagEvent+1)
-	it, err := f.newIter(lower, upper)
+	slices.SortFunc(refs, func(a, b Ref) int { return cmp.Or(cmp.Compare(a.Due, b.Due), cmp.Compare(a.Seq, b.Seq)) })
+	// Three iterators over one view of the shard, each moving forward only: bodies, the due
+	// index (which says whether each is still pending), and statuses for those that are not.
+	bodies, err := f.newIter(appendShardTag(nil, f.shard, tagBody), appendShardTag(nil, f.shard, tagBody+1))
 	if err != nil {
 		return out, err
 	}
-	defer closeIter(it, &err)
-	for i, seq := range seqs {
-		if i > 0 && seq == seqs[i-1] {
+	defer closeIter(bodies, &err)
+	pending, err := bodies.Clone(pebble.CloneOptions{IterOptions: &pebble.IterOptions{
+		LowerBound: appendShardTag(nil, f.shard, tagDue), UpperBound: appendShardTag(nil, f.shard, tagDue+1)}})
+	if err != nil {
+		return out, err
+	}
+	defer closeIter(pending, &err)
+	var statuses *pebble.Iterator
+	var bodyKey, dueKey, statusKey []byte
+	for i, r := range refs {
+		if i > 0 && r == refs[i-1] {
 			continue
 		}
+		bodyKey = appendBodyKey(bodyKey[:0], f.shard, r.Due, r.Seq)
+		if !bodies.SeekGE(bodyKey) || !bytes.Equal(bodies.Key(), bodyKey) {
+			if err := bodies.Error(); err != nil {
+				return out, err
+			}
+			continue
+		}
+		body := bytes.Clone(bodies.Value())
+		st := status{state: StateScheduled, due: r.Due}
+		dueKey = appendDueKey(dueKey[:0], f.shard, r.Due, r.Seq)
+		if !pending.SeekGE(dueKey) || !bytes.Equal(pending.Key(), dueKey) {
+			if err := pending.Error(); err != nil {
+				return out, err
+			}
+			// Settled since it was scheduled: read the status it was given.
+			if statuses == nil {
+				statuses, err = bodies.Clone(pebble.CloneOptions{IterOptions: &pebble.IterOptions{
+					LowerBound: appendShardTag(nil, f.shard, tagStatus), UpperBound: appendShardTag(nil, f.shard, tagStatus+1)}})
+				if err != nil {
+					return out, err
+				}
+				defer closeIter(statuses, &err)
+			}
+			statusKey = appendStatusKey(statusKey[:0], f.shard, r.Seq)
+			if !statuses.SeekGE(statusKey) || !bytes.Equal(statuses.Key(), statusKey) {
+				if err := statuses.Error(); err != nil {
+					return out, err
+				}
+				return out, fmt.Errorf("%w: shard %d: event %d is neither pending nor settled", ErrCorrupt, f.shard, r.Seq)
+			}
+			if st, err = decodeStatus(statuses.Value()); err != nil {
+				return out, fmt.Errorf("raftfsm: shard %d: event %d: %w", f.shard, r.Seq, err)
+			}
+		}
 		var rec Record
-		found, err := f.readEvent(it, seq, &rec)
-		if err != nil {
-			return out, err
+		if err := decodeRecord(r.Seq, body, st, &rec); err != nil {
+			return out, fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
 		}
-		if found {
-			out = append(out, rec)
-		}
+		out = append(out, rec)
 	}
 	return out, nil
 }

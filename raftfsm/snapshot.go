@@ -17,7 +17,7 @@ import (
 const (
 	snapshotMagic     = "chimesnp"
 	snapshotRefMagic  = "chimeref" // a reference; see FSM.Snapshot
-	snapshotFormat    = 1
+	snapshotFormat    = 2          // 2: key layout 2 (see layoutV2); a format 1 stream is refused
 	snapshotHeaderLen = len(snapshotMagic) + 4 + 4 + 8 + 8
 
 	// Bounds on one frame, enforced on both sides so that Persist never writes a stream
@@ -269,7 +269,7 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 		}
 		isMeta := key[shardPrefixLen] == tagMeta
 		switch key[shardPrefixLen] {
-		case tagDue, tagEvent, tagID, tagMeta:
+		case tagBody, tagDue, tagID, tagMeta, tagStatus:
 		default:
 			return fmt.Errorf("%w: frame %d: key %x has no known tag", ErrBadSnapshot, frames, key[shardPrefixLen:])
 		}

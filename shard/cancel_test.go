@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/wheel"
 )
 
 // gate holds a broker's traffic while it is shut, the way a network that
@@ -213,5 +214,45 @@ func TestInDoubtAfterLeaderChange(t *testing.T) {
 	s.fenceUntil = 1<<63 - 1 // not yet past the barrier: everything due is in doubt
 	if !s.inDoubt(raftfsm.Record{Seq: 2, State: raftfsm.StateScheduled, Due: 1 << 62}) {
 		t.Error("before the barrier, a scheduled event is not in doubt")
+	}
+}
+
+// TestRetriedEventsFire puts an event back into the wheel the way a failed
+// produce attempt does (settle with a retry delay), later than its due time,
+// and expects it produced at the retry. The wheel holds a retried event under
+// its retry time, but the firing path must read it under its due time, which
+// is half of its body's key: read under the retry time, it was not found and
+// was dropped.
+func TestRetriedEventsFire(t *testing.T) {
+	brokers := startBroker(t)
+	n := openNode(t, t.TempDir(), "", brokers, 1)
+	defer n.close()
+	s := n.host.Replica(0)
+	r := Request{ID: "retried", Delay: 300 * time.Millisecond, HasDelay: true, Topic: "retry", Payload: []byte("p")}
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+	res, err := n.host.Schedule(context.Background(), []Request{r})
+	if err != nil || res[0].Outcome != raftfsm.Created {
+		t.Fatalf("Schedule: %v %+v", err, res)
+	}
+	seq, due := res[0].Seq, res[0].Due
+
+	// Take it out of the wheel as the firing loop does, and settle it as a
+	// failed attempt: back in the wheel, 700 ms after its due time.
+	s.mu.Lock()
+	h, ok := s.handles[seq]
+	if !ok {
+		s.mu.Unlock()
+		t.Fatal("the event is not in the wheel (fired already?)")
+	}
+	s.wheel.Remove(h)
+	delete(s.handles, seq)
+	b := &fireBatch{entries: []wheel.Entry{{Ref: seq, Due: due}}, done: make(chan struct{})}
+	s.inflight[seq] = b
+	s.mu.Unlock()
+	s.settle(b, b.all(), time.Until(time.Unix(0, due))+700*time.Millisecond)
+
+	got, _ := consume(t, brokers, "retry", 1, 10*time.Second)
+	if _, ok := got[r.ID]; !ok {
+		t.Fatal("the retried event was never produced")
 	}
 }

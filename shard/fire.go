@@ -129,9 +129,13 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		var batch *fireBatch
 		if len(due) > 0 {
 			batch = &fireBatch{entries: slices.Clone(due), done: make(chan struct{})}
-			for _, e := range due {
+			for i, e := range batch.entries {
 				delete(s.handles, e.Ref)
 				s.inflight[e.Ref] = batch
+				if d, ok := s.retrying[e.Ref]; ok {
+					batch.entries[i].Due = d
+					delete(s.retrying, e.Ref)
+				}
 			}
 			s.sleepUntil = now
 		} else if next, ok := s.wheel.NextDue(); ok {
@@ -198,13 +202,13 @@ func (s *Shard) fireLoop(ctx context.Context) {
 // flight, and a batch no longer needs its slot once Kafka has answered, so
 // the next batch does not wait for this one's MarkFired to commit.
 func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
-	seqs := make([]uint64, len(b.entries))
+	refs := make([]raftfsm.Ref, len(b.entries))
 	for i, e := range b.entries {
-		seqs[i] = e.Ref
+		refs[i] = raftfsm.Ref{Seq: e.Ref, Due: e.Due}
 	}
-	recs, err := s.fsm.ReadForFire(seqs, nil)
+	recs, err := s.fsm.ReadForFire(refs, nil)
 	if err != nil {
-		s.logger.Error("reading due events", "err", err, "events", len(seqs))
+		s.logger.Error("reading due events", "err", err, "events", len(refs))
 		s.settle(b, b.all(), retryDelay)
 		return
 	}
@@ -247,7 +251,7 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 			continue
 		}
 		if o.DeadLettered {
-			dead = append(dead, raftfsm.DeadLettered{Seq: o.Seq, At: o.FiredAt, Attempts: o.Attempts, Error: o.Err, Topic: s.cfg.Publisher.DeadLetterTopic()})
+			dead = append(dead, raftfsm.DeadLettered{Seq: o.Seq, At: o.FiredAt, Attempts: o.Attempts, Error: o.Err, Topic: s.cfg.Publisher.DeadLetterTopic(), Due: out[i].Due})
 			s.metrics.DeadLettered.Inc()
 			continue
 		}
@@ -269,7 +273,7 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 		}
 	}
 	if len(dead) > 0 {
-		cmd := raftfsm.MarkDeadLettered{ProposedAt: s.cfg.Now().UnixNano(), Entries: dead}
+		cmd := raftfsm.MarkDeadLettered{ProposedAt: s.cfg.Now().UnixNano(), DueKnown: true, Entries: dead}
 		if _, err := s.apply(mctx, raftfsm.AppendMarkDeadLettered(nil, &cmd)); err == nil {
 			for _, d := range dead {
 				marked[d.Seq] = true
@@ -409,6 +413,9 @@ func (s *Shard) settle(b *fireBatch, requeue map[uint64]bool, delay time.Duratio
 		delete(s.inflight, e.Ref)
 		if requeue[e.Ref] {
 			s.handles[e.Ref] = s.wheel.Add(e.Ref, max(e.Due, retryAt))
+			if retryAt > e.Due {
+				s.retrying[e.Ref] = e.Due
+			}
 		}
 	}
 	s.mu.Unlock()

@@ -145,6 +145,10 @@ type Shard struct {
 	wheel    *wheel.Wheel
 	handles  map[uint64]wheel.Handle // pending events in the wheel, by seq
 	inflight map[uint64]*fireBatch   // events taken out of the wheel and not yet settled here
+	// retrying holds the due time of every event the wheel holds at a later
+	// retry time (settle), by seq. The wheel keeps one time per event, and
+	// the firing path needs the due time: it is half of the body's key.
+	retrying map[uint64]int64
 	// unsure holds, with the time it was noted, every event a produce
 	// attempt of which ended without the record being marked fired (a
 	// timeout, a lost leadership): the request may still reach the broker
@@ -197,6 +201,7 @@ func Open(cfg Config) (*Shard, error) {
 		metrics:      cfg.Metrics,
 		handles:      make(map[uint64]wheel.Handle),
 		inflight:     make(map[uint64]*fireBatch),
+		retrying:     make(map[uint64]int64),
 		unsure:       make(map[uint64]int64),
 		fenceUntil:   1<<63 - 1,
 		sleepUntil:   1<<63 - 1,
@@ -499,6 +504,7 @@ func (o *observer) Settled(seq uint64) {
 	if h, ok := s.handles[seq]; ok {
 		s.wheel.Remove(h)
 		delete(s.handles, seq)
+		delete(s.retrying, seq)
 	}
 	s.mu.Unlock()
 }
@@ -533,6 +539,7 @@ func (s *Shard) rebuildWheel() error {
 	}
 	s.mu.Lock()
 	s.wheel, s.handles = w, handles
+	clear(s.retrying)
 	s.mu.Unlock()
 	return nil
 }
