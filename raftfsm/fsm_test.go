@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/hashicorp/raft"
 )
@@ -587,5 +588,22 @@ func TestSnapshotIsAReference(t *testing.T) {
 	sameKeySpace(t, "restored from WriteSnapshot", before, dumpShard(t, other, 2))
 	if g.AppliedIndex() != f.AppliedIndex() {
 		t.Fatalf("restored AppliedIndex %d, want %d", g.AppliedIndex(), f.AppliedIndex())
+	}
+}
+
+// TestOldLayoutRefused: a shard stored in key layout 1 (meta byte 1) is refused by name, not
+// read as if it were layout 2.
+func TestOldLayoutRefused(t *testing.T) {
+	dir := t.TempDir()
+	st := openTestStore(t, dir, StoreOptions{})
+	defer st.Close()
+	m := freshMeta()
+	v := m.append(nil)
+	v[0] = 1
+	if err := st.db.Set(appendShardTag(nil, 4, tagMeta), v, pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewFSM(st, 4, nil); !errors.Is(err, ErrOldLayout) {
+		t.Fatalf("NewFSM over a layout 1 shard: %v, want ErrOldLayout", err)
 	}
 }
