@@ -26,19 +26,26 @@ import (
 // times grow with arrival (chimectl bench --delay); "due-at" gives every event a due time in
 // the same second, in random order (chimectl bench --due-at --spread 1s).
 func BenchmarkIngestCPU(b *testing.B) {
-	b.Run("delay", func(b *testing.B) { benchIngest(b, true) })
-	b.Run("due-at", func(b *testing.B) { benchIngest(b, false) })
+	b.Run("delay", func(b *testing.B) { benchIngest(b, true, 1) })
+	b.Run("due-at", func(b *testing.B) { benchIngest(b, false, 1) })
+	b.Run("delay-3-shards", func(b *testing.B) { benchIngest(b, true, 3) })
 }
 
-func benchIngest(b *testing.B, delay bool) {
+// benchIngest applies entries to shards FSMs in one store in turn, as a node holding
+// replicas of several shards does.
+func benchIngest(b *testing.B, delay bool, shards int) {
 	const batch = 500
 	st := openTestStore(b, b.TempDir(), StoreOptions{})
 	defer st.Close()
-	f, err := NewFSM(st, 1, nil)
-	if err != nil {
-		b.Fatal(err)
+	fsms := make([]*FSM, shards)
+	for i := range fsms {
+		f, err := NewFSM(st, uint32(i), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		fsms[i] = f
 	}
-	defer f.Close()
 	payload := make([]byte, 64)
 	prefix := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 10) + "-"
 	rnd := rand.New(rand.NewPCG(1, 2))
@@ -62,7 +69,7 @@ func benchIngest(b *testing.B, delay bool) {
 	before := cpuTime()
 	b.ResetTimer()
 	for i, data := range entries {
-		f.ApplyBatch([]*raft.Log{{Index: uint64(i + 1), Term: 1, Type: raft.LogCommand, Data: data}})
+		fsms[i%shards].ApplyBatch([]*raft.Log{{Index: uint64(i/shards + 1), Term: 1, Type: raft.LogCommand, Data: data}})
 	}
 	applied := b.Elapsed()
 	// The memtable's flush is part of the cost; then wait until the compactions it and the
