@@ -369,6 +369,9 @@ type applier struct {
 	buf []byte
 }
 
+// maxKeptScratch is the largest write queue an applier keeps for the next apply.
+const maxKeptScratch = 1 << 20
+
 type op struct {
 	k0, k1, v1 int
 	del        bool
@@ -401,6 +404,11 @@ func (a *applier) end() {
 		a.batch = nil
 	}
 	a.ops, a.buf = a.ops[:0], a.buf[:0]
+	if cap(a.buf) > maxKeptScratch {
+		// One apply of a large backlog queues tens of MB; kept by every shard's FSM
+		// between applies it counted against a node's memory (BENCHMARKS.md).
+		a.ops, a.buf = nil, nil
+	}
 	clear(a.ids)
 	clear(a.statuses)
 	a.notes = a.notes[:0]

@@ -239,13 +239,13 @@ func TestRetriedEventsFire(t *testing.T) {
 	// Take it out of the wheel as the firing loop does, and settle it as a
 	// failed attempt: back in the wheel, 700 ms after its due time.
 	s.mu.Lock()
-	h, ok := s.handles[seq]
+	h, ok := s.handles.get(seq)
 	if !ok {
 		s.mu.Unlock()
 		t.Fatal("the event is not in the wheel (fired already?)")
 	}
 	s.wheel.Remove(h)
-	delete(s.handles, seq)
+	s.handles.delete(seq)
 	b := &fireBatch{entries: []wheel.Entry{{Ref: seq, Due: due}}, done: make(chan struct{})}
 	s.inflight[seq] = b
 	s.mu.Unlock()

@@ -130,7 +130,7 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		if len(due) > 0 {
 			batch = &fireBatch{entries: slices.Clone(due), done: make(chan struct{})}
 			for i, e := range batch.entries {
-				delete(s.handles, e.Ref)
+				s.handles.delete(e.Ref)
 				s.inflight[e.Ref] = batch
 				if d, ok := s.retrying[e.Ref]; ok {
 					batch.entries[i].Due = d
@@ -412,7 +412,7 @@ func (s *Shard) settle(b *fireBatch, requeue map[uint64]bool, delay time.Duratio
 	for _, e := range b.entries {
 		delete(s.inflight, e.Ref)
 		if requeue[e.Ref] {
-			s.handles[e.Ref] = s.wheel.Add(e.Ref, max(e.Due, retryAt))
+			s.handles.set(e.Ref, s.wheel.Add(e.Ref, max(e.Due, retryAt)))
 			if retryAt > e.Due {
 				s.retrying[e.Ref] = e.Due
 			}

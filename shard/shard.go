@@ -143,8 +143,8 @@ type Shard struct {
 	// holds it only for in-memory work.
 	mu       sync.Mutex
 	wheel    *wheel.Wheel
-	handles  map[uint64]wheel.Handle // pending events in the wheel, by seq
-	inflight map[uint64]*fireBatch   // events taken out of the wheel and not yet settled here
+	handles  handleTable           // pending events in the wheel, by seq
+	inflight map[uint64]*fireBatch // events taken out of the wheel and not yet settled here
 	// retrying holds the due time of every event the wheel holds at a later
 	// retry time (settle), by seq. The wheel keeps one time per event, and
 	// the firing path needs the due time: it is half of the body's key.
@@ -199,7 +199,6 @@ func Open(cfg Config) (*Shard, error) {
 		tune:         cfg.Tuning,
 		logger:       cfg.Logger.With("shard", cfg.ID),
 		metrics:      cfg.Metrics,
-		handles:      make(map[uint64]wheel.Handle),
 		inflight:     make(map[uint64]*fireBatch),
 		retrying:     make(map[uint64]int64),
 		unsure:       make(map[uint64]int64),
@@ -490,7 +489,7 @@ type observer Shard
 func (o *observer) Scheduled(seq uint64, due int64) {
 	s := (*Shard)(o)
 	s.mu.Lock()
-	s.handles[seq] = s.wheel.Add(seq, due)
+	s.handles.set(seq, s.wheel.Add(seq, due))
 	wake := due < s.sleepUntil
 	s.mu.Unlock()
 	if wake {
@@ -501,9 +500,9 @@ func (o *observer) Scheduled(seq uint64, due int64) {
 func (o *observer) Settled(seq uint64) {
 	s := (*Shard)(o)
 	s.mu.Lock()
-	if h, ok := s.handles[seq]; ok {
+	if h, ok := s.handles.get(seq); ok {
 		s.wheel.Remove(h)
-		delete(s.handles, seq)
+		s.handles.delete(seq)
 		delete(s.retrying, seq)
 	}
 	s.mu.Unlock()
@@ -529,9 +528,9 @@ func (s *Shard) rebuildWheel() error {
 	if err != nil {
 		return err
 	}
-	handles := make(map[uint64]wheel.Handle)
+	var handles handleTable
 	err = s.fsm.LoadPending(func(seq uint64, due int64) error {
-		handles[seq] = w.Add(seq, due)
+		handles.set(seq, w.Add(seq, due))
 		return nil
 	})
 	if err != nil {
