@@ -313,15 +313,15 @@ func (c *Cluster) Changes() <-chan struct{} { return c.changes }
 // Epoch implements shard.Directory.
 func (c *Cluster) Epoch() uint64 { return c.epoch.Load() }
 
-// Applied implements shard.Directory.
-func (c *Cluster) Applied(ctx context.Context, node string, s uint32) (uint64, error) {
+// LogIndex implements shard.Directory.
+func (c *Cluster) LogIndex(ctx context.Context, node string, s uint32) (uint64, error) {
 	st, err := c.nodeStatus(ctx, node)
 	if err != nil {
 		return 0, err
 	}
 	for _, r := range st.Replicas {
 		if r.Shard == s {
-			return r.AppliedIndex, nil
+			return r.LastLogIndex, nil
 		}
 	}
 	return 0, fmt.Errorf("node %s has no replica of shard %d", node, s)

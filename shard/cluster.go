@@ -23,8 +23,12 @@ type Directory interface {
 	Leaving(node string) bool
 	// Replication is the cluster's replication factor.
 	Replication() int
-	// Applied asks node how far its replica of shard has applied the log.
-	Applied(ctx context.Context, node string, shard uint32) (uint64, error)
+	// LogIndex asks node for the last index of its replica's Raft log of
+	// shard: how far its log has come, which is what promoting it or handing
+	// it leadership needs. Not its applied index: a replica restored from an
+	// expanded snapshot reference holds state newer than its log (and its
+	// Raft configuration) until the entries after the reference arrive.
+	LogIndex(ctx context.Context, node string, shard uint32) (uint64, error)
 	// Members asks the shard's leader, through any node that knows it, for
 	// the shard's current voters and non-voters.
 	Members(ctx context.Context, shard uint32) (voters, nonvoters []string, err error)

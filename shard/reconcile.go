@@ -31,7 +31,7 @@ const (
 	// an election or an operator (transfer-leader) put it.
 	balanceWindow = time.Minute
 	// caughtUpLag is how many log entries a non-voter may trail the leader's
-	// applied index and still be promoted.
+	// log and still be promoted.
 	caughtUpLag    = 64
 	configTimeout  = 10 * time.Second
 	caughtUpPolled = 2 * time.Second
@@ -195,16 +195,22 @@ func (s *Shard) TransferLeadership(node, addr string) error {
 	return raftErr(s.raft.LeadershipTransferToServer(raft.ServerID(node), raft.ServerAddress(addr)).Error())
 }
 
-// caughtUp reports whether node's replica has applied nearly everything this
-// leader has.
+// caughtUp reports whether node's replica holds nearly every entry of this
+// leader's Raft log. It compares logs, not applied indexes: a replica that
+// installed an expanded snapshot reference has applied this leader's current
+// state while its log, and its Raft configuration, are still those of the
+// reference. Comparing applied indexes, a fault run promoted such a replica
+// and handed it leadership within a second of the install; it led with a
+// configuration that did not hold itself, and the shard lost its leader for
+// good (README, fault run 11).
 func (s *Shard) caughtUp(ctx context.Context, node string) bool {
 	ctx, cancel := context.WithTimeout(ctx, caughtUpPolled)
 	defer cancel()
-	applied, err := s.cfg.Directory.Applied(ctx, node, s.id)
+	last, err := s.cfg.Directory.LogIndex(ctx, node, s.id)
 	if err != nil {
 		return false
 	}
-	return applied+caughtUpLag >= s.fsm.AppliedIndex()
+	return last+caughtUpLag >= s.raft.LastIndex()
 }
 
 func (s *Shard) configChange(f raft.IndexFuture) {
