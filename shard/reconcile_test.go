@@ -1,6 +1,8 @@
 package shard
 
 import (
+	"context"
+	"errors"
 	"slices"
 	"testing"
 )
@@ -63,5 +65,54 @@ func TestPlan(t *testing.T) {
 				t.Errorf("plan = %+v; want kind %d node %q to[0] %q", got, c.kind, c.node, c.toHead)
 			}
 		})
+	}
+}
+
+// logDirectory answers LogIndex with a fixed index; nothing else is used.
+type logDirectory struct {
+	Directory
+	index uint64
+	err   error
+}
+
+func (d logDirectory) LogIndex(context.Context, string, uint32) (uint64, error) { return d.index, d.err }
+
+// TestCaughtUpComparesRaftLogs pins what "caught up" means for promoting a
+// non-voter and handing it leadership: its Raft log against the leader's,
+// not its applied index. A replica restored from an expanded snapshot
+// reference has applied the leader's whole state while its log (and its Raft
+// configuration) are still the reference's; judged by applied index, a fault
+// run promoted one and made it leader, and the shard lost its leader for
+// good. Here the leader's log runs ahead of its applied index by barriers,
+// which raft never hands to the FSM, as it runs ahead of a restored replica.
+func TestCaughtUpComparesRaftLogs(t *testing.T) {
+	n := openNode(t, t.TempDir(), "", startBroker(t), 1)
+	defer n.close()
+	s := n.host.Replica(0)
+	for range caughtUpLag + 16 {
+		if err := s.raft.Barrier(0).Error(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last, applied := s.raft.LastIndex(), s.fsm.AppliedIndex()
+	if last <= applied+caughtUpLag {
+		t.Fatalf("log at %d, applied %d: the barriers did not put the log ahead", last, applied)
+	}
+	ctx := context.Background()
+	for _, c := range []struct {
+		name  string
+		dir   logDirectory
+		ready bool
+	}{
+		{"log as far as the leader's applied state only", logDirectory{index: applied}, false},
+		{"log level with the leader's", logDirectory{index: last}, true},
+		{"log within the allowed lag", logDirectory{index: last - caughtUpLag}, true},
+		{"log just beyond the allowed lag", logDirectory{index: last - caughtUpLag - 1}, false},
+		{"node does not answer", logDirectory{err: errors.New("unreachable")}, false},
+	} {
+		probe := &Shard{cfg: Config{Directory: c.dir}, id: s.id, raft: s.raft, fsm: s.fsm}
+		if got := probe.caughtUp(ctx, "n2"); got != c.ready {
+			t.Errorf("%s: caughtUp = %v, want %v", c.name, got, c.ready)
+		}
 	}
 }
