@@ -75,7 +75,9 @@ type logDirectory struct {
 	err   error
 }
 
-func (d logDirectory) LogIndex(context.Context, string, uint32) (uint64, error) { return d.index, d.err }
+func (d logDirectory) LogIndex(context.Context, string, uint32) (uint64, error) {
+	return d.index, d.err
+}
 
 // TestCaughtUpComparesRaftLogs pins what "caught up" means for promoting a
 // non-voter and handing it leadership: its Raft log against the leader's,
