@@ -405,8 +405,8 @@ func (a *applier) end() {
 	}
 	a.ops, a.buf = a.ops[:0], a.buf[:0]
 	if cap(a.buf) > maxKeptScratch {
-		// One apply of a large backlog queues tens of MB; kept by every shard's FSM
-		// between applies it counted against a node's memory (BENCHMARKS.md).
+		// One apply of a large backlog queues tens of MB, which every shard's FSM
+		// would otherwise keep between applies.
 		a.ops, a.buf = nil, nil
 	}
 	clear(a.ids)
