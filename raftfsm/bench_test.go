@@ -23,16 +23,24 @@ func benchSchedule(seq int, proposedAt int64) *ScheduleBatch {
 	return c
 }
 
-// BenchmarkApplyScheduleBatch: one log entry of 256 new events with 200-byte payloads per
-// iteration, through ApplyBatch into Pebble on disk (NoSync, as in production).
-func BenchmarkApplyScheduleBatch(b *testing.B) {
+// openBenchFSM opens shard 1 in a store on disk with no observer, both closed when b ends.
+func openBenchFSM(b *testing.B) (*Store, *FSM) {
 	st := openTestStore(b, b.TempDir(), StoreOptions{})
-	defer st.Close()
 	f, err := NewFSM(st, 1, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
+	b.Cleanup(func() {
+		f.Close()
+		st.Close()
+	})
+	return st, f
+}
+
+// BenchmarkApplyScheduleBatch: one log entry of 256 new events with 200-byte payloads per
+// iteration, through ApplyBatch into Pebble on disk (NoSync, as in production).
+func BenchmarkApplyScheduleBatch(b *testing.B) {
+	_, f := openBenchFSM(b)
 	logs := make([]*raft.Log, 1)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -52,16 +60,8 @@ func BenchmarkApplyScheduleBatch(b *testing.B) {
 // log entry, carrying the due times the leader read (TypeMarkFiredDue), as the shard sends
 // them: apply settles each pending event from the in-memory pending set without reading it,
 // and writes only its small status and the due-index deletion, not the payload again.
-func BenchmarkApplyMarkFired(b *testing.B) { benchMarkFired(b, true) }
-
-func benchMarkFired(b *testing.B, dueKnown bool) {
-	st := openTestStore(b, b.TempDir(), StoreOptions{})
-	defer st.Close()
-	f, err := NewFSM(st, 1, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
+func BenchmarkApplyMarkFired(b *testing.B) {
+	_, f := openBenchFSM(b)
 	index := uint64(0)
 	apply := func(data []byte) interface{} {
 		index++
@@ -74,7 +74,7 @@ func benchMarkFired(b *testing.B, dueKnown bool) {
 	b.ResetTimer()
 	for i := range b.N {
 		b.StopTimer()
-		c := &MarkFired{ProposedAt: 2e18, DueKnown: dueKnown, Entries: make([]Fired, benchBatch)}
+		c := &MarkFired{ProposedAt: 2e18, DueKnown: true, Entries: make([]Fired, benchBatch)}
 		for j := range c.Entries {
 			c.Entries[j] = Fired{Seq: uint64(i*benchBatch + j + 1), FiredAt: 2e18, Attempts: 1, Due: 1e18 + int64(j)*1e6}
 		}

@@ -117,13 +117,7 @@ func cpuTime() time.Duration {
 // sstables first, as it is after a long wait.
 func BenchmarkReadForFire(b *testing.B) {
 	const events, batch = 1_000_000, 1024
-	st := openTestStore(b, b.TempDir(), StoreOptions{})
-	defer st.Close()
-	f, err := NewFSM(st, 1, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
+	st, f := openBenchFSM(b)
 	payload := make([]byte, 64)
 	rnd := rand.New(rand.NewPCG(1, 2))
 	for i := range events / 500 {
@@ -147,6 +141,7 @@ func BenchmarkReadForFire(b *testing.B) {
 	for i := range b.N {
 		from := (i * batch) % (events - batch)
 		refs := slices.Clone(order[from : from+batch])
+		var err error
 		recs, err = f.ReadForFire(refs, recs[:0])
 		if err != nil || len(recs) != batch {
 			b.Fatalf("read %d of %d: %v", len(recs), batch, err)
