@@ -1,8 +1,11 @@
 package raftfsm
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -68,6 +71,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		L0StopWritesThreshold:       24,
 		LBaseMaxBytes:               512 << 20,
 	}
+	po.Experimental.SpanPolicyFunc = regionSpans
 	// Every created event first checks that its id is new, a Get that misses. Without
 	// filters a miss searches every level; with them it is answered from memory. (Deeper
 	// levels inherit L0's policy.)
@@ -78,6 +82,38 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	}
 	return &Store{db: db, shards: make(map[uint32]struct{})}, nil
 }
+
+// regionSpans ends every sstable that flushes and compactions write at the
+// end of a region: the keys of one shard with one tag (bodies, due index,
+// ids, statuses). New keys arrive at the end of most regions (bodies and the
+// due index by due time, statuses by seq), so a memtable's keys are a thin
+// slice at the end of each. Flushed into one table per run of keys, that
+// table's key range spanned from the end of one region to the end of the
+// next and covered all of the second: every compaction into the base level
+// rewrote whole regions it added nothing to. Cut at region boundaries, a
+// table of new keys overlaps little or nothing below it and mostly moves
+// down without being rewritten.
+func regionSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
+	if len(start) < shardPrefixLen+1 {
+		// Every key of this store has a shard and a tag; a shorter one
+		// belongs to the region its zero-padded form starts.
+		start = append(slices.Clip(start), make([]byte, shardPrefixLen+1-len(start))...)
+	}
+	shard := binary.BigEndian.Uint32(start)
+	tag := start[shardPrefixLen]
+	if tag == 0xff {
+		if shard == math.MaxUint32 {
+			return pebble.SpanPolicy{}, nil, nil
+		}
+		return pebble.SpanPolicy{}, appendShardTag(nil, shard+1, 0), nil
+	}
+	return pebble.SpanPolicy{}, appendShardTag(nil, shard, tag+1), nil
+}
+
+// LSM describes the node's Pebble: its levels (tables, bytes, what was
+// flushed, compacted and moved into each), compactions, memtables, caches.
+// It is Pebble's own report, for operators and for BENCHMARKS.md.
+func (s *Store) LSM() string { return s.db.Metrics().String() }
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
