@@ -244,6 +244,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/pebble", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, n.store.LSM()) })
 	registerFaultHandlers(mux)
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
