@@ -30,6 +30,7 @@ import (
 type fireBatch struct {
 	entries []wheel.Entry
 	done    chan struct{} // closed when every entry is settled or back in the wheel
+	taken   time.Time     // when the firing loop took it out of the wheel
 }
 
 func (b *fireBatch) all() map[uint64]bool {
@@ -128,8 +129,10 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		due = s.wheel.Advance(now, due[:0], s.tune.FireBatch)
 		var batch *fireBatch
 		if len(due) > 0 {
-			batch = &fireBatch{entries: slices.Clone(due), done: make(chan struct{})}
+			batch = &fireBatch{entries: slices.Clone(due), done: make(chan struct{}), taken: time.Now()}
+			earliest := due[0].Due
 			for i, e := range batch.entries {
+				earliest = min(earliest, e.Due)
 				s.handles.delete(e.Ref)
 				s.inflight[e.Ref] = batch
 				if d, ok := s.retrying[e.Ref]; ok {
@@ -138,6 +141,7 @@ func (s *Shard) fireLoop(ctx context.Context) {
 				}
 			}
 			s.sleepUntil = now
+			s.metrics.FireStage.WithLabelValues("wake").Observe(time.Duration(now - earliest).Seconds())
 		} else if next, ok := s.wheel.NextDue(); ok {
 			s.sleepUntil = next
 		} else {
@@ -153,6 +157,7 @@ func (s *Shard) fireLoop(ctx context.Context) {
 				s.settle(batch, batch.all(), 0)
 				return
 			}
+			s.observeStage("slot", batch.taken)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -206,7 +211,9 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 	for i, e := range b.entries {
 		refs[i] = raftfsm.Ref{Seq: e.Ref, Due: e.Due}
 	}
+	start := time.Now()
 	recs, err := s.fsm.ReadForFire(refs, nil)
+	start = s.observeStage("read", start)
 	if err != nil {
 		s.logger.Error("reading due events", "err", err, "events", len(refs))
 		s.settle(b, b.all(), retryDelay)
@@ -231,7 +238,9 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 	// a thousand events can take longer than what is left of a lease, and
 	// when it was taken first, a draining backlog spent its CPU reading
 	// batches whose lease had run out by the time they could be sent.
+	start = time.Now()
 	deadline, err := s.leaseDeadline(ctx)
+	start = s.observeStage("lease", start)
 	if err != nil {
 		s.settle(b, b.all(), leaseRetry)
 		return
@@ -239,6 +248,7 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	outcomes := s.cfg.Publisher.Publish(ctx, out)
+	start = s.observeStage("produce", start)
 	release()
 
 	var (
@@ -263,7 +273,9 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 	mctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 	defer cancel()
 	if len(fired) > 0 {
-		if err := s.markFired(mctx, fired); err == nil {
+		err := s.markFired(mctx, fired)
+		s.observeStage("mark", start)
+		if err == nil {
 			for _, f := range fired {
 				marked[f.Seq] = true
 			}
@@ -423,6 +435,14 @@ func (s *Shard) settle(b *fireBatch, requeue map[uint64]bool, delay time.Duratio
 	if len(requeue) > 0 {
 		s.wake()
 	}
+}
+
+// observeStage records the time since start as stage of a fire batch and
+// returns the time it read.
+func (s *Shard) observeStage(stage string, start time.Time) time.Time {
+	now := time.Now()
+	s.metrics.FireStage.WithLabelValues(stage).Observe(now.Sub(start).Seconds())
+	return now
 }
 
 func toPublishHeaders(hs []raftfsm.Header) []publish.Header {

@@ -10,6 +10,13 @@ type Metrics struct {
 	DeadLettered        prometheus.Counter
 	ScheduleBatchEvents prometheus.Histogram
 	LeaderChanges       prometheus.Counter
+	// FireStage splits a fire batch's time by stage: wake (from the batch's
+	// earliest due time until the firing loop took it out of the wheel),
+	// slot (waiting for a free firing slot), read (Pebble), lease (waiting
+	// for a renewed leader lease), produce (until Kafka acknowledged) and
+	// mark (until MarkFired committed). Lateness is wake+slot+read+lease
+	// plus part of produce.
+	FireStage *prometheus.HistogramVec
 }
 
 // NewMetrics creates the instruments and registers them with reg, if not nil.
@@ -37,9 +44,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "chime_shard_leadership_gained_total",
 			Help: "Times a shard replica on this node became leader and started firing.",
 		}),
+		FireStage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "chime_fire_stage_seconds",
+			Help:    "Time a fire batch spent in each stage of firing (wake, slot, read, lease, produce, mark).",
+			Buckets: []float64{.0001, .0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"stage"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Lateness, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.LeaderChanges)
+		reg.MustRegister(m.Lateness, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.LeaderChanges, m.FireStage)
 	}
 	return m
 }
