@@ -367,6 +367,8 @@ type applier struct {
 	// The apply's writes, in the order made: key buf[k0:k1], value buf[k1:v1].
 	ops []op
 	buf []byte
+	// scratch for write's grouping, then the ops in key order
+	sorted []op
 }
 
 // maxKeptScratch is the largest write queue an applier keeps for the next apply.
@@ -403,11 +405,11 @@ func (a *applier) end() {
 		_ = a.batch.Close()
 		a.batch = nil
 	}
-	a.ops, a.buf = a.ops[:0], a.buf[:0]
+	a.ops, a.buf, a.sorted = a.ops[:0], a.buf[:0], a.sorted[:0]
 	if cap(a.buf) > maxKeptScratch {
 		// One apply of a large backlog queues tens of MB, which every shard's FSM
 		// would otherwise keep between applies.
-		a.ops, a.buf = nil, nil
+		a.ops, a.buf, a.sorted = nil, nil, nil
 	}
 	clear(a.ids)
 	clear(a.statuses)
@@ -439,10 +441,35 @@ func (a *applier) del(k []byte) {
 // created and deleted in the same apply): ties are broken by position in buf, which is the
 // order they were made in. (slices.SortStableFunc, which merges in place, was 11% of a
 // draining cluster's CPU.)
+//
+// Every key starts with the shard and its region's tag, so the writes are first grouped by
+// tag, in the order made (a counting sort), and each group is sorted alone. Bodies and the
+// due index are usually made in key order already, which pdqsort notices; only ids (and
+// statuses when a batch fires out of seq order) are really sorted. One sort of everything
+// interleaved was 8% of an ingesting cluster's CPU.
 func (a *applier) write() {
-	slices.SortFunc(a.ops, func(x, y op) int {
-		return cmp.Or(bytes.Compare(a.buf[x.k0:x.k1], a.buf[y.k0:y.k1]), cmp.Compare(x.k0, y.k0))
-	})
+	var start [257]int
+	for _, o := range a.ops {
+		start[a.buf[o.k0+shardPrefixLen]+1]++
+	}
+	for t := 1; t < len(start); t++ {
+		start[t] += start[t-1]
+	}
+	next := start
+	a.sorted = slices.Grow(a.sorted[:0], len(a.ops))[:len(a.ops)]
+	for _, o := range a.ops {
+		t := a.buf[o.k0+shardPrefixLen]
+		a.sorted[next[t]] = o
+		next[t]++
+	}
+	a.ops, a.sorted = a.sorted, a.ops
+	for t := 0; t < 256; t++ {
+		if g := a.ops[start[t]:start[t+1]]; len(g) > 1 {
+			slices.SortFunc(g, func(x, y op) int {
+				return cmp.Or(bytes.Compare(a.buf[x.k0:x.k1], a.buf[y.k0:y.k1]), cmp.Compare(x.k0, y.k0))
+			})
+		}
+	}
 	a.batch = a.f.db.NewBatchWithSize(len(a.buf) + 16*len(a.ops))
 	for _, o := range a.ops {
 		var err error
