@@ -73,9 +73,9 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		// stack up (a lookup then consults 12 bloom filters) cut what a
 		// 4.5M-event ingest compacted into L6 from 145 to 41 MB per node
 		// and raised the cluster's rate from 74,820 to 84,406 events/s.
-		L0CompactionThreshold:       12,
-		L0StopWritesThreshold:       24,
-		LBaseMaxBytes:               512 << 20,
+		L0CompactionThreshold: 12,
+		L0StopWritesThreshold: 24,
+		LBaseMaxBytes:         512 << 20,
 	}
 	po.Experimental.SpanPolicyFunc = regionSpans
 	// Every created event first checks that its id is new, a Get that misses. Without
