@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -18,12 +19,13 @@ import (
 // testNode is one node's worth of the real stack on loopback: Pebble, a Raft
 // port, the shards, and a publisher pointed at a kfake broker.
 type testNode struct {
-	t     *testing.T
-	dir   string
-	addr  string // Raft address, kept across restarts
-	store *raftfsm.Store
-	pub   *publish.Publisher
-	host  *Host
+	t       *testing.T
+	dir     string
+	addr    string // Raft address, kept across restarts
+	store   *raftfsm.Store
+	pub     *publish.Publisher
+	host    *Host
+	metrics *Metrics
 }
 
 func startBroker(t *testing.T) []string {
@@ -54,9 +56,10 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int) *tes
 		t.Fatal(err)
 	}
 	n.addr = ln.Addr().String()
+	n.metrics = NewMetrics(nil)
 	n.host, err = OpenHost(HostConfig{
 		NodeID: "n1", DataDir: dir + "/raft", Shards: shards, RaftListener: ln,
-		Store: n.store, Publisher: n.pub, Bootstrap: true,
+		Store: n.store, Publisher: n.pub, Bootstrap: true, Metrics: n.metrics,
 		Tuning: Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 			LeaderLeaseTimeout: 100 * time.Millisecond},
 	})
@@ -181,6 +184,10 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 		rec, ok, _ := n.host.Get(ctx, "soon-19")
 		return ok && rec.State == raftfsm.StateFired
 	})
+	// Every stage of firing was timed: wake, slot, read, lease, produce, mark.
+	if got := testutil.CollectAndCount(n.metrics.FireStage); got != 6 {
+		t.Fatalf("chime_fire_stage_seconds has %d stages, want 6", got)
+	}
 
 	// Restart before the 'later' events are due: they must fire from Pebble.
 	n.close()
