@@ -290,11 +290,7 @@ func (d *decoder) cancel() *Cancel {
 
 func (d *decoder) markFired(dueKnown bool) *MarkFired {
 	c := &MarkFired{ProposedAt: d.varint("proposedAt"), DueKnown: dueKnown}
-	minLen := minFiredLen
-	if dueKnown {
-		minLen++
-	}
-	n := d.count("entries", minLen)
+	n := d.markCount(minFiredLen, dueKnown)
 	if n > 0 {
 		c.Entries = make([]Fired, n)
 	}
@@ -313,11 +309,7 @@ func (d *decoder) markFired(dueKnown bool) *MarkFired {
 
 func (d *decoder) markDeadLettered(dueKnown bool) *MarkDeadLettered {
 	c := &MarkDeadLettered{ProposedAt: d.varint("proposedAt"), DueKnown: dueKnown}
-	minLen := minDeadLetteredLen
-	if dueKnown {
-		minLen++
-	}
-	n := d.count("entries", minLen)
+	n := d.markCount(minDeadLetteredLen, dueKnown)
 	if n > 0 {
 		c.Entries = make([]DeadLettered, n)
 	}
@@ -473,6 +465,15 @@ func (d *decoder) str(field string) string { return string(d.bytes(field)) }
 
 // count reads a list length and checks that that many items of at least minLen bytes each
 // fit in what is left.
+// markCount reads the entry count of a MarkFired or MarkDeadLettered, whose entries are at
+// least minLen bytes, one more when each carries its due time.
+func (d *decoder) markCount(minLen int, dueKnown bool) int {
+	if dueKnown {
+		minLen++
+	}
+	return d.count("entries", minLen)
+}
+
 func (d *decoder) count(field string, minLen int) int {
 	n := d.uvarint(field)
 	if d.err != nil {

@@ -30,7 +30,6 @@ import (
 type fireBatch struct {
 	entries []wheel.Entry
 	done    chan struct{} // closed when every entry is settled or back in the wheel
-	taken   time.Time     // when the firing loop took it out of the wheel
 }
 
 func (b *fireBatch) all() map[uint64]bool {
@@ -128,8 +127,10 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		s.mu.Lock()
 		due = s.wheel.Advance(now, due[:0], s.tune.FireBatch)
 		var batch *fireBatch
+		var taken time.Time // when batch left the wheel
 		if len(due) > 0 {
-			batch = &fireBatch{entries: slices.Clone(due), done: make(chan struct{}), taken: time.Now()}
+			taken = time.Now()
+			batch = &fireBatch{entries: slices.Clone(due), done: make(chan struct{})}
 			earliest := due[0].Due
 			for i, e := range batch.entries {
 				earliest = min(earliest, e.Due)
@@ -157,7 +158,7 @@ func (s *Shard) fireLoop(ctx context.Context) {
 				s.settle(batch, batch.all(), 0)
 				return
 			}
-			s.observeStage("slot", batch.taken)
+			s.observeStage("slot", taken)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
