@@ -110,7 +110,11 @@ func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
 	if list, err := metas.List(); err != nil || len(list) == 0 {
 		t.Fatalf("the new replica holds no snapshot (%v): it was not brought up by one", err)
 	}
-	if left, _ := filepath.Glob(filepath.Join(a.dir, "expand-*")); len(left) > 0 {
-		t.Fatalf("expansions left behind: %v", left)
-	}
+	// raft closes the expansion it sent (which deletes it) once the
+	// follower has answered the install, which can be after the follower
+	// has applied it and reports itself caught up.
+	waitFor(t, 5*time.Second, "no expansion is left behind", func() bool {
+		left, _ := filepath.Glob(filepath.Join(a.dir, "expand-*"))
+		return len(left) == 0
+	})
 }
