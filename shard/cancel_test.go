@@ -256,3 +256,53 @@ func TestRetriedEventsFire(t *testing.T) {
 		t.Fatal("the retried event was never produced")
 	}
 }
+
+// TestEarlyBatchHeldAndCancellable: a batch taken out of the wheel before its
+// due time (Tuning.FireLead) is produced no sooner than it is due, and an
+// event cancelled while its batch is held is not produced.
+func TestEarlyBatchHeldAndCancellable(t *testing.T) {
+	const lead = 400 * time.Millisecond
+	brokers := startBroker(t)
+	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) {
+		tu.FireLead = lead
+		tu.ClockSkewBound = 10 * time.Millisecond // no predecessor to fence off
+	})
+	defer n.close()
+	s := n.host.Replica(0)
+	var reqs []Request
+	for _, id := range []string{"kept", "cancelled"} {
+		r := Request{ID: id, Delay: 700 * time.Millisecond, HasDelay: true, Topic: "lead", Payload: []byte(id)}
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+		reqs = append(reqs, r)
+	}
+	res, err := n.host.Schedule(context.Background(), reqs)
+	if err != nil || res[0].Outcome != raftfsm.Created || res[1].Outcome != raftfsm.Created {
+		t.Fatalf("Schedule: %v %+v", err, res)
+	}
+	due := time.Unix(0, res[1].Due)
+
+	waitFor(t, 2*time.Second, "the batch is taken out of the wheel", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.inflight[res[1].Seq] != nil
+	})
+	if left := time.Until(due); left < lead/4 {
+		t.Fatalf("taken %v before its due time, want about %v", left, lead)
+	}
+	c, err := s.Cancel(context.Background(), "cancelled")
+	if err != nil || c.Outcome != raftfsm.Cancelled {
+		t.Fatalf("Cancel of an event held in an early batch: %v %+v", err, c)
+	}
+
+	got, _ := consume(t, brokers, "lead", 2, 3*time.Second)
+	k, ok := got["kept"]
+	if !ok {
+		t.Fatal("the kept event was never produced")
+	}
+	if k.fired.Before(k.due) {
+		t.Errorf("fired at %v, before its due time %v", k.fired, k.due)
+	}
+	if _, ok := got["cancelled"]; ok {
+		t.Error("the event cancelled while its batch was held was produced")
+	}
+}

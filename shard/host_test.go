@@ -38,7 +38,7 @@ func startBroker(t *testing.T) []string {
 	return c.ListenAddrs()
 }
 
-func openNode(t *testing.T, dir, addr string, brokers []string, shards int) *testNode {
+func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune ...func(*Tuning)) *testNode {
 	t.Helper()
 	n := &testNode{t: t, dir: dir}
 	var err error
@@ -57,11 +57,14 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int) *tes
 	}
 	n.addr = ln.Addr().String()
 	n.metrics = NewMetrics(nil)
+	tuning := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond}
+	for _, f := range tune {
+		f(&tuning)
+	}
 	n.host, err = OpenHost(HostConfig{
 		NodeID: "n1", DataDir: dir + "/raft", Shards: shards, RaftListener: ln,
-		Store: n.store, Publisher: n.pub, Bootstrap: true, Metrics: n.metrics,
-		Tuning: Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-			LeaderLeaseTimeout: 100 * time.Millisecond},
+		Store: n.store, Publisher: n.pub, Bootstrap: true, Metrics: n.metrics, Tuning: tuning,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -184,9 +187,9 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 		rec, ok, _ := n.host.Get(ctx, "soon-19")
 		return ok && rec.State == raftfsm.StateFired
 	})
-	// Every stage of firing was timed: wake, slot, read, lease, produce, mark.
-	if got := testutil.CollectAndCount(n.metrics.FireStage); got != 6 {
-		t.Fatalf("chime_fire_stage_seconds has %d stages, want 6", got)
+	// Every stage of firing was timed: wake, slot, read, hold, lease, produce, mark.
+	if got := testutil.CollectAndCount(n.metrics.FireStage); got != 7 {
+		t.Fatalf("chime_fire_stage_seconds has %d stages, want 7", got)
 	}
 
 	// Restart before the 'later' events are due: they must fire from Pebble.

@@ -10,12 +10,14 @@ type Metrics struct {
 	DeadLettered        prometheus.Counter
 	ScheduleBatchEvents prometheus.Histogram
 	LeaderChanges       prometheus.Counter
-	// FireStage splits a fire batch's time by stage: wake (from the batch's
-	// earliest due time until the firing loop took it out of the wheel),
-	// slot (waiting for a free firing slot), read (Pebble), lease (waiting
-	// for a renewed leader lease), produce (until Kafka acknowledged) and
-	// mark (until MarkFired committed). Lateness is wake+slot+read+lease
-	// plus part of produce.
+	// FireStage splits a fire batch's time by stage: wake (how late after
+	// its due time the batch went on: taken out of the wheel, or, for a
+	// batch taken early (Tuning.FireLead), let go by its hold), slot
+	// (waiting for a free firing slot), read (Pebble), hold (a batch taken
+	// early waiting for its due time), lease (waiting for a renewed leader
+	// lease), produce (until Kafka acknowledged) and mark (until MarkFired
+	// committed). A batch is late by wake, plus lease, plus, if it was not
+	// taken early, slot and read.
 	FireStage *prometheus.HistogramVec
 }
 
@@ -46,7 +48,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		FireStage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "chime_fire_stage_seconds",
-			Help:    "Time a fire batch spent in each stage of firing (wake, slot, read, lease, produce, mark).",
+			Help:    "Time a fire batch spent in each stage of firing (wake, slot, read, hold, lease, produce, mark).",
 			Buckets: []float64{.0001, .0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"stage"}),
 	}

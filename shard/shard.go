@@ -54,6 +54,10 @@ type Tuning struct {
 	// under load four were too few, so the firing loop waited for a slot
 	// while events fell due.
 	MaxFiring int
+	// FireLead is how long before its due time an event is taken out of
+	// the wheel and read, so that at the due time only the produce is left
+	// to do. Default 20 ms; negative means none. See fireLoop.
+	FireLead time.Duration
 	// Raft timeouts; zero keeps hashicorp/raft's defaults.
 	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout, CommitTimeout time.Duration
 	// SnapshotThreshold is the number of log entries between snapshots.
@@ -83,6 +87,12 @@ func (t *Tuning) fill() {
 	}
 	if t.MaxFiring <= 0 {
 		t.MaxFiring = 16
+	}
+	switch {
+	case t.FireLead == 0:
+		t.FireLead = 20 * time.Millisecond
+	case t.FireLead < 0:
+		t.FireLead = 0
 	}
 	if t.ClockSkewBound <= 0 {
 		t.ClockSkewBound = time.Second
@@ -402,9 +412,14 @@ func (s *Shard) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, er
 	r := res.Results[0]
 	if r.Outcome == raftfsm.Cancelled || r.Outcome == raftfsm.AlreadyCancelled {
 		// The cancel is applied, so no fire batch that starts from now on
-		// will produce the event; wait for one that started before.
+		// will produce the event; wait for one that started before,
+		// unless it has not begun to produce: applying the cancel marked
+		// the event in that batch, which then leaves it out (fire).
 		s.mu.Lock()
 		b := s.inflight[r.Seq]
+		if b != nil && !b.sending && b.cancelled[r.Seq] {
+			b = nil
+		}
 		s.mu.Unlock()
 		if b != nil {
 			select {
@@ -508,6 +523,14 @@ func (o *observer) Settled(seq uint64) {
 		s.wheel.Remove(h)
 		s.handles.delete(seq)
 		delete(s.retrying, seq)
+	} else if b := s.inflight[seq]; b != nil {
+		// A batch took it early (Tuning.FireLead) and may still be holding
+		// it: a cancel applied before the batch's due time keeps it from
+		// being produced, as it would have if the batch were not early.
+		if b.cancelled == nil {
+			b.cancelled = make(map[uint64]bool)
+		}
+		b.cancelled[seq] = true
 	}
 	s.mu.Unlock()
 }
