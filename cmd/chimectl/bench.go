@@ -43,7 +43,9 @@ While it runs it prints one line a second: events acknowledged, fired (by
 the chime-fired header, one second behind) and consumed in that second. At
 the end it prints the totals, the acknowledgement latency of the calls
 (p50/p99/max), fire lateness (chime-fired minus due, 1 ms resolution:
-p50/p99/p99.9/max), delivery lag (consumer receipt minus due), the number
+p50/p99/p99.9/max), the drain (from the earliest due time to the last
+chime-fired, and the rate over it: with --due-at, how fast a backlog that
+fell due at once went out), delivery lag (consumer receipt minus due), the number
 of records fired before they were due, duplicates, and, for chimed processes
 on this machine (--pids, or every process named chimed), CPU seconds per 1,000
 events and the peak resident memory. --json prints the summary as JSON;
@@ -139,6 +141,9 @@ type benchRun struct {
 	consumed      int
 	lastDue       int64
 	firstErr      error
+	// The earliest due time and the latest chime-fired of the records
+	// whose lateness is known, unix ms: the span in which they all went out.
+	firstDueMs, lastFiredMs int64
 }
 
 type benchSecond struct {
@@ -511,6 +516,10 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 		r.early++
 	}
 	r.late = append(r.late, late)
+	if len(r.late) == 1 || due/1e6 < r.firstDueMs {
+		r.firstDueMs = due / 1e6
+	}
+	r.lastFiredMs = max(r.lastFiredMs, fired)
 	r.lag = append(r.lag, float64(now.UnixNano()-due)/1e6)
 	sec := r.second(time.UnixMilli(fired))
 	sec.fired++
@@ -559,23 +568,30 @@ func mib(b int64) string {
 
 // benchSummary is what bench prints at the end (and --json emits).
 type benchSummary struct {
-	Events        int     `json:"events"`
-	Acked         int64   `json:"acked"`
-	Failed        int64   `json:"failed"`
-	FirstError    string  `json:"first_error,omitempty"`
-	SendSeconds   float64 `json:"send_seconds"`
-	AckedPerSec   float64 `json:"acked_per_second"`
-	PeakAckedSec  int     `json:"peak_acked_in_a_second"`
-	Calls         int     `json:"calls"`
-	AckP50Ms      float64 `json:"ack_p50_ms"`
-	AckP99Ms      float64 `json:"ack_p99_ms"`
-	AckMaxMs      float64 `json:"ack_max_ms"`
-	Consumed      int     `json:"consumed"`
-	Missing       int     `json:"missing"`
-	Duplicates    int     `json:"duplicates"`
-	Early         int     `json:"early"`
-	FiredPerSec   float64 `json:"fired_per_second"` // over the span from first to last fired second
-	PeakFiredSec  int     `json:"peak_fired_in_a_second"`
+	Events       int     `json:"events"`
+	Acked        int64   `json:"acked"`
+	Failed       int64   `json:"failed"`
+	FirstError   string  `json:"first_error,omitempty"`
+	SendSeconds  float64 `json:"send_seconds"`
+	AckedPerSec  float64 `json:"acked_per_second"`
+	PeakAckedSec int     `json:"peak_acked_in_a_second"`
+	Calls        int     `json:"calls"`
+	AckP50Ms     float64 `json:"ack_p50_ms"`
+	AckP99Ms     float64 `json:"ack_p99_ms"`
+	AckMaxMs     float64 `json:"ack_max_ms"`
+	Consumed     int     `json:"consumed"`
+	Missing      int     `json:"missing"`
+	Duplicates   int     `json:"duplicates"`
+	Early        int     `json:"early"`
+	FiredPerSec  float64 `json:"fired_per_second"` // over the span from first to last fired second
+	PeakFiredSec int     `json:"peak_fired_in_a_second"`
+	// DrainSeconds is from the earliest due time to the latest chime-fired
+	// of the records whose lateness is known (DrainFired of them), and
+	// DrainPerSec their rate over it: with --due-at, how fast a backlog
+	// that fell due at once went out, at millisecond resolution.
+	DrainFired    int     `json:"drain_fired"`
+	DrainSeconds  float64 `json:"drain_seconds"`
+	DrainPerSec   float64 `json:"drain_per_second"`
 	LateP50Ms     float64 `json:"late_p50_ms"`
 	LateP99Ms     float64 `json:"late_p99_ms"`
 	LateP999Ms    float64 `json:"late_p999_ms"`
@@ -634,6 +650,12 @@ func (r *benchRun) summary(sendEnd, end time.Time, procs []int, cpu float64) ben
 		}
 		s.FiredPerSec = float64(fired) / float64(last-first+1)
 	}
+	if s.DrainFired = len(r.late); s.DrainFired > 0 {
+		// At least a millisecond: the span of one record fired in the
+		// millisecond it fell due.
+		s.DrainSeconds = float64(max(r.lastFiredMs-r.firstDueMs, 1)) / 1000
+		s.DrainPerSec = float64(s.DrainFired) / s.DrainSeconds
+	}
 	if s.Acked > 0 {
 		s.CPUPer1000 = cpu / float64(s.Acked) * 1000
 	}
@@ -666,6 +688,7 @@ func (s benchSummary) print(c *cli) {
 	if s.consumeActive {
 		fmt.Fprintf(w, "consumed   %d records, %d missing, %d duplicates, %d early\n", s.Consumed, s.Missing, s.Duplicates, s.Early)
 		fmt.Fprintf(w, "fired      %.0f events/s from first to last firing second (peak second %d)\n", s.FiredPerSec, s.PeakFiredSec)
+		fmt.Fprintf(w, "drain      %d records out %.3f s after the first fell due: %.0f events/s (first due to last chime-fired)\n", s.DrainFired, s.DrainSeconds, s.DrainPerSec)
 		fmt.Fprintf(w, "lateness   p50 %.0f ms, p99 %.0f ms, p99.9 %.0f ms, max %.0f ms (chime-fired − due, 1 ms resolution)\n", s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs)
 		fmt.Fprintf(w, "lag        p50 %.1f ms, p99 %.1f ms, max %.1f ms (received by this consumer − due)\n", s.LagP50Ms, s.LagP99Ms, s.LagMaxMs)
 	}

@@ -91,6 +91,12 @@ func TestBenchAgainstARealNode(t *testing.T) {
 			t.Errorf("%s = %v, want %v", k, s[k], want)
 		}
 	}
+	// The records fell due over 0.5 s (200-700 ms after each call) and
+	// went out after the first fell due.
+	if s["drain_fired"] != float64(events) || s["drain_seconds"].(float64) < 0.4 || s["drain_seconds"].(float64) > 30 ||
+		s["drain_per_second"].(float64) != float64(events)/s["drain_seconds"].(float64) {
+		t.Errorf("drain figures: %v records over %v s at %v/s", s["drain_fired"], s["drain_seconds"], s["drain_per_second"])
+	}
 	if s["late_max_ms"].(float64) > 5000 || s["ack_p50_ms"].(float64) <= 0 || s["cpu_seconds_per_1000_events"].(float64) <= 0 || s["peak_rss_bytes"].(float64) <= 0 {
 		t.Errorf("implausible figures: %s", r.stdout)
 	}
