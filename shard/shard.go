@@ -383,7 +383,8 @@ func (s *Shard) Get(ctx context.Context, id string) (raftfsm.Record, bool, error
 
 // Cancel cancels the event id. When it reports Cancelled, no record of the
 // event can be produced any more: a fire batch that had already read the
-// event has finished, and no produce attempt of it is unanswered.
+// event has finished or will leave it out, and no produce attempt of it is
+// unanswered.
 //
 // When a record may still land (ErrProduceUnknown, ErrCancelUnsure) it says
 // so instead, and keeps saying so for as long as that holds: a repeated
@@ -524,9 +525,10 @@ func (o *observer) Settled(seq uint64) {
 		s.handles.delete(seq)
 		delete(s.retrying, seq)
 	} else if b := s.inflight[seq]; b != nil {
-		// A batch took it early (Tuning.FireLead) and may still be holding
-		// it: a cancel applied before the batch's due time keeps it from
-		// being produced, as it would have if the batch were not early.
+		// A fire batch holds it, reading it or waiting for its due time
+		// (Tuning.FireLead). Until the batch starts to produce, a cancel
+		// keeps the event out of it (fire), as it would if the event were
+		// still in the wheel.
 		if b.cancelled == nil {
 			b.cancelled = make(map[uint64]bool)
 		}
