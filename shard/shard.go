@@ -524,11 +524,12 @@ func (o *observer) Settled(seq uint64) {
 		s.wheel.Remove(h)
 		s.handles.delete(seq)
 		delete(s.retrying, seq)
-	} else if b := s.inflight[seq]; b != nil {
+	} else if b := s.inflight[seq]; b != nil && !b.sending {
 		// A fire batch holds it, reading it or waiting for its due time
 		// (Tuning.FireLead). Until the batch starts to produce, a cancel
 		// keeps the event out of it (fire), as it would if the event were
-		// still in the wheel.
+		// still in the wheel. (Once it produces, the batch's own MarkFired
+		// lands here for every event; there is nothing to mark then.)
 		if b.cancelled == nil {
 			b.cancelled = make(map[uint64]bool)
 		}

@@ -48,8 +48,9 @@ chime-fired, and the rate over it: with --due-at, how fast a backlog that
 fell due at once went out), delivery lag (consumer receipt minus due), the
 number of records fired before they were due, duplicates, and, for chimed
 processes on this machine (--pids, or every process named chimed), CPU
-seconds per 1,000 events and the peak resident memory. --json prints the summary as JSON;
---svg writes a plot of the rates and the lateness per second.
+seconds per 1,000 events and the peak resident memory. --json prints the
+summary as JSON; --svg writes a plot of the rates and the lateness per
+second.
 
 Ids are <--id-prefix><n>, unique per run unless --id-prefix is given, so a
 rerun with the same prefix measures idempotent re-sends instead.`,
