@@ -56,7 +56,9 @@
 // goroutine concurrently with them: each read uses one Pebble iterator, so it sees one
 // committed state. While a restore is unfinished, reads return ErrRestoring rather than a
 // half-loaded shard. The Observer is called on the apply goroutine, after the batch is
-// committed, in apply order; it must be cheap (the wheel insert/remove is).
+// committed, in apply order; it must be cheap (the wheel insert/remove is). Each FSM also runs
+// one background goroutine after it opens and after each Restore: the scan that completes its
+// id filter (idFilter), which Close, Restore and Store.Close stop and wait for.
 //
 // # Key layout
 //

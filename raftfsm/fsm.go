@@ -227,6 +227,9 @@ func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
 		st.release(shard)
 		return nil, err
 	}
+	if !f.restoring {
+		f.startIDFilter(int(f.meta.nextSeq - 1))
+	}
 	return f, nil
 }
 
@@ -261,8 +264,12 @@ func (f *FSM) load() error {
 	return nil
 }
 
-// Close releases the shard's claim on the Store. The FSM must not be used afterwards.
-func (f *FSM) Close() { f.st.release(f.shard) }
+// Close stops the FSM's background work and releases the shard's claim on the Store. The FSM
+// must not be used afterwards, and raft must have stopped applying to it.
+func (f *FSM) Close() {
+	f.stopIDFilter()
+	f.st.release(f.shard)
+}
 
 // Shard returns the shard id.
 func (f *FSM) Shard() uint32 { return f.shard }
@@ -360,6 +367,7 @@ type applier struct {
 
 	ids      map[string]idRef
 	statuses map[uint64]status
+	idf      *idFilter // nil while a restore runs; see idFilter
 	notes    []note
 
 	key, val []byte // scratch; set copies
@@ -506,6 +514,9 @@ func (a *applier) get(k []byte) (v []byte, found bool) {
 func (a *applier) lookupID(id string) (idRef, bool) {
 	if ref, ok := a.ids[id]; ok {
 		return ref, true
+	}
+	if a.idf != nil && a.idf.certainlyNew(id) {
+		return idRef{}, false
 	}
 	a.key = appendIDKey(a.key[:0], a.f.shard, id)
 	v, ok := a.get(a.key)
@@ -662,6 +673,9 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 		a.m.nextSeq++
 		ref := idRef{seq: seq, hash: e.ContentHash, due: e.Due}
 		a.ids[e.ID] = ref
+		if a.idf != nil {
+			a.idf.add(e.ID)
+		}
 		a.key = appendIDKey(a.key[:0], a.f.shard, e.ID)
 		a.val = ref.append(a.val[:0])
 		a.set(a.key, a.val)

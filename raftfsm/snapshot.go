@@ -223,9 +223,11 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 		return fmt.Errorf("raftfsm: shard %d: restore: %w", f.shard, err)
 	}
 	f.pending = pendingSet{} // rebuilt from the restored state by LoadPending or the next apply
+	f.stopIDFilter()         // its ids are about to be replaced; a restore that fails leaves none
 	if err := f.restoreFrom(&r, index, term); err != nil {
 		return fmt.Errorf("raftfsm: shard %d: restore snapshot at %d: %w", f.shard, index, err)
 	}
+	f.startIDFilter(int(f.meta.nextSeq - 1))
 	f.obs.Reset()
 	return nil
 }

@@ -40,6 +40,12 @@ type Store struct {
 
 	mu     sync.Mutex
 	shards map[uint32]struct{} // shards with an open FSM; guarded by mu
+
+	// Background reads of the FSMs (their id filters' scans) stop when closing is closed,
+	// and Close waits for them, so that none reads a closed database.
+	closing   chan struct{}
+	closeOnce sync.Once
+	scans     sync.WaitGroup
 }
 
 // OpenStore opens (creating if needed) the Pebble database in dir.
@@ -86,7 +92,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftfsm: open pebble in %s: %w", dir, err)
 	}
-	return &Store{db: db, shards: make(map[uint32]struct{})}, nil
+	return &Store{db: db, shards: make(map[uint32]struct{}), closing: make(chan struct{})}, nil
 }
 
 // regionSpans ends every sstable that flushes and compactions write at the
@@ -121,8 +127,12 @@ func regionSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
 // It is Pebble's own report, for operators and for BENCHMARKS.md.
 func (s *Store) LSM() string { return s.db.Metrics().String() }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close stops the FSMs' background reads and closes the database.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { close(s.closing) })
+	s.scans.Wait()
+	return s.db.Close()
+}
 
 // Sync makes every write committed so far durable by syncing Pebble's WAL. Apply writes
 // without syncing (the Raft log is the durability point); Snapshot calls Sync so that raft

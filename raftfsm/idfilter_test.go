@@ -1,0 +1,145 @@
+package raftfsm
+
+import (
+	"hash/maphash"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestIDFilterHasNoFalseNegatives: every id added is "maybe" in every later generation mix,
+// and ids never added are mostly "certainly new".
+func TestIDFilterHasNoFalseNegatives(t *testing.T) {
+	idf := &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{newBloomGen(1000)}}
+	idf.ready.Store(true)
+	const n = 200_000
+	for i := range n {
+		idf.add("event-" + strconv.Itoa(i))
+	}
+	if len(idf.gens) != 5 { // 1,000 + 4,000 + 16,000 + 64,000 + 256,000
+		t.Fatalf("%d generations for %d ids from a capacity of 1,000; want 5", len(idf.gens), n)
+	}
+	for i := range n {
+		if id := "event-" + strconv.Itoa(i); idf.certainlyNew(id) {
+			t.Fatalf("%q was added, and the filter says it is certainly new", id)
+		}
+	}
+	maybe := 0
+	for i := range n {
+		if !idf.certainlyNew("other-" + strconv.Itoa(i)) {
+			maybe++
+		}
+	}
+	if rate := float64(maybe) / n; rate > 0.03 {
+		t.Fatalf("false-positive rate %.2f%%, want at most 3%%", 100*rate)
+	}
+	idf.ready.Store(false)
+	if idf.certainlyNew("other-1") {
+		t.Fatal("a filter whose scan has not finished said an id is certainly new")
+	}
+}
+
+// scheduleIDs applies one ScheduleBatch creating ids at index and returns the outcomes.
+func scheduleIDs(t *testing.T, f *FSM, index uint64, ids []string, hash uint64) []ScheduleOutcome {
+	t.Helper()
+	c := &ScheduleBatch{ProposedAt: 1e18, Events: make([]NewEvent, len(ids))}
+	for i, id := range ids {
+		c.Events[i] = NewEvent{ID: id, Due: 2e18, Topic: "t", ContentHash: hash}
+	}
+	res, ok := f.Apply(cmdLog(index, c)).(*ScheduleBatchResult)
+	if !ok {
+		t.Fatalf("apply at %d: %T", index, res)
+	}
+	out := make([]ScheduleOutcome, len(res.Results))
+	for i, r := range res.Results {
+		out[i] = r.Outcome
+	}
+	return out
+}
+
+func idRange(prefix string, from, to int) []string {
+	ids := make([]string, 0, to-from)
+	for i := from; i < to; i++ {
+		ids = append(ids, prefix+strconv.Itoa(i))
+	}
+	return ids
+}
+
+func waitIDFilter(t *testing.T, f *FSM) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !f.ap.idf.ready.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the id filter's scan did not finish in 10 s")
+		}
+	}
+}
+
+func wantOutcomes(t *testing.T, what string, got []ScheduleOutcome, want ScheduleOutcome) {
+	t.Helper()
+	for i, o := range got {
+		if o != want {
+			t.Fatalf("%s: event %d: %v, want %v", what, i, o, want)
+		}
+	}
+}
+
+// TestIDFilterCoversStoredIDs: a reopened or restored shard's filter holds the ids stored
+// before it (the scan) and those applied while the scan ran, so an id is never created twice.
+func TestIDFilterCoversStoredIDs(t *testing.T) {
+	dir := t.TempDir()
+	st := openTestStore(t, dir, StoreOptions{})
+	f, _ := newTestFSM(t, st, 3)
+	const n = 20_000
+	var index uint64
+	for from := 0; from < n; from += 5000 {
+		index++
+		wantOutcomes(t, "first schedule", scheduleIDs(t, f, index, idRange("old-", from, from+5000), 1), Created)
+	}
+	f.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Hold the reopened shard's scan with its iterator open, and apply while it waits: those
+	// ids are not in the scan's view, so apply must add them.
+	opened, release := make(chan struct{}), make(chan struct{})
+	testHookIDScan = func() { opened <- struct{}{}; <-release }
+	defer func() { testHookIDScan = nil }()
+	st = openTestStore(t, dir, StoreOptions{})
+	defer st.Close()
+	f, _ = newTestFSM(t, st, 3)
+	defer f.Close()
+	var once sync.Once
+	releaseScan := func() { once.Do(func() { close(release) }) }
+	defer releaseScan() // before Close, which waits for the scan
+	<-opened
+	index++
+	wantOutcomes(t, "new ids during the scan", scheduleIDs(t, f, index, idRange("new-", 0, 1000), 1), Created)
+	index++
+	wantOutcomes(t, "stored ids during the scan", scheduleIDs(t, f, index, idRange("old-", 0, n), 1), Existing)
+	releaseScan()
+	waitIDFilter(t, f)
+	index++
+	wantOutcomes(t, "stored ids after the scan", scheduleIDs(t, f, index, idRange("old-", 0, n), 2), Conflict)
+	index++
+	wantOutcomes(t, "ids applied during the scan", scheduleIDs(t, f, index, idRange("new-", 0, 1000), 1), Existing)
+
+	// A restore replaces the ids: the filter is rebuilt from the restored state.
+	snap := snapshotBytes(t, f)
+	testHookIDScan = nil
+	st2 := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st2.Close()
+	g, _ := newTestFSM(t, st2, 3)
+	defer g.Close()
+	wantOutcomes(t, "other replica", scheduleIDs(t, g, 1, idRange("gone-", 0, 1000), 1), Created)
+	waitIDFilter(t, g)
+	if err := restore(g, snap); err != nil {
+		t.Fatal(err)
+	}
+	waitIDFilter(t, g)
+	index++
+	wantOutcomes(t, "restored ids", scheduleIDs(t, g, index, idRange("old-", 0, n), 1), Existing)
+	index++
+	wantOutcomes(t, "ids the restore replaced", scheduleIDs(t, g, index, idRange("gone-", 0, 1000), 1), Created)
+}
