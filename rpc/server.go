@@ -60,7 +60,7 @@ func Register(gs *grpc.Server, s *Server) {
 
 // Schedule validates one event and schedules it.
 func (s *Server) Schedule(ctx context.Context, in *chimev1.ScheduleRequest) (*chimev1.ScheduleResponse, error) {
-	req, ferr := s.checkEvent("event", in.GetEvent(), s.now())
+	req, ferr := s.checkEvent(singleEvent, in.GetEvent(), s.now())
 	if ferr != nil {
 		return nil, status.Error(codes.InvalidArgument, ferr.Error())
 	}
@@ -71,7 +71,7 @@ func (s *Server) Schedule(ctx context.Context, in *chimev1.ScheduleRequest) (*ch
 	if len(results) != 1 {
 		return nil, s.backendStatus("Schedule", fmt.Errorf("backend returned %d results for 1 request", len(results)))
 	}
-	res, rerr := s.scheduleResult("event", req, results[0])
+	res, rerr := s.scheduleResult(singleEvent, req, results[0])
 	if rerr != nil {
 		return nil, rerr
 	}
@@ -95,7 +95,7 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 	reqs := make([]shard.Request, 0, len(events))
 	at := make([]int, 0, len(events)) // at[j] is the index in events of reqs[j]
 	for i, ev := range events {
-		req, ferr := s.checkEvent(fmt.Sprintf("events[%d]", i), ev, now)
+		req, ferr := s.checkEvent(eventPath(i), ev, now)
 		if ferr != nil {
 			out[i] = &chimev1.ScheduleResult{Id: ev.GetId(), Code: int32(codes.InvalidArgument), Message: ferr.Error()}
 			continue
@@ -113,7 +113,7 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 		}
 		for j, r := range results {
 			i := at[j]
-			res, rerr := s.scheduleResult(fmt.Sprintf("events[%d]", i), reqs[j], r)
+			res, rerr := s.scheduleResult(eventPath(i), reqs[j], r)
 			if rerr != nil {
 				st := status.Convert(rerr)
 				res = &chimev1.ScheduleResult{Id: reqs[j].ID, Code: int32(st.Code()), Message: st.Message()}
@@ -126,7 +126,7 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 
 // scheduleResult turns one Backend result into the client's answer, or a
 // status error (ALREADY_EXISTS for a Conflict).
-func (s *Server) scheduleResult(path string, req shard.Request, r shard.Result) (*chimev1.ScheduleResult, error) {
+func (s *Server) scheduleResult(path eventPath, req shard.Request, r shard.Result) (*chimev1.ScheduleResult, error) {
 	switch r.Outcome {
 	case raftfsm.Created, raftfsm.Existing:
 		return &chimev1.ScheduleResult{

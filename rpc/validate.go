@@ -3,6 +3,7 @@ package rpc
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,60 +44,75 @@ var (
 // topicRule is the rule publish.ValidTopic enforces, worded for a message.
 const topicRule = `1-249 characters of [a-zA-Z0-9._-], not "." or ".."`
 
+// eventPath names the event a request carries, for errors: "event" in a Schedule, "events[i]"
+// in a BatchSchedule. It is formatted only when there is an error to report (formatting every
+// event's path up front was 1.7% of an ingesting cluster's CPU).
+type eventPath int
+
+// singleEvent is the path of a Schedule's one event.
+const singleEvent eventPath = -1
+
+func (p eventPath) String() string {
+	if p == singleEvent {
+		return "event"
+	}
+	return "events[" + strconv.Itoa(int(p)) + "]"
+}
+
 // checkEvent validates ev (found at path in the request) against every rule
 // and, if it passes, returns the shard.Request to schedule: id generated if
 // empty, ContentHash computed. It reports the first rule broken, in field
 // order. Nothing here has side effects beyond reading the clock value now.
-func (s *Server) checkEvent(path string, ev *chimev1.Event, now time.Time) (shard.Request, *fieldError) {
+func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (shard.Request, *fieldError) {
 	lim := s.limits
 	if ev == nil {
-		return shard.Request{}, invalid(path, "required")
+		return shard.Request{}, invalid(path.String(), "required")
 	}
 	if n := len(ev.Id); n > lim.MaxIDBytes {
-		return shard.Request{}, invalid(path+".id", "%d bytes, at most %d allowed", n, lim.MaxIDBytes)
+		return shard.Request{}, invalid(path.String()+".id", "%d bytes, at most %d allowed", n, lim.MaxIDBytes)
 	}
 
 	switch {
 	case ev.Topic == "":
-		return shard.Request{}, invalid(path+".topic", "required")
+		return shard.Request{}, invalid(path.String()+".topic", "required")
 	case len(ev.Topic) > 249:
-		return shard.Request{}, invalid(path+".topic", "%d characters is not a valid Kafka topic name (%s)", len(ev.Topic), topicRule)
+		return shard.Request{}, invalid(path.String()+".topic", "%d characters is not a valid Kafka topic name (%s)", len(ev.Topic), topicRule)
 	case publish.ValidTopic(ev.Topic) != nil:
-		return shard.Request{}, invalid(path+".topic", "%q is not a valid Kafka topic name (%s)", ev.Topic, topicRule)
+		return shard.Request{}, invalid(path.String()+".topic", "%q is not a valid Kafka topic name (%s)", ev.Topic, topicRule)
 	}
 
 	req := shard.Request{ID: ev.Id, Topic: ev.Topic}
 	switch {
 	case ev.DeliverAt != nil && ev.Delay != nil:
-		return shard.Request{}, invalid(path, "set exactly one of deliver_at and delay (both are set)")
+		return shard.Request{}, invalid(path.String(), "set exactly one of deliver_at and delay (both are set)")
 	case ev.DeliverAt == nil && ev.Delay == nil:
-		return shard.Request{}, invalid(path, "set exactly one of deliver_at and delay (neither is set)")
+		return shard.Request{}, invalid(path.String(), "set exactly one of deliver_at and delay (neither is set)")
 	case ev.DeliverAt != nil:
 		if err := ev.DeliverAt.CheckValid(); err != nil {
-			return shard.Request{}, invalid(path+".deliver_at", "not a valid Timestamp: %v", err)
+			return shard.Request{}, invalid(path.String()+".deliver_at", "not a valid Timestamp: %v", err)
 		}
 		at := ev.DeliverAt.AsTime()
 		if at.Before(minDue) || at.After(maxDue) {
-			return shard.Request{}, invalid(path+".deliver_at", "%s is outside the times Chime can store (%s to %s)",
+			return shard.Request{}, invalid(path.String()+".deliver_at", "%s is outside the times Chime can store (%s to %s)",
 				at.Format(time.RFC3339Nano), minDue.Format(time.RFC3339Nano), maxDue.Format(time.RFC3339Nano))
 		}
 		if at.Sub(now) > lim.MaxHorizon {
-			return shard.Request{}, invalid(path+".deliver_at", "%s is more than %s ahead (--max-horizon)",
+			return shard.Request{}, invalid(path.String()+".deliver_at", "%s is more than %s ahead (--max-horizon)",
 				at.Format(time.RFC3339Nano), formatHorizon(lim.MaxHorizon))
 		}
 		req.HasDeliverAt = true
 		req.DeliverAt = at.UnixNano()
 	default:
 		if err := ev.Delay.CheckValid(); err != nil {
-			return shard.Request{}, invalid(path+".delay", "not a valid Duration: %v", err)
+			return shard.Request{}, invalid(path.String()+".delay", "not a valid Duration: %v", err)
 		}
 		if ev.Delay.Seconds < 0 || ev.Delay.Nanos < 0 {
-			return shard.Request{}, invalid(path+".delay", "must not be negative (got %s)", durationText(ev.Delay.Seconds, ev.Delay.Nanos))
+			return shard.Request{}, invalid(path.String()+".delay", "must not be negative (got %s)", durationText(ev.Delay.Seconds, ev.Delay.Nanos))
 		}
 		// AsDuration saturates at ~292 years, which is beyond any horizon
 		// an int64 of nanoseconds can express, so the comparison holds.
 		if d := ev.Delay.AsDuration(); d > lim.MaxHorizon {
-			return shard.Request{}, invalid(path+".delay", "%s is more than %s (--max-horizon)",
+			return shard.Request{}, invalid(path.String()+".delay", "%s is more than %s (--max-horizon)",
 				durationText(ev.Delay.Seconds, ev.Delay.Nanos), formatHorizon(lim.MaxHorizon))
 		}
 		req.HasDelay = true
@@ -104,13 +120,13 @@ func (s *Server) checkEvent(path string, ev *chimev1.Event, now time.Time) (shar
 	}
 
 	if n := len(ev.Key); n > lim.MaxKeyBytes {
-		return shard.Request{}, invalid(path+".key", "%d bytes, at most %d allowed", n, lim.MaxKeyBytes)
+		return shard.Request{}, invalid(path.String()+".key", "%d bytes, at most %d allowed", n, lim.MaxKeyBytes)
 	}
 	if n := len(ev.Payload); n > lim.MaxPayloadBytes {
-		return shard.Request{}, invalid(path+".payload", "%d bytes, at most %d allowed (--max-payload)", n, lim.MaxPayloadBytes)
+		return shard.Request{}, invalid(path.String()+".payload", "%d bytes, at most %d allowed (--max-payload)", n, lim.MaxPayloadBytes)
 	}
 	if n := len(ev.Headers); n > lim.MaxHeaders {
-		return shard.Request{}, invalid(path+".headers", "%d headers, at most %d allowed", n, lim.MaxHeaders)
+		return shard.Request{}, invalid(path.String()+".headers", "%d headers, at most %d allowed", n, lim.MaxHeaders)
 	}
 	headerBytes := 0
 	for i, h := range ev.Headers {
@@ -124,7 +140,7 @@ func (s *Server) checkEvent(path string, ev *chimev1.Event, now time.Time) (shar
 		headerBytes += len(h.Key) + len(h.Value)
 	}
 	if headerBytes > lim.MaxHeaderBytes {
-		return shard.Request{}, invalid(path+".headers", "%d bytes of keys and values, at most %d allowed", headerBytes, lim.MaxHeaderBytes)
+		return shard.Request{}, invalid(path.String()+".headers", "%d bytes of keys and values, at most %d allowed", headerBytes, lim.MaxHeaderBytes)
 	}
 
 	req.Key = ev.Key
