@@ -261,12 +261,14 @@ func (d *decoder) scheduleBatch() *ScheduleBatch {
 	if n > 0 {
 		c.Events = make([]NewEvent, n)
 	}
+	prevTopic := ""
 	for i := range c.Events {
 		e := &c.Events[i]
 		d.at("events", i)
 		e.ID = d.str("id")
 		e.Due = d.varint("due")
-		e.Topic = d.str("topic")
+		e.Topic = d.strLike("topic", prevTopic)
+		prevTopic = e.Topic
 		e.Key = d.bytes("key")
 		e.Payload = d.bytes("payload")
 		e.Headers = d.headers()
@@ -462,6 +464,15 @@ func (d *decoder) bytes(field string) []byte {
 }
 
 func (d *decoder) str(field string) string { return string(d.bytes(field)) }
+
+// strLike is str returning prev, without allocating, when the bytes spell it: the events of a
+// batch mostly share one topic.
+func (d *decoder) strLike(field, prev string) string {
+	if b := d.bytes(field); string(b) != prev {
+		return string(b)
+	}
+	return prev
+}
 
 // count reads a list length and checks that that many items of at least minLen bytes each
 // fit in what is left.

@@ -512,11 +512,13 @@ func (a *applier) get(k []byte) (v []byte, found bool) {
 }
 
 func (a *applier) lookupID(id string) (idRef, bool) {
-	if ref, ok := a.ids[id]; ok {
-		return ref, true
-	}
+	// The filter also holds the ids this apply created, so "certainly new" skips the
+	// overlay as well as Pebble.
 	if a.idf != nil && a.idf.certainlyNew(id) {
 		return idRef{}, false
+	}
+	if ref, ok := a.ids[id]; ok {
+		return ref, true
 	}
 	a.key = appendIDKey(a.key[:0], a.f.shard, id)
 	v, ok := a.get(a.key)
