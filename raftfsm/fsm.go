@@ -228,7 +228,7 @@ func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
 		return nil, err
 	}
 	if !f.restoring {
-		f.startIDFilter(int(f.meta.nextSeq - 1))
+		f.newIDFilter(int(f.meta.nextSeq - 1))
 	}
 	return f, nil
 }

@@ -22,7 +22,10 @@ import (
 //
 //  1. The FSM creates the filter before anything can be applied to it (NewFSM, or the end of
 //     a Restore), and from then on every apply adds the ids it creates.
-//  2. Then a goroutine opens a Pebble iterator over the shard's ids and adds each one.
+//  2. Once the pending events are loaded (LoadPending), so that the scan does not delay a
+//     restarting shard's wheel, a goroutine opens a Pebble iterator over the shard's ids and
+//     adds each one. A node runs one scan at a time, so that a restart's scans take one core
+//     at most, not one per shard.
 //
 // Every id is therefore committed before the iterator opened, and scanned, or applied after
 // the filter existed, and added. Until the scan ends the filter answers "maybe" for
@@ -38,8 +41,9 @@ type idFilter struct {
 	gens  []*bloomGen // apply goroutine only; the scan holds its own pointer to gens[0]
 	ready atomic.Bool // the scan has added every id stored before it began
 
-	stop chan struct{} // closed to end the scan early
-	done chan struct{} // closed when the scan goroutine has returned
+	scanning bool          // a scan was started; apply goroutine only
+	stop     chan struct{} // closed to end the scan early
+	done     chan struct{} // closed when the scan goroutine has returned
 }
 
 const (
@@ -98,19 +102,37 @@ func (g *bloomGen) mayContain(h uint64) bool {
 	return true
 }
 
-// startIDFilter gives the FSM a new filter and starts the scan that completes it. existing is
-// how many ids the shard holds now. Called on the apply goroutine (or before it exists), with
-// no filter running.
-func (f *FSM) startIDFilter(existing int) {
+// newIDFilter gives the FSM a new filter, which scanIDFilter completes. existing is how many
+// ids the shard holds now. Called on the apply goroutine (or before it exists), with no filter
+// running.
+func (f *FSM) newIDFilter(existing int) {
 	g := newBloomGen(max(minFilterIDs, 2*existing))
 	g.added = existing
-	idf := &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{g}, stop: make(chan struct{}), done: make(chan struct{})}
-	f.ap.idf = idf
-	f.st.scans.Add(1)
+	f.ap.idf = &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{g}, stop: make(chan struct{}), done: make(chan struct{})}
+}
+
+// scanIDFilter starts the scan of the FSM's filter, unless there is no filter or its scan has
+// begun. Called on the apply goroutine (or before it exists).
+func (f *FSM) scanIDFilter() {
+	idf := f.ap.idf
+	if idf == nil || idf.scanning {
+		return
+	}
+	idf.scanning = true
+	g, st := idf.gens[0], f.st
+	st.scans.Add(1)
 	go func() {
-		defer f.st.scans.Done()
+		defer st.scans.Done()
 		defer close(idf.done)
-		idf.scan(f.db, g, appendShardTag(nil, f.shard, tagID), appendShardTag(nil, f.shard, tagID+1), f.st.closing)
+		select { // one scan at a time per node
+		case st.scanSlot <- struct{}{}:
+			defer func() { <-st.scanSlot }()
+		case <-idf.stop:
+			return
+		case <-st.closing:
+			return
+		}
+		idf.scan(f.db, g, appendShardTag(nil, f.shard, tagID), appendShardTag(nil, f.shard, tagID+1), st.closing)
 	}()
 }
 
@@ -118,8 +140,10 @@ func (f *FSM) startIDFilter(existing int) {
 // apply goroutine, or after it has stopped.
 func (f *FSM) stopIDFilter() {
 	if idf := f.ap.idf; idf != nil {
-		close(idf.stop)
-		<-idf.done
+		if idf.scanning {
+			close(idf.stop)
+			<-idf.done
+		}
 		f.ap.idf = nil
 	}
 }
@@ -132,11 +156,6 @@ var testHookIDScan func()
 // the end. On an error it leaves the filter unready, which costs speed, not correctness. It
 // returns early when the filter is stopped or the store is closing.
 func (idf *idFilter) scan(db *pebble.DB, g *bloomGen, lower, upper []byte, closing <-chan struct{}) {
-	select {
-	case <-closing:
-		return
-	default:
-	}
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return

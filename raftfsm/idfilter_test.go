@@ -112,7 +112,10 @@ func TestIDFilterCoversStoredIDs(t *testing.T) {
 	defer f.Close()
 	var once sync.Once
 	releaseScan := func() { once.Do(func() { close(release) }) }
-	defer releaseScan() // before Close, which waits for the scan
+	defer releaseScan()                        // before Close, which waits for the scan
+	if err := f.LoadPending(nil); err != nil { // as the shard owner does; starts the scan
+		t.Fatal(err)
+	}
 	<-opened
 	index++
 	wantOutcomes(t, "new ids during the scan", scheduleIDs(t, f, index, idRange("new-", 0, 1000), 1), Created)
@@ -135,6 +138,9 @@ func TestIDFilterCoversStoredIDs(t *testing.T) {
 	wantOutcomes(t, "other replica", scheduleIDs(t, g, 1, idRange("gone-", 0, 1000), 1), Created)
 	waitIDFilter(t, g)
 	if err := restore(g, snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.LoadPending(nil); err != nil { // as the shard owner's Reset does
 		t.Fatal(err)
 	}
 	waitIDFilter(t, g)

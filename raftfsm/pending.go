@@ -46,7 +46,7 @@ func (p *pendingSet) count() (n int) {
 // each pending event in due order, as ForEachPending does, in the same single pass: the shard
 // owner rebuilds its timing wheel with it. It must not run concurrently with Apply or Restore:
 // call it before raft starts, or from Observer.Reset (which runs on the apply goroutine). fn
-// may be nil.
+// may be nil. It then starts the scan that completes the id filter (idFilter).
 func (f *FSM) LoadPending(fn func(seq uint64, due int64) error) error {
 	f.pending = pendingSet{words: f.pending.words[:0]}
 	err := f.ForEachPending(func(seq uint64, due int64) error {
@@ -61,5 +61,6 @@ func (f *FSM) LoadPending(fn func(seq uint64, due int64) error) error {
 		return err
 	}
 	f.pending.loaded = true
+	f.scanIDFilter()
 	return nil
 }

@@ -227,7 +227,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := f.restoreFrom(&r, index, term); err != nil {
 		return fmt.Errorf("raftfsm: shard %d: restore snapshot at %d: %w", f.shard, index, err)
 	}
-	f.startIDFilter(int(f.meta.nextSeq - 1))
+	f.newIDFilter(int(f.meta.nextSeq - 1))
 	f.obs.Reset()
 	return nil
 }

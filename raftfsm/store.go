@@ -42,10 +42,12 @@ type Store struct {
 	shards map[uint32]struct{} // shards with an open FSM; guarded by mu
 
 	// Background reads of the FSMs (their id filters' scans) stop when closing is closed,
-	// and Close waits for them, so that none reads a closed database.
+	// and Close waits for them, so that none reads a closed database. They run one at a
+	// time, holding scanSlot.
 	closing   chan struct{}
 	closeOnce sync.Once
 	scans     sync.WaitGroup
+	scanSlot  chan struct{}
 }
 
 // OpenStore opens (creating if needed) the Pebble database in dir.
@@ -92,7 +94,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftfsm: open pebble in %s: %w", dir, err)
 	}
-	return &Store{db: db, shards: make(map[uint32]struct{}), closing: make(chan struct{})}, nil
+	return &Store{db: db, shards: make(map[uint32]struct{}), closing: make(chan struct{}), scanSlot: make(chan struct{}, 1)}, nil
 }
 
 // regionSpans ends every sstable that flushes and compactions write at the
