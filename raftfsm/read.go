@@ -110,12 +110,13 @@ func (f *FSM) ReadForFire(refs []Ref, out []Record) (_ []Record, err error) {
 	defer closeIter(pending, &err)
 	var statuses *pebble.Iterator
 	var bodyKey, dueKey, statusKey []byte
+	walkBodies, walkPending := forwardIter{it: bodies}, forwardIter{it: pending}
 	for i, r := range refs {
 		if i > 0 && r == refs[i-1] {
 			continue
 		}
 		bodyKey = appendBodyKey(bodyKey[:0], f.shard, r.Due, r.Seq)
-		if !bodies.SeekGE(bodyKey) || !bytes.Equal(bodies.Key(), bodyKey) {
+		if !walkBodies.seekGE(bodyKey) || !bytes.Equal(bodies.Key(), bodyKey) {
 			if err := bodies.Error(); err != nil {
 				return out, err
 			}
@@ -124,7 +125,7 @@ func (f *FSM) ReadForFire(refs []Ref, out []Record) (_ []Record, err error) {
 		body := bytes.Clone(bodies.Value())
 		st := status{state: StateScheduled, due: r.Due}
 		dueKey = appendDueKey(dueKey[:0], f.shard, r.Due, r.Seq)
-		if !pending.SeekGE(dueKey) || !bytes.Equal(pending.Key(), dueKey) {
+		if !walkPending.seekGE(dueKey) || !bytes.Equal(pending.Key(), dueKey) {
 			if err := pending.Error(); err != nil {
 				return out, err
 			}
@@ -155,6 +156,37 @@ func (f *FSM) ReadForFire(refs []Ref, out []Record) (_ []Record, err error) {
 		out = append(out, rec)
 	}
 	return out, nil
+}
+
+// forwardIter positions an iterator at keys asked for in increasing order. A fire batch's
+// events are neighbours in key order, so the next key asked for is usually a Next or two away,
+// and a Next is far cheaper than a seek, which rebuilds the merging iterator's heap over every
+// memtable and level: seeking each key was 18% of a draining cluster's CPU.
+type forwardIter struct {
+	it             *pebble.Iterator
+	started, valid bool
+}
+
+// nextsBeforeSeek is how many keys seekGE steps over before it seeks instead.
+const nextsBeforeSeek = 8
+
+// seekGE positions the iterator at the first key ≥ key, as SeekGE does, and reports whether
+// there is one. key must be greater than every key asked for before.
+func (w *forwardIter) seekGE(key []byte) bool {
+	if w.started {
+		for range nextsBeforeSeek {
+			if !w.valid {
+				return false // exhausted (or failed; Error says): nothing ≥ an earlier key
+			}
+			if bytes.Compare(w.it.Key(), key) >= 0 {
+				return true
+			}
+			w.valid = w.it.Next()
+		}
+	}
+	w.started = true
+	w.valid = w.it.SeekGE(key)
+	return w.valid
 }
 
 // ForEachPending calls fn for every pending event in due order (ties by seq), from one
