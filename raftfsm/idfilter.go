@@ -132,6 +132,11 @@ func (f *FSM) scanIDFilter() {
 		case <-st.closing:
 			return
 		}
+		select { // the slot and closing may both have been ready
+		case <-st.closing:
+			return
+		default:
+		}
 		idf.scan(f.db, g, appendShardTag(nil, f.shard, tagID), appendShardTag(nil, f.shard, tagID+1), st.closing)
 	}()
 }
