@@ -174,14 +174,14 @@ const nextsBeforeSeek = 8
 // there is one. key must be greater than every key asked for before.
 func (w *forwardIter) seekGE(key []byte) bool {
 	if w.started {
-		for range nextsBeforeSeek {
-			if !w.valid {
-				return false // exhausted (or failed; Error says): nothing ≥ an earlier key
-			}
+		for steps := 0; w.valid && steps < nextsBeforeSeek; steps++ {
 			if bytes.Compare(w.it.Key(), key) >= 0 {
 				return true
 			}
 			w.valid = w.it.Next()
+		}
+		if !w.valid {
+			return false // exhausted (or failed; Error says): nothing ≥ an earlier key
 		}
 	}
 	w.started = true
