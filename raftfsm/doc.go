@@ -33,11 +33,14 @@
 //     re-applies the log after its last snapshot on every start. (AppliedIndex may trail
 //     raft's own applied index by no-op and barrier entries, which raft never hands to an
 //     FSM; they carry no state.)
-//  4. Pebble writes from apply use NoSync: the Raft log (fsynced by raft-boltdb) is the
-//     durability point, and a lost Pebble tail is re-applied from it. This is only sound if
-//     raft never truncates log entries Pebble may have lost, so Snapshot syncs the Pebble WAL
-//     before it hands raft a snapshot; raft truncates only entries at or below a snapshot's
-//     index. Restore syncs too, because raft drops its log behind an installed snapshot.
+//  4. Pebble has no WAL: the Raft log (fsynced by raft-boltdb) is the durability point, and
+//     what a crash takes from the memtables is re-applied from it (Pebble flushes memtables
+//     in order and an apply's batch is atomic, so what survives is "the log up to
+//     AppliedIndex" for an older index). This is only sound if raft never truncates log
+//     entries whose effects Pebble may lose, so a snapshot's Persist flushes Pebble before
+//     raft records the snapshot; raft truncates only entries at or below a snapshot's index.
+//     Restore flushes too (after writing its marker, and at the end), because raft drops its
+//     log behind an installed snapshot, and so does DropShard, which no log re-creates.
 //  5. A pending event (state Scheduled) has exactly one due-index key and no status key; every
 //     other event has a status key and no due-index key. The in-memory counters equal the
 //     counters stored in Pebble after every commit, and the in-memory pending set (pendingSet)

@@ -38,12 +38,12 @@ var ErrBadSnapshot = errors.New("raftfsm: bad snapshot")
 
 // Snapshot makes what raft keeps as this shard's snapshot: a reference, not a copy. The
 // shard's state already lives in Pebble, so the snapshot raft writes after every
-// SnapshotThreshold entries only records "Pebble holds the log up to index I", after syncing
-// Pebble's WAL so that this is true across a crash; raft may then truncate its log up to I
-// (doc.go, invariant 4). Copying the whole shard instead cost a full write of every pending
-// event each time (gigabytes at ten million), so snapshots were rare and a restart replayed
-// the Raft log since the last one, which held 1.3 GB of a restarted node's memory in the log's
-// file mapping.
+// SnapshotThreshold entries only records "Pebble holds the log up to index I". Persist makes
+// that true across a crash (it flushes Pebble) before raft may truncate its log up to I
+// (doc.go, invariant 4); it runs on raft's snapshot goroutine, so apply goes on meanwhile.
+// Copying the whole shard instead cost a full write of every pending event each time
+// (gigabytes at ten million), so snapshots were rare and a restart replayed the Raft log since
+// the last one, which held 1.3 GB of a restarted node's memory in the log's file mapping.
 //
 // A reference cannot be sent to another replica. The shard owner's snapshot store expands it
 // when raft opens it (WriteSnapshot writes the full stream), and raft on a follower stores and
@@ -52,20 +52,25 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if f.restoring {
 		return nil, fmt.Errorf("%w: shard %d", ErrRestoring, f.shard)
 	}
-	if err := f.st.Sync(); err != nil {
-		return nil, err
-	}
-	return refSnapshot{shard: f.shard, appliedIndex: f.meta.appliedIndex, appliedTerm: f.meta.appliedTerm}, nil
+	return refSnapshot{st: f.st, shard: f.shard, appliedIndex: f.meta.appliedIndex, appliedTerm: f.meta.appliedTerm}, nil
 }
 
 // refSnapshot is a snapshot reference: the snapshot header with the reference magic, then the
 // CRC-32C of the header.
 type refSnapshot struct {
+	st                        *Store
 	shard                     uint32
 	appliedIndex, appliedTerm uint64
 }
 
+// Persist flushes Pebble, which holds the shard's state up to appliedIndex (Snapshot read it
+// after those writes committed), and then writes the reference. Only once Persist returns
+// may raft discard the log entries that could re-create that state.
 func (r refSnapshot) Persist(sink raft.SnapshotSink) error {
+	if err := r.st.flush(); err != nil {
+		_ = sink.Cancel()
+		return fmt.Errorf("raftfsm: shard %d: persist snapshot reference at %d: %w", r.shard, r.appliedIndex, err)
+	}
 	h := appendSnapshotHeader(nil, snapshotRefMagic, r.shard, r.appliedIndex, r.appliedTerm)
 	h = binary.BigEndian.AppendUint32(h, crc32.Checksum(h, castagnoli))
 	if _, err := sink.Write(h); err != nil {
@@ -237,8 +242,9 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	f.restoring = true
 	f.mu.Unlock()
 
-	// The marker and the wipe commit together, synced: a crash from here on finds the marker.
-	// Within a batch later operations win, so the marker survives the DeleteRange before it.
+	// The marker and the wipe commit together, flushed: a crash from here on finds the
+	// marker. Within a batch later operations win, so the marker survives the DeleteRange
+	// before it.
 	b := f.db.NewBatch()
 	defer func() { _ = b.Close() }()
 	if err := b.DeleteRange(f.spanStart, f.spanEnd, nil); err != nil {
@@ -247,7 +253,10 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	if err := b.Set(f.restoringKey, nil, nil); err != nil {
 		return err
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	if err := f.st.flush(); err != nil {
 		return err
 	}
 	_ = b.Close()
@@ -312,12 +321,15 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	if !sawMeta && index != 0 {
 		return fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index)
 	}
-	// Synced: raft discards its log behind an installed snapshot, so nothing could re-create
-	// a restored state lost in a crash.
+	// Flushed: raft discards its log behind an installed snapshot, so nothing could
+	// re-create a restored state lost in a crash.
 	if err := b.Delete(f.restoringKey, nil); err != nil {
 		return err
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	if err := f.st.flush(); err != nil {
 		return err
 	}
 	return f.load()

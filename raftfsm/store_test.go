@@ -2,7 +2,11 @@ package raftfsm
 
 import (
 	"bytes"
+	"errors"
+	"slices"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // TestTablesEndAtRegionBoundaries: with two shards' events, cancels and marks in one memtable,
@@ -41,5 +45,68 @@ func TestTablesEndAtRegionBoundaries(t *testing.T) {
 	// Two shards, each with bodies, due index, ids, meta and statuses.
 	if len(regions) < 10 {
 		t.Fatalf("tables cover %d regions, want at least 10: the log is too small to prove much", len(regions))
+	}
+}
+
+// TestPowerCutKeepsWhatRaftCannotRecreate: Pebble runs without a WAL, so a power cut keeps
+// only what was flushed, and raft re-applies the rest from its log. What no log re-creates
+// must be flushed before it is relied on: a restore's marker (raft repeats a restore only if
+// the marker says it did not finish), a finished restore (raft drops its log behind the
+// snapshot), and a dropped shard.
+func TestPowerCutKeepsWhatRaftCannotRecreate(t *testing.T) {
+	srcStore := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer srcStore.Close()
+	src, _ := newTestFSM(t, srcStore, 2)
+	src.ApplyBatch(genLog(31, 120))
+	good := snapshotBytes(t, src)
+	want := dumpShard(t, srcStore, 2)
+
+	fs := vfs.NewCrashableMem()
+	st := openTestStore(t, "db", StoreOptions{FS: fs})
+	// cut keeps what fs holds synced, closes the live store and opens one on what was kept.
+	cut := func(fsms ...*FSM) {
+		t.Helper()
+		crashed := fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
+		for _, f := range fsms {
+			f.Close()
+		}
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		fs = crashed
+		st = openTestStore(t, "db", StoreOptions{FS: fs})
+	}
+	defer func() { st.Close() }()
+
+	f, _ := newTestFSM(t, st, 2)
+	f.ApplyBatch(genLog(32, 50))
+	bad := slices.Clone(good)
+	bad[len(bad)/2] ^= 0x40
+	if err := restore(f, bad); !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("restore of a corrupt snapshot: %v, want ErrBadSnapshot", err)
+	}
+	cut(f)
+	f, _ = newTestFSM(t, st, 2)
+	if !f.NeedsRestore() {
+		t.Fatal("after a power cut, a failed restore's marker is gone: the half-written shard would be served")
+	}
+
+	if err := restore(f, good); err != nil {
+		t.Fatal(err)
+	}
+	cut(f)
+	f, _ = newTestFSM(t, st, 2)
+	if f.NeedsRestore() {
+		t.Fatal("after a power cut, a finished restore is unfinished again")
+	}
+	sameKeySpace(t, "restored, then a power cut", want, dumpShard(t, st, 2))
+
+	f.Close()
+	if err := st.DropShard(2); err != nil {
+		t.Fatal(err)
+	}
+	cut()
+	if kvs := dumpShard(t, st, 2); len(kvs) != 0 {
+		t.Fatalf("after a power cut, a dropped shard has %d keys again", len(kvs))
 	}
 }
