@@ -37,8 +37,10 @@
 //     what a crash takes from the memtables is re-applied from it (Pebble flushes memtables
 //     in order and an apply's batch is atomic, so what survives is "the log up to
 //     AppliedIndex" for an older index). This is only sound if raft never truncates log
-//     entries whose effects Pebble may lose, so a snapshot's Persist flushes Pebble before
-//     raft records the snapshot; raft truncates only entries at or below a snapshot's index.
+//     entries whose effects Pebble may lose, so a snapshot's Persist returns only once the
+//     flushed tables hold the snapshot's index (after Pebble's own next flush, or one it asks
+//     for after StoreOptions.SnapshotFlushWait or Stopping); raft truncates only entries at
+//     or below a snapshot's index.
 //     Restore flushes too (after writing its marker, and at the end), because raft drops its
 //     log behind an installed snapshot, and so does DropShard, which no log re-creates.
 //  5. A pending event (state Scheduled) has exactly one due-index key and no status key; every

@@ -202,6 +202,11 @@ type FSM struct {
 	meta meta
 	// restoring is true while a restore marker exists: a Restore is running or failed.
 	restoring bool
+
+	// stopping is closed by Stopping: a snapshot persist then stops waiting for Pebble to
+	// flush by itself.
+	stopping     chan struct{}
+	stoppingOnce sync.Once
 }
 
 var (
@@ -219,7 +224,7 @@ func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
 	if err := st.claim(shard); err != nil {
 		return nil, err
 	}
-	f := &FSM{st: st, db: st.db, shard: shard, obs: obs}
+	f := &FSM{st: st, db: st.db, shard: shard, obs: obs, stopping: make(chan struct{})}
 	f.spanStart, f.spanEnd = shardSpan(shard)
 	f.metaKey, f.restoringKey = appendShardTag(nil, shard, tagMeta), appendShardTag(nil, shard, tagRestoring)
 	f.ap.init(f)
@@ -267,8 +272,16 @@ func (f *FSM) load() error {
 // Close stops the FSM's background work and releases the shard's claim on the Store. The FSM
 // must not be used afterwards, and raft must have stopped applying to it.
 func (f *FSM) Close() {
+	f.Stopping()
 	f.stopIDFilter()
 	f.st.release(f.shard)
+}
+
+// Stopping tells the FSM that its owner is about to shut raft down: a snapshot being persisted
+// stops waiting for Pebble to flush by itself and flushes at once, so that the shutdown, which
+// waits for the persist, is not held up. Close implies it; calling it again does nothing.
+func (f *FSM) Stopping() {
+	f.stoppingOnce.Do(func() { close(f.stopping) })
 }
 
 // Shard returns the shard id.

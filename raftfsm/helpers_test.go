@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
@@ -24,6 +25,11 @@ func openTestStore(t testing.TB, dir string, opts StoreOptions) *Store {
 	t.Helper()
 	if opts.Logger == nil {
 		opts.Logger = quietLogger{}
+	}
+	if opts.SnapshotFlushWait == 0 {
+		// Nothing makes Pebble flush by itself in these tests; without this, every Persist
+		// would wait the full default. TestPersistWaitsForPebblesFlush tests the wait.
+		opts.SnapshotFlushWait = time.Millisecond
 	}
 	st, err := OpenStore(dir, opts)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"slices"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
@@ -52,22 +53,22 @@ func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if f.restoring {
 		return nil, fmt.Errorf("%w: shard %d", ErrRestoring, f.shard)
 	}
-	return refSnapshot{st: f.st, shard: f.shard, appliedIndex: f.meta.appliedIndex, appliedTerm: f.meta.appliedTerm}, nil
+	return refSnapshot{f: f, shard: f.shard, appliedIndex: f.meta.appliedIndex, appliedTerm: f.meta.appliedTerm}, nil
 }
 
 // refSnapshot is a snapshot reference: the snapshot header with the reference magic, then the
 // CRC-32C of the header.
 type refSnapshot struct {
-	st                        *Store
+	f                         *FSM
 	shard                     uint32
 	appliedIndex, appliedTerm uint64
 }
 
-// Persist flushes Pebble, which holds the shard's state up to appliedIndex (Snapshot read it
-// after those writes committed), and then writes the reference. Only once Persist returns
-// may raft discard the log entries that could re-create that state.
+// Persist waits until Pebble holds the shard's state up to appliedIndex durably
+// (waitDurable), and then writes the reference. Only once Persist returns may raft discard the
+// log entries that could re-create that state.
 func (r refSnapshot) Persist(sink raft.SnapshotSink) error {
-	if err := r.st.flush(); err != nil {
+	if err := r.f.waitDurable(r.appliedIndex); err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("raftfsm: shard %d: persist snapshot reference at %d: %w", r.shard, r.appliedIndex, err)
 	}
@@ -81,6 +82,53 @@ func (r refSnapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (refSnapshot) Release() {}
+
+// waitDurable returns once Pebble holds the shard's state at index or later durably: after
+// the flush that makes it so, Pebble's own or, after StoreOptions.SnapshotFlushWait or once
+// Stopping is called, one it asks for.
+func (f *FSM) waitDurable(index uint64) error {
+	timeout := time.NewTimer(f.st.flushWait)
+	defer timeout.Stop()
+	for {
+		next := f.st.nextFlush() // before the check, so that no flush falls between them
+		durable, err := f.durableIndex()
+		if err != nil {
+			return err
+		}
+		if durable >= index {
+			return nil
+		}
+		select {
+		case <-next:
+		case <-timeout.C:
+			return f.st.flush()
+		case <-f.stopping:
+			return f.st.flush()
+		}
+	}
+}
+
+// durableIndex returns the applied index of the shard state that a crash would leave: the
+// meta key as the flushed tables hold it, not counting the memtables.
+func (f *FSM) durableIndex() (uint64, error) {
+	it, err := f.db.NewIter(&pebble.IterOptions{
+		OnlyReadGuaranteedDurable: true,
+		LowerBound:                f.metaKey,
+		UpperBound:                appendShardTag(nil, f.shard, tagMeta+1),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("raftfsm: shard %d: read durable meta: %w", f.shard, err)
+	}
+	defer it.Close()
+	if !it.First() {
+		return 0, it.Error()
+	}
+	m, err := decodeMeta(it.Value())
+	if err != nil {
+		return 0, fmt.Errorf("raftfsm: shard %d: durable meta: %w", f.shard, err)
+	}
+	return m.appliedIndex, nil
+}
 
 // IsSnapshotReference reports whether the stream in r (not consumed) is a snapshot reference
 // written by Snapshot rather than a full snapshot stream.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
@@ -26,6 +27,12 @@ type StoreOptions struct {
 	// Logger receives Pebble's log lines; nil means Pebble's default (the standard log
 	// package).
 	Logger pebble.Logger
+	// SnapshotFlushWait bounds how long a snapshot's Persist waits for Pebble to flush by
+	// itself before it asks for a flush; 0 means 10 s. Its own flush, one per snapshot
+	// (each shard takes one every 256 entries), wrote memtables out at a fraction of their
+	// size: twice the flushes and the compactions of Pebble's own pace in an ingest run.
+	// While Persist waits, raft keeps the log entries the snapshot would let it discard.
+	SnapshotFlushWait time.Duration
 }
 
 // ErrShardOpen is returned by NewFSM when the shard already has an open FSM in this Store:
@@ -48,6 +55,12 @@ type Store struct {
 	closeOnce sync.Once
 	scans     sync.WaitGroup
 	scanSlot  chan struct{}
+
+	// flushes is closed and replaced whenever Pebble ends a flush, waking the snapshot
+	// persists waiting for their state to become durable (FSM.waitDurable).
+	flushMu   sync.Mutex
+	flushes   chan struct{}
+	flushWait time.Duration // StoreOptions.SnapshotFlushWait
 }
 
 // OpenStore opens (creating if needed) the Pebble database in dir.
@@ -58,6 +71,11 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	}
 	cache := pebble.NewCache(size)
 	defer cache.Unref()
+	s := &Store{shards: make(map[uint32]struct{}), closing: make(chan struct{}), scanSlot: make(chan struct{}, 1),
+		flushes: make(chan struct{}), flushWait: opts.SnapshotFlushWait}
+	if s.flushWait <= 0 {
+		s.flushWait = 10 * time.Second
+	}
 	po := &pebble.Options{
 		FS:     opts.FS,
 		Cache:  cache,
@@ -92,6 +110,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		// invariant 4).
 		DisableWAL: true,
 	}
+	po.EventListener = &pebble.EventListener{FlushEnd: s.flushEnded}
 	po.Experimental.SpanPolicyFunc = regionSpans
 	// Every created event first checks that its id is new, a Get that misses. Without
 	// filters a miss searches every level; with them it is answered from memory. (Deeper
@@ -101,7 +120,8 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftfsm: open pebble in %s: %w", dir, err)
 	}
-	return &Store{db: db, shards: make(map[uint32]struct{}), closing: make(chan struct{}), scanSlot: make(chan struct{}, 1)}, nil
+	s.db = db
+	return s, nil
 }
 
 // regionSpans ends every sstable that flushes and compactions write at the
@@ -143,6 +163,20 @@ func (s *Store) Close() error {
 	s.scans.Wait()
 	err := s.flush()
 	return errors.Join(err, s.db.Close())
+}
+
+func (s *Store) flushEnded(pebble.FlushInfo) {
+	s.flushMu.Lock()
+	close(s.flushes)
+	s.flushes = make(chan struct{})
+	s.flushMu.Unlock()
+}
+
+// nextFlush returns a channel closed when the next flush to end has ended.
+func (s *Store) nextFlush() <-chan struct{} {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	return s.flushes
 }
 
 // flush makes every write committed so far durable. Pebble runs without a WAL, so that is a

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/hashicorp/raft"
 )
 
 // TestTablesEndAtRegionBoundaries: with two shards' events, cancels and marks in one memtable,
@@ -108,5 +110,61 @@ func TestPowerCutKeepsWhatRaftCannotRecreate(t *testing.T) {
 	cut()
 	if kvs := dumpShard(t, st, 2); len(kvs) != 0 {
 		t.Fatalf("after a power cut, a dropped shard has %d keys again", len(kvs))
+	}
+}
+
+// TestPersistWaitsForPebblesFlush: a snapshot persist returns once Pebble's own next flush
+// has made the snapshot's state durable, and makes no flush of its own; once Stopping is
+// called it flushes at once.
+func TestPersistWaitsForPebblesFlush(t *testing.T) {
+	st := openTestStore(t, t.TempDir(), StoreOptions{SnapshotFlushWait: time.Hour})
+	defer st.Close()
+	f, _ := newTestFSM(t, st, 3)
+	defer f.Close()
+	logs := genLog(41, 300)
+
+	persisted := func(snap raft.FSMSnapshot) <-chan []byte {
+		done := make(chan []byte, 1)
+		go func() { done <- persist(t, snap) }()
+		return done
+	}
+	f.ApplyBatch(logs[:100])
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ApplyBatch(logs[100:200])
+	done := persisted(snap)
+	select {
+	case <-done:
+		t.Fatal("Persist returned before anything was flushed")
+	case <-time.After(100 * time.Millisecond):
+	}
+	flushes := st.db.Metrics().Flush.Count
+	if err := st.db.Flush(); err != nil { // Pebble's own, as when a memtable fills
+		t.Fatal(err)
+	}
+	<-done
+	if n := st.db.Metrics().Flush.Count - flushes; n != 1 {
+		t.Fatalf("%d flushes while Persist waited, want only Pebble's own", n)
+	}
+	if d, err := f.durableIndex(); err != nil || d < 100 {
+		t.Fatalf("durable index %d (%v) after Persist of a snapshot at 100", d, err)
+	}
+
+	f.ApplyBatch(logs[200:])
+	snap, err = f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done = persisted(snap)
+	f.Stopping()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Persist still waits for a flush after Stopping")
+	}
+	if d, err := f.durableIndex(); err != nil || d < 300 {
+		t.Fatalf("durable index %d (%v) after Stopping and Persist of a snapshot at 300", d, err)
 	}
 }

@@ -16,6 +16,10 @@ import (
 	"github.com/chimehq/chime/raftfsm"
 )
 
+// testFlushWait is how long a snapshot waits for Pebble to flush by itself in these tests, where
+// nothing fills a memtable: a user snapshot would otherwise take the full default.
+const testFlushWait = 10 * time.Millisecond
+
 // testNode is one node's worth of the real stack on loopback: Pebble, a Raft
 // port, the shards, and a publisher pointed at a kfake broker.
 type testNode struct {
@@ -42,7 +46,7 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune
 	t.Helper()
 	n := &testNode{t: t, dir: dir}
 	var err error
-	if n.store, err = raftfsm.OpenStore(dir+"/pebble", raftfsm.StoreOptions{}); err != nil {
+	if n.store, err = raftfsm.OpenStore(dir+"/pebble", raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}); err != nil {
 		t.Fatal(err)
 	}
 	if n.pub, err = publish.New(publish.Config{Brokers: brokers}); err != nil {

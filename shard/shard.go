@@ -268,9 +268,10 @@ func (s *Shard) startRaft() error {
 	if t.CommitTimeout > 0 {
 		rc.CommitTimeout = t.CommitTimeout
 	}
-	// Snapshots are references to the state in Pebble (snapshotStore), as
-	// cheap as a WAL sync, so take them often: the log after the last one is
-	// what a restart reads back and replays. TrailingLogs is what raft keeps
+	// Snapshots are references to the state in Pebble (snapshotStore); each
+	// costs a flush of the node's memtables (Pebble runs without a WAL), a
+	// few small tables rather than one large one, so take them often: the
+	// log after the last one is what a restart reads back and replays. TrailingLogs is what raft keeps
 	// behind a snapshot for followers that lag; one further behind gets the
 	// whole shard. It also bounds the log files, and bbolt touches most of
 	// what it writes through its file mapping, which counts in the node's
@@ -280,7 +281,7 @@ func (s *Shard) startRaft() error {
 	// Raft checks SnapshotThreshold only every SnapshotInterval, so under
 	// load the interval is what bounds the log: at 18 entries a second per
 	// shard (10M events into one node), 10 s let each shard's log reach 52
-	// MB, 419 MB of RSS in all. A snapshot costs one Pebble WAL sync.
+	// MB, 419 MB of RSS in all.
 	rc.SnapshotInterval = 2 * time.Second
 	rc.TrailingLogs = 128
 	if t.SnapshotThreshold > 0 {
@@ -362,6 +363,7 @@ func (s *Shard) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.wg.Wait()
+		s.fsm.Stopping() // a snapshot persist waiting for a flush would hold up the shutdown
 		err = s.raft.Shutdown().Error()
 		s.trans.Close()
 		if cerr := s.logs.Close(); err == nil {

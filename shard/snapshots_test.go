@@ -33,7 +33,7 @@ func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
 	}
 	open := func(name string, bootstrap bool) replica {
 		dir := t.TempDir()
-		st, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), raftfsm.StoreOptions{})
+		st, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
 		if err != nil {
 			t.Fatal(err)
 		}
