@@ -40,8 +40,9 @@ var ErrBadSnapshot = errors.New("raftfsm: bad snapshot")
 // Snapshot makes what raft keeps as this shard's snapshot: a reference, not a copy. The
 // shard's state already lives in Pebble, so the snapshot raft writes after every
 // SnapshotThreshold entries only records "Pebble holds the log up to index I". Persist makes
-// that true across a crash (it flushes Pebble) before raft may truncate its log up to I
-// (doc.go, invariant 4); it runs on raft's snapshot goroutine, so apply goes on meanwhile.
+// that true across a crash (it waits for a flush that covers I) before raft may truncate its
+// log up to I (doc.go, invariant 4); it runs on raft's snapshot goroutine, so apply goes on
+// meanwhile.
 // Copying the whole shard instead cost a full write of every pending event each time
 // (gigabytes at ten million), so snapshots were rare and a restart replayed the Raft log since
 // the last one, which held 1.3 GB of a restarted node's memory in the log's file mapping.
