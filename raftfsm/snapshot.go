@@ -302,10 +302,7 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	if err := b.Set(f.restoringKey, nil, nil); err != nil {
 		return err
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		return err
-	}
-	if err := f.st.flush(); err != nil {
+	if err := f.st.commitFlushed(b); err != nil {
 		return err
 	}
 	_ = b.Close()
@@ -375,10 +372,7 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	if err := b.Delete(f.restoringKey, nil); err != nil {
 		return err
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		return err
-	}
-	if err := f.st.flush(); err != nil {
+	if err := f.st.commitFlushed(b); err != nil {
 		return err
 	}
 	return f.load()

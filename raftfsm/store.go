@@ -180,13 +180,22 @@ func (s *Store) nextFlush() <-chan struct{} {
 
 // flush makes every write committed so far durable. Pebble runs without a WAL, so that is a
 // flush of the memtables into synced sstables; it returns once they are installed. Apply
-// never calls it (the Raft log is the durability point); refSnapshot.Persist, Restore and
-// DropShard do, where raft or the placement will no longer re-create what Pebble could lose.
+// never calls it (the Raft log is the durability point). Restore, DropShard and Close do, and
+// a snapshot's Persist when Pebble has not flushed by itself in time (FSM.waitDurable): where
+// raft or the placement will no longer re-create what Pebble could lose.
 func (s *Store) flush() error {
 	if err := s.db.Flush(); err != nil {
 		return fmt.Errorf("raftfsm: flush pebble: %w", err)
 	}
 	return nil
+}
+
+// commitFlushed commits b and flushes it with everything before it.
+func (s *Store) commitFlushed(b *pebble.Batch) error {
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	return s.flush()
 }
 
 func (s *Store) claim(shard uint32) error {

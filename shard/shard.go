@@ -269,9 +269,9 @@ func (s *Shard) startRaft() error {
 		rc.CommitTimeout = t.CommitTimeout
 	}
 	// Snapshots are references to the state in Pebble (snapshotStore); each
-	// costs a flush of the node's memtables (Pebble runs without a WAL), a
-	// few small tables rather than one large one, so take them often: the
-	// log after the last one is what a restart reads back and replays. TrailingLogs is what raft keeps
+	// waits for Pebble's next flush (Pebble runs without a WAL) and costs
+	// little else, so take them often: the log after the last one is what a
+	// restart reads back and replays. TrailingLogs is what raft keeps
 	// behind a snapshot for followers that lag; one further behind gets the
 	// whole shard. It also bounds the log files, and bbolt touches most of
 	// what it writes through its file mapping, which counts in the node's
