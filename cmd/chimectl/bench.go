@@ -23,7 +23,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
-	"github.com/chimehq/chime/shard"
 )
 
 func benchCommand() *command {
@@ -305,8 +304,7 @@ func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), 
 			leaders[s.Id] = cl
 		}
 	}
-	shards := int(m.ShardCount)
-	return func(id string) chimev1.SchedulerClient { return leaders[shard.For(id, shards)] }, closeAll, nil
+	return func(id string) chimev1.SchedulerClient { return leaders[chimev1.ShardOf(id, m.ShardCount)] }, closeAll, nil
 }
 
 // call is one caller: it takes --batch event numbers at a time until all
