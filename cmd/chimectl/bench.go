@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/publish"
 )
 
 func benchCommand() *command {
@@ -480,17 +481,8 @@ func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 
 // record accounts for one consumed record; r.mu is held.
 func (r *benchRun) record(rec *kgo.Record, now time.Time) {
-	var id string
-	var fired int64 = -1
-	for _, h := range rec.Headers {
-		switch h.Key {
-		case headerID:
-			id = string(h.Value)
-		case headerFired:
-			fired, _ = strconv.ParseInt(string(h.Value), 10, 64)
-		}
-	}
-	rest, ok := strings.CutPrefix(id, r.prefix)
+	h, _ := publish.ParseHeaders(rec.Headers)
+	rest, ok := strings.CutPrefix(h.ID, r.prefix)
 	if !ok {
 		return
 	}
@@ -506,9 +498,10 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 	r.consumed++
 	r.second(now).consumed++
 	due := r.dues[n]
-	if due == 0 || fired < 0 {
-		return // the ack is still on its way back; lateness unknown
+	if due == 0 || h.Fired.IsZero() {
+		return // the ack is still on its way back, or no chime-fired: lateness unknown
 	}
+	fired := h.Fired.UnixMilli()
 	// chime-fired has millisecond resolution: compare at that resolution.
 	late := float64(fired - due/1e6)
 	if fired < due/1e6 {

@@ -203,8 +203,8 @@ func checkFired(t testing.TB, col *collector, due map[string]time.Time) {
 	t.Helper()
 	got := col.waitIDs(t, due, 60*time.Second)
 	for id, at := range due {
-		if got[id].firedMs < at.UnixMilli() {
-			t.Errorf("%s fired early: due %v, fired %v", id, at, time.UnixMilli(got[id].firedMs))
+		if got[id].Fired.UnixMilli() < at.UnixMilli() {
+			t.Errorf("%s fired early: due %v, fired %v", id, at, got[id].Fired)
 		}
 	}
 	_, dups := col.byID()
@@ -269,7 +269,7 @@ func TestClusterLeaderKilled(t *testing.T) {
 		if !slices.Contains(led, shard.For(id, clusterShards)) || at.Before(killed) || at.After(killed.Add(time.Second)) {
 			continue
 		}
-		worst = max(worst, time.UnixMilli(recs[id].firedMs).Sub(killed))
+		worst = max(worst, recs[id].Fired.Sub(killed))
 	}
 	if worst > 3*time.Second {
 		t.Errorf("an event due within 1s after the kill on a shard the victim led fired %v after the kill", worst)
@@ -578,7 +578,7 @@ func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
 	got, _ := col.byID()
 	for _, id := range ids {
 		if r, ok := got[id]; ok {
-			t.Errorf("%s was produced at %v after its cancel was acknowledged", id, time.UnixMilli(r.firedMs))
+			t.Errorf("%s was produced at %v after its cancel was acknowledged", id, r.Fired)
 		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -181,10 +180,7 @@ func broker(t testing.TB) []string {
 
 // record is one consumed Kafka record, as an independent client read it.
 type record struct {
-	id         string
-	dueMs      int64
-	firedMs    int64
-	attempt    int
+	publish.Headers
 	value      string
 	receivedAt time.Time
 }
@@ -213,15 +209,9 @@ func collect(t testing.TB, brokers []string, topics ...string) *collector {
 			fs := cl.PollFetches(ctx)
 			now := time.Now()
 			fs.EachRecord(func(r *kgo.Record) {
-				h := map[string]string{}
-				for _, kv := range r.Headers {
-					h[kv.Key] = string(kv.Value)
-				}
-				due, _ := strconv.ParseInt(h[publish.HeaderDue], 10, 64)
-				fired, _ := strconv.ParseInt(h[publish.HeaderFired], 10, 64)
-				attempt, _ := strconv.Atoi(h[publish.HeaderAttempt])
+				h, _ := publish.ParseHeaders(r.Headers) // a malformed header leaves a zero field, which the checks catch
 				c.mu.Lock()
-				c.recs = append(c.recs, record{id: h[publish.HeaderID], dueMs: due, firedMs: fired, attempt: attempt, value: string(r.Value), receivedAt: now})
+				c.recs = append(c.recs, record{Headers: h, value: string(r.Value), receivedAt: now})
 				c.mu.Unlock()
 			})
 		}
@@ -239,11 +229,11 @@ func (c *collector) byID() (map[string]record, int) {
 	m := make(map[string]record, len(c.recs))
 	dups := 0
 	for _, r := range c.recs {
-		if _, ok := m[r.id]; ok {
+		if _, ok := m[r.ID]; ok {
 			dups++
 			continue
 		}
-		m[r.id] = r
+		m[r.ID] = r
 	}
 	return m, dups
 }
@@ -349,14 +339,14 @@ func TestEndToEnd(t *testing.T) {
 	var late, fireLate []time.Duration
 	for id, dueAt := range due {
 		r := got[id]
-		if r.firedMs < dueAt.UnixMilli() {
-			t.Errorf("%s fired early: due %v, fired %v", id, dueAt, time.UnixMilli(r.firedMs))
+		if r.Fired.UnixMilli() < dueAt.UnixMilli() {
+			t.Errorf("%s fired early: due %v, fired %v", id, dueAt, r.Fired)
 		}
 		if r.value != "payload-"+id {
 			t.Errorf("%s: value %q", id, r.value)
 		}
 		late = append(late, r.receivedAt.Sub(dueAt))
-		fireLate = append(fireLate, time.Duration(r.firedMs-dueAt.UnixMilli())*time.Millisecond)
+		fireLate = append(fireLate, time.Duration(r.Fired.UnixMilli()-dueAt.UnixMilli())*time.Millisecond)
 	}
 	t.Logf("fire lateness (chime-fired-unix-ms - due, ms resolution), %d events: %s", len(fireLate), quantiles(fireLate))
 	t.Logf("end-to-end lateness (due -> consumed by an independent client): %s", quantiles(late))
@@ -482,7 +472,7 @@ func TestKillAndRestart(t *testing.T) {
 	got := col.waitIDs(t, due, 30*time.Second)
 	early := 0
 	for id, at := range due {
-		if got[id].firedMs < at.UnixMilli() {
+		if got[id].Fired.UnixMilli() < at.UnixMilli() {
 			early++
 		}
 	}
