@@ -46,9 +46,12 @@ the end it prints the totals, the acknowledgement latency of the calls
 p50/p99/p99.9/max), the drain (from the earliest due time to the last
 chime-fired, and the rate over it: with --due-at, how fast a backlog that
 fell due at once went out), delivery lag (consumer receipt minus due), the
-number of records fired before they were due, duplicates, and, for chimed
-processes on this machine (--pids, or every process named chimed), CPU
-seconds per 1,000 events and the peak resident memory. --json prints the
+number of records fired before they were due, duplicates, and what the
+chimed nodes spent: CPU seconds per 1,000 events and the peak resident
+memory of one node, read from the process_* metrics of each node's /metrics
+(--metrics, or every member's HTTP address in the cluster map; a single
+chimed dev has no cluster map, so bench reads --addr's host at the gRPC
+port + 10, where chimed dev puts its HTTP server). --json prints the
 summary as JSON; --svg writes a plot of the rates and the lateness per
 second.
 
@@ -75,7 +78,7 @@ rerun with the same prefix measures idempotent re-sends instead.`,
 			fs.BoolVar(&o.noConsume, "no-consume", false, "do not read the records back (ingest only)")
 			fs.IntVar(&o.payload, "payload-size", 64, "payload `bytes` per event")
 			fs.BoolVar(&o.route, "route", true, "send each batch to its shard's leader (from the cluster map) rather than to --addr")
-			fs.StringVar(&o.pids, "pids", "", "comma-separated `pids` of local chimed processes to measure (default: every process named chimed)")
+			fs.StringVar(&o.metrics, "metrics", "", "comma-separated HTTP `addresses` (host:port) of the chimed nodes whose /metrics to read for CPU and memory (default: every member's, from the cluster map)")
 			fs.StringVar(&o.svg, "svg", "", "write a plot of rates and lateness per second to this `file`")
 			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
 			fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long to wait for records after the last one is due")
@@ -96,7 +99,7 @@ type benchOptions struct {
 	events, callers, batch, payload int
 	rate                            float64
 	delay, delayMax, dueAt, spread  time.Duration
-	topic, brokers, pids, svg       string
+	topic, brokers, metrics, svg    string
 	prefix                          string
 	noConsume, route                bool
 	wait                            time.Duration
@@ -169,14 +172,16 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	if !o.noConsume {
 		r.seen = make([]bool, o.events)
 	}
-	procs := localProcs(o.pids)
-	cpu0 := procCPU(procs)
-
-	route, closeConns, err := c.benchRoutes(ctx, o.route)
+	route, httpAddrs, closeConns, err := c.benchRoutes(ctx, o.route)
 	if err != nil {
 		return err
 	}
 	defer closeConns()
+	if o.metrics != "" {
+		httpAddrs = strings.Fields(strings.ReplaceAll(o.metrics, ",", " "))
+	}
+	cost := newNodeCost(httpAddrs)
+	cost.sample(ctx)
 
 	var consumerDone chan error
 	cctx, stopConsumer := context.WithCancel(ctx)
@@ -194,7 +199,7 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 
 	tctx, stopTicker := context.WithCancel(ctx)
 	tickerDone := make(chan struct{})
-	go func() { defer close(tickerDone); r.report(tctx, c, procs) }()
+	go func() { defer close(tickerDone); r.report(tctx, c, cost) }()
 
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -227,8 +232,8 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 		}
 	}
 	end := time.Now()
-	cpu1 := procCPU(procs)
-	sum := r.summary(sendEnd, end, procs, cpu1-cpu0)
+	cost.sample(ctx)
+	sum := r.summary(sendEnd, end, cost)
 	if o.svg != "" {
 		if err := os.WriteFile(o.svg, []byte(r.plot()), 0o644); err != nil {
 			return fmt.Errorf("--svg: %w", err)
@@ -254,13 +259,17 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 // one client when not routing).
 type benchRoute func(id string) chimev1.SchedulerClient
 
-func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), error) {
+// benchRoutes connects to --addr and, when route is set, to every member
+// of the cluster map. It also returns the members' HTTP addresses, or,
+// when --addr has no cluster map (a single chimed dev), the one chimed dev
+// derives from --addr.
+func (c *cli) benchRoutes(ctx context.Context, route bool) (_ benchRoute, httpAddrs []string, _ func(), _ error) {
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	conn, err := dial(c.addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--addr %q: %w", c.addr, err)
+		return nil, nil, nil, fmt.Errorf("--addr %q: %w", c.addr, err)
 	}
 	conns := []*grpc.ClientConn{conn}
 	closeAll := func() {
@@ -269,19 +278,31 @@ func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), 
 		}
 	}
 	direct := chimev1.NewSchedulerClient(conn)
-	if !route {
-		return func(string) chimev1.SchedulerClient { return direct }, closeAll, nil
-	}
+	toAddr := func(string) chimev1.SchedulerClient { return direct }
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	m, err := chimev1.NewAdminClient(conn).GetClusterMap(mctx, &chimev1.GetClusterMapRequest{})
 	if status.Code(err) == codes.Unimplemented {
 		// A single node without the cluster layer leads every shard.
-		return func(string) chimev1.SchedulerClient { return direct }, closeAll, nil
+		if a, ok := devHTTPAddr(c.addr); ok {
+			httpAddrs = []string{a}
+		}
+		return toAddr, httpAddrs, closeAll, nil
 	}
 	if err != nil {
+		if !route {
+			return toAddr, nil, closeAll, nil
+		}
 		closeAll()
-		return nil, nil, fmt.Errorf("reading the cluster map from %s (use --route=false to send everything there): %w", c.addr, err)
+		return nil, nil, nil, fmt.Errorf("reading the cluster map from %s (use --route=false to send everything there): %w", c.addr, err)
+	}
+	for _, mem := range m.Members {
+		if gone := mem.State == "dead" || mem.State == "left" || mem.State == "removed"; mem.HttpAddr != "" && !gone {
+			httpAddrs = append(httpAddrs, mem.HttpAddr)
+		}
+	}
+	if !route || m.ShardCount == 0 {
+		return toAddr, httpAddrs, closeAll, nil
 	}
 	byNode := map[string]chimev1.SchedulerClient{}
 	for _, mem := range m.Members {
@@ -291,7 +312,7 @@ func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), 
 		cc, err := dial(mem.GrpcAddr)
 		if err != nil {
 			closeAll()
-			return nil, nil, fmt.Errorf("member %s at %s: %w", mem.Id, mem.GrpcAddr, err)
+			return nil, nil, nil, fmt.Errorf("member %s at %s: %w", mem.Id, mem.GrpcAddr, err)
 		}
 		conns = append(conns, cc)
 		byNode[mem.Id] = chimev1.NewSchedulerClient(cc)
@@ -305,7 +326,7 @@ func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), 
 			leaders[s.Id] = cl
 		}
 	}
-	return func(id string) chimev1.SchedulerClient { return leaders[chimev1.ShardOf(id, m.ShardCount)] }, closeAll, nil
+	return func(id string) chimev1.SchedulerClient { return leaders[chimev1.ShardOf(id, m.ShardCount)] }, httpAddrs, closeAll, nil
 }
 
 // call is one caller: it takes --batch event numbers at a time until all
@@ -448,7 +469,7 @@ func (r *benchRun) schedule(ctx context.Context, cl chimev1.SchedulerClient, evs
 // record of this run; ready is closed once partitions are assigned.
 func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(splitList(r.o.brokers)...),
+		kgo.SeedBrokers(strings.Fields(strings.ReplaceAll(r.o.brokers, ",", " "))...),
 		kgo.ConsumeTopics(r.o.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(r.start.Add(-time.Second).UnixMilli())),
 		kgo.AllowAutoTopicCreation(),
@@ -519,13 +540,14 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 }
 
 // report prints a line a second until ctx ends.
-func (r *benchRun) report(ctx context.Context, c *cli, procs []int) {
+func (r *benchRun) report(ctx context.Context, c *cli, cost *nodeCost) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	if !c.json {
 		fmt.Fprintf(c.stderr, "%6s %12s %12s %12s %8s %10s\n", "t", "acked/s", "fired/s", "consumed/s", "cpu%", "rss")
 	}
-	prevCPU, prevT := procCPU(procs), time.Now()
+	prevCPU, _ := cost.sample(ctx)
+	prevT := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -541,11 +563,11 @@ func (r *benchRun) report(ctx context.Context, c *cli, procs []int) {
 				prev = r.secs[i-1]
 			}
 			r.mu.Unlock()
-			cpu := procCPU(procs)
+			cpu, rss := cost.sample(ctx)
 			pct := 100 * (cpu - prevCPU) / now.Sub(prevT).Seconds()
 			prevCPU, prevT = cpu, now
 			if !c.json {
-				fmt.Fprintf(c.stderr, "%5ds %12d %12d %12d %7.0f%% %10s\n", i+1, cur.acked, prev.fired, cur.consumed, pct, mib(procRSS(procs)))
+				fmt.Fprintf(c.stderr, "%5ds %12d %12d %12d %7.0f%% %10s\n", i+1, cur.acked, prev.fired, cur.consumed, pct, mib(rss))
 			}
 		}
 	}
@@ -581,34 +603,32 @@ type benchSummary struct {
 	// of the records whose lateness is known (DrainFired of them), and
 	// DrainPerSec their rate over it: with --due-at, how fast a backlog
 	// that fell due at once went out, at millisecond resolution.
-	DrainFired    int     `json:"drain_fired"`
-	DrainSeconds  float64 `json:"drain_seconds"`
-	DrainPerSec   float64 `json:"drain_per_second"`
-	LateP50Ms     float64 `json:"late_p50_ms"`
-	LateP99Ms     float64 `json:"late_p99_ms"`
-	LateP999Ms    float64 `json:"late_p999_ms"`
-	LateMaxMs     float64 `json:"late_max_ms"`
-	LagP50Ms      float64 `json:"lag_p50_ms"`
-	LagP99Ms      float64 `json:"lag_p99_ms"`
-	LagMaxMs      float64 `json:"lag_max_ms"`
-	Processes     []int   `json:"processes"`
-	CPUSeconds    float64 `json:"cpu_seconds"`
-	CPUPer1000    float64 `json:"cpu_seconds_per_1000_events"`
-	PeakRSSBytes  int64   `json:"peak_rss_bytes"` // the largest VmHWM among the processes
+	DrainFired    int      `json:"drain_fired"`
+	DrainSeconds  float64  `json:"drain_seconds"`
+	DrainPerSec   float64  `json:"drain_per_second"`
+	LateP50Ms     float64  `json:"late_p50_ms"`
+	LateP99Ms     float64  `json:"late_p99_ms"`
+	LateP999Ms    float64  `json:"late_p999_ms"`
+	LateMaxMs     float64  `json:"late_max_ms"`
+	LagP50Ms      float64  `json:"lag_p50_ms"`
+	LagP99Ms      float64  `json:"lag_p99_ms"`
+	LagMaxMs      float64  `json:"lag_max_ms"`
+	Processes     []string `json:"processes"` // HTTP addresses of the chimed nodes measured
+	CPUSeconds    float64  `json:"cpu_seconds"`
+	CPUPer1000    float64  `json:"cpu_seconds_per_1000_events"`
+	PeakRSSBytes  int64    `json:"peak_rss_bytes"` // the largest resident memory of one node, sampled every second
 	consumeActive bool
 }
 
-func (r *benchRun) summary(sendEnd, end time.Time, procs []int, cpu float64) benchSummary {
+func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary {
+	answered, cpu, peakRSS := cost.totals()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := benchSummary{
 		Events: r.o.events, Acked: r.acked.Load(), Failed: r.failed.Load(),
 		SendSeconds: sendEnd.Sub(r.start).Seconds(), Calls: len(r.ackLat),
 		Consumed: r.consumed, Duplicates: r.dups, Early: r.early,
-		Processes: procs, CPUSeconds: cpu, consumeActive: !r.o.noConsume,
-	}
-	if s.Processes == nil {
-		s.Processes = []int{}
+		Processes: answered, CPUSeconds: cpu, PeakRSSBytes: peakRSS, consumeActive: !r.o.noConsume,
 	}
 	if r.firstErr != nil {
 		s.FirstError = r.firstErr.Error()
@@ -651,9 +671,6 @@ func (r *benchRun) summary(sendEnd, end time.Time, procs []int, cpu float64) ben
 	if s.Acked > 0 {
 		s.CPUPer1000 = cpu / float64(s.Acked) * 1000
 	}
-	for _, p := range procs {
-		s.PeakRSSBytes = max(s.PeakRSSBytes, procStatus(p, "VmHWM:"))
-	}
 	return s
 }
 
@@ -687,82 +704,6 @@ func (s benchSummary) print(c *cli) {
 	if len(s.Processes) > 0 {
 		fmt.Fprintf(w, "cost       %d chimed processes: %.1f CPU s, %.3f CPU s per 1000 events, peak RSS %s\n", len(s.Processes), s.CPUSeconds, s.CPUPer1000, mib(s.PeakRSSBytes))
 	} else {
-		fmt.Fprintf(w, "cost       no local chimed process found (see --pids)\n")
+		fmt.Fprintf(w, "cost       no chimed /metrics to read (see --metrics)\n")
 	}
-}
-
-// localProcs returns the pids in list, or every process whose command name
-// is chimed.
-func localProcs(list string) []int {
-	var out []int
-	if list != "" {
-		for _, f := range splitList(list) {
-			if p, err := strconv.Atoi(f); err == nil {
-				out = append(out, p)
-			}
-		}
-		return out
-	}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if comm, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err == nil && strings.TrimSpace(string(comm)) == "chimed" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// procCPU is the user+system CPU seconds of procs so far.
-func procCPU(procs []int) float64 {
-	total := 0.0
-	for _, p := range procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
-		if err != nil {
-			continue
-		}
-		// Fields after the command name (which may hold spaces) start at
-		// the state, field 3; utime and stime are fields 14 and 15.
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		total += (ut + st) / clockTicks
-	}
-	return total
-}
-
-// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
-const clockTicks = 100
-
-func procRSS(procs []int) int64 {
-	var total int64
-	for _, p := range procs {
-		total += procStatus(p, "VmRSS:")
-	}
-	return total
-}
-
-// procStatus reads a "kB" field of /proc/pid/status, in bytes.
-func procStatus(pid int, field string) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, field); ok {
-			f := strings.Fields(rest)
-			if len(f) > 0 {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
 }

@@ -4,12 +4,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/grpc"
 
@@ -72,13 +77,26 @@ func startNode(t *testing.T) (addr string, brokers []string) {
 	return ln.Addr().String(), brokers
 }
 
+// serveProcessMetrics serves /metrics with the Prometheus process collector
+// of the test process (where the node of startNode runs), as chimed does,
+// and returns its address.
+func serveProcessMetrics(t *testing.T) string {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
 func TestBenchAgainstARealNode(t *testing.T) {
 	addr, brokers := startNode(t)
 	svg := filepath.Join(t.TempDir(), "bench.svg")
 	const events = 3000
 	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--events", fmt.Sprint(events), "--callers", "4",
 		"--batch", "50", "--delay", "200ms", "--delay-max", "700ms", "--brokers", strings.Join(brokers, ","),
-		"--pids", fmt.Sprint(os.Getpid()), "--svg", svg, "--wait", "10s")
+		"--metrics", serveProcessMetrics(t), "--svg", svg, "--wait", "10s")
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
@@ -96,6 +114,9 @@ func TestBenchAgainstARealNode(t *testing.T) {
 	if s["drain_fired"] != float64(events) || s["drain_seconds"].(float64) < 0.4 || s["drain_seconds"].(float64) > 30 ||
 		s["drain_per_second"].(float64) != float64(events)/s["drain_seconds"].(float64) {
 		t.Errorf("drain figures: %v records over %v s at %v/s", s["drain_fired"], s["drain_seconds"], s["drain_per_second"])
+	}
+	if p, _ := s["processes"].([]any); len(p) != 1 {
+		t.Errorf("processes = %v, want the one --metrics address", s["processes"])
 	}
 	if s["late_max_ms"].(float64) > 5000 || s["ack_p50_ms"].(float64) <= 0 || s["cpu_seconds_per_1000_events"].(float64) <= 0 || s["peak_rss_bytes"].(float64) <= 0 {
 		t.Errorf("implausible figures: %s", r.stdout)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -46,7 +47,7 @@ what it printed, so a later tail with the same group continues from there;
 				if *count < 0 {
 					return usagef("--count must not be negative")
 				}
-				seeds := splitList(*brokers)
+				seeds := strings.Fields(strings.ReplaceAll(*brokers, ",", " ")) // commas or spaces separate
 				if len(seeds) == 0 {
 					return usagef("--brokers: no address given")
 				}

@@ -190,7 +190,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		defer broker.Close()
 		brokers = broker.ListenAddrs()
 	} else {
-		brokers = splitList(f.brokers)
+		brokers = strings.Fields(strings.ReplaceAll(f.brokers, ",", " ")) // commas or spaces separate
 		if len(brokers) == 0 {
 			fmt.Fprintln(stderr, "chimed serve: --kafka-brokers is required (for example --kafka-brokers localhost:9092)")
 			return 2
@@ -209,7 +209,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		Tuning:      clusterTuning(shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew}),
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
-		Join: splitList(f.join), Replication: f.replication, DeadTimeout: f.deadTimeout,
+		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 	}
 	if cmd == "serve" {
 		f.nodes = 1
@@ -328,16 +328,6 @@ func devNode(base nodeConfig, i int) nodeConfig {
 	cfg.RaftAddr, cfg.GossipAddr = shift(base.RaftAddr), shift(base.GossipAddr)
 	cfg.Logger = base.Logger.With("node", cfg.NodeID)
 	return cfg
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, v := range strings.Split(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			out = append(out, v)
-		}
-	}
-	return out
 }
 
 // startBroker runs the embedded Kafka-protocol broker (kfake) on addr, keeping
