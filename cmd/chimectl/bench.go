@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -397,35 +398,38 @@ type benchPart struct {
 }
 
 // send schedules p in one call (Schedule when --batch is 1). A failed call
-// is retried with the same ids, which is idempotent, up to 20 times.
+// is sent again with the same ids, which is idempotent, up to 20 more times,
+// backing off from 50 ms to at most 500 ms between tries.
 func (r *benchRun) send(ctx context.Context, cl chimev1.SchedulerClient, p *benchPart) {
-	for attempt := 0; ; attempt++ {
+	type ack struct {
+		dues []int64
+		lat  time.Duration
+	}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 50*time.Millisecond, 500*time.Millisecond
+	a, err := backoff.Retry(ctx, func() (ack, error) {
 		t0 := time.Now()
 		dues, err := r.schedule(ctx, cl, p.evs)
-		lat := time.Since(t0)
-		if err == nil {
-			now := time.Now()
-			accepted := 0
-			r.mu.Lock()
-			r.ackLat = append(r.ackLat, lat)
-			for i, due := range dues {
-				if due != 0 {
-					r.dues[p.nums[i]] = due
-					r.lastDue = max(r.lastDue, due)
-					accepted++
-				}
-			}
-			r.second(now).acked += accepted
-			r.mu.Unlock()
-			r.acked.Add(int64(accepted))
-			return
-		}
-		if ctx.Err() != nil || attempt >= 20 {
-			r.fail(err, len(p.evs))
-			return
-		}
-		time.Sleep(time.Duration(min(attempt+1, 10)) * 50 * time.Millisecond)
+		return ack{dues, time.Since(t0)}, err
+	}, backoff.WithBackOff(b), backoff.WithMaxTries(21), backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		r.fail(err, len(p.evs))
+		return
 	}
+	now := time.Now()
+	accepted := 0
+	r.mu.Lock()
+	r.ackLat = append(r.ackLat, a.lat)
+	for i, due := range a.dues {
+		if due != 0 {
+			r.dues[p.nums[i]] = due
+			r.lastDue = max(r.lastDue, due)
+			accepted++
+		}
+	}
+	r.second(now).acked += accepted
+	r.mu.Unlock()
+	r.acked.Add(int64(accepted))
 }
 
 func (r *benchRun) fail(err error, n int) {
