@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 )
@@ -645,9 +645,9 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 	for i, d := range r.ackLat {
 		lat[i] = float64(d) / 1e6
 	}
-	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 1)
-	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = quantile(r.late, 0.5), quantile(r.late, 0.99), quantile(r.late, 0.999), quantile(r.late, 1)
-	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = quantile(r.lag, 0.5), quantile(r.lag, 0.99), quantile(r.lag, 1)
+	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = checker.Quantile(lat, 0.5), checker.Quantile(lat, 0.99), checker.Quantile(lat, 1)
+	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = checker.Quantile(r.late, 0.5), checker.Quantile(r.late, 0.99), checker.Quantile(r.late, 0.999), checker.Quantile(r.late, 1)
+	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = checker.Quantile(r.lag, 0.5), checker.Quantile(r.lag, 0.99), checker.Quantile(r.lag, 1)
 	first, last := -1, -1
 	for i, sec := range r.secs {
 		s.PeakAckedSec = max(s.PeakAckedSec, sec.acked)
@@ -676,19 +676,6 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 		s.CPUPer1000 = cpu / float64(s.Acked) * 1000
 	}
 	return s
-}
-
-// quantile sorts xs in place and returns its q-quantile (nearest rank), 0
-// when empty.
-func quantile(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	if !slices.IsSorted(xs) {
-		slices.Sort(xs)
-	}
-	i := int(q*float64(len(xs))+0.5) - 1
-	return xs[min(max(i, 0), len(xs)-1)]
 }
 
 func (s benchSummary) print(c *cli) {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 )
@@ -371,10 +371,16 @@ func TestEndToEnd(t *testing.T) {
 	d.stop()
 }
 
+// quantiles describes ds by nearest rank, as the fault checker does.
 func quantiles(ds []time.Duration) string {
-	slices.Sort(ds)
-	q := func(p float64) time.Duration { return ds[int(p*float64(len(ds)-1))].Round(time.Microsecond) }
-	return fmt.Sprintf("p50 %v  p99 %v  max %v", q(0.5), q(0.99), ds[len(ds)-1].Round(time.Microsecond))
+	ms := make([]float64, len(ds))
+	for i, d := range ds {
+		ms[i] = float64(d) / 1e6
+	}
+	q := func(p float64) time.Duration {
+		return time.Duration(checker.Quantile(ms, p) * 1e6).Round(time.Microsecond)
+	}
+	return fmt.Sprintf("p50 %v  p99 %v  max %v", q(0.5), q(0.99), q(1))
 }
 
 func TestBadInputIsRejectedAndLeavesNoTrace(t *testing.T) {
