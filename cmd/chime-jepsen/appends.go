@@ -24,7 +24,20 @@ type appendLog struct {
 // appendKey names one produced copy: an id is produced again only by a
 // retry (another chime-attempt) or another firing (another
 // chime-fired-unix-ms).
-type appendKey struct{ topic, id, fired, attempt string }
+type appendKey struct {
+	topic, id string
+	firedMs   int64
+	attempt   int
+}
+
+// keyOf names the copy a record with headers h on topic is.
+func keyOf(topic string, h publish.Headers) appendKey {
+	k := appendKey{topic: topic, id: h.ID, attempt: h.Attempt}
+	if !h.Fired.IsZero() {
+		k.firedMs = h.Fired.UnixMilli()
+	}
+	return k
+}
 
 func watchProduces(c *kfake.Cluster) *appendLog {
 	l := &appendLog{at: map[appendKey]int64{}}
@@ -39,17 +52,8 @@ func watchProduces(c *kfake.Cluster) *appendLog {
 		for _, t := range pr.Topics {
 			for _, p := range t.Partitions {
 				eachRecord(p.Records, func(r *kmsg.Record) {
-					k := appendKey{topic: t.Topic}
-					for _, h := range r.Headers {
-						switch h.Key {
-						case publish.HeaderID:
-							k.id = string(h.Value)
-						case publish.HeaderFired:
-							k.fired = string(h.Value)
-						case publish.HeaderAttempt:
-							k.attempt = string(h.Value)
-						}
-					}
+					h, _ := publish.ParseHeaders(r.Headers) // a malformed header leaves its field zero
+					k := keyOf(t.Topic, h)
 					if _, seen := l.at[k]; !seen {
 						l.at[k] = now
 					}

@@ -24,7 +24,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -276,19 +275,15 @@ func readRecords(ctx context.Context, brokers []string, appends *appendLog, logg
 			quiet = time.Now()
 			rec := checker.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Payload: string(r.Value),
 				AppendMs: r.Timestamp.UnixMilli(), ReceivedNs: now}
-			for _, h := range r.Headers {
-				switch h.Key {
-				case publish.HeaderID:
-					rec.ID = string(h.Value)
-				case publish.HeaderDue:
-					rec.DueMs, _ = strconv.ParseInt(string(h.Value), 10, 64)
-				case publish.HeaderFired:
-					rec.FiredMs, _ = strconv.ParseInt(string(h.Value), 10, 64)
-				case publish.HeaderAttempt:
-					rec.Attempt, _ = strconv.Atoi(string(h.Value))
-				}
+			h, _ := publish.ParseHeaders(r.Headers) // a malformed header leaves its field zero, as before
+			rec.ID, rec.Attempt = h.ID, h.Attempt
+			if !h.Due.IsZero() {
+				rec.DueMs = h.Due.UnixMilli()
 			}
-			k := appendKey{topic: r.Topic, id: rec.ID, fired: strconv.FormatInt(rec.FiredMs, 10), attempt: strconv.Itoa(rec.Attempt)}
+			if !h.Fired.IsZero() {
+				rec.FiredMs = h.Fired.UnixMilli()
+			}
+			k := keyOf(r.Topic, h)
 			if at, ok := appends.lookup(k); ok {
 				rec.AppendMs = at / 1e6
 			} else {

@@ -16,18 +16,16 @@ import (
 	"time"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
 // dialAdmin connects to --addr. The connection is lazy: a dead address
-// shows up as Unavailable on the first call.
+// shows up as Unavailable on the first call (after the retries of dial).
 func (c *cli) dialAdmin() (chimev1.AdminClient, func(), error) {
-	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial(c.addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--addr %q: %w", c.addr, err)
+		return nil, nil, err
 	}
 	return chimev1.NewAdminClient(conn), func() { conn.Close() }, nil
 }

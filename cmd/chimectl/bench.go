@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -22,8 +22,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
-	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/publish"
 )
 
 func benchCommand() *command {
@@ -46,9 +47,12 @@ the end it prints the totals, the acknowledgement latency of the calls
 p50/p99/p99.9/max), the drain (from the earliest due time to the last
 chime-fired, and the rate over it: with --due-at, how fast a backlog that
 fell due at once went out), delivery lag (consumer receipt minus due), the
-number of records fired before they were due, duplicates, and, for chimed
-processes on this machine (--pids, or every process named chimed), CPU
-seconds per 1,000 events and the peak resident memory. --json prints the
+number of records fired before they were due, duplicates, and what the
+chimed nodes spent: CPU seconds per 1,000 events and the peak resident
+memory of one node, read from the process_* metrics of each node's /metrics
+(--metrics, or every member's HTTP address in the cluster map; a single
+chimed dev has no cluster map, so bench reads --addr's host at the gRPC
+port + 10, where chimed dev puts its HTTP server). --json prints the
 summary as JSON; --svg writes a plot of the rates and the lateness per
 second.
 
@@ -75,7 +79,7 @@ rerun with the same prefix measures idempotent re-sends instead.`,
 			fs.BoolVar(&o.noConsume, "no-consume", false, "do not read the records back (ingest only)")
 			fs.IntVar(&o.payload, "payload-size", 64, "payload `bytes` per event")
 			fs.BoolVar(&o.route, "route", true, "send each batch to its shard's leader (from the cluster map) rather than to --addr")
-			fs.StringVar(&o.pids, "pids", "", "comma-separated `pids` of local chimed processes to measure (default: every process named chimed)")
+			fs.StringVar(&o.metrics, "metrics", "", "comma-separated HTTP `addresses` (host:port) of the chimed nodes whose /metrics to read for CPU and memory (default: every member's, from the cluster map)")
 			fs.StringVar(&o.svg, "svg", "", "write a plot of rates and lateness per second to this `file`")
 			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
 			fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long to wait for records after the last one is due")
@@ -96,7 +100,7 @@ type benchOptions struct {
 	events, callers, batch, payload int
 	rate                            float64
 	delay, delayMax, dueAt, spread  time.Duration
-	topic, brokers, pids, svg       string
+	topic, brokers, metrics, svg    string
 	prefix                          string
 	noConsume, route                bool
 	wait                            time.Duration
@@ -169,14 +173,16 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	if !o.noConsume {
 		r.seen = make([]bool, o.events)
 	}
-	procs := localProcs(o.pids)
-	cpu0 := procCPU(procs)
-
-	route, closeConns, err := c.benchRoutes(ctx, o.route)
+	route, httpAddrs, closeConns, err := c.benchRoutes(ctx, o.route)
 	if err != nil {
 		return err
 	}
 	defer closeConns()
+	if o.metrics != "" {
+		httpAddrs = strings.Fields(strings.ReplaceAll(o.metrics, ",", " "))
+	}
+	cost := newNodeCost(httpAddrs)
+	cost.sample(ctx)
 
 	var consumerDone chan error
 	cctx, stopConsumer := context.WithCancel(ctx)
@@ -194,7 +200,7 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 
 	tctx, stopTicker := context.WithCancel(ctx)
 	tickerDone := make(chan struct{})
-	go func() { defer close(tickerDone); r.report(tctx, c, procs) }()
+	go func() { defer close(tickerDone); r.report(tctx, c, cost) }()
 
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -227,8 +233,8 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 		}
 	}
 	end := time.Now()
-	cpu1 := procCPU(procs)
-	sum := r.summary(sendEnd, end, procs, cpu1-cpu0)
+	cost.sample(ctx)
+	sum := r.summary(sendEnd, end, cost)
 	if o.svg != "" {
 		if err := os.WriteFile(o.svg, []byte(r.plot()), 0o644); err != nil {
 			return fmt.Errorf("--svg: %w", err)
@@ -254,13 +260,17 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 // one client when not routing).
 type benchRoute func(id string) chimev1.SchedulerClient
 
-func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), error) {
+// benchRoutes connects to --addr and, when route is set, to every member
+// of the cluster map. It also returns the members' HTTP addresses, or,
+// when --addr has no cluster map (a single chimed dev), the one chimed dev
+// derives from --addr.
+func (c *cli) benchRoutes(ctx context.Context, route bool) (_ benchRoute, httpAddrs []string, _ func(), _ error) {
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	conn, err := dial(c.addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--addr %q: %w", c.addr, err)
+		return nil, nil, nil, fmt.Errorf("--addr %q: %w", c.addr, err)
 	}
 	conns := []*grpc.ClientConn{conn}
 	closeAll := func() {
@@ -269,19 +279,31 @@ func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), 
 		}
 	}
 	direct := chimev1.NewSchedulerClient(conn)
-	if !route {
-		return func(string) chimev1.SchedulerClient { return direct }, closeAll, nil
-	}
+	toAddr := func(string) chimev1.SchedulerClient { return direct }
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	m, err := chimev1.NewAdminClient(conn).GetClusterMap(mctx, &chimev1.GetClusterMapRequest{})
 	if status.Code(err) == codes.Unimplemented {
 		// A single node without the cluster layer leads every shard.
-		return func(string) chimev1.SchedulerClient { return direct }, closeAll, nil
+		if a, ok := devHTTPAddr(c.addr); ok {
+			httpAddrs = []string{a}
+		}
+		return toAddr, httpAddrs, closeAll, nil
 	}
 	if err != nil {
+		if !route {
+			return toAddr, nil, closeAll, nil
+		}
 		closeAll()
-		return nil, nil, fmt.Errorf("reading the cluster map from %s (use --route=false to send everything there): %w", c.addr, err)
+		return nil, nil, nil, fmt.Errorf("reading the cluster map from %s (use --route=false to send everything there): %w", c.addr, err)
+	}
+	for _, mem := range m.Members {
+		if gone := mem.State == "dead" || mem.State == "left" || mem.State == "removed"; mem.HttpAddr != "" && !gone {
+			httpAddrs = append(httpAddrs, mem.HttpAddr)
+		}
+	}
+	if !route || m.ShardCount == 0 {
+		return toAddr, httpAddrs, closeAll, nil
 	}
 	byNode := map[string]chimev1.SchedulerClient{}
 	for _, mem := range m.Members {
@@ -291,7 +313,7 @@ func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), 
 		cc, err := dial(mem.GrpcAddr)
 		if err != nil {
 			closeAll()
-			return nil, nil, fmt.Errorf("member %s at %s: %w", mem.Id, mem.GrpcAddr, err)
+			return nil, nil, nil, fmt.Errorf("member %s at %s: %w", mem.Id, mem.GrpcAddr, err)
 		}
 		conns = append(conns, cc)
 		byNode[mem.Id] = chimev1.NewSchedulerClient(cc)
@@ -305,8 +327,7 @@ func (c *cli) benchRoutes(ctx context.Context, route bool) (benchRoute, func(), 
 			leaders[s.Id] = cl
 		}
 	}
-	shards := int(m.ShardCount)
-	return func(id string) chimev1.SchedulerClient { return leaders[shard.For(id, shards)] }, closeAll, nil
+	return func(id string) chimev1.SchedulerClient { return leaders[chimev1.ShardOf(id, m.ShardCount)] }, httpAddrs, closeAll, nil
 }
 
 // call is one caller: it takes --batch event numbers at a time until all
@@ -377,35 +398,38 @@ type benchPart struct {
 }
 
 // send schedules p in one call (Schedule when --batch is 1). A failed call
-// is retried with the same ids, which is idempotent, up to 20 times.
+// is sent again with the same ids, which is idempotent, up to 20 more times,
+// backing off from 50 ms to at most 500 ms between tries.
 func (r *benchRun) send(ctx context.Context, cl chimev1.SchedulerClient, p *benchPart) {
-	for attempt := 0; ; attempt++ {
+	type ack struct {
+		dues []int64
+		lat  time.Duration
+	}
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.MaxInterval = 50*time.Millisecond, 500*time.Millisecond
+	a, err := backoff.Retry(ctx, func() (ack, error) {
 		t0 := time.Now()
 		dues, err := r.schedule(ctx, cl, p.evs)
-		lat := time.Since(t0)
-		if err == nil {
-			now := time.Now()
-			accepted := 0
-			r.mu.Lock()
-			r.ackLat = append(r.ackLat, lat)
-			for i, due := range dues {
-				if due != 0 {
-					r.dues[p.nums[i]] = due
-					r.lastDue = max(r.lastDue, due)
-					accepted++
-				}
-			}
-			r.second(now).acked += accepted
-			r.mu.Unlock()
-			r.acked.Add(int64(accepted))
-			return
-		}
-		if ctx.Err() != nil || attempt >= 20 {
-			r.fail(err, len(p.evs))
-			return
-		}
-		time.Sleep(time.Duration(min(attempt+1, 10)) * 50 * time.Millisecond)
+		return ack{dues, time.Since(t0)}, err
+	}, backoff.WithBackOff(b), backoff.WithMaxTries(21), backoff.WithMaxElapsedTime(0))
+	if err != nil {
+		r.fail(err, len(p.evs))
+		return
 	}
+	now := time.Now()
+	accepted := 0
+	r.mu.Lock()
+	r.ackLat = append(r.ackLat, a.lat)
+	for i, due := range a.dues {
+		if due != 0 {
+			r.dues[p.nums[i]] = due
+			r.lastDue = max(r.lastDue, due)
+			accepted++
+		}
+	}
+	r.second(now).acked += accepted
+	r.mu.Unlock()
+	r.acked.Add(int64(accepted))
 }
 
 func (r *benchRun) fail(err error, n int) {
@@ -449,7 +473,7 @@ func (r *benchRun) schedule(ctx context.Context, cl chimev1.SchedulerClient, evs
 // record of this run; ready is closed once partitions are assigned.
 func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(splitList(r.o.brokers)...),
+		kgo.SeedBrokers(strings.Fields(strings.ReplaceAll(r.o.brokers, ",", " "))...),
 		kgo.ConsumeTopics(r.o.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(r.start.Add(-time.Second).UnixMilli())),
 		kgo.AllowAutoTopicCreation(),
@@ -482,17 +506,8 @@ func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 
 // record accounts for one consumed record; r.mu is held.
 func (r *benchRun) record(rec *kgo.Record, now time.Time) {
-	var id string
-	var fired int64 = -1
-	for _, h := range rec.Headers {
-		switch h.Key {
-		case headerID:
-			id = string(h.Value)
-		case headerFired:
-			fired, _ = strconv.ParseInt(string(h.Value), 10, 64)
-		}
-	}
-	rest, ok := strings.CutPrefix(id, r.prefix)
+	h, _ := publish.ParseHeaders(rec.Headers)
+	rest, ok := strings.CutPrefix(h.ID, r.prefix)
 	if !ok {
 		return
 	}
@@ -508,9 +523,10 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 	r.consumed++
 	r.second(now).consumed++
 	due := r.dues[n]
-	if due == 0 || fired < 0 {
-		return // the ack is still on its way back; lateness unknown
+	if due == 0 || h.Fired.IsZero() {
+		return // the ack is still on its way back, or no chime-fired: lateness unknown
 	}
+	fired := h.Fired.UnixMilli()
 	// chime-fired has millisecond resolution: compare at that resolution.
 	late := float64(fired - due/1e6)
 	if fired < due/1e6 {
@@ -528,13 +544,14 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 }
 
 // report prints a line a second until ctx ends.
-func (r *benchRun) report(ctx context.Context, c *cli, procs []int) {
+func (r *benchRun) report(ctx context.Context, c *cli, cost *nodeCost) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	if !c.json {
 		fmt.Fprintf(c.stderr, "%6s %12s %12s %12s %8s %10s\n", "t", "acked/s", "fired/s", "consumed/s", "cpu%", "rss")
 	}
-	prevCPU, prevT := procCPU(procs), time.Now()
+	prevCPU, _ := cost.sample(ctx)
+	prevT := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -550,11 +567,11 @@ func (r *benchRun) report(ctx context.Context, c *cli, procs []int) {
 				prev = r.secs[i-1]
 			}
 			r.mu.Unlock()
-			cpu := procCPU(procs)
+			cpu, rss := cost.sample(ctx)
 			pct := 100 * (cpu - prevCPU) / now.Sub(prevT).Seconds()
 			prevCPU, prevT = cpu, now
 			if !c.json {
-				fmt.Fprintf(c.stderr, "%5ds %12d %12d %12d %7.0f%% %10s\n", i+1, cur.acked, prev.fired, cur.consumed, pct, mib(procRSS(procs)))
+				fmt.Fprintf(c.stderr, "%5ds %12d %12d %12d %7.0f%% %10s\n", i+1, cur.acked, prev.fired, cur.consumed, pct, mib(rss))
 			}
 		}
 	}
@@ -590,34 +607,32 @@ type benchSummary struct {
 	// of the records whose lateness is known (DrainFired of them), and
 	// DrainPerSec their rate over it: with --due-at, how fast a backlog
 	// that fell due at once went out, at millisecond resolution.
-	DrainFired    int     `json:"drain_fired"`
-	DrainSeconds  float64 `json:"drain_seconds"`
-	DrainPerSec   float64 `json:"drain_per_second"`
-	LateP50Ms     float64 `json:"late_p50_ms"`
-	LateP99Ms     float64 `json:"late_p99_ms"`
-	LateP999Ms    float64 `json:"late_p999_ms"`
-	LateMaxMs     float64 `json:"late_max_ms"`
-	LagP50Ms      float64 `json:"lag_p50_ms"`
-	LagP99Ms      float64 `json:"lag_p99_ms"`
-	LagMaxMs      float64 `json:"lag_max_ms"`
-	Processes     []int   `json:"processes"`
-	CPUSeconds    float64 `json:"cpu_seconds"`
-	CPUPer1000    float64 `json:"cpu_seconds_per_1000_events"`
-	PeakRSSBytes  int64   `json:"peak_rss_bytes"` // the largest VmHWM among the processes
+	DrainFired    int      `json:"drain_fired"`
+	DrainSeconds  float64  `json:"drain_seconds"`
+	DrainPerSec   float64  `json:"drain_per_second"`
+	LateP50Ms     float64  `json:"late_p50_ms"`
+	LateP99Ms     float64  `json:"late_p99_ms"`
+	LateP999Ms    float64  `json:"late_p999_ms"`
+	LateMaxMs     float64  `json:"late_max_ms"`
+	LagP50Ms      float64  `json:"lag_p50_ms"`
+	LagP99Ms      float64  `json:"lag_p99_ms"`
+	LagMaxMs      float64  `json:"lag_max_ms"`
+	Processes     []string `json:"processes"` // HTTP addresses of the chimed nodes measured
+	CPUSeconds    float64  `json:"cpu_seconds"`
+	CPUPer1000    float64  `json:"cpu_seconds_per_1000_events"`
+	PeakRSSBytes  int64    `json:"peak_rss_bytes"` // the largest resident memory of one node, sampled every second
 	consumeActive bool
 }
 
-func (r *benchRun) summary(sendEnd, end time.Time, procs []int, cpu float64) benchSummary {
+func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary {
+	answered, cpu, peakRSS := cost.totals()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := benchSummary{
 		Events: r.o.events, Acked: r.acked.Load(), Failed: r.failed.Load(),
 		SendSeconds: sendEnd.Sub(r.start).Seconds(), Calls: len(r.ackLat),
 		Consumed: r.consumed, Duplicates: r.dups, Early: r.early,
-		Processes: procs, CPUSeconds: cpu, consumeActive: !r.o.noConsume,
-	}
-	if s.Processes == nil {
-		s.Processes = []int{}
+		Processes: answered, CPUSeconds: cpu, PeakRSSBytes: peakRSS, consumeActive: !r.o.noConsume,
 	}
 	if r.firstErr != nil {
 		s.FirstError = r.firstErr.Error()
@@ -630,9 +645,9 @@ func (r *benchRun) summary(sendEnd, end time.Time, procs []int, cpu float64) ben
 	for i, d := range r.ackLat {
 		lat[i] = float64(d) / 1e6
 	}
-	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 1)
-	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = quantile(r.late, 0.5), quantile(r.late, 0.99), quantile(r.late, 0.999), quantile(r.late, 1)
-	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = quantile(r.lag, 0.5), quantile(r.lag, 0.99), quantile(r.lag, 1)
+	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = checker.Quantile(lat, 0.5), checker.Quantile(lat, 0.99), checker.Quantile(lat, 1)
+	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = checker.Quantile(r.late, 0.5), checker.Quantile(r.late, 0.99), checker.Quantile(r.late, 0.999), checker.Quantile(r.late, 1)
+	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = checker.Quantile(r.lag, 0.5), checker.Quantile(r.lag, 0.99), checker.Quantile(r.lag, 1)
 	first, last := -1, -1
 	for i, sec := range r.secs {
 		s.PeakAckedSec = max(s.PeakAckedSec, sec.acked)
@@ -660,23 +675,7 @@ func (r *benchRun) summary(sendEnd, end time.Time, procs []int, cpu float64) ben
 	if s.Acked > 0 {
 		s.CPUPer1000 = cpu / float64(s.Acked) * 1000
 	}
-	for _, p := range procs {
-		s.PeakRSSBytes = max(s.PeakRSSBytes, procStatus(p, "VmHWM:"))
-	}
 	return s
-}
-
-// quantile sorts xs in place and returns its q-quantile (nearest rank), 0
-// when empty.
-func quantile(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	if !slices.IsSorted(xs) {
-		slices.Sort(xs)
-	}
-	i := int(q*float64(len(xs))+0.5) - 1
-	return xs[min(max(i, 0), len(xs)-1)]
 }
 
 func (s benchSummary) print(c *cli) {
@@ -696,82 +695,6 @@ func (s benchSummary) print(c *cli) {
 	if len(s.Processes) > 0 {
 		fmt.Fprintf(w, "cost       %d chimed processes: %.1f CPU s, %.3f CPU s per 1000 events, peak RSS %s\n", len(s.Processes), s.CPUSeconds, s.CPUPer1000, mib(s.PeakRSSBytes))
 	} else {
-		fmt.Fprintf(w, "cost       no local chimed process found (see --pids)\n")
+		fmt.Fprintf(w, "cost       no chimed /metrics to read (see --metrics)\n")
 	}
-}
-
-// localProcs returns the pids in list, or every process whose command name
-// is chimed.
-func localProcs(list string) []int {
-	var out []int
-	if list != "" {
-		for _, f := range splitList(list) {
-			if p, err := strconv.Atoi(f); err == nil {
-				out = append(out, p)
-			}
-		}
-		return out
-	}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if comm, err := os.ReadFile("/proc/" + e.Name() + "/comm"); err == nil && strings.TrimSpace(string(comm)) == "chimed" {
-			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// procCPU is the user+system CPU seconds of procs so far.
-func procCPU(procs []int) float64 {
-	total := 0.0
-	for _, p := range procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
-		if err != nil {
-			continue
-		}
-		// Fields after the command name (which may hold spaces) start at
-		// the state, field 3; utime and stime are fields 14 and 15.
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseFloat(f[11], 64)
-		st, _ := strconv.ParseFloat(f[12], 64)
-		total += (ut + st) / clockTicks
-	}
-	return total
-}
-
-// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
-const clockTicks = 100
-
-func procRSS(procs []int) int64 {
-	var total int64
-	for _, p := range procs {
-		total += procStatus(p, "VmRSS:")
-	}
-	return total
-}
-
-// procStatus reads a "kB" field of /proc/pid/status, in bytes.
-func procStatus(pid int, field string) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, field); ok {
-			f := strings.Fields(rest)
-			if len(f) > 0 {
-				kb, _ := strconv.ParseInt(f[0], 10, 64)
-				return kb << 10
-			}
-		}
-	}
-	return 0
 }

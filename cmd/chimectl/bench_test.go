@@ -4,12 +4,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/grpc"
 
@@ -72,13 +77,26 @@ func startNode(t *testing.T) (addr string, brokers []string) {
 	return ln.Addr().String(), brokers
 }
 
+// serveProcessMetrics serves /metrics with the Prometheus process collector
+// of the test process (where the node of startNode runs), as chimed does,
+// and returns its address.
+func serveProcessMetrics(t *testing.T) string {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
 func TestBenchAgainstARealNode(t *testing.T) {
 	addr, brokers := startNode(t)
 	svg := filepath.Join(t.TempDir(), "bench.svg")
 	const events = 3000
 	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--events", fmt.Sprint(events), "--callers", "4",
 		"--batch", "50", "--delay", "200ms", "--delay-max", "700ms", "--brokers", strings.Join(brokers, ","),
-		"--pids", fmt.Sprint(os.Getpid()), "--svg", svg, "--wait", "10s")
+		"--metrics", serveProcessMetrics(t), "--svg", svg, "--wait", "10s")
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
@@ -97,11 +115,14 @@ func TestBenchAgainstARealNode(t *testing.T) {
 		s["drain_per_second"].(float64) != float64(events)/s["drain_seconds"].(float64) {
 		t.Errorf("drain figures: %v records over %v s at %v/s", s["drain_fired"], s["drain_seconds"], s["drain_per_second"])
 	}
+	if p, _ := s["processes"].([]any); len(p) != 1 {
+		t.Errorf("processes = %v, want the one --metrics address", s["processes"])
+	}
 	if s["late_max_ms"].(float64) > 5000 || s["ack_p50_ms"].(float64) <= 0 || s["cpu_seconds_per_1000_events"].(float64) <= 0 || s["peak_rss_bytes"].(float64) <= 0 {
 		t.Errorf("implausible figures: %s", r.stdout)
 	}
 	b, err := os.ReadFile(svg)
-	if err != nil || !strings.HasPrefix(string(b), "<svg") || !strings.Contains(string(b), "polyline") {
+	if err != nil || !strings.HasPrefix(string(b), "<svg xmlns=") || strings.Count(string(b), `class="line"`) != 6 {
 		t.Errorf("--svg wrote %d bytes (%v), not a plot", len(b), err)
 	}
 	// The per-second lines go to stderr; --json keeps stdout for the summary.
@@ -121,17 +142,5 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		if r.code != 2 || !strings.Contains(r.stderr, c.msg) {
 			t.Errorf("bench %s: exit %d, stderr %q; want 2 and %q", c.args, r.code, r.stderr, c.msg)
 		}
-	}
-}
-
-func TestQuantile(t *testing.T) {
-	xs := []float64{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
-	for _, c := range []struct{ q, want float64 }{{0.5, 5}, {0.9, 9}, {0.99, 10}, {1, 10}, {0, 1}} {
-		if got := quantile(xs, c.q); got != c.want {
-			t.Errorf("quantile(%v) = %v, want %v", c.q, got, c.want)
-		}
-	}
-	if quantile(nil, 0.5) != 0 {
-		t.Error("quantile of nothing is not 0")
 	}
 }

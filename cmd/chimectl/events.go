@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -11,18 +12,17 @@ import (
 	"time"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // call dials --addr and runs fn with a client and a context bounded by
-// --timeout (no bound when it is 0).
+// --timeout (no bound when it is 0); repeatable calls answered UNAVAILABLE
+// are retried within it.
 func (c *cli) call(ctx context.Context, fn func(ctx context.Context, sc chimev1.SchedulerClient) error) error {
-	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := dial(c.addr)
 	if err != nil {
-		return fmt.Errorf("--addr %q: %w", c.addr, err)
+		return err
 	}
 	defer conn.Close()
 	if c.timeout > 0 {
@@ -50,8 +50,12 @@ record gets --key, the payload from --payload or --payload-file, the given
 for deduplication). The id is the idempotency key: scheduling the same id
 with the same content again changes nothing and reports "already
 scheduled" with the original due time; the same id with different content
-fails with AlreadyExists. Without --id the server generates one, and a retry
-would schedule a second event.`,
+fails with AlreadyExists. Without --id chimectl picks a random id (26
+characters of base32, like the ids the server generates) and prints it, so
+that a call answered Unavailable (a node restarting, a shard between
+leaders) is sent again, with backoff until --timeout, without ever
+scheduling two events; a resent call whose first copy had arrived reports
+"already scheduled".`,
 		example: `  chimectl schedule --topic reminders --in 30m --id order-42-reminder --payload '{"order":42}'
   chimectl schedule --topic billing.retry --at 2030-01-02T09:00:00+01:00 --key customer-7 --header trace=abc
   gzip -c report.json | chimectl schedule --topic reports --in 24h --payload-file - --json`,
@@ -62,7 +66,7 @@ would schedule a second event.`,
 			key := fs.String("key", "", "Kafka record `key` (chooses the partition); empty means no key")
 			payload := fs.String("payload", "", "record value as a `string`")
 			payloadFile := fs.String("payload-file", "", "read the record value from `path`; - reads standard input")
-			id := fs.String("id", "", "event `id`, the idempotency key (at most 256 bytes); empty lets the server generate one")
+			id := fs.String("id", "", "event `id`, the idempotency key (at most 256 bytes); empty: chimectl picks a random one")
 			var hdrs multiFlag
 			fs.Var(&hdrs, "header", "add a Kafka record header `name=value`; repeatable, kept in order")
 			return func(ctx context.Context, args []string) error {
@@ -73,6 +77,10 @@ would schedule a second event.`,
 				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 				if *topic == "" {
 					return usagef("--topic is required")
+				}
+				if *id == "" {
+					// 128 random bits, the form of the server's own ids.
+					*id = strings.ToLower(rand.Text())
 				}
 				ev := &chimev1.Event{Id: *id, Topic: *topic, Key: []byte(*key)}
 				switch {

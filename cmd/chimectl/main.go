@@ -312,14 +312,3 @@ func (m *multiFlag) Set(v string) error {
 	*m = append(*m, v)
 	return nil
 }
-
-// splitList splits a comma-separated flag value, dropping blanks.
-func splitList(s string) []string {
-	var out []string
-	for _, v := range strings.Split(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			out = append(out, v)
-		}
-	}
-	return out
-}

@@ -5,18 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-)
 
-// The headers Chime puts on every record it produces (see package publish).
-const (
-	headerID      = "chime-id"
-	headerDue     = "chime-due-unix-ms"
-	headerFired   = "chime-fired-unix-ms"
-	headerAttempt = "chime-attempt"
+	"github.com/chimehq/chime/publish"
 )
 
 func tailCommand() *command {
@@ -53,7 +47,7 @@ what it printed, so a later tail with the same group continues from there;
 				if *count < 0 {
 					return usagef("--count must not be negative")
 				}
-				seeds := splitList(*brokers)
+				seeds := strings.Fields(strings.ReplaceAll(*brokers, ",", " ")) // commas or spaces separate
 				if len(seeds) == 0 {
 					return usagef("--brokers: no address given")
 				}
@@ -148,29 +142,25 @@ type tailJSON struct {
 
 func (c *cli) printRecord(r *kgo.Record) error {
 	received := c.now()
+	// A header that is absent or malformed shows as null (JSON) or - (text).
+	h, _ := publish.ParseHeaders(r.Headers)
 	var id *string
-	var dueMs, firedMs, attempt *int64
-	for _, h := range r.Headers {
-		switch h.Key {
-		case headerID:
-			v := string(h.Value)
-			id = &v
-		case headerDue:
-			dueMs = parseInt(h.Value)
-		case headerFired:
-			firedMs = parseInt(h.Value)
-		case headerAttempt:
-			attempt = parseInt(h.Value)
-		}
+	var dueMs, firedMs, attempt, lateMs, lagMs *int64
+	if h.ID != "" {
+		id = &h.ID
 	}
-	var lateMs, lagMs *int64
-	if dueMs != nil && firedMs != nil {
-		v := *firedMs - *dueMs
-		lateMs = &v
+	if h.Attempt != 0 {
+		attempt = ptr(int64(h.Attempt))
 	}
-	if dueMs != nil {
-		v := received.Sub(time.UnixMilli(*dueMs)).Milliseconds()
-		lagMs = &v
+	if !h.Due.IsZero() {
+		dueMs = ptr(h.Due.UnixMilli())
+		lagMs = ptr(received.Sub(h.Due).Milliseconds())
+	}
+	if !h.Fired.IsZero() {
+		firedMs = ptr(h.Fired.UnixMilli())
+	}
+	if late, ok := h.Late(); ok {
+		lateMs = ptr(late.Milliseconds())
 	}
 
 	if c.json {
@@ -207,13 +197,7 @@ func (c *cli) printRecord(r *kgo.Record) error {
 	return err
 }
 
-func parseInt(b []byte) *int64 {
-	v, err := strconv.ParseInt(string(b), 10, 64)
-	if err != nil {
-		return nil
-	}
-	return &v
-}
+func ptr[T any](v T) *T { return &v }
 
 func msTime(ms *int64) *string {
 	if ms == nil {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 )
@@ -181,10 +181,7 @@ func broker(t testing.TB) []string {
 
 // record is one consumed Kafka record, as an independent client read it.
 type record struct {
-	id         string
-	dueMs      int64
-	firedMs    int64
-	attempt    int
+	publish.Headers
 	value      string
 	receivedAt time.Time
 }
@@ -213,15 +210,9 @@ func collect(t testing.TB, brokers []string, topics ...string) *collector {
 			fs := cl.PollFetches(ctx)
 			now := time.Now()
 			fs.EachRecord(func(r *kgo.Record) {
-				h := map[string]string{}
-				for _, kv := range r.Headers {
-					h[kv.Key] = string(kv.Value)
-				}
-				due, _ := strconv.ParseInt(h[publish.HeaderDue], 10, 64)
-				fired, _ := strconv.ParseInt(h[publish.HeaderFired], 10, 64)
-				attempt, _ := strconv.Atoi(h[publish.HeaderAttempt])
+				h, _ := publish.ParseHeaders(r.Headers) // a malformed header leaves a zero field, which the checks catch
 				c.mu.Lock()
-				c.recs = append(c.recs, record{id: h[publish.HeaderID], dueMs: due, firedMs: fired, attempt: attempt, value: string(r.Value), receivedAt: now})
+				c.recs = append(c.recs, record{Headers: h, value: string(r.Value), receivedAt: now})
 				c.mu.Unlock()
 			})
 		}
@@ -239,11 +230,11 @@ func (c *collector) byID() (map[string]record, int) {
 	m := make(map[string]record, len(c.recs))
 	dups := 0
 	for _, r := range c.recs {
-		if _, ok := m[r.id]; ok {
+		if _, ok := m[r.ID]; ok {
 			dups++
 			continue
 		}
-		m[r.id] = r
+		m[r.ID] = r
 	}
 	return m, dups
 }
@@ -349,14 +340,14 @@ func TestEndToEnd(t *testing.T) {
 	var late, fireLate []time.Duration
 	for id, dueAt := range due {
 		r := got[id]
-		if r.firedMs < dueAt.UnixMilli() {
-			t.Errorf("%s fired early: due %v, fired %v", id, dueAt, time.UnixMilli(r.firedMs))
+		if r.Fired.UnixMilli() < dueAt.UnixMilli() {
+			t.Errorf("%s fired early: due %v, fired %v", id, dueAt, r.Fired)
 		}
 		if r.value != "payload-"+id {
 			t.Errorf("%s: value %q", id, r.value)
 		}
 		late = append(late, r.receivedAt.Sub(dueAt))
-		fireLate = append(fireLate, time.Duration(r.firedMs-dueAt.UnixMilli())*time.Millisecond)
+		fireLate = append(fireLate, time.Duration(r.Fired.UnixMilli()-dueAt.UnixMilli())*time.Millisecond)
 	}
 	t.Logf("fire lateness (chime-fired-unix-ms - due, ms resolution), %d events: %s", len(fireLate), quantiles(fireLate))
 	t.Logf("end-to-end lateness (due -> consumed by an independent client): %s", quantiles(late))
@@ -380,10 +371,16 @@ func TestEndToEnd(t *testing.T) {
 	d.stop()
 }
 
+// quantiles describes ds by nearest rank, as the fault checker does.
 func quantiles(ds []time.Duration) string {
-	slices.Sort(ds)
-	q := func(p float64) time.Duration { return ds[int(p*float64(len(ds)-1))].Round(time.Microsecond) }
-	return fmt.Sprintf("p50 %v  p99 %v  max %v", q(0.5), q(0.99), ds[len(ds)-1].Round(time.Microsecond))
+	ms := make([]float64, len(ds))
+	for i, d := range ds {
+		ms[i] = float64(d) / 1e6
+	}
+	q := func(p float64) time.Duration {
+		return time.Duration(checker.Quantile(ms, p) * 1e6).Round(time.Microsecond)
+	}
+	return fmt.Sprintf("p50 %v  p99 %v  max %v", q(0.5), q(0.99), q(1))
 }
 
 func TestBadInputIsRejectedAndLeavesNoTrace(t *testing.T) {
@@ -482,7 +479,7 @@ func TestKillAndRestart(t *testing.T) {
 	got := col.waitIDs(t, due, 30*time.Second)
 	early := 0
 	for id, at := range due {
-		if got[id].firedMs < at.UnixMilli() {
+		if got[id].Fired.UnixMilli() < at.UnixMilli() {
 			early++
 		}
 	}
@@ -491,4 +488,166 @@ func TestKillAndRestart(t *testing.T) {
 	}
 	_, dups := col.byID()
 	t.Logf("all %d acknowledged events fired after kill -9 and restart (restart took %v; %d duplicates)", len(due), time.Since(killedAt).Round(time.Millisecond), dups)
+}
+
+// lockedBuffer is a bytes.Buffer that a process's output goroutine writes
+// while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// devPorts returns a loopback gRPC address whose port + 1, + 2 and + 10
+// (where chimed dev puts Raft, gossip and HTTP) are free too.
+func devPorts(t *testing.T) (grpcAddr string, port int) {
+	t.Helper()
+	for range 50 {
+		_, p, _ := net.SplitHostPort(freeAddr(t))
+		port, _ = strconv.Atoi(p)
+		free := true
+		for _, off := range []int{0, 1, 2, 10} {
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+off))
+			if err != nil {
+				free = false
+				break
+			}
+			ln.Close()
+		}
+		if free {
+			return fmt.Sprintf("127.0.0.1:%d", port), port
+		}
+	}
+	t.Fatal("no free run of ports for chimed dev")
+	return "", 0
+}
+
+// devProcess is one `chimed dev` run by TestTwoDevNodesSideBySide.
+type devProcess struct {
+	cmd            *exec.Cmd
+	stdout, stderr *lockedBuffer
+	exited         chan struct{}
+}
+
+func startDev(t *testing.T, args ...string) *devProcess {
+	t.Helper()
+	p := &devProcess{cmd: exec.Command(chimedBin, append([]string{"dev", "--log-level", "warn"}, args...)...),
+		stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(30 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return p
+}
+
+// banner waits for the startup banner, which ends with the hints.
+func (p *devProcess) banner(t *testing.T) string {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.Contains(p.stdout.String(), "kcat ") {
+		select {
+		case <-p.exited:
+			t.Fatalf("chimed dev exited before its banner: %s", p.stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no banner after 60 s: %s%s", p.stdout, p.stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return p.stdout.String()
+}
+
+// TestTwoDevNodesSideBySide runs two `chimed dev` given only --grpc-addr,
+// --kafka-addr and --data-dir: the other ports follow --grpc-addr, so they
+// do not collide, every hint names the real addresses, both schedule and
+// fire, and a third dev on a data directory in use stops naming --data-dir.
+func TestTwoDevNodesSideBySide(t *testing.T) {
+	type dev struct {
+		p                   *devProcess
+		grpcAddr, kafkaAddr string
+		port                int
+		dataDir             string
+	}
+	var devs []*dev
+	for range 2 {
+		d := &dev{kafkaAddr: freeAddr(t), dataDir: t.TempDir()}
+		d.grpcAddr, d.port = devPorts(t)
+		d.p = startDev(t, "--grpc-addr", d.grpcAddr, "--kafka-addr", d.kafkaAddr, "--data-dir", d.dataDir, "--shards", "2")
+		devs = append(devs, d)
+	}
+	for i, d := range devs {
+		b := d.p.banner(t)
+		for _, want := range []string{
+			fmt.Sprintf("gRPC   %s ", d.grpcAddr),
+			fmt.Sprintf("Raft   127.0.0.1:%d\n", d.port+1),
+			fmt.Sprintf("HTTP   http://127.0.0.1:%d ", d.port+10),
+			fmt.Sprintf("Kafka  %s ", d.kafkaAddr),
+			fmt.Sprintf("chimectl tail --brokers %s ", d.kafkaAddr),
+			fmt.Sprintf("chimectl --addr %s schedule ", d.grpcAddr),
+			fmt.Sprintf("' %s chime.v1.Scheduler/Schedule", d.grpcAddr),
+			fmt.Sprintf("kcat -C -b %s ", d.kafkaAddr),
+		} {
+			if !strings.Contains(b, want) {
+				t.Errorf("dev %d: banner lacks %q:\n%s", i, want, b)
+			}
+		}
+		for _, other := range []string{"127.0.0.1:7070", "127.0.0.1:7071", "127.0.0.1:7080", "127.0.0.1:9092"} {
+			if strings.Contains(b, other) {
+				t.Errorf("dev %d: banner names the default address %s:\n%s", i, other, b)
+			}
+		}
+	}
+
+	ctx := context.Background()
+	for i, d := range devs {
+		col := collect(t, []string{d.kafkaAddr}, "side.by.side")
+		cc, err := grpc.NewClient(d.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		id := fmt.Sprintf("dev-%d", i)
+		resp, err := chimev1.NewSchedulerClient(cc).Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{
+			Id: id, Topic: "side.by.side", Delay: durationpb.New(300 * time.Millisecond)}})
+		if err != nil {
+			t.Fatalf("dev %d: schedule: %v", i, err)
+		}
+		got := col.waitIDs(t, map[string]time.Time{id: resp.Due.AsTime()}, 30*time.Second)
+		if got[id].Fired.Before(resp.Due.AsTime().Truncate(time.Millisecond)) {
+			t.Errorf("dev %d: %s fired at %v, before its due time %v", i, id, got[id].Fired, resp.Due.AsTime())
+		}
+	}
+
+	grpcAddr, _ := devPorts(t)
+	third := startDev(t, "--grpc-addr", grpcAddr, "--kafka-addr", freeAddr(t), "--data-dir", devs[0].dataDir)
+	select {
+	case <-third.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a dev on a data directory in use is still running after 30 s")
+	}
+	if code := third.cmd.ProcessState.ExitCode(); code == 0 || !strings.Contains(third.stderr.String(), "--data-dir "+devs[0].dataDir+" is in use") {
+		t.Errorf("a dev on a data directory in use: exit %d, stderr %s; want an error naming --data-dir", code, third.stderr)
+	}
 }

@@ -56,8 +56,8 @@ func main() {
 // hands a waiting goroutine a P only when a running one is preempted, every
 // 10 ms, so on a small machine the firing loop and the produce round trips
 // queued behind compactions. With more Ps than cores the kernel interleaves
-// the threads at a finer grain. Measured on 2 cores at 10,000 events/s due
-// (BENCHMARKS.md): fire lateness p99 28 -> 17 ms and max 496 -> 56 ms,
+// the threads at a finer grain. Measured with chimectl bench on 2 cores at
+// 10,000 events/s due: fire lateness p99 28 -> 17 ms and max 496 -> 56 ms,
 // consumer lag p99 130 -> 33 ms, schedule ack p99 206 -> 51 ms, for 6% more
 // CPU per event. Machines with at least this many cores are unaffected.
 const minProcs = 8
@@ -107,10 +107,16 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	}
 	fs.StringVar(&f.nodeID, "node-id", defNode, "this node's unique, stable id (its Raft server id)")
 	fs.StringVar(&f.dataDir, "data-dir", "./chime-data", "directory for Pebble, the Raft logs and snapshots")
+	follows := func(offset int) string {
+		if cmd != "dev" {
+			return ""
+		}
+		return fmt.Sprintf("; when not given, --grpc-addr's host and port + %d", offset)
+	}
 	fs.StringVar(&f.grpcAddr, "grpc-addr", "127.0.0.1:7070", "address of the gRPC API (chime.v1.Scheduler, with reflection)")
-	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:7080", "address of /healthz, /readyz and Prometheus /metrics")
-	fs.StringVar(&f.raftAddr, "raft-addr", "127.0.0.1:7071", "address of the Raft port shared by every shard")
-	fs.StringVar(&f.gossipAddr, "gossip-addr", "127.0.0.1:7072", "address for membership gossip (TCP and UDP)")
+	fs.StringVar(&f.httpAddr, "http-addr", "127.0.0.1:7080", "address of /healthz, /readyz and Prometheus /metrics"+follows(httpOffset))
+	fs.StringVar(&f.raftAddr, "raft-addr", "127.0.0.1:7071", "address of the Raft port shared by every shard"+follows(raftOffset))
+	fs.StringVar(&f.gossipAddr, "gossip-addr", "127.0.0.1:7072", "address for membership gossip (TCP and UDP)"+follows(gossipOffset))
 	if cmd == "dev" {
 		fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "address of the embedded Kafka-protocol broker")
 		fs.IntVar(&f.nodes, "nodes", 1, "run a local cluster of this many nodes in one process; node i (from 0) uses\nthe ports above plus 100*i and --data-dir/node-i")
@@ -157,6 +163,70 @@ Examples:
 	return f
 }
 
+// The ports chimed dev derives from --grpc-addr's for the addresses not
+// given, matching the defaults 7070 (gRPC), 7071, 7072 and 7080, so that a
+// second dev started with only --grpc-addr (and --kafka-addr) takes a free
+// set of ports.
+const (
+	raftOffset   = 1
+	gossipOffset = 2
+	httpOffset   = 10
+)
+
+// followGRPC sets, in dev, every address among --raft-addr, --gossip-addr
+// and --http-addr that was not given to --grpc-addr's host with its port
+// plus the offset. A gRPC port of 0 (any free port) gives 0 too.
+func (f *flags) followGRPC() error {
+	given := map[string]bool{}
+	f.fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	host, portStr, err := net.SplitHostPort(f.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr %q: %w", f.grpcAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr %q: port %q is not a number", f.grpcAddr, portStr)
+	}
+	for _, a := range []struct {
+		name   string
+		addr   *string
+		offset int
+	}{{"raft-addr", &f.raftAddr, raftOffset}, {"gossip-addr", &f.gossipAddr, gossipOffset}, {"http-addr", &f.httpAddr, httpOffset}} {
+		if given[a.name] {
+			continue
+		}
+		p := 0
+		if port != 0 {
+			p = port + a.offset
+		}
+		*a.addr = net.JoinHostPort(host, strconv.Itoa(p))
+	}
+	return nil
+}
+
+// lockDataDir takes an exclusive lock on dataDir/chimed.lock for as long as
+// the process runs, so that a second chimed on the same --data-dir stops at
+// once with an error naming it, instead of failing later on a lock inside
+// Pebble, bbolt or the embedded broker (or sharing the broker's files).
+func lockDataDir(dataDir string) (*os.File, error) {
+	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("--data-dir %s: %w", dataDir, err)
+	}
+	path := filepath.Join(dataDir, "chimed.lock")
+	lf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("--data-dir %s: %w", dataDir, err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lf.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("--data-dir %s is in use by another chimed (it holds %s): give each chimed its own --data-dir", dataDir, path)
+		}
+		return nil, fmt.Errorf("--data-dir %s: locking %s: %w", dataDir, path, err)
+	}
+	return lf, nil
+}
+
 func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	f := newFlags(cmd, stderr)
 	if err := f.fs.Parse(args); err != nil {
@@ -164,6 +234,12 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			return 0
 		}
 		return 2
+	}
+	if cmd == "dev" {
+		if err := f.followGRPC(); err != nil {
+			fmt.Fprintf(stderr, "chimed dev: %v\n", err)
+			return 2
+		}
 	}
 	if f.fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "chimed %s: unexpected argument %q\n", cmd, f.fs.Arg(0))
@@ -180,6 +256,11 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	started := time.Now()
+	lock, err := lockDataDir(f.dataDir)
+	if err != nil {
+		return fail(err)
+	}
+	defer lock.Close()
 
 	var brokers []string
 	if cmd == "dev" {
@@ -190,7 +271,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		defer broker.Close()
 		brokers = broker.ListenAddrs()
 	} else {
-		brokers = splitList(f.brokers)
+		brokers = strings.Fields(strings.ReplaceAll(f.brokers, ",", " ")) // commas or spaces separate
 		if len(brokers) == 0 {
 			fmt.Fprintln(stderr, "chimed serve: --kafka-brokers is required (for example --kafka-brokers localhost:9092)")
 			return 2
@@ -209,7 +290,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		Tuning:      clusterTuning(shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew}),
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
-		Join: splitList(f.join), Replication: f.replication, DeadTimeout: f.deadTimeout,
+		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 	}
 	if cmd == "serve" {
 		f.nodes = 1
@@ -251,7 +332,6 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	// part of what brings them back. (The fault tests found a node that
 	// exited here and so kept its shards without quorum.)
 	readyCtx, cancel := context.WithTimeout(ctx, f.startupWait)
-	var err error
 	for _, n := range nodes {
 		if err = n.waitReady(readyCtx); err != nil {
 			break
@@ -330,16 +410,6 @@ func devNode(base nodeConfig, i int) nodeConfig {
 	return cfg
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, v := range strings.Split(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			out = append(out, v)
-		}
-	}
-	return out
-}
-
 // startBroker runs the embedded Kafka-protocol broker (kfake) on addr, keeping
 // its data under dataDir/kafka so records survive a restart of the dev node.
 func startBroker(addr, dataDir string) (*kfake.Cluster, error) {
@@ -387,12 +457,12 @@ func printBanner(w io.Writer, cmd string, nodes []*node, brokers []string, took 
 	fmt.Fprintf(w, "  Kafka  %s\n", kafka)
 	fmt.Fprintf(w, `
 Try it:
-  go run ./cmd/chimectl tail --topic demo &
-  go run ./cmd/chimectl schedule --topic demo --in 2s --payload hello
-  grpcurl -plaintext -d '{"event":{"topic":"demo","delay":"2s","payload":"aGVsbG8="}}' %s chime.v1.Scheduler/Schedule
-  kcat -C -b %s -t demo -f '%%s  %%h\n'
+  go run ./cmd/chimectl tail --brokers %[2]s --topic demo &
+  go run ./cmd/chimectl --addr %[1]s schedule --topic demo --in 2s --payload hello
+  grpcurl -plaintext -d '{"event":{"topic":"demo","delay":"2s","payload":"aGVsbG8="}}' %[1]s chime.v1.Scheduler/Schedule
+  kcat -C -b %[2]s -t demo -f '%%s  %%h\n'
 `, first.grpcAddr, brokers[0])
 	if len(nodes) > 1 {
-		fmt.Fprintln(w, "  go run ./cmd/chimectl status")
+		fmt.Fprintf(w, "  go run ./cmd/chimectl --addr %s status\n", first.grpcAddr)
 	}
 }

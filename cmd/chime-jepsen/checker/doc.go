@@ -155,5 +155,13 @@
 // instead of being clipped, and the largest lateness is labelled. Fault windows are shaded
 // bands, one colour per nemesis kind, with a legend. Each plot draws at most [MaxPlotPoints]
 // dots: dots on the same pixel of the same class are drawn once, then small classes are kept
-// whole and the rest is sampled evenly in time; the legend says how many were drawn.
+// whole and the rest is sampled evenly in time; the legend says how many were drawn. The page
+// is an html/template, so every id, topic, fault name and reason from the history is escaped.
+//
+// # Shared with chimectl bench
+//
+// [Quantile] (nearest rank, as above) and the plotter ([Plot], [Series], [StackSVG]: dots or
+// lines, symlog or linear y) are exported for chimectl bench's summary and timeline, so the
+// project has one definition of a quantile and one SVG plotter. This package must stay free
+// of Chime's server packages (shard, raftfsm, rpc), which chimectl must not link.
 package checker

@@ -32,8 +32,11 @@ type point struct{ x, y float64 }
 type series struct {
 	name   string
 	color  string
-	radius float64
+	radius float64 // of a dot; half the width of a line
 	pts    []point
+	// line joins the points in x order instead of drawing dots; a NaN y
+	// breaks it. Lines are drawn whole, never downsampled.
+	line bool
 }
 
 type plotSpec struct {
@@ -45,6 +48,48 @@ type plotSpec struct {
 	// annotateMax writes the largest y next to its dot: with the symlog axis the outliers
 	// stay on the plot and are named rather than clipped.
 	annotateMax bool
+	// linearY draws y on a linear axis from 0 (rates) instead of symlog (milliseconds).
+	linearY bool
+}
+
+// Point, Series and Plot are the plotter for other commands' timelines
+// (chimectl bench): the same SVG as the report's plots, without fault bands.
+type Point struct{ X, Y float64 }
+
+// Series is one named class of points, drawn as dots, or as a line joining
+// them in X order (a NaN Y breaks the line).
+type Series struct {
+	Name, Color string
+	Points      []Point
+	Line        bool
+}
+
+// Plot is one plot: Y over X (seconds), symlog Y unless LinearY.
+type Plot struct {
+	ID, Title, XLabel, YLabel string
+	Series                    []Series
+	LinearY                   bool
+}
+
+// StackSVG draws plots one under the other as a standalone SVG document.
+func StackSVG(plots ...Plot) string {
+	var body strings.Builder
+	y := 0
+	for _, p := range plots {
+		spec := plotSpec{id: p.ID, title: p.Title, xLabel: p.XLabel, yLabel: p.YLabel, linearY: p.LinearY}
+		for _, s := range p.Series {
+			ss := series{name: s.Name, color: s.Color, radius: 1.5, line: s.Line, pts: make([]point, len(s.Points))}
+			for i, pt := range s.Points {
+				ss.pts[i] = point{pt.X, pt.Y}
+			}
+			spec.series = append(spec.series, ss)
+		}
+		fmt.Fprintf(&body, "<g transform=\"translate(0 %d)\">\n", y)
+		y += renderPlot(&body, spec)
+		body.WriteString("</g>\n")
+	}
+	return fmt.Sprintf("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n%s</svg>\n",
+		plotWidth, y, body.String())
 }
 
 // faultPalette colours nemesis kinds, assigned in sorted kind order so both plots agree.
@@ -81,6 +126,10 @@ func symlog(y float64) float64 {
 func downsample(ss []series, px func(point) (float64, float64), budget int) []series {
 	out := make([]series, len(ss))
 	for i, s := range ss {
+		if s.line {
+			out[i] = s
+			continue
+		}
 		pts := slices.Clone(s.pts)
 		slices.SortStableFunc(pts, func(a, b point) int { return cmp.Compare(a.x, b.x) })
 		seen := make(map[[2]int32]bool, len(pts))
@@ -98,7 +147,9 @@ func downsample(ss []series, px func(point) (float64, float64), budget int) []se
 	}
 	total := 0
 	for _, s := range out {
-		total += len(s.pts)
+		if !s.line {
+			total += len(s.pts)
+		}
 	}
 	if total <= budget {
 		return out
@@ -111,7 +162,7 @@ func downsample(ss []series, px func(point) (float64, float64), budget int) []se
 	left := budget
 	for n, i := range order {
 		share := left / (len(order) - n)
-		if pts := out[i].pts; len(pts) > share {
+		if pts := out[i].pts; len(pts) > share && !out[i].line {
 			sampled := make([]point, share)
 			for k := range sampled {
 				sampled[k] = pts[k*len(pts)/share]
@@ -123,14 +174,21 @@ func downsample(ss []series, px func(point) (float64, float64), budget int) []se
 	return out
 }
 
-// renderPlot writes one self-contained <svg> element.
-func renderPlot(b *strings.Builder, p plotSpec) {
+// renderPlot writes one self-contained <svg> element and returns its height.
+func renderPlot(b *strings.Builder, p plotSpec) int {
 	esc := html.EscapeString
+	yScale := symlog
+	if p.linearY {
+		yScale = func(y float64) float64 { return y }
+	}
 	// Domain: every dot and every band.
 	xmin, xmax := math.Inf(1), math.Inf(-1)
 	ymin, ymax := 0.0, 1.0
 	for _, s := range p.series {
 		for _, pt := range s.pts {
+			if math.IsNaN(pt.y) {
+				continue
+			}
 			xmin, xmax = math.Min(xmin, pt.x), math.Max(xmax, pt.x)
 			ymin, ymax = math.Min(ymin, pt.y), math.Max(ymax, pt.y)
 		}
@@ -147,14 +205,14 @@ func renderPlot(b *strings.Builder, p plotSpec) {
 	}
 	pad := (xmax - xmin) * 0.01
 	xmin, xmax = xmin-pad, xmax+pad
-	lo, hi := symlog(ymin), symlog(ymax)
+	lo, hi := yScale(ymin), yScale(ymax)
 	ypad := (hi - lo) * 0.04
 	lo, hi = lo-ypad, hi+ypad
 
 	innerW := float64(plotWidth - plotLeft - plotRight)
 	innerH := float64(plotHeight)
 	sx := func(x float64) float64 { return plotLeft + (x-xmin)/(xmax-xmin)*innerW }
-	sy := func(y float64) float64 { return plotTop + (hi-symlog(y))/(hi-lo)*innerH }
+	sy := func(y float64) float64 { return plotTop + (hi-yScale(y))/(hi-lo)*innerH }
 	px := func(pt point) (float64, float64) { return sx(pt.x), sy(pt.y) }
 
 	shown := downsample(p.series, px, MaxPlotPoints)
@@ -192,7 +250,15 @@ func renderPlot(b *strings.Builder, p plotSpec) {
 		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" stroke="#eee"/>`, X, plotTop, X, plotTop+innerH)
 		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", X, plotTop+innerH+14, trimFloat(x))
 	}
-	for _, t := range yTicks(ymin, ymax) {
+	ticks := yTicks(ymin, ymax)
+	if p.linearY {
+		ticks = ticks[:0]
+		step := niceStep(ymax / 4)
+		for t := 0.0; t <= ymax+step/2; t += step {
+			ticks = append(ticks, t)
+		}
+	}
+	for _, t := range ticks {
 		Y := sy(t)
 		if Y < plotTop || Y > plotTop+innerH {
 			continue
@@ -209,15 +275,30 @@ func renderPlot(b *strings.Builder, p plotSpec) {
 	fmt.Fprintf(b, `<text x="%d" y="16" font-size="13" font-weight="bold">%s</text>`+"\n", plotLeft, esc(p.title))
 	fmt.Fprintf(b, "</g>\n")
 
-	// Dots: one path per series, each dot a zero-length round-capped segment.
+	// Dots: one path per series, each dot a zero-length round-capped
+	// segment; lines: one path per series, a move at each break.
 	var maxPt *point
 	for i, s := range shown {
-		fmt.Fprintf(b, `<path class="points" data-series="%s" data-points="%d" data-total="%d" stroke="%s" stroke-width="%.1f" stroke-linecap="round" fill="none" d="`,
-			esc(s.name), len(s.pts), len(p.series[i].pts), s.color, 2*s.radius)
+		class, cap := "points", "round"
+		if s.line {
+			class, cap = "line", "butt"
+		}
+		fmt.Fprintf(b, `<path class="%s" data-series="%s" data-points="%d" data-total="%d" stroke="%s" stroke-width="%.1f" stroke-linecap="%s" fill="none" d="`,
+			class, esc(s.name), len(s.pts), len(p.series[i].pts), s.color, 2*s.radius, cap)
+		pen := "M"
 		for j := range s.pts {
 			pt := &s.pts[j]
+			if math.IsNaN(pt.y) {
+				pen = "M"
+				continue
+			}
 			x, y := px(*pt)
-			fmt.Fprintf(b, "M%.1f %.1fh0", x, y)
+			if s.line {
+				fmt.Fprintf(b, "%s%.1f %.1f", pen, x, y)
+				pen = "L"
+			} else {
+				fmt.Fprintf(b, "M%.1f %.1fh0", x, y)
+			}
 			if maxPt == nil || pt.y > maxPt.y {
 				maxPt = pt
 			}
@@ -250,13 +331,17 @@ func renderPlot(b *strings.Builder, p plotSpec) {
 	for i, s := range shown {
 		x, y := at()
 		label := fmt.Sprintf("%s (%d)", s.name, len(p.series[i].pts))
-		if len(s.pts) < len(p.series[i].pts) {
+		switch {
+		case s.line:
+			label = s.name
+		case len(s.pts) < len(p.series[i].pts):
 			label = fmt.Sprintf("%s (%d, %d drawn)", s.name, len(p.series[i].pts), len(s.pts))
 		}
 		fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="4" fill="%s"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
 			x+7, y+5, s.color, x+18, y+9, esc(label))
 	}
 	fmt.Fprintf(b, "</g>\n</svg>\n")
+	return height
 }
 
 func niceStep(raw float64) float64 {

@@ -3,7 +3,7 @@ package checker
 import (
 	"encoding/json"
 	"fmt"
-	"html"
+	"html/template"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,19 +50,15 @@ func configFrom(c ConfigUsed) Config {
 	}
 }
 
-func renderReport(ops []Op, recs []Record, res Results) string {
-	esc := html.EscapeString
-	a := analyze(ops, recs, configFrom(res.Config))
-	kindColor, _ := kindColors(a.windows)
-	var b strings.Builder
-
-	verdict, verdictClass := "VALID", "good"
-	if !res.Valid {
-		verdict, verdictClass = "INVALID", "bad"
-	}
-	b.WriteString("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n")
-	fmt.Fprintf(&b, "<title>chime-jepsen: %s</title>\n", verdict)
-	b.WriteString(`<style>
+// reportPage is the report's template. html/template escapes every value by its context
+// (element text, attribute); only the SVG plots, which renderPlot escapes itself, go in as
+// template.HTML, and the fault colours, from faultPalette, as template.CSS.
+var reportPage = template.Must(template.New("report").Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8"/>
+<title>chime-jepsen: {{.Verdict}}</title>
+<style>
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 10px; text-align: right; }
@@ -77,15 +73,104 @@ svg.plot { display: block; margin-bottom: 1.5em; }
 </style>
 </head>
 <body>
-`)
-	fmt.Fprintf(&b, "<h1>chime-jepsen run: <span class=\"%s\">%s</span></h1>\n", verdictClass, verdict)
+<h1>chime-jepsen run: <span class="{{.VerdictClass}}">{{.Verdict}}</span></h1>
+{{with .Start}}<p>Start {{.}} (t=0 below); {{$.Ops}} ops, {{$.Records}} records, {{$.Windows}} fault windows.</p>
+{{end}}<h2>Checks</h2>
+<table class="summary">
+<tr><th class="l">check</th><th>count</th><th class="l">status</th></tr>
+{{range .Checks}}<tr><td class="l{{with .NameClass}} {{.}}{{end}}">{{.Name}}</td><td>{{.Count}}</td><td class="l{{with .Class}} {{.}}{{end}}">{{.Status}}</td></tr>
+{{end}}</table>
+<p>Tolerances: early {{.Tolerances.Early}}, cancel {{.Tolerances.Cancel}}, duplicate grace {{.Tolerances.Grace}}; final heal at {{.Tolerances.FinalHeal}}; dead-letter topic <code>{{.Tolerances.DeadLetter}}</code>.</p>
+<h2>Lateness of first copies (ms, append time − due)</h2>
+<table>
+<tr><th class="l">period (by due time)</th><th>count</th><th>p50</th><th>p99</th><th>max</th></tr>
+{{range .Lateness}}<tr><td class="l">{{.Name}}</td><td>{{.Count}}</td><td>{{.P50}}</td><td>{{.P99}}</td><td>{{.Max}}</td></tr>
+{{end}}</table>
+<h2>Duplicates by fault</h2>
+<table>
+<tr><th class="l">fault kind</th><th>extra copies</th></tr>
+{{range .Duplicates}}<tr><td class="l">{{.Kind}}</td><td>{{.Count}}</td></tr>
+{{end}}</table>
+<h2>Faults and recovery</h2>
+<table>
+<tr><th class="l">kind</th><th class="l">targets</th><th>start (s)</th><th>heal (s)</th><th>recovery (ms)</th></tr>
+{{range .Recovery}}<tr><td class="l"><span style="color:{{.Color}}">&#9632;</span> {{.Kind}}</td><td class="l">{{.Targets}}</td><td>{{.Start}}</td><td>{{.Heal}}</td><td>{{.RecoveryMs}}</td></tr>
+{{end}}</table>
+<h2>Final state</h2>
+{{if .Problems}}<ul class="bad">
+{{range .Problems}}<li>{{.}}</li>
+{{end}}</ul>
+{{else}}<p class="good">Every shard has one leader; its replicas agree on applied index and digest.</p>
+{{end}}<h2>Operations</h2>
+<table>
+<tr><th class="l">f</th>{{range .OpTypes}}<th>{{.}}</th>{{end}}</tr>
+{{range .OpRows}}<tr><td class="l">{{.F}}</td>{{range .Counts}}<td>{{.}}</td>{{end}}</tr>
+{{end}}</table>
+{{if .Examples}}<h2>Examples</h2>
+{{range .Examples}}<h3>{{.Check}}</h3>
+<ul>
+{{range .Items}}<li><code>{{.ID}}</code>: {{.Why}}</li>
+{{end}}</ul>
+{{end}}{{end}}<h2>Lateness vs due time</h2>
+{{.LatenessPlot}}<h2>Latency over time</h2>
+{{.LatencyPlot}}</body>
+</html>
+`))
+
+// reportCheck is one row of the Checks table; NameClass and Class colour its first and last cells.
+type reportCheck struct {
+	Name, Count, Class, Status, NameClass string
+}
+
+func renderReport(ops []Op, recs []Record, res Results) string {
+	a := analyze(ops, recs, configFrom(res.Config))
+	kindColor, _ := kindColors(a.windows)
+	type tolerances struct{ Early, Cancel, Grace, FinalHeal, DeadLetter string }
+	type period struct {
+		Name          string
+		Count         int
+		P50, P99, Max string
+	}
+	type dup struct {
+		Kind  string
+		Count int
+	}
+	type recovery struct {
+		Color                                  template.CSS
+		Kind, Targets, Start, Heal, RecoveryMs string
+	}
+	type opRow struct {
+		F      string
+		Counts []int
+	}
+	type example struct{ ID, Why string }
+	type exampleGroup struct {
+		Check string
+		Items []example
+	}
+	v := struct {
+		Verdict, VerdictClass, Start string
+		Ops, Records, Windows        int
+		Checks                       []reportCheck
+		Tolerances                   tolerances
+		Lateness                     []period
+		Duplicates                   []dup
+		Recovery                     []recovery
+		Problems                     []string
+		OpTypes                      []string
+		OpRows                       []opRow
+		Examples                     []exampleGroup
+		LatenessPlot, LatencyPlot    template.HTML
+	}{Verdict: "VALID", VerdictClass: "good", Ops: len(ops), Records: len(recs), Windows: len(a.windows),
+		Problems: res.ConvergenceProblems}
+	if !res.Valid {
+		v.Verdict, v.VerdictClass = "INVALID", "bad"
+	}
 	if a.startNs != 0 {
-		fmt.Fprintf(&b, "<p>Start %s (t=0 below); %d ops, %d records, %d fault windows.</p>\n",
-			time.Unix(0, a.startNs).UTC().Format(time.RFC3339Nano), len(ops), len(recs), len(a.windows))
+		v.Start = time.Unix(0, a.startNs).UTC().Format(time.RFC3339Nano)
 	}
 
 	// Summary: the counted checks, then what is only reported.
-	b.WriteString("<h2>Checks</h2>\n<table class=\"summary\">\n<tr><th class=\"l\">check</th><th>count</th><th class=\"l\">status</th></tr>\n")
 	row := func(name string, n int, counted bool) {
 		class, status := "good", "ok"
 		switch {
@@ -96,7 +181,7 @@ svg.plot { display: block; margin-bottom: 1.5em; }
 		case !counted:
 			class, status = "", "reported, not counted"
 		}
-		fmt.Fprintf(&b, "<tr><td class=\"l\">%s</td><td>%d</td><td class=\"l %s\">%s</td></tr>\n", esc(name), n, class, status)
+		v.Checks = append(v.Checks, reportCheck{Name: name, Count: fmt.Sprint(n), Class: class, Status: status})
 	}
 	row("lost", res.Lost, true)
 	row("early", res.Early, true)
@@ -107,98 +192,67 @@ svg.plot { display: block; margin-bottom: 1.5em; }
 	if !res.Converged {
 		conv, convClass = "no", "bad"
 	}
-	fmt.Fprintf(&b, "<tr><td class=\"l\">converged</td><td>%d problems</td><td class=\"l %s\">%s</td></tr>\n",
-		len(res.ConvergenceProblems), convClass, conv)
+	v.Checks = append(v.Checks, reportCheck{Name: "converged", Count: fmt.Sprintf("%d problems", len(res.ConvergenceProblems)), Class: convClass, Status: conv})
 	row("early_under_skew", res.EarlyUnderSkew, false)
 	row("invalid_accepted", res.InvalidAccepted, false)
-	fmt.Fprintf(&b, "<tr><td class=\"l\">duplicates (extra copies)</td><td>%d</td><td class=\"l\">measured</td></tr>\n", res.Duplicates)
-	fmt.Fprintf(&b, "<tr><td class=\"l\">acked ids / delivered ids</td><td>%d / %d</td><td class=\"l\"></td></tr>\n", res.AckedIDs, res.DeliveredIDs)
-	fmt.Fprintf(&b, "<tr><td class=\"l\">records (dead-letter)</td><td>%d (%d)</td><td class=\"l\"></td></tr>\n", res.Records, res.DeadLetterRecords)
-	fmt.Fprintf(&b, "<tr><td class=\"l %s\">valid</td><td></td><td class=\"l %s\">%t</td></tr>\n", verdictClass, verdictClass, res.Valid)
-	b.WriteString("</table>\n")
-	fmt.Fprintf(&b, "<p>Tolerances: early %s, cancel %s, duplicate grace %s; final heal at %s; dead-letter topic <code>%s</code>.</p>\n",
-		time.Duration(res.Config.EarlyToleranceNs), time.Duration(res.Config.CancelToleranceNs),
-		time.Duration(res.Config.DuplicateGraceNs), relS(a, res.Config.FinalHealNs), esc(res.Config.DeadLetterTopic))
-
-	// Lateness per period.
-	b.WriteString("<h2>Lateness of first copies (ms, append time − due)</h2>\n<table>\n<tr><th class=\"l\">period (by due time)</th><th>count</th><th>p50</th><th>p99</th><th>max</th></tr>\n")
+	v.Checks = append(v.Checks,
+		reportCheck{Name: "duplicates (extra copies)", Count: fmt.Sprint(res.Duplicates), Status: "measured"},
+		reportCheck{Name: "acked ids / delivered ids", Count: fmt.Sprintf("%d / %d", res.AckedIDs, res.DeliveredIDs)},
+		reportCheck{Name: "records (dead-letter)", Count: fmt.Sprintf("%d (%d)", res.Records, res.DeadLetterRecords)},
+		reportCheck{Name: "valid", Class: v.VerdictClass, Status: fmt.Sprint(res.Valid), NameClass: v.VerdictClass})
+	v.Tolerances = tolerances{
+		Early: time.Duration(res.Config.EarlyToleranceNs).String(), Cancel: time.Duration(res.Config.CancelToleranceNs).String(),
+		Grace: time.Duration(res.Config.DuplicateGraceNs).String(), FinalHeal: relS(a, res.Config.FinalHealNs),
+		DeadLetter: res.Config.DeadLetterTopic,
+	}
 	for _, p := range []struct {
 		name string
 		q    Quantiles
 	}{{"healthy", res.LatenessMs.Healthy}, {"faulty", res.LatenessMs.Faulty}, {"after_heal", res.LatenessMs.AfterHeal}} {
-		fmt.Fprintf(&b, "<tr><td class=\"l\">%s</td><td>%d</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
-			p.name, p.q.Count, trimFloat(p.q.P50), trimFloat(p.q.P99), trimFloat(p.q.Max))
+		v.Lateness = append(v.Lateness, period{p.name, p.q.Count, trimFloat(p.q.P50), trimFloat(p.q.P99), trimFloat(p.q.Max)})
 	}
-	b.WriteString("</table>\n")
-
-	// Duplicates by fault.
-	b.WriteString("<h2>Duplicates by fault</h2>\n<table>\n<tr><th class=\"l\">fault kind</th><th>extra copies</th></tr>\n")
 	for _, k := range sortedKeys(res.DuplicatesByFault) {
-		fmt.Fprintf(&b, "<tr><td class=\"l\">%s</td><td>%d</td></tr>\n", esc(k), res.DuplicatesByFault[k])
+		v.Duplicates = append(v.Duplicates, dup{k, res.DuplicatesByFault[k]})
 	}
-	b.WriteString("</table>\n")
-
-	// Recovery per fault.
-	b.WriteString("<h2>Faults and recovery</h2>\n<table>\n<tr><th class=\"l\">kind</th><th class=\"l\">targets</th><th>start (s)</th><th>heal (s)</th><th>recovery (ms)</th></tr>\n")
 	for _, r := range res.Recovery {
-		fmt.Fprintf(&b, "<tr><td class=\"l\"><span style=\"color:%s\">&#9632;</span> %s</td><td class=\"l\">%s</td><td>%s</td><td>%s</td><td>%s</td></tr>\n",
-			kindColor[r.Kind], esc(r.Kind), esc(strings.Join(r.Targets, ", ")), relS(a, r.StartNs), relS(a, r.HealNs), trimFloat(r.RecoveryMs))
+		v.Recovery = append(v.Recovery, recovery{template.CSS(kindColor[r.Kind]), r.Kind, strings.Join(r.Targets, ", "),
+			relS(a, r.StartNs), relS(a, r.HealNs), trimFloat(r.RecoveryMs)})
 	}
-	b.WriteString("</table>\n")
-
-	// Convergence.
-	b.WriteString("<h2>Final state</h2>\n")
-	if len(res.ConvergenceProblems) == 0 {
-		b.WriteString("<p class=\"good\">Every shard has one leader; its replicas agree on applied index and digest.</p>\n")
-	} else {
-		b.WriteString("<ul class=\"bad\">\n")
-		for _, p := range res.ConvergenceProblems {
-			fmt.Fprintf(&b, "<li>%s</li>\n", esc(p))
-		}
-		b.WriteString("</ul>\n")
-	}
-
-	// Operations by f and type.
-	b.WriteString("<h2>Operations</h2>\n<table>\n<tr><th class=\"l\">f</th>")
-	var types []string
 	for _, m := range res.Ops {
 		for t := range m {
-			if !slices.Contains(types, t) {
-				types = append(types, t)
+			if !slices.Contains(v.OpTypes, t) {
+				v.OpTypes = append(v.OpTypes, t)
 			}
 		}
 	}
-	slices.Sort(types)
-	for _, t := range types {
-		fmt.Fprintf(&b, "<th>%s</th>", esc(t))
-	}
-	b.WriteString("</tr>\n")
+	slices.Sort(v.OpTypes)
 	for _, f := range sortedKeys(res.Ops) {
-		fmt.Fprintf(&b, "<tr><td class=\"l\">%s</td>", esc(f))
-		for _, t := range types {
-			fmt.Fprintf(&b, "<td>%d</td>", res.Ops[f][t])
+		r := opRow{F: f}
+		for _, t := range v.OpTypes {
+			r.Counts = append(r.Counts, res.Ops[f][t])
 		}
-		b.WriteString("</tr>\n")
+		v.OpRows = append(v.OpRows, r)
 	}
-	b.WriteString("</table>\n")
-
-	// Examples.
-	if len(res.Examples) > 0 {
-		b.WriteString("<h2>Examples</h2>\n")
-		for _, check := range sortedKeys(res.Examples) {
-			fmt.Fprintf(&b, "<h3>%s</h3>\n<ul>\n", esc(check))
-			for _, e := range res.Examples[check] {
-				fmt.Fprintf(&b, "<li><code>%s</code>: %s</li>\n", esc(e.ID), esc(e.Why))
-			}
-			b.WriteString("</ul>\n")
+	for _, check := range sortedKeys(res.Examples) {
+		g := exampleGroup{Check: check}
+		for _, e := range res.Examples[check] {
+			g.Items = append(g.Items, example{e.ID, e.Why})
 		}
+		v.Examples = append(v.Examples, g)
 	}
 
-	b.WriteString("<h2>Lateness vs due time</h2>\n")
-	renderPlot(&b, latenessPlot(a, kindColor))
-	b.WriteString("<h2>Latency over time</h2>\n")
-	renderPlot(&b, latencyPlot(a, ops, kindColor))
-	b.WriteString("</body>\n</html>\n")
+	var plot strings.Builder
+	renderPlot(&plot, latenessPlot(a, kindColor))
+	v.LatenessPlot = template.HTML(plot.String())
+	plot.Reset()
+	renderPlot(&plot, latencyPlot(a, ops, kindColor))
+	v.LatencyPlot = template.HTML(plot.String())
+
+	var b strings.Builder
+	if err := reportPage.Execute(&b, v); err != nil {
+		// The template and the view are fixed here: a failure is a bug in this file.
+		panic(fmt.Sprintf("checker: report template: %v", err))
+	}
 	return b.String()
 }
 

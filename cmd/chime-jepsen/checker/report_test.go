@@ -219,3 +219,31 @@ func TestJSONLRoundTrip(t *testing.T) {
 		t.Errorf("missing file: no error")
 	}
 }
+
+// TestReportEscapesHostileStrings puts markup in every kind of string the
+// page shows (a record's id and topic, a fault kind and target, an example's
+// reason, a convergence problem) and checks none of it survives as markup.
+func TestReportEscapesHostileStrings(t *testing.T) {
+	const evil = `<script>alert(1)</script>`
+	g := genClean(11, 650)
+	g.recs = append(g.recs, Record{ID: "ghost" + evil, Topic: "t" + evil, Payload: "x", AppendMs: at(30*time.Second) / 1e6})
+	res := g.check()
+	if res.Phantom != 1 {
+		t.Fatalf("setup: phantom %d, want the hostile record counted", res.Phantom)
+	}
+	res.ConvergenceProblems = append(res.ConvergenceProblems, "shard 0: "+evil)
+	res.DuplicatesByFault = map[string]int{"kill" + evil: 1}
+	res.Recovery = append(res.Recovery, Recovery{Kind: "kill" + evil, Targets: []string{"n1" + evil}})
+	res.Ops = map[string]map[string]int{"schedule" + evil: {"ok" + evil: 1}}
+	page := renderReport(g.ops, g.recs, res)
+	if strings.Contains(page, "<script") {
+		i := strings.Index(page, "<script")
+		t.Fatalf("report.html contains unescaped markup: …%s…", page[max(0, i-80):min(len(page), i+80)])
+	}
+	if !strings.Contains(page, "ghost&lt;script&gt;alert(1)&lt;/script&gt;") {
+		t.Error("the hostile id is not shown escaped")
+	}
+	if n := strings.Count(page, "&lt;script&gt;"); n < 6 {
+		t.Errorf("%d escaped copies of the hostile string, want one per place it was put (at least 6)", n)
+	}
+}

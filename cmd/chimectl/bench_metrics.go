@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// nodeCost reads what each chimed process costs from the process_* metrics
+// its /metrics exports (the Prometheus process collector):
+// process_cpu_seconds_total and process_resident_memory_bytes. It works for
+// any node bench can reach, local or not.
+type nodeCost struct {
+	addrs  []string // host:port of each node's HTTP server
+	client *http.Client
+
+	mu sync.Mutex
+	// CPU seconds of each address at its first and latest answered
+	// sample: a node that misses a sample costs nothing in the sum.
+	firstCPU, lastCPU map[string]float64
+	peakRSS           int64 // the largest RSS any one node had at a sample
+}
+
+func newNodeCost(addrs []string) *nodeCost {
+	return &nodeCost{addrs: addrs, client: &http.Client{Timeout: 2 * time.Second},
+		firstCPU: map[string]float64{}, lastCPU: map[string]float64{}}
+}
+
+// sample reads every node once and returns the CPU seconds so far and the
+// resident memory now, summed over the nodes that answered.
+func (m *nodeCost) sample(ctx context.Context) (cpu float64, rss int64) {
+	type reading struct {
+		addr     string
+		cpu, rss float64
+		err      error
+	}
+	out := make([]reading, len(m.addrs))
+	var wg sync.WaitGroup
+	for i, addr := range m.addrs {
+		wg.Go(func() {
+			out[i].addr = addr
+			out[i].cpu, out[i].rss, out[i].err = m.read(ctx, addr)
+		})
+	}
+	wg.Wait()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range out {
+		if r.err != nil {
+			continue
+		}
+		if _, ok := m.firstCPU[r.addr]; !ok {
+			m.firstCPU[r.addr] = r.cpu
+		}
+		m.lastCPU[r.addr] = r.cpu
+		m.peakRSS = max(m.peakRSS, int64(r.rss))
+		cpu += r.cpu
+		rss += int64(r.rss)
+	}
+	return cpu, rss
+}
+
+// totals is the nodes that answered at least once, the CPU seconds they
+// spent between their first and latest sample, and the largest resident
+// memory any one of them had at a sample.
+func (m *nodeCost) totals() (answered []string, cpu float64, peakRSS int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	answered = []string{}
+	for _, addr := range m.addrs {
+		if first, ok := m.firstCPU[addr]; ok {
+			answered = append(answered, addr)
+			cpu += m.lastCPU[addr] - first
+		}
+	}
+	return answered, cpu, m.peakRSS
+}
+
+// read scrapes http://addr/metrics for the process's CPU seconds and
+// resident bytes.
+func (m *nodeCost) read(ctx context.Context, addr string) (cpu, rss float64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := m.client.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("%s/metrics: %s", addr, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%s/metrics: %w", addr, err)
+	}
+	c, r := fams["process_cpu_seconds_total"], fams["process_resident_memory_bytes"]
+	if len(c.GetMetric()) == 0 || len(r.GetMetric()) == 0 {
+		return 0, 0, fmt.Errorf("%s/metrics has no process_cpu_seconds_total or process_resident_memory_bytes", addr)
+	}
+	return c.GetMetric()[0].GetCounter().GetValue(), r.GetMetric()[0].GetGauge().GetValue(), nil
+}
+
+// devHTTPAddr is the HTTP address chimed dev derives from its gRPC address
+// when --http-addr is not given: the same host, the gRPC port + 10.
+func devHTTPAddr(grpcAddr string) (string, bool) {
+	host, port, err := net.SplitHostPort(grpcAddr)
+	if err != nil {
+		return "", false
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return "", false
+	}
+	return net.JoinHostPort(host, strconv.Itoa(p+10)), true
+}
