@@ -18,6 +18,7 @@ import (
 	"github.com/chimehq/chime/membership"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/host"
 )
 
 // Cluster is one node's knowledge of the cluster. It turns the gossip view
@@ -34,7 +35,7 @@ type Cluster struct {
 	peersPath   string
 	logger      *slog.Logger
 
-	host atomic.Pointer[shard.Host] // set once the host is open
+	host atomic.Pointer[host.Host] // set once the host is open
 
 	mu      sync.RWMutex
 	view    membership.View
@@ -94,7 +95,7 @@ func NewCluster(cfg ClusterConfig) (*Cluster, error) {
 }
 
 // SetHost gives the cluster the node's shard host, once it is open.
-func (c *Cluster) SetHost(h *shard.Host) { c.host.Store(h) }
+func (c *Cluster) SetHost(h *host.Host) { c.host.Store(h) }
 
 // Close stops following membership and closes connections to other nodes.
 func (c *Cluster) Close() {

@@ -15,6 +15,7 @@ import (
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/host"
 )
 
 // Any node accepts any request. The Cluster, as the Scheduler's Backend,
@@ -81,7 +82,7 @@ func (c *Cluster) schedulerClient(ctx context.Context, s uint32) (chimev1.Schedu
 
 // Schedule implements Backend: each shard's requests go to its leader.
 func (c *Cluster) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
-	return shard.ScheduleByShard(ctx, reqs, c.shards, c.scheduleOn)
+	return host.ScheduleByShard(ctx, reqs, c.shards, c.scheduleOn)
 }
 
 // leaderWait bounds how long a request waits out a leadership change (an

@@ -26,6 +26,7 @@ import (
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/host"
 )
 
 // nodeConfig is everything one chimed node needs, from flags.
@@ -66,7 +67,7 @@ type node struct {
 	pub     *publish.Publisher
 	ml      *membership.Membership
 	cluster *rpc.Cluster
-	host    *shard.Host
+	host    *host.Host
 	grpc    *grpc.Server
 	http    *http.Server
 
@@ -190,7 +191,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	hc := shard.HostConfig{
+	hc := host.Config{
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
@@ -210,7 +211,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 		hc.Directory = n.cluster
 		backend = n.cluster
 	}
-	if n.host, err = shard.OpenHost(hc); err != nil {
+	if n.host, err = host.Open(hc); err != nil {
 		return nil, err
 	}
 	lns = lns[1:] // the host owns the Raft listener now
