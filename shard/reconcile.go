@@ -235,7 +235,7 @@ func (s *Shard) TransferLeadership(node, addr string) error {
 // reference. Comparing applied indexes, a fault run promoted such a replica
 // and handed it leadership within a second of the install; it led with a
 // configuration that did not hold itself, and the shard lost its leader for
-// good (README, fault run 11).
+// good.
 func (s *Shard) caughtUp(ctx context.Context, node string) bool {
 	ctx, cancel := context.WithTimeout(ctx, caughtUpPolled)
 	defer cancel()
@@ -281,5 +281,27 @@ func (s *Shard) Digest() (applied, digest uint64, err error) { return s.fsm.Dige
 // AppliedIndex returns the last log index applied to this replica's state.
 func (s *Shard) AppliedIndex() uint64 { return s.fsm.AppliedIndex() }
 
-// RaftStats returns raft's own counters (state, last_log_index, commit_index...).
-func (s *Shard) RaftStats() map[string]string { return s.raft.Stats() }
+// Status is one replica's Raft state as it knows it.
+type Status struct {
+	State  raft.RaftState
+	Leader string // node id; empty while no leader is known
+	// LastIndex is the last entry in the replica's Raft log, what promoting
+	// it or handing it leadership compares; AppliedIndex the last one applied
+	// to its state (Pebble), which a restored snapshot can put ahead of it.
+	LastIndex, AppliedIndex, CommitIndex uint64
+	Term                                 uint64
+	Voters, Nonvoters                    []string
+}
+
+// Status reads the replica's Raft state through raft's typed accessors.
+func (s *Shard) Status() (Status, error) {
+	voters, nonvoters, err := s.Configuration()
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{
+		State: s.raft.State(), Leader: s.Leader(),
+		LastIndex: s.raft.LastIndex(), AppliedIndex: s.fsm.AppliedIndex(), CommitIndex: s.raft.CommitIndex(),
+		Term: s.raft.CurrentTerm(), Voters: voters, Nonvoters: nonvoters,
+	}, nil
+}
