@@ -12,9 +12,12 @@
 //     Dead and left nodes stay in the view (memberlist forgets them after
 //     GossipToTheDeadTime), so a leader can tell how long a node has been
 //     gone. A node that rejoins under the same id is Alive again.
-//   - The desired placement: View.Candidates (who may hold replicas) and
-//     Place (rendezvous hashing of a shard over the candidates). Both are pure
-//     functions: same inputs, same answer, on every node.
+//   - The desired placement, in place.go: View.Candidates (who may hold
+//     replicas), Place (rendezvous hashing of one shard over the candidates)
+//     and Placement (every shard's set, with a preferred leader first so that
+//     leaders spread evenly). All are pure functions: same inputs, same
+//     answer, on every node. The node's control plane (membership/cluster)
+//     recomputes them as the view changes.
 //
 // # What it must never do
 //

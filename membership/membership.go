@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/hashicorp/memberlist"
 )
 
@@ -364,14 +365,30 @@ func (m *Membership) Peers() []string {
 	return out
 }
 
+// untilDeadline shortens b's waits so that the last attempt is at deadline.
+type untilDeadline struct {
+	backoff.BackOff
+	deadline time.Time
+}
+
+func (u untilDeadline) NextBackOff() time.Duration {
+	remaining := time.Until(u.deadline)
+	if remaining <= 0 {
+		return backoff.Stop
+	}
+	return min(u.BackOff.NextBackOff(), remaining)
+}
+
 // join contacts the seeds until one answers without reporting that our id is
 // taken, backing off between attempts, within timeout.
 func (m *Membership) join(seeds []string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	backoff := 100 * time.Millisecond
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.Multiplier, b.MaxInterval, b.RandomizationFactor = 100*time.Millisecond, 2, 2*time.Second, 0
 	var lastErr error
 	var conflict string
-	for attempt := 1; ; attempt++ {
+	attempt := 0
+	_, err := backoff.Retry(context.Background(), func() (int, error) {
+		attempt++
 		m.mu.Lock()
 		m.conflict = ""
 		m.mu.Unlock()
@@ -388,17 +405,16 @@ func (m *Membership) join(seeds []string, timeout time.Duration) error {
 			// Maybe a previous incarnation of this node that is not
 			// declared dead yet: retry, it will be.
 			lastErr = nil
+			err = ErrNodeIDConflict
 		default:
 			m.log.Info("joined cluster", "seeds_answered", n, "attempts", attempt)
-			return nil
+			return n, nil
 		}
 		m.log.Debug("join attempt failed", "attempt", attempt, "err", lastErr, "conflict", conflict)
-		remaining := time.Until(deadline)
-		if remaining <= 0 {
-			break
-		}
-		time.Sleep(min(backoff, remaining)) // the last attempt is at the deadline
-		backoff = min(2*backoff, 2*time.Second)
+		return n, err
+	}, backoff.WithBackOff(untilDeadline{b, time.Now().Add(timeout)}), backoff.WithMaxElapsedTime(0))
+	if err == nil {
+		return nil
 	}
 	if conflict != "" {
 		return fmt.Errorf("%w: node id %q is used by the live node at %s (this node is at %s); still so after %s of retries: give each node its own id",

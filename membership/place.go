@@ -58,3 +58,105 @@ func Place(shard uint32, candidates []string, r int) []string {
 	}
 	return out
 }
+
+// Placement computes every shard's desired voters over candidates by
+// rendezvous hashing (Place), then puts a preferred leader first so that leaders
+// spread evenly: shard by shard, the desired voter with the fewest
+// leaderships so far, then moves that lower the busiest node's count while
+// any helps. Every node computes the same result from the same candidates.
+func Placement(candidates []string, shards, replication int) [][]string {
+	desired := make([][]string, shards)
+	load := map[string]int{}
+	for s := range shards {
+		d := Place(uint32(s), candidates, replication)
+		best := 0
+		for i, n := range d {
+			if load[n] < load[d[best]] {
+				best = i
+			}
+		}
+		if len(d) > 0 {
+			load[d[best]]++
+			d[0], d[best] = d[best], d[0]
+		}
+		desired[s] = d
+	}
+	balanceLeaders(desired, candidates, load)
+	return desired
+}
+
+// balanceLeaders moves preferred leaderships until no node is two below
+// another one it can take from, directly or along a chain: node a can take a
+// shard from b when b is its preferred leader and a is one of its voters. A
+// chain a <- b <- c moves one shard from c to b and one from b to a, so only
+// the two ends change count. This reaches the most even spread the replica
+// placement allows (a node with few replicas may not get its share).
+func balanceLeaders(desired [][]string, candidates []string, load map[string]int) {
+	for {
+		// The least-loaded node that can still gain, ties by id.
+		improved := false
+		order := slices.Clone(candidates)
+		slices.SortStableFunc(order, func(a, b string) int { return load[a] - load[b] })
+		for _, v := range order {
+			if path := takeChain(desired, load, v); path != nil {
+				// path[i] is the shard the i-th node of the chain takes
+				// from the next one.
+				for _, s := range path {
+					d := desired[s]
+					i := slices.Index(d, takerOf(desired, path, s, v))
+					load[d[0]]--
+					load[d[i]]++
+					d[0], d[i] = d[i], d[0]
+				}
+				improved = true
+				break
+			}
+		}
+		if !improved {
+			return
+		}
+	}
+}
+
+// takeChain finds, by breadth-first search from v, a shortest chain of
+// shards ending at a node with at least two more leaderships than v, and
+// returns the shards in the order their leaderships move (from the far end
+// back to v).
+func takeChain(desired [][]string, load map[string]int, v string) []int {
+	type step struct {
+		node  string
+		shard int // shard by which node was reached
+		prev  int // index of the previous step
+	}
+	steps := []step{{node: v, shard: -1, prev: -1}}
+	seen := map[string]bool{v: true}
+	for i := 0; i < len(steps); i++ {
+		a := steps[i].node
+		for s, d := range desired {
+			if len(d) == 0 || seen[d[0]] || !slices.Contains(d[1:], a) {
+				continue
+			}
+			b := d[0]
+			seen[b] = true
+			steps = append(steps, step{node: b, shard: s, prev: i})
+			if load[b] >= load[v]+2 {
+				var path []int
+				for j := len(steps) - 1; steps[j].prev >= 0; j = steps[j].prev {
+					path = append(path, steps[j].shard)
+				}
+				return path
+			}
+		}
+	}
+	return nil
+}
+
+// takerOf returns which node takes shard s along path: the node before it in
+// the chain, which for the last shard is v.
+func takerOf(desired [][]string, path []int, s int, v string) string {
+	i := slices.Index(path, s)
+	if i == len(path)-1 {
+		return v
+	}
+	return desired[path[i+1]][0]
+}

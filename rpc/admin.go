@@ -2,52 +2,82 @@ package rpc
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/chimehq/chime/membership"
+	"github.com/chimehq/chime/membership/cluster"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
-// Admin implements chime.v1.Admin over a Cluster. Calls about another node
-// or shard are forwarded to it; Status gathers every live member's replicas.
+// Admin implements chime.v1.Admin over a cluster.Cluster. Calls about another
+// node or shard are forwarded to it through the Admin API; Status gathers
+// every live member's replicas through the Peer service. On a Cluster alone
+// (chimed dev) every call answers for the one node, and Drain and RemoveNode
+// fail with FAILED_PRECONDITION.
 type Admin struct {
 	chimev1.UnimplementedAdminServer
-	c *Cluster
+	c      *cluster.Cluster
+	logger *slog.Logger
 }
 
-// RegisterAdmin registers the Admin service for c on gs.
-func RegisterAdmin(gs *grpc.Server, c *Cluster) {
-	chimev1.RegisterAdminServer(gs, &Admin{c: c})
+// RegisterAdmin registers the Admin service for c on gs. logger receives the
+// errors reported as INTERNAL (nil: slog.Default()).
+func RegisterAdmin(gs *grpc.Server, c *cluster.Cluster, logger *slog.Logger) {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	chimev1.RegisterAdminServer(gs, &Admin{c: c, logger: logger})
 }
 
-// statusFanout bounds how long Status waits for one member.
-const statusFanout = 2 * time.Second
+// transferWait bounds how long TransferLeader waits for the old leader's
+// replica to hear from the new one.
+const transferWait = 3 * time.Second
 
 func (a *Admin) NodeStatus(_ context.Context, req *chimev1.NodeStatusRequest) (*chimev1.NodeStatusResponse, error) {
-	st := a.c.localStatus()
-	if req.Digest {
-		h := a.c.host.Load()
-		for _, r := range st.Replicas {
-			s := h.Replica(r.Shard)
-			if s == nil {
-				continue
-			}
-			idx, d, err := s.Digest()
-			if err != nil {
-				return nil, statusOf(a.c.logger, "digest", err)
-			}
-			r.DigestIndex, r.Digest = idx, fmt.Sprintf("%016x", d)
+	local := a.c.LocalReplicas()
+	st := &chimev1.NodeStatusResponse{NodeId: local.NodeId, Draining: local.Draining}
+	h := a.c.Host()
+	for _, r := range local.Replicas {
+		rp := replicaProto(r)
+		st.Replicas = append(st.Replicas, rp)
+		if !req.Digest {
+			continue
 		}
+		s := h.Replica(r.Shard)
+		if s == nil {
+			continue
+		}
+		idx, d, err := s.Digest()
+		if err != nil {
+			return nil, statusOf(a.logger, "digest", err)
+		}
+		rp.DigestIndex, rp.Digest = idx, fmt.Sprintf("%016x", d)
 	}
 	return st, nil
+}
+
+// replicaProto is the operator API's view of a replica's status; the Raft
+// state is raft's name for it (Leader, Follower, Candidate, Shutdown).
+func replicaProto(r *chimev1.ReplicaStatus) *chimev1.Replica {
+	state := map[chimev1.RaftState]string{
+		chimev1.RaftState_RAFT_STATE_FOLLOWER: "Follower", chimev1.RaftState_RAFT_STATE_CANDIDATE: "Candidate",
+		chimev1.RaftState_RAFT_STATE_LEADER: "Leader", chimev1.RaftState_RAFT_STATE_SHUTDOWN: "Shutdown",
+	}[r.State]
+	return &chimev1.Replica{
+		Shard: r.Shard, RaftState: state, Leader: r.Leader, Voters: r.Voters, Nonvoters: r.Nonvoters,
+		AppliedIndex: r.AppliedIndex, LastLogIndex: r.LastIndex, CommitIndex: r.CommitIndex, Term: r.Term,
+		Pending: r.Pending, Fired: r.Fired, Cancelled: r.Cancelled, DeadLettered: r.DeadLettered, Refired: r.Refired,
+	}
 }
 
 func (a *Admin) GetClusterMap(ctx context.Context, _ *chimev1.GetClusterMapRequest) (*chimev1.ClusterMap, error) {
@@ -64,10 +94,8 @@ func (a *Admin) GetClusterMap(ctx context.Context, _ *chimev1.GetClusterMapReque
 
 func (a *Admin) Status(ctx context.Context, _ *chimev1.StatusRequest) (*chimev1.StatusResponse, error) {
 	c := a.c
-	c.mu.RLock()
-	view := c.view
-	c.mu.RUnlock()
-	resp := &chimev1.StatusResponse{ShardCount: uint32(c.shards), Replication: uint32(c.replication)}
+	view := c.View()
+	resp := &chimev1.StatusResponse{ShardCount: uint32(c.Shards()), Replication: uint32(c.Replication())}
 	ids := make([]string, 0, len(view.Members))
 	for id := range view.Members {
 		ids = append(ids, id)
@@ -76,40 +104,20 @@ func (a *Admin) Status(ctx context.Context, _ *chimev1.StatusRequest) (*chimev1.
 	for _, id := range ids {
 		resp.Members = append(resp.Members, memberProto(view.Members[id], c.Removed(id)))
 	}
-	// Every live member's replicas, gathered in parallel.
-	var (
-		mu       sync.Mutex
-		wg       sync.WaitGroup
-		replicas = map[string]*chimev1.NodeStatusResponse{}
-	)
-	for _, id := range view.Live() {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(ctx, statusFanout)
-			defer cancel()
-			st, err := c.nodeStatus(ctx, id)
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			replicas[id] = st
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	for s := range c.shards {
+	replicas := c.AllReplicas(ctx)
+	for s := range c.Shards() {
 		sh := &chimev1.Shard{Id: uint32(s), Desired: c.Desired(uint32(s))}
-		var best *chimev1.Replica // the leader's replica, else the most advanced one
+		var best *chimev1.ReplicaStatus // the leader's replica, else the most advanced one
 		for _, st := range replicas {
 			for _, r := range st.Replicas {
 				if r.Shard != uint32(s) {
 					continue
 				}
-				if r.RaftState == "Leader" {
+				leads := r.State == chimev1.RaftState_RAFT_STATE_LEADER
+				if leads {
 					sh.Leader = st.NodeId
 					best = r
-				} else if best == nil || (best.RaftState != "Leader" && r.AppliedIndex > best.AppliedIndex) {
+				} else if best == nil || (best.State != chimev1.RaftState_RAFT_STATE_LEADER && r.AppliedIndex > best.AppliedIndex) {
 					best = r
 				}
 			}
@@ -139,31 +147,39 @@ func memberProto(m membership.Member, removed bool) *chimev1.Member {
 }
 
 func (a *Admin) adminClient(node string) (chimev1.AdminClient, error) {
-	cc, err := a.c.conn(node)
+	cc, err := a.c.Conn(node)
 	if err != nil {
 		return nil, status.Errorf(codes.NotFound, "node: %q is not a known member", node)
 	}
 	return chimev1.NewAdminClient(cc), nil
 }
 
+// alone is the FAILED_PRECONDITION of a call that needs other nodes on a
+// node that runs without gossip.
+func alone(err error) error {
+	return status.Errorf(codes.FailedPrecondition, "%v; it needs a cluster (chimed serve, or chimed dev --nodes 3)", err)
+}
+
 func (a *Admin) Drain(ctx context.Context, req *chimev1.DrainRequest) (*chimev1.DrainResponse, error) {
 	if req.Node == "" {
 		return nil, status.Error(codes.InvalidArgument, "node: required")
 	}
-	if req.Node != a.c.self {
-		if forwarded(ctx) {
+	if a.c.Alone() {
+		return nil, alone(fmt.Errorf("drain: %w: there is no other node to move its replicas to", cluster.ErrAlone))
+	}
+	if req.Node != a.c.Self() {
+		if cluster.Forwarded(ctx) {
 			return nil, status.Errorf(codes.Unavailable, "node: %q is not this node", req.Node)
 		}
 		cl, err := a.adminClient(req.Node)
 		if err != nil {
 			return nil, err
 		}
-		return cl.Drain(forwardCtx(ctx), req)
+		return cl.Drain(cluster.ForwardContext(ctx), req)
 	}
-	if err := a.c.ml.SetDraining(true); err != nil {
-		return nil, status.Errorf(codes.Internal, "gossiping the draining state: %v", err)
+	if err := a.c.Drain(); err != nil {
+		return nil, status.Errorf(codes.Internal, "%v", err)
 	}
-	a.c.refresh()
 	st, err := a.Status(ctx, &chimev1.StatusRequest{})
 	if err != nil {
 		return nil, err
@@ -178,15 +194,15 @@ func (a *Admin) Drain(ctx context.Context, req *chimev1.DrainRequest) (*chimev1.
 		}
 	}
 	// Only this node's own replica list tells whether it still holds data.
-	local := a.c.localStatus()
+	local := a.c.LocalReplicas()
 	resp.SafeToStop = resp.ReplicasRemaining == 0 && resp.LeadersRemaining == 0 && len(local.Replicas) == 0
 	return resp, nil
 }
 
 func (a *Admin) TransferLeader(ctx context.Context, req *chimev1.TransferLeaderRequest) (*chimev1.TransferLeaderResponse, error) {
 	c := a.c
-	if int(req.Shard) >= c.shards {
-		return nil, status.Errorf(codes.InvalidArgument, "shard: %d is out of range (the cluster has %d shards)", req.Shard, c.shards)
+	if int(req.Shard) >= c.Shards() {
+		return nil, status.Errorf(codes.InvalidArgument, "shard: %d is out of range (the cluster has %d shards)", req.Shard, c.Shards())
 	}
 	if req.Node == "" {
 		return nil, status.Error(codes.InvalidArgument, "node: required")
@@ -195,50 +211,57 @@ func (a *Admin) TransferLeader(ctx context.Context, req *chimev1.TransferLeaderR
 	if !ok {
 		return nil, status.Errorf(codes.NotFound, "node: %q is not a known member", req.Node)
 	}
-	if r := c.local(req.Shard); r != nil {
+	if r := c.LocalLeader(req.Shard); r != nil {
 		voters, _, err := r.Configuration()
 		if err != nil {
-			return nil, statusOf(a.c.logger, "admin", err)
+			return nil, statusOf(a.logger, "admin", err)
 		}
 		if !slices.Contains(voters, req.Node) {
 			return nil, status.Errorf(codes.FailedPrecondition, "node: %q is not a voter of shard %d (voters: %v)", req.Node, req.Shard, voters)
 		}
-		if req.Node != c.self {
+		if req.Node != c.Self() {
 			if err := r.TransferLeadership(req.Node, addr); err != nil {
 				return nil, status.Errorf(codes.Aborted, "transfer of shard %d to %s: %v", req.Shard, req.Node, err)
 			}
 		}
 		// The old leader has stepped down; report the new one once this
-		// replica hears from it.
-		deadline := time.Now().Add(3 * time.Second)
-		for r.Leader() == "" && time.Now().Before(deadline) && ctx.Err() == nil {
-			time.Sleep(20 * time.Millisecond)
-		}
-		return &chimev1.TransferLeaderResponse{Leader: r.Leader()}, nil
+		// replica hears from it (or an empty leader after transferWait).
+		leader, _ := backoff.Retry(ctx, func() (string, error) {
+			if l := r.Leader(); l != "" {
+				return l, nil
+			}
+			return "", errNoLeaderYet
+		}, backoff.WithBackOff(backoff.NewConstantBackOff(20*time.Millisecond)), backoff.WithMaxElapsedTime(transferWait))
+		return &chimev1.TransferLeaderResponse{Leader: leader}, nil
 	}
-	if forwarded(ctx) {
+	if cluster.Forwarded(ctx) {
 		return nil, status.Errorf(codes.Unavailable, "shard %d: this node no longer leads it; retry", req.Shard)
 	}
-	leader, err := c.leaderNode(ctx, req.Shard)
+	leader, err := c.LeaderNode(ctx, req.Shard)
 	if err != nil {
-		return nil, statusOf(a.c.logger, "admin", err)
+		return nil, statusOf(a.logger, "admin", err)
 	}
 	cl, err := a.adminClient(leader)
 	if err != nil {
 		return nil, err
 	}
-	return cl.TransferLeader(forwardCtx(ctx), req)
+	return cl.TransferLeader(cluster.ForwardContext(ctx), req)
 }
+
+var errNoLeaderYet = errors.New("no leader known yet")
 
 func (a *Admin) RemoveNode(ctx context.Context, req *chimev1.RemoveNodeRequest) (*chimev1.RemoveNodeResponse, error) {
 	c := a.c
 	if req.Node == "" {
 		return nil, status.Error(codes.InvalidArgument, "node: required")
 	}
-	if req.Node == c.self {
+	if c.Alone() {
+		return nil, alone(fmt.Errorf("remove: %w: there is no other node to remove", cluster.ErrAlone))
+	}
+	if req.Node == c.Self() {
 		return nil, status.Error(codes.FailedPrecondition, "node: cannot remove the node that answers; ask another node")
 	}
-	m, ok := c.member(req.Node)
+	m, ok := c.Member(req.Node)
 	if !ok && !c.Removed(req.Node) {
 		return nil, status.Errorf(codes.NotFound, "node: %q is not a known member", req.Node)
 	}
@@ -246,33 +269,14 @@ func (a *Admin) RemoveNode(ctx context.Context, req *chimev1.RemoveNodeRequest) 
 		return nil, status.Errorf(codes.FailedPrecondition, "node: %q is %s; drain it instead (chimectl drain %s), or stop it first", req.Node, m.State, req.Node)
 	}
 	resp := &chimev1.RemoveNodeResponse{}
-	if !forwarded(ctx) {
-		st, err := a.Status(ctx, &chimev1.StatusRequest{})
-		if err == nil {
-			for _, s := range st.Shards {
-				if slices.Contains(s.Voters, req.Node) {
-					resp.ShardsChanged++
-				}
+	if st, err := a.Status(ctx, &chimev1.StatusRequest{}); err == nil {
+		for _, s := range st.Shards {
+			if slices.Contains(s.Voters, req.Node) {
+				resp.ShardsChanged++
 			}
-		}
-		// Every live member forgets the node, so whichever leads a shard
-		// drops it; a member that misses this keeps the node until it is
-		// told again.
-		for _, id := range c.liveMembers() {
-			if id == c.self {
-				continue
-			}
-			cl, err := a.adminClient(id)
-			if err != nil {
-				continue
-			}
-			fctx, cancel := context.WithTimeout(forwardCtx(ctx), statusFanout)
-			if _, err := cl.RemoveNode(fctx, req); err != nil {
-				c.logger.Warn("telling a member to forget a removed node", "member", id, "node", req.Node, "err", err)
-			}
-			cancel()
 		}
 	}
+	c.ForgetEverywhere(ctx, req.Node)
 	if err := c.Remove(req.Node); err != nil {
 		return nil, status.Errorf(codes.Internal, "recording the removal: %v", err)
 	}

@@ -7,9 +7,11 @@ import (
 	"github.com/chimehq/chime/shard"
 )
 
-// Backend is what the gRPC server needs from the node: a shard.Host routes
-// each id to its shard and proposes through Raft. The server never reaches
-// into Raft itself.
+// Backend is what the gRPC server needs from the node: a host.Host routes
+// each id to its shard on this node and proposes through Raft; a
+// cluster.Cluster also forwards to shard leaders on other nodes. Both wait
+// out a leader change (up to host.LeaderWait). The server never reaches into
+// Raft itself.
 type Backend interface {
 	// Schedule proposes validated requests and returns one result per
 	// request, in order. An error means none of the results are known.

@@ -1,7 +1,9 @@
-// Package rpc is Chime's gRPC front door: it serves the chime.v1.Scheduler
-// API (proto/chime/v1/scheduler.proto) on top of a [Backend], which in a
-// node is a shard.Host that routes each id to its shard and proposes through
-// Raft.
+// Package rpc is Chime's gRPC front door for clients and operators: it
+// serves the chime.v1.Scheduler API (proto/chime/v1/scheduler.proto) on top
+// of a [Backend], and the chime.v1.Admin API (admin.proto) on top of the
+// node's control plane (membership/cluster). In a node the Backend is a
+// host.Host (chimed dev: one node, every shard local) or a cluster.Cluster
+// (forwarding each request to its shard's leader).
 //
 // # What it owns
 //
@@ -31,12 +33,24 @@
 //     else is INTERNAL and logged.
 //   - Registering gRPC server reflection next to the service ([Register]), so
 //     grpcurl and other generic clients can discover the API.
+//   - The Admin API ([RegisterAdmin]) for chimectl and chime-jepsen: Status
+//     and GetClusterMap (the members, and every shard's leader, voters and
+//     counts gathered from every live member), NodeStatus (this node's
+//     replicas, with a state digest on request), TransferLeader, Drain and
+//     RemoveNode, validated and answered in the operator's words. Calls about
+//     another node or shard are forwarded to it through the Admin API. On a
+//     node without gossip (chimed dev) it answers for that node, and Drain
+//     and RemoveNode fail with FAILED_PRECONDITION saying why.
 //
 // # What it must never do
 //
 // It never reaches into Raft, Pebble or the timing wheel: everything goes
 // through the Backend, with the request's context, so a client's deadline or
-// cancellation bounds the proposal. It never decides due times for delayed
+// cancellation bounds the proposal; the Admin API reads replicas only through
+// their typed status and moves leadership only through shard.Shard. It does
+// not compute placement, keep membership state, or talk to other nodes for
+// the shard layer: that is the control plane's (membership/cluster, with its
+// node-to-node Peer service). It never decides due times for delayed
 // events (the shard leader does, with its clock), and it never passes an
 // invalid event on, not even as part of a batch whose other events are valid.
 //

@@ -8,6 +8,39 @@ import (
 	"github.com/hashicorp/raft"
 )
 
+// Directory is the cluster as the shard layer needs it. The node implements
+// it from membership (the live view and the placement computed from it) and
+// from the Peer service (questions to other nodes). Gossip only informs: every
+// configuration change is made by a shard's Raft leader.
+type Directory interface {
+	// Desired returns the node ids that should be the shard's voters,
+	// preferred leader first. Its length is the replication factor, or the
+	// number of placement candidates when there are fewer.
+	Desired(shard uint32) []string
+	// RaftAddr returns the Raft address a member advertises.
+	RaftAddr(node string) (string, bool)
+	// Removed reports a node forgotten by an operator (chimectl remove).
+	Removed(node string) bool
+	// Leaving reports a node an operator is draining.
+	Leaving(node string) bool
+	// Replication is the cluster's replication factor.
+	Replication() int
+	// LogIndex asks node for the last index of its replica's Raft log of
+	// shard: how far its log has come, which is what promoting it or handing
+	// it leadership needs. Not its applied index: a replica restored from an
+	// expanded snapshot reference holds state newer than its log (and its
+	// Raft configuration) until the entries after the reference arrive.
+	LogIndex(ctx context.Context, node string, shard uint32) (uint64, error)
+	// Members asks the shard's leader, through any node that knows it, for
+	// the shard's current voters and non-voters.
+	Members(ctx context.Context, shard uint32) (voters, nonvoters []string, err error)
+	// Changes is signalled (coalesced) when the membership view changes. It
+	// has one reader: the host (package shard/host).
+	Changes() <-chan struct{}
+	// Epoch counts membership changes; shard leaders poll it.
+	Epoch() uint64
+}
+
 // The shard leader moves its own Raft configuration toward the placement,
 // one change at a time and never below a quorum of the voters that remain:
 //
@@ -202,7 +235,7 @@ func (s *Shard) TransferLeadership(node, addr string) error {
 // reference. Comparing applied indexes, a fault run promoted such a replica
 // and handed it leadership within a second of the install; it led with a
 // configuration that did not hold itself, and the shard lost its leader for
-// good (README, fault run 11).
+// good.
 func (s *Shard) caughtUp(ctx context.Context, node string) bool {
 	ctx, cancel := context.WithTimeout(ctx, caughtUpPolled)
 	defer cancel()
@@ -248,5 +281,27 @@ func (s *Shard) Digest() (applied, digest uint64, err error) { return s.fsm.Dige
 // AppliedIndex returns the last log index applied to this replica's state.
 func (s *Shard) AppliedIndex() uint64 { return s.fsm.AppliedIndex() }
 
-// RaftStats returns raft's own counters (state, last_log_index, commit_index...).
-func (s *Shard) RaftStats() map[string]string { return s.raft.Stats() }
+// Status is one replica's Raft state as it knows it.
+type Status struct {
+	State  raft.RaftState
+	Leader string // node id; empty while no leader is known
+	// LastIndex is the last entry in the replica's Raft log, what promoting
+	// it or handing it leadership compares; AppliedIndex the last one applied
+	// to its state (Pebble), which a restored snapshot can put ahead of it.
+	LastIndex, AppliedIndex, CommitIndex uint64
+	Term                                 uint64
+	Voters, Nonvoters                    []string
+}
+
+// Status reads the replica's Raft state through raft's typed accessors.
+func (s *Shard) Status() (Status, error) {
+	voters, nonvoters, err := s.Configuration()
+	if err != nil {
+		return Status{}, err
+	}
+	return Status{
+		State: s.raft.State(), Leader: s.Leader(),
+		LastIndex: s.raft.LastIndex(), AppliedIndex: s.fsm.AppliedIndex(), CommitIndex: s.raft.CommitIndex(),
+		Term: s.raft.CurrentTerm(), Voters: voters, Nonvoters: nonvoters,
+	}, nil
+}

@@ -21,7 +21,7 @@ import (
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
-	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/host"
 )
 
 // startNode runs one real Chime node in the test process: Raft with fsync,
@@ -47,13 +47,13 @@ func startNode(t *testing.T) (addr string, brokers []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	host, err := shard.OpenHost(shard.HostConfig{NodeID: "n1", DataDir: filepath.Join(dir, "raft"), Shards: 2,
+	h, err := host.Open(host.Config{NodeID: "n1", DataDir: filepath.Join(dir, "raft"), Shards: 2,
 		RaftListener: rln, Store: store, Publisher: pub, Bootstrap: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for !host.Ready() {
+	for !h.Ready() {
 		if time.Now().After(deadline) {
 			t.Fatal("no shard leaders after 10 s")
 		}
@@ -64,13 +64,13 @@ func startNode(t *testing.T) (addr string, brokers []string) {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	rpc.Register(gs, rpc.NewServer(host, rpc.DefaultLimits(), time.Now, nil))
+	rpc.Register(gs, rpc.NewServer(h, rpc.DefaultLimits(), time.Now, nil))
 	done := make(chan struct{})
 	go func() { defer close(done); gs.Serve(ln) }()
 	t.Cleanup(func() {
 		gs.Stop()
 		<-done
-		host.Close()
+		h.Close()
 		pub.Close()
 		store.Close()
 	})

@@ -16,16 +16,19 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
 	"github.com/chimehq/chime/membership"
+	controlplane "github.com/chimehq/chime/membership/cluster"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/host"
 )
 
 // nodeConfig is everything one chimed node needs, from flags.
@@ -65,8 +68,8 @@ type node struct {
 	store   *raftfsm.Store
 	pub     *publish.Publisher
 	ml      *membership.Membership
-	cluster *rpc.Cluster
-	host    *shard.Host
+	cluster *controlplane.Cluster
+	host    *host.Host
 	grpc    *grpc.Server
 	http    *http.Server
 
@@ -190,7 +193,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	hc := shard.HostConfig{
+	hc := host.Config{
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
@@ -198,34 +201,39 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 		// only then: a restarted node must never found a second group.
 		Bootstrap: !existed && len(cfg.Join) == 0,
 	}
+	cc := controlplane.Config{
+		Shards: cfg.Shards, Replication: cfg.Replication, DeadTimeout: cfg.DeadTimeout,
+		RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), PeersPath: peersPath(cfg.DataDir),
+		Logger: cfg.Logger.With("component", "cluster"),
+		// Without gossip (chimed dev) the cluster is this node alone: the
+		// Admin API answers for it, and the host has no Directory.
+		Self: membership.Meta{NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr.String(), HTTPAddr: n.httpAddr.String()},
+	}
+	if n.ml != nil {
+		cc.Membership = n.ml
+	}
+	if n.cluster, err = controlplane.New(cc); err != nil {
+		return nil, err
+	}
 	var backend rpc.Backend
 	if cfg.Cluster {
-		if n.cluster, err = rpc.NewCluster(rpc.ClusterConfig{
-			Membership: n.ml, Shards: cfg.Shards, Replication: cfg.Replication, DeadTimeout: cfg.DeadTimeout,
-			RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), PeersPath: peersPath(cfg.DataDir),
-			Logger: cfg.Logger.With("component", "cluster"),
-		}); err != nil {
-			return nil, err
-		}
 		hc.Directory = n.cluster
 		backend = n.cluster
 	}
-	if n.host, err = shard.OpenHost(hc); err != nil {
+	if n.host, err = host.Open(hc); err != nil {
 		return nil, err
 	}
 	lns = lns[1:] // the host owns the Raft listener now
 	reg.MustRegister(n.host.Collector())
-	if n.cluster != nil {
-		n.cluster.SetHost(n.host)
-	} else {
+	n.cluster.SetHost(n.host)
+	if backend == nil {
 		backend = n.host
 	}
 
 	n.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
 	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc")))
-	if n.cluster != nil {
-		rpc.RegisterAdmin(n.grpc, n.cluster)
-	}
+	rpc.RegisterAdmin(n.grpc, n.cluster, cfg.Logger.With("component", "admin"))
+	controlplane.RegisterPeer(n.grpc, n.cluster)
 	go func() { n.serveErr <- n.grpc.Serve(grpcLn) }()
 	lns = lns[1:]
 
@@ -290,26 +298,23 @@ func (n *node) joinCluster(cfg nodeConfig, meta clusterMeta, existed bool) (clus
 	if len(join) == 0 {
 		return meta, nil
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		learned, err := n.ml.View().ClusterParams()
-		if err == nil {
-			if !params.IsZero() && learned != params {
-				return meta, fmt.Errorf("this node's data (%s) belongs to cluster %s, but the members at --join %v belong to %s", cfg.DataDir, params, cfg.Join, learned)
-			}
-			if params.IsZero() {
-				if err := n.ml.SetClusterParams(learned); err != nil {
-					return meta, err
-				}
-				meta.ClusterID, meta.Shards, meta.Replication = learned.ClusterID, int(learned.Shards), int(learned.Replication)
-			}
-			return meta, nil
-		}
-		if time.Now().After(deadline) {
-			return meta, fmt.Errorf("learning the cluster's parameters from --join %v: %w", cfg.Join, err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	// The parameters arrive with the members' metadata, a gossip round or
+	// two after the join.
+	learned, err := backoff.Retry(context.Background(), func() (membership.ClusterParams, error) { return n.ml.View().ClusterParams() },
+		backoff.WithBackOff(backoff.NewConstantBackOff(100*time.Millisecond)), backoff.WithMaxElapsedTime(30*time.Second))
+	if err != nil {
+		return meta, fmt.Errorf("learning the cluster's parameters from --join %v: %w", cfg.Join, err)
 	}
+	if !params.IsZero() && learned != params {
+		return meta, fmt.Errorf("this node's data (%s) belongs to cluster %s, but the members at --join %v belong to %s", cfg.DataDir, params, cfg.Join, learned)
+	}
+	if params.IsZero() {
+		if err := n.ml.SetClusterParams(learned); err != nil {
+			return meta, err
+		}
+		meta.ClusterID, meta.Shards, meta.Replication = learned.ClusterID, int(learned.Shards), int(learned.Replication)
+	}
+	return meta, nil
 }
 
 // peersPath keeps the gossip addresses of the members this node has seen,

@@ -5,7 +5,7 @@
 // delays are resolved with the backend's clock, cancel outcomes by state. It
 // has no Raft, no durability and no firing of its own: tests move events to
 // Fired or DeadLettered with Fire and DeadLetter. The real Backend
-// (shard.Host) is covered by the end-to-end tests.
+// (host.Host, or cluster.Cluster in a cluster) is covered by the end-to-end tests.
 package rpctest
 
 import (

@@ -1,5 +1,8 @@
-// Package chimev1 is the generated Go code for Chime's public gRPC API,
-// chime.v1, defined in scheduler.proto next to this file.
+// Package chimev1 is the generated Go code for Chime's gRPC API, chime.v1,
+// defined in the .proto files next to this file: the public Scheduler
+// (scheduler.proto), the operator API Admin (admin.proto), and Peer
+// (peer.proto), node-to-node, not for clients, free to change between
+// versions.
 //
 // Do not edit the .pb.go files: change the .proto and run `go generate
 // ./proto/...` (which runs proto/gen.sh); proto/check.sh fails when the

@@ -1,4 +1,4 @@
-package rpc
+package cluster
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/host"
 )
 
 // Any node accepts any request. The Cluster, as the Scheduler's Backend,
@@ -26,53 +27,30 @@ import (
 // forwardedKey marks a request forwarded by another node.
 const forwardedKey = "chime-forwarded"
 
-func forwarded(ctx context.Context) bool {
+// Forwarded reports a request another node forwarded to this one: it must
+// not be forwarded again.
+func Forwarded(ctx context.Context) bool {
 	md, _ := metadata.FromIncomingContext(ctx)
 	return len(md.Get(forwardedKey)) > 0
 }
 
-func forwardCtx(ctx context.Context) context.Context {
+// ForwardContext marks an outgoing call as forwarded.
+func ForwardContext(ctx context.Context) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, forwardedKey, "1")
 }
 
-// leaderNode returns the node that leads shard s as far as this node can
-// tell, or an error wrapping shard.ErrNotLeader.
-func (c *Cluster) leaderNode(ctx context.Context, s uint32) (string, error) {
-	if h := c.host.Load(); h != nil {
-		if r := h.Replica(s); r != nil {
-			if l := r.Leader(); l != "" {
-				return l, nil
-			}
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	_, node, err := c.leaderReplica(ctx, s)
-	return node, err
-}
-
-// local returns this node's replica of s when it leads it.
-func (c *Cluster) local(s uint32) *shard.Shard {
-	if h := c.host.Load(); h != nil {
-		if r := h.Replica(s); r != nil && r.IsLeader() {
-			return r
-		}
-	}
-	return nil
-}
-
 func (c *Cluster) schedulerClient(ctx context.Context, s uint32) (chimev1.SchedulerClient, error) {
-	if forwarded(ctx) {
+	if Forwarded(ctx) {
 		return nil, fmt.Errorf("%w: shard %d (request was already forwarded once)", shard.ErrNotLeader, s)
 	}
-	node, err := c.leaderNode(ctx, s)
+	node, err := c.LeaderNode(ctx, s)
 	if err != nil {
 		return nil, err
 	}
 	if node == c.self {
 		return nil, fmt.Errorf("%w: shard %d is changing leader", shard.ErrNotLeader, s)
 	}
-	cc, err := c.conn(node)
+	cc, err := c.Conn(node)
 	if err != nil {
 		return nil, err
 	}
@@ -81,49 +59,26 @@ func (c *Cluster) schedulerClient(ctx context.Context, s uint32) (chimev1.Schedu
 
 // Schedule implements Backend: each shard's requests go to its leader.
 func (c *Cluster) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
-	return shard.ScheduleByShard(ctx, reqs, c.shards, c.scheduleOn)
+	return host.ScheduleByShard(ctx, reqs, c.shards, c.scheduleOn)
 }
 
-// leaderWait bounds how long a request waits out a leadership change (an
-// election, a transfer, a replica move) before UNAVAILABLE reaches the
-// client.
-const leaderWait = 3 * time.Second
-
-// retryLeader runs fn until it succeeds, fails for another reason than a
-// missing leader, or leaderWait (or ctx) runs out. Every operation it wraps is
-// idempotent by event id.
-func retryLeader[T any](ctx context.Context, fn func() (T, error)) (T, error) {
-	deadline := time.Now().Add(leaderWait)
-	backoff := 20 * time.Millisecond
-	for {
-		v, err := fn()
-		if err == nil || !leaderMissing(err) || time.Now().Add(backoff).After(deadline) {
-			return v, err
-		}
-		select {
-		case <-ctx.Done():
-			return v, err
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 250*time.Millisecond)
-	}
-}
-
-// leaderMissing reports an error that a retry after a leader change can cure.
+// leaderMissing reports an error that a retry after a leader change can
+// cure: this node's replica lost leadership or moved, or the node forwarded
+// to answered UNAVAILABLE (it no longer leads either).
 func leaderMissing(err error) bool {
 	return errors.Is(err, shard.ErrNotLeader) || errors.Is(err, shard.ErrUnknownShard) ||
 		status.Code(err) == codes.Unavailable
 }
 
 func (c *Cluster) scheduleOn(ctx context.Context, s uint32, reqs []shard.Request) ([]shard.Result, error) {
-	if forwarded(ctx) {
+	if Forwarded(ctx) {
 		return c.scheduleOnce(ctx, s, reqs)
 	}
-	return retryLeader(ctx, func() ([]shard.Result, error) { return c.scheduleOnce(ctx, s, reqs) })
+	return host.AwaitLeader(ctx, leaderMissing, func() ([]shard.Result, error) { return c.scheduleOnce(ctx, s, reqs) })
 }
 
 func (c *Cluster) scheduleOnce(ctx context.Context, s uint32, reqs []shard.Request) ([]shard.Result, error) {
-	if r := c.local(s); r != nil {
+	if r := c.LocalLeader(s); r != nil {
 		res, err := r.Schedule(ctx, reqs)
 		if !errors.Is(err, shard.ErrNotLeader) {
 			return res, err
@@ -137,7 +92,7 @@ func (c *Cluster) scheduleOnce(ctx context.Context, s uint32, reqs []shard.Reque
 	for i, r := range reqs {
 		req.Events[i] = toEvent(r)
 	}
-	resp, err := cl.BatchSchedule(forwardCtx(ctx), req)
+	resp, err := cl.BatchSchedule(ForwardContext(ctx), req)
 	if err != nil {
 		return nil, err
 	}
@@ -177,15 +132,15 @@ func toEvent(r shard.Request) *chimev1.Event {
 
 // Cancel implements Backend.
 func (c *Cluster) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
-	if forwarded(ctx) {
+	if Forwarded(ctx) {
 		return c.cancelOnce(ctx, id)
 	}
-	return retryLeader(ctx, func() (raftfsm.CancelResult, error) { return c.cancelOnce(ctx, id) })
+	return host.AwaitLeader(ctx, leaderMissing, func() (raftfsm.CancelResult, error) { return c.cancelOnce(ctx, id) })
 }
 
 func (c *Cluster) cancelOnce(ctx context.Context, id string) (raftfsm.CancelResult, error) {
 	s := shard.For(id, c.shards)
-	if r := c.local(s); r != nil {
+	if r := c.LocalLeader(s); r != nil {
 		res, err := r.Cancel(ctx, id)
 		if !errors.Is(err, shard.ErrNotLeader) {
 			return res, err
@@ -196,7 +151,7 @@ func (c *Cluster) cancelOnce(ctx context.Context, id string) (raftfsm.CancelResu
 		return raftfsm.CancelResult{}, err
 	}
 	// The leader's answer, error codes and messages included, is the answer.
-	if _, err := cl.Cancel(forwardCtx(ctx), &chimev1.CancelRequest{Id: id}); err != nil {
+	if _, err := cl.Cancel(ForwardContext(ctx), &chimev1.CancelRequest{Id: id}); err != nil {
 		return raftfsm.CancelResult{}, err
 	}
 	return raftfsm.CancelResult{Outcome: raftfsm.Cancelled}, nil
@@ -209,10 +164,10 @@ type found struct {
 
 // Get implements Backend.
 func (c *Cluster) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {
-	if forwarded(ctx) {
+	if Forwarded(ctx) {
 		return c.getOnce(ctx, id)
 	}
-	f, err := retryLeader(ctx, func() (found, error) {
+	f, err := host.AwaitLeader(ctx, leaderMissing, func() (found, error) {
 		rec, ok, err := c.getOnce(ctx, id)
 		return found{rec, ok}, err
 	})
@@ -221,7 +176,7 @@ func (c *Cluster) Get(ctx context.Context, id string) (raftfsm.Record, bool, err
 
 func (c *Cluster) getOnce(ctx context.Context, id string) (raftfsm.Record, bool, error) {
 	s := shard.For(id, c.shards)
-	if r := c.local(s); r != nil {
+	if r := c.LocalLeader(s); r != nil {
 		rec, ok, err := r.Get(ctx, id)
 		if !errors.Is(err, shard.ErrNotLeader) {
 			return rec, ok, err
@@ -231,7 +186,7 @@ func (c *Cluster) getOnce(ctx context.Context, id string) (raftfsm.Record, bool,
 	if err != nil {
 		return raftfsm.Record{}, false, err
 	}
-	resp, err := cl.Get(forwardCtx(ctx), &chimev1.GetRequest{Id: id})
+	resp, err := cl.Get(ForwardContext(ctx), &chimev1.GetRequest{Id: id})
 	if status.Code(err) == codes.NotFound {
 		return raftfsm.Record{}, false, nil
 	}

@@ -1,4 +1,4 @@
-package shard
+package raftmux
 
 import (
 	"encoding/binary"
@@ -13,11 +13,7 @@ import (
 	"github.com/hashicorp/raft"
 )
 
-// Every shard's Raft traffic shares one TCP port per node. A connection
-// starts with a fixed header naming the shard, after which it belongs to that
-// shard's raft.NetworkTransport unchanged.
-//
-//	"CHRM" | version (1 byte) | shard (4 bytes BE)
+// The stream header a dialled connection starts with.
 const (
 	muxMagic        = "CHRM"
 	muxVersion      = 1
@@ -39,8 +35,14 @@ type Mux struct {
 	done chan struct{} // closed when the accept loop has returned
 }
 
-// NewMux serves Raft connections on ln until Close.
-func NewMux(ln net.Listener, logger *slog.Logger) *Mux {
+// ErrClosed is returned by Layer once the Mux is closed.
+var ErrClosed = errors.New("raftmux: closed")
+
+// New serves Raft connections on ln until Close. A nil logger discards.
+func New(ln net.Listener, logger *slog.Logger) *Mux {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
 	m := &Mux{ln: ln, logger: logger, layers: make(map[uint32]*streamLayer), done: make(chan struct{})}
 	go m.acceptLoop()
 	return m
@@ -55,7 +57,7 @@ func (m *Mux) Layer(id uint32) (raft.StreamLayer, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, ErrStopped
+		return nil, ErrClosed
 	}
 	if _, ok := m.layers[id]; ok {
 		return nil, fmt.Errorf("shard %d: raft stream layer already registered", id)
@@ -77,10 +79,12 @@ func (m *Mux) Close() error {
 	m.layers = map[uint32]*streamLayer{}
 	m.mu.Unlock()
 	err := m.ln.Close()
-	<-m.done
+	// Layers first: a connection being routed may wait on its layer, and
+	// the accept loop waits for the connections being routed.
 	for _, l := range layers {
 		l.shut()
 	}
+	<-m.done
 	return err
 }
 

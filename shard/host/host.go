@@ -1,4 +1,4 @@
-package shard
+package host
 
 import (
 	"context"
@@ -12,15 +12,18 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/raftmux"
 )
 
-// HostConfig configures the shard replicas of one node.
-type HostConfig struct {
+// Config configures the shard replicas of one node.
+type Config struct {
 	NodeID  string
 	DataDir string // each shard's Raft state goes in DataDir/shard-NNNN
 	Shards  int    // the cluster's shard count, fixed at creation
@@ -36,30 +39,30 @@ type HostConfig struct {
 	Bootstrap bool
 	// Directory is the cluster as the shards see it. Nil means a fixed
 	// single-node host: no placement, no reconciliation.
-	Directory Directory
-	Tuning    Tuning
+	Directory shard.Directory
+	Tuning    shard.Tuning
 	Now       func() time.Time
 	Logger    *slog.Logger
-	Metrics   *Metrics
+	Metrics   *shard.Metrics
 }
 
 // Host owns the shard replicas of one node and the Raft port they share,
 // routes each event id to its shard, and (with a Directory) opens and
 // releases replicas as the placement moves them.
 type Host struct {
-	cfg HostConfig
-	mux *Mux
+	cfg Config
+	mux *raftmux.Mux
 
 	mu     sync.RWMutex
-	shards map[uint32]*Shard
+	shards map[uint32]*shard.Shard
 
 	stop chan struct{}
 	done chan struct{}
 }
 
-// OpenHost opens the shard replicas this node holds: every shard with Raft
+// Open opens the shard replicas this node holds: every shard with Raft
 // state in DataDir, plus, with Bootstrap, every shard of the cluster.
-func OpenHost(cfg HostConfig) (*Host, error) {
+func Open(cfg Config) (*Host, error) {
 	if cfg.Shards <= 0 {
 		return nil, fmt.Errorf("shard count must be positive, got %d", cfg.Shards)
 	}
@@ -70,12 +73,12 @@ func OpenHost(cfg HostConfig) (*Host, error) {
 		cfg.RaftAdvertise = cfg.RaftListener.Addr().String()
 	}
 	h := &Host{
-		cfg: cfg, mux: NewMux(cfg.RaftListener, cfg.Logger), shards: make(map[uint32]*Shard),
+		cfg: cfg, mux: raftmux.New(cfg.RaftListener, cfg.Logger), shards: make(map[uint32]*shard.Shard),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	// Replicas open in parallel: each rebuilds its wheel from Pebble and
 	// waits out an election timeout, and one after another they made a
-	// node with 10M pending events take 12 s to restart (BENCHMARKS.md).
+	// node with 10M pending events take 12 s to restart.
 	var (
 		wg       sync.WaitGroup
 		errMu    sync.Mutex
@@ -118,7 +121,7 @@ func (h *Host) shardDir(id uint32) string {
 // openReplica opens this node's replica of shard id. With bootstrap, a shard
 // with no Raft state starts with this node as its only voter; without, it
 // waits for the shard's leader to add it.
-func (h *Host) openReplica(id uint32, bootstrap bool) (*Shard, error) {
+func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	layer, err := h.mux.Layer(id)
 	if err != nil {
 		return nil, err
@@ -128,7 +131,7 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*Shard, error) {
 		voters = []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(h.cfg.NodeID), Address: raft.ServerAddress(h.cfg.RaftAdvertise)}}
 	}
 	cfg := h.cfg
-	s, err := Open(Config{
+	s, err := shard.Open(shard.Config{
 		ID: id, NodeID: cfg.NodeID, Dir: h.shardDir(id),
 		Store: cfg.Store, Layer: layer, Publisher: cfg.Publisher, Bootstrap: voters,
 		Directory: cfg.Directory, Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
@@ -175,7 +178,7 @@ func (h *Host) Close() error {
 	var wg sync.WaitGroup
 	h.mu.Lock()
 	shards := h.shards
-	h.shards = map[uint32]*Shard{}
+	h.shards = map[uint32]*shard.Shard{}
 	h.mu.Unlock()
 	for _, s := range shards {
 		wg.Add(1)
@@ -202,23 +205,23 @@ func (h *Host) Count() int { return h.cfg.Shards }
 func (h *Host) NodeID() string { return h.cfg.NodeID }
 
 // Shards returns the replicas on this node, by shard id.
-func (h *Host) Shards() map[uint32]*Shard {
+func (h *Host) Shards() map[uint32]*shard.Shard {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	return maps.Clone(h.shards)
 }
 
 // Replica returns this node's replica of shard id, or nil.
-func (h *Host) Replica(id uint32) *Shard {
+func (h *Host) Replica(id uint32) *shard.Shard {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
 	return h.shards[id]
 }
 
-func (h *Host) shardFor(id string) (*Shard, error) {
-	s := h.Replica(For(id, h.cfg.Shards))
+func (h *Host) shardFor(id string) (*shard.Shard, error) {
+	s := h.Replica(shard.For(id, h.cfg.Shards))
 	if s == nil {
-		return nil, ErrUnknownShard
+		return nil, shard.ErrUnknownShard
 	}
 	return s, nil
 }
@@ -231,33 +234,74 @@ func (h *Host) Ready() bool {
 		return false
 	}
 	for _, s := range shards {
-		if addr, _ := s.raft.LeaderWithID(); addr == "" {
+		if s.Leader() == "" {
 			return false
 		}
 	}
 	return true
 }
 
-// Schedule routes each request to its shard and proposes it there.
-func (h *Host) Schedule(ctx context.Context, reqs []Request) ([]Result, error) {
-	return ScheduleByShard(ctx, reqs, h.cfg.Shards, func(ctx context.Context, id uint32, part []Request) ([]Result, error) {
-		s := h.Replica(id)
-		if s == nil {
-			return nil, ErrUnknownShard
-		}
-		return s.Schedule(ctx, part)
+// Schedule routes each request to its shard and proposes it there. A shard
+// without a leader yet (an election, at start or after a failure) is waited
+// for, within LeaderWait and ctx.
+func (h *Host) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
+	return ScheduleByShard(ctx, reqs, h.cfg.Shards, func(ctx context.Context, id uint32, part []shard.Request) ([]shard.Result, error) {
+		return AwaitLeader(ctx, leaderless, func() ([]shard.Result, error) {
+			s := h.Replica(id)
+			if s == nil {
+				return nil, shard.ErrUnknownShard
+			}
+			return s.Schedule(ctx, part)
+		})
 	})
+}
+
+// leaderless reports the error of a replica that does not lead its shard:
+// on a Host without a Directory, whose replicas are its shards' only voters,
+// the election in progress.
+func leaderless(err error) bool { return errors.Is(err, shard.ErrNotLeader) }
+
+// LeaderWait bounds how long a request waits out a leadership change (an
+// election, a transfer, a replica move) before UNAVAILABLE reaches the
+// client. An election here takes one to two election timeouts (1-2 s with
+// the cluster tuning).
+const LeaderWait = 3 * time.Second
+
+// AwaitLeader runs op until it succeeds, fails with an error that missing
+// does not call a missing leader, or LeaderWait or ctx runs out, backing off
+// from 20 ms to 250 ms between attempts. It returns op's last result and
+// error. Every operation it wraps must be idempotent (by event id).
+func AwaitLeader[T any](ctx context.Context, missing func(error) bool, op func() (T, error)) (T, error) {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval, b.Multiplier, b.MaxInterval = 20*time.Millisecond, 2, 250*time.Millisecond
+	var (
+		last    T
+		lastErr error
+	)
+	_, err := backoff.Retry(ctx, func() (T, error) {
+		last, lastErr = op()
+		if lastErr != nil && !missing(lastErr) {
+			return last, backoff.Permanent(lastErr)
+		}
+		return last, lastErr
+	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(LeaderWait))
+	if err == nil {
+		return last, nil
+	}
+	// The operation's error, not the context's, when ctx ends the wait: a
+	// missing leader stays UNAVAILABLE, which a client knows to retry.
+	return last, lastErr
 }
 
 // ScheduleByShard splits reqs by shard, runs schedule for every shard's part
 // in parallel, and returns the results in request order. Any part's error
 // fails the call; parts that did commit are found idempotently on a retry
 // with the same ids.
-func ScheduleByShard(ctx context.Context, reqs []Request, shards int,
-	schedule func(ctx context.Context, shard uint32, part []Request) ([]Result, error)) ([]Result, error) {
+func ScheduleByShard(ctx context.Context, reqs []shard.Request, shards int,
+	schedule func(ctx context.Context, id uint32, part []shard.Request) ([]shard.Result, error)) ([]shard.Result, error) {
 	groups := map[uint32][]int{}
 	for i, r := range reqs {
-		id := For(r.ID, shards)
+		id := shard.For(r.ID, shards)
 		groups[id] = append(groups[id], i)
 	}
 	if len(groups) == 1 {
@@ -265,11 +309,11 @@ func ScheduleByShard(ctx context.Context, reqs []Request, shards int,
 			return schedule(ctx, id, reqs)
 		}
 	}
-	out := make([]Result, len(reqs))
+	out := make([]shard.Result, len(reqs))
 	errs := make(chan error, len(groups))
 	for id, idx := range groups {
 		go func() {
-			part := make([]Request, len(idx))
+			part := make([]shard.Request, len(idx))
 			for j, i := range idx {
 				part[j] = reqs[i]
 			}
@@ -294,22 +338,33 @@ func ScheduleByShard(ctx context.Context, reqs []Request, shards int,
 	return out, nil
 }
 
-// Cancel cancels id on its shard.
+// Cancel cancels id on its shard, waiting for a leader as Schedule does.
 func (h *Host) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
-	s, err := h.shardFor(id)
-	if err != nil {
-		return raftfsm.CancelResult{}, err
-	}
-	return s.Cancel(ctx, id)
+	return AwaitLeader(ctx, leaderless, func() (raftfsm.CancelResult, error) {
+		s, err := h.shardFor(id)
+		if err != nil {
+			return raftfsm.CancelResult{}, err
+		}
+		return s.Cancel(ctx, id)
+	})
 }
 
-// Get reads id on its shard.
+type found struct {
+	rec raftfsm.Record
+	ok  bool
+}
+
+// Get reads id on its shard, waiting for a leader as Schedule does.
 func (h *Host) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {
-	s, err := h.shardFor(id)
-	if err != nil {
-		return raftfsm.Record{}, false, err
-	}
-	return s.Get(ctx, id)
+	f, err := AwaitLeader(ctx, leaderless, func() (found, error) {
+		s, err := h.shardFor(id)
+		if err != nil {
+			return found{}, err
+		}
+		rec, ok, err := s.Get(ctx, id)
+		return found{rec, ok}, err
+	})
+	return f.rec, f.ok, err
 }
 
 // Collector exposes per-shard state to Prometheus, read on each scrape.

@@ -1,0 +1,51 @@
+// Package cluster is a node's control plane: it turns the gossip view into
+// the placement the shard leaders reconcile toward, answers and asks the
+// node-to-node questions that needs, and forwards client requests to the
+// shard leaders on other nodes.
+//
+// # What it owns
+//
+//   - The view -> placement -> shard.Directory chain: on every membership
+//     change (and every second, as dead members age past DeadTimeout) it
+//     computes membership.Placement over the view's candidates and signals
+//     the host (Changes) and the shard leaders (Epoch).
+//   - The nodes an operator removed (RemovedPath, JSON, persisted before the
+//     placement changes) and the gossip addresses of every member seen
+//     (PeersPath, best effort, for a restart without --join).
+//   - A pool of gRPC client connections to the other members, by address,
+//     closed by Close.
+//   - The chime.v1.Peer service (RegisterPeer) and its client side: a
+//     replica's typed Raft status (LogIndex for promoting a non-voter,
+//     Members for releasing a replica, the Admin API's Status fan-out) and
+//     Forget, the fan-out of an operator's node removal. Peer is
+//     node-to-node; the operator API (Admin, in package rpc) can change
+//     without breaking reconciliation.
+//   - The Scheduler server's Backend in a cluster: a request goes to this
+//     node's replica when it leads the shard, otherwise to the shard's leader
+//     through the public Scheduler API, marked forwarded (Forwarded,
+//     ForwardContext) so it is forwarded at most once. A request meeting a
+//     leader change waits for the new leader (host.AwaitLeader).
+//   - A Cluster without gossip (Config.Membership nil, chimed dev): a view of
+//     this node alone, every shard placed on it, Drain and Remove refused
+//     with ErrAlone.
+//
+// # What it must never do
+//
+//   - Change a Raft configuration. Only a shard's leader does, in package
+//     shard, reading this package's answers; gossip never authorises a
+//     change by itself.
+//   - Reach into Raft beyond a replica's typed status (shard.Shard.Status).
+//   - Ask another node through the public Admin API.
+//   - Read the clock for the placement except to age dead members
+//     (view.Candidates gets now as an argument).
+//
+// # Goroutines
+//
+//   - The refresh loop (only with gossip), started by New, stopped by Close
+//     (close(stop), then <-done); Close then closes the connection pool, and
+//     Conn fails afterwards.
+//   - AllReplicas asks the live members in parallel and waits for every
+//     answer, each bounded by 2 s.
+//   - host.ScheduleByShard, used by Schedule, runs one goroutine per shard
+//     of a batch and waits for all of them.
+package cluster

@@ -1,0 +1,59 @@
+package host
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// controlInterval is how often the host revisits which replicas it should
+// hold, besides membership changes.
+const controlInterval = time.Second
+
+// controlLoop opens the replicas the placement gives this node and releases
+// the ones a leader has moved away. It runs only with a Directory.
+func (h *Host) controlLoop() {
+	defer close(h.done)
+	t := time.NewTicker(controlInterval)
+	defer t.Stop()
+	for {
+		h.control()
+		select {
+		case <-h.stop:
+			return
+		case <-h.cfg.Directory.Changes():
+		case <-t.C:
+		}
+	}
+}
+
+func (h *Host) control() {
+	dir := h.cfg.Directory
+	self := h.cfg.NodeID
+	for i := range h.cfg.Shards {
+		id := uint32(i)
+		wanted := slices.Contains(dir.Desired(id), self)
+		s := h.Replica(id)
+		switch {
+		case wanted && s == nil:
+			// An empty replica: the leader adds it as a non-voter, streams
+			// it a snapshot and the log, then promotes it.
+			if _, err := h.openReplica(id, false); err != nil {
+				h.cfg.Logger.Warn("opening a replica", "shard", id, "err", err)
+			}
+		case !wanted && s != nil && !s.IsLeader():
+			// Release only once the leader has taken this node out of the
+			// configuration; until then it still counts toward a quorum.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			voters, nonvoters, err := dir.Members(ctx, id)
+			cancel()
+			if err != nil || slices.Contains(voters, self) || slices.Contains(nonvoters, self) {
+				continue
+			}
+			h.cfg.Logger.Info("releasing replica: no longer in the shard's configuration", "shard", id)
+			if err := h.releaseReplica(id); err != nil {
+				h.cfg.Logger.Warn("releasing a replica", "shard", id, "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,292 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testFlushWait is how long a snapshot waits for Pebble to flush by itself in these tests, where
+// nothing fills a memtable: a user snapshot would otherwise take the full default.
+const testFlushWait = 10 * time.Millisecond
+
+// testNode is one node's worth of the real stack on loopback: Pebble, a Raft
+// port, the shards, and a publisher pointed at a kfake broker.
+type testNode struct {
+	t       *testing.T
+	dir     string
+	addr    string // Raft address, kept across restarts
+	store   *raftfsm.Store
+	pub     *publish.Publisher
+	host    *Host
+	metrics *shard.Metrics
+}
+
+func startBroker(t *testing.T) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune ...func(*shard.Tuning)) *testNode {
+	t.Helper()
+	n := openNodeUnready(t, dir, addr, brokers, shards, tune...)
+	waitFor(t, 10*time.Second, "every shard has a leader", n.host.Ready)
+	return n
+}
+
+// openNodeUnready is openNode without waiting for the shards' leaders.
+func openNodeUnready(t *testing.T, dir, addr string, brokers []string, shards int, tune ...func(*shard.Tuning)) *testNode {
+	t.Helper()
+	n := &testNode{t: t, dir: dir}
+	var err error
+	if n.store, err = raftfsm.OpenStore(dir+"/pebble", raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}); err != nil {
+		t.Fatal(err)
+	}
+	if n.pub, err = publish.New(publish.Config{Brokers: brokers}); err != nil {
+		t.Fatal(err)
+	}
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.addr = ln.Addr().String()
+	n.metrics = shard.NewMetrics(nil)
+	tuning := shard.Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond}
+	for _, f := range tune {
+		f(&tuning)
+	}
+	n.host, err = Open(Config{
+		NodeID: "n1", DataDir: dir + "/raft", Shards: shards, RaftListener: ln,
+		Store: n.store, Publisher: n.pub, Bootstrap: true, Metrics: n.metrics, Tuning: tuning,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func (n *testNode) close() {
+	n.t.Helper()
+	if err := n.host.Close(); err != nil {
+		n.t.Errorf("host close: %v", err)
+	}
+	n.pub.Close()
+	if err := n.store.Close(); err != nil {
+		n.t.Errorf("store close: %v", err)
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// consumed is what a record said when an independent client read it.
+type consumed struct {
+	due, fired time.Time
+	attempt    string
+	value      string
+}
+
+// consume reads topic from the start until want distinct ids arrived or the
+// deadline passed, and returns every record by chime-id (with duplicates
+// counted).
+func consume(t *testing.T, brokers []string, topic string, want int, d time.Duration) (map[string]consumed, int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	got := make(map[string]consumed)
+	dups := 0
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for len(got) < want && ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachRecord(func(r *kgo.Record) {
+			h := map[string]string{}
+			for _, kv := range r.Headers {
+				h[kv.Key] = string(kv.Value)
+			}
+			due, _ := strconv.ParseInt(h[publish.HeaderDue], 10, 64)
+			fired, _ := strconv.ParseInt(h[publish.HeaderFired], 10, 64)
+			id := h[publish.HeaderID]
+			if _, dup := got[id]; dup {
+				dups++
+				return
+			}
+			got[id] = consumed{due: time.UnixMilli(due), fired: time.UnixMilli(fired), attempt: h[publish.HeaderAttempt], value: string(r.Value)}
+		})
+	}
+	return got, dups
+}
+
+func TestScheduleFireCancelRestart(t *testing.T) {
+	brokers := startBroker(t)
+	dir := t.TempDir()
+	n := openNode(t, dir, "", brokers, 2)
+	ctx := context.Background()
+
+	req := func(id string, delay time.Duration) shard.Request {
+		r := shard.Request{ID: id, Delay: delay, HasDelay: true, Topic: "orders", Payload: []byte("p-" + id)}
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true)
+		return r
+	}
+	// Soon, later (fires after the restart), and one to cancel.
+	var reqs []shard.Request
+	for i := range 20 {
+		reqs = append(reqs, req(fmt.Sprintf("soon-%d", i), time.Duration(i)*20*time.Millisecond))
+	}
+	for i := range 10 {
+		reqs = append(reqs, req(fmt.Sprintf("later-%d", i), 3*time.Second))
+	}
+	reqs = append(reqs, req("cancel-me", 2*time.Second))
+	res, err := n.host.Schedule(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Outcome != raftfsm.Created {
+			t.Fatalf("request %d (%s): outcome %v", i, reqs[i].ID, r.Outcome)
+		}
+	}
+	// A re-send is idempotent: same seq and due.
+	again, err := n.host.Schedule(ctx, reqs[:1])
+	if err != nil || again[0].Outcome != raftfsm.Existing || again[0].Due != res[0].Due {
+		t.Fatalf("re-send: %+v, %v; want Existing with due %d", again, err, res[0].Due)
+	}
+	cr, err := n.host.Cancel(ctx, "cancel-me")
+	if err != nil || cr.Outcome != raftfsm.Cancelled {
+		t.Fatalf("cancel: %+v, %v", cr, err)
+	}
+	if cr, _ := n.host.Cancel(ctx, "nope"); cr.Outcome != raftfsm.NotFound {
+		t.Fatalf("cancel of an unknown id: %v", cr.Outcome)
+	}
+
+	got, _ := consume(t, brokers, "orders", 20, 10*time.Second)
+	if len(got) != 20 {
+		t.Fatalf("before restart: consumed %d records, want the 20 'soon' ones", len(got))
+	}
+	waitFor(t, 5*time.Second, "soon events marked fired", func() bool {
+		rec, ok, _ := n.host.Get(ctx, "soon-19")
+		return ok && rec.State == raftfsm.StateFired
+	})
+	// Every stage of firing was timed: wake, slot, read, hold, lease, produce, mark.
+	if got := testutil.CollectAndCount(n.metrics.FireStage); got != 7 {
+		t.Fatalf("chime_fire_stage_seconds has %d stages, want 7", got)
+	}
+
+	// Restart before the 'later' events are due: they must fire from Pebble.
+	n.close()
+	n = openNode(t, dir, n.addr, brokers, 2)
+	defer n.close()
+
+	got, dups := consume(t, brokers, "orders", 30, 15*time.Second)
+	if len(got) != 30 {
+		t.Fatalf("after restart: consumed %d distinct records, want 30", len(got))
+	}
+	if _, ok := got["cancel-me"]; ok {
+		t.Fatal("a cancelled event was produced")
+	}
+	for id, c := range got {
+		if c.fired.Before(c.due) {
+			t.Errorf("%s fired early: due %v, fired %v", id, c.due, c.fired)
+		}
+		if c.value != "p-"+id {
+			t.Errorf("%s: value %q", id, c.value)
+		}
+	}
+	t.Logf("duplicates: %d", dups)
+	rec, ok, err := n.host.Get(ctx, "later-3")
+	if err != nil || !ok {
+		t.Fatalf("get: %v %v", ok, err)
+	}
+	waitFor(t, 5*time.Second, "later events marked fired", func() bool {
+		rec, _, _ = n.host.Get(ctx, "later-3")
+		return rec.State == raftfsm.StateFired
+	})
+	if rec.FiredAt < rec.Due {
+		t.Fatalf("later-3 marked fired at %d before due %d", rec.FiredAt, rec.Due)
+	}
+}
+
+// A request that reaches a shard before its first election is over waits for
+// the leader, within LeaderWait, instead of failing with ErrNotLeader: chimed
+// dev serves gRPC as soon as its port is open, and `chimectl schedule` right
+// after the start failed within 20 ms with "not the leader".
+func TestRequestsWaitForTheFirstLeader(t *testing.T) {
+	n := openNodeUnready(t, t.TempDir(), "", startBroker(t), 2, func(tu *shard.Tuning) {
+		tu.HeartbeatTimeout, tu.ElectionTimeout = 500*time.Millisecond, 500*time.Millisecond
+	})
+	defer n.close()
+	if n.host.Ready() {
+		t.Fatal("the shards had leaders at once: this test proves nothing")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), LeaderWait)
+	defer cancel()
+	r := shard.Request{ID: "early", Delay: time.Hour, HasDelay: true, Topic: "t", Payload: []byte("p")}
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+	res, err := n.host.Schedule(ctx, []shard.Request{r})
+	if err != nil || res[0].Outcome != raftfsm.Created {
+		t.Fatalf("schedule before the first election: %+v, %v; want Created", res, err)
+	}
+	if _, found, err := n.host.Get(ctx, "early"); err != nil || !found {
+		t.Fatalf("get: found %v, %v", found, err)
+	}
+	if cr, err := n.host.Cancel(ctx, "early"); err != nil || cr.Outcome != raftfsm.Cancelled {
+		t.Fatalf("cancel: %+v, %v", cr, err)
+	}
+}
+
+// A failure that is not a missing leader is returned at once, and a missing
+// leader is waited for no longer than ctx allows.
+func TestAwaitLeaderStops(t *testing.T) {
+	calls := 0
+	boom := errors.New("boom")
+	_, err := AwaitLeader(context.Background(), leaderless, func() (int, error) { calls++; return 0, boom })
+	if !errors.Is(err, boom) || calls != 1 {
+		t.Fatalf("AwaitLeader = %v after %d calls; want boom after 1", err, calls)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err = AwaitLeader(ctx, leaderless, func() (int, error) { return 0, shard.ErrNotLeader })
+	if !errors.Is(err, shard.ErrNotLeader) {
+		t.Fatalf("AwaitLeader = %v; want the last ErrNotLeader", err)
+	}
+	if d := time.Since(start); d > LeaderWait/2 {
+		t.Fatalf("AwaitLeader waited %v past a 100 ms deadline", d)
+	}
+}

@@ -1,0 +1,30 @@
+// Package raftmux carries every shard's Raft traffic over one TCP port per
+// node. A dialled connection starts with a fixed header naming the shard,
+// after which it belongs to that shard's raft.NetworkTransport unchanged:
+//
+//	"CHRM" | version (1 byte) | shard (4 bytes big-endian)
+//
+// # What it owns
+//
+//   - The node's Raft listener, from New until Close.
+//   - One raft.StreamLayer per shard replica ([Mux.Layer]): Accept hands it
+//     the connections whose header names its shard; Dial writes the header.
+//
+// # What it must never do
+//
+//   - Read or write anything after the header: the bytes belong to raft.
+//   - Know about shards beyond their id, or import package shard (shard's
+//     tests build replicas on it).
+//   - Keep a connection it cannot route: a connection without the header
+//     within 5 s, with another magic or version, or for a shard without a
+//     registered layer is closed.
+//
+// # Goroutines
+//
+//   - The accept loop, started by New, stopped by Close (which closes the
+//     listener and waits for it).
+//   - One goroutine per accepted connection while it reads the header (at
+//     most 5 s); the accept loop waits for them before it returns.
+//
+// Close also closes every layer, so raft's Accept returns net.ErrClosed.
+package raftmux

@@ -1,0 +1,89 @@
+package raftmux
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestRoutesByShardHeader(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(ln, nil)
+	defer m.Close()
+	l3, err := m.Layer(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Layer(3); err == nil {
+		t.Fatal("a second layer for shard 3 was registered")
+	}
+	l4, err := m.Layer(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A dial for shard 4 reaches shard 4's layer, bytes after the header intact.
+	c, err := (&streamLayer{mux: m, id: 4}).Dial(raft.ServerAddress(ln.Addr().String()), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("raft")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := l4.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(got, buf); err != nil || string(buf) != "raft" {
+		t.Fatalf("shard 4 read %q, %v; want the bytes after the header", buf, err)
+	}
+
+	// A connection for a shard without a layer, or without the header, is closed.
+	for name, dial := range map[string]func() (net.Conn, error){
+		"unregistered shard": func() (net.Conn, error) {
+			return (&streamLayer{mux: m, id: 9}).Dial(raft.ServerAddress(ln.Addr().String()), time.Second)
+		},
+		"no header": func() (net.Conn, error) {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err == nil {
+				_, err = c.Write([]byte("GET / HTTP/1.1\r\n"))
+			}
+			return c, err
+		},
+	} {
+		c, err := dial()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		// EOF, or a reset when the mux closed it with bytes unread.
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("%s: read %v, want the connection closed by the mux", name, err)
+		}
+		c.Close()
+	}
+
+	// Close stops every layer; a closed mux registers none.
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l3.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Accept after Close: %v, want net.ErrClosed", err)
+	}
+	if _, err := m.Layer(5); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Layer after Close: %v, want ErrClosed", err)
+	}
+}
