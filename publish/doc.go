@@ -6,8 +6,25 @@
 // Only after Publish reports an [Outcome] with Done set may the shard mark
 // the event fired through Raft. This package owns exactly that step: turning
 // a [Record] into a Kafka record, producing it with acks=all, retrying
-// failures with exponential backoff and full jitter, and after the last
+// failures with exponential backoff and jitter, and after the last
 // attempt producing it to the dead-letter topic instead.
+//
+// # Who retries what
+//
+// Two layers wait and retry, each with its own backoff.ExponentialBackOff
+// (github.com/cenkalti/backoff/v5, the project's one backoff) and its own
+// parameters:
+//
+//   - publish retries a produce, inside one Publish call, bounded by that
+//     call's ctx (the shard passes its leader lease as the deadline, so a
+//     call makes no new attempt once the lease is over). Config.BackoffBase,
+//     BackoffMax and BackoffJitter shape the waits; the schedule starts
+//     afresh with each call.
+//   - the shard re-fires: events a Publish call did not complete (Done
+//     false) go back into the shard's timing wheel and are handed to a later
+//     Publish call, after the shard's own, longer backoff, which the first
+//     produce that succeeds cuts short. This package keeps no record across
+//     calls except Record.Attempts, which the caller hands back.
 //
 // # Guarantees
 //
@@ -25,8 +42,10 @@
 //     returns before an attempt it started is answered unless ctx ended or
 //     the Publisher was closed. After Close returns no goroutine of this
 //     package is left running.
-//   - The clock (Config.Now) and the jitter source (Config.Rand) are
-//     injected, so tests decide FiredAt and the backoff schedule.
+//   - The clock (Config.Now) is injected, so tests decide FiredAt; a
+//     negative Config.BackoffJitter makes the backoff schedule exact.
+//   - Publisher.Collector exports the counters of Stats to Prometheus
+//     (chime_publish_*_total).
 //
 // # Wire format
 //
@@ -57,5 +76,6 @@
 // reports Done for a record Kafka did not acknowledge. It never lets
 // kafka-go retry (it sends requests with kafka-go's Client, which does not):
 // retries, their count and their backoff are decided here, where they are
-// visible in Outcome and Stats.
+// visible in Outcome and Stats. It never re-fires a record on its own after
+// Publish returned: that belongs to the shard.
 package publish

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 )
@@ -67,7 +67,7 @@ type Outcome struct {
 	Sent bool
 }
 
-// Stats are cumulative counters since New, for metrics.
+// Stats are cumulative counters since New; Collector exports them.
 type Stats struct {
 	// Produced counts records Kafka acknowledged on their own topic.
 	Produced uint64
@@ -99,6 +99,7 @@ const (
 	DefaultDeadLetterAttempts = 3
 	DefaultBackoffBase        = 50 * time.Millisecond
 	DefaultBackoffMax         = 5 * time.Second
+	DefaultBackoffJitter      = 0.5
 	DefaultDeadLetterTopic    = "chime.deadletter"
 	DefaultBatchBytes         = 1 << 20 // 1 MiB, under Kafka's default message.max.bytes (1048588)
 	DefaultBatchSize          = 1000
@@ -125,9 +126,14 @@ type Config struct {
 	// DeadLetterAttempts bounds the attempts on the dead-letter topic
 	// within one Publish call; after that the outcome is Done false.
 	DeadLetterAttempts int
-	// BackoffBase and BackoffMax shape the wait before attempt n+1:
-	// uniform in [0, min(BackoffMax, BackoffBase*2^(n-1))] ("full jitter").
+	// BackoffBase, BackoffMax and BackoffJitter shape the wait between the
+	// rounds of attempts within one Publish call (a backoff.ExponentialBackOff):
+	// the n-th wait is min(BackoffMax, BackoffBase*2^(n-1)), spread uniformly
+	// by ±BackoffJitter of itself, so at most (1+BackoffJitter)*BackoffMax.
+	// BackoffJitter is in [0, 1]; zero means DefaultBackoffJitter and a
+	// negative value means none (an exact schedule, for tests).
 	BackoffBase, BackoffMax time.Duration
+	BackoffJitter           float64
 	// DeadLetterTopic receives records whose last attempt failed.
 	DeadLetterTopic string
 	// BatchBytes and BatchSize bound the records of one produce request
@@ -144,9 +150,6 @@ type Config struct {
 	ClientID string
 	// Now is the clock for FiredAt and chime-fired-unix-ms; default time.Now.
 	Now func() time.Time
-	// Rand is the jitter source; the Publisher owns it after New and
-	// guards it with a mutex. Default: seeded from the runtime.
-	Rand *rand.Rand
 	// Logger gets retries (debug), dead letters (warn) and failures
 	// (error). Default: discard.
 	Logger *slog.Logger
@@ -184,6 +187,14 @@ func (c Config) withDefaults() (Config, error) {
 	if c.BackoffBase > c.BackoffMax {
 		return bad("BackoffBase", "(%v) must not exceed BackoffMax (%v)", c.BackoffBase, c.BackoffMax)
 	}
+	switch {
+	case c.BackoffJitter > 1:
+		return bad("BackoffJitter", "must be at most 1 (got %v)", c.BackoffJitter)
+	case c.BackoffJitter == 0:
+		c.BackoffJitter = DefaultBackoffJitter
+	case c.BackoffJitter < 0:
+		c.BackoffJitter = 0
+	}
 	type intField struct {
 		name string
 		v    *int
@@ -220,9 +231,6 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.Rand == nil {
-		c.Rand = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
-	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -258,9 +266,6 @@ type Publisher struct {
 	balancer      kafka.Murmur2Balancer
 	// sem holds one token per produce request in flight (MaxInFlight).
 	sem chan struct{}
-
-	randMu sync.Mutex
-	rand   *rand.Rand // guarded by randMu
 
 	produced, retried, deadLettered, failed atomic.Uint64
 
@@ -302,7 +307,6 @@ func New(cfg Config) (*Publisher, error) {
 		transport:     tr,
 		stopTransport: tcancel,
 		sem:           make(chan struct{}, cfg.MaxInFlight),
-		rand:          cfg.Rand,
 		closing:       closing,
 		cancel:        cancel,
 	}, nil
@@ -413,6 +417,7 @@ func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
 	}
 
 	msgs := make([]kafka.Message, 0, len(todo))
+	bo := p.newBackOff()
 	for len(todo) > 0 && ctx.Err() == nil {
 		sentAt := p.cfg.Now()
 		msgs = msgs[:0]
@@ -433,7 +438,7 @@ func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
 		}
 
 		next := todo[:0]
-		wait := 0 // the highest attempt number among failures retried after a backoff
+		wait := false // a failure is retried after a backoff
 		for j, st := range todo {
 			o := &out[st.i]
 			if errs[j] == nil {
@@ -459,7 +464,7 @@ func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
 					st.dead = true // no wait: the dead-letter topic is another topic
 				} else {
 					p.retried.Add(1)
-					wait = max(wait, int(o.Attempts))
+					wait = true
 					p.log.Debug("retrying", "seq", o.Seq, "id", recs[st.i].ID, "topic", recs[st.i].Topic,
 						"attempt", o.Attempts, "err", errs[j])
 				}
@@ -477,11 +482,11 @@ func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
 					"attempts", o.Attempts, "err", st.deadErr, "produce_err", st.lastErr)
 				continue
 			}
-			wait = max(wait, st.deadAttempts)
+			wait = true
 			next = append(next, st)
 		}
 		todo = next
-		if len(todo) > 0 && wait > 0 && !sleep(ctx, p.backoff(wait)) {
+		if len(todo) > 0 && wait && !sleep(ctx, bo.NextBackOff()) {
 			break
 		}
 	}
@@ -751,18 +756,17 @@ func messageSize(m *kafka.Message) int64 {
 	return sizeBound(m.Key, m.Value, nil, hs)
 }
 
-// backoff is the wait after the n-th failed attempt (n >= 1): full jitter
-// over [0, min(BackoffMax, BackoffBase*2^(n-1))].
-func (p *Publisher) backoff(n int) time.Duration {
-	ceil := p.cfg.BackoffBase
-	for i := 1; i < n && ceil < p.cfg.BackoffMax; i++ {
-		ceil *= 2
+// newBackOff returns the schedule of one Publish call's waits between
+// rounds of attempts. It is per call because the call's ctx bounds it: the
+// caller (the shard) owns what happens to records a call did not settle,
+// and its own, longer backoff decides when they come back.
+func (p *Publisher) newBackOff() backoff.ExponentialBackOff {
+	return backoff.ExponentialBackOff{
+		InitialInterval:     p.cfg.BackoffBase,
+		RandomizationFactor: p.cfg.BackoffJitter,
+		Multiplier:          2,
+		MaxInterval:         p.cfg.BackoffMax,
 	}
-	ceil = min(ceil, p.cfg.BackoffMax)
-	p.randMu.Lock()
-	d := time.Duration(p.rand.Int64N(int64(ceil) + 1))
-	p.randMu.Unlock()
-	return d
 }
 
 // sleep waits d or until ctx ends; it reports whether the whole wait passed.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime"
 	"runtime/pprof"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -51,10 +51,9 @@ func newPublisher(t testing.TB, c *kfake.Cluster, cfg Config) *Publisher {
 	return p
 }
 
-// fastRetries keeps retry tests quick and their jitter reproducible.
+// fastRetries keeps retry tests quick and their schedule exact.
 func fastRetries(cfg Config) Config {
-	cfg.BackoffBase, cfg.BackoffMax = time.Millisecond, 4*time.Millisecond
-	cfg.Rand = rand.New(rand.NewPCG(1, 2))
+	cfg.BackoffBase, cfg.BackoffMax, cfg.BackoffJitter = time.Millisecond, 4*time.Millisecond, -1
 	return cfg
 }
 
@@ -316,6 +315,17 @@ func TestRetriesCountAttempts(t *testing.T) {
 	}
 	if s := p.Stats(); s != (Stats{Produced: 10, Retried: 10 * failures}) {
 		t.Fatalf("Stats = %+v", s)
+	}
+	// The counters reach /metrics.
+	if err := testutil.CollectAndCompare(p.Collector(), strings.NewReader(`
+# HELP chime_publish_retries_total Failed produce attempts that were followed by another attempt within the same Publish call.
+# TYPE chime_publish_retries_total counter
+chime_publish_retries_total 30
+# HELP chime_publish_produced_total Records Kafka acknowledged on their own topic.
+# TYPE chime_publish_produced_total counter
+chime_publish_produced_total 10
+`), "chime_publish_retries_total", "chime_publish_produced_total"); err != nil {
+		t.Fatal(err)
 	}
 	got := byID(t, consume(t, c, len(recs), "retry"))
 	for i, r := range recs {
@@ -632,6 +642,7 @@ func TestNewRejects(t *testing.T) {
 		{"MaxInFlight", func(c *Config) { c.MaxInFlight = -1 }},
 		{"MaxAttempts", func(c *Config) { c.MaxAttempts = -2 }},
 		{"BackoffBase", func(c *Config) { c.BackoffBase, c.BackoffMax = time.Second, time.Millisecond }},
+		{"BackoffJitter", func(c *Config) { c.BackoffJitter = 1.5 }},
 		{"DeadLetterTopic", func(c *Config) { c.DeadLetterTopic = "dead letters" }},
 		{"BatchBytes", func(c *Config) { c.BatchBytes = -1 }},
 		{"WriteTimeout", func(c *Config) { c.WriteTimeout = -time.Second }},
@@ -672,31 +683,33 @@ func TestValidTopic(t *testing.T) {
 	}
 }
 
-func TestBackoffFullJitter(t *testing.T) {
-	p, err := New(Config{Brokers: []string{"127.0.0.1:9"}, BackoffBase: 10 * time.Millisecond, BackoffMax: 300 * time.Millisecond,
-		Rand: rand.New(rand.NewPCG(3, 4))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	for n, ceil := range []time.Duration{10, 20, 40, 80, 160, 300, 300, 300} {
-		ceil *= time.Millisecond
-		var hi time.Duration
-		lo := ceil
-		for range 2000 {
-			d := p.backoff(n + 1)
-			if d < 0 || d > ceil {
-				t.Fatalf("backoff(%d) = %v, outside [0, %v]", n+1, d, ceil)
+// TestBackoffSchedule pins the waits between rounds of attempts: doubling
+// from BackoffBase up to BackoffMax, exact without jitter, and within
+// ±BackoffJitter of that schedule with it.
+func TestBackoffSchedule(t *testing.T) {
+	want := []time.Duration{10, 20, 40, 80, 160, 300, 300, 300}
+	for _, jitter := range []float64{-1, 0, 1} {
+		p, err := New(Config{Brokers: []string{"127.0.0.1:9"}, BackoffBase: 10 * time.Millisecond,
+			BackoffMax: 300 * time.Millisecond, BackoffJitter: jitter})
+		if err != nil {
+			t.Fatal(err)
+		}
+		spread := p.cfg.BackoffJitter
+		if jitter == 0 && spread != DefaultBackoffJitter || jitter < 0 && spread != 0 {
+			t.Fatalf("BackoffJitter %v became %v", jitter, spread)
+		}
+		for run := range 200 {
+			bo := p.newBackOff()
+			for n, w := range want {
+				w *= time.Millisecond
+				d := bo.NextBackOff()
+				lo, hi := time.Duration(float64(w)*(1-spread)), time.Duration(float64(w)*(1+spread))+1
+				if d < lo || d > hi {
+					t.Fatalf("jitter %v, run %d: wait %d = %v, want within [%v, %v]", jitter, run, n+1, d, lo, hi)
+				}
 			}
-			hi, lo = max(hi, d), min(lo, d)
 		}
-		// Full jitter spans the whole range.
-		if hi < ceil*9/10 || lo > ceil/10 {
-			t.Fatalf("backoff(%d) ranged over [%v, %v], want most of [0, %v]", n+1, lo, hi, ceil)
-		}
-	}
-	if d := p.backoff(1000); d > 300*time.Millisecond {
-		t.Fatalf("backoff(1000) = %v, above BackoffMax", d)
+		p.Close()
 	}
 }
 

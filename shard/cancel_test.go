@@ -192,8 +192,8 @@ func TestCancelWhileProduceUnanswered(t *testing.T) {
 // was cancelled well before it fell due.
 func TestInDoubtAfterLeaderChange(t *testing.T) {
 	const sec = int64(time.Second)
-	s := &Shard{unsure: map[uint64]int64{7: 1}, tune: Tuning{ClockSkewBound: time.Second}}
-	s.fenceUntil = 100 * sec // began firing at 99 s
+	s := &Shard{firing: &firing{unsure: map[uint64]int64{7: 1}}, tune: Tuning{ClockSkewBound: time.Second}}
+	s.firing.fenceUntil = 100 * sec // began firing at 99 s
 	for _, c := range []struct {
 		name string
 		rec  raftfsm.Record
@@ -211,7 +211,7 @@ func TestInDoubtAfterLeaderChange(t *testing.T) {
 			t.Errorf("%s: inDoubt %v, want %v", c.name, got, c.want)
 		}
 	}
-	s.fenceUntil = 1<<63 - 1 // not yet past the barrier: everything due is in doubt
+	s.firing.fenceUntil = never // not yet past the barrier: everything due is in doubt
 	if !s.inDoubt(raftfsm.Record{Seq: 2, State: raftfsm.StateScheduled, Due: 1 << 62}) {
 		t.Error("before the barrier, a scheduled event is not in doubt")
 	}
@@ -238,18 +238,19 @@ func TestRetriedEventsFire(t *testing.T) {
 
 	// Take it out of the wheel as the firing loop does, and settle it as a
 	// failed attempt: back in the wheel, 700 ms after its due time.
-	s.mu.Lock()
-	h, ok := s.handles.get(seq)
+	f := s.firing
+	f.mu.Lock()
+	h, ok := f.handles.get(seq)
 	if !ok {
-		s.mu.Unlock()
+		f.mu.Unlock()
 		t.Fatal("the event is not in the wheel (fired already?)")
 	}
-	s.wheel.Remove(h)
-	s.handles.delete(seq)
+	f.wheel.Remove(h)
+	f.handles.delete(seq)
 	b := &fireBatch{entries: []wheel.Entry{{Ref: seq, Due: due}}, done: make(chan struct{})}
-	s.inflight[seq] = b
-	s.mu.Unlock()
-	s.settle(b, b.all(), time.Until(time.Unix(0, due))+700*time.Millisecond)
+	f.inflight[seq] = b
+	f.mu.Unlock()
+	f.settleBatch(b, b.all(), time.Until(time.Unix(0, due))+700*time.Millisecond)
 
 	got, _ := consume(t, brokers, "retry", 1, 10*time.Second)
 	if _, ok := got[r.ID]; !ok {
@@ -282,9 +283,9 @@ func TestEarlyBatchHeldAndCancellable(t *testing.T) {
 	due := time.Unix(0, res[1].Due)
 
 	waitFor(t, 2*time.Second, "the batch is taken out of the wheel", func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return s.inflight[res[1].Seq] != nil
+		s.firing.mu.Lock()
+		defer s.firing.mu.Unlock()
+		return s.firing.inflight[res[1].Seq] != nil
 	})
 	if left := time.Until(due); left < lead/4 {
 		t.Fatalf("taken %v before its due time, want about %v", left, lead)

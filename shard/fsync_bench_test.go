@@ -10,8 +10,8 @@ import (
 )
 
 // BenchmarkFsync measures the machine's durable-write latency the way the
-// Raft log pays it: append 4 KiB to a file and fdatasync it. BENCHMARKS.md
-// compares a single client's Schedule acknowledgement to it. Run it with
+// Raft log pays it: append 4 KiB to a file and fdatasync it; a single
+// client's Schedule acknowledgement is measured against it. Run it with
 // TMPDIR on the disk chimed's data directory lives on.
 func BenchmarkFsync(b *testing.B) {
 	f, err := os.Create(filepath.Join(b.TempDir(), "fsync"))

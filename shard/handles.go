@@ -8,8 +8,8 @@ import "github.com/chimehq/chime/wheel"
 // of 1024 handles, a page allocated while it holds a handle and freed when
 // it empties: 8 bytes per seq of a live page. A map[uint64]wheel.Handle
 // cost about 30 bytes per pending event, 300 MB of a node holding ten
-// million (BENCHMARKS.md, "Memory and restart"). The zero Handle is never
-// valid, so it marks an empty slot. Not safe for concurrent use: Shard.mu
+// million. The zero Handle is never
+// valid, so it marks an empty slot. Not safe for concurrent use: firing.mu
 // guards it.
 type handleTable struct {
 	pages []*handlePage

@@ -11,7 +11,7 @@ import (
 // a second a shard's leader fires a batch every millisecond tick, and a
 // MarkFired entry per batch cost each replica a log append and fsync per
 // millisecond: the Raft logs, not the CPU, became the bottleneck, and fire
-// lateness grew to hundreds of milliseconds (BENCHMARKS.md). One markLoop
+// lateness grew to hundreds of milliseconds. One markLoop
 // per shard gathers the marks that queued while the previous entry
 // committed into the next entry.
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard/raftmux"
 	"github.com/hashicorp/raft"
 )
 
@@ -41,7 +42,7 @@ func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mux := NewMux(ln, nil)
+		mux := raftmux.New(ln, nil)
 		layer, err := mux.Layer(0)
 		if err != nil {
 			t.Fatal(err)

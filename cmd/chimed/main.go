@@ -287,7 +287,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	base := nodeConfig{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
-		Tuning:      clusterTuning(shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew}),
+		Tuning:      shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
@@ -371,23 +371,6 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	logger.Info("stopped")
 	return 0
-}
-
-// clusterTuning sets the Raft timeouts. Heartbeats, every HeartbeatTimeout/10
-// per follower of every shard, are most of what an idle cluster costs, and
-// HeartbeatTimeout also bounds failover (a follower waits 1-2x it before
-// standing for election). Measured on an idle 3-node cluster of 8 shards:
-// 500 ms cost 5.2% of a core per node; 1 s cost 3.5% but took 2.3 s to
-// replace a killed leader; 750 ms sits between (README, "Running a
-// cluster"). The idle commit notification to followers goes every
-// CommitTimeout instead of hashicorp/raft's 50 ms: followers learn the commit
-// index with the next write or heartbeat anyway.
-func clusterTuning(t shard.Tuning) shard.Tuning {
-	t.HeartbeatTimeout = 750 * time.Millisecond
-	t.ElectionTimeout = 750 * time.Millisecond
-	t.LeaderLeaseTimeout = 375 * time.Millisecond
-	t.CommitTimeout = 500 * time.Millisecond
-	return t
 }
 
 // devNode derives node i of a local cluster: its own data directory, ports

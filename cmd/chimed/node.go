@@ -193,6 +193,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(n.pub.Collector())
 	hc := host.Config{
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,

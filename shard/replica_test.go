@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -16,23 +14,19 @@ import (
 
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
-	"github.com/chimehq/chime/shard/raftmux"
 )
 
 // testFlushWait is how long a snapshot waits for Pebble to flush by itself in these tests, where
 // nothing fills a memtable: a user snapshot would otherwise take the full default.
 const testFlushWait = 10 * time.Millisecond
 
-// This file is a copy of the harness in shard/host's tests, for shard's own
-// tests, with replicas opened by Open directly on a raftmux (shard cannot
-// import shard/host, which imports it).
-
-// testNode is one node's worth of the real stack on loopback: Pebble, a Raft
-// port, the shards, and a publisher pointed at a kfake broker.
+// testNode is one node's worth of replicas, opened with Open directly: Pebble,
+// one single-voter replica per shard on raft's in-memory transport, and a
+// publisher pointed at a kfake broker.
 type testNode struct {
 	t       *testing.T
 	dir     string
-	addr    string // Raft address, kept across restarts
+	addr    string // base of the replicas' in-memory Raft addresses, kept across restarts
 	store   *raftfsm.Store
 	pub     *publish.Publisher
 	host    *testHost
@@ -49,9 +43,14 @@ func startBroker(t *testing.T) []string {
 	return c.ListenAddrs()
 }
 
+// openNode opens shards replicas in dir, each the only voter of its shard.
+// addr "" picks new Raft addresses; a restart passes the node's addr.
 func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune ...func(*Tuning)) *testNode {
 	t.Helper()
-	n := &testNode{t: t, dir: dir}
+	if addr == "" {
+		addr = dir
+	}
+	n := &testNode{t: t, dir: dir, addr: addr, host: &testHost{}, metrics: NewMetrics(nil)}
 	var err error
 	if n.store, err = raftfsm.OpenStore(dir+"/pebble", raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}); err != nil {
 		t.Fatal(err)
@@ -59,30 +58,17 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune
 	if n.pub, err = publish.New(publish.Config{Brokers: brokers}); err != nil {
 		t.Fatal(err)
 	}
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.addr = ln.Addr().String()
-	n.metrics = NewMetrics(nil)
 	tuning := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 		LeaderLeaseTimeout: 100 * time.Millisecond}
 	for _, f := range tune {
 		f(&tuning)
 	}
-	n.host = &testHost{mux: raftmux.New(ln, nil)}
 	for id := range uint32(shards) {
-		layer, err := n.host.mux.Layer(id)
-		if err != nil {
-			t.Fatal(err)
-		}
+		raddr, trans := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("%s/shard-%d", addr, id)))
 		s, err := Open(Config{
-			ID: id, NodeID: "n1", Dir: fmt.Sprintf("%s/raft/shard-%04d", dir, id), Store: n.store, Layer: layer,
-			Publisher: n.pub, Metrics: n.metrics, Tuning: tuning,
-			Bootstrap: []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: raft.ServerAddress(n.addr)}},
+			ID: id, NodeID: "n1", Dir: fmt.Sprintf("%s/raft/shard-%04d", dir, id), Store: n.store,
+			Transport: trans, Publisher: n.pub, Tuning: tuning, Metrics: n.metrics,
+			Bootstrap: []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: raddr}},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -96,7 +82,7 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune
 func (n *testNode) close() {
 	n.t.Helper()
 	if err := n.host.Close(); err != nil {
-		n.t.Errorf("host close: %v", err)
+		n.t.Errorf("replicas close: %v", err)
 	}
 	n.pub.Close()
 	if err := n.store.Close(); err != nil {
@@ -104,37 +90,57 @@ func (n *testNode) close() {
 	}
 }
 
-// testHost routes requests to the replicas of one single-node test node.
+// testHost routes requests to a testNode's replicas by event id.
 type testHost struct {
-	mux    *raftmux.Mux
-	shards []*Shard
+	shards []*Shard // by shard id
 }
 
+// Replica returns the replica of shard id.
 func (h *testHost) Replica(id uint32) *Shard { return h.shards[id] }
 
+func (h *testHost) shardFor(id string) *Shard { return h.shards[For(id, len(h.shards))] }
+
+// Ready reports whether every replica knows a leader.
 func (h *testHost) Ready() bool {
 	for _, s := range h.shards {
-		if s.Leader() == "" {
+		if addr, _ := s.raft.LeaderWithID(); addr == "" {
 			return false
 		}
 	}
 	return true
 }
 
+// Schedule schedules each request on its shard, one shard after another.
 func (h *testHost) Schedule(ctx context.Context, reqs []Request) ([]Result, error) {
 	out := make([]Result, len(reqs))
-	for i, r := range reqs {
-		res, err := h.shards[For(r.ID, len(h.shards))].Schedule(ctx, []Request{r})
+	for id, s := range h.shards {
+		var part []Request
+		var idx []int
+		for i, r := range reqs {
+			if For(r.ID, len(h.shards)) == uint32(id) {
+				part, idx = append(part, r), append(idx, i)
+			}
+		}
+		if len(part) == 0 {
+			continue
+		}
+		res, err := s.Schedule(ctx, part)
 		if err != nil {
 			return nil, err
 		}
-		out[i] = res[0]
+		for j, i := range idx {
+			out[i] = res[j]
+		}
 	}
 	return out, nil
 }
 
 func (h *testHost) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
-	return h.shards[For(id, len(h.shards))].Cancel(ctx, id)
+	return h.shardFor(id).Cancel(ctx, id)
+}
+
+func (h *testHost) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {
+	return h.shardFor(id).Get(ctx, id)
 }
 
 func (h *testHost) Close() error {
@@ -142,11 +148,8 @@ func (h *testHost) Close() error {
 	for _, s := range h.shards {
 		errs = append(errs, s.Close())
 	}
-	return errors.Join(append(errs, h.mux.Close())...)
+	return errors.Join(errs...)
 }
-
-// NewMux keeps tests written before the mux moved to shard/raftmux compiling.
-func NewMux(ln net.Listener, logger *slog.Logger) *raftmux.Mux { return raftmux.New(ln, logger) }
 
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -164,6 +167,7 @@ type consumed struct {
 	due, fired time.Time
 	attempt    string
 	value      string
+	received   time.Time // when the consumer read it
 }
 
 // consume reads topic from the start until want distinct ids arrived or the
@@ -183,6 +187,7 @@ func consume(t *testing.T, brokers []string, topic string, want int, d time.Dura
 	defer cancel()
 	for len(got) < want && ctx.Err() == nil {
 		fs := cl.PollFetches(ctx)
+		now := time.Now()
 		fs.EachRecord(func(r *kgo.Record) {
 			h := map[string]string{}
 			for _, kv := range r.Headers {
@@ -195,7 +200,8 @@ func consume(t *testing.T, brokers []string, topic string, want int, d time.Dura
 				dups++
 				return
 			}
-			got[id] = consumed{due: time.UnixMilli(due), fired: time.UnixMilli(fired), attempt: h[publish.HeaderAttempt], value: string(r.Value)}
+			got[id] = consumed{due: time.UnixMilli(due), fired: time.UnixMilli(fired), attempt: h[publish.HeaderAttempt],
+				value: string(r.Value), received: now}
 		})
 	}
 	return got, dups

@@ -1,0 +1,208 @@
+package shard
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/wheel"
+)
+
+// Publisher produces due events to Kafka. *publish.Publisher implements it;
+// the shard needs no more of it than this.
+type Publisher interface {
+	// Publish produces recs and returns outcome i for recs[i]; see
+	// publish.Publisher.Publish. ctx's deadline bounds when records may be
+	// handed to the broker.
+	Publish(ctx context.Context, recs []publish.Record) []publish.Outcome
+	// DeadLetterTopic names the topic dead-lettered records went to.
+	DeadLetterTopic() string
+}
+
+// Config configures one shard replica.
+type Config struct {
+	ID     uint32
+	NodeID string // this node's Raft server id
+	Dir    string // the shard's own directory: Raft log, stable store, snapshots
+	Store  *raftfsm.Store
+	Layer  raft.StreamLayer // from the node's Mux
+	// Transport, when set, carries the shard's Raft traffic instead of a
+	// network transport over Layer (tests use raft's in-memory transport).
+	// The shard closes it if it has a Close method.
+	Transport raft.Transport
+	// Publisher produces due events; shared by every shard of the node.
+	Publisher Publisher
+	// Bootstrap is the initial voter set when the shard is created on this
+	// node; ignored when the shard already has Raft state.
+	Bootstrap []raft.Server
+	// Directory, when set, makes the leader reconcile the shard's Raft
+	// configuration toward the placement.
+	Directory Directory
+	Tuning    Tuning
+	Now       func() time.Time
+	Logger    *slog.Logger
+	Metrics   *Metrics
+}
+
+// Tuning holds the knobs. A zero field takes the default in fill, where
+// each default stands with the measurement that chose it; they are sized
+// for a 2-core machine.
+type Tuning struct {
+	// Resolution is the timing wheel's tick: the most an event fires late
+	// beyond the leader's own scheduling delay.
+	Resolution time.Duration
+	// ProposeBatch caps the events grouped into one Raft entry.
+	ProposeBatch int
+	// FireBatch caps the events read and produced together.
+	FireBatch int
+	// MaxFiring bounds the fire batches in flight per shard.
+	MaxFiring int
+	// FireLead is how long before its due time an event is taken out of
+	// the wheel and read, so that at the due time only the produce is left
+	// to do; negative means none (see takeBatches).
+	FireLead time.Duration
+	// Raft timeouts. LeaderLeaseTimeout is also the firing lease: how long
+	// after a quorum confirmed this leader it may hand records to Kafka.
+	HeartbeatTimeout, ElectionTimeout, LeaderLeaseTimeout, CommitTimeout time.Duration
+	// SnapshotThreshold is the number of log entries between snapshots.
+	SnapshotThreshold uint64
+	// TrailingLogs is how many entries the log keeps behind a snapshot, for
+	// followers that lag.
+	TrailingLogs uint64
+	// ClockSkewBound is how far apart the nodes' clocks are assumed to be
+	// at most. A new leader cannot know which events its predecessor
+	// handed to Kafka without an answer, so for this long past its own
+	// start it treats every unfired event due by then as possibly
+	// produced: a cancel of one is refused (retryable) until it fires.
+	ClockSkewBound time.Duration
+	// RetryDelay is how long an event whose produce could not be completed
+	// waits before this leader fires it again; it doubles with each batch
+	// in a row that fails, up to MaxRetryDelay. The first produce that
+	// succeeds afterwards brings every waiting event forward (firing.heal).
+	RetryDelay, MaxRetryDelay time.Duration
+}
+
+// Defaults that are not knobs.
+const (
+	// snapshotInterval is how often raft checks SnapshotThreshold. Under
+	// load it is what bounds the log: at 18 entries a second per shard
+	// (10M events into one node), 10 s let each shard's log reach 52 MB,
+	// 419 MB of RSS in all.
+	snapshotInterval = 2 * time.Second
+	// logCacheEntries is the raft log cache: it serves followers the
+	// entries they are about to be sent. An entry holds up to ProposeBatch
+	// events (~100 KiB), so 1024 of them per shard held 900 MB of a node
+	// with 8 shards under load.
+	logCacheEntries = 64
+	// applyTimeout bounds enqueueing a command in raft, not its commit.
+	applyTimeout = 5 * time.Second
+	// markTimeout bounds recording a firing result through Raft.
+	markTimeout = 10 * time.Second
+	// barrierTimeout bounds the barrier a new leader issues before firing;
+	// barrierRetry is the pause before it tries again.
+	barrierTimeout = 10 * time.Second
+	barrierRetry   = 100 * time.Millisecond
+	// unsureTTL is how long an unanswered produce is remembered for an
+	// event that was cancelled meanwhile: far longer than the producer or
+	// the kernel keep retrying a request.
+	unsureTTL = time.Hour
+	// unsureSweep is the size of the unsure set above which expired
+	// entries are swept after a failed batch.
+	unsureSweep = 1024
+	// probeInterval paces the firing loop while produces fail: at most
+	// this often it brings one waiting event forward to fire as a probe of
+	// the broker, and at most this often a success brings every waiting
+	// event forward (firing.heal). A probe that fails costs one more
+	// attempt, which may land later as a duplicate; one a second keeps the
+	// wait after Kafka comes back under two seconds.
+	probeInterval = time.Second
+	// leaseMargin is the least lease a batch starts its produce with.
+	leaseMargin = 25 * time.Millisecond
+	// maxLeaseRenewals bounds the renewals in flight.
+	maxLeaseRenewals = 3
+	// leaseRetry is how long a batch that got no lease waits to fire again.
+	leaseRetry = 50 * time.Millisecond
+)
+
+// fill sets every zero field to its default.
+func (t *Tuning) fill() {
+	setDur := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	setInt := func(v *int, def int) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	setDur(&t.Resolution, wheel.DefaultResolution)
+	setInt(&t.ProposeBatch, 1024)
+	setInt(&t.FireBatch, 1024)
+	// 16: a batch takes a produce round trip, and at 10,000 events a
+	// second under load four were too few, so the firing loop waited for a
+	// slot while events fell due.
+	setInt(&t.MaxFiring, 16)
+	// 20 ms: under load an early batch's read, its wait for a slot and the
+	// loop's wake-up each took 10-50 ms now and then (a memtable flush,
+	// three on one 2-core machine, held the cores for a second).
+	switch {
+	case t.FireLead == 0:
+		t.FireLead = 20 * time.Millisecond
+	case t.FireLead < 0:
+		t.FireLead = 0
+	}
+	// Heartbeats, every HeartbeatTimeout/10 per follower of every shard,
+	// are most of what an idle cluster costs, and HeartbeatTimeout also
+	// bounds failover (a follower waits 1-2x it before standing for
+	// election). On an idle 3-node cluster of 8 shards, 500 ms cost 5.2%
+	// of a core per node; 1 s cost 3.5% but took 2.3 s to replace a killed
+	// leader; 750 ms sits between. The election timeout follows it, and
+	// the lease is half of it: raft requires it no longer, and followers
+	// elect no one else until a heartbeat timeout after they last heard
+	// from the leader. Idle commit notifications go every CommitTimeout
+	// instead of raft's 50 ms: followers learn the commit index with the
+	// next write or heartbeat anyway.
+	setDur(&t.HeartbeatTimeout, 750*time.Millisecond)
+	setDur(&t.ElectionTimeout, t.HeartbeatTimeout)
+	setDur(&t.LeaderLeaseTimeout, t.HeartbeatTimeout/2)
+	setDur(&t.CommitTimeout, 500*time.Millisecond)
+	// Snapshots are references to the state in Pebble (snapshotStore); each
+	// waits for Pebble's next flush (Pebble runs without a WAL) and costs
+	// little else, so take them often: the log after the last one is what a
+	// restart reads back and replays.
+	if t.SnapshotThreshold == 0 {
+		t.SnapshotThreshold = 256
+	}
+	// TrailingLogs also bounds the log files, and bbolt touches most of
+	// what it writes through its file mapping, which counts in the node's
+	// RSS: ingesting 10M events on one node (entries of ~1000 events) left
+	// 1.88 GB RSS with 2048, 1.48 GB with 128. A follower further behind
+	// gets the whole shard.
+	if t.TrailingLogs == 0 {
+		t.TrailingLogs = 128
+	}
+	setDur(&t.ClockSkewBound, time.Second)
+	// Every attempt sent into a broker that does not answer may still land
+	// later, as one more duplicate, so failed batches back off: 1 s, then
+	// doubling up to 8 s.
+	setDur(&t.RetryDelay, time.Second)
+	setDur(&t.MaxRetryDelay, max(8*time.Second, t.RetryDelay))
+}
+
+// raftConfig is the shard's raft configuration from t (filled).
+func (t *Tuning) raftConfig() *raft.Config {
+	rc := raft.DefaultConfig()
+	rc.HeartbeatTimeout = t.HeartbeatTimeout
+	rc.ElectionTimeout = t.ElectionTimeout
+	rc.LeaderLeaseTimeout = t.LeaderLeaseTimeout
+	rc.CommitTimeout = t.CommitTimeout
+	rc.SnapshotThreshold = t.SnapshotThreshold
+	rc.SnapshotInterval = snapshotInterval
+	rc.TrailingLogs = t.TrailingLogs
+	return rc
+}

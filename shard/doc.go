@@ -1,0 +1,110 @@
+// Package shard runs one replica of a Chime shard: a member of the shard's
+// Raft group (hashicorp/raft, log in raft-boltdb) whose state machine is the
+// shard's slice of the node's Pebble (raftfsm).
+//
+// # What it owns
+//
+//   - The replica's Raft group member: its configuration (Tuning, with every
+//     default and its reason in config.go), its log, its snapshots (references
+//     into Pebble, snapshotStore), its transport.
+//   - The timing wheel of the shard's pending events, kept warm on every
+//     replica by the apply observer (observer: Scheduled, Settled, Reset), so
+//     that a new leader fires from a wheel it already has.
+//   - Group commit: concurrent Schedule calls become one ScheduleBatch entry
+//     (proposeLoop, applyWaitLoop), and the marks of many fire batches one
+//     MarkFired entry (markLoop).
+//   - Firing, on the leader only, under a lease (fire.go, firing*.go,
+//     lease.go): after a barrier, take what falls due out of the wheel, read
+//     it, hold an early batch until it is due, drop what was cancelled
+//     meanwhile, take the lease, produce through the Publisher, mark the
+//     outcome through Raft, and settle the batch.
+//   - Re-firing: events a Publish call did not complete go back into the
+//     wheel at a retry time (Tuning.RetryDelay doubling to MaxRetryDelay,
+//     one backoff.ExponentialBackOff per replica). While batches fail, one
+//     waiting event is fired every probeInterval as a probe, and the first
+//     batch that produces without a failure brings every waiting event back
+//     at once (firing.heal). Retrying a produce within one Publish call,
+//     bounded by its ctx (the lease), belongs to package publish.
+//   - The leader's reconcile of its own Raft configuration toward the
+//     placement, when Config.Directory is set (reconcile.go).
+//
+// # What it must never do
+//
+// It never fires on a follower, and never hands a record to Kafka before the
+// leader's clock reached its due time or outside a lease confirmed by a
+// quorum after it was asked. It never acknowledges a cancel of an event a
+// record of which may still reach Kafka (it answers ErrProduceUnknown or
+// ErrCancelUnsure). It never blocks the raft apply goroutine: the observer
+// does in-memory work under firing.mu only. It never changes the Raft
+// configuration because gossip says so: only this shard's leader does, one
+// change at a time, never below quorum. It never retries a produce itself:
+// it hands the records to a later Publish call.
+//
+// # Goroutines
+//
+// Each has an owner that starts it and a stop path:
+//
+//   - proposeLoop, applyWaitLoop, markLoop, leadershipLoop: started by Open,
+//     stopped by Close (close(stop), then wg.Wait). proposeLoop fails the
+//     queued proposals and closes applying, which ends applyWaitLoop;
+//     markLoop fails the queued marks; leadershipLoop stops the firing loops.
+//   - fireLoop and, with a Directory, reconcileLoop: started by
+//     leadershipLoop (startFiring) when raft reports leadership, stopped by
+//     the function startFiring returned (cancel their ctx, wait) when
+//     leadership is lost or the shard closes.
+//   - One goroutine per fire batch: started by fireLoop (dispatch) once the
+//     batch has a firing slot; fireLoop waits for all of them before it
+//     returns. Each settles its batch and ends; the firing ctx ends its hold
+//     and its wait for a lease, the lease bounds its produce (plus
+//     publish.Config.WriteTimeout for an answer under way), markTimeout its
+//     marks.
+//   - lease renewals (lease.renew): started by lease.deadline, at most
+//     maxLeaseRenewals at once, each bounded by the lease length (its
+//     Barrier's timeout); fireLoop waits for them (lease.end) before it
+//     returns, so a lease of one term never serves the next.
+//   - Shard.apply's waiter: ends when raft resolves the future (bounded by
+//     applyTimeout for enqueueing, or by raft's shutdown).
+//   - raft's own goroutines: stopped by raft.Shutdown in Close, after the
+//     loops above and before the log store and the FSM close.
+//
+// # Locks
+//
+// firing.mu guards the wheel, the handle table and the firing state (see the
+// firing type); lease.mu guards the lease. Both are leaves: nothing else is
+// locked, nothing blocks (no raft call, no Pebble read, no blocking channel
+// operation) while either is held, and neither is held while taking the
+// other. raft calls the observer with its own locks released, and the
+// observer takes firing.mu; so firing.mu must never be held across a call
+// into raft, which could wait for the apply goroutine. Fire batches' fields
+// cancelled and sending are guarded by firing.mu; the rest of a batch is
+// owned by its goroutine.
+//
+// # Invariants, and the test that pins each
+//
+//  1. Never early: a batch taken out of the wheel before its due time
+//     (Tuning.FireLead) is held until its last entry is due by the shard's
+//     clock (TestHoldUntilDue, TestEarlyBatchHeldAndCancellable,
+//     TestScheduleFireCancelRestart).
+//  2. Records are handed to Kafka only within a lease from a quorum
+//     confirmation (a Barrier) asked before it; batches share a lease renewed
+//     ahead (TestLeaseRenewedAhead).
+//  3. A cancel acknowledged as cancelled means no record of the event
+//     follows: a batch that has not begun to produce leaves it out, one that
+//     has is waited for, and an unanswered attempt, this leader's or an
+//     earlier leader's around its due time, makes the cancel say so
+//     (TestCancelWhileProduceUnanswered, TestEarlyBatchHeldAndCancellable,
+//     TestInDoubtAfterLeaderChange).
+//  4. At least once: every event taken out of the wheel is marked or goes
+//     back into it (fire always settles its batch); a retried event is read
+//     under its due time (TestRetriedEventsFire); a restarted replica fires
+//     from Pebble (TestScheduleFireCancelRestart).
+//  5. After Kafka comes back, events that waited out a failed batch's retry
+//     delay are produced within seconds, not when the delay ends
+//     (TestHealWakesWaitingEvents).
+//  6. The handle table agrees with a map and frees empty pages
+//     (TestHandleTable).
+//  7. A non-voter is promoted or given leadership only once its Raft log has
+//     caught up (TestPlan, TestCaughtUpComparesRaftLogs); a new replica is
+//     brought up from an expanded snapshot reference
+//     (TestFollowerCatchesUpFromAnExpandedSnapshot).
+package shard

@@ -1,0 +1,262 @@
+package shard
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/wheel"
+)
+
+// never is the end of time in Unix ns.
+const never = 1<<63 - 1
+
+// firing is a replica's timing wheel and the state of firing from it. Its
+// mutex is taken by the raft apply goroutine (through observer), the firing
+// loop, fire batches and Cancel; each holds it only for in-memory work, and
+// takes no other lock while holding it. Methods named *Locked need it held.
+type firing struct {
+	now func() time.Time // the shard's clock (Config.Now)
+	res int64            // the wheel's resolution, ns
+
+	// kick wakes the firing loop (buffered, one slot; no lock needed).
+	kick chan struct{}
+
+	mu sync.Mutex // guards every field below
+
+	wheel    *wheel.Wheel
+	handles  handleTable           // pending events in the wheel, by seq
+	inflight map[uint64]*fireBatch // events taken out of the wheel and not yet settled here
+	// retrying holds the due time of every event the wheel holds at a later
+	// retry time (settleBatch), by seq. The wheel keeps one time per event,
+	// and the firing path needs the due time: it is half of the body's key.
+	retrying map[uint64]int64
+	// unsure holds, with the time it was noted, every event a produce
+	// attempt of which ended without the record being marked fired (a
+	// timeout, a lost leadership): the request may still reach the broker
+	// later, so this leader cannot promise that a cancel stops it. Only
+	// marking the event fired clears it; entries of cancelled events
+	// expire after unsureTTL.
+	unsure map[uint64]int64
+	// fenceUntil: unfired events due by then may have been handed to Kafka
+	// by an earlier leader (see Tuning.ClockSkewBound). It is the end of
+	// time until the firing loop has passed its barrier.
+	fenceUntil int64
+	// retry sets how long events of a failed batch wait (Tuning.RetryDelay,
+	// doubling to MaxRetryDelay, no jitter); failing is set from the first
+	// failed batch until heal.
+	retry   backoff.ExponentialBackOff
+	failing bool
+	// probeAt: while failing, no probe before this (Unix ns); healedAt:
+	// the last heal. A heal follows another only after probeInterval, so
+	// that while some partitions take records and others fail, the events
+	// of the failing ones are not brought back after every success.
+	probeAt, healedAt int64
+	// sleepUntil is when the firing loop next wakes (Unix ns); an event due
+	// earlier kicks it.
+	sleepUntil int64
+}
+
+func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
+	w, err := wheel.New(now().UnixNano(), t.Resolution)
+	if err != nil {
+		return nil, err
+	}
+	return &firing{
+		now: now, res: int64(t.Resolution), kick: make(chan struct{}, 1),
+		wheel: w, inflight: make(map[uint64]*fireBatch),
+		retrying: make(map[uint64]int64), unsure: make(map[uint64]int64),
+		fenceUntil: never, sleepUntil: never,
+		retry: backoff.ExponentialBackOff{
+			InitialInterval: t.RetryDelay, MaxInterval: t.MaxRetryDelay, Multiplier: 2,
+		},
+	}, nil
+}
+
+func (f *firing) wake() {
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// replace swaps in a wheel rebuilt from Pebble.
+func (f *firing) replace(w *wheel.Wheel, handles handleTable) {
+	f.mu.Lock()
+	f.wheel, f.handles = w, handles
+	clear(f.retrying)
+	f.mu.Unlock()
+	f.wake()
+}
+
+// scheduled adds a newly applied event to the wheel.
+func (f *firing) scheduled(seq uint64, due int64) {
+	f.mu.Lock()
+	f.handles.set(seq, f.wheel.Add(seq, due))
+	wake := due < f.sleepUntil
+	f.mu.Unlock()
+	if wake {
+		f.wake()
+	}
+}
+
+// settled takes an event that was cancelled or marked out of the wheel, or
+// out of the fire batch that holds it.
+func (f *firing) settled(seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if h, ok := f.handles.get(seq); ok {
+		f.wheel.Remove(h)
+		f.handles.delete(seq)
+		delete(f.retrying, seq)
+		return
+	}
+	if b := f.inflight[seq]; b != nil && !b.sending {
+		// A fire batch holds it, reading it or waiting for its due time
+		// (Tuning.FireLead). Until the batch starts to produce, a cancel
+		// keeps the event out of it (dropCancelled), as it would if the
+		// event were still in the wheel. (Once it produces, the batch's own
+		// MarkFired lands here for every event; there is nothing to mark.)
+		if b.cancelled == nil {
+			b.cancelled = make(map[uint64]bool)
+		}
+		b.cancelled[seq] = true
+	}
+}
+
+// setFence sets fenceUntil (never: no fence is known).
+func (f *firing) setFence(until int64) {
+	f.mu.Lock()
+	f.fenceUntil = until
+	f.mu.Unlock()
+}
+
+// doubt returns whether seq has an unanswered produce of this leader's, and
+// the fence.
+func (f *firing) doubt(seq uint64) (unsure bool, fence int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, unsure = f.unsure[seq]
+	return unsure, f.fenceUntil
+}
+
+// producing returns the batch a cancel of seq must wait for: the one that
+// holds seq, unless it has not begun to produce and has marked seq
+// cancelled.
+func (f *firing) producing(seq uint64) *fireBatch {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b := f.inflight[seq]
+	if b != nil && !b.sending && b.cancelled[seq] {
+		return nil
+	}
+	return b
+}
+
+// take advances the wheel to now+lead and turns what fell due into fire
+// batches appended to out (see takeBatchesLocked). It returns them and when
+// the firing loop should next look, by the shard's clock.
+func (f *firing) take(now, lead int64, max int, due []wheel.Entry, out []*fireBatch, onTime func(late int64)) ([]wheel.Entry, []*fireBatch, int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probeLocked(now)
+	due = f.wheel.Advance(now+lead, due[:0], max)
+	out = f.takeBatchesLocked(due, now, out, onTime)
+	next := int64(never)
+	switch {
+	case len(out) > 0:
+		f.sleepUntil = now
+		return due, out, now
+	default:
+		if n, ok := f.wheel.NextDue(); ok {
+			next = n
+		}
+		f.sleepUntil = next
+	}
+	wakeAt := next - lead
+	if next == never {
+		wakeAt = never
+	}
+	if f.failing && len(f.retrying) > 0 {
+		wakeAt = min(wakeAt, f.probeAt)
+	}
+	return due, out, wakeAt
+}
+
+// takeBatchesLocked turns entries just taken out of the wheel (in due
+// order, due by now+FireLead) into fire batches, marks them in flight and
+// appends them to out. Entries due by now make one batch, sent at once. The
+// rest are taken early, up to FireLead before they fall due, so that their
+// read, their wait for a firing slot and the firing loop's own wake-up are
+// done before the due time and cannot make them late. They are grouped by
+// wheel tick, and each group is held after its read until its last entry is
+// due (fireBatch.notBefore). onTime gets how late a batch due by now is.
+func (f *firing) takeBatchesLocked(due []wheel.Entry, now int64, out []*fireBatch, onTime func(late int64)) []*fireBatch {
+	for len(due) > 0 {
+		n := 1
+		if due[0].Due <= now {
+			for n < len(due) && due[n].Due <= now {
+				n++
+			}
+		} else {
+			for n < len(due) && due[n].Due-due[0].Due < f.res {
+				n++
+			}
+		}
+		b := &fireBatch{entries: slices.Clone(due[:n]), done: make(chan struct{})}
+		earliest := due[0].Due
+		for i, e := range b.entries {
+			earliest = min(earliest, e.Due)
+			b.notBefore = max(b.notBefore, e.Due)
+			f.handles.delete(e.Ref)
+			f.inflight[e.Ref] = b
+			if d, ok := f.retrying[e.Ref]; ok {
+				b.entries[i].Due = d
+				delete(f.retrying, e.Ref)
+			}
+		}
+		if b.early = b.notBefore > now; !b.early {
+			onTime(now - earliest)
+		}
+		out = append(out, b)
+		due = due[n:]
+	}
+	return out
+}
+
+// dropCancelled marks b as producing and removes from out the events whose
+// cancel was applied while b held them: from here on a cancel waits for b.
+func (f *firing) dropCancelled(b *fireBatch, out []publish.Record) []publish.Record {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	b.sending = true
+	if len(b.cancelled) > 0 {
+		out = slices.DeleteFunc(out, func(r publish.Record) bool { return b.cancelled[r.Seq] })
+	}
+	return out
+}
+
+// settleBatch ends a batch: entries in requeue go back into the wheel, due
+// no sooner than delay from now; the rest are dropped from the in-flight
+// set.
+func (f *firing) settleBatch(b *fireBatch, requeue map[uint64]bool, delay time.Duration) {
+	retryAt := f.now().UnixNano() + int64(delay)
+	f.mu.Lock()
+	for _, e := range b.entries {
+		delete(f.inflight, e.Ref)
+		if requeue[e.Ref] {
+			f.handles.set(e.Ref, f.wheel.Add(e.Ref, max(e.Due, retryAt)))
+			if retryAt > e.Due {
+				f.retrying[e.Ref] = e.Due
+			}
+		}
+	}
+	f.mu.Unlock()
+	close(b.done)
+	if len(requeue) > 0 {
+		f.wake()
+	}
+}

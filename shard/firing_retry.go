@@ -1,0 +1,98 @@
+package shard
+
+import (
+	"time"
+
+	"github.com/chimehq/chime/publish"
+)
+
+// A batch whose produce fails puts its events back into the wheel at a
+// retry time (firing.retry: RetryDelay doubling to MaxRetryDelay), because
+// every attempt sent into a broker that does not answer may still land
+// later, as one more duplicate. Nothing shortened that wait when Kafka came
+// back: after a Kafka cut healed, events due meanwhile reached Kafka 21-25 s
+// later in fault runs, 49 s later in a 100 s cut. So, while batches fail,
+// the firing loop brings one waiting event forward every probeInterval as a
+// probe (probeLocked), and the first batch that produces without a failure
+// brings every waiting event forward (healLocked) and resets the backoff.
+
+// settleOutcomes records, for the events out of one batch that Publish
+// answered with outcomes, which stay in doubt, and returns the events to
+// put back into the wheel and how long they wait. marked holds the events
+// whose outcome committed through Raft.
+func (f *firing) settleOutcomes(out []publish.Record, outcomes []publish.Outcome, marked map[uint64]bool) (map[uint64]bool, time.Duration) {
+	unsettled := make(map[uint64]bool, len(out))
+	now := f.now().UnixNano()
+	failed, produced := false, false
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, r := range out {
+		produced = produced || outcomes[i].Done
+		if marked[r.Seq] {
+			delete(f.unsure, r.Seq)
+			continue
+		}
+		// Whatever is not marked goes back, and stays in doubt if it was
+		// sent: an unanswered request (of this call, or of an earlier
+		// attempt within it) may still land, and a produced record whose
+		// mark did not commit is in Kafka already. Neither sent nor done:
+		// the lease ran out while the record waited for its turn in the
+		// publisher. It never left; fire it again at once, under a fresh
+		// lease.
+		unsettled[r.Seq] = true
+		if outcomes[i].Sent || outcomes[i].Done {
+			f.unsure[r.Seq] = now
+			failed = true
+		}
+	}
+	if !failed {
+		if produced && f.failing && now-f.healedAt >= int64(probeInterval) {
+			f.healLocked(now)
+		}
+		return unsettled, 0
+	}
+	f.failing = true
+	f.probeAt = now + int64(probeInterval)
+	if len(f.unsure) > unsureSweep {
+		for seq, at := range f.unsure {
+			if now-at > int64(unsureTTL) {
+				delete(f.unsure, seq)
+			}
+		}
+	}
+	return unsettled, f.retry.NextBackOff()
+}
+
+// healLocked ends a run of failed batches: Kafka took a batch, so every
+// event waiting for its retry time is brought back to its due time (it
+// fires at once) and the backoff starts over.
+func (f *firing) healLocked(now int64) {
+	f.failing, f.healedAt = false, now
+	f.retry.Reset()
+	for seq, due := range f.retrying {
+		if h, ok := f.handles.get(seq); ok {
+			f.wheel.Remove(h)
+			f.handles.set(seq, f.wheel.Add(seq, due))
+		}
+	}
+	clear(f.retrying)
+	f.wake()
+}
+
+// probeLocked, while batches fail and events wait for their retry time,
+// brings one of them back to its due time every probeInterval, so that its
+// produce tells whether Kafka is back (and heals if it is).
+func (f *firing) probeLocked(now int64) {
+	if !f.failing || now < f.probeAt || len(f.retrying) == 0 {
+		return
+	}
+	for seq, due := range f.retrying {
+		if h, ok := f.handles.get(seq); ok {
+			f.wheel.Remove(h)
+			f.handles.set(seq, f.wheel.Add(seq, due))
+		}
+		delete(f.retrying, seq)
+		break
+	}
+	f.probeAt = now + int64(probeInterval)
+}
