@@ -2,9 +2,9 @@ package shard
 
 import (
 	"errors"
-	"hash/fnv"
 	"time"
 
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 )
 
@@ -53,11 +53,7 @@ var (
 	ErrCancelUnsure = errors.New("shard: cancelled, but a record from an earlier produce attempt may still reach Kafka")
 )
 
-// For maps an event id to its shard: FNV-1a over the id, modulo the shard
-// count. The count is fixed when the cluster is created, so the mapping never
-// changes for a cluster.
-func For(id string, shards int) uint32 {
-	h := fnv.New64a()
-	h.Write([]byte(id))
-	return uint32(h.Sum64() % uint64(shards))
-}
+// For maps an event id to its shard: chimev1.ShardOf, the mapping the API
+// documents (FNV-1a over the id, modulo the shard count). The count is fixed
+// when the cluster is created, so the mapping never changes for a cluster.
+func For(id string, shards int) uint32 { return chimev1.ShardOf(id, uint32(shards)) }
