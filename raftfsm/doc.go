@@ -32,7 +32,8 @@
 //     AppliedIndex". Entries at or below it are skipped: with NoSnapshotRestoreOnStart, raft
 //     re-applies the log after its last snapshot on every start. (AppliedIndex may trail
 //     raft's own applied index by no-op and barrier entries, which raft never hands to an
-//     FSM; they carry no state.)
+//     FSM; they carry no state. raft's snapshot index counts them too, so it is compared
+//     with nothing here: a snapshot's header records the FSM's applied index.)
 //  4. Pebble has no WAL: the Raft log (fsynced by raft-boltdb) is the durability point, and
 //     what a crash takes from the memtables is re-applied from it (Pebble flushes memtables
 //     in order and an apply's batch is atomic, so what survives is "the log up to
@@ -53,6 +54,17 @@
 //     with it. The same id with the same ContentHash returns the original Seq and Due; a
 //     different hash is a Conflict. Within one ScheduleBatch the first occurrence wins.
 //  7. Sequence numbers are assigned in apply order, start at 1, and are never reused.
+//  8. Raft state is a claim about Pebble and never outlives what it names. A snapshot
+//     reference says "Pebble holds the log up to AppliedIndex I" (its header's I, the FSM's),
+//     and raft never re-applies what it believes a snapshot holds. So the owner starts raft
+//     without a restore when AppliedIndex reaches I; restores a full stream (received from a
+//     leader) that holds more; and never restores a reference over the Pebble it names: a
+//     Pebble behind its own reference has lost state, and the replica refuses to start.
+//     Releasing a replica makes its Raft state unusable durably before DropShard removes
+//     its keys, so a crash between them leaves no Raft state over a dropped shard; and keys
+//     with no Raft state beside them are dropped before an FSM opens on them, because a new
+//     Raft log starts at index 1 and an FSM already past it would skip its entries as
+//     replayed.
 //
 // # Concurrency
 //
@@ -102,7 +114,8 @@
 //
 // The snapshot raft takes and keeps (Snapshot, then Persist) is a reference: the header below
 // with the magic "chimeref", then the CRC-32C of the header, nothing else. The state it names
-// is this replica's own Pebble. The full stream, which a reference expands to when raft sends
+// is this replica's own Pebble, at the applied index and term in the header (ReadSnapshotHeader
+// reads them; every reference ever written has this form). The full stream, which a reference expands to when raft sends
 // a snapshot to another replica, is written by WriteSnapshot from a Pebble snapshot handle:
 //
 //	header   "chimesnp" | format version u32 BE (2: layout 2) | shard u32 BE | applied index u64 BE |

@@ -50,6 +50,13 @@ var ErrBadSnapshot = errors.New("raftfsm: bad snapshot")
 // A reference cannot be sent to another replica. The shard owner's snapshot store expands it
 // when raft opens it (WriteSnapshot writes the full stream), and raft on a follower stores and
 // restores full streams.
+//
+// The reference records the FSM's applied index, not raft's: raft's snapshot index also
+// counts the no-op and barrier entries it applied without the FSM, so after a leader change it
+// is past anything Pebble records. At start the owner compares AppliedIndex with the
+// reference's (ReadSnapshotHeader), and a reference is never restored over the Pebble it
+// names: if Pebble is behind it, the state the reference stands for is lost, and the replica must
+// not start on it.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	if f.restoring {
 		return nil, fmt.Errorf("%w: shard %d", ErrRestoring, f.shard)
@@ -433,24 +440,74 @@ func (r *snapReader) length(limit uint64) (uint64, error) {
 }
 
 func (r *snapReader) header(shard uint32) (index, term uint64, err error) {
-	h, err := r.read(make([]byte, 0, snapshotHeaderLen), uint64(snapshotHeaderLen))
+	b, err := r.read(make([]byte, 0, snapshotHeaderLen), uint64(snapshotHeaderLen))
 	if err != nil {
 		return 0, 0, err
 	}
-	if string(h[:len(snapshotRefMagic)]) == snapshotRefMagic {
+	h, err := parseSnapshotHeader(b)
+	switch {
+	case err != nil:
+		return 0, 0, err
+	case h.Reference:
 		return 0, 0, fmt.Errorf("%w: a snapshot reference, which only names an index of this replica's own state; the shard's snapshot store expands references into full streams", ErrBadSnapshot)
+	case h.Shard != shard:
+		return 0, 0, fmt.Errorf("%w: snapshot of shard %d", ErrBadSnapshot, h.Shard)
 	}
-	if string(h[:len(snapshotMagic)]) != snapshotMagic {
-		return 0, 0, fmt.Errorf("%w: not a chime shard snapshot", ErrBadSnapshot)
+	return h.AppliedIndex, h.AppliedTerm, nil
+}
+
+// SnapshotHeader is what the header of a snapshot says: a reference (FSM.Snapshot) or a full
+// stream (WriteSnapshot).
+type SnapshotHeader struct {
+	// Reference: the snapshot names a state of this replica's own Pebble and holds no data.
+	Reference bool
+	Shard     uint32
+	// AppliedIndex and AppliedTerm are the FSM's: the last log entry the state holds. raft's
+	// index for the same snapshot (raft.SnapshotMeta.Index) may be higher, by the no-op and
+	// barrier entries raft applied after it, which no FSM sees.
+	AppliedIndex, AppliedTerm uint64
+}
+
+// ReadSnapshotHeader reads the header of the snapshot in r, and for a reference (which is
+// nothing more) checks its checksum. Every reference written since references exist has this
+// header, so a reference an older build kept reads the same.
+func ReadSnapshotHeader(r io.Reader) (SnapshotHeader, error) {
+	b := make([]byte, snapshotHeaderLen+4)
+	if _, err := io.ReadFull(r, b[:snapshotHeaderLen]); err != nil {
+		return SnapshotHeader{}, truncated(err)
 	}
-	h = h[len(snapshotMagic):]
-	if v := binary.BigEndian.Uint32(h); v != snapshotFormat {
-		return 0, 0, fmt.Errorf("%w: format %d, this build reads %d", ErrBadSnapshot, v, snapshotFormat)
+	h, err := parseSnapshotHeader(b[:snapshotHeaderLen])
+	if err != nil || !h.Reference {
+		return h, err
 	}
-	if s := binary.BigEndian.Uint32(h[4:]); s != shard {
-		return 0, 0, fmt.Errorf("%w: snapshot of shard %d", ErrBadSnapshot, s)
+	if _, err := io.ReadFull(r, b[snapshotHeaderLen:]); err != nil {
+		return SnapshotHeader{}, truncated(err)
 	}
-	return binary.BigEndian.Uint64(h[8:]), binary.BigEndian.Uint64(h[16:]), nil
+	if got, want := binary.BigEndian.Uint32(b[snapshotHeaderLen:]), crc32.Checksum(b[:snapshotHeaderLen], castagnoli); got != want {
+		return SnapshotHeader{}, fmt.Errorf("%w: reference checksum %08x, computed %08x", ErrBadSnapshot, got, want)
+	}
+	return h, nil
+}
+
+// parseSnapshotHeader parses the snapshotHeaderLen bytes of a header. A full stream must be in
+// the format this build reads; a reference's format is not checked, since it carries no data
+// (NewFSM checks the layout of the Pebble state it names).
+func parseSnapshotHeader(b []byte) (SnapshotHeader, error) {
+	var h SnapshotHeader
+	switch string(b[:len(snapshotMagic)]) {
+	case snapshotRefMagic:
+		h.Reference = true
+	case snapshotMagic:
+	default:
+		return h, fmt.Errorf("%w: not a chime shard snapshot", ErrBadSnapshot)
+	}
+	b = b[len(snapshotMagic):]
+	if v := binary.BigEndian.Uint32(b); v != snapshotFormat && !h.Reference {
+		return h, fmt.Errorf("%w: format %d, this build reads %d", ErrBadSnapshot, v, snapshotFormat)
+	}
+	h.Shard = binary.BigEndian.Uint32(b[4:])
+	h.AppliedIndex, h.AppliedTerm = binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:])
+	return h, nil
 }
 
 // trailer checks the frame count and the checksum, and that nothing follows.

@@ -214,9 +214,11 @@ func (s *Store) release(shard uint32) {
 	delete(s.shards, shard)
 }
 
-// DropShard deletes every key of shard from the store, durably. It is for a
-// replica this node no longer holds (moved elsewhere by the placement); the
-// shard must not have an open FSM here.
+// DropShard deletes every key of shard from the store, durably. It is for a replica this node
+// no longer holds (moved elsewhere by the placement), and for keys left with no Raft state to
+// go with them; the shard must not have an open FSM here. The owner must first make the
+// replica's Raft state unusable, durably: a crash after the drop would otherwise leave Raft
+// state, whose snapshot says Pebble holds the log up to some index, over an empty shard.
 func (s *Store) DropShard(shard uint32) error {
 	// Held across the delete, so that NewFSM cannot claim the shard half way through.
 	s.mu.Lock()

@@ -62,6 +62,11 @@ func Open(cfg Config) (*Shard, error) {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
+	// Raft state never outlives the Pebble it describes: finish a release
+	// a crash interrupted, and drop keys with no Raft state beside them.
+	if err := prepareReplica(cfg.Store, cfg.ID, cfg.Dir); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -114,18 +119,16 @@ func (s *Shard) startRaft() error {
 	})
 	// Pebble already holds the state up to the FSM's applied index, so a
 	// restart replays only the log after it instead of reloading a snapshot.
-	// The exception: a restore that did not finish, or a Pebble that lost
-	// what a snapshot covers.
 	files, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, rc.Logger)
 	if err != nil {
 		return err
 	}
 	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir}
-	var lastSnap uint64
-	if metas, err := snaps.List(); err == nil && len(metas) > 0 {
-		lastSnap = metas[0].Index
+	restore, err := snaps.restoreOnStart()
+	if err != nil {
+		return err
 	}
-	rc.NoSnapshotRestoreOnStart = !s.fsm.NeedsRestore() && s.fsm.AppliedIndex() >= lastSnap
+	rc.NoSnapshotRestoreOnStart = !restore
 
 	logs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
 	if err != nil {

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,8 +20,10 @@ import (
 // Opening a reference expands it: the shard's current state is written to a
 // temporary file as a full stream, and that is what raft reads. raft opens a
 // snapshot to send it to a follower that is too far behind for the log, and
-// (only after a restore did not finish) to restore at start; in both cases it
-// needs the data, and it needs the size up front (the follower checks it).
+// needs the data and the size up front (the follower checks it). raft also
+// opens its latest snapshot to restore at start when restoreOnStart says so,
+// which is never for a reference over the state it names (Open refuses one
+// after an unfinished restore).
 // The expanded state is at or after the reference's index; the receiving FSM
 // records the index it really holds and skips the entries it already has.
 type snapshotStore struct {
@@ -83,6 +86,53 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 	m := *meta
 	m.Size = size
 	return &m, expansion{f}, nil
+}
+
+// ErrStateLost is returned when a replica opens with a Pebble that is behind its own latest
+// snapshot reference: raft would take the reference's index as applied and never re-apply
+// what Pebble lost, so the replica cannot start. Nothing Chime does leaves such a state; a
+// lost or replaced Pebble directory does. Raft state of a voter cannot simply be wiped either
+// (it may have voted and acknowledged entries): an operator removes the node from the shard
+// and clears its data directory.
+var ErrStateLost = errors.New("replica's Pebble state is behind its own snapshot reference")
+
+// restoreOnStart decides whether raft must restore its latest snapshot when the replica
+// starts (that is, not raft.Config.NoSnapshotRestoreOnStart). Pebble holds the state up to
+// the FSM's applied index, so a start normally replays only the log after it. It compares that
+// index with the one the snapshot's header records, the FSM's when it was taken, not raft's
+// (raft.SnapshotMeta.Index), which counts the no-op and barrier entries raft applies without
+// the FSM: after a leader change it is past anything the FSM records, and comparing with it
+// made the next start restore the whole shard from its own reference. The snapshot is
+// restored only when a restore did not finish, or when it is a full stream (received from a
+// leader) holding more than Pebble. A reference is never restored over the Pebble it names:
+// Pebble behind it is ErrStateLost.
+func (s *snapshotStore) restoreOnStart() (bool, error) {
+	if s.fsm.NeedsRestore() {
+		return true, nil
+	}
+	metas, err := s.files.List()
+	if err != nil || len(metas) == 0 {
+		return false, err
+	}
+	latest := metas[0]
+	_, rc, err := s.files.Open(latest.ID)
+	if err != nil {
+		return false, fmt.Errorf("shard %d: open snapshot %s: %w", s.fsm.Shard(), latest.ID, err)
+	}
+	h, err := raftfsm.ReadSnapshotHeader(bufio.NewReader(rc))
+	rc.Close()
+	if err != nil {
+		return false, fmt.Errorf("shard %d: snapshot %s: %w", s.fsm.Shard(), latest.ID, err)
+	}
+	applied := s.fsm.AppliedIndex()
+	switch {
+	case applied >= h.AppliedIndex:
+		return false, nil
+	case !h.Reference:
+		return true, nil
+	}
+	return false, fmt.Errorf("%w: shard %d: snapshot %s (raft index %d) says Pebble holds the log up to index %d; Pebble holds it up to %d",
+		ErrStateLost, s.fsm.Shard(), latest.ID, latest.Index, h.AppliedIndex, applied)
 }
 
 // expansion is an expanded reference; closing it deletes it.

@@ -76,6 +76,11 @@ func Open(cfg Config) (*Host, error) {
 		cfg: cfg, mux: raftmux.New(cfg.RaftListener, cfg.Logger), shards: make(map[uint32]*shard.Shard),
 		stop: make(chan struct{}), done: make(chan struct{}),
 	}
+	if err := shard.FinishReleases(cfg.Store, cfg.Shards, h.shardDir); err != nil {
+		close(h.done)
+		h.Close()
+		return nil, err
+	}
 	// Replicas open in parallel: each rebuilds its wheel from Pebble and
 	// waits out an election timeout, and one after another they made a
 	// node with 10M pending events take 12 s to restart.
@@ -146,8 +151,9 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	return s, nil
 }
 
-// releaseReplica closes this node's replica of shard id and deletes its data:
-// the shard's leader has taken it out of the configuration.
+// releaseReplica closes this node's replica of shard id and deletes its data
+// (crash-atomically: shard.ReleaseData): the shard's leader has taken it out
+// of the configuration.
 func (h *Host) releaseReplica(id uint32) error {
 	h.mu.Lock()
 	s := h.shards[id]
@@ -159,10 +165,7 @@ func (h *Host) releaseReplica(id uint32) error {
 	if err := s.Close(); err != nil {
 		h.cfg.Logger.Warn("closing a released replica", "shard", id, "err", err)
 	}
-	if err := h.cfg.Store.DropShard(id); err != nil {
-		return err
-	}
-	return os.RemoveAll(h.shardDir(id))
+	return shard.ReleaseData(h.cfg.Store, id, h.shardDir(id))
 }
 
 // Close stops every shard replica, then the Raft port.
