@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 )
@@ -80,16 +81,18 @@ type Stats struct {
 	Failed uint64
 }
 
-// Header names this package adds to every record.
+// Header names this package adds to every record: the API's
+// (chimev1.HeaderID and the rest, which also parses them), kept here under
+// their old names for the code that produces and tests them.
 const (
-	HeaderID      = "chime-id"
-	HeaderDue     = "chime-due-unix-ms"
-	HeaderFired   = "chime-fired-unix-ms"
-	HeaderAttempt = "chime-attempt"
+	HeaderID      = chimev1.HeaderID
+	HeaderDue     = chimev1.HeaderDue
+	HeaderFired   = chimev1.HeaderFired
+	HeaderAttempt = chimev1.HeaderAttempt
 	// Only on dead-letter records.
-	HeaderTopic   = "chime-topic"
-	HeaderError   = "chime-error"
-	HeaderDropped = "chime-dropped"
+	HeaderTopic   = chimev1.HeaderTopic
+	HeaderError   = chimev1.HeaderError
+	HeaderDropped = chimev1.HeaderDropped
 )
 
 // Defaults for zero Config fields.

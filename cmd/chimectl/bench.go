@@ -24,7 +24,6 @@ import (
 
 	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
-	"github.com/chimehq/chime/publish"
 )
 
 func benchCommand() *command {
@@ -506,7 +505,7 @@ func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 
 // record accounts for one consumed record; r.mu is held.
 func (r *benchRun) record(rec *kgo.Record, now time.Time) {
-	h, _ := publish.ParseHeaders(rec.Headers)
+	h, _ := chimev1.ParseHeaders(rec.Headers)
 	rest, ok := strings.CutPrefix(h.ID, r.prefix)
 	if !ok {
 		return
