@@ -26,7 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
+	"github.com/chimehq/chime/cmd/internal/latency"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -377,7 +377,7 @@ func quantiles(ds []time.Duration) string {
 		ms[i] = float64(d) / 1e6
 	}
 	q := func(p float64) time.Duration {
-		return time.Duration(checker.Quantile(ms, p) * 1e6).Round(time.Microsecond)
+		return time.Duration(latency.Quantile(ms, p) * 1e6).Round(time.Microsecond)
 	}
 	return fmt.Sprintf("p50 %v  p99 %v  max %v", q(0.5), q(0.99), q(1))
 }
