@@ -66,9 +66,17 @@
 //	chime-topic           the topic the event was meant for
 //	chime-error           the last produce error
 //
-// and, only when the record could never fit into a produce request,
-// chime-dropped: value, meaning the value was left out so that the
-// dead-letter record itself fits.
+// and, only when the record could not fit into a produce request,
+// chime-dropped: "value" when the value was left out so that the
+// dead-letter record itself fits, "value,headers" when the event's own
+// headers had to go too.
+//
+// These names are part of the API: they are defined, and read back, in
+// package chimev1 (proto/chime/v1): chimev1.ParseHeaders turns a consumed
+// record's headers, from any Kafka client, into a chimev1.Headers, and is
+// what chimectl tail, chimectl bench and chime-jepsen use. This package's
+// Header* constants are the same names. A change to the format above is a
+// change to that contract.
 //
 // # What this package must never do
 //

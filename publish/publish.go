@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 )
@@ -80,16 +81,18 @@ type Stats struct {
 	Failed uint64
 }
 
-// Header names this package adds to every record.
+// Header names this package adds to every record: the API's
+// (chimev1.HeaderID and the rest, which also parses them), kept here under
+// their old names for the code that produces and tests them.
 const (
-	HeaderID      = "chime-id"
-	HeaderDue     = "chime-due-unix-ms"
-	HeaderFired   = "chime-fired-unix-ms"
-	HeaderAttempt = "chime-attempt"
+	HeaderID      = chimev1.HeaderID
+	HeaderDue     = chimev1.HeaderDue
+	HeaderFired   = chimev1.HeaderFired
+	HeaderAttempt = chimev1.HeaderAttempt
 	// Only on dead-letter records.
-	HeaderTopic   = "chime-topic"
-	HeaderError   = "chime-error"
-	HeaderDropped = "chime-dropped"
+	HeaderTopic   = chimev1.HeaderTopic
+	HeaderError   = chimev1.HeaderError
+	HeaderDropped = chimev1.HeaderDropped
 )
 
 // Defaults for zero Config fields.
@@ -155,75 +158,19 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// withDefaults returns c with its zero fields set to the defaults, or an
+// error wrapping ErrConfig that names the first field, in the order below,
+// that breaks its rule.
 func (c Config) withDefaults() (Config, error) {
-	bad := func(field string, format string, args ...any) (Config, error) {
-		return c, fmt.Errorf("%w: %s %s", ErrConfig, field, fmt.Sprintf(format, args...))
-	}
-	if len(c.Brokers) == 0 {
-		return bad("Brokers", "must name at least one broker")
-	}
-	for i, b := range c.Brokers {
-		if b == "" {
-			return bad("Brokers", "[%d] is empty", i)
-		}
-	}
-	type durField struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}
-	for _, f := range []durField{
-		{"BackoffBase", &c.BackoffBase, DefaultBackoffBase},
-		{"BackoffMax", &c.BackoffMax, DefaultBackoffMax},
-		{"WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout},
+	for _, fill := range []func(*Config) error{
+		(*Config).checkBrokers,
+		(*Config).fillBackoff,
+		(*Config).fillLimits,
+		(*Config).fillDeadLetterTopic,
 	} {
-		if *f.v < 0 {
-			return bad(f.name, "must not be negative (got %v)", *f.v)
+		if err := fill(&c); err != nil {
+			return c, err
 		}
-		if *f.v == 0 {
-			*f.v = f.def
-		}
-	}
-	if c.BackoffBase > c.BackoffMax {
-		return bad("BackoffBase", "(%v) must not exceed BackoffMax (%v)", c.BackoffBase, c.BackoffMax)
-	}
-	switch {
-	case c.BackoffJitter > 1:
-		return bad("BackoffJitter", "must be at most 1 (got %v)", c.BackoffJitter)
-	case c.BackoffJitter == 0:
-		c.BackoffJitter = DefaultBackoffJitter
-	case c.BackoffJitter < 0:
-		c.BackoffJitter = 0
-	}
-	type intField struct {
-		name string
-		v    *int
-		def  int
-	}
-	for _, f := range []intField{
-		{"MaxInFlight", &c.MaxInFlight, DefaultMaxInFlight},
-		{"MaxAttempts", &c.MaxAttempts, DefaultMaxAttempts},
-		{"DeadLetterAttempts", &c.DeadLetterAttempts, DefaultDeadLetterAttempts},
-		{"BatchSize", &c.BatchSize, DefaultBatchSize},
-	} {
-		if *f.v < 0 {
-			return bad(f.name, "must not be negative (got %d)", *f.v)
-		}
-		if *f.v == 0 {
-			*f.v = f.def
-		}
-	}
-	if c.BatchBytes < 0 {
-		return bad("BatchBytes", "must not be negative (got %d)", c.BatchBytes)
-	}
-	if c.BatchBytes == 0 {
-		c.BatchBytes = DefaultBatchBytes
-	}
-	if c.DeadLetterTopic == "" {
-		c.DeadLetterTopic = DefaultDeadLetterTopic
-	}
-	if err := ValidTopic(c.DeadLetterTopic); err != nil {
-		return bad("DeadLetterTopic", "%v", err)
 	}
 	if c.ClientID == "" {
 		c.ClientID = DefaultClientID
@@ -235,6 +182,95 @@ func (c Config) withDefaults() (Config, error) {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c, nil
+}
+
+// configError is the error for a Config field that breaks its rule.
+func configError(field string, format string, args ...any) error {
+	return fmt.Errorf("%w: %s %s", ErrConfig, field, fmt.Sprintf(format, args...))
+}
+
+func (c *Config) checkBrokers() error {
+	if len(c.Brokers) == 0 {
+		return configError("Brokers", "must name at least one broker")
+	}
+	for i, b := range c.Brokers {
+		if b == "" {
+			return configError("Brokers", "[%d] is empty", i)
+		}
+	}
+	return nil
+}
+
+// fillBackoff checks and fills the durations: BackoffBase, BackoffMax,
+// WriteTimeout and BackoffJitter.
+func (c *Config) fillBackoff() error {
+	for _, f := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"BackoffBase", &c.BackoffBase, DefaultBackoffBase},
+		{"BackoffMax", &c.BackoffMax, DefaultBackoffMax},
+		{"WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout},
+	} {
+		if *f.v < 0 {
+			return configError(f.name, "must not be negative (got %v)", *f.v)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if c.BackoffBase > c.BackoffMax {
+		return configError("BackoffBase", "(%v) must not exceed BackoffMax (%v)", c.BackoffBase, c.BackoffMax)
+	}
+	switch {
+	case c.BackoffJitter > 1:
+		return configError("BackoffJitter", "must be at most 1 (got %v)", c.BackoffJitter)
+	case c.BackoffJitter == 0:
+		c.BackoffJitter = DefaultBackoffJitter
+	case c.BackoffJitter < 0:
+		c.BackoffJitter = 0
+	}
+	return nil
+}
+
+// fillLimits checks and fills the counts and sizes: MaxInFlight,
+// MaxAttempts, DeadLetterAttempts, BatchSize and BatchBytes.
+func (c *Config) fillLimits() error {
+	for _, f := range []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"MaxInFlight", &c.MaxInFlight, DefaultMaxInFlight},
+		{"MaxAttempts", &c.MaxAttempts, DefaultMaxAttempts},
+		{"DeadLetterAttempts", &c.DeadLetterAttempts, DefaultDeadLetterAttempts},
+		{"BatchSize", &c.BatchSize, DefaultBatchSize},
+	} {
+		if *f.v < 0 {
+			return configError(f.name, "must not be negative (got %d)", *f.v)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if c.BatchBytes < 0 {
+		return configError("BatchBytes", "must not be negative (got %d)", c.BatchBytes)
+	}
+	if c.BatchBytes == 0 {
+		c.BatchBytes = DefaultBatchBytes
+	}
+	return nil
+}
+
+func (c *Config) fillDeadLetterTopic() error {
+	if c.DeadLetterTopic == "" {
+		c.DeadLetterTopic = DefaultDeadLetterTopic
+	}
+	if err := ValidTopic(c.DeadLetterTopic); err != nil {
+		return configError("DeadLetterTopic", "%v", err)
+	}
+	return nil
 }
 
 // Publisher produces records to Kafka with kafka-go's Client: each Publish
@@ -396,8 +432,31 @@ type pending struct {
 	deadErr      error // last error on the dead-letter topic
 }
 
+// run is one Publish call: rounds of attempts, each sending every record
+// not yet settled at once, until all are settled or ctx ends.
 func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
-	todo := make([]pending, 0, len(recs))
+	todo := p.triage(recs, make([]pending, 0, len(recs)))
+	msgs := make([]kafka.Message, 0, len(todo))
+	bo := p.newBackOff()
+	for len(todo) > 0 && ctx.Err() == nil {
+		sentAt := p.cfg.Now()
+		msgs = p.messages(recs, out, todo, msgs[:0], sentAt)
+		errs, ackedAt, sent := p.send(ctx, msgs)
+		var wait bool
+		todo, wait = p.settle(ctx, recs, out, todo, errs, ackedAt, sent)
+		if len(todo) > 0 && wait && !sleep(ctx, bo.NextBackOff()) {
+			break
+		}
+	}
+	p.abandon(ctx, out, todo)
+}
+
+// triage appends to todo one pending per record, bound for the
+// dead-letter topic from the start when its own topic can never take it:
+// an invalid topic name, MaxAttempts already used up by earlier calls, or
+// a record too large for any produce request (it then goes without its
+// value).
+func (p *Publisher) triage(recs []Record, todo []pending) []pending {
 	for i := range recs {
 		st := pending{i: i}
 		r := &recs[i]
@@ -415,82 +474,99 @@ func (p *Publisher) run(ctx context.Context, recs []Record, out []Outcome) {
 		}
 		todo = append(todo, st)
 	}
+	return todo
+}
 
-	msgs := make([]kafka.Message, 0, len(todo))
-	bo := p.newBackOff()
-	for len(todo) > 0 && ctx.Err() == nil {
-		sentAt := p.cfg.Now()
-		msgs = msgs[:0]
-		for j := range todo {
-			st := &todo[j]
-			if st.dead {
-				st.deadAttempts++
+// messages counts one more attempt for each record in todo (on its own
+// topic or on the dead-letter topic) and appends its Kafka record for that
+// attempt to msgs, at the same index as in todo.
+func (p *Publisher) messages(recs []Record, out []Outcome, todo []pending, msgs []kafka.Message, sentAt time.Time) []kafka.Message {
+	for j := range todo {
+		st := &todo[j]
+		if st.dead {
+			st.deadAttempts++
+		} else {
+			out[st.i].Attempts++
+		}
+		msgs = append(msgs, p.message(&recs[st.i], st, out[st.i].Attempts, sentAt))
+	}
+	return msgs
+}
+
+// settle records in out what one round of attempts did to the records in
+// todo (errs, ackedAt and sent are send's answers, at the same index) and
+// returns, in todo's own backing array, those still to attempt; wait
+// reports whether one of them failed in a way worth a backoff before the
+// next round.
+func (p *Publisher) settle(ctx context.Context, recs []Record, out []Outcome, todo []pending,
+	errs []error, ackedAt []time.Time, sent []bool) (next []pending, wait bool) {
+	for j, st := range todo {
+		if sent[j] {
+			out[st.i].Sent = true
+		}
+	}
+	next = todo[:0]
+	for j, st := range todo {
+		o := &out[st.i]
+		switch {
+		case errs[j] == nil:
+			p.acked(o, &recs[st.i], st, ackedAt[j])
+		case ctx.Err() != nil:
+			// The caller gave up; what this attempt did is unknown.
+			next = append(next, st)
+		case !st.dead:
+			st.lastErr = errs[j]
+			if permanent(errs[j]) || int(o.Attempts) >= p.cfg.MaxAttempts {
+				st.dead = true // no wait: the dead-letter topic is another topic
 			} else {
-				out[st.i].Attempts++
+				p.retried.Add(1)
+				wait = true
+				p.log.Debug("retrying", "seq", o.Seq, "id", recs[st.i].ID, "topic", recs[st.i].Topic,
+					"attempt", o.Attempts, "err", errs[j])
 			}
-			msgs = append(msgs, p.message(&recs[st.i], st, out[st.i].Attempts, sentAt))
-		}
-		errs, ackedAt, sent := p.send(ctx, msgs)
-		for j, st := range todo {
-			if sent[j] {
-				out[st.i].Sent = true
-			}
-		}
-
-		next := todo[:0]
-		wait := false // a failure is retried after a backoff
-		for j, st := range todo {
-			o := &out[st.i]
-			if errs[j] == nil {
-				o.Done, o.FiredAt = true, ackedAt[j].UnixNano()
-				if st.dead {
-					o.DeadLettered, o.Err = true, st.lastErr.Error()
-					p.deadLettered.Add(1)
-					p.log.Warn("dead-lettered", "seq", o.Seq, "id", recs[st.i].ID, "topic", recs[st.i].Topic,
-						"attempts", o.Attempts, "err", st.lastErr)
-				} else {
-					p.produced.Add(1)
-				}
-				continue
-			}
-			if ctx.Err() != nil {
-				// The caller gave up; what this attempt did is unknown.
-				next = append(next, st)
-				continue
-			}
-			if !st.dead {
-				st.lastErr = errs[j]
-				if permanent(errs[j]) || int(o.Attempts) >= p.cfg.MaxAttempts {
-					st.dead = true // no wait: the dead-letter topic is another topic
-				} else {
-					p.retried.Add(1)
-					wait = true
-					p.log.Debug("retrying", "seq", o.Seq, "id", recs[st.i].ID, "topic", recs[st.i].Topic,
-						"attempt", o.Attempts, "err", errs[j])
-				}
-				next = append(next, st)
-				continue
-			}
+			next = append(next, st)
+		default:
 			st.deadErr = errs[j]
 			if errors.Is(errs[j], kafka.MessageSizeTooLarge) {
 				st.dropValue = true
 			}
 			if st.deadAttempts >= p.cfg.DeadLetterAttempts {
-				o.Err = fmt.Sprintf("dead-letter topic %s: %v; last produce error: %v", p.cfg.DeadLetterTopic, st.deadErr, st.lastErr)
-				p.failed.Add(1)
-				p.log.Error("dead-letter produce failed", "seq", o.Seq, "id", recs[st.i].ID, "topic", recs[st.i].Topic,
-					"attempts", o.Attempts, "err", st.deadErr, "produce_err", st.lastErr)
+				p.deadLetterFailed(o, &recs[st.i], st)
 				continue
 			}
 			wait = true
 			next = append(next, st)
 		}
-		todo = next
-		if len(todo) > 0 && wait && !sleep(ctx, bo.NextBackOff()) {
-			break
-		}
 	}
+	return next, wait
+}
 
+// acked settles o as Done: Kafka acknowledged its record at ackedAt, on
+// its own topic or, when st.dead, on the dead-letter topic.
+func (p *Publisher) acked(o *Outcome, r *Record, st pending, ackedAt time.Time) {
+	o.Done, o.FiredAt = true, ackedAt.UnixNano()
+	if !st.dead {
+		p.produced.Add(1)
+		return
+	}
+	o.DeadLettered, o.Err = true, st.lastErr.Error()
+	p.deadLettered.Add(1)
+	p.log.Warn("dead-lettered", "seq", o.Seq, "id", r.ID, "topic", r.Topic,
+		"attempts", o.Attempts, "err", st.lastErr)
+}
+
+// deadLetterFailed settles o as not Done: the dead-letter topic refused
+// its record DeadLetterAttempts times in this call.
+func (p *Publisher) deadLetterFailed(o *Outcome, r *Record, st pending) {
+	o.Err = fmt.Sprintf("dead-letter topic %s: %v; last produce error: %v", p.cfg.DeadLetterTopic, st.deadErr, st.lastErr)
+	p.failed.Add(1)
+	p.log.Error("dead-letter produce failed", "seq", o.Seq, "id", r.ID, "topic", r.Topic,
+		"attempts", o.Attempts, "err", st.deadErr, "produce_err", st.lastErr)
+}
+
+// abandon settles the records still in todo when the call ends (ctx ended
+// or the Publisher closed) as not Done, saying why and what failed last.
+func (p *Publisher) abandon(ctx context.Context, out []Outcome, todo []pending) {
 	for _, st := range todo {
 		o := &out[st.i]
 		cause := context.Cause(ctx)

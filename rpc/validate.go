@@ -27,13 +27,6 @@ func invalid(path, format string, args ...any) *fieldError {
 	return &fieldError{path: path, rule: fmt.Sprintf(format, args...)}
 }
 
-// reservedHeaderPrefix names the headers publish adds to every record
-// (chime-id, chime-due-unix-ms, ...). A client header with that prefix would
-// be indistinguishable from Chime's own, so consumers that deduplicate on
-// chime-id could be fooled. Compared case-insensitively: "Chime-Id" is a
-// different Kafka header but just as misleading to a person reading it.
-const reservedHeaderPrefix = "chime-"
-
 // The instants an int64 of Unix nanoseconds can hold; deliver_at must lie
 // between them because due times are stored that way.
 var (
@@ -64,83 +57,22 @@ func (p eventPath) String() string {
 // empty, ContentHash computed. It reports the first rule broken, in field
 // order. Nothing here has side effects beyond reading the clock value now.
 func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (shard.Request, *fieldError) {
-	lim := s.limits
+	lim := &s.limits
 	if ev == nil {
 		return shard.Request{}, invalid(path.String(), "required")
 	}
 	if n := len(ev.Id); n > lim.MaxIDBytes {
 		return shard.Request{}, invalid(path.String()+".id", "%d bytes, at most %d allowed", n, lim.MaxIDBytes)
 	}
-
-	switch {
-	case ev.Topic == "":
-		return shard.Request{}, invalid(path.String()+".topic", "required")
-	case len(ev.Topic) > 249:
-		return shard.Request{}, invalid(path.String()+".topic", "%d characters is not a valid Kafka topic name (%s)", len(ev.Topic), topicRule)
-	case publish.ValidTopic(ev.Topic) != nil:
-		return shard.Request{}, invalid(path.String()+".topic", "%q is not a valid Kafka topic name (%s)", ev.Topic, topicRule)
+	if err := checkTopic(path, ev.Topic); err != nil {
+		return shard.Request{}, err
 	}
-
 	req := shard.Request{ID: ev.Id, Topic: ev.Topic}
-	switch {
-	case ev.DeliverAt != nil && ev.Delay != nil:
-		return shard.Request{}, invalid(path.String(), "set exactly one of deliver_at and delay (both are set)")
-	case ev.DeliverAt == nil && ev.Delay == nil:
-		return shard.Request{}, invalid(path.String(), "set exactly one of deliver_at and delay (neither is set)")
-	case ev.DeliverAt != nil:
-		if err := ev.DeliverAt.CheckValid(); err != nil {
-			return shard.Request{}, invalid(path.String()+".deliver_at", "not a valid Timestamp: %v", err)
-		}
-		at := ev.DeliverAt.AsTime()
-		if at.Before(minDue) || at.After(maxDue) {
-			return shard.Request{}, invalid(path.String()+".deliver_at", "%s is outside the times Chime can store (%s to %s)",
-				at.Format(time.RFC3339Nano), minDue.Format(time.RFC3339Nano), maxDue.Format(time.RFC3339Nano))
-		}
-		if at.Sub(now) > lim.MaxHorizon {
-			return shard.Request{}, invalid(path.String()+".deliver_at", "%s is more than %s ahead (--max-horizon)",
-				at.Format(time.RFC3339Nano), formatHorizon(lim.MaxHorizon))
-		}
-		req.HasDeliverAt = true
-		req.DeliverAt = at.UnixNano()
-	default:
-		if err := ev.Delay.CheckValid(); err != nil {
-			return shard.Request{}, invalid(path.String()+".delay", "not a valid Duration: %v", err)
-		}
-		if ev.Delay.Seconds < 0 || ev.Delay.Nanos < 0 {
-			return shard.Request{}, invalid(path.String()+".delay", "must not be negative (got %s)", durationText(ev.Delay.Seconds, ev.Delay.Nanos))
-		}
-		// AsDuration saturates at ~292 years, which is beyond any horizon
-		// an int64 of nanoseconds can express, so the comparison holds.
-		if d := ev.Delay.AsDuration(); d > lim.MaxHorizon {
-			return shard.Request{}, invalid(path.String()+".delay", "%s is more than %s (--max-horizon)",
-				durationText(ev.Delay.Seconds, ev.Delay.Nanos), formatHorizon(lim.MaxHorizon))
-		}
-		req.HasDelay = true
-		req.Delay = ev.Delay.AsDuration()
+	if err := lim.checkDue(path, ev, now, &req); err != nil {
+		return shard.Request{}, err
 	}
-
-	if n := len(ev.Key); n > lim.MaxKeyBytes {
-		return shard.Request{}, invalid(path.String()+".key", "%d bytes, at most %d allowed", n, lim.MaxKeyBytes)
-	}
-	if n := len(ev.Payload); n > lim.MaxPayloadBytes {
-		return shard.Request{}, invalid(path.String()+".payload", "%d bytes, at most %d allowed (--max-payload)", n, lim.MaxPayloadBytes)
-	}
-	if n := len(ev.Headers); n > lim.MaxHeaders {
-		return shard.Request{}, invalid(path.String()+".headers", "%d headers, at most %d allowed", n, lim.MaxHeaders)
-	}
-	headerBytes := 0
-	for i, h := range ev.Headers {
-		if h == nil { // cannot come off the wire, only from an in-process caller
-			return shard.Request{}, invalid(fmt.Sprintf("%s.headers[%d]", path, i), "required")
-		}
-		if len(h.Key) >= len(reservedHeaderPrefix) && strings.EqualFold(h.Key[:len(reservedHeaderPrefix)], reservedHeaderPrefix) {
-			return shard.Request{}, invalid(fmt.Sprintf("%s.headers[%d].key", path, i),
-				"the %q prefix is reserved for headers Chime adds", reservedHeaderPrefix)
-		}
-		headerBytes += len(h.Key) + len(h.Value)
-	}
-	if headerBytes > lim.MaxHeaderBytes {
-		return shard.Request{}, invalid(path.String()+".headers", "%d bytes of keys and values, at most %d allowed", headerBytes, lim.MaxHeaderBytes)
+	if err := lim.checkContent(path, ev); err != nil {
+		return shard.Request{}, err
 	}
 
 	req.Key = ev.Key
@@ -157,6 +89,95 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (s
 		req.ID = newID()
 	}
 	return req, nil
+}
+
+// checkTopic: the topic is required and must be a valid Kafka topic name.
+func checkTopic(path eventPath, topic string) *fieldError {
+	switch {
+	case topic == "":
+		return invalid(path.String()+".topic", "required")
+	case len(topic) > 249:
+		return invalid(path.String()+".topic", "%d characters is not a valid Kafka topic name (%s)", len(topic), topicRule)
+	case publish.ValidTopic(topic) != nil:
+		return invalid(path.String()+".topic", "%q is not a valid Kafka topic name (%s)", topic, topicRule)
+	}
+	return nil
+}
+
+// checkDue: exactly one of deliver_at and delay, within what Chime can
+// store and within MaxHorizon of now. It sets the due fields of req.
+func (lim *Limits) checkDue(path eventPath, ev *chimev1.Event, now time.Time, req *shard.Request) *fieldError {
+	switch {
+	case ev.DeliverAt != nil && ev.Delay != nil:
+		return invalid(path.String(), "set exactly one of deliver_at and delay (both are set)")
+	case ev.DeliverAt == nil && ev.Delay == nil:
+		return invalid(path.String(), "set exactly one of deliver_at and delay (neither is set)")
+	case ev.DeliverAt != nil:
+		if err := ev.DeliverAt.CheckValid(); err != nil {
+			return invalid(path.String()+".deliver_at", "not a valid Timestamp: %v", err)
+		}
+		at := ev.DeliverAt.AsTime()
+		if at.Before(minDue) || at.After(maxDue) {
+			return invalid(path.String()+".deliver_at", "%s is outside the times Chime can store (%s to %s)",
+				at.Format(time.RFC3339Nano), minDue.Format(time.RFC3339Nano), maxDue.Format(time.RFC3339Nano))
+		}
+		if at.Sub(now) > lim.MaxHorizon {
+			return invalid(path.String()+".deliver_at", "%s is more than %s ahead (--max-horizon)",
+				at.Format(time.RFC3339Nano), formatHorizon(lim.MaxHorizon))
+		}
+		req.HasDeliverAt = true
+		req.DeliverAt = at.UnixNano()
+	default:
+		if err := ev.Delay.CheckValid(); err != nil {
+			return invalid(path.String()+".delay", "not a valid Duration: %v", err)
+		}
+		if ev.Delay.Seconds < 0 || ev.Delay.Nanos < 0 {
+			return invalid(path.String()+".delay", "must not be negative (got %s)", durationText(ev.Delay.Seconds, ev.Delay.Nanos))
+		}
+		// AsDuration saturates at ~292 years, which is beyond any horizon
+		// an int64 of nanoseconds can express, so the comparison holds.
+		if d := ev.Delay.AsDuration(); d > lim.MaxHorizon {
+			return invalid(path.String()+".delay", "%s is more than %s (--max-horizon)",
+				durationText(ev.Delay.Seconds, ev.Delay.Nanos), formatHorizon(lim.MaxHorizon))
+		}
+		req.HasDelay = true
+		req.Delay = ev.Delay.AsDuration()
+	}
+	return nil
+}
+
+// checkContent: key, payload and headers within their limits, and no
+// header in the namespace of the ones Chime adds. A client header whose key
+// starts with chimev1.HeaderPrefix ("chime-") would be indistinguishable
+// from the headers publish adds to every record (chime-id,
+// chime-due-unix-ms, ...), so consumers that deduplicate on chime-id could
+// be fooled. Compared case-insensitively: "Chime-Id" is a different Kafka
+// header but just as misleading to a person reading it.
+func (lim *Limits) checkContent(path eventPath, ev *chimev1.Event) *fieldError {
+	if n := len(ev.Key); n > lim.MaxKeyBytes {
+		return invalid(path.String()+".key", "%d bytes, at most %d allowed", n, lim.MaxKeyBytes)
+	}
+	if n := len(ev.Payload); n > lim.MaxPayloadBytes {
+		return invalid(path.String()+".payload", "%d bytes, at most %d allowed (--max-payload)", n, lim.MaxPayloadBytes)
+	}
+	if n := len(ev.Headers); n > lim.MaxHeaders {
+		return invalid(path.String()+".headers", "%d headers, at most %d allowed", n, lim.MaxHeaders)
+	}
+	headerBytes := 0
+	for i, h := range ev.Headers {
+		if h == nil { // cannot come off the wire, only from an in-process caller
+			return invalid(fmt.Sprintf("%s.headers[%d]", path, i), "required")
+		}
+		if len(h.Key) >= len(chimev1.HeaderPrefix) && strings.EqualFold(h.Key[:len(chimev1.HeaderPrefix)], chimev1.HeaderPrefix) {
+			return invalid(fmt.Sprintf("%s.headers[%d].key", path, i),
+				"the %q prefix is reserved for headers Chime adds", chimev1.HeaderPrefix)
+		}
+		headerBytes += len(h.Key) + len(h.Value)
+	}
+	if headerBytes > lim.MaxHeaderBytes {
+		return invalid(path.String()+".headers", "%d bytes of keys and values, at most %d allowed", headerBytes, lim.MaxHeaderBytes)
+	}
+	return nil
 }
 
 // durationText prints a google.protobuf.Duration exactly, including the ones

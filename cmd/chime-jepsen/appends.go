@@ -8,7 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/chimehq/chime/publish"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
 // appendLog records when the broker (in this process) received each record,
@@ -31,7 +31,7 @@ type appendKey struct {
 }
 
 // keyOf names the copy a record with headers h on topic is.
-func keyOf(topic string, h publish.Headers) appendKey {
+func keyOf(topic string, h chimev1.Headers) appendKey {
 	k := appendKey{topic: topic, id: h.ID, attempt: h.Attempt}
 	if !h.Fired.IsZero() {
 		k.firedMs = h.Fired.UnixMilli()
@@ -52,7 +52,7 @@ func watchProduces(c *kfake.Cluster) *appendLog {
 		for _, t := range pr.Topics {
 			for _, p := range t.Partitions {
 				eachRecord(p.Records, func(r *kmsg.Record) {
-					h, _ := publish.ParseHeaders(r.Headers) // a malformed header leaves its field zero
+					h, _ := chimev1.ParseHeaders(r.Headers) // a malformed header leaves its field zero
 					k := keyOf(t.Topic, h)
 					if _, seen := l.at[k]; !seen {
 						l.at[k] = now

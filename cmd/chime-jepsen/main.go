@@ -275,7 +275,7 @@ func readRecords(ctx context.Context, brokers []string, appends *appendLog, logg
 			quiet = time.Now()
 			rec := checker.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Payload: string(r.Value),
 				AppendMs: r.Timestamp.UnixMilli(), ReceivedNs: now}
-			h, _ := publish.ParseHeaders(r.Headers) // a malformed header leaves its field zero, as before
+			h, _ := chimev1.ParseHeaders(r.Headers) // a malformed header leaves its field zero, as before
 			rec.ID, rec.Attempt = h.ID, h.Attempt
 			if !h.Due.IsZero() {
 				rec.DueMs = h.Due.UnixMilli()

@@ -22,9 +22,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
+	"github.com/chimehq/chime/cmd/internal/latency"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
-	"github.com/chimehq/chime/publish"
 )
 
 func benchCommand() *command {
@@ -506,7 +505,7 @@ func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 
 // record accounts for one consumed record; r.mu is held.
 func (r *benchRun) record(rec *kgo.Record, now time.Time) {
-	h, _ := publish.ParseHeaders(rec.Headers)
+	h, _ := chimev1.ParseHeaders(rec.Headers)
 	rest, ok := strings.CutPrefix(h.ID, r.prefix)
 	if !ok {
 		return
@@ -645,9 +644,9 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 	for i, d := range r.ackLat {
 		lat[i] = float64(d) / 1e6
 	}
-	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = checker.Quantile(lat, 0.5), checker.Quantile(lat, 0.99), checker.Quantile(lat, 1)
-	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = checker.Quantile(r.late, 0.5), checker.Quantile(r.late, 0.99), checker.Quantile(r.late, 0.999), checker.Quantile(r.late, 1)
-	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = checker.Quantile(r.lag, 0.5), checker.Quantile(r.lag, 0.99), checker.Quantile(r.lag, 1)
+	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = latency.Quantile(lat, 0.5), latency.Quantile(lat, 0.99), latency.Quantile(lat, 1)
+	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = latency.Quantile(r.late, 0.5), latency.Quantile(r.late, 0.99), latency.Quantile(r.late, 0.999), latency.Quantile(r.late, 1)
+	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = latency.Quantile(r.lag, 0.5), latency.Quantile(r.lag, 0.99), latency.Quantile(r.lag, 1)
 	first, last := -1, -1
 	for i, sec := range r.secs {
 		s.PeakAckedSec = max(s.PeakAckedSec, sec.acked)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/chimehq/chime/publish"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
 func tailCommand() *command {
@@ -143,7 +143,7 @@ type tailJSON struct {
 func (c *cli) printRecord(r *kgo.Record) error {
 	received := c.now()
 	// A header that is absent or malformed shows as null (JSON) or - (text).
-	h, _ := publish.ParseHeaders(r.Headers)
+	h, _ := chimev1.ParseHeaders(r.Headers)
 	var id *string
 	var dueMs, firedMs, attempt, lateMs, lagMs *int64
 	if h.ID != "" {

@@ -26,9 +26,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
+	"github.com/chimehq/chime/cmd/internal/latency"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
-	"github.com/chimehq/chime/publish"
 )
 
 // The end-to-end tests run the real chimed binary as a process on loopback:
@@ -181,7 +180,7 @@ func broker(t testing.TB) []string {
 
 // record is one consumed Kafka record, as an independent client read it.
 type record struct {
-	publish.Headers
+	chimev1.Headers
 	value      string
 	receivedAt time.Time
 }
@@ -210,7 +209,7 @@ func collect(t testing.TB, brokers []string, topics ...string) *collector {
 			fs := cl.PollFetches(ctx)
 			now := time.Now()
 			fs.EachRecord(func(r *kgo.Record) {
-				h, _ := publish.ParseHeaders(r.Headers) // a malformed header leaves a zero field, which the checks catch
+				h, _ := chimev1.ParseHeaders(r.Headers) // a malformed header leaves a zero field, which the checks catch
 				c.mu.Lock()
 				c.recs = append(c.recs, record{Headers: h, value: string(r.Value), receivedAt: now})
 				c.mu.Unlock()
@@ -378,7 +377,7 @@ func quantiles(ds []time.Duration) string {
 		ms[i] = float64(d) / 1e6
 	}
 	q := func(p float64) time.Duration {
-		return time.Duration(checker.Quantile(ms, p) * 1e6).Round(time.Microsecond)
+		return time.Duration(latency.Quantile(ms, p) * 1e6).Round(time.Microsecond)
 	}
 	return fmt.Sprintf("p50 %v  p99 %v  max %v", q(0.5), q(0.99), q(1))
 }

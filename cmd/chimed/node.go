@@ -248,8 +248,9 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 		io.WriteString(w, "ready\n")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	// Profiles for operators and for BENCHMARKS.md; the HTTP port is an
-	// operator port (bind it to loopback or a private network).
+	// Profiles and Pebble's LSM report, for operators and for finding where
+	// a loaded node spends its CPU and I/O; the HTTP port is an operator
+	// port (bind it to loopback or a private network).
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

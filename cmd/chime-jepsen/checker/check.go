@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/chimehq/chime/cmd/internal/latency"
 )
 
 // Check runs every check of doc.go over one run: the history ops, every record read back
@@ -338,28 +340,13 @@ func convergenceProblems(final Cluster) []string {
 	return problems
 }
 
-// Quantile returns the q-quantile (0 < q <= 1) of xs by nearest rank: the value at rank
-// ceil(q*n) (1-based) of the n sorted values, so p50 of 1..100 is 50, p99 is 99 and q=1 is the
-// max; 0 when xs is empty. It sorts xs in place unless xs is already sorted, so that asking
-// several quantiles of one slice sorts it once.
-func Quantile(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	if !slices.IsSorted(xs) {
-		slices.Sort(xs)
-	}
-	i := int(math.Ceil(q*float64(len(xs)))) - 1
-	return xs[max(0, min(i, len(xs)-1))]
-}
-
-// quantiles summarises v (left unchanged) with Quantile.
+// quantiles summarises v (left unchanged) with latency.Quantile.
 func quantiles(v []float64) Quantiles {
 	if len(v) == 0 {
 		return Quantiles{}
 	}
 	s := slices.Clone(v)
-	return Quantiles{Count: len(s), P50: roundMicro(Quantile(s, 0.50)), P99: roundMicro(Quantile(s, 0.99)), Max: roundMicro(Quantile(s, 1))}
+	return Quantiles{Count: len(s), P50: roundMicro(latency.Quantile(s, 0.50)), P99: roundMicro(latency.Quantile(s, 0.99)), Max: roundMicro(latency.Quantile(s, 1))}
 }
 
 // roundMicro rounds milliseconds to the microsecond, so results.json stays readable.

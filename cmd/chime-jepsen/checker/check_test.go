@@ -391,15 +391,3 @@ func TestLatenessCountsFromAcceptance(t *testing.T) {
 		t.Errorf("lateness of an event accepted after its due = %+v, want 4 ms from acceptance", got)
 	}
 }
-
-func TestQuantile(t *testing.T) {
-	xs := []float64{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
-	for _, c := range []struct{ q, want float64 }{{0.5, 5}, {0.9, 9}, {0.99, 10}, {1, 10}, {0.01, 1}} {
-		if got := Quantile(xs, c.q); got != c.want {
-			t.Errorf("Quantile(%v) = %v, want %v", c.q, got, c.want)
-		}
-	}
-	if Quantile(nil, 0.5) != 0 {
-		t.Error("Quantile of nothing is not 0")
-	}
-}

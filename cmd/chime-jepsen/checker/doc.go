@@ -148,20 +148,18 @@
 //
 // One self-contained page (no script, no external URL): the checks with valid and violated
 // rows highlighted, lateness per period, duplicates by fault, faults and recovery, the final
-// state, op counts, examples, and two inline SVG plots drawn here: lateness vs due time (one
+// state, op counts, examples, and two inline SVG plots: lateness vs due time (one
 // dot per record, first copies, duplicates, phantoms and early records in their own colours)
 // and latency over time (one dot per completed client op, coloured ok/info/fail). Both use a
 // symlog y axis (sign(y)·log10(1+|y|)), so outliers and early records stay on the plot
 // instead of being clipped, and the largest lateness is labelled. Fault windows are shaded
-// bands, one colour per nemesis kind, with a legend. Each plot draws at most [MaxPlotPoints]
-// dots: dots on the same pixel of the same class are drawn once, then small classes are kept
-// whole and the rest is sampled evenly in time; the legend says how many were drawn. The page
-// is an html/template, so every id, topic, fault name and reason from the history is escaped.
+// bands, one colour per nemesis kind, with a legend. Each plot draws at most
+// latency.MaxPoints dots: dots on the same pixel of the same class are drawn once, then small
+// classes are kept whole and the rest is sampled evenly in time; the legend says how many
+// were drawn. The page is an html/template, so every id, topic, fault name and reason from
+// the history is escaped.
 //
-// # Shared with chimectl bench
-//
-// [Quantile] (nearest rank, as above) and the plotter ([Plot], [Series], [StackSVG]: dots or
-// lines, symlog or linear y) are exported for chimectl bench's summary and timeline, so the
-// project has one definition of a quantile and one SVG plotter. This package must stay free
-// of Chime's server packages (shard, raftfsm, rpc), which chimectl must not link.
+// The quantiles (nearest rank, as above) and the plotter come from package
+// cmd/internal/latency, which chimectl bench uses too, so the project has one definition of a
+// quantile and one SVG plotter; this package decides what is plotted and in which colours.
 package checker

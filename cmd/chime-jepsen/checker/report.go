@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/chimehq/chime/cmd/internal/latency"
 )
 
 // WriteReport writes results.json (res, indented) and report.html (a self-contained page:
@@ -125,6 +127,7 @@ type reportCheck struct {
 func renderReport(ops []Op, recs []Record, res Results) string {
 	a := analyze(ops, recs, configFrom(res.Config))
 	kindColor, _ := kindColors(a.windows)
+	bands := faultBands(a.windows, a.startNs, kindColor)
 	type tolerances struct{ Early, Cancel, Grace, FinalHeal, DeadLetter string }
 	type period struct {
 		Name          string
@@ -209,14 +212,14 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 		name string
 		q    Quantiles
 	}{{"healthy", res.LatenessMs.Healthy}, {"faulty", res.LatenessMs.Faulty}, {"after_heal", res.LatenessMs.AfterHeal}} {
-		v.Lateness = append(v.Lateness, period{p.name, p.q.Count, trimFloat(p.q.P50), trimFloat(p.q.P99), trimFloat(p.q.Max)})
+		v.Lateness = append(v.Lateness, period{p.name, p.q.Count, latency.Format(p.q.P50), latency.Format(p.q.P99), latency.Format(p.q.Max)})
 	}
 	for _, k := range sortedKeys(res.DuplicatesByFault) {
 		v.Duplicates = append(v.Duplicates, dup{k, res.DuplicatesByFault[k]})
 	}
 	for _, r := range res.Recovery {
 		v.Recovery = append(v.Recovery, recovery{template.CSS(kindColor[r.Kind]), r.Kind, strings.Join(r.Targets, ", "),
-			relS(a, r.StartNs), relS(a, r.HealNs), trimFloat(r.RecoveryMs)})
+			relS(a, r.StartNs), relS(a, r.HealNs), latency.Format(r.RecoveryMs)})
 	}
 	for _, m := range res.Ops {
 		for t := range m {
@@ -242,10 +245,10 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	}
 
 	var plot strings.Builder
-	renderPlot(&plot, latenessPlot(a, kindColor))
+	latency.Render(&plot, latenessPlot(a, bands))
 	v.LatenessPlot = template.HTML(plot.String())
 	plot.Reset()
-	renderPlot(&plot, latencyPlot(a, ops, kindColor))
+	latency.Render(&plot, latencyPlot(a, ops, bands))
 	v.LatencyPlot = template.HTML(plot.String())
 
 	var b strings.Builder
@@ -258,41 +261,41 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 
 // latenessPlot: one dot per record at (due − start, append − due), classed by the worst thing
 // about it.
-func latenessPlot(a *analysis, kindColor map[string]string) plotSpec {
-	first := series{name: "first copy", color: "#3b78c2", radius: 1.5}
-	dup := series{name: "duplicate", color: "#ff9800", radius: 2}
-	phantom := series{name: "phantom", color: "#8e24aa", radius: 2.5}
-	early := series{name: "early", color: "#d50000", radius: 3}
+func latenessPlot(a *analysis, bands []latency.Band) latency.Plot {
+	first := latency.Series{Name: "first copy", Color: "#3b78c2", Radius: 1.5}
+	dup := latency.Series{Name: "duplicate", Color: "#ff9800", Radius: 2}
+	phantom := latency.Series{Name: "phantom", Color: "#8e24aa", Radius: 2.5}
+	early := latency.Series{Name: "early", Color: "#d50000", Radius: 3}
 	for _, id := range a.order {
 		h := a.ids[id]
 		for i, r := range h.records {
 			due := a.dueNs(h, r)
 			at := r.AppendMs * 1e6
-			pt := point{x: float64(due-a.startNs) / 1e9, y: float64(at-due) / 1e6}
+			pt := latency.Point{X: float64(due-a.startNs) / 1e9, Y: float64(at-due) / 1e6}
 			switch {
 			case at < due-int64(a.cfg.EarlyTolerance):
-				early.pts = append(early.pts, pt)
+				early.Points = append(early.Points, pt)
 			case a.phantom(h, r) != "":
-				phantom.pts = append(phantom.pts, pt)
+				phantom.Points = append(phantom.Points, pt)
 			case i > 0:
-				dup.pts = append(dup.pts, pt)
+				dup.Points = append(dup.Points, pt)
 			default:
-				first.pts = append(first.pts, pt)
+				first.Points = append(first.Points, pt)
 			}
 		}
 	}
-	return plotSpec{
-		id: "lateness", title: "Lateness vs due time",
-		xLabel: "due time (s since start)", yLabel: "lateness (ms, symlog)",
-		series:  []series{first, dup, phantom, early},
-		windows: a.windows, startNs: a.startNs, kindColor: kindColor, annotateMax: true,
+	return latency.Plot{
+		ID: "lateness", Title: "Lateness vs due time",
+		XLabel: "due time (s since start)", YLabel: "lateness (ms, symlog)",
+		Series: []latency.Series{first, dup, phantom, early},
+		Bands:  bands, AnnotateMax: true,
 	}
 }
 
 // latencyPlot: one dot per completed client op at (invoke − start, complete − invoke).
-func latencyPlot(a *analysis, ops []Op, kindColor map[string]string) plotSpec {
+func latencyPlot(a *analysis, ops []Op, bands []latency.Band) latency.Plot {
 	colors := map[string]string{TypeOK: "#81bffc", TypeInfo: "#ffa400", TypeFail: "#ff1e90"}
-	byType := map[string]*series{}
+	byType := map[string]*latency.Series{}
 	for i := range ops {
 		op := &ops[i]
 		if op.F == FNemesis || op.CompleteNs < op.InvokeNs || op.InvokeNs == 0 {
@@ -304,12 +307,12 @@ func latencyPlot(a *analysis, ops []Op, kindColor map[string]string) plotSpec {
 			if c == "" {
 				c = "#777777"
 			}
-			s = &series{name: op.Type, color: c, radius: 1.5}
+			s = &latency.Series{Name: op.Type, Color: c, Radius: 1.5}
 			byType[op.Type] = s
 		}
-		s.pts = append(s.pts, point{x: float64(op.InvokeNs-a.startNs) / 1e9, y: float64(op.CompleteNs-op.InvokeNs) / 1e6})
+		s.Points = append(s.Points, latency.Point{X: float64(op.InvokeNs-a.startNs) / 1e9, Y: float64(op.CompleteNs-op.InvokeNs) / 1e6})
 	}
-	var ss []series
+	var ss []latency.Series
 	for _, t := range []string{TypeOK, TypeInfo, TypeFail} { // failures on top
 		if s := byType[t]; s != nil {
 			ss = append(ss, *s)
@@ -319,10 +322,10 @@ func latencyPlot(a *analysis, ops []Op, kindColor map[string]string) plotSpec {
 	for _, t := range sortedKeys(byType) {
 		ss = append(ss, *byType[t])
 	}
-	return plotSpec{
-		id: "latency", title: "Latency over time",
-		xLabel: "invoke time (s since start)", yLabel: "latency (ms, symlog)",
-		series: ss, windows: a.windows, startNs: a.startNs, kindColor: kindColor,
+	return latency.Plot{
+		ID: "latency", Title: "Latency over time",
+		XLabel: "invoke time (s since start)", YLabel: "latency (ms, symlog)",
+		Series: ss, Bands: bands,
 	}
 }
 
@@ -330,7 +333,7 @@ func relS(a *analysis, ns int64) string {
 	if ns == 0 {
 		return "-"
 	}
-	return trimFloat(float64(ns-a.startNs) / 1e9)
+	return latency.Format(float64(ns-a.startNs) / 1e9)
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -5,12 +5,10 @@ import (
 	"encoding/xml"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -136,41 +134,6 @@ func TestWriteReport(t *testing.T) {
 	if !regexp.MustCompile(`<td class="l">early</td><td>1</td><td class="l bad">`).MatchString(page) ||
 		!regexp.MustCompile(`<td class="l">lost</td><td>0</td><td class="l good">`).MatchString(page) {
 		t.Errorf("summary rows are not highlighted as expected")
-	}
-}
-
-// TestPlotDownsample: a plot of 120k dots draws at most MaxPlotPoints, keeps a rare class
-// whole, and still draws the common one densely.
-func TestPlotDownsample(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
-	common := series{name: "first copy", color: "#00f", radius: 1}
-	for range 120000 {
-		common.pts = append(common.pts, point{x: r.Float64() * 600, y: r.ExpFloat64() * 20})
-	}
-	rare := series{name: "early", color: "#f00", radius: 2}
-	for i := range 37 {
-		rare.pts = append(rare.pts, point{x: float64(i) * 10, y: -float64(i + 3)})
-	}
-	var b strings.Builder
-	renderPlot(&b, plotSpec{id: "p", title: "t", series: []series{common, rare}, startNs: t0,
-		windows:   []window{{kind: "kill", start: at(100 * time.Second), heal: at(110 * time.Second)}},
-		kindColor: map[string]string{"kill": "#e41a1c"}})
-	drawn := map[string]int{}
-	for _, m := range regexp.MustCompile(`data-series="([^"]*)" data-points="(\d+)" data-total="(\d+)"`).FindAllStringSubmatch(b.String(), -1) {
-		n, _ := strconv.Atoi(m[2])
-		drawn[m[1]] = n
-		if got := strings.Count(b.String(), "h0"); got < n {
-			t.Fatalf("path has %d dots, attribute says %d", got, n)
-		}
-	}
-	if total := drawn["first copy"] + drawn["early"]; total > MaxPlotPoints || total < MaxPlotPoints*9/10 {
-		t.Errorf("drew %d dots, want close to and at most %d", total, MaxPlotPoints)
-	}
-	if drawn["early"] != 37 {
-		t.Errorf("drew %d early dots, want all 37", drawn["early"])
-	}
-	if size := b.Len(); size > 600_000 {
-		t.Errorf("plot is %d bytes", size)
 	}
 }
 

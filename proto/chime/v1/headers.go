@@ -1,9 +1,33 @@
-package publish
+package chimev1
 
 import (
 	"fmt"
 	"strconv"
 	"time"
+)
+
+// The chime-* headers Chime adds to every record it produces, after the
+// event's own headers. They are part of the API contract: a consumer drops
+// duplicates by HeaderID (delivery is at least once, and every copy of an
+// event carries the same id) and measures lateness as
+// HeaderFired - HeaderDue. Numbers are decimal strings. A client header
+// whose key starts with HeaderPrefix (any case) is rejected at Schedule, so
+// these cannot be forged.
+//
+// This file is written by hand; the generated code lives next to it.
+const (
+	// HeaderPrefix starts every header name below; Schedule rejects client
+	// headers that start with it in any case.
+	HeaderPrefix = "chime-"
+
+	HeaderID      = "chime-id"            // the event id (the idempotency key)
+	HeaderDue     = "chime-due-unix-ms"   // when the event was due, unix milliseconds
+	HeaderFired   = "chime-fired-unix-ms" // when this attempt was sent, unix milliseconds
+	HeaderAttempt = "chime-attempt"       // 1-based number of the attempt on the event's topic
+	// Only on dead-letter records.
+	HeaderTopic   = "chime-topic"   // the topic the event was meant for
+	HeaderError   = "chime-error"   // the last produce error
+	HeaderDropped = "chime-dropped" // what the record left out to fit: "value" or "value,headers"
 )
 
 // Headers are the chime-* headers of one produced record, parsed. A field
@@ -29,9 +53,10 @@ func (h Headers) Late() (late time.Duration, ok bool) {
 
 // ParseHeaders reads the chime-* headers out of a record's headers and
 // ignores the others. It takes the header slice of any Kafka client whose
-// header type is a {Key string; Value []byte} struct (this package's Header,
-// kafka-go's kafka.Header, franz-go's kgo.RecordHeader and kmsg.Header)
-// without copying it.
+// header type is a {Key string; Value []byte} struct (kafka-go's
+// kafka.Header, franz-go's kgo.RecordHeader and kmsg.Header, Chime's
+// publish.Header) without copying it, so this package links no Kafka
+// client.
 //
 // When a name repeats, the last one wins: Chime's own headers follow the
 // event's. A malformed number leaves its field zero; the other fields are
@@ -46,7 +71,7 @@ func ParseHeaders[H ~struct {
 		n, err := strconv.ParseInt(string(v), 10, 64)
 		if err != nil {
 			if firstErr == nil {
-				firstErr = fmt.Errorf("publish: header %s: %q is not a decimal integer", key, v)
+				firstErr = fmt.Errorf("chimev1: header %s: %q is not a decimal integer", key, v)
 			}
 			return 0
 		}
