@@ -96,7 +96,8 @@
 // An event is an immutable body and, once it is settled, a small status. Bodies are keyed by
 // due time: a fire batch is the events that fall due together, and reading them is a walk
 // over neighbouring keys with forward seeks (key layout 1 keyed bodies by seq, and a batch
-// due in one second was a thousand seeks all over the shard; BENCHMARKS.md). A pending event
+// due in one second was a thousand seeks all over the shard: BenchmarkReadForFire read
+// 160,000 events/s that way, 816,000 with bodies keyed by due time). A pending event
 // has no status: it is {Scheduled, due}, which the due index and the in-memory pending set
 // say, so creating an event writes three keys and settling it two (the status and the
 // due-index deletion) without rewriting the payload. The id entry holds the due time because

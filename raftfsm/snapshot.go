@@ -297,83 +297,14 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	f.mu.Lock()
 	f.restoring = true
 	f.mu.Unlock()
-
-	// The marker and the wipe commit together, flushed: a crash from here on finds the
-	// marker. Within a batch later operations win, so the marker survives the DeleteRange
-	// before it.
-	b := f.db.NewBatch()
+	if err := f.wipeForRestore(); err != nil {
+		return err
+	}
+	b, err := f.restoreFrames(r, index, term)
+	if err != nil {
+		return err
+	}
 	defer func() { _ = b.Close() }()
-	if err := b.DeleteRange(f.spanStart, f.spanEnd, nil); err != nil {
-		return err
-	}
-	if err := b.Set(f.restoringKey, nil, nil); err != nil {
-		return err
-	}
-	if err := f.st.commitFlushed(b); err != nil {
-		return err
-	}
-	_ = b.Close()
-	b = f.db.NewBatch()
-
-	key := binary.BigEndian.AppendUint32(nil, f.shard) // every frame's key goes after this
-	var val []byte
-	var frames uint64
-	sawMeta := false
-	for {
-		n, err := r.length(maxSnapshotKey)
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			break
-		}
-		key, err = r.read(key[:shardPrefixLen], n)
-		if err != nil {
-			return err
-		}
-		isMeta := key[shardPrefixLen] == tagMeta
-		switch key[shardPrefixLen] {
-		case tagBody, tagDue, tagID, tagMeta, tagStatus:
-		default:
-			return fmt.Errorf("%w: frame %d: key %x has no known tag", ErrBadSnapshot, frames, key[shardPrefixLen:])
-		}
-		if n, err = r.length(maxSnapshotValue); err != nil {
-			return err
-		}
-		if val, err = r.read(val[:0], n); err != nil {
-			return err
-		}
-		if isMeta {
-			if len(key) != shardPrefixLen+1 {
-				return fmt.Errorf("%w: frame %d: key %x is not the meta key", ErrBadSnapshot, frames, key[shardPrefixLen:])
-			}
-			m, err := decodeMeta(val)
-			if err != nil {
-				return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
-			}
-			if m.appliedIndex != index || m.appliedTerm != term {
-				return fmt.Errorf("%w: header says index %d term %d, meta says %d, %d", ErrBadSnapshot, index, term, m.appliedIndex, m.appliedTerm)
-			}
-			sawMeta = true
-		}
-		if err := b.Set(key, val, nil); err != nil {
-			return err
-		}
-		frames++
-		if b.Len() >= restoreBatchBytes {
-			if err := b.Commit(pebble.NoSync); err != nil {
-				return err
-			}
-			_ = b.Close()
-			b = f.db.NewBatch()
-		}
-	}
-	if err := r.trailer(frames); err != nil {
-		return err
-	}
-	if !sawMeta && index != 0 {
-		return fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index)
-	}
 	// Flushed: raft discards its log behind an installed snapshot, so nothing could
 	// re-create a restored state lost in a crash.
 	if err := b.Delete(f.restoringKey, nil); err != nil {
@@ -383,6 +314,110 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 		return err
 	}
 	return f.load()
+}
+
+// wipeForRestore deletes the shard's keys and sets the restore marker in one flushed
+// commit: a crash from here on finds the marker. Within a batch later operations win, so
+// the marker survives the DeleteRange before it.
+func (f *FSM) wipeForRestore() error {
+	b := f.db.NewBatch()
+	defer func() { _ = b.Close() }()
+	if err := b.DeleteRange(f.spanStart, f.spanEnd, nil); err != nil {
+		return err
+	}
+	if err := b.Set(f.restoringKey, nil, nil); err != nil {
+		return err
+	}
+	return f.st.commitFlushed(b)
+}
+
+// restoreFrames writes every frame of r into Pebble, committing (unsynced) each
+// restoreBatchBytes, checks the trailer and the meta frame against index and term, and
+// returns the batch holding the last frames, not yet committed. On error it returns no
+// batch.
+func (f *FSM) restoreFrames(r *snapReader, index, term uint64) (*pebble.Batch, error) {
+	b := f.db.NewBatch()
+	fail := func(err error) (*pebble.Batch, error) {
+		_ = b.Close()
+		return nil, err
+	}
+	key := binary.BigEndian.AppendUint32(nil, f.shard) // every frame's key goes after this
+	var val []byte
+	var frames uint64
+	sawMeta := false
+	for {
+		var last bool
+		var err error
+		if key, val, last, err = r.frame(key, val, frames); err != nil {
+			return fail(err)
+		}
+		if last {
+			break
+		}
+		if key[shardPrefixLen] == tagMeta {
+			if err := checkMetaFrame(key, val, frames, index, term); err != nil {
+				return fail(err)
+			}
+			sawMeta = true
+		}
+		if err := b.Set(key, val, nil); err != nil {
+			return fail(err)
+		}
+		frames++
+		if b.Len() >= restoreBatchBytes {
+			if err := b.Commit(pebble.NoSync); err != nil {
+				return fail(err)
+			}
+			_ = b.Close()
+			b = f.db.NewBatch()
+		}
+	}
+	if err := r.trailer(frames); err != nil {
+		return fail(err)
+	}
+	if !sawMeta && index != 0 {
+		return fail(fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index))
+	}
+	return b, nil
+}
+
+// frame reads the next frame of the stream into key (after the shard prefix it already
+// holds) and val, reusing their storage; last is set at the end of the frames. A key with no
+// known tag is refused.
+func (r *snapReader) frame(key, val []byte, frames uint64) (_, _ []byte, last bool, err error) {
+	n, err := r.length(maxSnapshotKey)
+	if err != nil || n == 0 {
+		return key, val, n == 0, err
+	}
+	if key, err = r.read(key[:shardPrefixLen], n); err != nil {
+		return key, val, false, err
+	}
+	switch key[shardPrefixLen] {
+	case tagBody, tagDue, tagID, tagMeta, tagStatus:
+	default:
+		return key, val, false, fmt.Errorf("%w: frame %d: key %x has no known tag", ErrBadSnapshot, frames, key[shardPrefixLen:])
+	}
+	if n, err = r.length(maxSnapshotValue); err != nil {
+		return key, val, false, err
+	}
+	val, err = r.read(val[:0], n)
+	return key, val, false, err
+}
+
+// checkMetaFrame checks that a meta frame is the meta key and names the snapshot's index and
+// term.
+func checkMetaFrame(key, val []byte, frames, index, term uint64) error {
+	if len(key) != shardPrefixLen+1 {
+		return fmt.Errorf("%w: frame %d: key %x is not the meta key", ErrBadSnapshot, frames, key[shardPrefixLen:])
+	}
+	m, err := decodeMeta(val)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+	}
+	if m.appliedIndex != index || m.appliedTerm != term {
+		return fmt.Errorf("%w: header says index %d term %d, meta says %d, %d", ErrBadSnapshot, index, term, m.appliedIndex, m.appliedTerm)
+	}
+	return nil
 }
 
 // snapReader checksums everything it reads, up to the checksum itself.

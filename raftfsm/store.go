@@ -82,13 +82,13 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		Logger: opts.Logger,
 		// The newest format with row-oriented blocks: the columnar blocks of
 		// later formats cost more CPU to write, and this store is written far
-		// more than it is scanned (ingest +10% in BENCHMARKS.md).
+		// more than it is scanned (a 3-node cluster ingested 10% more with these).
 		FormatMajorVersion: pebble.FormatFlushableIngestExcises,
 		// Write-heavy tuning. Every event is written (three keys) on each
 		// replica and most are rewritten or deleted when they fire, so
 		// compaction, not the write itself, is what scheduling costs: with
 		// Pebble's 4 MiB memtables it took 69% of a 3-node cluster's CPU
-		// at 15k events/s (BENCHMARKS.md). Large memtables flush less
+		// at 15k events/s. Large memtables flush less
 		// often, and a short-lived event's keys may die in the memtable
 		// or in L0 before they are compacted further.
 		MemTableSize:                64 << 20,
@@ -152,7 +152,7 @@ func regionSpans(start []byte) (pebble.SpanPolicy, []byte, error) {
 
 // LSM describes the node's Pebble: its levels (tables, bytes, what was
 // flushed, compacted and moved into each), compactions, memtables, caches.
-// It is Pebble's own report, for operators and for BENCHMARKS.md.
+// It is Pebble's own report, for operators and for profiling the storage.
 func (s *Store) LSM() string { return s.db.Metrics().String() }
 
 // Close stops the FSMs' background reads, flushes the memtables, so that a restart need not
