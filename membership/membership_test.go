@@ -248,7 +248,7 @@ func TestRestartAtNewAddressBeforeDeclaredDead(t *testing.T) {
 	a := start(t, fastConfig("a"))
 	defer a.Shutdown()
 	b := start(t, fastConfig("b", a.LocalAddr()))
-	waitView(t, a, 5*time.Second, "see b", hasMember("b", Alive, fastConfig("b").Meta))
+	waitView(t, a, 20*time.Second, "see b", hasMember("b", Alive, fastConfig("b").Meta))
 	oldAddr := b.LocalAddr()
 	if err := b.Shutdown(); err != nil {
 		t.Fatal(err)
@@ -261,7 +261,7 @@ func TestRestartAtNewAddressBeforeDeclaredDead(t *testing.T) {
 	if b2.LocalAddr() == oldAddr {
 		t.Skipf("b restarted on its old port %s by chance", oldAddr)
 	}
-	waitView(t, a, 5*time.Second, "see b back at its new address", func(v View) string {
+	waitView(t, a, 20*time.Second, "see b back at its new address", func(v View) string {
 		if mem := v.Members["b"]; mem.State != Alive || mem.GossipAddr != b2.LocalAddr() {
 			return fmt.Sprintf("b is %s at %s", mem.State, mem.GossipAddr)
 		}
@@ -306,7 +306,7 @@ func TestNodeIDConflict(t *testing.T) {
 	defer a.Shutdown()
 	b := start(t, fastConfig("b", a.LocalAddr()))
 	defer b.Shutdown()
-	waitView(t, a, 5*time.Second, "see b", hasMember("b", Alive, fastConfig("b").Meta))
+	waitView(t, a, 20*time.Second, "see b", hasMember("b", Alive, fastConfig("b").Meta))
 
 	imposter := fastConfig("b", a.LocalAddr())
 	imposter.JoinTimeout = time.Second
@@ -343,7 +343,7 @@ func TestLearnClusterParams(t *testing.T) {
 	if err != nil || p != want {
 		t.Fatalf("new node learned %v, %v; want %v", p, err, want)
 	}
-	waitView(t, a, 5*time.Second, "see n", hasMember("n", Alive, cfg.Meta))
+	waitView(t, a, 20*time.Second, "see n", hasMember("n", Alive, cfg.Meta))
 	if got := a.View().Candidates(time.Now(), time.Minute, nil); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("Candidates before n adopts the parameters = %v, want [a]", got)
 	}
@@ -357,7 +357,7 @@ func TestLearnClusterParams(t *testing.T) {
 		t.Fatalf("changing the parameters: %v, want ErrClusterParamsFixed", err)
 	}
 	adopted := fastConfig("n").Meta
-	waitView(t, a, 5*time.Second, "see n adopt the parameters", hasMember("n", Alive, adopted))
+	waitView(t, a, 20*time.Second, "see n adopt the parameters", hasMember("n", Alive, adopted))
 	if got := a.View().Candidates(time.Now(), time.Minute, nil); !slices.Equal(got, []string{"a", "n"}) {
 		t.Fatalf("Candidates after n adopts the parameters = %v, want [a n]", got)
 	}
@@ -449,7 +449,7 @@ func TestRestartedNodeWithoutSeedsIsFoundAgain(t *testing.T) {
 	cfgB.ReconnectInterval = 200 * time.Millisecond
 	b := start(t, cfgB)
 	defer b.Shutdown()
-	waitView(t, a, 5*time.Second, "see b", hasMember("b", Alive, cfgB.Meta))
+	waitView(t, a, 20*time.Second, "see b", hasMember("b", Alive, cfgB.Meta))
 	addrA := a.LocalAddr()
 	if err := a.Shutdown(); err != nil {
 		t.Fatal(err)

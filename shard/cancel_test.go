@@ -68,7 +68,7 @@ func TestCancelWhileProduceUnanswered(t *testing.T) {
 		for range 2 {
 			wg.Go(func() {
 				time.Sleep(time.Until(start.Add(at)))
-				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 				defer cancel()
 				res, err := n.host.Cancel(cctx, r.ID)
 				answers <- answer{r.ID, res.Outcome, err}
