@@ -1,4 +1,4 @@
-package publish
+package publish_test
 
 import (
 	"fmt"
@@ -8,13 +8,16 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/publish/publishtest"
 )
 
 // benchRecords returns n records of valueSize random bytes with distinct
 // ids (the keys), spread over the topic's partitions.
-func benchRecords(n, valueSize int, topic string, seq *atomic.Uint64) []Record {
+func benchRecords(n, valueSize int, topic string, seq *atomic.Uint64) []publish.Record {
 	rng := rand.New(rand.NewPCG(seq.Load(), 7))
-	recs := make([]Record, n)
+	recs := make([]publish.Record, n)
 	now := time.Now().UnixNano()
 	for i := range recs {
 		s := seq.Add(1)
@@ -22,14 +25,14 @@ func benchRecords(n, valueSize int, topic string, seq *atomic.Uint64) []Record {
 		for j := range v {
 			v[j] = byte(rng.Uint32())
 		}
-		recs[i] = Record{Seq: s, ID: fmt.Sprintf("bench-%d", s), Topic: topic, Value: v, Due: now}
+		recs[i] = publish.Record{Seq: s, ID: fmt.Sprintf("bench-%d", s), Topic: topic, Value: v, Due: now}
 	}
 	return recs
 }
 
 func benchPublish(b *testing.B, callers, batch int) {
-	c := newCluster(b, kfake.NumBrokers(1), kfake.DefaultNumPartitions(8))
-	p := newPublisher(b, c, Config{})
+	c := publishtest.NewBroker(b, kfake.DefaultNumPartitions(8))
+	p := newPublisher(b, c, publish.Config{})
 	var seq atomic.Uint64
 	// Warm up: create the topic and the connections outside the timing.
 	for _, o := range p.Publish(b.Context(), benchRecords(10, 200, "bench", &seq)) {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/chimehq/chime/publish/publishtest"
 )
 
 func TestPlan(t *testing.T) {
@@ -88,7 +90,7 @@ func (d logDirectory) LogIndex(context.Context, string, uint32) (uint64, error) 
 // good. Here the leader's log runs ahead of its applied index by barriers,
 // which raft never hands to the FSM, as it runs ahead of a restored replica.
 func TestCaughtUpComparesRaftLogs(t *testing.T) {
-	n := openNode(t, t.TempDir(), "", startBroker(t), 1)
+	n := openNode(t, t.TempDir(), "", publishtest.NewBroker(t).Addrs(), 1)
 	defer n.close()
 	s := n.host.Replica(0)
 	for range caughtUpLag + 16 {

@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/publish/publishtest"
 	"github.com/chimehq/chime/raftfsm"
 )
 
@@ -33,15 +31,10 @@ type testNode struct {
 	metrics *Metrics
 }
 
-func startBroker(t *testing.T) []string {
-	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
-}
+// startBroker and waitFor keep the names snapshots_test.go calls.
+func startBroker(t *testing.T) []string { return publishtest.NewBroker(t).Addrs() }
+
+var waitFor = publishtest.WaitFor
 
 // openNode opens shards replicas in dir, each the only voter of its shard.
 // addr "" picks new Raft addresses; a restart passes the node's addr.
@@ -75,7 +68,7 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune
 		}
 		n.host.shards = append(n.host.shards, s)
 	}
-	waitFor(t, 10*time.Second, "every shard has a leader", n.host.Ready)
+	publishtest.WaitFor(t, 30*time.Second, "every shard has a leader", n.host.Ready)
 	return n
 }
 
@@ -149,60 +142,4 @@ func (h *testHost) Close() error {
 		errs = append(errs, s.Close())
 	}
 	return errors.Join(errs...)
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// consumed is what a record said when an independent client read it.
-type consumed struct {
-	due, fired time.Time
-	attempt    string
-	value      string
-	received   time.Time // when the consumer read it
-}
-
-// consume reads topic from the start until want distinct ids arrived or the
-// deadline passed, and returns every record by chime-id (with duplicates
-// counted).
-func consume(t *testing.T, brokers []string, topic string, want int, d time.Duration) (map[string]consumed, int) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	got := make(map[string]consumed)
-	dups := 0
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	for len(got) < want && ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		now := time.Now()
-		fs.EachRecord(func(r *kgo.Record) {
-			h := map[string]string{}
-			for _, kv := range r.Headers {
-				h[kv.Key] = string(kv.Value)
-			}
-			due, _ := strconv.ParseInt(h[publish.HeaderDue], 10, 64)
-			fired, _ := strconv.ParseInt(h[publish.HeaderFired], 10, 64)
-			id := h[publish.HeaderID]
-			if _, dup := got[id]; dup {
-				dups++
-				return
-			}
-			got[id] = consumed{due: time.UnixMilli(due), fired: time.UnixMilli(fired), attempt: h[publish.HeaderAttempt],
-				value: string(r.Value), received: now}
-		})
-	}
-	return got, dups
 }

@@ -174,6 +174,10 @@ func (s *Shard) newRaft(rc *raft.Config, cache *raft.LogCache, snaps raft.Snapsh
 }
 
 func (s *Shard) closeTransport() {
+	// NetworkTransport.Close leaves its pooled connections open, and with them the peer's reader.
+	if c, ok := s.trans.(interface{ CloseStreams() }); ok {
+		c.CloseStreams()
+	}
 	if c, ok := s.trans.(raft.WithClose); ok {
 		c.Close()
 	}

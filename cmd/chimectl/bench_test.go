@@ -15,10 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/grpc"
 
 	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/publish/publishtest"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/shard/host"
@@ -28,12 +28,7 @@ import (
 // Pebble, the gRPC server and a kfake broker on loopback.
 func startNode(t *testing.T) (addr string, brokers []string) {
 	t.Helper()
-	kf, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(kf.Close)
-	brokers = kf.ListenAddrs()
+	brokers = publishtest.NewBroker(t).Addrs()
 	dir := t.TempDir()
 	store, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), raftfsm.StoreOptions{})
 	if err != nil {
@@ -52,13 +47,7 @@ func startNode(t *testing.T) (addr string, brokers []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !h.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatal("no shard leaders after 10 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	publishtest.WaitFor(t, 30*time.Second, "every shard has a leader", h.Ready)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -16,8 +16,11 @@ import (
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/rpc/rpctest"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // t0 is the time on every clock in these tests: the server's, the test
 // backend's and chimectl's.

@@ -10,28 +10,25 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/chimehq/chime/publish/publishtest"
 )
 
-// startKafka runs a kfake broker on a loopback port with topic (one
-// partition) and returns its address and a producer for it.
+// startKafka runs a broker on a loopback port with topic (one partition)
+// and returns its address and a producer for it.
 func startKafka(t *testing.T, topic string) (brokers string, producer *kgo.Client) {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.Ports(0), kfake.AllowAutoTopicCreation())
-	if err != nil {
+	b := publishtest.NewBroker(t)
+	if err := b.CreateTopic(topic, 1, nil); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(c.Close)
-	if err := c.CreateTopic(topic, 1, nil); err != nil {
-		t.Fatal(err)
-	}
-	producer, err = kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic(topic))
+	producer, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic(topic))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(producer.Close)
-	return strings.Join(c.ListenAddrs(), ","), producer
+	return strings.Join(b.Addrs(), ","), producer
 }
 
 func produce(t *testing.T, p *kgo.Client, recs ...*kgo.Record) {

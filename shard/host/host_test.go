@@ -5,16 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strconv"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/goleak"
 
 	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/publish/publishtest"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
 )
@@ -37,20 +35,10 @@ type testNode struct {
 	metrics *shard.Metrics
 }
 
-func startBroker(t *testing.T) []string {
-	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
-}
-
 func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune ...func(*shard.Tuning)) *testNode {
 	t.Helper()
 	n := openNodeUnready(t, dir, addr, brokers, shards, tune...)
-	waitFor(t, 10*time.Second, "every shard has a leader", n.host.Ready)
+	publishtest.WaitFor(t, 30*time.Second, "every shard has a leader", n.host.Ready)
 	return n
 }
 
@@ -100,61 +88,8 @@ func (n *testNode) close() {
 	}
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting until %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// consumed is what a record said when an independent client read it.
-type consumed struct {
-	due, fired time.Time
-	attempt    string
-	value      string
-}
-
-// consume reads topic from the start until want distinct ids arrived or the
-// deadline passed, and returns every record by chime-id (with duplicates
-// counted).
-func consume(t *testing.T, brokers []string, topic string, want int, d time.Duration) (map[string]consumed, int) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	got := make(map[string]consumed)
-	dups := 0
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	for len(got) < want && ctx.Err() == nil {
-		fs := cl.PollFetches(ctx)
-		fs.EachRecord(func(r *kgo.Record) {
-			h := map[string]string{}
-			for _, kv := range r.Headers {
-				h[kv.Key] = string(kv.Value)
-			}
-			due, _ := strconv.ParseInt(h[publish.HeaderDue], 10, 64)
-			fired, _ := strconv.ParseInt(h[publish.HeaderFired], 10, 64)
-			id := h[publish.HeaderID]
-			if _, dup := got[id]; dup {
-				dups++
-				return
-			}
-			got[id] = consumed{due: time.UnixMilli(due), fired: time.UnixMilli(fired), attempt: h[publish.HeaderAttempt], value: string(r.Value)}
-		})
-	}
-	return got, dups
-}
-
 func TestScheduleFireCancelRestart(t *testing.T) {
-	brokers := startBroker(t)
+	brokers := publishtest.NewBroker(t).Addrs()
 	dir := t.TempDir()
 	n := openNode(t, dir, "", brokers, 2)
 	ctx := context.Background()
@@ -195,11 +130,10 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 		t.Fatalf("cancel of an unknown id: %v", cr.Outcome)
 	}
 
-	got, _ := consume(t, brokers, "orders", 20, 10*time.Second)
-	if len(got) != 20 {
-		t.Fatalf("before restart: consumed %d records, want the 20 'soon' ones", len(got))
+	if got := publishtest.Consume(t, brokers, 20, 30*time.Second, "orders"); len(got.ByID) != 20 {
+		t.Fatalf("before restart: consumed %d records, want the 20 'soon' ones", len(got.ByID))
 	}
-	waitFor(t, 5*time.Second, "soon events marked fired", func() bool {
+	publishtest.WaitFor(t, 30*time.Second, "soon events marked fired", func() bool {
 		rec, ok, _ := n.host.Get(ctx, "soon-19")
 		return ok && rec.State == raftfsm.StateFired
 	})
@@ -213,7 +147,8 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 	n = openNode(t, dir, n.addr, brokers, 2)
 	defer n.close()
 
-	got, dups := consume(t, brokers, "orders", 30, 15*time.Second)
+	consumed := publishtest.Consume(t, brokers, 30, 30*time.Second, "orders")
+	got := consumed.ByID
 	if len(got) != 30 {
 		t.Fatalf("after restart: consumed %d distinct records, want 30", len(got))
 	}
@@ -221,19 +156,19 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 		t.Fatal("a cancelled event was produced")
 	}
 	for id, c := range got {
-		if c.fired.Before(c.due) {
-			t.Errorf("%s fired early: due %v, fired %v", id, c.due, c.fired)
+		if c.HeaderErr != nil || c.Fired.Before(c.Due) {
+			t.Errorf("%s fired early: due %v, fired %v (%v)", id, c.Due, c.Fired, c.HeaderErr)
 		}
-		if c.value != "p-"+id {
-			t.Errorf("%s: value %q", id, c.value)
+		if c.Value() != "p-"+id {
+			t.Errorf("%s: value %q", id, c.Value())
 		}
 	}
-	t.Logf("duplicates: %d", dups)
+	t.Logf("duplicates: %d", consumed.Dups)
 	rec, ok, err := n.host.Get(ctx, "later-3")
 	if err != nil || !ok {
 		t.Fatalf("get: %v %v", ok, err)
 	}
-	waitFor(t, 5*time.Second, "later events marked fired", func() bool {
+	publishtest.WaitFor(t, 30*time.Second, "later events marked fired", func() bool {
 		rec, _, _ = n.host.Get(ctx, "later-3")
 		return rec.State == raftfsm.StateFired
 	})
@@ -247,7 +182,7 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 // dev serves gRPC as soon as its port is open, and `chimectl schedule` right
 // after the start failed within 20 ms with "not the leader".
 func TestRequestsWaitForTheFirstLeader(t *testing.T) {
-	n := openNodeUnready(t, t.TempDir(), "", startBroker(t), 2, func(tu *shard.Tuning) {
+	n := openNodeUnready(t, t.TempDir(), "", publishtest.NewBroker(t).Addrs(), 2, func(tu *shard.Tuning) {
 		tu.HeartbeatTimeout, tu.ElectionTimeout = 500*time.Millisecond, 500*time.Millisecond
 	})
 	defer n.close()
