@@ -1,7 +1,7 @@
 // Package publishtest is the test kit for code that produces to Kafka: a
 // Kafka-protocol broker on loopback for one test, which can hold or refuse
 // its traffic, and one consumer that reads topics back with an independent
-// client (franz-go) and parses the chime-* headers with publish.ParseHeaders.
+// client (franz-go) and parses the chime-* headers with chimev1.ParseHeaders.
 //
 // It is for tests only: every broker and consumer it starts belongs to a
 // testing.TB and stops in that test's Cleanup, so no goroutine of this
@@ -21,7 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/chimehq/chime/publish"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
 // Broker is a kfake Kafka-protocol broker on loopback, closed when the test
@@ -175,8 +175,8 @@ func (c gatedConn) Write(p []byte) (int, error) {
 
 // Record is one record as an independent client read it.
 type Record struct {
-	publish.Headers             // its chime-* headers, parsed
-	HeaderErr       error       // what publish.ParseHeaders said of them
+	chimev1.Headers             // its chime-* headers, parsed
+	HeaderErr       error       // what chimev1.ParseHeaders said of them
 	Kafka           *kgo.Record // the record itself: topic, partition, offset, key, value, every header
 	Received        time.Time   // when the consumer read it
 }
@@ -231,7 +231,7 @@ func Collect(t testing.TB, addrs []string, topics ...string) *Collector {
 			fs := cl.PollFetches(ctx)
 			now := time.Now()
 			fs.EachRecord(func(r *kgo.Record) {
-				h, err := publish.ParseHeaders(r.Headers)
+				h, err := chimev1.ParseHeaders(r.Headers)
 				c.mu.Lock()
 				c.recs = append(c.recs, Record{Headers: h, HeaderErr: err, Kafka: r, Received: now})
 				c.mu.Unlock()
