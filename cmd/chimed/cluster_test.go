@@ -37,6 +37,10 @@ func newInProcessCluster(t *testing.T, n int) *clustertest.Cluster {
 	if testing.Short() {
 		t.Skip("starts a cluster and waits out failure detection; skipped with -short")
 	}
+	// Most of each test is waiting for due times and failure detection,
+	// so two clusters share the machine well (-parallel defaults to
+	// GOMAXPROCS, 2 here).
+	t.Parallel()
 	return clustertest.MakeCluster(t, n, clustertest.Options{Shards: clusterShards, DeadTimeout: 4 * time.Second})
 }
 
