@@ -19,7 +19,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -28,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
+	"github.com/chimehq/chime/membership/cluster/clustertest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 )
@@ -57,7 +57,7 @@ func TestMain(m *testing.M) {
 	// Every child process is waited for and every in-process node closed
 	// by the tests' cleanups, so nothing of theirs may still run.
 	if code == 0 {
-		if err := goleak.Find(); err != nil {
+		if err := clustertest.FindLeaks(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 			code = 1
 		}

@@ -3,10 +3,10 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -15,7 +15,16 @@ import (
 	"github.com/chimehq/chime/shard"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if err := FindLeaks(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // A minority partition loses the leadership of every shard it led, the
 // majority elects new leaders and keeps scheduling; after Heal the cluster
