@@ -73,6 +73,10 @@ type Config struct {
 	// BindAddr is the gossip "ip:port" (TCP and UDP). An empty ip means all
 	// interfaces; port 0 picks a free port (see LocalAddr).
 	BindAddr string
+	// Transport, when set, carries the gossip instead of sockets on
+	// BindAddr, which is then ignored, and gives this node's address (tests
+	// pass an in-memory network's transport). Shutdown shuts it down.
+	Transport memberlist.NodeAwareTransport
 	// AdvertiseAddr is the "ip:port" the others should use, if not the
 	// bound one (NAT, containers). Port 0 means the bound port.
 	AdvertiseAddr string
@@ -228,12 +232,17 @@ func Start(cfg Config) (*Membership, error) {
 	if err != nil {
 		return nil, err
 	}
-	bindIP, bindPort, err := splitIPPort("BindAddr", cfg.BindAddr)
-	if err != nil {
-		return nil, err
-	}
-	if bindIP == "" {
-		bindIP = "0.0.0.0"
+	var (
+		bindIP   string
+		bindPort int
+	)
+	if cfg.Transport == nil {
+		if bindIP, bindPort, err = splitIPPort("BindAddr", cfg.BindAddr); err != nil {
+			return nil, err
+		}
+		if bindIP == "" {
+			bindIP = "0.0.0.0"
+		}
 	}
 
 	m := &Membership{
@@ -278,6 +287,9 @@ func Start(cfg Config) (*Membership, error) {
 	mc.Events = d
 	mc.Conflict = d
 	mc.Logger = log.New(logWriter{m.log}, "", 0)
+	if cfg.Transport != nil {
+		mc.Transport = cfg.Transport
+	}
 
 	list, err := memberlist.Create(mc)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/chimehq/chime/node"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -21,7 +22,7 @@ import (
 // "Unimplemented: unknown service chime.v1.Admin" and `chimectl schedule`
 // right after the start with "Unavailable: shard: not the leader".
 func TestDevServesAdminAndWaitsForLeaders(t *testing.T) {
-	n, err := startNode(nodeConfig{
+	n, err := node.Start(node.Config{
 		NodeID: "dev", DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0",
 		Brokers: broker(t), Shards: 2, Logger: slog.New(slog.DiscardHandler), Now: time.Now,
 	})
@@ -29,7 +30,7 @@ func TestDevServesAdminAndWaitsForLeaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close(context.Background())
-	cc, err := grpc.NewClient(n.grpcAddr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +38,7 @@ func TestDevServesAdminAndWaitsForLeaders(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	ready := n.host.Ready()
+	ready := n.Host().Ready()
 	if _, err := chimev1.NewSchedulerClient(cc).Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{
 		Id: "first", Topic: "t", Payload: []byte("p"), Delay: durationpb.New(time.Hour),
 	}}); err != nil {
@@ -47,7 +48,7 @@ func TestDevServesAdminAndWaitsForLeaders(t *testing.T) {
 		t.Log("the shards had leaders before the first request: the wait was not exercised")
 	}
 
-	if err := n.waitReady(ctx); err != nil {
+	if err := n.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
 	admin := chimev1.NewAdminClient(cc)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/chimehq/chime/node"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/shard"
@@ -284,13 +285,14 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chimed: %v\n", err)
 		return 2
 	}
-	base := nodeConfig{
+	base := node.Config{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
 		Tuning:      shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
+		HTTPHandlers: registerFaultHandlers,
 	}
 	if cmd == "serve" {
 		f.nodes = 1
@@ -302,7 +304,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	if !base.Cluster {
 		base.Replication = 1
 	}
-	var nodes []*node
+	var nodes []*node.Node
 	closeAll := func(ctx context.Context) error {
 		var errs []error
 		for i := len(nodes) - 1; i >= 0; i-- {
@@ -315,10 +317,10 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		if f.nodes > 1 {
 			cfg = devNode(base, i)
 			if i > 0 {
-				cfg.Join = []string{nodes[0].ml.LocalAddr()}
+				cfg.Join = []string{nodes[0].GossipAddr()}
 			}
 		}
-		n, err := startNode(cfg)
+		n, err := node.Start(cfg)
 		if err != nil {
 			closeAll(context.Background())
 			return fail(err)
@@ -333,7 +335,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	// exited here and so kept its shards without quorum.)
 	readyCtx, cancel := context.WithTimeout(ctx, f.startupWait)
 	for _, n := range nodes {
-		if err = n.waitReady(readyCtx); err != nil {
+		if err = n.WaitReady(readyCtx); err != nil {
 			break
 		}
 	}
@@ -351,7 +353,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	for _, n := range nodes {
 		go func() {
 			select {
-			case err := <-n.serveErr:
+			case err := <-n.ServeErr():
 				serveErr <- err
 			case <-ctx.Done():
 			}
@@ -375,7 +377,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 
 // devNode derives node i of a local cluster: its own data directory, ports
 // shifted by 100*i, and the node id node-i.
-func devNode(base nodeConfig, i int) nodeConfig {
+func devNode(base node.Config, i int) node.Config {
 	cfg := base
 	cfg.NodeID = fmt.Sprintf("node-%d", i)
 	cfg.DataDir = filepath.Join(base.DataDir, cfg.NodeID)
@@ -414,28 +416,29 @@ func startBroker(addr, dataDir string) (*kfake.Cluster, error) {
 	)
 }
 
-func printBanner(w io.Writer, cmd string, nodes []*node, brokers []string, took time.Duration) {
+func printBanner(w io.Writer, cmd string, nodes []*node.Node, brokers []string, took time.Duration) {
 	kafka := strings.Join(brokers, ",")
 	if cmd == "dev" {
 		kafka += "   (embedded broker; topics are created on first use)"
 	}
 	first := nodes[0]
-	what := fmt.Sprintf("node %q", first.cfg.NodeID)
+	what := fmt.Sprintf("node %q", first.Config().NodeID)
 	if len(nodes) > 1 {
 		what = fmt.Sprintf("%d-node cluster", len(nodes))
 	}
 	fmt.Fprintf(w, "chimed %s: %s ready in %v\n", cmd, what, took.Round(time.Millisecond))
 	for _, n := range nodes {
+		cfg := n.Config()
 		if len(nodes) > 1 {
-			fmt.Fprintf(w, "  %s\n", n.cfg.NodeID)
+			fmt.Fprintf(w, "  %s\n", cfg.NodeID)
 		}
-		fmt.Fprintf(w, "  gRPC   %s   (chime.v1.Scheduler, server reflection on)\n", n.grpcAddr)
-		fmt.Fprintf(w, "  HTTP   http://%s   (/healthz /readyz /metrics)\n", n.httpAddr)
-		fmt.Fprintf(w, "  Raft   %s\n", n.raftAddr)
-		if n.ml != nil {
-			fmt.Fprintf(w, "  gossip %s\n", n.ml.LocalAddr())
+		fmt.Fprintf(w, "  gRPC   %s   (chime.v1.Scheduler, server reflection on)\n", n.GRPCAddr())
+		fmt.Fprintf(w, "  HTTP   http://%s   (/healthz /readyz /metrics)\n", n.HTTPAddr())
+		fmt.Fprintf(w, "  Raft   %s\n", n.RaftAddr())
+		if g := n.GossipAddr(); g != "" {
+			fmt.Fprintf(w, "  gossip %s\n", g)
 		}
-		fmt.Fprintf(w, "  data   %s   (%d shards, replication %d)\n", n.cfg.DataDir, n.cfg.Shards, n.cfg.Replication)
+		fmt.Fprintf(w, "  data   %s   (%d shards, replication %d)\n", cfg.DataDir, cfg.Shards, cfg.Replication)
 	}
 	fmt.Fprintf(w, "  Kafka  %s\n", kafka)
 	fmt.Fprintf(w, `
@@ -444,8 +447,8 @@ Try it:
   go run ./cmd/chimectl --addr %[1]s schedule --topic demo --in 2s --payload hello
   grpcurl -plaintext -d '{"event":{"topic":"demo","delay":"2s","payload":"aGVsbG8="}}' %[1]s chime.v1.Scheduler/Schedule
   kcat -C -b %[2]s -t demo -f '%%s  %%h\n'
-`, first.grpcAddr, brokers[0])
+`, first.GRPCAddr(), brokers[0])
 	if len(nodes) > 1 {
-		fmt.Fprintf(w, "  go run ./cmd/chimectl --addr %s status\n", first.grpcAddr)
+		fmt.Fprintf(w, "  go run ./cmd/chimectl --addr %s status\n", first.GRPCAddr())
 	}
 }

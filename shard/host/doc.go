@@ -4,8 +4,9 @@
 //
 // # What it owns
 //
-//   - The node's Raft port (a raftmux.Mux over Config.RaftListener) and one
-//     shard.Shard per replica on this node, opened in parallel at Open.
+//   - The node's Raft port (a raftmux.Mux over Config.RaftListener, or, in
+//     tests, one Config.Transport per shard) and one shard.Shard per replica
+//     on this node, opened in parallel at Open.
 //   - Routing: an id goes to shard.For(id, Shards) (chimev1.ShardOf); ScheduleByShard splits a
 //     batch by shard and proposes the parts in parallel. A request that meets
 //     a shard without a leader waits for one (AwaitLeader, at most

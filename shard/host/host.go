@@ -31,8 +31,13 @@ type Config struct {
 	// address peers dial (default: the listener's address).
 	RaftListener  net.Listener
 	RaftAdvertise string
-	Store         *raftfsm.Store
-	Publisher     *publish.Publisher
+	// Transport, when set, gives each shard its own Raft transport instead
+	// of a stream layer of the Raft port, and RaftListener must be nil
+	// (tests pass raft's in-memory transports). RaftAdvertise is required
+	// with it.
+	Transport func(shard uint32) (raft.Transport, error)
+	Store     *raftfsm.Store
+	Publisher *publish.Publisher
 	// Bootstrap creates every shard that has no Raft state yet with this
 	// node as its only voter: the first node of a new cluster, or a single
 	// node. Other nodes start empty and receive replicas from the leaders.
@@ -69,12 +74,17 @@ func Open(cfg Config) (*Host, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if cfg.RaftAdvertise == "" {
-		cfg.RaftAdvertise = cfg.RaftListener.Addr().String()
-	}
-	h := &Host{
-		cfg: cfg, mux: raftmux.New(cfg.RaftListener, cfg.Logger), shards: make(map[uint32]*shard.Shard),
-		stop: make(chan struct{}), done: make(chan struct{}),
+	h := &Host{cfg: cfg, shards: make(map[uint32]*shard.Shard), stop: make(chan struct{}), done: make(chan struct{})}
+	switch {
+	case (cfg.Transport == nil) == (cfg.RaftListener == nil):
+		return nil, errors.New("host: exactly one of Config.RaftListener and Config.Transport must be set")
+	case cfg.Transport != nil && cfg.RaftAdvertise == "":
+		return nil, errors.New("host: Config.RaftAdvertise is required with Config.Transport")
+	case cfg.Transport == nil:
+		if cfg.RaftAdvertise == "" {
+			h.cfg.RaftAdvertise = cfg.RaftListener.Addr().String()
+		}
+		h.mux = raftmux.New(cfg.RaftListener, cfg.Logger)
 	}
 	if err := shard.FinishReleases(cfg.Store, cfg.Shards, h.shardDir); err != nil {
 		close(h.done)
@@ -127,7 +137,16 @@ func (h *Host) shardDir(id uint32) string {
 // with no Raft state starts with this node as its only voter; without, it
 // waits for the shard's leader to add it.
 func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
-	layer, err := h.mux.Layer(id)
+	var (
+		layer     raft.StreamLayer
+		transport raft.Transport
+		err       error
+	)
+	if h.cfg.Transport != nil {
+		transport, err = h.cfg.Transport(id)
+	} else {
+		layer, err = h.mux.Layer(id)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -138,11 +157,15 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	cfg := h.cfg
 	s, err := shard.Open(shard.Config{
 		ID: id, NodeID: cfg.NodeID, Dir: h.shardDir(id),
-		Store: cfg.Store, Layer: layer, Publisher: cfg.Publisher, Bootstrap: voters,
+		Store: cfg.Store, Layer: layer, Transport: transport, Publisher: cfg.Publisher, Bootstrap: voters,
 		Directory: cfg.Directory, Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
 	})
 	if err != nil {
-		layer.Close()
+		if layer != nil {
+			layer.Close()
+		} else if c, ok := transport.(interface{ Close() error }); ok {
+			c.Close()
+		}
 		return nil, err
 	}
 	h.mu.Lock()
@@ -195,8 +218,10 @@ func (h *Host) Close() error {
 		}()
 	}
 	wg.Wait()
-	if err := h.mux.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
-		errs = append(errs, err)
+	if h.mux != nil {
+		if err := h.mux.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

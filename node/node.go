@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -31,8 +33,9 @@ import (
 	"github.com/chimehq/chime/shard/host"
 )
 
-// nodeConfig is everything one chimed node needs, from flags.
-type nodeConfig struct {
+// Config is everything one node needs: chimed fills it from flags, tests
+// (membership/cluster/clustertest) from their options.
+type Config struct {
 	NodeID   string
 	DataDir  string
 	GRPCAddr string
@@ -58,13 +61,26 @@ type nodeConfig struct {
 	Join        []string
 	Replication int
 	DeadTimeout time.Duration
+
+	// RaftTransport, when set, gives each shard its Raft transport instead
+	// of the Raft port on RaftAddr (none is bound); RaftAdvertise is then the
+	// node's Raft address as the others know it. Tests pass raft's in-memory
+	// transports.
+	RaftTransport func(shard uint32) (raft.Transport, error)
+	RaftAdvertise string
+	// GossipTransport, when set, carries the gossip instead of GossipAddr
+	// (tests pass an in-memory network's transport).
+	GossipTransport memberlist.NodeAwareTransport
+	// HTTPHandlers, when set, adds handlers to the HTTP port's mux (chimed's
+	// fault-test builds add the clock offset).
+	HTTPHandlers func(*http.ServeMux)
 }
 
-// node is a running chimed: Pebble, the shard host, the publisher, the
+// Node is a running node: Pebble, the shard host, the publisher, the
 // membership (in cluster mode), and the gRPC and HTTP servers. Close stops
 // them in dependency order.
-type node struct {
-	cfg     nodeConfig
+type Node struct {
+	cfg     Config
 	store   *raftfsm.Store
 	pub     *publish.Publisher
 	ml      *membership.Membership
@@ -73,8 +89,9 @@ type node struct {
 	grpc    *grpc.Server
 	http    *http.Server
 
-	grpcAddr, httpAddr, raftAddr net.Addr
-	serveErr                     chan error
+	grpcAddr, httpAddr net.Addr
+	raftAddr           string
+	serveErr           chan error
 }
 
 // clusterMeta is written once, when the data directory is created, so that a
@@ -123,8 +140,11 @@ func listen(flag, addr string) (net.Listener, error) {
 	return ln, nil
 }
 
-func startNode(cfg nodeConfig) (_ *node, err error) {
-	n := &node{cfg: cfg, serveErr: make(chan error, 2)}
+// Start starts a node on cfg.DataDir, creating it or joining a cluster if
+// the directory is new. It does not wait for shard leaders (see WaitReady):
+// requests that arrive before them wait within host.LeaderWait.
+func Start(cfg Config) (_ *Node, err error) {
+	n := &Node{cfg: cfg, serveErr: make(chan error, 2)}
 	var lns []net.Listener // closed on failure until a server owns them
 	defer func() {
 		if err != nil {
@@ -137,11 +157,16 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
-	raftLn, err := listen("raft-addr", cfg.RaftAddr)
-	if err != nil {
-		return nil, err
+	var raftLn net.Listener
+	if cfg.RaftTransport == nil {
+		if raftLn, err = listen("raft-addr", cfg.RaftAddr); err != nil {
+			return nil, err
+		}
+		lns = append(lns, raftLn)
+		n.raftAddr = raftLn.Addr().String()
+	} else {
+		n.raftAddr = cfg.RaftAdvertise
 	}
-	lns = append(lns, raftLn)
 	grpcLn, err := listen("grpc-addr", cfg.GRPCAddr)
 	if err != nil {
 		return nil, err
@@ -152,7 +177,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 		return nil, err
 	}
 	lns = append(lns, httpLn)
-	n.raftAddr, n.grpcAddr, n.httpAddr = raftLn.Addr(), grpcLn.Addr(), httpLn.Addr()
+	n.grpcAddr, n.httpAddr = grpcLn.Addr(), httpLn.Addr()
 
 	meta, existed, err := loadMeta(cfg.DataDir)
 	if err != nil {
@@ -196,7 +221,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	reg.MustRegister(n.pub.Collector())
 	hc := host.Config{
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
-		RaftListener: raftLn, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
+		RaftListener: raftLn, RaftAdvertise: cfg.RaftAdvertise, Transport: cfg.RaftTransport, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
 		// Only the node that creates the cluster starts shards alone, and
 		// only then: a restarted node must never found a second group.
@@ -208,7 +233,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 		Logger: cfg.Logger.With("component", "cluster"),
 		// Without gossip (chimed dev) the cluster is this node alone: the
 		// Admin API answers for it, and the host has no Directory.
-		Self: membership.Meta{NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr.String(), HTTPAddr: n.httpAddr.String()},
+		Self: membership.Meta{NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr, HTTPAddr: n.httpAddr.String()},
 	}
 	if n.ml != nil {
 		cc.Membership = n.ml
@@ -224,7 +249,9 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	if n.host, err = host.Open(hc); err != nil {
 		return nil, err
 	}
-	lns = lns[1:] // the host owns the Raft listener now
+	if raftLn != nil {
+		lns = lns[1:] // the host owns the Raft listener now
+	}
 	reg.MustRegister(n.host.Collector())
 	n.cluster.SetHost(n.host)
 	if backend == nil {
@@ -255,7 +282,9 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("/debug/pebble", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, n.store.LSM()) })
-	registerFaultHandlers(mux)
+	if cfg.HTTPHandlers != nil {
+		cfg.HTTPHandlers(mux)
+	}
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := n.http.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
@@ -270,7 +299,7 @@ func startNode(cfg nodeConfig) (_ *node, err error) {
 // that joins learns them from the members, the node that creates a cluster
 // takes them from its flags, and a node with stored parameters checks that
 // the members agree.
-func (n *node) joinCluster(cfg nodeConfig, meta clusterMeta, existed bool) (clusterMeta, error) {
+func (n *Node) joinCluster(cfg Config, meta clusterMeta, existed bool) (clusterMeta, error) {
 	creating := !existed && len(cfg.Join) == 0
 	if creating {
 		meta.ClusterID = newClusterID()
@@ -289,10 +318,10 @@ func (n *node) joinCluster(cfg nodeConfig, meta clusterMeta, existed bool) (clus
 	var err error
 	n.ml, err = membership.Start(membership.Config{
 		Meta: membership.Meta{
-			NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr.String(), HTTPAddr: n.httpAddr.String(),
+			NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr, HTTPAddr: n.httpAddr.String(),
 			ClusterID: params.ClusterID, Shards: params.Shards, Replication: params.Replication,
 		},
-		BindAddr: cfg.GossipAddr, Join: join, Peers: peers, Logger: cfg.Logger.With("component", "membership"),
+		BindAddr: cfg.GossipAddr, Transport: cfg.GossipTransport, Join: join, Peers: peers, Logger: cfg.Logger.With("component", "membership"),
 	})
 	if err != nil {
 		return meta, err
@@ -337,8 +366,8 @@ func newClusterID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// waitReady blocks until every shard has a leader.
-func (n *node) waitReady(ctx context.Context) error {
+// WaitReady blocks until every shard has a leader.
+func (n *Node) WaitReady(ctx context.Context) error {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for !n.host.Ready() {
@@ -354,7 +383,7 @@ func (n *node) waitReady(ctx context.Context) error {
 // Close stops the node gracefully: stop taking requests (letting those in
 // progress finish), stop the shards (firing batches finish and record their
 // results through Raft), then the publisher and Pebble.
-func (n *node) Close(ctx context.Context) error {
+func (n *Node) Close(ctx context.Context) error {
 	var errs []error
 	if n.ml != nil {
 		// Tell the others first: a member that left is not suspected, and
@@ -409,3 +438,31 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
 	os.Exit(1)
 }
+
+// Config returns the node's configuration, with the shard count and
+// replication fixed when its cluster was created.
+func (n *Node) Config() Config { return n.cfg }
+
+// GRPCAddr is the address the gRPC API listens on.
+func (n *Node) GRPCAddr() string { return n.grpcAddr.String() }
+
+// HTTPAddr is the address of /healthz, /readyz and /metrics.
+func (n *Node) HTTPAddr() string { return n.httpAddr.String() }
+
+// RaftAddr is the node's Raft address as the others know it.
+func (n *Node) RaftAddr() string { return n.raftAddr }
+
+// GossipAddr is the node's gossip address, or "" without gossip.
+func (n *Node) GossipAddr() string {
+	if n.ml == nil {
+		return ""
+	}
+	return n.ml.LocalAddr()
+}
+
+// Host returns the node's shard replicas.
+func (n *Node) Host() *host.Host { return n.host }
+
+// ServeErr delivers an error from the gRPC or HTTP server that stopped
+// serving on its own.
+func (n *Node) ServeErr() <-chan error { return n.serveErr }

@@ -1,0 +1,39 @@
+// Package node assembles one Chime node from its parts and runs it: Pebble,
+// the Kafka publisher, the shard host, gossip and the control plane (in
+// cluster mode), and the gRPC and HTTP servers. chimed runs it from flags;
+// membership/cluster/clustertest runs several in one process.
+//
+// # What it owns
+//
+//   - The data directory's layout and cluster.json, written once when the
+//     directory is created, so that a restart cannot change the shard count,
+//     the replication or the node id fixed then.
+//   - Joining: a new node learns the cluster's parameters from the members'
+//     gossip; a node with data checks that the members agree, and reaches the
+//     members it knew (peers.json) without needing a seed to answer.
+//   - Start and Close order: Close leaves the gossip first (a member that left
+//     is not suspected), stops taking requests, then closes the shards, the
+//     control plane, gossip, the publisher and Pebble.
+//
+// # What it must never do
+//
+//   - Parse flags or exit the process (but for Pebble's fatal log line):
+//     errors go to the caller, which names the flag.
+//   - Bootstrap a shard on a node that has data or was told to join: only
+//     the node that creates a cluster starts shards alone, and only then.
+//   - Wait for shard leaders in Start: a node whose peers are down must still
+//     start and serve, as it is part of what brings their quorum back.
+//
+// # Goroutines
+//
+//   - The gRPC and HTTP servers' Serve loops, started by Start, ended by
+//     Close; an error from either arrives on ServeErr.
+//   - Everything else belongs to the parts (host, cluster, membership,
+//     publish), each stopped by Close.
+//
+// # Injection for tests
+//
+// Config.RaftTransport and Config.GossipTransport replace the Raft port and
+// the gossip sockets with in-memory networks; everything else is the
+// production code path.
+package node
