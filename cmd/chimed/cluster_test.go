@@ -11,12 +11,12 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/chimehq/chime/membership/cluster/clustertest"
+	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
 )
 
-// The cluster tests run the control plane in-process on clustertest: real
+// The cluster tests run the control plane in-process on nodetest: real
 // nodes (package node: Pebble, Raft, memberlist, the control plane, gRPC on
 // loopback) on in-memory Raft and gossip networks, publishing to a kfake
 // broker, with acknowledged events in flight through every change, and
@@ -36,7 +36,7 @@ const failover = 5 * time.Second
 // another: most of each test is waiting for due times and failure
 // detection, so two clusters share the machine well (-parallel defaults to
 // GOMAXPROCS, 2 here).
-func newInProcessCluster(t *testing.T, n int, parallel bool) *clustertest.Cluster {
+func newInProcessCluster(t *testing.T, n int, parallel bool) *nodetest.Cluster {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a cluster and waits out failure detection; skipped with -short")
@@ -44,12 +44,12 @@ func newInProcessCluster(t *testing.T, n int, parallel bool) *clustertest.Cluste
 	if parallel {
 		t.Parallel()
 	}
-	return clustertest.MakeCluster(t, n, clustertest.Options{Shards: clusterShards, DeadTimeout: 4 * time.Second})
+	return nodetest.MakeCluster(t, n, nodetest.Options{Shards: clusterShards, DeadTimeout: 4 * time.Second})
 }
 
 // workload schedules n events through every node in turn, with due times
 // spread over the next spread, and returns their due times by id.
-func workload(t *testing.T, c *clustertest.Cluster, prefix string, n int, spread time.Duration) map[string]time.Time {
+func workload(t *testing.T, c *nodetest.Cluster, prefix string, n int, spread time.Duration) map[string]time.Time {
 	t.Helper()
 	due := map[string]time.Time{}
 	ids := c.IDs()
@@ -118,14 +118,14 @@ func TestClusterLeaderKilled(t *testing.T) {
 	}
 	due := workload(t, c, "kill", 3000, 8*time.Second)
 	// Some events fire before the kill, the rest after.
-	clustertest.WaitFor(t, 10*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		got, _ := col.byID()
 		return len(got) > 0, "a first event in Kafka"
 	})
 	c.Node(victim).Kill()
 	killed := time.Now()
 
-	clustertest.WaitFor(t, failover, func() (bool, string) {
+	nodetest.WaitFor(t, failover, func() (bool, string) {
 		for _, id := range led {
 			if l := c.Leader(id); l == "" || l == victim {
 				return false, fmt.Sprintf("shard %d, led by the killed %s, has leader %q", id, victim, l)
@@ -165,13 +165,13 @@ func TestClusterNodeJoins(t *testing.T) {
 		}
 	}
 	if holds == 0 {
-		t.Fatalf("the new node holds no replica: %s", clustertest.Describe(st))
+		t.Fatalf("the new node holds no replica: %s", nodetest.Describe(st))
 	}
 	// Leaders end balanced within one of even (the balancer acts for a
 	// while after the membership change).
 	even := float64(clusterShards) / 4
-	clustertest.WaitFor(t, 30*time.Second, func() (bool, string) {
-		if s := c.Status("n4"); clustertest.Converged(s, clusterShards) {
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		if s := c.Status("n4"); nodetest.Converged(s, clusterShards) {
 			st = s
 		}
 		counts := leaderCounts(st)
@@ -196,7 +196,7 @@ func TestClusterDrain(t *testing.T) {
 	ids := c.IDs()
 	target := ids[2]
 	adm := c.Node(ids[0]).Admin() // any node answers and forwards
-	clustertest.WaitFor(t, 60*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 60*time.Second, func() (bool, string) {
 		resp, err := adm.Drain(context.Background(), &chimev1.DrainRequest{Node: target})
 		return err == nil && resp.SafeToStop, fmt.Sprintf("drain of %s safe to stop: %v %v", target, resp, err)
 	})
@@ -206,7 +206,7 @@ func TestClusterDrain(t *testing.T) {
 	before := c.WaitSettled(30 * time.Second)
 	for _, s := range before.Shards {
 		if slices.Contains(s.Voters, target) || slices.Contains(s.Nonvoters, target) || s.Leader == target {
-			t.Fatalf("drained %s still in shard %d: %s", target, s.Id, clustertest.Describe(before))
+			t.Fatalf("drained %s still in shard %d: %s", target, s.Id, nodetest.Describe(before))
 		}
 	}
 	terms := clusterTerms(t, c, ids[0], ids[1])
@@ -228,7 +228,7 @@ func TestClusterDrain(t *testing.T) {
 }
 
 // clusterTerms returns each replica's Raft term on the given nodes.
-func clusterTerms(t *testing.T, c *clustertest.Cluster, nodes ...string) map[string]uint64 {
+func clusterTerms(t *testing.T, c *nodetest.Cluster, nodes ...string) map[string]uint64 {
 	t.Helper()
 	out := map[string]uint64{}
 	for _, n := range nodes {
@@ -259,13 +259,13 @@ func TestClusterDeadNodeReplaced(t *testing.T) {
 	c.Node(victim).Kill()
 	// Past the 4 s dead timeout, every shard is back to three voters, none
 	// of them the dead node.
-	clustertest.WaitFor(t, 60*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 60*time.Second, func() (bool, string) {
 		st = c.Status("")
-		ok := clustertest.Converged(st, clusterShards)
+		ok := nodetest.Converged(st, clusterShards)
 		for _, s := range st.GetShards() {
 			ok = ok && len(s.Voters) == 3 && !slices.Contains(s.Voters, victim)
 		}
-		return ok, fmt.Sprintf("shards back to three live voters after %s died: %s", victim, clustertest.Describe(st))
+		return ok, fmt.Sprintf("shards back to three live voters after %s died: %s", victim, nodetest.Describe(st))
 	})
 	t.Logf("%s died; every shard back to three voters without it", victim)
 	checkFired(t, col, due)
@@ -311,16 +311,16 @@ func TestClusterSeedRestartsAlone(t *testing.T) {
 	ids := c.IDs()
 	seed, other := c.Node(ids[0]), ids[1]
 	seed.Kill()
-	clustertest.WaitFor(t, 30*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
 		st := c.Status(other)
 		dead := false
 		for _, m := range st.GetMembers() {
 			dead = dead || (m.Id == seed.ID && m.State == "dead")
 		}
-		return dead, fmt.Sprintf("%s sees %s dead: %s", other, seed.ID, clustertest.Describe(st))
+		return dead, fmt.Sprintf("%s sees %s dead: %s", other, seed.ID, nodetest.Describe(st))
 	})
 	seed.Restart() // as before: no --join
-	clustertest.WaitFor(t, 30*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
 		st := c.Status(seed.ID)
 		alive := 0
 		for _, m := range st.GetMembers() {
@@ -328,6 +328,6 @@ func TestClusterSeedRestartsAlone(t *testing.T) {
 				alive++
 			}
 		}
-		return alive == 3 && clustertest.Converged(st, clusterShards), "the restarted seed rejoined the others: " + clustertest.Describe(st)
+		return alive == 3 && nodetest.Converged(st, clusterShards), "the restarted seed rejoined the others: " + nodetest.Describe(st)
 	})
 }

@@ -26,8 +26,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
 	"github.com/chimehq/chime/cmd/internal/latency"
-	"github.com/chimehq/chime/membership/cluster/clustertest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -56,7 +56,7 @@ func TestMain(m *testing.M) {
 	// Every child process is waited for and every in-process node closed
 	// by the tests' cleanups, so nothing of theirs may still run.
 	if code == 0 {
-		if err := clustertest.FindLeaks(); err != nil {
+		if err := nodetest.FindLeaks(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
 			code = 1
 		}

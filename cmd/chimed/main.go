@@ -24,7 +24,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/chimehq/chime/node"
+	"github.com/chimehq/chime/cmd/chimed/node"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/shard"

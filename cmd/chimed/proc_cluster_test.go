@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/chimehq/chime/membership/cluster/clustertest"
+	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
 )
@@ -86,9 +86,9 @@ func (c *cluster) waitConverged(d time.Duration, from ...string) *chimev1.Status
 		from = c.order[:1]
 	}
 	var st *chimev1.StatusResponse
-	clustertest.WaitFor(c.t, d, func() (bool, string) {
+	nodetest.WaitFor(c.t, d, func() (bool, string) {
 		st = c.status(from[0])
-		return clustertest.Converged(st, clusterShards), "cluster converged: " + clustertest.Describe(st)
+		return nodetest.Converged(st, clusterShards), "cluster converged: " + nodetest.Describe(st)
 	})
 	return st
 }
@@ -98,13 +98,13 @@ func (c *cluster) waitConverged(d time.Duration, from ...string) *chimev1.Status
 func (c *cluster) waitSettled(d time.Duration) *chimev1.StatusResponse {
 	c.t.Helper()
 	var st *chimev1.StatusResponse
-	clustertest.WaitFor(c.t, d, func() (bool, string) {
+	nodetest.WaitFor(c.t, d, func() (bool, string) {
 		st = c.status(c.order[0])
-		settled := clustertest.Converged(st, clusterShards)
+		settled := nodetest.Converged(st, clusterShards)
 		for _, s := range st.GetShards() {
 			settled = settled && s.Leader == s.Desired[0]
 		}
-		return settled, "every shard on its preferred leader: " + clustertest.Describe(st)
+		return settled, "every shard on its preferred leader: " + nodetest.Describe(st)
 	})
 	return st
 }
@@ -142,10 +142,10 @@ func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
 	}
 	c.nodes[leader].cmd.Process.Signal(syscall.SIGSTOP)
 	defer c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT)
-	clustertest.WaitFor(t, 15*time.Second, func() (bool, string) {
+	nodetest.WaitFor(t, 15*time.Second, func() (bool, string) {
 		st := c.status(other)
 		return st != nil && st.Shards[s].Leader != "" && st.Shards[s].Leader != leader,
-			fmt.Sprintf("a new leader for shard %d while %s is paused: %s", s, leader, clustertest.Describe(st))
+			fmt.Sprintf("a new leader for shard %d while %s is paused: %s", s, leader, nodetest.Describe(st))
 	})
 	for _, id := range ids {
 		if _, err := c.nodes[other].client().Cancel(context.Background(), &chimev1.CancelRequest{Id: id}); err != nil {

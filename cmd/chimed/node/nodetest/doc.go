@@ -1,4 +1,4 @@
-// Package clustertest runs Chime clusters inside a test process, in the
+// Package nodetest runs Chime clusters inside a test process, in the
 // manner of hashicorp/raft's testing.go (MakeCluster, Partition): each node
 // is the production assembly (package node) with real Pebble in a temporary
 // directory, real Raft on raft's in-memory transport, real memberlist on an
@@ -33,4 +33,4 @@
 // the test's cleanup call; the in-memory networks start no goroutines (a
 // gossip dial waits for the receiver or its timeout). The package's tests
 // check with goleak that nothing is left running.
-package clustertest
+package nodetest

@@ -34,7 +34,7 @@ import (
 )
 
 // Config is everything one node needs: chimed fills it from flags, tests
-// (membership/cluster/clustertest) from their options.
+// (membership/cluster/nodetest) from their options.
 type Config struct {
 	NodeID   string
 	DataDir  string

@@ -1,4 +1,4 @@
-package clustertest
+package nodetest
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/chimehq/chime/node"
+	"github.com/chimehq/chime/cmd/chimed/node"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/rpc"
@@ -135,7 +135,7 @@ func (c *Cluster) Add(id string) *Node {
 	c.mu.Lock()
 	if _, ok := c.nodes[id]; ok {
 		c.mu.Unlock()
-		c.t.Fatalf("clustertest: node %s exists", id)
+		c.t.Fatalf("nodetest: node %s exists", id)
 	}
 	n := &Node{ID: id, c: c, dataDir: filepath.Join(c.dir, id), grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0"}
 	var join []string
@@ -159,7 +159,7 @@ func (c *Cluster) Node(id string) *Node {
 	defer c.mu.Unlock()
 	n := c.nodes[id]
 	if n == nil {
-		c.t.Fatalf("clustertest: no node %s", id)
+		c.t.Fatalf("nodetest: no node %s", id)
 	}
 	return n
 }
@@ -194,7 +194,7 @@ func (n *Node) start(join []string) {
 	nn, err := node.Start(cfg)
 	if err != nil {
 		gt.Shutdown()
-		c.t.Fatalf("clustertest: starting %s: %v", n.ID, err)
+		c.t.Fatalf("nodetest: starting %s: %v", n.ID, err)
 	}
 	n.mu.Lock()
 	n.n, n.gossipAddr, n.grpcAddr, n.httpAddr = nn, gt.addr, nn.GRPCAddr(), nn.HTTPAddr()
@@ -214,7 +214,7 @@ func (n *Node) Running() *node.Node {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.n == nil {
-		n.c.t.Fatalf("clustertest: node %s is down", n.ID)
+		n.c.t.Fatalf("nodetest: node %s is down", n.ID)
 	}
 	return n.n
 }
@@ -224,7 +224,7 @@ func (n *Node) Running() *node.Node {
 func (n *Node) Restart() {
 	n.c.t.Helper()
 	if n.Up() {
-		n.c.t.Fatalf("clustertest: node %s is up", n.ID)
+		n.c.t.Fatalf("nodetest: node %s is up", n.ID)
 	}
 	n.start(nil)
 }
@@ -273,7 +273,7 @@ func (n *Node) close(graceful bool) {
 		cancel() // in-flight requests are cut off, not waited for
 	}
 	if err := nn.Close(ctx); err != nil && graceful {
-		n.c.t.Errorf("clustertest: stopping %s: %v", n.ID, err)
+		n.c.t.Errorf("nodetest: stopping %s: %v", n.ID, err)
 	}
 }
 

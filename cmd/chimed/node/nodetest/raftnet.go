@@ -1,4 +1,4 @@
-package clustertest
+package nodetest
 
 import (
 	"fmt"
@@ -52,7 +52,7 @@ func (n *raftNet) transport(addr string, id uint32) (raft.Transport, error) {
 		n.shards[id] = peers
 	}
 	if _, ok := peers[addr]; ok {
-		return nil, fmt.Errorf("clustertest: node %s already has an open replica of shard %d", addr, id)
+		return nil, fmt.Errorf("nodetest: node %s already has an open replica of shard %d", addr, id)
 	}
 	_, it := raft.NewInmemTransport(raft.ServerAddress(addr))
 	t := &inmemTransport{InmemTransport: it, net: n, shard: id}

@@ -1,4 +1,4 @@
-package clustertest
+package nodetest
 
 import (
 	"bytes"
@@ -45,7 +45,7 @@ func (n *gossipNet) transport(addr string) (*gossipTransport, error) {
 		addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(n.port))
 	}
 	if _, ok := n.nodes[addr]; ok {
-		return nil, fmt.Errorf("clustertest: gossip address %s is in use", addr)
+		return nil, fmt.Errorf("nodetest: gossip address %s is in use", addr)
 	}
 	t := &gossipTransport{
 		net: n, addr: addr, packets: make(chan *memberlist.Packet, packetBuffer),
@@ -143,7 +143,7 @@ func (t *gossipTransport) DialTimeout(addr string, timeout time.Duration) (net.C
 }
 
 // errUnreachable is what a dial to a node that is down or cut off gets.
-var errUnreachable = errors.New("clustertest: gossip address unreachable")
+var errUnreachable = errors.New("nodetest: gossip address unreachable")
 
 func (t *gossipTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
 	dest := t.net.reach(t.addr, a.Addr)

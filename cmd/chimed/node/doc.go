@@ -1,7 +1,7 @@
 // Package node assembles one Chime node from its parts and runs it: Pebble,
 // the Kafka publisher, the shard host, gossip and the control plane (in
 // cluster mode), and the gRPC and HTTP servers. chimed runs it from flags;
-// membership/cluster/clustertest runs several in one process.
+// its test kit, nodetest, runs several in one process.
 //
 // # What it owns
 //
