@@ -45,6 +45,7 @@ for _ in $(seq 1 50); do
   sleep 0.1
 done
 ctl get qs-1 --json | grep '"state":"fired"' >/dev/null || fail "qs-1 not marked fired"
+ctl status || fail "chimectl status against chimed dev"
 
 echo "== grpcurl and kcat"
 # (grep reads all of its input here: with grep -q, a command still writing

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -17,49 +18,61 @@ import (
 // its /metrics exports (the Prometheus process collector):
 // process_cpu_seconds_total and process_resident_memory_bytes. It works for
 // any node bench can reach, local or not.
+//
+// Several nodes can share one process (chimed dev --nodes 3), and each of
+// their /metrics then reports that process: a process is counted once, known
+// by its host and its process_start_time_seconds.
 type nodeCost struct {
 	addrs  []string // host:port of each node's HTTP server
 	client *http.Client
 
 	mu sync.Mutex
-	// CPU seconds of each address at its first and latest answered
-	// sample: a node that misses a sample costs nothing in the sum.
+	// CPU seconds of each process at its first and latest answered
+	// sample: a process that misses a sample costs nothing in the sum.
 	firstCPU, lastCPU map[string]float64
-	peakRSS           int64 // the largest RSS any one node had at a sample
+	addrOf            map[string]string // a process's first address
+	peakRSS           int64             // the largest RSS any one process had at a sample
 }
 
 func newNodeCost(addrs []string) *nodeCost {
 	return &nodeCost{addrs: addrs, client: &http.Client{Timeout: 2 * time.Second},
-		firstCPU: map[string]float64{}, lastCPU: map[string]float64{}}
+		firstCPU: map[string]float64{}, lastCPU: map[string]float64{}, addrOf: map[string]string{}}
 }
 
 // sample reads every node once and returns the CPU seconds so far and the
 // resident memory now, summed over the nodes that answered.
 func (m *nodeCost) sample(ctx context.Context) (cpu float64, rss int64) {
 	type reading struct {
-		addr     string
-		cpu, rss float64
-		err      error
+		addr            string
+		cpu, rss, start float64
+		err             error
 	}
 	out := make([]reading, len(m.addrs))
 	var wg sync.WaitGroup
 	for i, addr := range m.addrs {
 		wg.Go(func() {
 			out[i].addr = addr
-			out[i].cpu, out[i].rss, out[i].err = m.read(ctx, addr)
+			out[i].cpu, out[i].rss, out[i].start, out[i].err = m.read(ctx, addr)
 		})
 	}
 	wg.Wait()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	seen := map[string]bool{}
 	for _, r := range out {
 		if r.err != nil {
 			continue
 		}
-		if _, ok := m.firstCPU[r.addr]; !ok {
-			m.firstCPU[r.addr] = r.cpu
+		host, _, _ := net.SplitHostPort(r.addr)
+		proc := host + "|" + strconv.FormatFloat(r.start, 'f', -1, 64)
+		if seen[proc] {
+			continue
 		}
-		m.lastCPU[r.addr] = r.cpu
+		seen[proc] = true
+		if _, ok := m.firstCPU[proc]; !ok {
+			m.firstCPU[proc], m.addrOf[proc] = r.cpu, r.addr
+		}
+		m.lastCPU[proc] = r.cpu
 		m.peakRSS = max(m.peakRSS, int64(r.rss))
 		cpu += r.cpu
 		rss += int64(r.rss)
@@ -67,47 +80,47 @@ func (m *nodeCost) sample(ctx context.Context) (cpu float64, rss int64) {
 	return cpu, rss
 }
 
-// totals is the nodes that answered at least once, the CPU seconds they
-// spent between their first and latest sample, and the largest resident
-// memory any one of them had at a sample.
+// totals is the processes that answered at least once (by the first address
+// each answered on), the CPU seconds they spent between their first and
+// latest sample, and the largest resident memory any one of them had at a
+// sample.
 func (m *nodeCost) totals() (answered []string, cpu float64, peakRSS int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	answered = []string{}
-	for _, addr := range m.addrs {
-		if first, ok := m.firstCPU[addr]; ok {
-			answered = append(answered, addr)
-			cpu += m.lastCPU[addr] - first
-		}
+	for proc, first := range m.firstCPU {
+		answered = append(answered, m.addrOf[proc])
+		cpu += m.lastCPU[proc] - first
 	}
+	slices.Sort(answered)
 	return answered, cpu, m.peakRSS
 }
 
-// read scrapes http://addr/metrics for the process's CPU seconds and
-// resident bytes.
-func (m *nodeCost) read(ctx context.Context, addr string) (cpu, rss float64, err error) {
+// read scrapes http://addr/metrics for the process's CPU seconds, resident
+// bytes and start time.
+func (m *nodeCost) read(ctx context.Context, addr string) (cpu, rss, start float64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	resp, err := m.client.Do(req)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("%s/metrics: %s", addr, resp.Status)
+		return 0, 0, 0, fmt.Errorf("%s/metrics: %s", addr, resp.Status)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return 0, 0, fmt.Errorf("%s/metrics: %w", addr, err)
+		return 0, 0, 0, fmt.Errorf("%s/metrics: %w", addr, err)
 	}
-	c, r := fams["process_cpu_seconds_total"], fams["process_resident_memory_bytes"]
-	if len(c.GetMetric()) == 0 || len(r.GetMetric()) == 0 {
-		return 0, 0, fmt.Errorf("%s/metrics has no process_cpu_seconds_total or process_resident_memory_bytes", addr)
+	c, r, st := fams["process_cpu_seconds_total"], fams["process_resident_memory_bytes"], fams["process_start_time_seconds"]
+	if len(c.GetMetric()) == 0 || len(r.GetMetric()) == 0 || len(st.GetMetric()) == 0 {
+		return 0, 0, 0, fmt.Errorf("%s/metrics has no process_cpu_seconds_total, process_resident_memory_bytes or process_start_time_seconds", addr)
 	}
-	return c.GetMetric()[0].GetCounter().GetValue(), r.GetMetric()[0].GetGauge().GetValue(), nil
+	return c.GetMetric()[0].GetCounter().GetValue(), r.GetMetric()[0].GetGauge().GetValue(), st.GetMetric()[0].GetGauge().GetValue(), nil
 }
 
 // devHTTPAddr is the HTTP address chimed dev derives from its gRPC address
