@@ -78,7 +78,7 @@ func workload(t *testing.T, c *nodetest.Cluster, prefix string, n int, spread ti
 }
 
 // checkFired waits for every acknowledged event and checks none was early.
-func checkFired(t testing.TB, col *collector, due map[string]time.Time) {
+func checkFired(t testing.TB, col collector, due map[string]time.Time) {
 	t.Helper()
 	got := col.waitIDs(t, due, 60*time.Second)
 	for id, at := range due {

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -29,6 +28,7 @@ import (
 	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
 	"github.com/chimehq/chime/cmd/internal/latency"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/publish/publishtest"
 )
 
 // The end-to-end tests run the real chimed binary as a process on loopback:
@@ -181,82 +181,33 @@ func (d *daemon) client() chimev1.SchedulerClient {
 
 func broker(t testing.TB) []string {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return publishtest.NewBroker(t, kfake.DefaultNumPartitions(4)).Addrs()
 }
 
 // record is one consumed Kafka record, as an independent client read it.
-type record struct {
-	chimev1.Headers
-	value      string
-	receivedAt time.Time
-}
+type record = publishtest.Record
 
 // collector consumes topics in the background from their start.
-type collector struct {
-	mu   sync.Mutex
-	recs []record
-	stop context.CancelFunc
-	done chan struct{}
-}
+type collector struct{ *publishtest.Collector }
 
-func collect(t testing.TB, brokers []string, topics ...string) *collector {
+func collect(t testing.TB, brokers []string, topics ...string) collector {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topics...),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &collector{stop: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(c.done)
-		defer cl.Close()
-		for ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			now := time.Now()
-			fs.EachRecord(func(r *kgo.Record) {
-				h, _ := chimev1.ParseHeaders(r.Headers) // a malformed header leaves a zero field, which the checks catch
-				c.mu.Lock()
-				c.recs = append(c.recs, record{Headers: h, value: string(r.Value), receivedAt: now})
-				c.mu.Unlock()
-			})
-		}
-	}()
-	t.Cleanup(c.close)
-	return c
+	return collector{publishtest.Collect(t, brokers, topics...)}
 }
-
-func (c *collector) close() { c.stop(); <-c.done }
 
 // byID returns the first record of each id and how many duplicates came.
-func (c *collector) byID() (map[string]record, int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	m := make(map[string]record, len(c.recs))
-	dups := 0
-	for _, r := range c.recs {
-		if _, ok := m[r.ID]; ok {
-			dups++
-			continue
-		}
-		m[r.ID] = r
-	}
-	return m, dups
+func (c collector) byID() (map[string]record, int) {
+	got := c.Consumed()
+	return got.ByID, got.Dups
 }
 
 // waitIDs waits until every id in want has been consumed.
-func (c *collector) waitIDs(t testing.TB, want map[string]time.Time, d time.Duration) map[string]record {
+func (c collector) waitIDs(t testing.TB, want map[string]time.Time, d time.Duration) map[string]record {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
 		got, _ := c.byID()
-		missing := 0
-		var example string
+		missing, example := 0, ""
 		for id := range want {
 			if _, ok := got[id]; !ok {
 				missing++
@@ -269,7 +220,7 @@ func (c *collector) waitIDs(t testing.TB, want map[string]time.Time, d time.Dura
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of %d acknowledged events never reached Kafka (e.g. %s)", missing, len(want), example)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a poll: the deadline bounds it
 	}
 }
 
@@ -356,10 +307,10 @@ func TestEndToEnd(t *testing.T) {
 		if r.Fired.UnixMilli() < dueAt.UnixMilli() {
 			t.Errorf("%s fired early: due %v, fired %v", id, dueAt, r.Fired)
 		}
-		if r.value != "payload-"+id {
-			t.Errorf("%s: value %q", id, r.value)
+		if r.Value() != "payload-"+id {
+			t.Errorf("%s: value %q", id, r.Value())
 		}
-		late = append(late, r.receivedAt.Sub(dueAt))
+		late = append(late, r.Received.Sub(dueAt))
 		fireLate = append(fireLate, time.Duration(r.Fired.UnixMilli()-dueAt.UnixMilli())*time.Millisecond)
 	}
 	t.Logf("fire lateness (chime-fired-unix-ms - due, ms resolution), %d events: %s", len(fireLate), quantiles(fireLate))
@@ -698,7 +649,7 @@ func TestChimectlAgainstDevWithoutWaiting(t *testing.T) {
 	}
 	col := collect(t, []string{kafkaAddr}, "dev.chimectl")
 	got := col.waitIDs(t, map[string]time.Time{"first": {}}, 30*time.Second)
-	if got["first"].value != "hello" {
-		t.Errorf("record value %q, want hello", got["first"].value)
+	if got["first"].Value() != "hello" {
+		t.Errorf("record value %q, want hello", got["first"].Value())
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/chimehq/chime/cmd/chimed/node"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/publish/publishtest"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/shard"
 )
@@ -100,12 +101,7 @@ func New(t testing.TB, opts Options) *Cluster {
 	c := &Cluster{t: t, opts: opts, Brokers: opts.Brokers, raft: newRaftNet(), gossip: newGossipNet(),
 		nodes: map[string]*Node{}, cut: map[[2]string]bool{}}
 	if len(c.Brokers) == 0 {
-		kf, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(4))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(kf.Close)
-		c.Brokers = kf.ListenAddrs()
+		c.Brokers = publishtest.NewBroker(t, kfake.DefaultNumPartitions(4)).Addrs()
 	}
 	// Registered after the broker's and the directory's: the nodes stop
 	// first.
