@@ -21,7 +21,7 @@ func TestConfigDefaults(t *testing.T) {
 	if cfg.MaxInFlight != 32 || cap(p.sem) != 32 || cfg.MaxAttempts != 5 || cfg.BackoffBase != 50*time.Millisecond ||
 		cfg.BackoffMax != 5*time.Second || cfg.DeadLetterTopic != "chime.deadletter" ||
 		cfg.BatchSize != DefaultBatchSize || cfg.BatchBytes != DefaultBatchBytes || cfg.WriteTimeout != DefaultWriteTimeout ||
-		p.client.Timeout != DefaultWriteTimeout {
+		cfg.UnackedTimeout != DefaultUnackedTimeout || p.client.Timeout != DefaultWriteTimeout {
 		t.Fatalf("defaults not filled: %+v", cfg)
 	}
 }

@@ -107,6 +107,7 @@ const (
 	DefaultBatchBytes         = 1 << 20 // 1 MiB, under Kafka's default message.max.bytes (1048588)
 	DefaultBatchSize          = 1000
 	DefaultWriteTimeout       = 10 * time.Second
+	DefaultUnackedTimeout     = 2 * time.Second
 	DefaultClientID           = "chime"
 )
 
@@ -149,6 +150,14 @@ type Config struct {
 	BatchSize  int
 	// WriteTimeout bounds one produce attempt.
 	WriteTimeout time.Duration
+	// UnackedTimeout is how long bytes sent to a broker may go
+	// unacknowledged by its TCP stack before the connection is dropped and
+	// the requests on it fail (TCP_USER_TIMEOUT; Linux only, elsewhere a
+	// dead path costs WriteTimeout). A slow broker acknowledges a
+	// request's bytes at once, so this only cuts short waits on a network
+	// path that drops everything; such a request fails as not known to be
+	// in Kafka, and the shard fires its events again.
+	UnackedTimeout time.Duration
 	// ClientID is sent to the brokers.
 	ClientID string
 	// Now is the clock for FiredAt and chime-fired-unix-ms; default time.Now.
@@ -202,7 +211,7 @@ func (c *Config) checkBrokers() error {
 }
 
 // fillBackoff checks and fills the durations: BackoffBase, BackoffMax,
-// WriteTimeout and BackoffJitter.
+// WriteTimeout, UnackedTimeout and BackoffJitter.
 func (c *Config) fillBackoff() error {
 	for _, f := range []struct {
 		name string
@@ -212,6 +221,7 @@ func (c *Config) fillBackoff() error {
 		{"BackoffBase", &c.BackoffBase, DefaultBackoffBase},
 		{"BackoffMax", &c.BackoffMax, DefaultBackoffMax},
 		{"WriteTimeout", &c.WriteTimeout, DefaultWriteTimeout},
+		{"UnackedTimeout", &c.UnackedTimeout, DefaultUnackedTimeout},
 	} {
 		if *f.v < 0 {
 			return configError(f.name, "must not be negative (got %v)", *f.v)
@@ -329,6 +339,7 @@ func New(cfg Config) (*Publisher, error) {
 	tr := &kafka.Transport{
 		ClientID: cfg.ClientID,
 		Context:  tctx,
+		Dial:     dialer(cfg.UnackedTimeout),
 	}
 	client := &kafka.Client{
 		Addr:      kafka.TCP(cfg.Brokers...),

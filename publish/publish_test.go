@@ -413,8 +413,11 @@ func TestBrokerHangs(t *testing.T) {
 	})
 	// WriteTimeout also bounds how long Close waits for the hung batch.
 	// 2 s, so that the bounds below leave a loaded machine room and still
-	// tell the deadline, the WriteTimeout and a retry apart.
-	p := newPublisher(t, c, publish.Config{WriteTimeout: 2 * time.Second})
+	// tell the deadline, the WriteTimeout and a retry apart. The broker's
+	// TCP stack acknowledges the request, so the far shorter
+	// UnackedTimeout must not cut the wait short: it is for dead paths,
+	// not slow brokers.
+	p := newPublisher(t, c, publish.Config{WriteTimeout: 2 * time.Second, UnackedTimeout: 300 * time.Millisecond})
 
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
@@ -512,6 +515,7 @@ func TestNewRejects(t *testing.T) {
 		{"DeadLetterTopic", func(c *publish.Config) { c.DeadLetterTopic = "dead letters" }},
 		{"BatchBytes", func(c *publish.Config) { c.BatchBytes = -1 }},
 		{"WriteTimeout", func(c *publish.Config) { c.WriteTimeout = -time.Second }},
+		{"UnackedTimeout", func(c *publish.Config) { c.UnackedTimeout = -time.Second }},
 	} {
 		cfg := ok
 		tc.edit(&cfg)
