@@ -79,6 +79,10 @@ type Tuning struct {
 	// start it treats every unfired event due by then as possibly
 	// produced: a cancel of one is refused (retryable) until it fires.
 	ClockSkewBound time.Duration
+	// stuckAfter is how long raft may refuse every entry of this leader
+	// for a leadership transfer before the replica counts as Stuck; unset
+	// outside tests.
+	stuckAfter time.Duration
 	// RetryDelay is how long an event whose produce could not be completed
 	// waits before this leader fires it again; it doubles with each batch
 	// in a row that fails, up to MaxRetryDelay. The first produce that
@@ -98,6 +102,8 @@ const (
 	// events (~100 KiB), so 1024 of them per shard held 900 MB of a node
 	// with 8 shards under load.
 	logCacheEntries = 64
+	// raftRPCTimeout bounds one Raft RPC over the network transport.
+	raftRPCTimeout = 10 * time.Second
 	// applyTimeout bounds enqueueing a command in raft, not its commit.
 	applyTimeout = 5 * time.Second
 	// markTimeout bounds recording a firing result through Raft.
@@ -191,6 +197,11 @@ func (t *Tuning) fill() {
 	// later, as one more duplicate, so failed batches back off: 1 s, then
 	// doubling up to 8 s.
 	setDur(&t.RetryDelay, time.Second)
+	// A leadership transfer that works holds raft's entries back for at
+	// most an election timeout of catching up, one TimeoutNow RPC and an
+	// election timeout of waiting for the target to win; twice that is
+	// past doubt.
+	setDur(&t.stuckAfter, 2*(2*t.ElectionTimeout+raftRPCTimeout))
 	setDur(&t.MaxRetryDelay, max(8*time.Second, t.RetryDelay))
 }
 

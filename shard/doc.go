@@ -27,6 +27,10 @@
 //     bounded by its ctx (the lease), belongs to package publish.
 //   - The leader's reconcile of its own Raft configuration toward the
 //     placement, when Config.Directory is set (reconcile.go).
+//   - Telling its owner when raft is wedged: Stuck reports a leader whose
+//     raft has refused every entry, for a leadership transfer, far longer
+//     than a transfer takes (a hashicorp/raft v1.7.3 bug strands one); the
+//     owner reopens the replica.
 //
 // # What it must never do
 //
@@ -107,4 +111,7 @@
 //     caught up (TestPlan, TestCaughtUpComparesRaftLogs); a new replica is
 //     brought up from an expanded snapshot reference
 //     (TestFollowerCatchesUpFromAnExpandedSnapshot).
+//  8. A leader whose raft refuses entries for a stranded leadership transfer
+//     is reported Stuck once that has lasted stuckAfter, and not before
+//     (TestStuckLeadershipTransfer).
 package shard

@@ -151,6 +151,7 @@ func (s *Shard) fireLoop(ctx context.Context) {
 func (s *Shard) barrier(ctx context.Context) bool {
 	for {
 		err := s.raft.Barrier(barrierTimeout).Error()
+		s.noteRaft(err)
 		if err == nil {
 			return true
 		}

@@ -95,6 +95,7 @@ loop:
 			cmd.Entries = append(cmd.Entries, r.fired...)
 		}
 		err := s.raft.Apply(raftfsm.AppendMarkFired(nil, &cmd), applyTimeout).Error()
+		s.noteRaft(err)
 		if err != nil {
 			err = raftErr(err)
 		}

@@ -123,6 +123,7 @@ func (s *Shard) applyWaitLoop() {
 	defer s.wg.Done()
 	for pa := range s.applying {
 		err := pa.future.Error()
+		s.noteRaft(err)
 		var results []raftfsm.ScheduleResult
 		if err == nil {
 			switch resp := pa.future.Response().(type) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -43,6 +44,11 @@ type Shard struct {
 	marks     chan *markRequest
 	applying  chan *pendingApply
 	notify    chan bool // raft leadership changes
+
+	// refusedSince is when raft began refusing this replica's entries for
+	// a leadership transfer (Config.Now, Unix ns; 0 while it accepts
+	// them); see Stuck.
+	refusedSince atomic.Int64
 
 	stop      chan struct{} // closed by Close
 	wg        sync.WaitGroup
@@ -138,7 +144,7 @@ func (s *Shard) startRaft() error {
 	s.trans = cfg.Transport
 	if s.trans == nil {
 		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream: cfg.Layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: rc.Logger,
+			Stream: cfg.Layer, MaxPool: 3, Timeout: raftRPCTimeout, Logger: rc.Logger,
 		})
 	}
 	cache, err := raft.NewLogCache(logCacheEntries, logs)
@@ -310,7 +316,9 @@ func (s *Shard) apply(ctx context.Context, cmd []byte) (any, error) {
 	case <-s.stop:
 		return nil, ErrStopped
 	}
-	if err := f.Error(); err != nil {
+	err := f.Error()
+	s.noteRaft(err)
+	if err != nil {
 		return nil, raftErr(err)
 	}
 	resp := f.Response()
@@ -318,6 +326,32 @@ func (s *Shard) apply(ctx context.Context, cmd []byte) (any, error) {
 		return nil, err
 	}
 	return resp, nil
+}
+
+// noteRaft records what raft answered to one of this replica's entries or
+// barriers, for Stuck.
+func (s *Shard) noteRaft(err error) {
+	switch {
+	case err == nil:
+		s.refusedSince.Store(0)
+	case errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		s.refusedSince.CompareAndSwap(0, s.cfg.Now().UnixNano())
+	}
+}
+
+// Stuck reports whether this replica leads its shard while raft has
+// refused all its entries, for a leadership transfer, far longer than a
+// transfer takes. hashicorp/raft (v1.7.3) can strand a transfer: if the
+// leader's replication of the target is busy when one transfer times out
+// and another starts, the second blocks for good once that replication
+// stops, and raft's "transfer in progress" flag, which refuses every
+// Apply and Barrier, stays set for the life of the raft instance; a node
+// elected leader again later refuses everything, and the shard takes no
+// writes and fires nothing until the replica is reopened. The owner of the
+// replica (shard/host) reopens a Stuck replica.
+func (s *Shard) Stuck() bool {
+	since := s.refusedSince.Load()
+	return since != 0 && s.IsLeader() && s.cfg.Now().UnixNano()-since > int64(s.tune.stuckAfter)
 }
 
 // raftErr maps raft's errors onto this package's sentinels.

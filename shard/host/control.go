@@ -35,6 +35,11 @@ func (h *Host) control() {
 		wanted := slices.Contains(dir.Desired(id), self)
 		s := h.Replica(id)
 		switch {
+		case s != nil && s.Stuck():
+			h.cfg.Logger.Error("reopening replica: raft has refused its entries for a leadership transfer that never ended", "shard", id)
+			if err := h.reopenReplica(id); err != nil {
+				h.cfg.Logger.Warn("reopening a replica", "shard", id, "err", err)
+			}
 		case wanted && s == nil:
 			// An empty replica: the leader adds it as a non-voter, streams
 			// it a snapshot and the log, then promotes it.

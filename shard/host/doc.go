@@ -14,7 +14,10 @@
 //   - With a Directory, the control loop: it opens an empty replica for every
 //     shard the placement gives this node (the shard's leader then adds it),
 //     and releases (closes and deletes) a replica once the shard's leader has
-//     taken this node out of the configuration.
+//     taken this node out of the configuration. It also reopens a replica
+//     that is shard.Shard.Stuck (its raft refuses every entry for a
+//     leadership transfer that never ended): a new raft instance over the
+//     same data starts without raft's stranded flag.
 //   - Readiness (Ready) and the per-shard Prometheus collector (Collector).
 //
 // # What it must never do

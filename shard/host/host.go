@@ -174,6 +174,24 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	return s, nil
 }
 
+// reopenReplica closes this node's replica of shard id and opens it again
+// from its data, with a new raft instance: the cure for a replica whose raft
+// is wedged (shard.Shard.Stuck).
+func (h *Host) reopenReplica(id uint32) error {
+	h.mu.Lock()
+	s := h.shards[id]
+	delete(h.shards, id)
+	h.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	if err := s.Close(); err != nil {
+		h.cfg.Logger.Warn("closing a replica to reopen it", "shard", id, "err", err)
+	}
+	_, err := h.openReplica(id, false)
+	return err
+}
+
 // releaseReplica closes this node's replica of shard id and deletes its data
 // (crash-atomically: shard.ReleaseData): the shard's leader has taken it out
 // of the configuration.

@@ -225,3 +225,36 @@ func TestAwaitLeaderStops(t *testing.T) {
 		t.Fatalf("AwaitLeader waited %v past a 100 ms deadline", d)
 	}
 }
+
+// reopenReplica is how the host cures a replica whose raft is wedged: the
+// replica closes and opens again over the same data and Raft port, keeps
+// its events and takes writes under a new raft instance.
+func TestReopenReplica(t *testing.T) {
+	brokers := publishtest.NewBroker(t).Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1)
+	defer n.close()
+	ctx := context.Background()
+	req := func(id string, delay time.Duration) shard.Request {
+		return shard.Request{ID: id, Delay: delay, HasDelay: true, Topic: "reopen", Payload: []byte("p-" + id)}
+	}
+	if _, err := n.host.Schedule(ctx, []shard.Request{req("before", 2*time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	old := n.host.Replica(0)
+	if err := n.host.reopenReplica(0); err != nil {
+		t.Fatal(err)
+	}
+	if n.host.Replica(0) == old {
+		t.Fatal("the replica was not replaced")
+	}
+	// A write right after the reopen waits for the new raft's election.
+	if _, err := n.host.Schedule(ctx, []shard.Request{req("after", 0)}); err != nil {
+		t.Fatalf("schedule after the reopen: %v", err)
+	}
+	got := publishtest.Consume(t, brokers, 2, 30*time.Second, "reopen").ByID
+	for _, id := range []string{"before", "after"} {
+		if _, ok := got[id]; !ok {
+			t.Errorf("%s did not reach Kafka after the reopen", id)
+		}
+	}
+}

@@ -16,7 +16,8 @@ import (
 // either goroutine. The same bug, when the transfer is cut short by a step
 // down rather than a shutdown, leaves raft's leadershipTransferInProgress
 // set for good, and a replica elected leader again later refuses every
-// Apply (hashicorp/raft issue 696, fix proposed in pull request 708).
+// Apply (hashicorp/raft issue 696, fix proposed in pull request 708); the
+// host reopens such a replica (shard.Shard.Stuck).
 var raftTransferLeak = []goleak.Option{
 	goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).leadershipTransfer"),
 	goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).leaderLoop.func2"),
