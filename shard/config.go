@@ -55,8 +55,13 @@ type Tuning struct {
 	// Resolution is the timing wheel's tick: the most an event fires late
 	// beyond the leader's own scheduling delay.
 	Resolution time.Duration
-	// ProposeBatch caps the events grouped into one Raft entry.
+	// ProposeBatch is how many events an entry gathers before it is
+	// proposed (one Schedule call is never split for it, so an entry may
+	// hold more); ProposeBytes bounds an entry's encoded events: a call
+	// larger than it is split over entries, and only an event larger than
+	// it alone makes a larger entry.
 	ProposeBatch int
+	ProposeBytes int
 	// FireBatch caps the events read and produced together.
 	FireBatch int
 	// MaxFiring bounds the fire batches in flight per shard.
@@ -99,8 +104,9 @@ const (
 	snapshotInterval = 2 * time.Second
 	// logCacheEntries is the raft log cache: it serves followers the
 	// entries they are about to be sent. An entry holds up to ProposeBatch
-	// events (~100 KiB), so 1024 of them per shard held 900 MB of a node
-	// with 8 shards under load.
+	// events and ProposeBytes (~100 KiB under the benchmarks' load), so
+	// 1024 of them per shard held 900 MB of a node with 8 shards under
+	// load.
 	logCacheEntries = 64
 	// raftRPCTimeout bounds one Raft RPC over the network transport.
 	raftRPCTimeout = 10 * time.Second
@@ -148,6 +154,12 @@ func (t *Tuning) fill() {
 	}
 	setDur(&t.Resolution, wheel.DefaultResolution)
 	setInt(&t.ProposeBatch, 1024)
+	// 1 MiB: an entry is written to the Raft log, sent to each follower
+	// (up to 64 entries per AppendEntries) and held in the log cache
+	// (logCacheEntries per shard). Bounded only in events, 1,024 events of
+	// up to 1 MiB each could make one entry of a gigabyte. Events of a few
+	// hundred bytes fill an entry by count long before this.
+	setInt(&t.ProposeBytes, 1<<20)
 	setInt(&t.FireBatch, 1024)
 	// 16: a batch takes a produce round trip, and at 10,000 events a
 	// second under load four were too few, so the firing loop waited for a

@@ -10,16 +10,21 @@ import (
 )
 
 // Scheduling is group-committed: concurrent Schedule calls on a shard are
-// gathered by one proposer goroutine into a single ScheduleBatch Raft entry
-// (up to Tuning.ProposeBatch events), so a burst of requests costs one log
-// append and one fsync instead of one each. The proposer does not wait for
-// the commit: it hands the future to applyWaitLoop and goes on gathering, so
-// several entries are in flight at once and raft pipelines their appends.
+// gathered by one proposer goroutine into a single ScheduleBatch Raft entry,
+// so a burst of requests costs one log append and one fsync instead of one
+// each. An entry takes calls until it holds Tuning.ProposeBatch events or
+// more (a call is not split for it), and never more than ProposeBytes of
+// encoded events unless one event alone is larger (a call larger than that
+// is split over entries).
+// The proposer does not wait for the commit: it hands the future to
+// applyWaitLoop and goes on gathering, so several entries are in flight at
+// once and raft pipelines their appends.
 
 type proposal struct {
-	ctx  context.Context
-	reqs []Request
-	done chan proposalResult // buffered: the waiter never blocks
+	ctx   context.Context
+	reqs  []Request
+	bytes int                 // the encoded size of reqs in an entry, at most
+	done  chan proposalResult // buffered: the waiter never blocks
 }
 
 type proposalResult struct {
@@ -32,49 +37,96 @@ type pendingApply struct {
 	props  []*proposal
 }
 
-// Schedule proposes reqs through Raft as part of the next ScheduleBatch and
-// returns their results once the batch is applied on this leader.
+// Schedule proposes reqs through Raft and returns their results once
+// applied on this leader. reqs go into the next ScheduleBatch entry, or,
+// if they exceed an entry's bounds, into several; an error means some may
+// have been applied (a retry with the same ids finds them).
 func (s *Shard) Schedule(ctx context.Context, reqs []Request) ([]Result, error) {
 	if !s.IsLeader() {
 		return nil, ErrNotLeader
 	}
-	p := &proposal{ctx: ctx, reqs: reqs, done: make(chan proposalResult, 1)}
-	select {
-	case s.proposals <- p:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-s.stop:
-		return nil, ErrStopped
+	props := s.proposalsFor(ctx, reqs)
+	for _, p := range props {
+		select {
+		case s.proposals <- p:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.stop:
+			return nil, ErrStopped
+		}
 	}
-	select {
-	case r := <-p.done:
-		return r.results, r.err
-	case <-ctx.Done():
-		// The entry may still commit; the caller learns the outcome by
-		// retrying with the same id.
-		return nil, ctx.Err()
+	out := make([]Result, 0, len(reqs))
+	for _, p := range props {
+		select {
+		case r := <-p.done:
+			if r.err != nil {
+				return nil, r.err
+			}
+			out = append(out, r.results...)
+		case <-ctx.Done():
+			// The entry may still commit; the caller learns the outcome by
+			// retrying with the same ids.
+			return nil, ctx.Err()
+		}
 	}
+	return out, nil
+}
+
+// proposalsFor splits reqs, in order, into proposals of at most
+// ProposeBytes bytes each, or one event.
+func (s *Shard) proposalsFor(ctx context.Context, reqs []Request) []*proposal {
+	var props []*proposal
+	start, bytes := 0, 0
+	for i := range reqs {
+		n := requestBytes(&reqs[i])
+		if i > start && bytes+n > s.tune.ProposeBytes {
+			props = append(props, &proposal{ctx: ctx, reqs: reqs[start:i], bytes: bytes, done: make(chan proposalResult, 1)})
+			start, bytes = i, 0
+		}
+		bytes += n
+	}
+	return append(props, &proposal{ctx: ctx, reqs: reqs[start:], bytes: bytes, done: make(chan proposalResult, 1)})
+}
+
+// requestBytes bounds what r adds to an encoded ScheduleBatch entry
+// (raftfsm.AppendScheduleBatch): its strings and bytes, plus at most 48
+// bytes of lengths, due time and content hash, and 10 of lengths per
+// header.
+func requestBytes(r *Request) int {
+	n := 48 + len(r.ID) + len(r.Topic) + len(r.Key) + len(r.Payload)
+	for _, h := range r.Headers {
+		n += 10 + len(h.Key) + len(h.Value)
+	}
+	return n
 }
 
 func (s *Shard) proposeLoop() {
 	defer s.wg.Done()
 	defer close(s.applying)
+	var next *proposal // taken from the queue but left for the next entry
 	for {
-		var first *proposal
-		select {
-		case first = <-s.proposals:
-		case <-s.stop:
-			s.failQueued(ErrStopped)
-			return
+		first := next
+		if first == nil {
+			select {
+			case first = <-s.proposals:
+			case <-s.stop:
+				s.failQueued(ErrStopped)
+				return
+			}
 		}
+		next = nil
 		props := []*proposal{first}
-		n := len(first.reqs)
+		n, bytes := len(first.reqs), first.bytes
 	gather:
-		for n < s.tune.ProposeBatch {
+		for n < s.tune.ProposeBatch && bytes < s.tune.ProposeBytes {
 			select {
 			case p := <-s.proposals:
+				if bytes+p.bytes > s.tune.ProposeBytes {
+					next = p
+					break gather
+				}
 				props = append(props, p)
-				n += len(p.reqs)
+				n, bytes = n+len(p.reqs), bytes+p.bytes
 			default:
 				break gather
 			}

@@ -1,0 +1,102 @@
+package shard
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/chimehq/chime/raftfsm"
+)
+
+// TestEntriesBoundedInBytes: a ScheduleBatch entry holds at most
+// ProposeBytes encoded bytes (or one event), whether one large Schedule call
+// or many concurrent ones fill it, and every call gets its own results, in
+// order. Bounded only by ProposeBatch, 1,024 events of 1 MiB made one entry
+// of a gigabyte.
+func TestEntriesBoundedInBytes(t *testing.T) {
+	const limit = 8 << 10
+	n := openNode(t, t.TempDir(), "", startBroker(t), 1, func(tu *Tuning) { tu.ProposeBytes = limit })
+	defer n.close()
+	s := n.host.Replica(0)
+	ctx := context.Background()
+	req := func(id string, size int) Request {
+		return Request{ID: id, Delay: 1 << 62, HasDelay: true, Topic: "bounded", Payload: bytes.Repeat([]byte{'p'}, size),
+			Headers: []raftfsm.Header{{Key: "h", Value: []byte(id)}}}
+	}
+	first := s.raft.LastIndex()
+
+	// One call of 40 events of 1 KiB, one event larger than an entry, and
+	// 8 concurrent calls of 5 events each.
+	var big []Request
+	for i := range 40 {
+		big = append(big, req(fmt.Sprintf("big-%d", i), 1<<10))
+	}
+	big = append(big, req("huge", 3*limit))
+	res, err := s.Schedule(ctx, big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != len(big) {
+		t.Fatalf("%d results for %d requests", len(res), len(big))
+	}
+	for i := 1; i < len(res); i++ {
+		if res[i].Outcome != raftfsm.Created || res[i].Seq != res[i-1].Seq+1 {
+			t.Fatalf("result %d: %+v after %+v: want created, in order", i, res[i], res[i-1])
+		}
+	}
+	var wg sync.WaitGroup
+	for c := range 8 {
+		wg.Go(func() {
+			var reqs []Request
+			for i := range 5 {
+				reqs = append(reqs, req(fmt.Sprintf("c%d-%d", c, i), 700))
+			}
+			res, err := s.Schedule(ctx, reqs)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for i, r := range res {
+				if rec, ok, err := s.Get(ctx, reqs[i].ID); err != nil || !ok || rec.Seq != r.Seq {
+					t.Errorf("%s: result seq %d, stored %+v (%v, %v)", reqs[i].ID, r.Seq, rec, ok, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	entries, events := 0, 0
+	for i := first + 1; i <= s.raft.LastIndex(); i++ {
+		var l raft.Log
+		if err := s.logs.GetLog(i, &l); err != nil {
+			t.Fatal(err)
+		}
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		cmd, err := raftfsm.DecodeCommand(l.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, ok := cmd.(*raftfsm.ScheduleBatch)
+		if !ok {
+			continue
+		}
+		entries++
+		events += len(b.Events)
+		if len(b.Events) > 1 && len(l.Data) > limit+16 {
+			t.Errorf("entry %d: %d events in %d bytes, over the %d-byte bound", i, len(b.Events), len(l.Data), limit)
+		}
+	}
+	if events != 41+40 {
+		t.Fatalf("the log holds %d scheduled events, want 81", events)
+	}
+	t.Logf("81 events in %d entries", entries)
+	if entries < 81*900/limit {
+		t.Fatalf("81 events of about 1 KiB in %d entries: the bound did not split them", entries)
+	}
+}
