@@ -128,7 +128,9 @@
 //
 // Restore checks the header before touching anything. It then writes the restoring marker
 // and a DeleteRange of the span in one synced batch, loads the frames in batches of a few
-// MiB, and only after the trailer verifies deletes the marker (synced). A restore that fails
+// MiB, and only after the trailer verifies, and the meta's counters agree with the keys the
+// stream held (pending with due-index keys, settled with status keys, events with id keys
+// and bodies, the next seq with the events), deletes the marker (synced). A restore that fails
 // half way leaves the marker: NeedsRestore reports it, Apply refuses to run on top of it
 // (panic), and the shard owner lets raft restore from its snapshot store on the next start.
 package raftfsm

@@ -344,6 +344,8 @@ func (f *FSM) restoreFrames(r *snapReader, index, term uint64) (*pebble.Batch, e
 	key := binary.BigEndian.AppendUint32(nil, f.shard) // every frame's key goes after this
 	var val []byte
 	var frames uint64
+	var m meta
+	var perTag [256]uint64
 	sawMeta := false
 	for {
 		var last bool
@@ -355,11 +357,12 @@ func (f *FSM) restoreFrames(r *snapReader, index, term uint64) (*pebble.Batch, e
 			break
 		}
 		if key[shardPrefixLen] == tagMeta {
-			if err := checkMetaFrame(key, val, frames, index, term); err != nil {
+			if m, err = checkMetaFrame(key, val, frames, index, term); err != nil {
 				return fail(err)
 			}
 			sawMeta = true
 		}
+		perTag[key[shardPrefixLen]]++
 		if err := b.Set(key, val, nil); err != nil {
 			return fail(err)
 		}
@@ -378,7 +381,34 @@ func (f *FSM) restoreFrames(r *snapReader, index, term uint64) (*pebble.Batch, e
 	if !sawMeta && index != 0 {
 		return fail(fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index))
 	}
+	if sawMeta {
+		if err := checkMetaCounts(&m, &perTag); err != nil {
+			return fail(err)
+		}
+	}
 	return b, nil
+}
+
+// checkMetaCounts checks the meta's counters against the keys the stream
+// held (perTag counts them by tag), by invariant 5 and by every created
+// event keeping its id, body and seq: a checksum only says the stream
+// arrived as sent, and the restored meta sizes what the FSM allocates (the
+// id filter is sized by nextSeq).
+func checkMetaCounts(m *meta, perTag *[256]uint64) error {
+	settled := m.fired + m.cancelled + m.deadLettered
+	events := perTag[tagID]
+	switch {
+	case m.pending != perTag[tagDue]:
+		return fmt.Errorf("%w: meta counts %d pending events, the stream holds %d due-index keys", ErrBadSnapshot, m.pending, perTag[tagDue])
+	case settled != perTag[tagStatus]:
+		return fmt.Errorf("%w: meta counts %d settled events, the stream holds %d status keys", ErrBadSnapshot, settled, perTag[tagStatus])
+	case perTag[tagBody] != events || m.pending+settled != events:
+		return fmt.Errorf("%w: the stream holds %d id keys and %d bodies for %d pending and %d settled events",
+			ErrBadSnapshot, events, perTag[tagBody], m.pending, settled)
+	case m.nextSeq != events+1:
+		return fmt.Errorf("%w: meta's next seq is %d, the stream holds %d events", ErrBadSnapshot, m.nextSeq, events)
+	}
+	return nil
 }
 
 // frame reads the next frame of the stream into key (after the shard prefix it already
@@ -405,19 +435,19 @@ func (r *snapReader) frame(key, val []byte, frames uint64) (_, _ []byte, last bo
 }
 
 // checkMetaFrame checks that a meta frame is the meta key and names the snapshot's index and
-// term.
-func checkMetaFrame(key, val []byte, frames, index, term uint64) error {
+// term, and returns the meta.
+func checkMetaFrame(key, val []byte, frames, index, term uint64) (meta, error) {
 	if len(key) != shardPrefixLen+1 {
-		return fmt.Errorf("%w: frame %d: key %x is not the meta key", ErrBadSnapshot, frames, key[shardPrefixLen:])
+		return meta{}, fmt.Errorf("%w: frame %d: key %x is not the meta key", ErrBadSnapshot, frames, key[shardPrefixLen:])
 	}
 	m, err := decodeMeta(val)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+		return meta{}, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
 	if m.appliedIndex != index || m.appliedTerm != term {
-		return fmt.Errorf("%w: header says index %d term %d, meta says %d, %d", ErrBadSnapshot, index, term, m.appliedIndex, m.appliedTerm)
+		return meta{}, fmt.Errorf("%w: header says index %d term %d, meta says %d, %d", ErrBadSnapshot, index, term, m.appliedIndex, m.appliedTerm)
 	}
-	return nil
+	return m, nil
 }
 
 // snapReader checksums everything it reads, up to the checksum itself.

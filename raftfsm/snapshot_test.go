@@ -2,8 +2,10 @@ package raftfsm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"hash/crc32"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -57,4 +59,78 @@ func TestSnapshotHeaderNamesTheFSMsIndex(t *testing.T) {
 	if _, err := ReadSnapshotHeader(bytes.NewReader(ref[:30])); !errors.Is(err, ErrBadSnapshot) {
 		t.Fatalf("truncated reference: %v, want ErrBadSnapshot", err)
 	}
+}
+
+// TestRestoreRefusesCountsTheKeysDoNotBackUp: a stream that arrived intact (its checksum
+// verifies) is still refused when its meta's counters disagree with the keys it holds. The
+// restored meta sizes what the FSM allocates: the id filter takes 4 bytes per seq below
+// nextSeq, so a meta claiming 2^34 events made a restore of a few kilobytes allocate 64 GiB
+// (here 2^24: 64 MiB, when the check is missing).
+func TestRestoreRefusesCountsTheKeysDoNotBackUp(t *testing.T) {
+	srcStore := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer srcStore.Close()
+	src, _ := newTestFSM(t, srcStore, 2)
+	src.ApplyBatch(genLog(31, 80))
+	good := snapshotBytes(t, src)
+
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, _ := newTestFSM(t, st, 2)
+	defer f.Close()
+	if err := restore(f, resealed(t, good, func(*meta) {})); err != nil {
+		t.Fatalf("the stream re-sealed unchanged is refused: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*meta)
+	}{
+		{"next seq of 2^24", func(m *meta) { m.nextSeq = 1 << 24 }},
+		{"one pending event more", func(m *meta) { m.pending++ }},
+		{"a pending event counted as cancelled", func(m *meta) { m.pending--; m.cancelled++ }},
+	} {
+		if err := restore(f, resealed(t, good, tc.edit)); !errors.Is(err, ErrBadSnapshot) {
+			t.Errorf("%s: %v, want ErrBadSnapshot", tc.name, err)
+		}
+	}
+}
+
+// resealed returns the full snapshot stream with its meta frame changed by edit, and the
+// trailer's checksum computed afresh, as a sender that means harm would.
+func resealed(t *testing.T, stream []byte, edit func(*meta)) []byte {
+	t.Helper()
+	out := bytes.Clone(stream[:snapshotHeaderLen])
+	rest := stream[snapshotHeaderLen:]
+	next := func() []byte {
+		n, w := binary.Uvarint(rest)
+		if w <= 0 || uint64(len(rest)-w) < n {
+			t.Fatal("resealed: malformed stream")
+		}
+		b := rest[w : w+int(n)]
+		rest = rest[w+int(n):]
+		return b
+	}
+	var frames uint64
+	for {
+		key := next()
+		if len(key) == 0 {
+			break
+		}
+		val := next()
+		if key[0] == tagMeta {
+			m, err := decodeMeta(val)
+			if err != nil {
+				t.Fatal(err)
+			}
+			edit(&m)
+			val = m.append(nil)
+		}
+		out = binary.AppendUvarint(out, uint64(len(key)))
+		out = append(out, key...)
+		out = binary.AppendUvarint(out, uint64(len(val)))
+		out = append(out, val...)
+		frames++
+	}
+	out = binary.AppendUvarint(out, 0)
+	out = binary.BigEndian.AppendUint64(out, frames)
+	return binary.BigEndian.AppendUint32(out, crc32.Checksum(out, castagnoli))
 }
