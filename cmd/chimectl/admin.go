@@ -319,8 +319,12 @@ func (c *cli) printStatus(r *chimev1.StatusResponse) error {
 	for _, n := range nodes {
 		per = append(per, fmt.Sprintf("%s=%d", n, leaders[n]))
 	}
-	fmt.Fprintf(c.stdout, "\n%d shards, %d with a leader, %d with %d voters; leaders per node: %s\n",
-		len(shards), withLeader, fullSet, r.GetReplication(), orNone(strings.Join(per, " "), "none"))
+	voters := "voters"
+	if r.GetReplication() == 1 {
+		voters = "voter"
+	}
+	fmt.Fprintf(c.stdout, "\n%d shards, %d with a leader, %d with %d %s; leaders per node: %s\n",
+		len(shards), withLeader, fullSet, r.GetReplication(), voters, orNone(strings.Join(per, " "), "none"))
 	for _, n := range notes {
 		fmt.Fprintf(c.stdout, "! %s\n", n)
 	}

@@ -344,6 +344,11 @@ func TestStatusOfAnEmptyClusterPrintsEmptyLists(t *testing.T) {
 	if r.code != 0 || !strings.HasSuffix(r.stdout, "\n0 shards, 0 with a leader, 0 with 3 voters; leaders per node: none\n") {
 		t.Fatalf("empty status: %+v", r)
 	}
+	// chimed dev: one node, replication 1.
+	addr = startAdmin(t, &fakeAdmin{status: &chimev1.StatusResponse{ShardCount: 0, Replication: 1}})
+	if r := chimectl(t, nil, "", "--addr", addr, "status"); r.code != 0 || !strings.HasSuffix(r.stdout, " 0 with 1 voter; leaders per node: none\n") {
+		t.Fatalf("status at replication 1: %+v", r)
+	}
 }
 
 func TestDrainWaitsUntilSafeToStop(t *testing.T) {
