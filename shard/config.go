@@ -85,8 +85,8 @@ type Tuning struct {
 	// produced: a cancel of one is refused (retryable) until it fires.
 	ClockSkewBound time.Duration
 	// stuckAfter is how long raft may refuse every entry of this leader
-	// for a leadership transfer before the replica counts as Stuck; unset
-	// outside tests.
+	// for a leadership transfer before the replica counts as Stuck. Only
+	// tests set it; fill gives it its default.
 	stuckAfter time.Duration
 	// RetryDelay is how long an event whose produce could not be completed
 	// waits before this leader fires it again; it doubles with each batch
