@@ -232,19 +232,6 @@ func Start(cfg Config) (*Membership, error) {
 	if err != nil {
 		return nil, err
 	}
-	var (
-		bindIP   string
-		bindPort int
-	)
-	if cfg.Transport == nil {
-		if bindIP, bindPort, err = splitIPPort("BindAddr", cfg.BindAddr); err != nil {
-			return nil, err
-		}
-		if bindIP == "" {
-			bindIP = "0.0.0.0"
-		}
-	}
-
 	m := &Membership{
 		now:              cfg.Now,
 		log:              cfg.Logger.With("node", cfg.Meta.NodeID),
@@ -256,11 +243,49 @@ func Start(cfg Config) (*Membership, error) {
 		leaving:          make(map[string]bool),
 		conflictLogged:   make(map[string]time.Time),
 	}
+	mc, err := memberlistConfig(cfg, m)
+	if err != nil {
+		return nil, err
+	}
+	list, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("membership: start gossip on %s: %w", cfg.BindAddr, err)
+	}
+	m.list = list
+	if len(cfg.Join) > 0 {
+		if err := m.join(cfg.Join, cfg.JoinTimeout); err != nil {
+			_ = list.Shutdown()
+			return nil, err
+		}
+	}
+	m.peers = append(slices.Clone(cfg.Peers), cfg.Join...)
+	m.reconnect = cfg.ReconnectInterval
+	m.stop, m.done = make(chan struct{}), make(chan struct{})
+	go m.reconnectLoop()
+	m.log.Info("membership started", "gossip_addr", m.LocalAddr(), "seeds", cfg.Join, "peers", cfg.Peers)
+	return m, nil
+}
 
+// memberlistConfig is memberlist's configuration for cfg (with its
+// defaults), delivering events to m.
+func memberlistConfig(cfg Config, m *Membership) (*memberlist.Config, error) {
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.Meta.NodeID
-	mc.BindAddr, mc.BindPort = bindIP, bindPort
-	mc.AdvertisePort = bindPort
+	if cfg.Transport != nil {
+		// The transport decides the addresses.
+		mc.Transport = cfg.Transport
+		mc.BindAddr, mc.BindPort, mc.AdvertisePort = "", 0, 0
+	} else {
+		ip, port, err := splitIPPort("BindAddr", cfg.BindAddr)
+		if err != nil {
+			return nil, err
+		}
+		if ip == "" {
+			ip = "0.0.0.0"
+		}
+		mc.BindAddr, mc.BindPort = ip, port
+		mc.AdvertisePort = port
+	}
 	if cfg.AdvertiseAddr != "" {
 		ip, port, err := splitIPPort("AdvertiseAddr", cfg.AdvertiseAddr)
 		if err != nil {
@@ -287,27 +312,7 @@ func Start(cfg Config) (*Membership, error) {
 	mc.Events = d
 	mc.Conflict = d
 	mc.Logger = log.New(logWriter{m.log}, "", 0)
-	if cfg.Transport != nil {
-		mc.Transport = cfg.Transport
-	}
-
-	list, err := memberlist.Create(mc)
-	if err != nil {
-		return nil, fmt.Errorf("membership: start gossip on %s: %w", cfg.BindAddr, err)
-	}
-	m.list = list
-	if len(cfg.Join) > 0 {
-		if err := m.join(cfg.Join, cfg.JoinTimeout); err != nil {
-			_ = list.Shutdown()
-			return nil, err
-		}
-	}
-	m.peers = append(slices.Clone(cfg.Peers), cfg.Join...)
-	m.reconnect = cfg.ReconnectInterval
-	m.stop, m.done = make(chan struct{}), make(chan struct{})
-	go m.reconnectLoop()
-	m.log.Info("membership started", "gossip_addr", m.LocalAddr(), "seeds", cfg.Join, "peers", cfg.Peers)
-	return m, nil
+	return mc, nil
 }
 
 // reconnectLoop contacts, every ReconnectInterval, the known peers that are
