@@ -17,7 +17,8 @@
 //     tests build replicas on it).
 //   - Keep a connection it cannot route: a connection without the header
 //     within 5 s, with another magic or version, or for a shard without a
-//     registered layer is closed.
+//     registered layer is closed, and so is one routed to a layer that
+//     closes before raft accepts it.
 //
 // # Goroutines
 //

@@ -134,6 +134,13 @@ func (m *Mux) route(c net.Conn) {
 	}
 	select {
 	case l.conns <- c:
+		// A layer that closed while c was on its way may have emptied its
+		// queue before this send: empty it again, or c stays open.
+		select {
+		case <-l.closed:
+			l.drain()
+		default:
+		}
 	case <-l.closed:
 		c.Close()
 	}
@@ -170,15 +177,20 @@ func (l *streamLayer) Close() error {
 func (l *streamLayer) shut() {
 	l.closeOnce.Do(func() {
 		close(l.closed)
-		for {
-			select {
-			case c := <-l.conns:
-				c.Close()
-			default:
-				return
-			}
-		}
+		l.drain()
 	})
+}
+
+// drain closes the connections queued for Accept.
+func (l *streamLayer) drain() {
+	for {
+		select {
+		case c := <-l.conns:
+			c.Close()
+		default:
+			return
+		}
+	}
 }
 
 func (l *streamLayer) Addr() net.Addr { return l.mux.ln.Addr() }

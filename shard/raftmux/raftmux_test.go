@@ -1,8 +1,10 @@
 package raftmux
 
 import (
+	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"testing"
@@ -85,5 +87,46 @@ func TestRoutesByShardHeader(t *testing.T) {
 	}
 	if _, err := m.Layer(5); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Layer after Close: %v, want ErrClosed", err)
+	}
+}
+
+// TestClosedLayerLeavesNoConnectionOpen: a connection routed to a layer as
+// it closes is closed, never left in the layer's queue. route's send and
+// the layer's closing are both ready then, and Go picks between them at
+// random, so over 64 connections a queue that is not emptied again after
+// the send keeps some of them open.
+func TestClosedLayerLeavesNoConnectionOpen(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(ln, slog.New(slog.DiscardHandler))
+	defer m.Close()
+	l, err := m.Layer(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sl := l.(*streamLayer)
+	sl.shut() // closed, but still routable, as in the moment before Close unregisters it
+	m.mu.Lock()
+	m.layers[3] = sl
+	m.mu.Unlock()
+
+	var hdr [muxHeaderLen]byte
+	copy(hdr[:], muxMagic)
+	hdr[len(muxMagic)] = muxVersion
+	binary.BigEndian.PutUint32(hdr[len(muxMagic)+1:], 3)
+	for i := range 64 {
+		local, remote := net.Pipe()
+		go func() { _, _ = remote.Write(hdr[:]) }()
+		m.route(local)
+		_ = remote.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := remote.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+			t.Fatalf("connection %d: read %v, want it closed", i, err)
+		}
+		remote.Close()
+	}
+	if n := len(sl.conns); n != 0 {
+		t.Fatalf("%d connections left in a closed layer's queue", n)
 	}
 }
