@@ -174,19 +174,29 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	return s, nil
 }
 
-// reopenReplica closes this node's replica of shard id and opens it again
-// from its data, with a new raft instance: the cure for a replica whose raft
-// is wedged (shard.Shard.Stuck).
-func (h *Host) reopenReplica(id uint32) error {
+// closeReplica takes this node's replica of shard id out of the host and
+// closes it; it reports whether there was one. why names the reason in the
+// log if the close fails.
+func (h *Host) closeReplica(id uint32, why string) bool {
 	h.mu.Lock()
 	s := h.shards[id]
 	delete(h.shards, id)
 	h.mu.Unlock()
 	if s == nil {
-		return nil
+		return false
 	}
 	if err := s.Close(); err != nil {
-		h.cfg.Logger.Warn("closing a replica to reopen it", "shard", id, "err", err)
+		h.cfg.Logger.Warn("closing a replica", "shard", id, "why", why, "err", err)
+	}
+	return true
+}
+
+// reopenReplica closes this node's replica of shard id and opens it again
+// from its data, with a new raft instance: the cure for a replica whose raft
+// is wedged (shard.Shard.Stuck).
+func (h *Host) reopenReplica(id uint32) error {
+	if !h.closeReplica(id, "reopening") {
+		return nil
 	}
 	_, err := h.openReplica(id, false)
 	return err
@@ -196,15 +206,8 @@ func (h *Host) reopenReplica(id uint32) error {
 // (crash-atomically: shard.ReleaseData): the shard's leader has taken it out
 // of the configuration.
 func (h *Host) releaseReplica(id uint32) error {
-	h.mu.Lock()
-	s := h.shards[id]
-	delete(h.shards, id)
-	h.mu.Unlock()
-	if s == nil {
+	if !h.closeReplica(id, "released") {
 		return nil
-	}
-	if err := s.Close(); err != nil {
-		h.cfg.Logger.Warn("closing a released replica", "shard", id, "err", err)
 	}
 	return shard.ReleaseData(h.cfg.Store, id, h.shardDir(id))
 }
