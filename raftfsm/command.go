@@ -23,6 +23,8 @@ const (
 	// TypeMarkDeadLetteredDue is MarkDeadLettered with each event's due time
 	// (MarkDeadLettered.DueKnown).
 	TypeMarkDeadLetteredDue CommandType = 6
+	// TypeExpire removes settled events whose retention has passed (Expire).
+	TypeExpire CommandType = 7
 )
 
 func (t CommandType) String() string {
@@ -39,11 +41,14 @@ func (t CommandType) String() string {
 		return "MarkFiredDue"
 	case TypeMarkDeadLetteredDue:
 		return "MarkDeadLetteredDue"
+	case TypeExpire:
+		return "Expire"
 	}
 	return fmt.Sprintf("CommandType(%d)", byte(t))
 }
 
-// Command is a decoded log entry: *ScheduleBatch, *Cancel, *MarkFired or *MarkDeadLettered.
+// Command is a decoded log entry: *ScheduleBatch, *Cancel, *MarkFired, *MarkDeadLettered or
+// *Expire.
 type Command interface {
 	Type() CommandType
 }
@@ -132,7 +137,26 @@ type MarkDeadLettered struct {
 	Entries    []DeadLettered
 }
 
+// Expire removes the events that settled (fired, were cancelled or dead-lettered) strictly
+// before Before, oldest first, at most Limit of them: their bodies, ids, statuses and index
+// entries. An expired id is free: a later Schedule with it creates a new event. The leader
+// proposes it with Before = its clock minus the retention, so what every replica removes is
+// decided by the entry and the state, never by a replica's clock. Apply returns
+// *ExpireResult.
+type Expire struct {
+	Before int64 // unix ns
+	Limit  uint32
+}
+
+// ExpireResult is the response to an Expire entry.
+type ExpireResult struct {
+	// Expired is how many events the entry removed; fewer than Limit means none older than
+	// Before is left.
+	Expired uint32
+}
+
 func (*ScheduleBatch) Type() CommandType { return TypeScheduleBatch }
+func (*Expire) Type() CommandType        { return TypeExpire }
 func (*Cancel) Type() CommandType        { return TypeCancel }
 func (c *MarkFired) Type() CommandType {
 	if c.DueKnown {
@@ -214,6 +238,13 @@ func AppendMarkDeadLettered(dst []byte, c *MarkDeadLettered) []byte {
 	return dst
 }
 
+// AppendExpire appends the log entry encoding of c to dst.
+func AppendExpire(dst []byte, c *Expire) []byte {
+	dst = append(dst, byte(TypeExpire))
+	dst = binary.AppendVarint(dst, c.Before)
+	return binary.AppendUvarint(dst, uint64(c.Limit))
+}
+
 // Smallest encodings of one list item, used to reject a count that cannot fit in the bytes
 // left before allocating for it (a corrupt count must not allocate gigabytes).
 const (
@@ -246,6 +277,8 @@ func DecodeCommand(data []byte) (Command, error) {
 		c = d.markDeadLettered(false)
 	case TypeMarkDeadLetteredDue:
 		c = d.markDeadLettered(true)
+	case TypeExpire:
+		c = &Expire{Before: d.varint("before"), Limit: d.uint32("limit")}
 	default:
 		return nil, fmt.Errorf("%w: unknown command type %d", ErrMalformedCommand, data[0])
 	}
@@ -474,8 +507,6 @@ func (d *decoder) strLike(field, prev string) string {
 	return prev
 }
 
-// count reads a list length and checks that that many items of at least minLen bytes each
-// fit in what is left.
 // markCount reads the entry count of a MarkFired or MarkDeadLettered, whose entries are at
 // least minLen bytes, one more when each carries its due time.
 func (d *decoder) markCount(minLen int, dueKnown bool) int {
@@ -485,6 +516,8 @@ func (d *decoder) markCount(minLen int, dueKnown bool) int {
 	return d.count("entries", minLen)
 }
 
+// count reads a list length and checks that that many items of at least minLen bytes each
+// fit in what is left.
 func (d *decoder) count(field string, minLen int) int {
 	n := d.uvarint(field)
 	if d.err != nil {

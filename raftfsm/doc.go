@@ -4,13 +4,14 @@
 //
 // # What it owns
 //
-//   - The meaning of a committed command: ScheduleBatch, Cancel, MarkFired and
-//     MarkDeadLettered, their binary encoding (DecodeCommand is the only decode path; the
+//   - The meaning of a committed command: ScheduleBatch, Cancel, MarkFired,
+//     MarkDeadLettered and Expire, their binary encoding (DecodeCommand is the only decode path; the
 //     Append* functions encode), and the result each one produces.
 //   - Every key of its shard in the node's Pebble (one Store per node, one FSM per shard;
 //     Store.DropShard deletes a shard's keys when the placement moves the replica away).
-//   - The shard's event lifecycle: Scheduled → Fired | Cancelled | DeadLettered. Nothing
-//     leaves a final state.
+//   - The shard's event lifecycle: Scheduled → Fired | Cancelled | DeadLettered → removed.
+//     Nothing leaves a final state except to be removed, by an Expire entry, once the
+//     retention the leader applies has passed since it settled.
 //   - The applied index: which log entry the Pebble state reflects.
 //
 // It does not decide anything: timestamps, due times and content hashes arrive inside the
@@ -45,14 +46,19 @@
 //     Restore flushes too (after writing its marker, and at the end), because raft drops its
 //     log behind an installed snapshot, and so does DropShard, which no log re-creates.
 //  5. A pending event (state Scheduled) has exactly one due-index key and no status key; every
-//     other event has a status key and no due-index key. The in-memory counters equal the
+//     other stored event has a status key, one settled-index key at the time it settled, and
+//     no due-index key. An expired event has no key at all. The in-memory counters equal the
 //     counters stored in Pebble after every commit, and the in-memory pending set (pendingSet)
 //     holds exactly the seqs of the due index. A pending event's status is exactly
 //     {Scheduled, due}, which is what lets a MarkFired carrying due times (MarkFired.DueKnown)
 //     settle it without reading it.
-//  6. Idempotency (design invariant 6): an id is bound forever to the first event created
-//     with it. The same id with the same ContentHash returns the original Seq and Due; a
-//     different hash is a Conflict. Within one ScheduleBatch the first occurrence wins.
+//  6. Idempotency (design invariant 6): an id is bound to the first event created with it
+//     until that event expires. The same id with the same ContentHash returns the original Seq
+//     and Due; a different hash is a Conflict. Within one ScheduleBatch the first occurrence
+//     wins. After the event expires the id is free, and a Schedule with it creates a new
+//     event with a new seq. An entry sees the state exactly as if applied alone, whatever
+//     raft batched it with: an Expire also removes what earlier entries of its batch settled,
+//     and later entries no longer find what it removed.
 //  7. Sequence numbers are assigned in apply order, start at 1, and are never reused.
 //  8. Raft state is a claim about Pebble and never outlives what it names. A snapshot
 //     reference says "Pebble holds the log up to AppliedIndex I" (its header's I, the FSM's),
@@ -81,16 +87,19 @@
 //
 // Every key starts with the shard id as 4 big-endian bytes, then a tag byte. The shard's span
 // is [shard|0x00, shard|0xff): tags are ASCII letters, so a DeleteRange over the span never
-// touches another shard. This is key layout 2, named by the meta value's first byte.
+// touches another shard. This is key layout 3, named by the meta value's first byte.
 //
-//	shard|'m'                        meta: layout (2), applied index, applied term, next seq,
-//	                                 counters
+//	shard|'m'                        meta: layout (3), applied index, applied term, next seq,
+//	                                 counters (pending, fired, cancelled, dead-lettered,
+//	                                 refired, fired after cancel, expired)
 //	shard|'i'|id                     seq (8 BE) | content hash (8 BE) | due (8 BE)
 //	shard|'b'|due(8)|seq(8 BE)       body: id, createdAt, topic, key, payload, headers, hash
 //	shard|'d'|due(8)|seq(8 BE)       empty; present only while the event is pending
 //	shard|'s'|seq(8 BE)              status: state, due, fired/cancelled/dead-lettered at,
 //	                                 attempts, last error, dead-letter topic; written once,
 //	                                 when the event leaves Scheduled
+//	shard|'x'|settledAt(8)|seq(8 BE) due (8 BE); the settled-time index, written with the
+//	                                 status: Expire walks it from the start
 //	shard|'r'                        restoring marker: a Restore began and has not finished
 //
 // An event is an immutable body and, once it is settled, a small status. Bodies are keyed by
@@ -106,10 +115,18 @@
 // the exact due. The due index exists for ForEachPending (rebuilding the wheel) and for
 // ReadForFire to tell pending events from settled ones in the same forward walk.
 //
+// Expire removes the oldest settled events: it walks the settled-time index, finds each
+// body by its due and seq, reads the id out of it, and deletes the four keys. Settled-time
+// order is close to due order for fired events, so the bodies it reads are mostly
+// neighbours.
+//
 // Body and status values start with a format byte (1 today) so that a change can be
-// recognised; the id entry is a fixed 24 bytes and index entries are empty. A shard stored in
-// layout 1 is refused with ErrOldLayout: nothing converts it, and a node holding one starts on
-// an empty data directory and receives the shard from its peers.
+// recognised; the id entry is a fixed 24 bytes and the due index's entries are empty. Layout
+// 2 was layout 3 without the settled-time index and the expired counter: a shard in it is
+// converted when it is opened, or restored from a format 2 stream (upgradeLayout), by
+// writing the index from the statuses. A shard stored in layout 1 is refused with
+// ErrOldLayout: nothing converts it, and a node holding one starts on an empty data directory
+// and receives the shard from its peers.
 //
 // # Snapshot stream
 //
@@ -119,7 +136,8 @@
 // reads them; every reference ever written has this form). The full stream, which a reference expands to when raft sends
 // a snapshot to another replica, is written by WriteSnapshot from a Pebble snapshot handle:
 //
-//	header   "chimesnp" | format version u32 BE (2: layout 2) | shard u32 BE | applied index u64 BE |
+//	header   "chimesnp" | format version u32 BE (3: layout 3; 2, layout 2, is read too) |
+//	         shard u32 BE | applied index u64 BE |
 //	         applied term u64 BE
 //	frames   uvarint len(key) | key without the shard prefix | uvarint len(value) | value
 //	         (in key order; keys are never empty)
@@ -129,8 +147,9 @@
 // Restore checks the header before touching anything. It then writes the restoring marker
 // and a DeleteRange of the span in one synced batch, loads the frames in batches of a few
 // MiB, and only after the trailer verifies, and the meta's counters agree with the keys the
-// stream held (pending with due-index keys, settled with status keys, events with id keys
-// and bodies, the next seq with the events), deletes the marker (synced). A restore that fails
+// stream held (pending with due-index keys, retained settled events with status and
+// settled-index keys, stored events with id keys and bodies, the next seq with the events
+// ever created), deletes the marker (synced). A restore that fails
 // half way leaves the marker: NeedsRestore reports it, Apply refuses to run on top of it
 // (panic), and the shard owner lets raft restore from its snapshot store on the next start.
 package raftfsm

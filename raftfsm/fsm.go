@@ -3,6 +3,7 @@ package raftfsm
 import (
 	"bytes"
 	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -135,6 +136,8 @@ const (
 	WasDeadLettered MarkOutcome = 4
 	// UnknownSeq: no event has this seq.
 	UnknownSeq MarkOutcome = 5
+	// WasExpired: it settled, and Expire has removed it since.
+	WasExpired MarkOutcome = 6
 )
 
 func (o MarkOutcome) String() string {
@@ -149,6 +152,8 @@ func (o MarkOutcome) String() string {
 		return "WasDeadLettered"
 	case UnknownSeq:
 		return "UnknownSeq"
+	case WasExpired:
+		return "WasExpired"
 	}
 	return fmt.Sprintf("MarkOutcome(%d)", uint8(o))
 }
@@ -167,9 +172,11 @@ type Stats struct {
 	DeadLettered     uint64
 	Refired          uint64 // MarkFired entries for events already fired (duplicate deliveries)
 	FiredAfterCancel uint64 // MarkFired entries for cancelled events
+	Expired          uint64 // settled events removed by Expire
+	Retained         uint64 // settled events still stored: Fired + Cancelled + DeadLettered - Expired
 	AppliedIndex     uint64
-	AppliedTerm      uint64
-	NextSeq          uint64 // the seq the next created event will get
+	AppliedTerm    uint64
+	NextSeq        uint64 // the seq the next created event will get
 }
 
 // FSM is the state machine of one shard. It implements raft.FSM and raft.BatchingFSM.
@@ -178,6 +185,7 @@ type Stats struct {
 //   - ScheduleBatch: *ScheduleBatchResult
 //   - Cancel: *CancelBatchResult
 //   - MarkFired, MarkDeadLettered: *MarkBatchResult
+//   - Expire: *ExpireResult
 //   - any entry at or below the applied index: ErrReplayed
 //   - non-command entries (LogConfiguration, ...): nil; they still advance the applied index.
 type FSM struct {
@@ -202,6 +210,9 @@ type FSM struct {
 	meta meta
 	// restoring is true while a restore marker exists: a Restore is running or failed.
 	restoring bool
+	// reclaimed counts the bytes of keys and values Expire removed (ReclaimedBytes); only
+	// the apply goroutine writes it, under mu.
+	reclaimed uint64
 
 	// stopping is closed by Stopping: a snapshot persist then stops waiting for Pebble to
 	// flush by itself.
@@ -229,6 +240,10 @@ func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
 	f.metaKey, f.restoringKey = appendShardTag(nil, shard, tagMeta), appendShardTag(nil, shard, tagRestoring)
 	f.ap.init(f)
 	if err := f.load(); err != nil {
+		st.release(shard)
+		return nil, err
+	}
+	if err := f.upgradeLayout(); err != nil {
 		st.release(shard)
 		return nil, err
 	}
@@ -358,6 +373,7 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 	}
 	f.mu.Lock()
 	f.meta = a.m
+	f.reclaimed += a.reclaimed
 	f.mu.Unlock()
 	for _, n := range a.notes {
 		if n.scheduled {
@@ -370,8 +386,11 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 
 // applier applies commands into one Pebble batch. Reads must see the batch's own writes (a
 // later event or entry in the same batch may name an id created earlier in it), so the
-// applier keeps what it wrote in two small overlays instead of paying for an indexed batch:
-// ids created in this batch, and the latest status of every event it read or wrote.
+// applier keeps what it wrote in small overlays instead of paying for an indexed batch: ids
+// created or expired in this batch (an expired one maps to the zero idRef), the latest
+// status of every event it read or wrote (an expired one's is the zero status), and the
+// settled-index entries it wrote. What raft hands to one ApplyBatch differs between
+// replicas, so an entry must see exactly what it would see applied alone.
 type applier struct {
 	f     *FSM
 	batch *pebble.Batch
@@ -382,6 +401,12 @@ type applier struct {
 	statuses map[uint64]status
 	idf      *idFilter // nil while a restore runs; see idFilter
 	notes    []note
+	// settledNow are the settled-index entries written in this batch; expired ones are
+	// marked gone. xFrom is where Expire resumes in the committed settled index: entries
+	// before it were expired earlier in this batch.
+	settledNow []settledEntry
+	xFrom      []byte
+	reclaimed  uint64 // bytes removed by Expire in this batch
 
 	key, val []byte // scratch; set copies
 
@@ -435,6 +460,7 @@ func (a *applier) end() {
 	clear(a.ids)
 	clear(a.statuses)
 	a.notes = a.notes[:0]
+	a.settledNow, a.xFrom, a.reclaimed = a.settledNow[:0], a.xFrom[:0], 0
 }
 
 func (a *applier) fatal(format string, args ...any) {
@@ -531,7 +557,7 @@ func (a *applier) lookupID(id string) (idRef, bool) {
 		return idRef{}, false
 	}
 	if ref, ok := a.ids[id]; ok {
-		return ref, true
+		return ref, ref.seq != 0 // zero: expired earlier in this batch
 	}
 	a.key = appendIDKey(a.key[:0], a.f.shard, id)
 	v, ok := a.get(a.key)
@@ -587,9 +613,9 @@ func (a *applier) loadStatuses(seqs []uint64) {
 	}
 }
 
-// status returns the current status of seq, which must exist. A pending event's is
-// {Scheduled, due}, with the due its caller knows (dueOf finds it for one that does not);
-// any other's is stored.
+// status returns the current status of seq, which must have been assigned. A pending event's
+// is {Scheduled, due}, with the due its caller knows (dueOf finds it for one that does not);
+// a settled one's is stored; an expired one's is the zero status.
 func (a *applier) status(seq uint64, due int64) status {
 	if a.f.pending.has(seq) {
 		return status{state: StateScheduled, due: due}
@@ -600,7 +626,7 @@ func (a *applier) status(seq uint64, due int64) status {
 	a.key = appendStatusKey(a.key[:0], a.f.shard, seq)
 	v, ok := a.get(a.key)
 	if !ok {
-		a.fatal("event %d is neither pending nor settled", seq)
+		return status{} // expired
 	}
 	s, err := decodeStatus(v)
 	if err != nil {
@@ -637,12 +663,18 @@ func (a *applier) dueOf(seq uint64) int64 {
 	return 0
 }
 
-// putStatus stores the final status of an event that leaves Scheduled.
+// putStatus stores the final status of an event that leaves Scheduled, and its entry in the
+// settled-time index.
 func (a *applier) putStatus(seq uint64, s status) {
 	a.statuses[seq] = s
 	a.key = appendStatusKey(a.key[:0], a.f.shard, seq)
 	a.val = s.append(a.val[:0])
 	a.set(a.key, a.val)
+	e := settledEntry{at: s.settledAt(), seq: seq, due: s.due}
+	a.key = appendSettledKey(a.key[:0], a.f.shard, e.at, seq)
+	a.val = binary.BigEndian.AppendUint64(a.val[:0], uint64(e.due))
+	a.set(a.key, a.val)
+	a.settledNow = append(a.settledNow, e)
 }
 
 // settle takes a pending event out of the due index; the caller stores its final status.
@@ -667,6 +699,8 @@ func (a *applier) command(c Command) interface{} {
 		return a.markFired(c)
 	case *MarkDeadLettered:
 		return a.markDeadLettered(c)
+	case *Expire:
+		return a.expire(c)
 	}
 	a.fatal("no apply for %T", c)
 	return nil
@@ -730,6 +764,8 @@ func (a *applier) cancel(c *Cancel) *CancelBatchResult {
 			res[i].Outcome = AlreadyFired
 		case StateDeadLettered:
 			res[i].Outcome = AlreadyDeadLettered
+		default: // expired: its id is removed with it, so lookupID does not find it
+			a.fatal("id %q names event %d, which has expired", id, ref.seq)
 		}
 	}
 	return &CancelBatchResult{Results: res}
@@ -742,8 +778,10 @@ func notPending(s State) MarkOutcome {
 		return WasFired
 	case StateCancelled:
 		return WasCancelled
-	default:
+	case StateDeadLettered:
 		return WasDeadLettered
+	default:
+		return WasExpired
 	}
 }
 

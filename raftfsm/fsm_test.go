@@ -70,7 +70,7 @@ func TestScheduleCancelMark(t *testing.T) {
 	if want := []string{"Scheduled(1,1000)", "Scheduled(2,500)", "Settled(1)", "Settled(2)"}; !slices.Equal(trace, want) {
 		t.Errorf("observer calls %v, want %v", trace, want)
 	}
-	wantStats := Stats{Fired: 1, Cancelled: 1, Refired: 1, FiredAfterCancel: 1, AppliedIndex: 5, AppliedTerm: 1, NextSeq: 3}
+	wantStats := Stats{Fired: 1, Cancelled: 1, Refired: 1, FiredAfterCancel: 1, Retained: 2, AppliedIndex: 5, AppliedTerm: 1, NextSeq: 3}
 	if s := f.Stats(); s != wantStats {
 		t.Errorf("Stats %+v, want %+v", s, wantStats)
 	}
@@ -608,7 +608,7 @@ func TestOldLayoutRefused(t *testing.T) {
 	st := openTestStore(t, dir, StoreOptions{})
 	defer st.Close()
 	m := freshMeta()
-	v := m.append(nil)
+	v := m.append(nil)[:metaLenV2] // layout 1's meta had nine counters
 	v[0] = 1
 	if err := st.db.Set(appendShardTag(nil, 4, tagMeta), v, pebble.NoSync); err != nil {
 		t.Fatal(err)

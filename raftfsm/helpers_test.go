@@ -174,6 +174,9 @@ type gen struct {
 	ids   int   // ids issued so far: id-0 … id-(ids-1)
 	index uint64
 	term  uint64
+	// noExpire leaves Expire entries out: a log the version before retention could have
+	// written.
+	noExpire bool
 }
 
 func newGen(seed uint64) *gen {
@@ -236,7 +239,7 @@ func (g *gen) command(m *model) Command {
 			c.IDs = append(c.IDs, g.id())
 		}
 		return c
-	case r < 80:
+	case r < 75:
 		// Half of them carry due times, as the shard's leader sends them: the due each
 		// event had when it was read (for an unknown seq, anything).
 		c := &MarkFired{ProposedAt: g.tick(), DueKnown: g.rng.IntN(2) == 0}
@@ -248,7 +251,7 @@ func (g *gen) command(m *model) Command {
 			c.Entries = append(c.Entries, e)
 		}
 		return c
-	default:
+	case r < 90 || g.noExpire:
 		c := &MarkDeadLettered{ProposedAt: g.tick(), DueKnown: g.rng.IntN(2) == 0}
 		for range 1 + g.rng.IntN(3) {
 			e := DeadLettered{
@@ -261,6 +264,9 @@ func (g *gen) command(m *model) Command {
 			c.Entries = append(c.Entries, e)
 		}
 		return c
+	default:
+		// Mostly a retention that leaves some settled events, now and then one past all.
+		return &Expire{Before: g.now - g.rng.Int64N(8e9) + 1, Limit: uint32(1 + g.rng.IntN(4))}
 	}
 }
 
@@ -289,6 +295,8 @@ func encode(c Command) []byte {
 		return AppendMarkFired(nil, c)
 	case *MarkDeadLettered:
 		return AppendMarkDeadLettered(nil, c)
+	case *Expire:
+		return AppendExpire(nil, c)
 	}
 	panic(fmt.Sprintf("encode %T", c))
 }

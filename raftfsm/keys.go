@@ -14,6 +14,7 @@ const (
 	tagMeta      = 'm'
 	tagRestoring = 'r'
 	tagStatus    = 's'
+	tagSettled   = 'x'
 )
 
 const shardPrefixLen = 4
@@ -21,9 +22,14 @@ const shardPrefixLen = 4
 // formatV1 is the leading byte of every body and status value written today.
 const formatV1 = 1
 
-// layoutV2 is the leading byte of the meta value, and names the key layout of the whole
-// shard. Layout 1 kept bodies under their seq and a status for every event; see doc.go.
-const layoutV2 = 2
+// The key layout of a whole shard is named by the meta value's first byte; see doc.go.
+// Layout 1 kept bodies under their seq and a status for every event. Layout 2 had no
+// settled-time index ('x') and no expired counter; a shard in it is converted on open
+// (upgradeLayout).
+const (
+	layoutV2 = 2
+	layoutV3 = 3
+)
 
 // ErrCorrupt wraps errors about stored bytes that do not decode. During apply it panics
 // instead (see doc.go, invariant 2).
@@ -60,6 +66,22 @@ func appendDueSeq(dst []byte, due int64, seq uint64) []byte {
 
 func appendStatusKey(dst []byte, shard uint32, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(appendShardTag(dst, shard, tagStatus), seq)
+}
+
+// appendSettledKey appends the key of an event's entry in the settled-time index:
+// shard|'x'|settledAt|seq, so that the clean-up walks events in the order they expire. The
+// value is the event's due time (8 BE), which with the seq names its body.
+func appendSettledKey(dst []byte, shard uint32, settledAt int64, seq uint64) []byte {
+	return appendDueSeq(appendShardTag(dst, shard, tagSettled), settledAt, seq)
+}
+
+func parseSettled(k, v []byte) (settledAt int64, seq uint64, due int64, err error) {
+	if len(k) != dueKeyLen || k[shardPrefixLen] != tagSettled || len(v) != 8 {
+		return 0, 0, 0, fmt.Errorf("%w: settled index entry %x = %x", ErrCorrupt, k, v)
+	}
+	settledAt = int64(binary.BigEndian.Uint64(k[shardPrefixLen+1:]) ^ 1<<63)
+	seq = binary.BigEndian.Uint64(k[shardPrefixLen+9:])
+	return settledAt, seq, int64(binary.BigEndian.Uint64(v)), nil
 }
 
 const dueKeyLen = shardPrefixLen + 1 + 8 + 8
@@ -112,16 +134,29 @@ type meta struct {
 	deadLettered     uint64
 	refired          uint64 // MarkFired for an event already fired: a duplicate delivery
 	firedAfterCancel uint64 // MarkFired for a cancelled event: produced although cancelled
+	expired          uint64 // settled events removed by Expire
+
+	// layout is the key layout the shard is stored in: layoutV3 once written by this
+	// version, layoutV2 until upgradeLayout has converted it. Not a counter.
+	layout byte
 }
 
-const metaLen = 1 + 9*8
+const (
+	metaLenV2 = 1 + 9*8
+	metaLen   = 1 + 10*8
+)
 
-func freshMeta() meta { return meta{nextSeq: 1} }
+func freshMeta() meta { return meta{nextSeq: 1, layout: layoutV3} }
 
+// retained is the number of settled events still stored.
+func (m *meta) retained() uint64 { return m.fired + m.cancelled + m.deadLettered - m.expired }
+
+// append encodes m in layout 3 (whatever m.layout says: only upgradeLayout writes a meta
+// of a layout 2 shard, and it writes it once the shard is converted).
 func (m *meta) append(dst []byte) []byte {
-	dst = append(dst, layoutV2)
+	dst = append(dst, layoutV3)
 	for _, v := range [...]uint64{m.appliedIndex, m.appliedTerm, m.nextSeq, m.pending, m.fired,
-		m.cancelled, m.deadLettered, m.refired, m.firedAfterCancel} {
+		m.cancelled, m.deadLettered, m.refired, m.firedAfterCancel, m.expired} {
 		dst = binary.BigEndian.AppendUint64(dst, v)
 	}
 	return dst
@@ -132,17 +167,17 @@ func (m *meta) append(dst []byte) []byte {
 var ErrOldLayout = errors.New("raftfsm: the shard is stored in key layout 1, which this version cannot read; start the node on an empty --data-dir (the other replicas send it the shard)")
 
 func decodeMeta(b []byte) (meta, error) {
-	if len(b) == metaLen && b[0] == 1 {
+	if len(b) == metaLenV2 && b[0] == 1 {
 		return meta{}, ErrOldLayout
 	}
-	if len(b) != metaLen || b[0] != layoutV2 {
+	if !(len(b) == metaLenV2 && b[0] == layoutV2) && !(len(b) == metaLen && b[0] == layoutV3) {
 		return meta{}, fmt.Errorf("%w: meta of %d bytes, layout %x", ErrCorrupt, len(b), b[:min(len(b), 1)])
 	}
-	var v [9]uint64
-	for i := range v {
+	var v [10]uint64
+	for i := range (len(b) - 1) / 8 {
 		v[i] = binary.BigEndian.Uint64(b[1+8*i:])
 	}
-	return meta{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8]}, nil
+	return meta{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], b[0]}, nil
 }
 
 // State is where an event is in its lifecycle. Only Scheduled is pending; the others are
@@ -182,6 +217,19 @@ type status struct {
 	attempts        uint32
 	lastError       string
 	deadLetterTopic string
+}
+
+// settledAt is when the event left Scheduled, by the leader's clock in the entry that
+// settled it: the time its retention counts from.
+func (s *status) settledAt() int64 {
+	switch s.state {
+	case StateFired:
+		return s.firedAt
+	case StateCancelled:
+		return s.cancelledAt
+	default:
+		return s.deadLetteredAt
+	}
 }
 
 func (s *status) append(dst []byte) []byte {

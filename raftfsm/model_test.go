@@ -16,12 +16,48 @@ import (
 type model struct {
 	byID    map[string]*Record
 	bySeq   map[uint64]*Record
+	expired map[uint64]bool
 	nextSeq uint64
 	stats   Stats
 }
 
 func newModel() *model {
-	return &model{byID: map[string]*Record{}, bySeq: map[uint64]*Record{}, nextSeq: 1}
+	return &model{byID: map[string]*Record{}, bySeq: map[uint64]*Record{}, expired: map[uint64]bool{}, nextSeq: 1}
+}
+
+// unknown is the outcome of a mark for a seq the model no longer holds.
+func (m *model) unknown(seq uint64) MarkOutcome {
+	if m.expired[seq] {
+		return WasExpired
+	}
+	return UnknownSeq
+}
+
+// settledAt is when r left Scheduled.
+func settledAt(r *Record) int64 {
+	return map[State]int64{StateFired: r.FiredAt, StateCancelled: r.CancelledAt, StateDeadLettered: r.DeadLetteredAt}[r.State]
+}
+
+// expire removes the settled records that settled before c.Before, oldest first (by time,
+// then seq), at most c.Limit.
+func (m *model) expire(c *Expire) *ExpireResult {
+	var old []*Record
+	for _, r := range m.bySeq {
+		if r.State != StateScheduled && settledAt(r) < c.Before {
+			old = append(old, r)
+		}
+	}
+	slices.SortFunc(old, func(a, b *Record) int {
+		return cmp.Or(cmp.Compare(settledAt(a), settledAt(b)), cmp.Compare(a.Seq, b.Seq))
+	})
+	old = old[:min(len(old), int(c.Limit))]
+	for _, r := range old {
+		delete(m.byID, r.ID)
+		delete(m.bySeq, r.Seq)
+		m.expired[r.Seq] = true
+		m.stats.Expired++
+	}
+	return &ExpireResult{Expired: uint32(len(old))}
 }
 
 func (m *model) pendingSeqs() []uint64 {
@@ -80,13 +116,15 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 			res.Results[i] = CancelResult{Outcome: o, Seq: r.Seq}
 		}
 		return res
+	case *Expire:
+		return m.expire(c)
 	case *MarkFired:
 		res := &MarkBatchResult{Outcomes: make([]MarkOutcome, len(c.Entries))}
 		for i, e := range c.Entries {
 			r, ok := m.bySeq[e.Seq]
 			switch {
 			case !ok:
-				res.Outcomes[i] = UnknownSeq
+				res.Outcomes[i] = m.unknown(e.Seq)
 			case r.State == StateScheduled:
 				r.State, r.FiredAt, r.Attempts = StateFired, e.FiredAt, e.Attempts
 				m.stats.Pending--
@@ -109,7 +147,7 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 			r, ok := m.bySeq[e.Seq]
 			switch {
 			case !ok:
-				res.Outcomes[i] = UnknownSeq
+				res.Outcomes[i] = m.unknown(e.Seq)
 			case r.State == StateScheduled:
 				r.State, r.DeadLetteredAt, r.Attempts = StateDeadLettered, e.At, e.Attempts
 				r.LastError, r.DeadLetterTopic = e.Error, e.Topic
@@ -128,6 +166,7 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 func (m *model) wantStats() Stats {
 	s := m.stats
 	s.NextSeq = m.nextSeq
+	s.Retained = s.Fired + s.Cancelled + s.DeadLettered - s.Expired
 	return s
 }
 
@@ -278,8 +317,9 @@ func (h *harness) reapplyAfter(from uint64) {
 func (h *harness) check() {
 	t, f, m := h.t, h.f, h.m
 	t.Helper()
-	if got, want := f.Stats(), m.wantStats(); got != want {
-		t.Fatalf("Stats:\n got %+v\nwant %+v", got, want)
+	stats := f.Stats()
+	if want := m.wantStats(); stats != want {
+		t.Fatalf("Stats:\n got %+v\nwant %+v", stats, want)
 	}
 	for i := range h.g.ids + 5 { // a few ids never scheduled
 		id := fmt.Sprintf("id-%d", i)
@@ -388,7 +428,7 @@ func TestModel(t *testing.T) {
 			h.check()
 			// The run must have exercised what it claims to, or it proves little.
 			s := h.f.Stats()
-			if s.Pending == 0 || s.Fired == 0 || s.Cancelled == 0 || s.DeadLettered == 0 || s.Refired == 0 || s.FiredAfterCancel == 0 {
+			if s.Pending == 0 || s.Fired == 0 || s.Cancelled == 0 || s.DeadLettered == 0 || s.Refired == 0 || s.FiredAfterCancel == 0 || s.Expired == 0 || s.Retained == 0 {
 				t.Errorf("weak run, some outcome never happened: %+v", s)
 			}
 			t.Logf("%d entries, %d restores, %d reopens, stats %+v", len(h.log), restores, reopens, s)
@@ -414,6 +454,8 @@ func show(v interface{}) string {
 	case *CancelBatchResult:
 		return fmt.Sprintf("%+v", *v)
 	case *MarkBatchResult:
+		return fmt.Sprintf("%+v", *v)
+	case *ExpireResult:
 		return fmt.Sprintf("%+v", *v)
 	}
 	return fmt.Sprintf("%#v", v)

@@ -222,6 +222,8 @@ func (f *FSM) Stats() Stats {
 		DeadLettered:     m.deadLettered,
 		Refired:          m.refired,
 		FiredAfterCancel: m.firedAfterCancel,
+		Expired:          m.expired,
+		Retained:         m.retained(),
 		AppliedIndex:     m.appliedIndex,
 		AppliedTerm:      m.appliedTerm,
 		NextSeq:          m.nextSeq,

@@ -16,9 +16,13 @@ import (
 
 // Snapshot stream format; see doc.go.
 const (
-	snapshotMagic     = "chimesnp"
-	snapshotRefMagic  = "chimeref" // a reference; see FSM.Snapshot
-	snapshotFormat    = 2          // 2: key layout 2 (see layoutV2); a format 1 stream is refused
+	snapshotMagic    = "chimesnp"
+	snapshotRefMagic = "chimeref" // a reference; see FSM.Snapshot
+	// snapshotFormat is the format written: 3 holds key layout 3. Format 2 streams (layout 2,
+	// from a leader running the version before) are read too, and converted once restored
+	// (upgradeLayout); a format 1 stream is refused.
+	snapshotFormat    = 3
+	snapshotFormatOld = 2
 	snapshotHeaderLen = len(snapshotMagic) + 4 + 4 + 8 + 8
 
 	// Bounds on one frame, enforced on both sides so that Persist never writes a stream
@@ -313,7 +317,10 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	if err := f.st.commitFlushed(b); err != nil {
 		return err
 	}
-	return f.load()
+	if err := f.load(); err != nil {
+		return err
+	}
+	return f.upgradeLayout()
 }
 
 // wipeForRestore deletes the shard's keys and sets the restore marker in one flushed
@@ -390,23 +397,30 @@ func (f *FSM) restoreFrames(r *snapReader, index, term uint64) (*pebble.Batch, e
 }
 
 // checkMetaCounts checks the meta's counters against the keys the stream
-// held (perTag counts them by tag), by invariant 5 and by every created
-// event keeping its id, body and seq: a checksum only says the stream
-// arrived as sent, and the restored meta sizes what the FSM allocates (the
-// id filter is sized by nextSeq).
+// held (perTag counts them by tag), by invariant 5, by every stored event
+// keeping its id and body, and by seqs being dense: a checksum only says the
+// stream arrived as sent, and the restored meta sizes what the FSM allocates
+// (the id filter is sized by nextSeq).
 func checkMetaCounts(m *meta, perTag *[256]uint64) error {
-	settled := m.fired + m.cancelled + m.deadLettered
+	created := m.pending + m.fired + m.cancelled + m.deadLettered
+	retained := m.retained()
 	events := perTag[tagID]
 	switch {
+	case m.expired > m.fired+m.cancelled+m.deadLettered:
+		return fmt.Errorf("%w: meta counts %d expired events of %d settled", ErrBadSnapshot, m.expired, m.fired+m.cancelled+m.deadLettered)
 	case m.pending != perTag[tagDue]:
 		return fmt.Errorf("%w: meta counts %d pending events, the stream holds %d due-index keys", ErrBadSnapshot, m.pending, perTag[tagDue])
-	case settled != perTag[tagStatus]:
-		return fmt.Errorf("%w: meta counts %d settled events, the stream holds %d status keys", ErrBadSnapshot, settled, perTag[tagStatus])
-	case perTag[tagBody] != events || m.pending+settled != events:
-		return fmt.Errorf("%w: the stream holds %d id keys and %d bodies for %d pending and %d settled events",
-			ErrBadSnapshot, events, perTag[tagBody], m.pending, settled)
-	case m.nextSeq != events+1:
-		return fmt.Errorf("%w: meta's next seq is %d, the stream holds %d events", ErrBadSnapshot, m.nextSeq, events)
+	case retained != perTag[tagStatus]:
+		return fmt.Errorf("%w: meta counts %d retained settled events, the stream holds %d status keys", ErrBadSnapshot, retained, perTag[tagStatus])
+	case m.layout == layoutV3 && retained != perTag[tagSettled]:
+		return fmt.Errorf("%w: meta counts %d retained settled events, the stream holds %d settled-index keys", ErrBadSnapshot, retained, perTag[tagSettled])
+	case m.layout == layoutV2 && perTag[tagSettled] != 0:
+		return fmt.Errorf("%w: a key layout 2 stream holds %d settled-index keys", ErrBadSnapshot, perTag[tagSettled])
+	case perTag[tagBody] != events || m.pending+retained != events:
+		return fmt.Errorf("%w: the stream holds %d id keys and %d bodies for %d pending and %d retained settled events",
+			ErrBadSnapshot, events, perTag[tagBody], m.pending, retained)
+	case m.nextSeq != created+1:
+		return fmt.Errorf("%w: meta's next seq is %d, and it counts %d events created", ErrBadSnapshot, m.nextSeq, created)
 	}
 	return nil
 }
@@ -423,7 +437,7 @@ func (r *snapReader) frame(key, val []byte, frames uint64) (_, _ []byte, last bo
 		return key, val, false, err
 	}
 	switch key[shardPrefixLen] {
-	case tagBody, tagDue, tagID, tagMeta, tagStatus:
+	case tagBody, tagDue, tagID, tagMeta, tagStatus, tagSettled:
 	default:
 		return key, val, false, fmt.Errorf("%w: frame %d: key %x has no known tag", ErrBadSnapshot, frames, key[shardPrefixLen:])
 	}
@@ -567,8 +581,8 @@ func parseSnapshotHeader(b []byte) (SnapshotHeader, error) {
 		return h, fmt.Errorf("%w: not a chime shard snapshot", ErrBadSnapshot)
 	}
 	b = b[len(snapshotMagic):]
-	if v := binary.BigEndian.Uint32(b); v != snapshotFormat && !h.Reference {
-		return h, fmt.Errorf("%w: format %d, this build reads %d", ErrBadSnapshot, v, snapshotFormat)
+	if v := binary.BigEndian.Uint32(b); v != snapshotFormat && v != snapshotFormatOld && !h.Reference {
+		return h, fmt.Errorf("%w: format %d, this build reads %d and %d", ErrBadSnapshot, v, snapshotFormatOld, snapshotFormat)
 	}
 	h.Shard = binary.BigEndian.Uint32(b[4:])
 	h.AppliedIndex, h.AppliedTerm = binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:])
