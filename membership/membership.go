@@ -486,7 +486,7 @@ func (m *Membership) SetClusterParams(p ClusterParams) error {
 		if cur := meta.ClusterParams(); cur != p && !cur.IsZero() {
 			return fmt.Errorf("%w: this node advertises %s, not %s", ErrClusterParamsFixed, cur, p)
 		}
-		meta.ClusterID, meta.Shards, meta.Replication = p.ClusterID, p.Shards, p.Replication
+		meta.ClusterID, meta.Shards, meta.Replication, meta.Retention = p.ClusterID, p.Shards, p.Replication, p.Retention
 		return nil
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/hashicorp/memberlist"
 )
@@ -29,6 +30,9 @@ type Meta struct {
 	ClusterID   string `json:"cluster,omitempty"`
 	Shards      uint32 `json:"shards,omitempty"`
 	Replication uint32 `json:"r,omitempty"`
+	// Retention is how long settled events are kept; zero keeps them
+	// forever (and is what a cluster created before retention existed has).
+	Retention time.Duration `json:"ret,omitempty"`
 }
 
 // ClusterParams are the parameters a cluster is created with and keeps.
@@ -36,18 +40,23 @@ type ClusterParams struct {
 	ClusterID   string
 	Shards      uint32
 	Replication uint32
+	Retention   time.Duration
 }
 
 // IsZero reports whether no parameter is set (a node that has not learned them).
 func (p ClusterParams) IsZero() bool { return p == ClusterParams{} }
 
 func (p ClusterParams) String() string {
-	return fmt.Sprintf("cluster %q (%d shards, replication %d)", p.ClusterID, p.Shards, p.Replication)
+	ret := "kept forever"
+	if p.Retention > 0 {
+		ret = p.Retention.String()
+	}
+	return fmt.Sprintf("cluster %q (%d shards, replication %d, retention %s)", p.ClusterID, p.Shards, p.Replication, ret)
 }
 
 // ClusterParams returns the cluster parameters m advertises.
 func (m Meta) ClusterParams() ClusterParams {
-	return ClusterParams{ClusterID: m.ClusterID, Shards: m.Shards, Replication: m.Replication}
+	return ClusterParams{ClusterID: m.ClusterID, Shards: m.Shards, Replication: m.Replication, Retention: m.Retention}
 }
 
 // ErrMetaTooLarge is returned when a node's encoded metadata would not fit in

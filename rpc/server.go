@@ -155,7 +155,7 @@ func (s *Server) Cancel(ctx context.Context, in *chimev1.CancelRequest) (*chimev
 	case raftfsm.Cancelled, raftfsm.AlreadyCancelled:
 		return &chimev1.CancelResponse{Id: id, State: chimev1.EventState_EVENT_STATE_CANCELLED}, nil
 	case raftfsm.NotFound:
-		return nil, status.Errorf(codes.NotFound, "id: no event %q", id)
+		return nil, notFound(id)
 	case raftfsm.AlreadyFired, raftfsm.AlreadyDeadLettered:
 		return nil, status.Error(codes.FailedPrecondition, s.tooLateToCancel(ctx, id, res.Outcome))
 	default:
@@ -187,6 +187,12 @@ func (s *Server) tooLateToCancel(ctx context.Context, id string, o raftfsm.Cance
 	return msg
 }
 
+// notFound is the NOT_FOUND of an id with no event: it may never have been
+// scheduled, or it settled longer ago than the retention and was removed.
+func notFound(id string) error {
+	return status.Errorf(codes.NotFound, "id: no event %q (never scheduled, or settled longer ago than the cluster's retention and removed)", id)
+}
+
 // Get returns one event.
 func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetResponse, error) {
 	id := in.GetId()
@@ -198,7 +204,7 @@ func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetR
 		return nil, s.backendStatus("Get", err)
 	}
 	if !found {
-		return nil, status.Errorf(codes.NotFound, "id: no event %q", id)
+		return nil, notFound(id)
 	}
 	st, ok := eventState(rec.State)
 	if !ok {

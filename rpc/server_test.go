@@ -559,7 +559,7 @@ func TestCancel(t *testing.T) {
 	}
 
 	_, err = e.client.Cancel(ctx(t), &chimev1.CancelRequest{Id: "nope"})
-	wantStatus(t, err, codes.NotFound, `id: no event "nope"`)
+	wantStatus(t, err, codes.NotFound, `id: no event "nope" (never scheduled, or settled longer ago than the cluster's retention and removed)`)
 
 	for range 2 { // cancelling twice answers the same
 		resp, err := e.client.Cancel(ctx(t), &chimev1.CancelRequest{Id: "pending"})
@@ -597,7 +597,7 @@ func TestGet(t *testing.T) {
 	_, err := e.client.Get(ctx(t), &chimev1.GetRequest{})
 	wantStatus(t, err, codes.InvalidArgument, "id: required")
 	_, err = e.client.Get(ctx(t), &chimev1.GetRequest{Id: "nope"})
-	wantStatus(t, err, codes.NotFound, `id: no event "nope"`)
+	wantStatus(t, err, codes.NotFound, `id: no event "nope" (never scheduled, or settled longer ago than the cluster's retention and removed)`)
 
 	due := timestamppb.New(t0.Add(2 * time.Second))
 	event := func(id string) *chimev1.Event {

@@ -93,6 +93,12 @@ type Tuning struct {
 	// in a row that fails, up to MaxRetryDelay. The first produce that
 	// succeeds afterwards brings every waiting event forward (firing.heal).
 	RetryDelay, MaxRetryDelay time.Duration
+	// Retention is how long a settled (fired, cancelled or dead-lettered)
+	// event is kept after it settles: its id stays an idempotency key and
+	// Get shows its outcome until then, and the leader removes it after.
+	// Zero keeps settled events forever. It has no default here: the node
+	// passes the cluster's (chimed --retention, 7 days unless set).
+	Retention time.Duration
 }
 
 // Defaults that are not knobs.
@@ -138,6 +144,15 @@ const (
 	maxLeaseRenewals = 3
 	// leaseRetry is how long a batch that got no lease waits to fire again.
 	leaseRetry = 50 * time.Millisecond
+	// expireInterval is how often the leader looks for settled events past
+	// the retention (one read of the settled index's first key). The
+	// clean-up lags the retention by at most this plus the entries it
+	// takes.
+	expireInterval = time.Second
+	// expireLimit bounds the events one Expire entry removes: each costs a
+	// read of its body and four deletions on every replica, so an entry
+	// stays a few milliseconds of apply however far behind the clean-up is.
+	expireLimit = 4096
 )
 
 // fill sets every zero field to its default.

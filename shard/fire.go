@@ -80,8 +80,8 @@ func (s *Shard) leadershipLoop() {
 	}
 }
 
-// startFiring runs the leader's loops (firing and, in a cluster,
-// reconciliation) until the returned function is called; that function
+// startFiring runs the leader's loops (firing, the clean-up of settled
+// events past the retention and, in a cluster, reconciliation) until the returned function is called; that function
 // returns once they and their batches have finished.
 func (s *Shard) startFiring() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -96,6 +96,13 @@ func (s *Shard) startFiring() (stop func()) {
 		go func() {
 			defer wg.Done()
 			s.reconcileLoop(ctx)
+		}()
+	}
+	if s.tune.Retention > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.expireLoop(ctx)
 		}()
 	}
 	return func() {

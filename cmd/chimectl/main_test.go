@@ -225,8 +225,8 @@ func TestServerErrorsPrintTheCodeAndExit1(t *testing.T) {
 	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "t", "--in", "1s", "--id", "x").want(t, 0, "scheduled x due 2026-03-01T13:00:01+01:00 (in 1s)\n", "")
 	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "t", "--in", "2s", "--id", "x").
 		want(t, 1, "", `chimectl: AlreadyExists: event.id: "x" already scheduled with different content`+"\n")
-	chimectl(t, nil, "", "--addr", addr, "get", "nope").want(t, 1, "", `chimectl: NotFound: id: no event "nope"`+"\n")
-	chimectl(t, nil, "", "--addr", addr, "cancel", "nope").want(t, 1, "", `chimectl: NotFound: id: no event "nope"`+"\n")
+	chimectl(t, nil, "", "--addr", addr, "get", "nope").want(t, 1, "", `chimectl: NotFound: id: no event "nope" (never scheduled, or settled longer ago than the cluster's retention and removed)`+"\n")
+	chimectl(t, nil, "", "--addr", addr, "cancel", "nope").want(t, 1, "", `chimectl: NotFound: id: no event "nope" (never scheduled, or settled longer ago than the cluster's retention and removed)`+"\n")
 
 	// Nothing listens on a port we just closed: Unavailable, promptly.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -95,6 +95,7 @@ type flags struct {
 	shards, maxPayload, maxInFlight               int
 	maxAttempts, replication, nodes               int
 	maxHorizon, resolution, timeout, maxClockSkew time.Duration
+	retention                                     daysDuration
 	deadTimeout, startupWait                      time.Duration
 }
 
@@ -127,6 +128,8 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	}
 	fs.IntVar(&f.shards, "shards", 8, "number of shards, fixed when the cluster is created")
 	fs.IntVar(&f.replication, "replication", 3, "replicas (Raft voters) per shard, fixed when the cluster is created")
+	f.retention = daysDuration(7 * 24 * time.Hour)
+	fs.Var(&f.retention, "retention", "how long a fired, cancelled or dead-lettered event is kept after it settles (its id stays an\nidempotency key and Get shows it until then; 0 keeps them forever); fixed when the cluster is\ncreated. A `duration` or days: 7d, 36h, 90m")
 	fs.DurationVar(&f.deadTimeout, "dead-timeout", 2*time.Minute, "how long a member may be dead before its replicas move to other nodes")
 	fs.IntVar(&f.maxPayload, "max-payload", rpc.DefaultLimits().MaxPayloadBytes, "largest accepted event payload, in bytes")
 	fs.DurationVar(&f.maxHorizon, "max-horizon", rpc.DefaultLimits().MaxHorizon, "furthest ahead an event may be due")
@@ -140,7 +143,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
 		what := `one Chime node against an external Kafka. The first node of a cluster is
-started without --join and creates it (with --shards and --replication);
+started without --join and creates it (with --shards, --replication and --retention);
 every other node is started with --join naming one or more members`
 		if cmd == "dev" {
 			what = "Chime with an embedded Kafka-protocol broker, for trying it and for\ndevelopment: one node, or a local cluster with --nodes; Kafka data is kept\nunder --data-dir/kafka"
@@ -288,7 +291,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	base := node.Config{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
-		Tuning:      shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew},
+		Tuning:      shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention)},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
@@ -438,7 +441,11 @@ func printBanner(w io.Writer, cmd string, nodes []*node.Node, brokers []string, 
 		if g := n.GossipAddr(); g != "" {
 			fmt.Fprintf(w, "  gossip %s\n", g)
 		}
-		fmt.Fprintf(w, "  data   %s   (%d shards, replication %d)\n", cfg.DataDir, cfg.Shards, cfg.Replication)
+		ret := "settled events kept forever"
+		if r := daysDuration(cfg.Tuning.Retention); r > 0 {
+			ret = "settled events kept " + r.String()
+		}
+		fmt.Fprintf(w, "  data   %s   (%d shards, replication %d, %s)\n", cfg.DataDir, cfg.Shards, cfg.Replication, ret)
 	}
 	fmt.Fprintf(w, "  Kafka  %s\n", kafka)
 	fmt.Fprintf(w, `
@@ -451,4 +458,37 @@ Try it:
 	if len(nodes) > 1 {
 		fmt.Fprintf(w, "  go run ./cmd/chimectl --addr %s status\n", first.GRPCAddr())
 	}
+}
+
+// daysDuration is a flag value that reads Go durations and whole or
+// fractional days ("7d", "1.5d"), since retention is naturally counted in
+// days and time.ParseDuration stops at hours.
+type daysDuration time.Duration
+
+func (d daysDuration) String() string {
+	v := time.Duration(d)
+	if v > 0 && v%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", v/(24*time.Hour))
+	}
+	return v.String()
+}
+
+func (d *daysDuration) Set(s string) error {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseFloat(days, 64)
+		if err != nil || n < 0 || n > 100*365 {
+			return fmt.Errorf("%q is not a number of days from 0 to 36500", s)
+		}
+		*d = daysDuration(n * float64(24*time.Hour))
+		return nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (like 7d, 36h or 90m)", s)
+	}
+	if v < 0 {
+		return fmt.Errorf("%q is negative", s)
+	}
+	*d = daysDuration(v)
+	return nil
 }

@@ -427,10 +427,16 @@ var (
 	descRefired = prometheus.NewDesc("chime_shard_refired_total", "MarkFired entries for events already fired: duplicate deliveries around leader changes.", []string{"shard"}, nil)
 	descApplied = prometheus.NewDesc("chime_shard_applied_index", "Last Raft log index applied to Pebble.", []string{"shard"}, nil)
 	descLeader  = prometheus.NewDesc("chime_shard_is_leader", "1 when this node leads the shard.", []string{"shard"}, nil)
+
+	descRetained   = prometheus.NewDesc("chime_shard_settled_retained_events", "Settled (fired, cancelled, dead-lettered) events still stored: their ids stay idempotency keys until the retention removes them.", []string{"shard"}, nil)
+	descExpired    = prometheus.NewDesc("chime_shard_expired_total", "Settled events removed after the retention.", []string{"shard"}, nil)
+	descReclaimed  = prometheus.NewDesc("chime_shard_reclaimed_bytes_total", "Bytes of keys and values the retention clean-up deleted on this replica since it opened (Pebble frees the disk space as it compacts).", []string{"shard"}, nil)
+	descCleanupLag = prometheus.NewDesc("chime_shard_cleanup_lag_seconds", "How long ago the oldest settled event still stored should have been removed; 0 when the clean-up keeps up.", []string{"shard"}, nil)
 )
 
 func (c hostCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descEvents, descRefired, descApplied, descLeader} {
+	for _, d := range []*prometheus.Desc{descPending, descEvents, descRefired, descApplied, descLeader,
+		descRetained, descExpired, descReclaimed, descCleanupLag} {
 		ch <- d
 	}
 }
@@ -445,6 +451,10 @@ func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEvents, prometheus.GaugeValue, float64(st.DeadLettered), shard, "dead_lettered")
 		ch <- prometheus.MustNewConstMetric(descRefired, prometheus.CounterValue, float64(st.Refired), shard)
 		ch <- prometheus.MustNewConstMetric(descApplied, prometheus.GaugeValue, float64(st.AppliedIndex), shard)
+		ch <- prometheus.MustNewConstMetric(descRetained, prometheus.GaugeValue, float64(st.Retained), shard)
+		ch <- prometheus.MustNewConstMetric(descExpired, prometheus.CounterValue, float64(st.Expired), shard)
+		ch <- prometheus.MustNewConstMetric(descReclaimed, prometheus.CounterValue, float64(s.ReclaimedBytes()), shard)
+		ch <- prometheus.MustNewConstMetric(descCleanupLag, prometheus.GaugeValue, s.CleanupLag().Seconds(), shard)
 		leader := 0.0
 		if s.IsLeader() {
 			leader = 1

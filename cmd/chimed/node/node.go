@@ -97,11 +97,15 @@ type Node struct {
 // clusterMeta is written once, when the data directory is created, so that a
 // restart cannot change what was fixed at creation.
 type clusterMeta struct {
-	ClusterID   string    `json:"cluster_id,omitempty"`
-	Shards      int       `json:"shards"`
-	Replication int       `json:"replication,omitempty"`
-	NodeID      string    `json:"node_id"`
-	Created     time.Time `json:"created"`
+	ClusterID   string `json:"cluster_id,omitempty"`
+	Shards      int    `json:"shards"`
+	Replication int    `json:"replication,omitempty"`
+	// Retention (nanoseconds) is how long settled events are kept; absent
+	// or 0 keeps them forever, as every cluster created before retention
+	// existed does.
+	Retention time.Duration `json:"retention_ns,omitempty"`
+	NodeID    string        `json:"node_id"`
+	Created   time.Time     `json:"created"`
 }
 
 func metaPath(dataDir string) string { return filepath.Join(dataDir, "cluster.json") }
@@ -187,18 +191,18 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("%s belongs to node %q, not %q: use --node-id %s or another --data-dir", cfg.DataDir, meta.NodeID, cfg.NodeID, meta.NodeID)
 	}
 	if !existed {
-		meta = clusterMeta{Shards: cfg.Shards, Replication: cfg.Replication, NodeID: cfg.NodeID, Created: time.Now().UTC()}
+		meta = clusterMeta{Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, NodeID: cfg.NodeID, Created: time.Now().UTC()}
 	}
 	if cfg.Cluster {
 		if meta, err = n.joinCluster(cfg, meta, existed); err != nil {
 			return nil, err
 		}
 	}
-	if existed && (meta.Shards != cfg.Shards || (cfg.Cluster && meta.Replication != cfg.Replication)) {
-		cfg.Logger.Info("using the shard count and replication fixed when the cluster was created",
-			"shards", meta.Shards, "replication", meta.Replication, "file", metaPath(cfg.DataDir))
+	if existed && (meta.Shards != cfg.Shards || (cfg.Cluster && meta.Replication != cfg.Replication) || meta.Retention != cfg.Tuning.Retention) {
+		cfg.Logger.Info("using the shard count, replication and retention fixed when the cluster was created",
+			"shards", meta.Shards, "replication", meta.Replication, "retention", meta.Retention, "file", metaPath(cfg.DataDir))
 	}
-	cfg.Shards, cfg.Replication = meta.Shards, meta.Replication
+	cfg.Shards, cfg.Replication, cfg.Tuning.Retention = meta.Shards, meta.Replication, meta.Retention
 	if !existed {
 		if err := saveMeta(cfg.DataDir, meta); err != nil {
 			return nil, err
@@ -304,7 +308,7 @@ func (n *Node) joinCluster(cfg Config, meta clusterMeta, existed bool) (clusterM
 	if creating {
 		meta.ClusterID = newClusterID()
 	}
-	params := membership.ClusterParams{ClusterID: meta.ClusterID, Shards: uint32(meta.Shards), Replication: uint32(meta.Replication)}
+	params := membership.ClusterParams{ClusterID: meta.ClusterID, Shards: uint32(meta.Shards), Replication: uint32(meta.Replication), Retention: meta.Retention}
 	if !existed && !creating {
 		params = membership.ClusterParams{} // learned below
 	}
@@ -319,7 +323,7 @@ func (n *Node) joinCluster(cfg Config, meta clusterMeta, existed bool) (clusterM
 	n.ml, err = membership.Start(membership.Config{
 		Meta: membership.Meta{
 			NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr, HTTPAddr: n.httpAddr.String(),
-			ClusterID: params.ClusterID, Shards: params.Shards, Replication: params.Replication,
+			ClusterID: params.ClusterID, Shards: params.Shards, Replication: params.Replication, Retention: params.Retention,
 		},
 		BindAddr: cfg.GossipAddr, Transport: cfg.GossipTransport, Join: join, Peers: peers, Logger: cfg.Logger.With("component", "membership"),
 	})
@@ -343,7 +347,7 @@ func (n *Node) joinCluster(cfg Config, meta clusterMeta, existed bool) (clusterM
 		if err := n.ml.SetClusterParams(learned); err != nil {
 			return meta, err
 		}
-		meta.ClusterID, meta.Shards, meta.Replication = learned.ClusterID, int(learned.Shards), int(learned.Replication)
+		meta.ClusterID, meta.Shards, meta.Replication, meta.Retention = learned.ClusterID, int(learned.Shards), int(learned.Replication), learned.Retention
 	}
 	return meta, nil
 }
