@@ -44,6 +44,7 @@ func main() {
 
 type options struct {
 	timeLimit, maxDelay, drain time.Duration
+	retention                  time.Duration
 	nemesis, out               string
 	seed                       uint64
 	nodes, clients, shards     int
@@ -61,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.clients, "clients", 8, "concurrent client workers")
 	fs.IntVar(&o.shards, "shards", 8, "shards of the cluster under test")
 	fs.DurationVar(&o.maxDelay, "max-delay", 2*time.Minute, "longest delay a scheduled event gets")
+	fs.DurationVar(&o.retention, "retention", 7*24*time.Hour, "chimed --retention for the cluster under test (0 keeps settled events forever); the checker holds removals to it")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long to keep reading after the last event fell due")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: chime-jepsen [flags]   (as root)
@@ -177,7 +179,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	c := &cluster{}
 	for i := 1; i <= o.nodes; i++ {
 		n := &node{i: i, id: fmt.Sprintf("n%d", i), ip: nodeIP(i), dataDir: filepath.Join(out, fmt.Sprintf("n%d", i)),
-			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards}
+			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards, retention: o.retention}
 		if i > 1 {
 			n.join = nodeIP(1) + ":7072"
 		}
@@ -202,7 +204,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	logger.Info("cluster converged; starting workload and nemesis")
 
 	h := &history{}
-	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second}
+	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention}
 	nm := &nemesis{c: c, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.timeLimit)
@@ -246,7 +248,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	if err := checker.WriteJSONL(filepath.Join(out, "records.jsonl"), recs); err != nil {
 		return res, err
 	}
-	res = checker.Check(ops, recs, final, checker.Config{FinalHealNs: finalHeal.UnixNano()})
+	res = checker.Check(ops, recs, final, checker.Config{FinalHealNs: finalHeal.UnixNano(), Retention: o.retention})
 	if err := checker.WriteReport(out, ops, recs, res); err != nil {
 		return res, err
 	}
@@ -373,6 +375,6 @@ func summary(r checker.Results) string {
 	if !r.Valid {
 		verdict = "INVALID"
 	}
-	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d duplicates=%d converged=%v",
-		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.Duplicates, r.Converged)
+	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v",
+		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged)
 }

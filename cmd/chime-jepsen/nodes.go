@@ -20,14 +20,15 @@ import (
 
 // node is one chimed process in its own namespace.
 type node struct {
-	i       int
-	id      string
-	ip      string
-	dataDir string
-	logPath string
-	bin     string
-	join    string
-	shards  int
+	i         int
+	id        string
+	ip        string
+	dataDir   string
+	logPath   string
+	bin       string
+	join      string
+	shards    int
+	retention time.Duration
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -54,7 +55,7 @@ func (n *node) start() error {
 		"--grpc-addr", n.grpcAddr(), "--http-addr", n.httpAddr(),
 		"--raft-addr", n.ip + ":7071", "--gossip-addr", n.ip + ":7072",
 		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
-		"--dead-timeout", "1m", "--log-level", "info"}
+		"--dead-timeout", "1m", "--retention", n.retention.String(), "--log-level", "info"}
 	if n.join != "" {
 		args = append(args, "--join", n.join)
 	}

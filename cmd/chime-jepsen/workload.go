@@ -43,6 +43,7 @@ type sent struct {
 	delay              time.Duration
 	deliverAt          time.Time // zero when delay was used
 	due                time.Time // the driver's estimate
+	at                 time.Time // when the id was first sent
 }
 
 type workload struct {
@@ -50,6 +51,11 @@ type workload struct {
 	h         *history
 	maxDelay  time.Duration
 	opTimeout time.Duration
+	// retention is the cluster's: an id is re-sent only within half of it
+	// after its first send, so that no re-send can meet an expired event
+	// and create it anew (legal, but the checker would have to tell the
+	// two events apart).
+	retention time.Duration
 
 	mu     sync.Mutex
 	events []sent // every id ever sent (any outcome)
@@ -119,11 +125,11 @@ func (w *workload) client(ctx context.Context, p int, r *rand.Rand, cancels chan
 				}
 			}
 		case x < 63:
-			if ev, ok := w.pick(r); ok {
+			if ev, ok := w.pickResend(r); ok {
 				w.schedule(p, w.node(r), ev) // identical re-send
 			}
 		case x < 67:
-			if ev, ok := w.pick(r); ok {
+			if ev, ok := w.pickResend(r); ok {
 				ev.payload += "-conflict"
 				w.schedule(p, w.node(r), ev)
 			}
@@ -178,8 +184,8 @@ func (w *workload) newEvent(r *rand.Rand) sent {
 	w.seq++
 	id := fmt.Sprintf("e%d", w.seq)
 	w.mu.Unlock()
-	ev := sent{id: id, topic: topics[r.IntN(len(topics))], payload: "p-" + id}
 	now := time.Now()
+	ev := sent{id: id, topic: topics[r.IntN(len(topics))], payload: "p-" + id, at: now}
 	switch x := r.IntN(100); {
 	case x < 5:
 		ev.delay = 0
@@ -198,6 +204,18 @@ func (w *workload) newEvent(r *rand.Rand) sent {
 		ev.due = ev.deliverAt
 	}
 	return ev
+}
+
+// pickResend picks an id to send again: one first sent less than half the
+// retention ago, when there is a retention.
+func (w *workload) pickResend(r *rand.Rand) (sent, bool) {
+	for range 10 {
+		ev, ok := w.pick(r)
+		if !ok || w.retention <= 0 || time.Since(ev.at) < w.retention/2 {
+			return ev, ok
+		}
+	}
+	return sent{}, false
 }
 
 func (w *workload) pick(r *rand.Rand) (sent, bool) {

@@ -51,6 +51,7 @@ type idHistory struct {
 	id        string
 	schedules []*Op     // history order
 	cancels   []*Op     // history order
+	gets      []*Op     // history order
 	records   []*Record // by AppendMs, then partition, offset, topic: records[0] is the first copy
 	// oks are the ok schedules: creators (existing=false) by invoke time, then existing=true
 	// ones by completion time. oks[0], when there is one, defines the event's content.
@@ -133,6 +134,11 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 			if op.ID != "" {
 				h := get(op.ID)
 				h.cancels = append(h.cancels, op)
+			}
+		case FGet:
+			if op.ID != "" {
+				h := get(op.ID)
+				h.gets = append(h.gets, op)
 			}
 		}
 	}

@@ -28,6 +28,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 			DuplicateGraceNs:  int64(a.cfg.DuplicateGrace),
 			FinalHealNs:       a.cfg.FinalHealNs,
 			DeadLetterTopic:   a.cfg.DeadLetterTopic,
+			RetentionNs:       int64(a.cfg.Retention),
 		},
 	}
 	note := func(check, id, format string, args ...any) {
@@ -129,7 +130,19 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 			note("idempotency_violations", id, "%s", strings.Join(problems, "; "))
 		}
 
-		// 6. duplicates
+		// 6. retention
+		if bad, why := a.expiredEarly(h); len(bad) > 0 {
+			res.ExpiredEarly += len(bad)
+			for _, w := range why {
+				note("expired_early", id, "%s", w)
+			}
+		}
+		if why := a.resurrection(h); why != "" {
+			res.Resurrected++
+			note("resurrected", id, "%s", why)
+		}
+
+		// 7. duplicates
 		for _, r := range h.records[min(1, len(h.records)):] {
 			at := r.AppendMs * 1e6
 			kind := a.attribute(at)
@@ -139,7 +152,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 				recName(r), a.rel(at), a.rel(h.records[0].AppendMs*1e6), kind)
 		}
 
-		// 7. lateness, of the first copy of every event the history knows
+		// 8. lateness, of the first copy of every event the history knows
 		if len(h.records) > 0 && h.accepted() {
 			r := h.records[0]
 			due := a.dueNs(h, r)
@@ -161,12 +174,12 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	}
 	res.Recovery = a.recovery()
 
-	// 8. convergence
+	// 9. convergence
 	res.ConvergenceProblems = convergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
 
 	res.Valid = res.Lost == 0 && res.Early == 0 && res.CancelViolations == 0 && res.Phantom == 0 &&
-		res.IdempotencyViolations == 0 && res.Converged
+		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 && res.Converged
 	return res
 }
 

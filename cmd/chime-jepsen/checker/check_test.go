@@ -2,6 +2,7 @@ package checker
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,8 @@ func violations(res Results) map[string]int {
 		"cancel_violations":      res.CancelViolations,
 		"phantom":                res.Phantom,
 		"idempotency_violations": res.IdempotencyViolations,
+		"expired_early":          res.ExpiredEarly,
+		"resurrected":            res.Resurrected,
 	}
 }
 
@@ -390,4 +393,66 @@ func TestLatenessCountsFromAcceptance(t *testing.T) {
 	if got := res.LatenessMs.Healthy; got.Count != 1 || got.Max != 4 {
 		t.Errorf("lateness of an event accepted after its due = %+v, want 4 ms from acceptance", got)
 	}
+}
+
+// addGet appends a get of id, invoked at t and answered 2 ms later, that found nothing
+// (state "") or the event in state.
+func (g *run) addGet(id string, t int64, state string) {
+	op := Op{Index: len(g.ops), Process: 3, F: FGet, Node: "n2", ID: id, InvokeNs: t, CompleteNs: t + 2e6, Type: TypeOK, State: state}
+	if state == "" {
+		op.Type, op.Code, op.Error = TypeFail, "NOT_FOUND", "id: no event"
+	}
+	g.ops = append(g.ops, op)
+}
+
+// TestRetentionRules: a get that finds nothing is fine once the retention has passed since
+// the event settled, and a violation before (with the retention off, always); a get that
+// finds the event again after one found nothing is a resurrection.
+func TestRetentionRules(t *testing.T) {
+	fired := func(g *run) (string, int64) {
+		id := g.pick("acked", g.awayFromFaults)
+		return id, g.recs[g.recsOf(id)[0]].AppendMs * 1e6
+	}
+	t.Run("removed after the retention", func(t *testing.T) {
+		g := genClean(7, 650)
+		g.cfg.Retention = time.Minute
+		id, settled := fired(g)
+		g.addGet(id, settled+int64(time.Second), "fired")
+		g.addGet(id, settled+int64(61*time.Second), "")
+		g.addGet(id, settled+int64(62*time.Second), "")
+		assertClean(t, g.check())
+	})
+	t.Run("removed before the retention", func(t *testing.T) {
+		g := genClean(7, 650)
+		g.cfg.Retention = time.Minute
+		id, settled := fired(g)
+		g.addGet(id, settled+int64(50*time.Second), "")
+		assertOnly(t, g.check(), "expired_early", id)
+	})
+	t.Run("removed with the retention off", func(t *testing.T) {
+		g := genClean(7, 650)
+		id, settled := fired(g)
+		g.addGet(id, settled+int64(time.Hour), "")
+		assertOnly(t, g.check(), "expired_early", id)
+	})
+	t.Run("pending and not found", func(t *testing.T) {
+		g := genClean(7, 650)
+		g.cfg.Retention = time.Minute
+		id := g.pick("cancel_before", g.awayFromFaults)
+		g.ops = slices.DeleteFunc(g.ops, func(op Op) bool { return op.ID == id && op.F == FCancel })
+		sched := g.ops[g.opsOf(id, FSchedule)[0]]
+		g.addGet(id, sched.CompleteNs+int64(time.Second), "")
+		res := g.check()
+		if res.ExpiredEarly != 1 || res.Lost != 1 {
+			t.Fatalf("a pending event not found: expired_early %d lost %d, want 1 and 1", res.ExpiredEarly, res.Lost)
+		}
+	})
+	t.Run("found again", func(t *testing.T) {
+		g := genClean(7, 650)
+		g.cfg.Retention = time.Minute
+		id, settled := fired(g)
+		g.addGet(id, settled+int64(61*time.Second), "")
+		g.addGet(id, settled+int64(65*time.Second), "fired")
+		assertOnly(t, g.check(), "resurrected", id)
+	})
 }

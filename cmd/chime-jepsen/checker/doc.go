@@ -33,7 +33,7 @@
 // # The checks that decide validity
 //
 // valid = lost == 0 && early == 0 && cancel_violations == 0 && phantom == 0 &&
-// idempotency_violations == 0 && converged.
+// idempotency_violations == 0 && expired_early == 0 && resurrected == 0 && converged.
 //
 //  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
 //     (existing or not) and no cancel op of type ok or info must have at least one record,
@@ -93,7 +93,22 @@
 //     an attempt whose outcome was unknown finds the attempt's own event ("already scheduled
 //     with identical content"), which is what existing=true says.
 //
-//  6. converged. The final state must list at least one shard; every shard must have exactly
+//  6. expired_early (counts get ops) and resurrected (counts ids): retention. Config.Retention
+//     is the cluster's; zero means settled events are kept forever. An event is acked for a
+//     get when an ok schedule of its id completed before the get was invoked; it settled no
+//     earlier than its first record's append or the invocation of its first ok or info
+//     cancel. A get of an acked id that failed NOT_FOUND is expired_early when the event had
+//     not settled by the get's completion, when the retention is off, or when the get
+//     completed less than Retention − allowance after the settle, where allowance is the
+//     largest |SkewNs| of the skew windows overlapping [settle, completion] (the leader's
+//     clock decides both when an event settled and when it expires; a window whose skew is
+//     not recorded excuses the get). An id is resurrected when a get finds it (ok) after an
+//     earlier get of the acked id found nothing, unless a schedule may have created it anew:
+//     an info schedule of the id, or an ok one that completed after the get that found
+//     nothing was invoked. The driver re-sends an id only within half the retention after
+//     its first send, so no re-send meets an expired event.
+//
+//  7. converged. The final state must list at least one shard; every shard must have exactly
 //     one distinct node in Leaders, that leader must be one of its replicas, it must have
 //     replicas, all replicas must have the same AppliedIndex, and replicas at the same
 //     AppliedIndex must have the same Digest (digests at different indexes are expected to
@@ -135,14 +150,14 @@
 // # results.json
 //
 //	{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
-//	 "idempotency_violations", "duplicates", "duplicates_by_fault": {kind|"none": n},
+//	 "idempotency_violations", "expired_early", "resurrected", "duplicates", "duplicates_by_fault": {kind|"none": n},
 //	 "converged", "convergence_problems": [string],
 //	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},
 //	 "recovery": [{"kind", "targets", "start_ns", "heal_ns", "recovery_ms"}],
 //	 "invalid_accepted", "ops": {f: {type: n}}, "acked_ids", "delivered_ids", "records",
 //	 "dead_letter_records", "examples": {check: [{"id", "why"}]},
 //	 "config": {"early_tolerance_ns", "cancel_tolerance_ns", "duplicate_grace_ns",
-//	            "final_heal_ns", "dead_letter_topic"}}
+//	            "final_heal_ns", "dead_letter_topic", "retention_ns"}}
 //
 // # report.html
 //

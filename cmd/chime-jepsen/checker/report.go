@@ -191,6 +191,8 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("cancel_violations", res.CancelViolations, true)
 	row("phantom", res.Phantom, true)
 	row("idempotency_violations", res.IdempotencyViolations, true)
+	row("expired_early", res.ExpiredEarly, true)
+	row("resurrected", res.Resurrected, true)
 	conv, convClass := "yes", "good"
 	if !res.Converged {
 		conv, convClass = "no", "bad"

@@ -115,6 +115,9 @@ type Config struct {
 	// publish.DefaultDeadLetterTopic). Their topic is not compared with the scheduled
 	// topic (the dead-letter record's chime-topic header is not part of Record).
 	DeadLetterTopic string
+	// Retention is the cluster's --retention: a settled event may be removed this long after
+	// it settled, and not before. Zero means settled events are kept forever.
+	Retention time.Duration
 }
 
 // Defaults of Config.
@@ -153,8 +156,8 @@ func (c Config) withDefaults(ops []Op) Config {
 
 // Results is what Check found. It is written as results.json.
 type Results struct {
-	// Valid: Lost, Early, CancelViolations, Phantom and IdempotencyViolations are all zero
-	// and the final state converged.
+	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly and
+	// Resurrected are all zero and the final state converged.
 	Valid bool `json:"valid"`
 
 	Lost                  int `json:"lost"`                   // ids
@@ -163,6 +166,8 @@ type Results struct {
 	CancelViolations      int `json:"cancel_violations"`      // records
 	Phantom               int `json:"phantom"`                // records
 	IdempotencyViolations int `json:"idempotency_violations"` // ids
+	ExpiredEarly          int `json:"expired_early"`          // get ops
+	Resurrected           int `json:"resurrected"`            // ids
 
 	Duplicates        int            `json:"duplicates"`          // extra copies
 	DuplicatesByFault map[string]int `json:"duplicates_by_fault"` // nemesis kind or "none" → extra copies
@@ -229,4 +234,5 @@ type ConfigUsed struct {
 	DuplicateGraceNs  int64  `json:"duplicate_grace_ns"`
 	FinalHealNs       int64  `json:"final_heal_ns"`
 	DeadLetterTopic   string `json:"dead_letter_topic"`
+	RetentionNs       int64  `json:"retention_ns"`
 }
