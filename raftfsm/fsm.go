@@ -175,8 +175,8 @@ type Stats struct {
 	Expired          uint64 // settled events removed by Expire
 	Retained         uint64 // settled events still stored: Fired + Cancelled + DeadLettered - Expired
 	AppliedIndex     uint64
-	AppliedTerm    uint64
-	NextSeq        uint64 // the seq the next created event will get
+	AppliedTerm      uint64
+	NextSeq          uint64 // the seq the next created event will get
 }
 
 // FSM is the state machine of one shard. It implements raft.FSM and raft.BatchingFSM.
