@@ -43,8 +43,8 @@
 //     flushed tables hold the snapshot's index (after Pebble's own next flush, or one it asks
 //     for after StoreOptions.SnapshotFlushWait or Stopping); raft truncates only entries at
 //     or below a snapshot's index.
-//     Restore flushes too (after writing its marker, and at the end), because raft drops its
-//     log behind an installed snapshot, and so does DropShard, which no log re-creates.
+//     Restore flushes too, after the swap, because raft drops its log behind an installed
+//     snapshot, and so does DropShard, which no log re-creates.
 //  5. A pending event (state Scheduled) has exactly one due-index key and no status key; every
 //     other stored event has a status key, one settled-index key at the time it settled, and
 //     no due-index key. An expired event has no key at all. The in-memory counters equal the
@@ -77,8 +77,9 @@
 // Apply, ApplyBatch, Snapshot and Restore are called by raft from one goroutine (the "apply
 // goroutine"). Reads (Get, ReadForFire, ForEachPending, Stats, AppliedIndex) may run on any
 // goroutine concurrently with them: each read uses one Pebble iterator, so it sees one
-// committed state. While a restore is unfinished, reads return ErrRestoring rather than a
-// half-loaded shard. The Observer is called on the apply goroutine, after the batch is
+// committed state: during a Restore, the state before it until the swap, then the restored
+// one. Over a restoring marker the version before left, reads return ErrRestoring rather than
+// a half-loaded shard. The Observer is called on the apply goroutine, after the batch is
 // committed, in apply order; it must be cheap (the wheel insert/remove is). Each FSM also runs
 // one background goroutine after it opens and after each Restore: the scan that completes its
 // id filter (idFilter), which Close, Restore and Store.Close stop and wait for.
@@ -100,7 +101,8 @@
 //	                                 when the event leaves Scheduled
 //	shard|'x'|settledAt(8)|seq(8 BE) due (8 BE); the settled-time index, written with the
 //	                                 status: Expire walks it from the start
-//	shard|'r'                        restoring marker: a Restore began and has not finished
+//	shard|'r'                        restoring marker, written only by the version before:
+//	                                 its Restore began and did not finish
 //
 // An event is an immutable body and, once it is settled, a small status. Bodies are keyed by
 // due time: a fire batch is the events that fall due together, and reading them is a walk
@@ -144,12 +146,18 @@
 //	end      uvarint 0
 //	trailer  frame count u64 BE | CRC-32C (Castagnoli) u32 BE of every byte before it
 //
-// Restore checks the header before touching anything. It then writes the restoring marker
-// and a DeleteRange of the span in one synced batch, loads the frames in batches of a few
-// MiB, and only after the trailer verifies, and the meta's counters agree with the keys the
-// stream held (pending with due-index keys, retained settled events with status and
+// Restore checks the header before touching anything. It then writes the frames into
+// sstables of its own in a staging directory beside Pebble's files (a new table every 64 MiB of
+// keys and values, so memory stays bounded), refusing a frame with an unknown tag, a key not
+// strictly after the one before, or a length past the bounds, and growing its buffers only as
+// bytes arrive. Only after the trailer verifies, and the meta's counters agree with the keys
+// the stream held (pending with due-index keys, retained settled events with status and
 // settled-index keys, stored events with id keys and bodies, the next seq with the events
-// ever created), deletes the marker (synced). A restore that fails
-// half way leaves the marker: NeedsRestore reports it, Apply refuses to run on top of it
-// (panic), and the shard owner lets raft restore from its snapshot store on the next start.
+// ever created, no more expired than settled), does anything change: Pebble ingests the
+// tables and excises the shard's old keys in one atomic version edit, and a flush makes it
+// durable. A refused stream leaves the replica exactly as it was, and a crash at any point
+// leaves the old state or the new one. The restoring marker (shard|'r') is written by no
+// version since; one left by an interrupted restore of the version before, which wiped the
+// shard first, still makes NeedsRestore report true and Apply refuse to run, until a restore
+// replaces the span it lies in.
 package raftfsm

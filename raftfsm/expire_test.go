@@ -236,6 +236,7 @@ func TestRestoreFormat2Stream(t *testing.T) {
 // format2 rewrites a format 3 stream as the version before retention wrote it.
 func format2(t *testing.T, stream []byte) []byte {
 	t.Helper()
+	stream = plainStream(t, stream)
 	out := bytes.Clone(stream[:snapshotHeaderLen])
 	binary.BigEndian.PutUint32(out[len(snapshotMagic):], snapshotFormatOld)
 	rest := stream[snapshotHeaderLen:]

@@ -3,9 +3,13 @@ package raftfsm
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -333,9 +337,10 @@ func TestCrashAfterSnapshot(t *testing.T) {
 	}
 }
 
-// TestRestoreRejectsCorruptSnapshot: any damaged byte, truncation or trailing garbage makes
-// Restore fail. Past the header, the failure leaves the marker: NeedsRestore, reads refuse,
-// Snapshot refuses, Apply panics, and all of it survives a restart until a good restore.
+// TestRestoreRejectsCorruptSnapshot: any damaged byte, truncation, trailing garbage or
+// frame out of order makes Restore fail, and a failed restore leaves the replica exactly as
+// it was: the same keys, the same Stats, reads and applies working, across a restart, and no
+// staging files behind.
 func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
 	srcStore := openTestStore(t, t.TempDir(), StoreOptions{})
 	defer srcStore.Close()
@@ -347,16 +352,28 @@ func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
 	st := openTestStore(t, dir, StoreOptions{})
 	f, _ := newTestFSM(t, st, 2)
 	f.ApplyBatch(genLog(22, 50)) // state the restore must replace
+	before, beforeStats := dumpShard(t, st, 2), f.Stats()
+	unchanged := func(what string) {
+		t.Helper()
+		if f.NeedsRestore() {
+			t.Fatalf("%s: NeedsRestore after a refused restore", what)
+		}
+		sameKeySpace(t, what, before, dumpShard(t, st, 2))
+		if f.Stats() != beforeStats {
+			t.Fatalf("%s: Stats %+v, want %+v", what, f.Stats(), beforeStats)
+		}
+		if _, _, err := f.Get("id-1"); err != nil {
+			t.Fatalf("%s: Get: %v", what, err)
+		}
+	}
 
 	bad := slices.Clone(good)
 	bad[len(bad)/2] ^= 0x40
-	err := restore(f, bad)
-	if !errors.Is(err, ErrBadSnapshot) {
+	if err := restore(f, bad); !errors.Is(err, ErrBadSnapshot) {
 		t.Fatalf("restore of a corrupt snapshot: %v, want ErrBadSnapshot", err)
 	}
-	checkRestoring(t, f)
+	unchanged("a corrupt snapshot")
 
-	// Restart: the marker is in Pebble, not only in memory.
 	f.Close()
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
@@ -364,7 +381,7 @@ func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
 	st = openTestStore(t, dir, StoreOptions{})
 	defer st.Close()
 	f, obs := newTestFSM(t, st, 2)
-	checkRestoring(t, f)
+	unchanged("a corrupt snapshot, then a restart")
 
 	header := snapshotHeaderLen
 	for _, tc := range []struct {
@@ -376,20 +393,28 @@ func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
 		{"truncated before the checksum", good[:len(good)-4]},
 		{"trailing garbage", append(slices.Clone(good), 0)},
 		{"empty", nil},
+		{"frames out of order", swappedFrames(t, good)},
 	} {
 		if err := restore(f, tc.data); !errors.Is(err, ErrBadSnapshot) {
 			t.Errorf("%s: %v, want ErrBadSnapshot", tc.name, err)
 		}
+		unchanged(tc.name)
 	}
 	// Every byte matters: flip each in turn (all of header and trailer, a sample between).
-	// A restore that reads past the first header fields takes ~0.3 s here, so -short flips
-	// every fourth byte of header and trailer and about 4 between: about 12 such restores,
-	// against about 140.
+	// -short flips every fourth byte of header and trailer and about 4 between. A flip
+	// inside the compressed body may leave the data as it was (a copy from another offset of
+	// a run of equal bytes): then the restore must hold exactly the source's keys. Those
+	// restores go to another replica, so f stays as it was.
+	other := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer other.Close()
+	fo, _ := newTestFSM(t, other, 2)
+	want := dumpShard(t, srcStore, 2)
 	g := newGen(3)
 	between := len(good) / 40
 	if testing.Short() {
 		between = len(good) / 4
 	}
+	harmless := 0
 	for pos := range len(good) {
 		edge := pos < header || pos >= len(good)-16
 		if edge && testing.Short() && pos%4 != 0 || !edge && g.rng.IntN(between) != 0 {
@@ -397,18 +422,26 @@ func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
 		}
 		bad := slices.Clone(good)
 		bad[pos] ^= 1 << g.rng.IntN(8)
-		if err := restore(f, bad); err == nil {
-			t.Fatalf("flipping a bit of byte %d/%d went unnoticed", pos, len(good))
-		} else if pos < header && !errors.Is(err, ErrBadSnapshot) {
+		err := restore(fo, bad)
+		switch {
+		case err == nil && pos < header:
+			t.Fatalf("flipping a bit of header byte %d went unnoticed", pos)
+		case err == nil:
+			sameKeySpace(t, fmt.Sprintf("a flip at byte %d that changed nothing", pos), want, dumpShard(t, other, 2))
+			harmless++
+		case pos < header && !errors.Is(err, ErrBadSnapshot):
 			t.Fatalf("byte %d: %v", pos, err)
 		}
+	}
+	if harmless > 5 {
+		t.Errorf("%d flips went unnoticed: compressed data is not checked", harmless)
+	}
+	if names, _ := os.ReadDir(filepath.Join(dir)); slices.ContainsFunc(names, func(e os.DirEntry) bool { return strings.HasPrefix(e.Name(), stagingPrefix) }) {
+		t.Fatalf("refused restores left staging directories: %v", names)
 	}
 
 	if err := restore(f, good); err != nil {
 		t.Fatalf("good restore after failures: %v", err)
-	}
-	if f.NeedsRestore() {
-		t.Fatal("NeedsRestore after a good restore")
 	}
 	sameKeySpace(t, "restored vs source", dumpShard(t, srcStore, 2), dumpShard(t, st, 2))
 	if f.Stats() != src.Stats() || uint64(len(obs.pending)) != src.Stats().Pending {
@@ -419,10 +452,62 @@ func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
 	}
 }
 
+// swappedFrames returns the stream with its second and third frames swapped and the
+// checksum recomputed, as a sender that means harm would.
+func swappedFrames(t *testing.T, stream []byte) []byte {
+	t.Helper()
+	stream = plainStream(t, stream)
+	rest := stream[snapshotHeaderLen:]
+	var frames [][]byte
+	for {
+		start := rest
+		n, w := binary.Uvarint(rest)
+		if n == 0 {
+			break
+		}
+		rest = rest[w+int(n):]
+		n, w = binary.Uvarint(rest)
+		rest = rest[w+int(n):]
+		frames = append(frames, start[:len(start)-len(rest)])
+	}
+	frames[1], frames[2] = frames[2], frames[1]
+	out := bytes.Clone(stream[:snapshotHeaderLen])
+	for _, fr := range frames {
+		out = append(out, fr...)
+	}
+	out = binary.AppendUvarint(out, 0)
+	out = binary.BigEndian.AppendUint64(out, uint64(len(frames)))
+	return packStream(t, binary.BigEndian.AppendUint32(out, crc32.Checksum(out, castagnoli)))
+}
+
+// TestOldRestoreMarker: a restore marker the version before left (it wiped the shard
+// first, and a crash interrupted it) makes the shard refuse reads, snapshots and applies
+// until a restore succeeds; the successful one removes it.
+func TestOldRestoreMarker(t *testing.T) {
+	srcStore := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer srcStore.Close()
+	src, _ := newTestFSM(t, srcStore, 2)
+	src.ApplyBatch(genLog(23, 80))
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	if err := st.db.Set(appendShardTag(nil, 2, tagRestoring), nil, pebble.NoSync); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := newTestFSM(t, st, 2)
+	checkRestoring(t, f)
+	if err := restore(f, snapshotBytes(t, src)); err != nil {
+		t.Fatal(err)
+	}
+	if f.NeedsRestore() {
+		t.Fatal("NeedsRestore after a good restore")
+	}
+	sameKeySpace(t, "restored over a marker", dumpShard(t, srcStore, 2), dumpShard(t, st, 2))
+}
+
 func checkRestoring(t *testing.T, f *FSM) {
 	t.Helper()
 	if !f.NeedsRestore() {
-		t.Fatal("NeedsRestore is false after a failed restore")
+		t.Fatal("NeedsRestore is false over a restore marker")
 	}
 	if _, _, err := f.Get("id-1"); !errors.Is(err, ErrRestoring) {
 		t.Fatalf("Get during an unfinished restore: %v, want ErrRestoring", err)

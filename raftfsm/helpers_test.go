@@ -3,11 +3,13 @@ package raftfsm
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/golang/snappy"
 	"github.com/hashicorp/raft"
 )
 
@@ -311,4 +313,29 @@ func (g *gen) entry(m *model) (*raft.Log, Command) {
 	}
 	c := g.command(m)
 	return &raft.Log{Index: g.index, Term: g.term, Type: raft.LogCommand, Data: encode(c)}, c
+}
+
+// plainStream returns a full snapshot stream with the body after its header decompressed,
+// so that a test can edit its frames; packStream compresses such a body again.
+func plainStream(t testing.TB, stream []byte) []byte {
+	t.Helper()
+	body, err := io.ReadAll(snappy.NewReader(bytes.NewReader(stream[snapshotHeaderLen:])))
+	if err != nil {
+		t.Fatalf("plainStream: %v", err)
+	}
+	return append(bytes.Clone(stream[:snapshotHeaderLen]), body...)
+}
+
+func packStream(t testing.TB, plain []byte) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	out.Write(plain[:snapshotHeaderLen])
+	zw := snappy.NewBufferedWriter(&out)
+	if _, err := zw.Write(plain[snapshotHeaderLen:]); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
 }

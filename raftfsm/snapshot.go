@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/golang/snappy"
 	"github.com/hashicorp/raft"
 )
 
@@ -18,9 +20,10 @@ import (
 const (
 	snapshotMagic    = "chimesnp"
 	snapshotRefMagic = "chimeref" // a reference; see FSM.Snapshot
-	// snapshotFormat is the format written: 3 holds key layout 3. Format 2 streams (layout 2,
-	// from a leader running the version before) are read too, and converted once restored
-	// (upgradeLayout); a format 1 stream is refused.
+	// snapshotFormat is the format written: 3 holds key layout 3, compressed after the
+	// header. Format 2 streams (layout 2, uncompressed, from a leader running the version
+	// before) are read too, and converted once restored (upgradeLayout); a format 1 stream
+	// is refused.
 	snapshotFormat    = 3
 	snapshotFormatOld = 2
 	snapshotHeaderLen = len(snapshotMagic) + 4 + 4 + 8 + 8
@@ -31,7 +34,8 @@ const (
 	maxSnapshotKey   = 1 << 20
 	maxSnapshotValue = 256 << 20
 
-	// restoreBatchBytes is how much Restore buffers before committing a Pebble batch.
+	// restoreBatchBytes is how much a layout upgrade buffers before committing a Pebble
+	// batch.
 	restoreBatchBytes = 4 << 20
 )
 
@@ -201,11 +205,15 @@ func appendSnapshotHeader(dst []byte, magic string, shard uint32, index, term ui
 }
 
 func (s *fsmSnapshot) writeTo(w io.Writer) (err error) {
-	sw := snapWriter{w: bufio.NewWriterSize(w, 256<<10)}
 	var hdr [snapshotHeaderLen]byte
-	if err := sw.write(appendSnapshotHeader(hdr[:0], snapshotMagic, s.shard, s.appliedIndex, s.appliedTerm)); err != nil {
+	b := appendSnapshotHeader(hdr[:0], snapshotMagic, s.shard, s.appliedIndex, s.appliedTerm)
+	if _, err := w.Write(b); err != nil {
 		return err
 	}
+	// Everything after the header is compressed (snappy's framing format, which checksums
+	// each chunk): a shard's bodies, ids and index keys compress to about a third.
+	zw := snappy.NewBufferedWriter(w)
+	sw := snapWriter{w: zw, crc: crc32.Update(0, castagnoli, b)}
 	it, err := s.snap.NewIter(&pebble.IterOptions{LowerBound: s.spanStart, UpperBound: s.spanEnd})
 	if err != nil {
 		return err
@@ -241,12 +249,12 @@ func (s *fsmSnapshot) writeTo(w io.Writer) (err error) {
 	if _, err := sw.w.Write(tr[:4]); err != nil {
 		return err
 	}
-	return sw.w.Flush()
+	return zw.Close() // flushes the last chunk; w stays open
 }
 
 // snapWriter checksums everything it writes.
 type snapWriter struct {
-	w   *bufio.Writer
+	w   io.Writer
 	crc uint32
 	buf [binary.MaxVarintLen64]byte
 }
@@ -274,12 +282,18 @@ func (w *snapWriter) frame(k, v []byte) error {
 	return w.write(v)
 }
 
-// Restore replaces the shard's state with the snapshot in rc. It touches nothing until the
-// header checks out (magic, format, shard). From then until the trailer verifies, a marker
-// key says the shard is partial; if Restore fails in between it returns the error and
-// leaves the marker, NeedsRestore reports true, and Apply refuses to run. Other shards' keys
+// Restore replaces the shard's state with the snapshot in rc, or leaves it exactly as it was.
+// It first writes the stream's frames into sstables of its own beside Pebble's files,
+// checking each frame as it goes (a known tag, keys in strictly increasing order, bounded
+// lengths), then the trailer (frame count and checksum) and the meta's counters against the
+// keys; only a stream that passes all of that replaces anything, and it does so in one step:
+// Pebble ingests the tables and excises the shard's old keys atomically, and a flush makes it
+// durable. A refused stream costs the staging files, which are deleted. Other shards' keys
 // are never touched. On success it calls Observer.Reset, from which the owner may call
 // LoadPending.
+//
+// A marker from a restore interrupted by the version before (which wiped the shard first)
+// is inside the span, so a successful Restore removes it.
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	r := snapReader{br: bufio.NewReaderSize(rc, 256<<10)}
@@ -287,8 +301,6 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("raftfsm: shard %d: restore: %w", f.shard, err)
 	}
-	f.pending = pendingSet{} // rebuilt from the restored state by LoadPending or the next apply
-	f.stopIDFilter()         // its ids are about to be replaced; a restore that fails leaves none
 	if err := f.restoreFrom(&r, index, term); err != nil {
 		return fmt.Errorf("raftfsm: shard %d: restore snapshot at %d: %w", f.shard, index, err)
 	}
@@ -298,23 +310,21 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 }
 
 func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
-	f.mu.Lock()
-	f.restoring = true
-	f.mu.Unlock()
-	if err := f.wipeForRestore(); err != nil {
-		return err
-	}
-	b, err := f.restoreFrames(r, index, term)
+	st, err := f.st.newStaging(f.shard)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = b.Close() }()
-	// Flushed: raft discards its log behind an installed snapshot, so nothing could
-	// re-create a restored state lost in a crash.
-	if err := b.Delete(f.restoringKey, nil); err != nil {
+	defer st.remove()
+	if err := stageFrames(r, st, f.shard, index, term); err != nil {
 		return err
 	}
-	if err := f.st.commitFlushed(b); err != nil {
+	if err := st.finish(); err != nil {
+		return err
+	}
+	// Verified: from here the old state goes. Its in-memory mirrors go with it.
+	f.pending = pendingSet{} // rebuilt from the restored state by LoadPending or the next apply
+	f.stopIDFilter()
+	if err := f.st.install(st, f.spanStart, f.spanEnd); err != nil {
 		return err
 	}
 	if err := f.load(); err != nil {
@@ -323,33 +333,11 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	return f.upgradeLayout()
 }
 
-// wipeForRestore deletes the shard's keys and sets the restore marker in one flushed
-// commit: a crash from here on finds the marker. Within a batch later operations win, so
-// the marker survives the DeleteRange before it.
-func (f *FSM) wipeForRestore() error {
-	b := f.db.NewBatch()
-	defer func() { _ = b.Close() }()
-	if err := b.DeleteRange(f.spanStart, f.spanEnd, nil); err != nil {
-		return err
-	}
-	if err := b.Set(f.restoringKey, nil, nil); err != nil {
-		return err
-	}
-	return f.st.commitFlushed(b)
-}
-
-// restoreFrames writes every frame of r into Pebble, committing (unsynced) each
-// restoreBatchBytes, checks the trailer and the meta frame against index and term, and
-// returns the batch holding the last frames, not yet committed. On error it returns no
-// batch.
-func (f *FSM) restoreFrames(r *snapReader, index, term uint64) (*pebble.Batch, error) {
-	b := f.db.NewBatch()
-	fail := func(err error) (*pebble.Batch, error) {
-		_ = b.Close()
-		return nil, err
-	}
-	key := binary.BigEndian.AppendUint32(nil, f.shard) // every frame's key goes after this
-	var val []byte
+// stageFrames reads every frame of r into st, checks the trailer and the meta frame against
+// index and term, and the meta's counters against the keys.
+func stageFrames(r *snapReader, st *staging, shard uint32, index, term uint64) error {
+	key := binary.BigEndian.AppendUint32(nil, shard) // every frame's key goes after this
+	var prev, val []byte
 	var frames uint64
 	var m meta
 	var perTag [256]uint64
@@ -358,42 +346,37 @@ func (f *FSM) restoreFrames(r *snapReader, index, term uint64) (*pebble.Batch, e
 		var last bool
 		var err error
 		if key, val, last, err = r.frame(key, val, frames); err != nil {
-			return fail(err)
+			return err
 		}
 		if last {
 			break
 		}
+		if frames > 0 && bytes.Compare(key, prev) <= 0 {
+			return fmt.Errorf("%w: frame %d: key %x does not follow %x", ErrBadSnapshot, frames, key[shardPrefixLen:], prev[shardPrefixLen:])
+		}
+		prev = append(prev[:0], key...)
 		if key[shardPrefixLen] == tagMeta {
 			if m, err = checkMetaFrame(key, val, frames, index, term); err != nil {
-				return fail(err)
+				return err
 			}
 			sawMeta = true
 		}
 		perTag[key[shardPrefixLen]]++
-		if err := b.Set(key, val, nil); err != nil {
-			return fail(err)
+		if err := st.set(key, val); err != nil {
+			return err
 		}
 		frames++
-		if b.Len() >= restoreBatchBytes {
-			if err := b.Commit(pebble.NoSync); err != nil {
-				return fail(err)
-			}
-			_ = b.Close()
-			b = f.db.NewBatch()
-		}
 	}
 	if err := r.trailer(frames); err != nil {
-		return fail(err)
+		return err
 	}
 	if !sawMeta && index != 0 {
-		return fail(fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index))
+		return fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index)
 	}
 	if sawMeta {
-		if err := checkMetaCounts(&m, &perTag); err != nil {
-			return fail(err)
-		}
+		return checkMetaCounts(&m, &perTag)
 	}
-	return b, nil
+	return nil
 }
 
 // checkMetaCounts checks the meta's counters against the keys the stream
@@ -471,8 +454,11 @@ type snapReader struct {
 }
 
 func truncated(err error) error {
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 		return fmt.Errorf("%w: truncated", ErrBadSnapshot)
+	case errors.Is(err, snappy.ErrCorrupt) || errors.Is(err, snappy.ErrUnsupported):
+		return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
 	return err
 }
@@ -532,6 +518,9 @@ func (r *snapReader) header(shard uint32) (index, term uint64, err error) {
 	case h.Shard != shard:
 		return 0, 0, fmt.Errorf("%w: snapshot of shard %d", ErrBadSnapshot, h.Shard)
 	}
+	if h.Format >= snapshotFormat {
+		r.br = bufio.NewReaderSize(snappy.NewReader(r.br), 256<<10)
+	}
 	return h.AppliedIndex, h.AppliedTerm, nil
 }
 
@@ -540,7 +529,9 @@ func (r *snapReader) header(shard uint32) (index, term uint64, err error) {
 type SnapshotHeader struct {
 	// Reference: the snapshot names a state of this replica's own Pebble and holds no data.
 	Reference bool
-	Shard     uint32
+	// Format is the stream's format version (a reference's is not checked).
+	Format uint32
+	Shard  uint32
 	// AppliedIndex and AppliedTerm are the FSM's: the last log entry the state holds. raft's
 	// index for the same snapshot (raft.SnapshotMeta.Index) may be higher, by the no-op and
 	// barrier entries raft applied after it, which no FSM sees.
@@ -581,8 +572,9 @@ func parseSnapshotHeader(b []byte) (SnapshotHeader, error) {
 		return h, fmt.Errorf("%w: not a chime shard snapshot", ErrBadSnapshot)
 	}
 	b = b[len(snapshotMagic):]
-	if v := binary.BigEndian.Uint32(b); v != snapshotFormat && v != snapshotFormatOld && !h.Reference {
-		return h, fmt.Errorf("%w: format %d, this build reads %d and %d", ErrBadSnapshot, v, snapshotFormatOld, snapshotFormat)
+	h.Format = binary.BigEndian.Uint32(b)
+	if h.Format != snapshotFormat && h.Format != snapshotFormatOld && !h.Reference {
+		return h, fmt.Errorf("%w: format %d, this build reads %d and %d", ErrBadSnapshot, h.Format, snapshotFormatOld, snapshotFormat)
 	}
 	h.Shard = binary.BigEndian.Uint32(b[4:])
 	h.AppliedIndex, h.AppliedTerm = binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:])
@@ -609,7 +601,7 @@ func (r *snapReader) trailer(frames uint64) error {
 		if err == nil {
 			return fmt.Errorf("%w: bytes after the trailer", ErrBadSnapshot)
 		}
-		return err
+		return truncated(err)
 	}
 	return nil
 }

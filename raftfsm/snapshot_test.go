@@ -35,7 +35,7 @@ func TestSnapshotHeaderNamesTheFSMsIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (SnapshotHeader{Reference: true, Shard: 7, AppliedIndex: last.Index, AppliedTerm: last.Term}); h != want {
+	if want := (SnapshotHeader{Reference: true, Format: snapshotFormat, Shard: 7, AppliedIndex: last.Index, AppliedTerm: last.Term}); h != want {
 		t.Fatalf("reference header %+v, want %+v (raft's snapshot index would be %d)", h, want, noop.Index)
 	}
 
@@ -47,7 +47,7 @@ func TestSnapshotHeaderNamesTheFSMsIndex(t *testing.T) {
 	// "chimeref", format 2, shard 3, index 1000, term 4, CRC-32C of the header.
 	old, _ := hex.DecodeString("6368696d657265660000000200000003" + "00000000000003e8" + "0000000000000004" + "20a7c9c6")
 	if h, err := ReadSnapshotHeader(bytes.NewReader(old)); err != nil ||
-		h != (SnapshotHeader{Reference: true, Shard: 3, AppliedIndex: 1000, AppliedTerm: 4}) {
+		h != (SnapshotHeader{Reference: true, Format: 2, Shard: 3, AppliedIndex: 1000, AppliedTerm: 4}) {
 		t.Fatalf("older build's reference: %+v (%v)", h, err)
 	}
 
@@ -98,6 +98,7 @@ func TestRestoreRefusesCountsTheKeysDoNotBackUp(t *testing.T) {
 // trailer's checksum computed afresh, as a sender that means harm would.
 func resealed(t *testing.T, stream []byte, edit func(*meta)) []byte {
 	t.Helper()
+	stream = plainStream(t, stream)
 	out := bytes.Clone(stream[:snapshotHeaderLen])
 	rest := stream[snapshotHeaderLen:]
 	next := func() []byte {
@@ -132,5 +133,5 @@ func resealed(t *testing.T, stream []byte, edit func(*meta)) []byte {
 	}
 	out = binary.AppendUvarint(out, 0)
 	out = binary.BigEndian.AppendUint64(out, frames)
-	return binary.BigEndian.AppendUint32(out, crc32.Checksum(out, castagnoli))
+	return packStream(t, binary.BigEndian.AppendUint32(out, crc32.Checksum(out, castagnoli)))
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,7 +44,10 @@ var ErrShardOpen = errors.New("raftfsm: shard already has an open FSM in this st
 // safe for concurrent use. Close it after the FSMs using it are closed and their snapshots
 // released.
 type Store struct {
-	db *pebble.DB
+	db   *pebble.DB
+	opts *pebble.Options // as opened, defaults filled in: restores write tables with them
+	fs   vfs.FS
+	dir  string
 
 	mu     sync.Mutex
 	shards map[uint32]struct{} // shards with an open FSM; guarded by mu
@@ -115,11 +119,26 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	// filters a miss searches every level; with them it is answered from memory. (Deeper
 	// levels inherit L0's policy.)
 	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	po.EnsureDefaults()
 	db, err := pebble.Open(dir, po)
 	if err != nil {
 		return nil, fmt.Errorf("raftfsm: open pebble in %s: %w", dir, err)
 	}
-	s.db = db
+	s.db, s.opts, s.fs, s.dir = db, po, po.FS, dir
+	// A restore a crash interrupted left its staging tables; nothing refers to them.
+	names, err := s.fs.List(dir)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, stagingPrefix) {
+			if err := s.fs.RemoveAll(s.fs.PathJoin(dir, n)); err != nil {
+				db.Close()
+				return nil, err
+			}
+		}
+	}
 	return s, nil
 }
 

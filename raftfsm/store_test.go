@@ -52,9 +52,8 @@ func TestTablesEndAtRegionBoundaries(t *testing.T) {
 
 // TestPowerCutKeepsWhatRaftCannotRecreate: Pebble runs without a WAL, so a power cut keeps
 // only what was flushed, and raft re-applies the rest from its log. What no log re-creates
-// must be flushed before it is relied on: a restore's marker (raft repeats a restore only if
-// the marker says it did not finish), a finished restore (raft drops its log behind the
-// snapshot), and a dropped shard.
+// must be flushed before it is relied on: a finished restore (raft drops its log behind the
+// snapshot) and a dropped shard; and a refused restore must leave nothing to rely on.
 func TestPowerCutKeepsWhatRaftCannotRecreate(t *testing.T) {
 	srcStore := openTestStore(t, t.TempDir(), StoreOptions{})
 	defer srcStore.Close()
@@ -89,8 +88,11 @@ func TestPowerCutKeepsWhatRaftCannotRecreate(t *testing.T) {
 	}
 	cut(f)
 	f, _ = newTestFSM(t, st, 2)
-	if !f.NeedsRestore() {
-		t.Fatal("after a power cut, a failed restore's marker is gone: the half-written shard would be served")
+	if f.NeedsRestore() {
+		t.Fatal("after a refused restore and a power cut, the shard needs a restore")
+	}
+	if kvs := dumpShard(t, st, 2); len(kvs) != 0 && f.AppliedIndex() == 0 {
+		t.Fatalf("a refused restore left %d keys behind", len(kvs))
 	}
 
 	if err := restore(f, good); err != nil {

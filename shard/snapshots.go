@@ -55,9 +55,10 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 	}
 	rc.Close()
 	if s.fsm.NeedsRestore() {
-		// The state is partial; it cannot stand in for the snapshot. (A
-		// replica needs a restore only after one from a received, full
-		// snapshot failed, and that snapshot is newer than any reference.)
+		// The state is partial; it cannot stand in for the snapshot. (Only
+		// a restore the version before left unfinished does that; the
+		// received full snapshot it was restoring is newer than any
+		// reference.)
 		return nil, nil, fmt.Errorf("shard %d: snapshot %s is a reference to this replica's state, which is partial after an unfinished restore", s.fsm.Shard(), id)
 	}
 	f, err := os.CreateTemp(s.dir, "expand-*.tmp")
@@ -103,7 +104,7 @@ var ErrStateLost = errors.New("replica's Pebble state is behind its own snapshot
 // (raft.SnapshotMeta.Index), which counts the no-op and barrier entries raft applies without
 // the FSM: after a leader change it is past anything the FSM records, and comparing with it
 // made the next start restore the whole shard from its own reference. The snapshot is
-// restored only when a restore did not finish, or when it is a full stream (received from a
+// restored only when a restore of the version before did not finish, or when it is a full stream (received from a
 // leader) holding more than Pebble. A reference is never restored over the Pebble it names:
 // Pebble behind it is ErrStateLost.
 func (s *snapshotStore) restoreOnStart() (bool, error) {
