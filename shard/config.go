@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"golang.org/x/time/rate"
 
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
@@ -42,10 +43,14 @@ type Config struct {
 	// Directory, when set, makes the leader reconcile the shard's Raft
 	// configuration toward the placement.
 	Directory Directory
-	Tuning    Tuning
-	Now       func() time.Time
-	Logger    *slog.Logger
-	Metrics   *Metrics
+	// Installs paces the full snapshots this replica writes and sends to
+	// followers (Tuning.InstallRate), shared by the node's replicas so that
+	// installs together stay within the rate; nil gives the replica its own.
+	Installs *rate.Limiter
+	Tuning   Tuning
+	Now      func() time.Time
+	Logger   *slog.Logger
+	Metrics  *Metrics
 }
 
 // Tuning holds the knobs. A zero field takes the default in fill, where
@@ -93,6 +98,13 @@ type Tuning struct {
 	// in a row that fails, up to MaxRetryDelay. The first produce that
 	// succeeds afterwards brings every waiting event forward (firing.heal).
 	RetryDelay, MaxRetryDelay time.Duration
+	// InstallRate bounds, in bytes a second, how fast a leader writes a
+	// full snapshot of its shard for a follower too far behind for the log,
+	// and sends it: reading and compressing the shard, and on the follower
+	// decompressing it and building tables, takes CPU the shards serving
+	// events need. Default 32 MiB/s of the compressed stream (about 100
+	// MiB/s of keys and values).
+	InstallRate int
 	// Retention is how long a settled (fired, cancelled or dead-lettered)
 	// event is kept after it settles: its id stays an idempotency key and
 	// Get shows its outcome until then, and the leader removes it after.
@@ -176,6 +188,7 @@ func (t *Tuning) fill() {
 	// hundred bytes fill an entry by count long before this.
 	setInt(&t.ProposeBytes, 1<<20)
 	setInt(&t.FireBatch, 1024)
+	setInt(&t.InstallRate, 32<<20)
 	// 16: a batch takes a produce round trip, and at 10,000 events a
 	// second under load four were too few, so the firing loop waited for a
 	// slot while events fell due.

@@ -6,7 +6,8 @@
 //
 //   - The replica's Raft group member: its configuration (Tuning, with every
 //     default and its reason in config.go), its log, its snapshots (references
-//     into Pebble, snapshotStore), its transport.
+//     into Pebble, snapshotStore, expanded into full streams for a follower
+//     too far behind, written and sent at Tuning.InstallRate), its transport.
 //   - The timing wheel of the shard's pending events, kept warm on every
 //     replica by the apply observer (observer: Scheduled, Settled, Reset), so
 //     that a new leader fires from a wheel it already has.
@@ -27,6 +28,9 @@
 //     bounded by its ctx (the lease), belongs to package publish.
 //   - The leader's reconcile of its own Raft configuration toward the
 //     placement, when Config.Directory is set (reconcile.go).
+//   - Retention: with Tuning.Retention set, the leader proposes Expire
+//     entries for the events settled longer ago than it (expireLoop), and
+//     reports how far behind that clean-up is (CleanupLag).
 //   - Telling its owner when raft is wedged: Stuck reports a leader whose
 //     raft has refused every entry, for a leadership transfer, far longer
 //     than a transfer takes (a hashicorp/raft v1.7.3 bug strands one); the
@@ -52,7 +56,8 @@
 //     stopped by Close (close(stop), then wg.Wait). proposeLoop fails the
 //     queued proposals and closes applying, which ends applyWaitLoop;
 //     markLoop fails the queued marks; leadershipLoop stops the firing loops.
-//   - fireLoop and, with a Directory, reconcileLoop: started by
+//   - fireLoop, with a retention expireLoop, and with a Directory
+//     reconcileLoop: started by
 //     leadershipLoop (startFiring) when raft reports leadership, stopped by
 //     the function startFiring returned (cancel their ctx, wait) when
 //     leadership is lost or the shard closes.

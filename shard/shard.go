@@ -129,7 +129,11 @@ func (s *Shard) startRaft() error {
 	if err != nil {
 		return err
 	}
-	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir}
+	pace := cfg.Installs
+	if pace == nil {
+		pace = newInstallLimiter(s.tune.InstallRate)
+	}
+	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: pace}
 	restore, err := snaps.restoreOnStart()
 	if err != nil {
 		return err

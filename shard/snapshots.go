@@ -2,6 +2,7 @@ package shard
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/hashicorp/raft"
+	"golang.org/x/time/rate"
 )
 
 // snapshotStore is raft's snapshot store for a shard whose state lives in
@@ -29,7 +31,8 @@ import (
 type snapshotStore struct {
 	files *raft.FileSnapshotStore
 	fsm   *raftfsm.FSM
-	dir   string // for expansions
+	dir   string        // for expansions
+	pace  *rate.Limiter // expansions are written and read no faster (Tuning.InstallRate)
 }
 
 var _ raft.SnapshotStore = (*snapshotStore)(nil)
@@ -70,7 +73,7 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 		os.Remove(f.Name())
 		return nil, nil, fmt.Errorf("shard %d: expanding snapshot %s: %w", s.fsm.Shard(), id, err)
 	}
-	bw := bufio.NewWriterSize(f, 1<<20)
+	bw := bufio.NewWriterSize(pacedWriter{f, s.pace}, 1<<20)
 	if _, err := s.fsm.WriteSnapshot(bw); err != nil {
 		return fail(err)
 	}
@@ -86,7 +89,7 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 	}
 	m := *meta
 	m.Size = size
-	return &m, expansion{f}, nil
+	return &m, expansion{f: f, pace: s.pace}, nil
 }
 
 // ErrStateLost is returned when a replica opens with a Pebble that is behind its own latest
@@ -136,13 +139,60 @@ func (s *snapshotStore) restoreOnStart() (bool, error) {
 		ErrStateLost, s.fsm.Shard(), latest.ID, latest.Index, h.AppliedIndex, applied)
 }
 
-// expansion is an expanded reference; closing it deletes it.
-type expansion struct{ *os.File }
+// expansion is an expanded reference, read at the install rate; closing it
+// deletes it. It has only Read and Close: were the file's WriteTo promoted,
+// io.Copy (raft's send) would use it and skip the pacing.
+type expansion struct {
+	f    *os.File
+	pace *rate.Limiter
+}
+
+func (e expansion) Read(p []byte) (int, error) {
+	p = p[:min(len(p), e.pace.Burst())]
+	n, err := e.f.Read(p)
+	if n > 0 {
+		_ = e.pace.WaitN(context.Background(), n) // n is at most the burst, so it cannot fail
+	}
+	return n, err
+}
 
 func (e expansion) Close() error {
-	err := e.File.Close()
-	if rerr := os.Remove(e.Name()); err == nil {
+	err := e.f.Close()
+	if rerr := os.Remove(e.f.Name()); err == nil {
 		err = rerr
 	}
 	return err
+}
+
+// pacedWriter writes at most a limiter's rate.
+type pacedWriter struct {
+	w    io.Writer
+	pace *rate.Limiter
+}
+
+func (p pacedWriter) Write(b []byte) (n int, err error) {
+	for len(b) > 0 {
+		c := min(len(b), p.pace.Burst())
+		_ = p.pace.WaitN(context.Background(), c)
+		m, err := p.w.Write(b[:c])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		b = b[c:]
+	}
+	return n, nil
+}
+
+// newInstallLimiter paces snapshot installs at bytesPerSecond, in bursts of
+// 256 KiB (a few milliseconds of the default rate).
+func newInstallLimiter(bytesPerSecond int) *rate.Limiter {
+	return rate.NewLimiter(rate.Limit(bytesPerSecond), min(256<<10, bytesPerSecond))
+}
+
+// NewInstallLimiter is the limiter a node shares among its replicas
+// (Config.Installs), at Tuning.InstallRate (0: the default).
+func NewInstallLimiter(t Tuning) *rate.Limiter {
+	t.fill()
+	return newInstallLimiter(t.InstallRate)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -180,5 +181,34 @@ func TestRestartAfterASnapshotAtANoOpKeepsPebble(t *testing.T) {
 	}
 	if got := s.Stats().Pending; got != 20 {
 		t.Fatalf("the restarted replica holds %d pending events, want 20", got)
+	}
+}
+
+// TestInstallsArePaced: an expansion is written and read no faster than the
+// install rate, whatever sizes the caller asks for at once.
+func TestInstallsArePaced(t *testing.T) {
+	const rateBps, size = 256 << 10, 512 << 10
+	lim := newInstallLimiter(rateBps)
+	f, err := os.CreateTemp(t.TempDir(), "paced")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := (pacedWriter{f, lim}).Write(make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	wrote := time.Since(start)
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	n, err := io.Copy(io.Discard, expansion{f: f, pace: lim})
+	read := time.Since(start)
+	if err != nil || n != size {
+		t.Fatalf("read %d bytes, %v", n, err)
+	}
+	// The first burst (256 KiB) is free; the rest takes at least a second at 256 KiB/s.
+	if min := 900 * time.Millisecond; wrote < min || read < min+900*time.Millisecond {
+		t.Fatalf("512 KiB written in %v and read in %v at 256 KiB/s", wrote, read)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/raftmux"
+	"golang.org/x/time/rate"
 )
 
 // Config configures the shard replicas of one node.
@@ -57,6 +58,9 @@ type Config struct {
 type Host struct {
 	cfg Config
 	mux *raftmux.Mux
+	// installs paces the full snapshots every replica of this node sends,
+	// together (shard.Config.Installs).
+	installs *rate.Limiter
 
 	mu     sync.RWMutex
 	shards map[uint32]*shard.Shard
@@ -74,7 +78,8 @@ func Open(cfg Config) (*Host, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Host{cfg: cfg, shards: make(map[uint32]*shard.Shard), stop: make(chan struct{}), done: make(chan struct{})}
+	h := &Host{cfg: cfg, shards: make(map[uint32]*shard.Shard), stop: make(chan struct{}), done: make(chan struct{}),
+		installs: shard.NewInstallLimiter(cfg.Tuning)}
 	switch {
 	case (cfg.Transport == nil) == (cfg.RaftListener == nil):
 		return nil, errors.New("host: exactly one of Config.RaftListener and Config.Transport must be set")
@@ -158,7 +163,7 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	s, err := shard.Open(shard.Config{
 		ID: id, NodeID: cfg.NodeID, Dir: h.shardDir(id),
 		Store: cfg.Store, Layer: layer, Transport: transport, Publisher: cfg.Publisher, Bootstrap: voters,
-		Directory: cfg.Directory, Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
+		Directory: cfg.Directory, Installs: h.installs, Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
 	})
 	if err != nil {
 		if layer != nil {
