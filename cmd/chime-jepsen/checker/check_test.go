@@ -135,7 +135,7 @@ func TestPlantPhantomConflictingContent(t *testing.T) {
 	id := g.pick("acked_conflict", nil)
 	ops := g.opsOf(id, FSchedule)
 	rejected := g.ops[ops[1]]
-	if rejected.Code != "ALREADY_EXISTS" {
+	if rejected.Code != "AlreadyExists" {
 		t.Fatalf("second schedule of %s is %+v", id, rejected)
 	}
 	g.recs[g.recsOf(id)[0]].Payload = rejected.Payload
@@ -327,7 +327,7 @@ func TestToleranceBoundaries(t *testing.T) {
 	assertClean(t, Check([]Op{op, cancel}, []Record{rec}, cleanCluster(1), Config{CancelTolerance: time.Nanosecond}))
 
 	// Lost: a failed cancel does not excuse a missing record; an info one does.
-	cancel = Op{F: FCancel, ID: "c", Type: TypeFail, Code: "FAILED_PRECONDITION"}
+	cancel = Op{F: FCancel, ID: "c", Type: TypeFail, Code: "FailedPrecondition"}
 	assertOnly(t, Check([]Op{op, cancel}, nil, cleanCluster(1), Config{}), "lost", "c")
 	cancel.Type = TypeInfo
 	assertClean(t, Check([]Op{op, cancel}, nil, cleanCluster(1), Config{}))
@@ -400,7 +400,7 @@ func TestLatenessCountsFromAcceptance(t *testing.T) {
 func (g *run) addGet(id string, t int64, state string) {
 	op := Op{Index: len(g.ops), Process: 3, F: FGet, Node: "n2", ID: id, InvokeNs: t, CompleteNs: t + 2e6, Type: TypeOK, State: state}
 	if state == "" {
-		op.Type, op.Code, op.Error = TypeFail, "NOT_FOUND", "id: no event"
+		op.Type, op.Code, op.Error = TypeFail, CodeNotFound, "id: no event"
 	}
 	g.ops = append(g.ops, op)
 }

@@ -153,7 +153,7 @@ func genClean(seed uint64, n int) *run {
 			add(ok(sched, false))
 			c := resendAt(sched, complete)
 			c.Payload += "-other"
-			c.Type, c.Code, c.Error = TypeFail, "ALREADY_EXISTS", "id exists with different content"
+			c.Type, c.Code, c.Error = TypeFail, "AlreadyExists", "id exists with different content"
 			add(c)
 			deliver()
 		case "info_delivered":
@@ -161,10 +161,10 @@ func genClean(seed uint64, n int) *run {
 			add(sched)
 			deliver()
 		case "info_lost":
-			sched.Type, sched.Code, sched.Error = TypeInfo, "UNAVAILABLE", "connection lost"
+			sched.Type, sched.Code, sched.Error = TypeInfo, "Unavailable", "connection lost"
 			add(sched)
 		case "failed":
-			sched.Type, sched.Code, sched.Error = TypeFail, "UNAVAILABLE", "no leader"
+			sched.Type, sched.Code, sched.Error = TypeFail, "Unavailable", "no leader"
 			add(sched)
 		case "cancel_before":
 			add(ok(sched, false))
@@ -178,7 +178,7 @@ func genClean(seed uint64, n int) *run {
 		case "cancel_after":
 			add(ok(sched, false))
 			t := deliver()
-			add(Op{F: FCancel, ID: id, Type: TypeFail, Code: "FAILED_PRECONDITION", Error: "already fired", InvokeNs: t + lat(), CompleteNs: t + 2*lat()})
+			add(Op{F: FCancel, ID: id, Type: TypeFail, Code: "FailedPrecondition", Error: "already fired", InvokeNs: t + lat(), CompleteNs: t + 2*lat()})
 		case "cancel_info":
 			add(ok(sched, false))
 			add(Op{F: FCancel, ID: id, Type: TypeInfo, Code: "DEADLINE_EXCEEDED", InvokeNs: due - lat(), CompleteNs: due + lat()})

@@ -19,7 +19,7 @@ func (h *idHistory) settledNs() (at int64, ok bool) {
 }
 
 // notFound reports whether op is a get that found no event.
-func notFound(op *Op) bool { return op.Type == TypeFail && op.Code == "NOT_FOUND" }
+func notFound(op *Op) bool { return op.Type == TypeFail && op.Code == CodeNotFound }
 
 // skewAllowance is how early the retention may remove an event whose life on the cluster
 // spans [from, to] because of skew windows in it: the largest |SkewNs| of a skew window

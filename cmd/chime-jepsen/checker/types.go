@@ -23,7 +23,7 @@ type Op struct {
 	// the connection was lost after sending).
 	Type  string `json:"type"`
 	Error string `json:"error,omitempty"`
-	Code  string `json:"code,omitempty"` // gRPC code name, e.g. "ALREADY_EXISTS"
+	Code  string `json:"code,omitempty"` // gRPC code as Go names it (codes.Code.String), e.g. "AlreadyExists"
 
 	AckDueNs int64  `json:"ack_due_ns,omitempty"` // schedule ok: the due time the server returned
 	Existing bool   `json:"existing,omitempty"`   // schedule ok: the id already existed with this content
@@ -50,6 +50,9 @@ const (
 	TypeFail = "fail"
 	TypeInfo = "info"
 )
+
+// CodeNotFound is Op.Code for NOT_FOUND, as codes.NotFound.String() spells it.
+const CodeNotFound = "NotFound"
 
 // KindSkew is the nemesis kind that moves node clocks; early records under it are reported
 // apart (Results.EarlyUnderSkew).
