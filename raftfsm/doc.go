@@ -118,7 +118,9 @@
 // ReadForFire to tell pending events from settled ones in the same forward walk.
 //
 // Expire removes the oldest settled events: it walks the settled-time index, finds each
-// body by its due and seq, reads the id out of it, and deletes the four keys. Settled-time
+// body by its due and seq, reads the id out of it, and deletes the body, id and status keys;
+// the index entries it consumed go with one range deletion of the index's head, so that the
+// next walk from the start steps over one tombstone, not one per event removed so far. Settled-time
 // order is close to due order for fired events, so the bodies it reads are mostly
 // neighbours.
 //

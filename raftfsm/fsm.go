@@ -518,6 +518,13 @@ func (a *applier) write() {
 		}
 	}
 	a.batch = a.f.db.NewBatchWithSize(len(a.buf) + 16*len(a.ops))
+	if len(a.xFrom) > 0 {
+		// First in the batch, so it deletes only committed keys: the settled-index head
+		// Expire consumed (see remove), not entries this batch writes.
+		if err := a.batch.DeleteRange(appendShardTag(nil, a.f.shard, tagSettled), a.xFrom, nil); err != nil {
+			a.fatal("batch write: %v", err)
+		}
+	}
 	for _, o := range a.ops {
 		var err error
 		if o.del {

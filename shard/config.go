@@ -162,9 +162,9 @@ const (
 	// takes.
 	expireInterval = time.Second
 	// expireLimit bounds the events one Expire entry removes: each costs a
-	// read of its body and four deletions on every replica, so an entry
-	// stays a few milliseconds of apply however far behind the clean-up is.
-	expireLimit = 4096
+	// read of its body and three deletions on every replica, so an entry
+	// stays a short apply however far behind the clean-up is.
+	expireLimit = 1024
 )
 
 // fill sets every zero field to its default.
