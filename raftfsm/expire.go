@@ -36,33 +36,26 @@ func (e settledEntry) compare(o settledEntry) int {
 func (a *applier) expire(c *Expire) *ExpireResult {
 	limit := int(c.Limit)
 	committed := a.committedExpired(c.Before, limit)
-	var fresh []settledEntry
+	var fresh []*settledEntry // what this batch settled, not yet removed
 	for i := range a.settledNow {
 		if e := &a.settledNow[i]; !e.gone && e.at < c.Before {
-			fresh = append(fresh, *e)
-			e.gone = true // restored below for those past the limit
+			fresh = append(fresh, e)
 		}
 	}
-	slices.SortFunc(fresh, settledEntry.compare)
+	slices.SortFunc(fresh, func(x, y *settledEntry) int { return x.compare(*y) })
 	n := 0
 	for len(committed)+len(fresh) > 0 && n < limit {
-		var e settledEntry
-		fromIndex := len(fresh) == 0 || (len(committed) > 0 && committed[0].compare(fresh[0]) < 0)
-		if fromIndex {
-			e, committed = committed[0], committed[1:]
+		if len(fresh) == 0 || (len(committed) > 0 && committed[0].compare(*fresh[0]) < 0) {
+			e := committed[0]
+			committed = committed[1:]
 			a.xFrom = appendSettledKey(a.xFrom[:0], a.f.shard, e.at, e.seq+1)
+			a.remove(e, true)
 		} else {
-			e, fresh = fresh[0], fresh[1:]
+			fresh[0].gone = true
+			a.remove(*fresh[0], false)
+			fresh = fresh[1:]
 		}
-		a.remove(e, fromIndex)
 		n++
-	}
-	for _, e := range fresh { // not reached: they stay for the next Expire
-		for i := range a.settledNow {
-			if a.settledNow[i].seq == e.seq {
-				a.settledNow[i].gone = false
-			}
-		}
 	}
 	a.m.expired += uint64(n)
 	return &ExpireResult{Expired: uint32(n)}

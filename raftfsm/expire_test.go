@@ -1,9 +1,7 @@
 package raftfsm
 
 import (
-	"bytes"
 	"encoding/binary"
-	"hash/crc32"
 	"math/rand/v2"
 	"testing"
 
@@ -172,15 +170,9 @@ func metaV2(t *testing.T, v []byte) []byte {
 // logWithoutExpire is a random log with no Expire entry: the state a version before
 // retention could have written.
 func logWithoutExpire(seed uint64, n int) []*raft.Log {
-	g, m := newGen(seed), newModel()
+	g := newGen(seed)
 	g.noExpire = true
-	logs := make([]*raft.Log, n)
-	for i := range logs {
-		var c Command
-		logs[i], c = g.entry(m)
-		m.apply(logs[i], c)
-	}
-	return logs
+	return genLogFrom(g, n)
 }
 
 // TestUpgradeFromLayout2: a shard stored in key layout 2, whole or with part of the index a
@@ -236,38 +228,19 @@ func TestRestoreFormat2Stream(t *testing.T) {
 // format2 rewrites a format 3 stream as the version before retention wrote it.
 func format2(t *testing.T, stream []byte) []byte {
 	t.Helper()
-	stream = plainStream(t, stream)
-	out := bytes.Clone(stream[:snapshotHeaderLen])
-	binary.BigEndian.PutUint32(out[len(snapshotMagic):], snapshotFormatOld)
-	rest := stream[snapshotHeaderLen:]
-	next := func() []byte {
-		n, w := binary.Uvarint(rest)
-		b := rest[w : w+int(n)]
-		rest = rest[w+int(n):]
-		return b
-	}
-	var frames uint64
-	for {
-		key := next()
-		if len(key) == 0 {
-			break
-		}
-		val := next()
-		switch key[0] {
+	header, frames := splitStream(t, stream)
+	binary.BigEndian.PutUint32(header[len(snapshotMagic):], snapshotFormatOld)
+	var kept []frame
+	for _, f := range frames {
+		switch f.key[0] {
 		case tagSettled:
 			continue
 		case tagMeta:
-			val = metaV2(t, val)
+			f.val = metaV2(t, f.val)
 		}
-		out = binary.AppendUvarint(out, uint64(len(key)))
-		out = append(out, key...)
-		out = binary.AppendUvarint(out, uint64(len(val)))
-		out = append(out, val...)
-		frames++
+		kept = append(kept, f)
 	}
-	out = binary.AppendUvarint(out, 0)
-	out = binary.BigEndian.AppendUint64(out, frames)
-	return binary.BigEndian.AppendUint32(out, crc32.Checksum(out, castagnoli))
+	return joinStream(t, header, kept)
 }
 
 // TestPowerCutDuringCleanUp: power cuts at random points of a log full of Expire entries,

@@ -3,10 +3,8 @@ package raftfsm
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
 	"os"
 	"path/filepath"
@@ -21,8 +19,11 @@ import (
 )
 
 // genLog returns n log entries that make sense in order (marks name seqs that exist).
-func genLog(seed uint64, n int) []*raft.Log {
-	g, m := newGen(seed), newModel()
+func genLog(seed uint64, n int) []*raft.Log { return genLogFrom(newGen(seed), n) }
+
+// genLogFrom returns n log entries from g.
+func genLogFrom(g *gen, n int) []*raft.Log {
+	m := newModel()
 	logs := make([]*raft.Log, n)
 	for i := range logs {
 		var c Command
@@ -456,28 +457,9 @@ func TestRestoreRejectsCorruptSnapshot(t *testing.T) {
 // checksum recomputed, as a sender that means harm would.
 func swappedFrames(t *testing.T, stream []byte) []byte {
 	t.Helper()
-	stream = plainStream(t, stream)
-	rest := stream[snapshotHeaderLen:]
-	var frames [][]byte
-	for {
-		start := rest
-		n, w := binary.Uvarint(rest)
-		if n == 0 {
-			break
-		}
-		rest = rest[w+int(n):]
-		n, w = binary.Uvarint(rest)
-		rest = rest[w+int(n):]
-		frames = append(frames, start[:len(start)-len(rest)])
-	}
+	header, frames := splitStream(t, stream)
 	frames[1], frames[2] = frames[2], frames[1]
-	out := bytes.Clone(stream[:snapshotHeaderLen])
-	for _, fr := range frames {
-		out = append(out, fr...)
-	}
-	out = binary.AppendUvarint(out, 0)
-	out = binary.BigEndian.AppendUint64(out, uint64(len(frames)))
-	return packStream(t, binary.BigEndian.AppendUint32(out, crc32.Checksum(out, castagnoli)))
+	return joinStream(t, header, frames)
 }
 
 // TestOldRestoreMarker: a restore marker the version before left (it wiped the shard

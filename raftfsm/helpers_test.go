@@ -2,7 +2,9 @@ package raftfsm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"math/rand/v2"
 	"testing"
@@ -338,4 +340,50 @@ func packStream(t testing.TB, plain []byte) []byte {
 		t.Fatal(err)
 	}
 	return out.Bytes()
+}
+
+// frame is one key/value frame of a snapshot stream (the key without the shard prefix).
+type frame struct{ key, val []byte }
+
+// splitStream returns a full stream's header and frames, decompressing a format 3 body.
+func splitStream(t testing.TB, stream []byte) (header []byte, frames []frame) {
+	t.Helper()
+	stream = plainStream(t, stream)
+	rest := stream[snapshotHeaderLen:]
+	next := func() []byte {
+		n, w := binary.Uvarint(rest)
+		if w <= 0 || uint64(len(rest)-w) < n {
+			t.Fatal("splitStream: malformed stream")
+		}
+		b := rest[w : w+int(n)]
+		rest = rest[w+int(n):]
+		return b
+	}
+	for {
+		key := next()
+		if len(key) == 0 {
+			return bytes.Clone(stream[:snapshotHeaderLen]), frames
+		}
+		frames = append(frames, frame{key, next()})
+	}
+}
+
+// joinStream writes header and frames as a stream with a freshly computed trailer, as a
+// sender that means harm would; the body is compressed unless the header says format 2.
+func joinStream(t testing.TB, header []byte, frames []frame) []byte {
+	t.Helper()
+	out := bytes.Clone(header)
+	for _, f := range frames {
+		out = binary.AppendUvarint(out, uint64(len(f.key)))
+		out = append(out, f.key...)
+		out = binary.AppendUvarint(out, uint64(len(f.val)))
+		out = append(out, f.val...)
+	}
+	out = binary.AppendUvarint(out, 0)
+	out = binary.BigEndian.AppendUint64(out, uint64(len(frames)))
+	out = binary.BigEndian.AppendUint32(out, crc32.Checksum(out, castagnoli))
+	if binary.BigEndian.Uint32(header[len(snapshotMagic):]) == snapshotFormatOld {
+		return out
+	}
+	return packStream(t, out)
 }

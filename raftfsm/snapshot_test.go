@@ -2,10 +2,8 @@ package raftfsm
 
 import (
 	"bytes"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
-	"hash/crc32"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -98,40 +96,16 @@ func TestRestoreRefusesCountsTheKeysDoNotBackUp(t *testing.T) {
 // trailer's checksum computed afresh, as a sender that means harm would.
 func resealed(t *testing.T, stream []byte, edit func(*meta)) []byte {
 	t.Helper()
-	stream = plainStream(t, stream)
-	out := bytes.Clone(stream[:snapshotHeaderLen])
-	rest := stream[snapshotHeaderLen:]
-	next := func() []byte {
-		n, w := binary.Uvarint(rest)
-		if w <= 0 || uint64(len(rest)-w) < n {
-			t.Fatal("resealed: malformed stream")
-		}
-		b := rest[w : w+int(n)]
-		rest = rest[w+int(n):]
-		return b
-	}
-	var frames uint64
-	for {
-		key := next()
-		if len(key) == 0 {
-			break
-		}
-		val := next()
-		if key[0] == tagMeta {
-			m, err := decodeMeta(val)
+	header, frames := splitStream(t, stream)
+	for i, f := range frames {
+		if f.key[0] == tagMeta {
+			m, err := decodeMeta(f.val)
 			if err != nil {
 				t.Fatal(err)
 			}
 			edit(&m)
-			val = m.append(nil)
+			frames[i].val = m.append(nil)
 		}
-		out = binary.AppendUvarint(out, uint64(len(key)))
-		out = append(out, key...)
-		out = binary.AppendUvarint(out, uint64(len(val)))
-		out = append(out, val...)
-		frames++
 	}
-	out = binary.AppendUvarint(out, 0)
-	out = binary.BigEndian.AppendUint64(out, frames)
-	return packStream(t, binary.BigEndian.AppendUint32(out, crc32.Checksum(out, castagnoli)))
+	return joinStream(t, header, frames)
 }
