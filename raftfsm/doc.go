@@ -48,10 +48,11 @@
 //  5. A pending event (state Scheduled) has exactly one due-index key and no status key; every
 //     other stored event has a status key, one settled-index key at the time it settled, and
 //     no due-index key. An expired event has no key at all. The in-memory counters equal the
-//     counters stored in Pebble after every commit, and the in-memory pending set (pendingSet)
-//     holds exactly the seqs of the due index. A pending event's status is exactly
-//     {Scheduled, due}, which is what lets a MarkFired carrying due times (MarkFired.DueKnown)
-//     settle it without reading it.
+//     counters stored in Pebble after every commit, and the in-memory pending set, once its
+//     background build is taken in, holds exactly the seqs of the due index (pendingMirror;
+//     until then apply tells a pending event by its due-index key, with the same results). A
+//     pending event's status is exactly {Scheduled, due}, which is what lets a MarkFired
+//     carrying due times (MarkFired.DueKnown) settle it without reading it.
 //  6. Idempotency (design invariant 6): an id is bound to the first event created with it
 //     until that event expires. The same id with the same ContentHash returns the original Seq
 //     and Due; a different hash is a Conflict. Within one ScheduleBatch the first occurrence
@@ -114,8 +115,10 @@
 // due-index deletion) without rewriting the payload. The id entry holds the due time because
 // it is half of the body's key. The due encoding is uint64(due) XOR 1<<63, which orders
 // negative (pre-1970) instants correctly, so nothing is clamped and ForEachPending reports
-// the exact due. The due index exists for ForEachPending (rebuilding the wheel) and for
-// ReadForFire to tell pending events from settled ones in the same forward walk.
+// the exact due. The due index exists for ForEachPendingIn (the shard owner loads its wheel
+// from it one stretch of due times at a time, so memory holds only the events due soon), for
+// building the pending set, and for ReadForFire to tell pending events from settled ones in
+// the same forward walk.
 //
 // Expire removes the oldest settled events: it walks the settled-time index, finds each
 // body by its due and seq, reads the id out of it, and deletes the body, id and status keys;

@@ -200,8 +200,8 @@ type FSM struct {
 
 	// ap is scratch reused by every apply; only the apply goroutine touches it.
 	ap applier
-	// pending mirrors the due index; see pendingSet.
-	pending pendingSet
+	// pending mirrors the due index; see pendingMirror.
+	pending pendingMirror
 
 	// mu guards meta and restoring for readers. Only the apply goroutine writes them, and
 	// only while holding mu, so the apply goroutine may read them without mu.
@@ -288,6 +288,7 @@ func (f *FSM) load() error {
 // must not be used afterwards, and raft must have stopped applying to it.
 func (f *FSM) Close() {
 	f.Stopping()
+	f.stopPending()
 	f.stopIDFilter()
 	f.st.release(f.shard)
 }
@@ -339,9 +340,8 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 		panic(fmt.Sprintf("raftfsm: shard %d: apply with an unfinished restore; the state is partial", f.shard))
 	}
 	if !f.pending.loaded {
-		if err := f.LoadPending(nil); err != nil {
-			panic(fmt.Sprintf("raftfsm: shard %d: reading the pending events: %v", f.shard, err))
-		}
+		f.pollPending()
+		f.scanIDFilter() // for an owner that did not call LoadPending
 	}
 	a := &f.ap
 	a.begin(f.meta)
@@ -599,7 +599,7 @@ func (a *applier) loadStatuses(seqs []uint64) {
 	slices.Sort(seqs)
 	var key []byte
 	for i, seq := range seqs {
-		if (i > 0 && seq == seqs[i-1]) || !a.known(seq) || a.f.pending.has(seq) {
+		if pending, _ := a.f.pending.has(seq); (i > 0 && seq == seqs[i-1]) || !a.known(seq) || pending {
 			continue
 		}
 		if _, ok := a.statuses[seq]; ok {
@@ -621,35 +621,59 @@ func (a *applier) loadStatuses(seqs []uint64) {
 }
 
 // status returns the current status of seq, which must have been assigned. A pending event's
-// is {Scheduled, due}, with the due its caller knows (dueOf finds it for one that does not);
-// a settled one's is stored; an expired one's is the zero status.
+// is {Scheduled, due}, with the due its caller knows (0 if it does not: dueOf finds it); a
+// settled one's is stored; an expired one's is the zero status. Until the pending set is
+// loaded, a pending event is told from an expired one, which has no status either, by its
+// due-index key.
 func (a *applier) status(seq uint64, due int64) status {
-	if a.f.pending.has(seq) {
+	pending, known := a.f.pending.has(seq)
+	if pending {
 		return status{state: StateScheduled, due: due}
 	}
 	if s, ok := a.statuses[seq]; ok {
 		return s
 	}
 	a.key = appendStatusKey(a.key[:0], a.f.shard, seq)
-	v, ok := a.get(a.key)
-	if !ok {
-		return status{} // expired
+	if v, ok := a.get(a.key); ok {
+		s, err := decodeStatus(v)
+		if err != nil {
+			a.fatal("event %d: %v", seq, err)
+		}
+		a.statuses[seq] = s
+		return s
 	}
-	s, err := decodeStatus(v)
-	if err != nil {
-		a.fatal("event %d: %v", seq, err)
+	if !known {
+		if due == 0 {
+			var ok bool
+			if due, ok = a.findDue(seq); ok {
+				return status{state: StateScheduled, due: due}
+			}
+		} else if _, ok := a.get(appendDueKey(a.key[:0], a.f.shard, due, seq)); ok {
+			return status{state: StateScheduled, due: due}
+		}
 	}
-	a.statuses[seq] = s
-	return s
+	return status{} // expired
 }
 
-// dueOf finds the due time of pending seq by walking the due index: O(pending), for entries
-// that name an event by seq without its due time, which only chimed before key layout 2
-// wrote (TypeMarkFired, TypeMarkDeadLettered).
+// dueOf finds the due time of pending seq (see findDue).
 func (a *applier) dueOf(seq uint64) int64 {
+	due, ok := a.findDue(seq)
+	if !ok {
+		a.fatal("pending event %d has no due-index key", seq)
+	}
+	return due
+}
+
+// findDue finds the due time of seq if it is pending, by walking the due index: O(pending),
+// for entries that name an event by seq without its due time, which only chimed before key
+// layout 2 wrote (TypeMarkFired, TypeMarkDeadLettered).
+func (a *applier) findDue(seq uint64) (int64, bool) {
+	if s, ok := a.statuses[seq]; ok {
+		return s.due, s.state == StateScheduled
+	}
 	for _, n := range a.notes { // scheduled earlier in this batch, so not committed yet
 		if n.scheduled && n.seq == seq {
-			return n.due
+			return n.due, true
 		}
 	}
 	it := a.iter()
@@ -660,14 +684,13 @@ func (a *applier) dueOf(seq uint64) int64 {
 			a.fatal("%v", err)
 		}
 		if s == seq {
-			return due
+			return due, true
 		}
 	}
 	if err := it.Error(); err != nil {
 		a.fatal("read the due index: %v", err)
 	}
-	a.fatal("pending event %d has no due-index key", seq)
-	return 0
+	return 0, false
 }
 
 // putStatus stores the final status of an event that leaves Scheduled, and its entry in the
@@ -741,6 +764,11 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 		a.key = appendDueKey(a.key[:0], a.f.shard, e.Due, seq)
 		a.set(a.key, nil)
 		a.f.pending.add(seq)
+		if _, known := a.f.pending.has(seq); !known {
+			// Scheduled by this batch, so not in the committed due index that status
+			// reads until the pending set is loaded.
+			a.statuses[seq] = status{state: StateScheduled, due: e.Due}
+		}
 		a.m.pending++
 		a.notes = append(a.notes, note{scheduled: true, seq: seq, due: e.Due})
 		res[i] = ScheduleResult{Outcome: Created, Seq: seq, Due: e.Due}

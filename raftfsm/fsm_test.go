@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -183,9 +184,56 @@ func TestMarkFiredDueKnownChangesNothing(t *testing.T) {
 		t.Fatalf("only %d MarkFired entries carried due times", withDue)
 	}
 	sameReplicas(t, "with due times vs without", a, b, fa, fb)
-	if got, want := fa.pending.count(), int(fa.Stats().Pending); got != want {
+	awaitPending(t, fa)
+	wantPendingSet(t, fa)
+	if got, want := fa.pending.set.count(), int(fa.Stats().Pending); got != want {
 		t.Fatalf("pending set holds %d events, Stats says %d", got, want)
 	}
+}
+
+// TestPendingSetBuiltWhileApplying: until a replica's pending set is built, apply tells
+// pending events from Pebble, with exactly the results and key space of a replica whose set
+// is loaded; and the set the build hands over, with what apply did meanwhile, equals the due
+// index. The build is held while a log of schedules, cancels, marks (with and without due
+// times) and expiries is applied, after a reopen, so that it scans a non-empty due index.
+func TestPendingSetBuiltWhileApplying(t *testing.T) {
+	logs := genLog(13, 1200)
+	a, b, fa, fb := twoReplicas(t, 3)
+	if err := fb.LoadPending(maxDue, nil); err != nil {
+		t.Fatal(err)
+	}
+	awaitPending(t, fb)
+	apply := func(from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			if ra, rb := fa.Apply(logs[i]), fb.Apply(logs[i]); !reflect.DeepEqual(ra, rb) {
+				t.Fatalf("entry %d (pending set loaded on B: %v, on A: %v): %s vs %s", i+1, fb.pending.loaded, fa.pending.loaded, show(ra), show(rb))
+			}
+		}
+	}
+	apply(0, 400)
+
+	// Reopen A with its build held, so that it answers from Pebble.
+	fa.Close()
+	release := make(chan struct{})
+	testHookPendingBuild = func() { <-release }
+	defer func() { testHookPendingBuild = nil }()
+	var once sync.Once
+	releaseBuild := func() { once.Do(func() { close(release) }) }
+	defer releaseBuild() // before the stores close, which wait for the build
+	fa, _ = newTestFSM(t, a, 3)
+	t.Cleanup(fa.Close)
+	apply(400, 900)
+	if fa.pending.loaded {
+		t.Fatal("A's pending set loaded while its build was held")
+	}
+	sameReplicas(t, "A answering from Pebble vs B from its pending set", a, b, fa, fb)
+
+	releaseBuild()
+	apply(900, len(logs))
+	awaitPending(t, fa)
+	wantPendingSet(t, fa)
+	sameReplicas(t, "after A's build", a, b, fa, fb)
 }
 
 // TestRestoreLeavesOtherShardsUntouched: with several shards in one Store, including the

@@ -387,3 +387,33 @@ func joinStream(t testing.TB, header []byte, frames []frame) []byte {
 	}
 	return packStream(t, out)
 }
+
+// awaitPending waits for f's pending set to be built and takes it in, as the next apply
+// would. It must not run beside an apply.
+func awaitPending(t testing.TB, f *FSM) {
+	t.Helper()
+	for !f.pending.loaded {
+		f.pollPending()
+		if b := f.pending.build; b != nil {
+			<-b.done
+		}
+	}
+}
+
+// wantPendingSet fails unless f's loaded pending set holds exactly the seqs of its due index.
+func wantPendingSet(t testing.TB, f *FSM) {
+	t.Helper()
+	n := 0
+	if err := f.ForEachPending(func(seq uint64, _ int64) error {
+		n++
+		if pending, known := f.pending.has(seq); !pending || !known {
+			t.Fatalf("event %d is in the due index; the pending set has it %v (loaded %v)", seq, pending, known)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.pending.set.count(); got != n {
+		t.Fatalf("pending set holds %d events, the due index %d", got, n)
+	}
+}

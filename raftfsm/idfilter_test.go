@@ -112,8 +112,8 @@ func TestIDFilterCoversStoredIDs(t *testing.T) {
 	defer f.Close()
 	var once sync.Once
 	releaseScan := func() { once.Do(func() { close(release) }) }
-	defer releaseScan()                        // before Close, which waits for the scan
-	if err := f.LoadPending(nil); err != nil { // as the shard owner does; starts the scan
+	defer releaseScan()                                // before Close, which waits for the scan
+	if err := f.LoadPending(maxDue, nil); err != nil { // as the shard owner does; starts the scan
 		t.Fatal(err)
 	}
 	<-opened
@@ -140,7 +140,7 @@ func TestIDFilterCoversStoredIDs(t *testing.T) {
 	if err := restore(g, snap); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.LoadPending(nil); err != nil { // as the shard owner's Reset does
+	if err := g.LoadPending(maxDue, nil); err != nil { // as the shard owner's Reset does
 		t.Fatal(err)
 	}
 	waitIDFilter(t, g)

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/cespare/xxhash/v2"
@@ -192,8 +193,32 @@ func (w *forwardIter) seekGE(key []byte) bool {
 // ForEachPending calls fn for every pending event in due order (ties by seq), from one
 // consistent view of the shard. It stops at, and returns, the first error fn returns. fn must
 // not block on the apply goroutine.
-func (f *FSM) ForEachPending(fn func(seq uint64, due int64) error) (err error) {
-	it, err := f.newIter(appendShardTag(nil, f.shard, tagDue), appendShardTag(nil, f.shard, tagDue+1))
+func (f *FSM) ForEachPending(fn func(seq uint64, due int64) error) error {
+	return f.ForEachPendingIn(minDue, maxDue, fn)
+}
+
+// minDue and maxDue bound every due time: ForEachPendingIn(minDue, maxDue, fn) visits every
+// pending event but one due at maxDue itself, which no event is (the wheel stops at its last
+// whole tick before it).
+const (
+	minDue = math.MinInt64
+	maxDue = math.MaxInt64
+)
+
+// ForEachPendingIn calls fn for every pending event due in [from, to), in due order (ties by
+// seq), from one consistent view of the shard, reading only that part of the due index. It
+// stops at, and returns, the first error fn returns. fn must not block on the apply
+// goroutine.
+func (f *FSM) ForEachPendingIn(from, to int64, fn func(seq uint64, due int64) error) (err error) {
+	if from >= to {
+		return nil
+	}
+	lower := appendDueKey(nil, f.shard, from, 0)
+	upper := appendDueKey(nil, f.shard, to, 0)
+	if to == maxDue {
+		upper = appendShardTag(nil, f.shard, tagDue+1)
+	}
+	it, err := f.newIter(lower, upper)
 	if err != nil {
 		return err
 	}

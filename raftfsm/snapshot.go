@@ -322,7 +322,7 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 		return err
 	}
 	// Verified: from here the old state goes. Its in-memory mirrors go with it.
-	f.pending = pendingSet{} // rebuilt from the restored state by LoadPending or the next apply
+	f.stopPending() // rebuilt from the restored state by LoadPending or the next apply
 	f.stopIDFilter()
 	if err := f.st.install(st, f.spanStart, f.spanEnd); err != nil {
 		return err

@@ -52,13 +52,16 @@ type Store struct {
 	mu     sync.Mutex
 	shards map[uint32]struct{} // shards with an open FSM; guarded by mu
 
-	// Background reads of the FSMs (their id filters' scans) stop when closing is closed,
-	// and Close waits for them, so that none reads a closed database. They run one at a
-	// time, holding scanSlot.
-	closing   chan struct{}
-	closeOnce sync.Once
-	scans     sync.WaitGroup
-	scanSlot  chan struct{}
+	// Background reads of the FSMs (their id filters' scans, their pending sets' builds)
+	// stop when closing is closed, and Close waits for them, so that none reads a closed
+	// database. Scans run one at a time, holding scanSlot, and builds one at a time, holding
+	// pendingSlot: a build is what lets a restarted shard settle fired events without
+	// reading them, so it does not queue behind the far longer id scans.
+	closing     chan struct{}
+	closeOnce   sync.Once
+	scans       sync.WaitGroup
+	scanSlot    chan struct{}
+	pendingSlot chan struct{}
 
 	// flushes is closed and replaced whenever Pebble ends a flush, waking the snapshot
 	// persists waiting for their state to become durable (FSM.waitDurable).
@@ -75,7 +78,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	}
 	cache := pebble.NewCache(size)
 	defer cache.Unref()
-	s := &Store{shards: make(map[uint32]struct{}), closing: make(chan struct{}), scanSlot: make(chan struct{}, 1),
+	s := &Store{shards: make(map[uint32]struct{}), closing: make(chan struct{}), scanSlot: make(chan struct{}, 1), pendingSlot: make(chan struct{}, 1),
 		flushes: make(chan struct{}), flushWait: opts.SnapshotFlushWait}
 	if s.flushWait <= 0 {
 		s.flushWait = 10 * time.Second

@@ -111,6 +111,16 @@ type Tuning struct {
 	// Zero keeps settled events forever. It has no default here: the node
 	// passes the cluster's (chimed --retention, 7 days unless set).
 	Retention time.Duration
+	// WheelHorizon is how far ahead of now the timing wheel holds pending
+	// events; later ones stay in Pebble's due index until the horizon
+	// reaches them. Memory then follows the events due within it, not all
+	// a shard holds: a wheel entry costs 32 bytes and its handle 8 (among
+	// neighbouring seqs) to about 150 (scattered ones), so ten million
+	// events spread over a month cost over 400 MB in a wheel holding them
+	// all but, with the 1-hour default, under 3 MB. It must be well over
+	// FireLead and the time a load takes; fill raises it to at least a
+	// second.
+	WheelHorizon time.Duration
 }
 
 // Defaults that are not knobs.
@@ -167,6 +177,14 @@ const (
 	expireLimit = 1024
 )
 
+// loadStep is how often the horizon moves forward, and so how far past
+// WheelHorizon the wheel holds events at most: an eighth of it, between
+// 100 ms and 5 minutes. Each step loads the events of one step's worth of
+// time, in one pass over that part of the due index.
+func (t *Tuning) loadStep() time.Duration {
+	return min(max(t.WheelHorizon/8, 100*time.Millisecond), 5*time.Minute)
+}
+
 // fill sets every zero field to its default.
 func (t *Tuning) fill() {
 	setDur := func(v *time.Duration, def time.Duration) {
@@ -189,6 +207,8 @@ func (t *Tuning) fill() {
 	setInt(&t.ProposeBytes, 1<<20)
 	setInt(&t.FireBatch, 1024)
 	setInt(&t.InstallRate, 32<<20)
+	setDur(&t.WheelHorizon, time.Hour)
+	t.WheelHorizon = max(t.WheelHorizon, time.Second)
 	// 16: a batch takes a produce round trip, and at 10,000 events a
 	// second under load four were too few, so the firing loop waited for a
 	// slot while events fell due.

@@ -8,9 +8,12 @@
 //     default and its reason in config.go), its log, its snapshots (references
 //     into Pebble, snapshotStore, expanded into full streams for a follower
 //     too far behind, written and sent at Tuning.InstallRate), its transport.
-//   - The timing wheel of the shard's pending events, kept warm on every
-//     replica by the apply observer (observer: Scheduled, Settled, Reset), so
-//     that a new leader fires from a wheel it already has.
+//   - The timing wheel of the shard's pending events due within the near
+//     horizon (Tuning.WheelHorizon), kept warm on every replica by the apply
+//     observer (observer: Scheduled, Settled, Reset) and by the horizon
+//     loader (horizonLoop), which reads the events the horizon reaches from
+//     Pebble's due index, so that a new leader fires from a wheel it already
+//     has and memory holds only the events due soon.
 //   - Group commit: concurrent Schedule calls become one ScheduleBatch entry
 //     (proposeLoop, applyWaitLoop), and the marks of many fire batches one
 //     MarkFired entry (markLoop).
@@ -52,8 +55,9 @@
 //
 // Each has an owner that starts it and a stop path:
 //
-//   - proposeLoop, applyWaitLoop, markLoop, leadershipLoop: started by Open,
-//     stopped by Close (close(stop), then wg.Wait). proposeLoop fails the
+//   - proposeLoop, applyWaitLoop, markLoop, leadershipLoop, horizonLoop:
+//     started by Open, stopped by Close (close(stop), then wg.Wait); a load
+//     under way checks stop between chunks. proposeLoop fails the
 //     queued proposals and closes applying, which ends applyWaitLoop;
 //     markLoop fails the queued marks; leadershipLoop stops the firing loops.
 //   - fireLoop, with a retention expireLoop, and with a Directory
@@ -119,4 +123,9 @@
 //  8. A leader whose raft refuses entries for a stranded leadership transfer
 //     is reported Stuck once that has lasted stuckAfter, and not before
 //     (TestStuckLeadershipTransfer).
+//  9. Every pending event due before the horizon is in the wheel, in a fire
+//     batch or waiting to retry, exactly once: a load and apply may meet in
+//     any order (TestLoadRacesApply), and events scheduled beyond the
+//     horizon, at its edge, and cancelled while on disk fire once, on time,
+//     or not at all (TestHorizonFiresEventsAsItReachesThem).
 package shard

@@ -13,7 +13,7 @@ import (
 // Firing runs on the leader only. On gaining leadership the shard issues a
 // Raft barrier: once it returns, every entry committed before this term has
 // been applied, so the wheel (kept warm on every replica) holds every pending
-// event. Then the firing loop sleeps until the wheel's next due time, takes
+// event due within the horizon. Then the firing loop sleeps until the wheel's next due time, takes
 // what fell due out of the wheel, reads the events from Pebble, produces them
 // and records the outcome through Raft (MarkFired / MarkDeadLettered).
 //

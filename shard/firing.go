@@ -58,6 +58,23 @@ type firing struct {
 	// sleepUntil is when the firing loop next wakes (Unix ns); an event due
 	// earlier kicks it.
 	sleepUntil int64
+
+	// The near horizon: the wheel holds the events due before until, about
+	// Tuning.WheelHorizon ahead of now, and the rest wait in Pebble's due
+	// index until the loader (horizonLoop) moves until past them. Every
+	// pending event due before until is in the wheel, in a fire batch or
+	// waiting to retry; the observer adds a new event only if it is due
+	// before until. A load first moves until (beginLoad), so that what is
+	// applied from then on reaches the wheel through the observer, then
+	// reads the range from Pebble and adds what the wheel does not hold yet
+	// (addLoaded). While it runs (loading), gone collects the events
+	// settled meanwhile, so that a read made before one settled does not
+	// bring it back. gen counts the wheels rebuilt from Pebble (replace):
+	// a load begun on an older one stops.
+	until   int64
+	loading bool
+	gone    map[uint64]struct{}
+	gen     uint64
 }
 
 func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
@@ -69,7 +86,7 @@ func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
 		now: now, res: int64(t.Resolution), kick: make(chan struct{}, 1),
 		wheel: w, inflight: make(map[uint64]*fireBatch),
 		retrying: make(map[uint64]int64), unsure: make(map[uint64]int64),
-		fenceUntil: never, sleepUntil: never,
+		fenceUntil: never, sleepUntil: never, gone: make(map[uint64]struct{}),
 		retry: backoff.ExponentialBackOff{
 			InitialInterval: t.RetryDelay, MaxInterval: t.MaxRetryDelay, Multiplier: 2,
 		},
@@ -83,18 +100,27 @@ func (f *firing) wake() {
 	}
 }
 
-// replace swaps in a wheel rebuilt from Pebble.
-func (f *firing) replace(w *wheel.Wheel, handles handleTable) {
+// replace swaps in a wheel rebuilt from Pebble, which holds every pending
+// event due before until.
+func (f *firing) replace(w *wheel.Wheel, handles handleTable, until int64) {
 	f.mu.Lock()
-	f.wheel, f.handles = w, handles
+	f.wheel, f.handles, f.until = w, handles, until
 	clear(f.retrying)
+	f.gen++
+	f.loading = false
+	clear(f.gone)
 	f.mu.Unlock()
 	f.wake()
 }
 
-// scheduled adds a newly applied event to the wheel.
+// scheduled adds a newly applied event to the wheel if it falls due before
+// the horizon; the loader adds a later one when the horizon reaches it.
 func (f *firing) scheduled(seq uint64, due int64) {
 	f.mu.Lock()
+	if due >= f.until {
+		f.mu.Unlock()
+		return
+	}
 	f.handles.set(seq, f.wheel.Add(seq, due))
 	wake := due < f.sleepUntil
 	f.mu.Unlock()
@@ -103,11 +129,81 @@ func (f *firing) scheduled(seq uint64, due int64) {
 	}
 }
 
+// beginLoad moves the horizon to until and returns where the load must
+// start reading and the wheel it loads into; ok is false if the horizon is
+// there already.
+func (f *firing) beginLoad(until int64) (from int64, gen uint64, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if until <= f.until {
+		return 0, 0, false
+	}
+	from, f.until, f.loading = f.until, until, true
+	return from, f.gen, true
+}
+
+// addLoaded adds events read from Pebble by a load into wheel gen, leaving
+// out those the wheel already holds (the observer added them, or a retry
+// put them back), those in a fire batch, and those settled since the load
+// began. It reports false if the wheel was rebuilt since, which ends the
+// load.
+func (f *firing) addLoaded(gen uint64, es []wheel.Entry) bool {
+	f.mu.Lock()
+	if gen != f.gen {
+		f.mu.Unlock()
+		return false
+	}
+	wake := false
+	for _, e := range es {
+		if _, ok := f.handles.get(e.Ref); ok {
+			continue
+		}
+		if _, ok := f.gone[e.Ref]; ok || f.inflight[e.Ref] != nil {
+			continue
+		}
+		f.handles.set(e.Ref, f.wheel.Add(e.Ref, e.Due))
+		wake = wake || e.Due < f.sleepUntil
+	}
+	f.mu.Unlock()
+	if wake {
+		f.wake()
+	}
+	return true
+}
+
+// endLoad ends the load into wheel gen.
+func (f *firing) endLoad(gen uint64) {
+	f.mu.Lock()
+	if gen == f.gen {
+		f.loading = false
+		clear(f.gone)
+	}
+	f.mu.Unlock()
+}
+
+// current reports whether gen is the wheel in use.
+func (f *firing) current(gen uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return gen == f.gen
+}
+
+// horizon returns the number of events in the wheel and the end of the
+// range it holds every pending event of (Unix ns).
+func (f *firing) horizon() (events int, until int64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.wheel.Len(), f.until
+}
+
 // settled takes an event that was cancelled or marked out of the wheel, or
 // out of the fire batch that holds it.
 func (f *firing) settled(seq uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.loading {
+		f.gone[seq] = struct{}{}
+	}
 	if h, ok := f.handles.get(seq); ok {
 		f.wheel.Remove(h)
 		f.handles.delete(seq)

@@ -37,10 +37,8 @@ func TestHandleTable(t *testing.T) {
 	for seq := range model {
 		tab.delete(seq)
 	}
-	for i, p := range tab.pages {
-		if p != nil {
-			t.Fatalf("page %d still allocated with every handle deleted (used %d)", i, p.used)
-		}
+	if len(tab.pages) != 0 {
+		t.Fatalf("%d pages still held with every handle deleted", len(tab.pages))
 	}
 	if _, ok := tab.get(0); ok {
 		t.Fatal("get(0) found a handle in an empty table")

@@ -105,7 +105,8 @@ func Open(cfg Config) (*Shard, error) {
 		s.fsm.Close()
 		return nil, err
 	}
-	s.wg.Add(4)
+	s.wg.Add(5)
+	go s.horizonLoop()
 	go s.proposeLoop()
 	go s.applyWaitLoop()
 	go s.markLoop()
@@ -387,24 +388,26 @@ func (o *observer) Reset() {
 	}
 }
 
-// rebuildWheel replaces the wheel with one built from the pending events in
-// Pebble. Events that fell due while the node was down are overdue in the new
-// wheel and fire at once. The same pass builds the FSM's in-memory pending
-// set (FSM.LoadPending), so it runs only before raft starts and from
-// Observer.Reset, never beside an apply.
+// rebuildWheel replaces the wheel with one built from the events in Pebble
+// due within the horizon. Events that fell due while the node was down are
+// overdue in the new wheel and fire at once. It also starts the rebuild of
+// the FSM's in-memory pending set (FSM.LoadPending), so it runs only before
+// raft starts and from Observer.Reset, never beside an apply.
 func (s *Shard) rebuildWheel() error {
-	w, err := wheel.New(s.cfg.Now().UnixNano(), s.tune.Resolution)
+	now := s.cfg.Now().UnixNano()
+	w, err := wheel.New(now, s.tune.Resolution)
 	if err != nil {
 		return err
 	}
 	var handles handleTable
-	err = s.fsm.LoadPending(func(seq uint64, due int64) error {
+	until := s.horizonUntil(now)
+	err = s.fsm.LoadPending(until, func(seq uint64, due int64) error {
 		handles.set(seq, w.Add(seq, due))
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	s.firing.replace(w, handles)
+	s.firing.replace(w, handles, until)
 	return nil
 }

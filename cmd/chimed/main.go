@@ -95,6 +95,7 @@ type flags struct {
 	shards, maxPayload, maxInFlight               int
 	maxAttempts, replication, nodes               int
 	maxHorizon, resolution, timeout, maxClockSkew time.Duration
+	wheelHorizon                                  time.Duration
 	retention                                     daysDuration
 	deadTimeout, startupWait                      time.Duration
 }
@@ -134,6 +135,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.IntVar(&f.maxPayload, "max-payload", rpc.DefaultLimits().MaxPayloadBytes, "largest accepted event payload, in bytes")
 	fs.DurationVar(&f.maxHorizon, "max-horizon", rpc.DefaultLimits().MaxHorizon, "furthest ahead an event may be due")
 	fs.DurationVar(&f.resolution, "resolution", wheel.DefaultResolution, "timing wheel tick: events fire at most one tick after they are due")
+	fs.DurationVar(&f.wheelHorizon, "wheel-horizon", time.Hour, "how far ahead the in-memory timing wheel holds events (at least 1s); later ones stay on disk in\nthe due index and are loaded as the horizon reaches them, so memory follows the events due\nwithin it, not all the node holds. Each node sets its own")
 	fs.DurationVar(&f.maxClockSkew, "max-clock-skew", time.Second, "how far apart the nodes' clocks may be; for this long after a leader change, cancels of unfired events due by then are refused (ABORTED, retryable) because the old leader may have produced them")
 	fs.IntVar(&f.maxInFlight, "max-inflight", publish.DefaultMaxInFlight, "produce requests in flight to Kafka at once (each carries one partition's share of a fire batch)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", publish.DefaultMaxAttempts, "produce attempts before a record goes to the dead-letter topic")
@@ -281,6 +283,10 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	if f.wheelHorizon < time.Second {
+		fmt.Fprintf(stderr, "chimed: --wheel-horizon %v: must be at least 1s (the wheel must hold the events about to fire, and those a load brings in)\n", f.wheelHorizon)
+		return 2
+	}
 	lim := rpc.DefaultLimits()
 	lim.MaxPayloadBytes = f.maxPayload
 	lim.MaxHorizon = f.maxHorizon
@@ -291,7 +297,8 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	base := node.Config{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
-		Tuning:      shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention)},
+		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
+			WheelHorizon: f.wheelHorizon},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,

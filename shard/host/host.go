@@ -437,11 +437,14 @@ var (
 	descExpired    = prometheus.NewDesc("chime_shard_expired_total", "Settled events removed after the retention.", []string{"shard"}, nil)
 	descReclaimed  = prometheus.NewDesc("chime_shard_reclaimed_bytes_total", "Bytes of keys and values the retention clean-up deleted on this replica since it opened (Pebble frees the disk space as it compacts).", []string{"shard"}, nil)
 	descCleanupLag = prometheus.NewDesc("chime_shard_cleanup_lag_seconds", "How long ago the oldest settled event still stored should have been removed; 0 when the clean-up keeps up.", []string{"shard"}, nil)
+
+	descWheelEvents  = prometheus.NewDesc("chime_shard_wheel_events", "Events held in memory by the timing wheel: those due within the wheel horizon (and retries).", []string{"shard"}, nil)
+	descWheelHorizon = prometheus.NewDesc("chime_shard_wheel_horizon_seconds", "How far ahead of now the wheel holds every pending event; below --wheel-horizon only while loading the next events from disk lags.", []string{"shard"}, nil)
 )
 
 func (c hostCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPending, descEvents, descRefired, descApplied, descLeader,
-		descRetained, descExpired, descReclaimed, descCleanupLag} {
+		descRetained, descExpired, descReclaimed, descCleanupLag, descWheelEvents, descWheelHorizon} {
 		ch <- d
 	}
 }
@@ -460,6 +463,9 @@ func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descExpired, prometheus.CounterValue, float64(st.Expired), shard)
 		ch <- prometheus.MustNewConstMetric(descReclaimed, prometheus.CounterValue, float64(s.ReclaimedBytes()), shard)
 		ch <- prometheus.MustNewConstMetric(descCleanupLag, prometheus.GaugeValue, s.CleanupLag().Seconds(), shard)
+		inWheel, ahead := s.WheelEvents()
+		ch <- prometheus.MustNewConstMetric(descWheelEvents, prometheus.GaugeValue, float64(inWheel), shard)
+		ch <- prometheus.MustNewConstMetric(descWheelHorizon, prometheus.GaugeValue, ahead.Seconds(), shard)
 		leader := 0.0
 		if s.IsLeader() {
 			leader = 1

@@ -1,0 +1,183 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/chimehq/chime/publish/publishtest"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/wheel"
+)
+
+// TestLoadRacesApply drives the load protocol against the observer by hand,
+// in each order the two can meet: an event applied while its range is being
+// read is in the wheel once, one settled meanwhile does not come back, one
+// in a fire batch is not added beside it, and a load whose wheel was rebuilt
+// adds nothing.
+func TestLoadRacesApply(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := now.UnixNano()
+	w, _ := wheel.New(base, time.Millisecond)
+	f.replace(w, handleTable{}, base+int64(time.Second))
+
+	ms := func(n int64) int64 { return base + n*int64(time.Millisecond) }
+	f.scheduled(1, ms(500))  // within the horizon: in the wheel
+	f.scheduled(2, ms(1500)) // beyond it: left to the loader
+	if n, _ := f.horizon(); n != 1 {
+		t.Fatalf("wheel holds %d events, want 1 (the one beyond the horizon stays on disk)", n)
+	}
+
+	from, gen, ok := f.beginLoad(ms(2000))
+	if !ok || from != ms(1000) {
+		t.Fatalf("beginLoad = %d, %v; want from the old horizon %d", from, ok, ms(1000))
+	}
+	if _, _, ok := f.beginLoad(ms(1500)); ok {
+		t.Fatal("beginLoad moved the horizon backwards")
+	}
+	// Applied while the range is read: the observer adds them now.
+	f.scheduled(3, ms(1600))
+	f.scheduled(4, ms(1700))
+	f.settled(4)                 // and this one settles before the read reaches it
+	f.settled(5)                 // settled before the load saw it, never in the wheel
+	f.inflight[6] = &fireBatch{} // taken out by the firing loop meanwhile
+	// The read saw 2 and 5 (before 5 settled), 3 and 4 (after they were
+	// applied), and 6.
+	read := []wheel.Entry{{Ref: 2, Due: ms(1500)}, {Ref: 3, Due: ms(1600)}, {Ref: 4, Due: ms(1700)}, {Ref: 5, Due: ms(1800)}, {Ref: 6, Due: ms(1900)}}
+	if !f.addLoaded(gen, read) {
+		t.Fatal("addLoaded refused the current wheel")
+	}
+	f.endLoad(gen)
+	delete(f.inflight, 6)
+	got := map[uint64]int{}
+	for _, e := range f.wheel.Advance(ms(3000), nil, 0) {
+		got[e.Ref]++
+	}
+	want := map[uint64]int{1: 1, 2: 1, 3: 1}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the wheel gave %v, want %v (each pending event once; nothing settled, nothing in flight)", got, want)
+	}
+	if len(f.gone) != 0 {
+		t.Fatalf("%d settled events still remembered after the load", len(f.gone))
+	}
+
+	// A rebuild during a load: what the load read belongs to the old wheel.
+	_, gen, _ = f.beginLoad(ms(4000))
+	w2, _ := wheel.New(ms(3000), time.Millisecond)
+	f.replace(w2, handleTable{}, ms(4000))
+	if f.addLoaded(gen, []wheel.Entry{{Ref: 7, Due: ms(3500)}}) {
+		t.Fatal("addLoaded added to a wheel rebuilt since the load began")
+	}
+	if n, _ := f.horizon(); n != 0 {
+		t.Fatalf("the rebuilt wheel holds %d events, want 0", n)
+	}
+}
+
+// TestHorizonFiresEventsAsItReachesThem: with a 1 s horizon, a shard holds in
+// its wheel only the events due within about a second, and fires every event,
+// those scheduled beyond the horizon and those due right at its edge, once,
+// none early, while events are scheduled and cancelled throughout; a cancel
+// of an event still on disk holds.
+func TestHorizonFiresEventsAsItReachesThem(t *testing.T) {
+	brokers := publishtest.NewBroker(t).Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 2, func(tu *Tuning) {
+		tu.WheelHorizon = time.Second
+		tu.ClockSkewBound = 10 * time.Millisecond // no predecessor to fence off
+	})
+	defer n.close()
+	c := publishtest.Collect(t, brokers, "h")
+	rng := rand.New(rand.NewPCG(7, 7))
+	horizon := n.host.Replica(0).tune.WheelHorizon
+	step := n.host.Replica(0).tune.loadStep()
+
+	type sent struct {
+		due       int64
+		cancelled bool
+	}
+	events := map[string]*sent{}
+	var ids []string
+	request := func(id string, delay time.Duration) Request {
+		r := Request{ID: id, Delay: delay, HasDelay: true, Topic: "h", Payload: []byte(id)}
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+		return r
+	}
+	schedule := func(reqs ...Request) {
+		res, err := n.host.Schedule(context.Background(), reqs)
+		if err != nil {
+			t.Fatalf("Schedule: %v", err)
+		}
+		for i, r := range res {
+			if r.Outcome != raftfsm.Created {
+				t.Fatalf("Schedule %s: %+v", reqs[i].ID, r)
+			}
+			events[reqs[i].ID] = &sent{due: r.Due}
+			ids = append(ids, reqs[i].ID)
+		}
+	}
+	cancelSome := func() {
+		for range 1 {
+			id := ids[rng.IntN(len(ids))]
+			e := events[id]
+			if e.cancelled || time.Until(time.Unix(0, e.due)) < 300*time.Millisecond {
+				continue // leave the firing loop's way alone: cancels of due events are tested elsewhere
+			}
+			r, err := n.host.Cancel(context.Background(), id)
+			if err != nil || r.Outcome != raftfsm.Cancelled {
+				t.Fatalf("Cancel %s (due in %v): %v %+v", id, time.Until(time.Unix(0, e.due)), err, r)
+			}
+			e.cancelled = true
+		}
+	}
+	start := time.Now()
+	var far []Request
+	for i := range 400 {
+		far = append(far, request(fmt.Sprintf("far-%d", i), 2*time.Second+time.Duration(rng.Int64N(int64(2*time.Second)))))
+	}
+	schedule(far...)
+	// Right after scheduling, the wheels hold at most what falls due within
+	// the horizon and one load step: none of these.
+	for _, s := range n.host.shards {
+		if in, ahead := s.WheelEvents(); in != 0 || ahead > horizon+step || ahead < horizon-step-time.Since(start) {
+			t.Fatalf("shard %d: %d events in the wheel, every pending one held %v ahead; want none, about %v ahead", s.ID(), in, ahead, horizon)
+		}
+	}
+	// Then, for three seconds, events due around the horizon's edge and
+	// across it, and cancels, while the horizon moves.
+	for i := 0; time.Since(start) < 3*time.Second; i++ {
+		edge := horizon + time.Duration(rng.Int64N(int64(2*step))) - step
+		schedule(request(fmt.Sprintf("edge-%d", i), edge),
+			request(fmt.Sprintf("near-%d", i), time.Duration(rng.Int64N(int64(3*time.Second)))))
+		cancelSome()
+		time.Sleep(2 * time.Millisecond)
+	}
+	want := 0
+	for _, e := range events {
+		if !e.cancelled {
+			want++
+		}
+	}
+	got := c.WaitIDs(want, 30*time.Second)
+	time.Sleep(publishtest.DupWindow)
+	got = c.Consumed()
+	for id, e := range events {
+		r, fired := got.ByID[id]
+		switch {
+		case e.cancelled && fired:
+			t.Errorf("%s was cancelled and fired", id)
+		case !e.cancelled && !fired:
+			t.Errorf("%s (due %v after the test began) never fired", id, time.Unix(0, e.due).Sub(start))
+		case fired && r.Fired.Before(time.Unix(0, e.due).Truncate(time.Millisecond)):
+			t.Errorf("%s fired %v early", id, time.Unix(0, e.due).Sub(r.Fired))
+		}
+	}
+	if got.Dups != 0 {
+		t.Errorf("%d duplicate records from one replica that never lost leadership", got.Dups)
+	}
+	t.Logf("%d events, %d cancelled, %d fired", len(events), len(events)-want, len(got.ByID))
+}
