@@ -246,7 +246,8 @@ func format2(t *testing.T, stream []byte) []byte {
 // TestPowerCutDuringCleanUp: power cuts at random points of a log full of Expire entries,
 // with Pebble flushing at random points in between, followed by what raft does on restart
 // (apply the log after the applied index), end in exactly the state of a replica that never
-// crashed: nothing acknowledged is lost and nothing expired comes back.
+// crashed: nothing acknowledged is lost and nothing expired comes back. Half the cuts fall
+// while the pending set is being built.
 func TestPowerCutDuringCleanUp(t *testing.T) {
 	logs := genLog(51, 1500)
 	expires := 0
@@ -264,12 +265,43 @@ func TestPowerCutDuringCleanUp(t *testing.T) {
 	fr.ApplyBatch(logs)
 
 	rng := rand.New(rand.NewPCG(51, 1))
+	// Every other opening holds its pending set's build until it is cut, so that apply
+	// answers from Pebble throughout and the cut falls in the middle of a build.
+	var hold chan struct{}
+	holdBuild := func() {
+		if hold != nil {
+			close(hold)
+			hold = nil
+		}
+		if rng.IntN(2) == 0 {
+			h := make(chan struct{})
+			hold = h
+			testHookPendingBuild = func(stop <-chan struct{}) {
+				select {
+				case <-h:
+				case <-stop:
+				}
+			}
+		} else {
+			testHookPendingBuild = nil
+		}
+	}
+	defer func() {
+		if hold != nil {
+			close(hold)
+		}
+		testHookPendingBuild = nil
+	}()
 	mem := vfs.NewCrashableMem()
 	st := openTestStore(t, "db", StoreOptions{FS: mem})
+	holdBuild()
 	f, _ := newTestFSM(t, st, 3)
-	cuts := 0
+	cuts, unloaded := 0, 0
 	for next := 0; next < len(logs); {
 		n := min(1+rng.IntN(40), len(logs)-next)
+		if !f.pending.loaded {
+			unloaded += n
+		}
 		f.ApplyBatch(logs[next : next+n])
 		next += n
 		if rng.IntN(3) == 0 {
@@ -280,6 +312,7 @@ func TestPowerCutDuringCleanUp(t *testing.T) {
 		if rng.IntN(4) == 0 {
 			crashed := mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: rng.IntN(100), RNG: rand.New(rand.NewPCG(uint64(next), 2))})
 			f.Close()
+			holdBuild()
 			if err := st.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -296,5 +329,8 @@ func TestPowerCutDuringCleanUp(t *testing.T) {
 	}
 	f.Close()
 	st.Close()
-	t.Logf("%d entries (%d Expire), %d power cuts", len(logs), expires, cuts)
+	if unloaded < len(logs)/4 {
+		t.Fatalf("only %d of %d entries applied before a pending set was loaded", unloaded, len(logs))
+	}
+	t.Logf("%d entries (%d Expire), %d power cuts, %d entries applied without a pending set", len(logs), expires, cuts, unloaded)
 }

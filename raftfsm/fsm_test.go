@@ -216,7 +216,12 @@ func TestPendingSetBuiltWhileApplying(t *testing.T) {
 	// Reopen A with its build held, so that it answers from Pebble.
 	fa.Close()
 	release := make(chan struct{})
-	testHookPendingBuild = func() { <-release }
+	testHookPendingBuild = func(stop <-chan struct{}) {
+		select {
+		case <-release:
+		case <-stop:
+		}
+	}
 	defer func() { testHookPendingBuild = nil }()
 	var once sync.Once
 	releaseBuild := func() { once.Do(func() { close(release) }) }

@@ -123,8 +123,8 @@ func (m *pendingMirror) has(seq uint64) (pending, known bool) {
 }
 
 // testHookPendingBuild, if set, runs in every build once its iterator is open; a test holds a
-// build there to apply events while it runs.
-var testHookPendingBuild func()
+// build there to apply events while it runs. It must return once stop is closed.
+var testHookPendingBuild func(stop <-chan struct{})
 
 // startPending begins building the mirror, unless it is loaded or a build runs. Called on the
 // apply goroutine (or before it exists).
@@ -161,7 +161,7 @@ func (b *pendingBuild) read(db *pebble.DB, lower, upper []byte, closing <-chan s
 	}
 	defer func() { _ = it.Close() }()
 	if testHookPendingBuild != nil {
-		testHookPendingBuild()
+		testHookPendingBuild(b.stop)
 	}
 	n := 0
 	for valid := it.First(); valid; valid = it.Next() {

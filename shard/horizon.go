@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/chimehq/chime/wheel"
@@ -23,8 +24,11 @@ var errReplaced = errors.New("wheel replaced")
 
 // loadChunk is how many events a load adds to the wheel per hold of
 // firing.mu: large enough that the lock is taken rarely, small enough that
-// the firing loop and apply never wait long for it.
-const loadChunk = 1024
+// the firing loop and apply never wait long for it. A variable for tests.
+var loadChunk = 1024
+
+// testHookLoaded, if set, runs after each chunk a load adds.
+var testHookLoaded atomic.Pointer[func()]
 
 // loadRetry is how long a load that failed to read waits to try again.
 const loadRetry = time.Second
@@ -93,6 +97,9 @@ func (s *Shard) load(from, until int64, gen uint64) error {
 		}
 		if !s.firing.addLoaded(gen, chunk) {
 			return errReplaced
+		}
+		if hook := testHookLoaded.Load(); hook != nil && len(chunk) > 0 {
+			(*hook)()
 		}
 		chunk = chunk[:0]
 		return nil

@@ -30,6 +30,9 @@ type crashRig struct {
 	mux  *raftmux.Mux
 	addr string
 	dir  string // the shard's Raft directory
+	// Optional: what the shard fires through, and its tuning.
+	pub  Publisher
+	tune func(*Tuning)
 }
 
 func newCrashRig(t *testing.T) *crashRig {
@@ -79,9 +82,13 @@ func (r *crashRig) open(bootstrap bool) (*Shard, error) {
 	if bootstrap {
 		voters = []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: raft.ServerAddress(r.addr)}}
 	}
+	tune := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond}
+	if r.tune != nil {
+		r.tune(&tune)
+	}
 	s, err := Open(Config{ID: 0, NodeID: "n1", Dir: r.dir, Store: r.st, Layer: layer, Bootstrap: voters,
-		Tuning: Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-			LeaderLeaseTimeout: 100 * time.Millisecond}})
+		Publisher: r.pub, Tuning: tune})
 	if err != nil {
 		layer.Close()
 	}
