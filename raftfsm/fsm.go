@@ -248,7 +248,7 @@ func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
 		return nil, err
 	}
 	if !f.restoring {
-		f.newIDFilter(int(f.meta.nextSeq - 1))
+		f.newIDFilter(int(f.meta.pending + f.meta.retained()))
 	}
 	return f, nil
 }
@@ -343,6 +343,7 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 		f.pollPending()
 		f.scanIDFilter() // for an owner that did not call LoadPending
 	}
+	f.takeRebuiltIDFilter()
 	a := &f.ap
 	a.begin(f.meta)
 	defer a.end()
@@ -375,6 +376,9 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 	f.meta = a.m
 	f.reclaimed += a.reclaimed
 	f.mu.Unlock()
+	if a.idfNext != nil {
+		f.scan(a.idfNext)
+	}
 	for _, n := range a.notes {
 		if n.scheduled {
 			f.obs.Scheduled(n.seq, n.due)
@@ -400,6 +404,7 @@ type applier struct {
 	ids      map[string]idRef
 	statuses map[uint64]status
 	idf      *idFilter // nil while a restore runs; see idFilter
+	idfNext  *idFilter // the filter being rebuilt, if one is (rebuildIDFilter)
 	notes    []note
 	// settledNow are the settled-index entries written in this batch; expired ones are
 	// marked gone. xFrom is where Expire resumes in the committed settled index: entries
@@ -752,8 +757,11 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 		a.m.nextSeq++
 		ref := idRef{seq: seq, hash: e.ContentHash, due: e.Due}
 		a.ids[e.ID] = ref
-		if a.idf != nil {
-			a.idf.add(e.ID)
+		if a.idfNext != nil {
+			a.idfNext.add(e.ID)
+		}
+		if a.idf != nil && a.idf.add(e.ID) {
+			a.f.rebuildIDFilter(int(a.m.pending + a.m.retained()))
 		}
 		a.key = appendIDKey(a.key[:0], a.f.shard, e.ID)
 		a.val = ref.append(a.val[:0])

@@ -13,8 +13,8 @@ import (
 // level, consulting a bloom filter and opening a table iterator for each: 14% of an ingesting
 // cluster's CPU, and BenchmarkIngestCPU/delay-3-shards 4.29 → 3.39 µs per event without it.
 //
-// It is a split-block Bloom filter over every id the shard has ever created (ids are never
-// deleted), held in memory only. It has no false negatives: a "maybe" costs the Pebble lookup
+// It is a split-block Bloom filter over every id the shard stores (and those expired since it
+// was built, which cost only false positives), held in memory only. It has no false negatives: a "maybe" costs the Pebble lookup
 // it used to, a "no" is certain. It never changes what an apply decides, only whether apply
 // reads Pebble to decide it, so replicas stay deterministic whatever their filters hold.
 //
@@ -32,10 +32,16 @@ import (
 // everything. Apply is the only reader. Apply and the scan both write, with atomic ORs while
 // the scan runs.
 //
-// It grows by generations, like a scalable Bloom filter, instead of rescanning: when the
-// newest is full, apply starts one four times its size, and a query asks them all (a shard of
-// ten million ids created since it opened has four, 43 MiB, and 0.27% false positives).
-// The first is sized for twice the ids the shard held when the filter was created.
+// When it fills, apply adds a generation a quarter of the last (a query asks them all) and
+// starts a new filter sized for twice the ids the shard stores, built by the same scan while
+// apply adds new ids to both, which replaces the old one when the scan ends
+// (rebuildIDFilter). Growing by generations alone never forgot an id: with a retention, ids
+// expire as fast as new ones come, and the filter would grow for as long as the shard lives.
+// Rebuilt at each doubling, it costs 16 bits per stored id at capacity, 2 to 4 bytes an id
+// and up to 6 during a rebuild, and the scans a constant amount per id created. The first is
+// sized for a quarter more ids than the shard holds when it opens: twice as many cost a node
+// holding a hundred million pending events 400 MB instead of 250 for filters with little to
+// add.
 type idFilter struct {
 	seed  maphash.Seed
 	gens  []*bloomGen // apply goroutine only; the scan holds its own pointer to gens[0]
@@ -46,9 +52,10 @@ type idFilter struct {
 	done     chan struct{} // closed when the scan goroutine has returned
 }
 
+// minFilterIDs is the least capacity of a generation: 512 KiB. A variable for tests.
+var minFilterIDs = 1 << 18
+
 const (
-	// minFilterIDs is the capacity of a new shard's filter: 512 KiB.
-	minFilterIDs = 1 << 18
 	// filterBitsPerID gives a false-positive rate of about 0.1% at capacity. 12 gave 0.45%,
 	// and the Pebble lookups of the false positives cost 1.5% of an ingesting cluster's CPU.
 	filterBitsPerID = 16
@@ -102,20 +109,31 @@ func (g *bloomGen) mayContain(h uint64) bool {
 	return true
 }
 
-// newIDFilter gives the FSM a new filter, which scanIDFilter completes. existing is how many
+// newIDFilter gives the FSM a new filter, which scanIDFilter completes. stored is how many
 // ids the shard holds now. Called on the apply goroutine (or before it exists), with no filter
 // running.
-func (f *FSM) newIDFilter(existing int) {
-	g := newBloomGen(max(minFilterIDs, 2*existing))
-	g.added = existing
-	f.ap.idf = &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{g}, stop: make(chan struct{}), done: make(chan struct{})}
+func (f *FSM) newIDFilter(stored int) {
+	f.ap.idf = newIDFilter(stored + stored/4)
+	f.ap.idf.gens[0].added = stored
+}
+
+func newIDFilter(capacity int) *idFilter {
+	return &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{newBloomGen(max(minFilterIDs, capacity))},
+		stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // scanIDFilter starts the scan of the FSM's filter, unless there is no filter or its scan has
 // begun. Called on the apply goroutine (or before it exists).
 func (f *FSM) scanIDFilter() {
-	idf := f.ap.idf
-	if idf == nil || idf.scanning {
+	if idf := f.ap.idf; idf != nil {
+		f.scan(idf)
+	}
+}
+
+// scan starts idf's scan, unless it has begun. Called on the apply goroutine (or before it
+// exists).
+func (f *FSM) scan(idf *idFilter) {
+	if idf.scanning {
 		return
 	}
 	idf.scanning = true
@@ -141,16 +159,44 @@ func (f *FSM) scanIDFilter() {
 	}()
 }
 
-// stopIDFilter ends the filter's scan, if one is running, and drops the filter. Called on the
+// rebuildIDFilter starts a filter sized for twice the ids the shard stores, which replaces the
+// current one once its scan is done (takeRebuiltIDFilter): the current one is full, and
+// generations added as ids arrive never forget one, so a shard whose ids expire as fast as
+// new ones come would grow its filter for ever. Rebuilt from what is stored, it holds only
+// live ids; sized at twice them, it is rebuilt again once they double, so the scans cost a
+// constant amount per id created. Apply adds each new id to both until then. Called on the
+// apply goroutine.
+func (f *FSM) rebuildIDFilter(stored int) {
+	a := &f.ap
+	if a.idfNext != nil || a.idf == nil || !a.idf.ready.Load() {
+		return // one rebuild at a time, and none while the first scan runs
+	}
+	// Its scan starts once this apply has committed (apply), so that the ids this batch
+	// created before it existed are in the scan's view.
+	a.idfNext = newIDFilter(2 * stored)
+	a.idfNext.gens[0].added = stored
+}
+
+// takeRebuiltIDFilter replaces the filter with the rebuilt one once its scan is done. Called
+// on the apply goroutine.
+func (f *FSM) takeRebuiltIDFilter() {
+	a := &f.ap
+	if n := a.idfNext; n != nil && n.ready.Load() {
+		<-n.done
+		a.idf, a.idfNext = n, nil
+	}
+}
+
+// stopIDFilter ends the filters' scans, if any run, and drops the filters. Called on the
 // apply goroutine, or after it has stopped.
 func (f *FSM) stopIDFilter() {
-	if idf := f.ap.idf; idf != nil {
-		if idf.scanning {
+	for _, idf := range []*idFilter{f.ap.idf, f.ap.idfNext} {
+		if idf != nil && idf.scanning {
 			close(idf.stop)
 			<-idf.done
 		}
-		f.ap.idf = nil
 	}
+	f.ap.idf, f.ap.idfNext = nil, nil
 }
 
 // testHookIDScan, if set, runs in every scan once its iterator is open; a test holds a scan
@@ -187,16 +233,20 @@ func (idf *idFilter) scan(db *pebble.DB, g *bloomGen, lower, upper []byte, closi
 	}
 }
 
-// add records an id apply creates, in the newest generation, starting a larger one when
-// that is full.
-func (idf *idFilter) add(id string) {
+// add records an id apply creates, in the newest generation, starting another when that is
+// full, and reports whether it did: the owner then rebuilds the filter (rebuildIDFilter). A
+// generation added meanwhile takes what apply creates while the rebuild scans, so it is a
+// quarter of the last: a scan reads ids far faster than apply creates them.
+func (idf *idFilter) add(id string) (full bool) {
 	g := idf.gens[len(idf.gens)-1]
 	if g.added >= g.capacity {
-		g = newBloomGen(4 * g.capacity)
+		g = newBloomGen(max(minFilterIDs, g.capacity/4))
 		idf.gens = append(idf.gens, g)
+		full = true
 	}
 	g.add(maphash.String(idf.seed, id), !idf.ready.Load())
 	g.added++
+	return full
 }
 
 // certainlyNew reports whether id is certainly not stored: false means "look it up".

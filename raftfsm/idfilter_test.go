@@ -1,6 +1,7 @@
 package raftfsm
 
 import (
+	"fmt"
 	"hash/maphash"
 	"strconv"
 	"sync"
@@ -17,8 +18,8 @@ func TestIDFilterHasNoFalseNegatives(t *testing.T) {
 	for i := range n {
 		idf.add("event-" + strconv.Itoa(i))
 	}
-	if len(idf.gens) != 5 { // 1,000 + 4,000 + 16,000 + 64,000 + 256,000
-		t.Fatalf("%d generations for %d ids from a capacity of 1,000; want 5", len(idf.gens), n)
+	if len(idf.gens) != 2 { // 1,000, then a quarter of it, but at least minFilterIDs
+		t.Fatalf("%d generations for %d ids from a capacity of 1,000; want 2", len(idf.gens), n)
 	}
 	for i := range n {
 		if id := "event-" + strconv.Itoa(i); idf.certainlyNew(id) {
@@ -38,6 +39,62 @@ func TestIDFilterHasNoFalseNegatives(t *testing.T) {
 	if idf.certainlyNew("other-1") {
 		t.Fatal("a filter whose scan has not finished said an id is certainly new")
 	}
+}
+
+// TestIDFilterRebuiltWhenFull: a filter that fills is rebuilt from the ids the shard stores,
+// so a shard whose ids expire as fast as new ones come keeps a filter the size of what it
+// stores, not of all it ever created; and no id stored is ever said to be new, before, during
+// or after a rebuild.
+func TestIDFilterRebuiltWhenFull(t *testing.T) {
+	defer func(n int) { minFilterIDs = n }(minFilterIDs)
+	minFilterIDs = 256
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, _ := newTestFSM(t, st, 3)
+	defer f.Close()
+	var index uint64
+	apply := func(c Command) any {
+		index++
+		return f.Apply(cmdLog(index, c))
+	}
+	const rounds, perRound = 40, 200
+	rebuilt, last := 0, f.ap.idf
+	for r := range rounds {
+		ids := idRange(fmt.Sprintf("r%d-", r), 0, perRound)
+		index++
+		wantOutcomes(t, fmt.Sprintf("round %d", r), scheduleIDs(t, f, index, ids, 1), Created)
+		index++
+		wantOutcomes(t, fmt.Sprintf("round %d again", r), scheduleIDs(t, f, index, ids, 1), Existing)
+		if f.ap.idf != last {
+			last = f.ap.idf
+			rebuilt++
+		}
+		// Settle and remove the round before last: the shard stores two rounds.
+		if r >= 2 {
+			old := idRange(fmt.Sprintf("r%d-", r-2), 0, perRound)
+			apply(&Cancel{ProposedAt: int64(r), IDs: old})
+			if res := apply(&Expire{Before: int64(r) + 1, Limit: 1 << 20}).(*ExpireResult); res.Expired != perRound {
+				t.Fatalf("round %d: expired %d, want %d", r, res.Expired, perRound)
+			}
+		}
+		// Let a rebuild's scan finish, as time would.
+		if n := f.ap.idfNext; n != nil {
+			<-n.done
+		}
+		if f.ap.idf.ready.Load() && r%5 == 4 {
+			index++
+			wantOutcomes(t, "stored ids", scheduleIDs(t, f, index, idRange(fmt.Sprintf("r%d-", r-1), 0, perRound), 1), Existing)
+		}
+	}
+	capacity := 0
+	for _, g := range f.ap.idf.gens {
+		capacity += g.capacity
+	}
+	stored := int(f.Stats().Pending + f.Stats().Retained)
+	if rebuilt < 3 || capacity > 8*max(stored, minFilterIDs) {
+		t.Fatalf("after %d ids created, %d stored: %d rebuilds, filter capacity %d ids", rounds*perRound, stored, rebuilt, capacity)
+	}
+	t.Logf("%d ids created, %d stored: %d rebuilds, filter capacity %d ids", rounds*perRound, stored, rebuilt, capacity)
 }
 
 // scheduleIDs applies one ScheduleBatch creating ids at index and returns the outcomes.

@@ -304,7 +304,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := f.restoreFrom(&r, index, term); err != nil {
 		return fmt.Errorf("raftfsm: shard %d: restore snapshot at %d: %w", f.shard, index, err)
 	}
-	f.newIDFilter(int(f.meta.nextSeq - 1))
+	f.newIDFilter(int(f.meta.pending + f.meta.retained()))
 	f.obs.Reset()
 	return nil
 }

@@ -44,7 +44,7 @@ func main() {
 
 type options struct {
 	timeLimit, maxDelay, drain time.Duration
-	retention                  time.Duration
+	retention, wheelHorizon    time.Duration
 	nemesis, out               string
 	seed                       uint64
 	nodes, clients, shards     int
@@ -63,6 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.shards, "shards", 8, "shards of the cluster under test")
 	fs.DurationVar(&o.maxDelay, "max-delay", 2*time.Minute, "longest delay a scheduled event gets")
 	fs.DurationVar(&o.retention, "retention", 7*24*time.Hour, "chimed --retention for the cluster under test (0 keeps settled events forever); the checker holds removals to it")
+	fs.DurationVar(&o.wheelHorizon, "wheel-horizon", time.Hour, "chimed --wheel-horizon for every node: events due later wait on disk and are loaded as the\nhorizon reaches them; shorter than --max-delay, the loads run throughout the test")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long to keep reading after the last event fell due")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: chime-jepsen [flags]   (as root)
@@ -179,7 +180,8 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	c := &cluster{}
 	for i := 1; i <= o.nodes; i++ {
 		n := &node{i: i, id: fmt.Sprintf("n%d", i), ip: nodeIP(i), dataDir: filepath.Join(out, fmt.Sprintf("n%d", i)),
-			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards, retention: o.retention}
+			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards, retention: o.retention,
+			wheelHorizon: o.wheelHorizon}
 		if i > 1 {
 			n.join = nodeIP(1) + ":7072"
 		}

@@ -29,6 +29,8 @@ type node struct {
 	join      string
 	shards    int
 	retention time.Duration
+	// wheelHorizon is chimed --wheel-horizon.
+	wheelHorizon time.Duration
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -55,7 +57,8 @@ func (n *node) start() error {
 		"--grpc-addr", n.grpcAddr(), "--http-addr", n.httpAddr(),
 		"--raft-addr", n.ip + ":7071", "--gossip-addr", n.ip + ":7072",
 		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
-		"--dead-timeout", "1m", "--retention", n.retention.String(), "--log-level", "info"}
+		"--dead-timeout", "1m", "--retention", n.retention.String(),
+		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info"}
 	if n.join != "" {
 		args = append(args, "--join", n.join)
 	}
