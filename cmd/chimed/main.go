@@ -46,6 +46,7 @@ Start here:
 
 func main() {
 	raiseProcs()
+	limitMallocArenas()
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
