@@ -38,6 +38,8 @@ type Shard struct {
 	firing *firing
 	// lease is the leader's firing lease, under its own mutex.
 	lease *lease
+	// keepLog keeps raft's log while a full snapshot is sent (expanding).
+	keepLog logKeeper
 
 	// Channels: each has one reader goroutine (see doc.go).
 	proposals chan *proposal
@@ -134,7 +136,7 @@ func (s *Shard) startRaft() error {
 	if pace == nil {
 		pace = newInstallLimiter(s.tune.InstallRate)
 	}
-	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: pace}
+	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: pace, expanding: s.expanding}
 	restore, err := snaps.restoreOnStart()
 	if err != nil {
 		return err
@@ -214,6 +216,7 @@ func (s *Shard) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.wg.Wait()
+		s.stopKeepingLog()
 		s.fsm.Stopping() // a snapshot persist waiting for a flush would hold up the shutdown
 		err = s.raft.Shutdown().Error()
 		s.closeTransport()

@@ -33,6 +33,9 @@ type snapshotStore struct {
 	fsm   *raftfsm.FSM
 	dir   string        // for expansions
 	pace  *rate.Limiter // expansions are written and read no faster (Tuning.InstallRate)
+	// expanding, if set, is told when an expansion begins (true) and when
+	// it is closed (false): the shard keeps its log meanwhile (keepLog).
+	expanding func(begins bool)
 }
 
 var _ raft.SnapshotStore = (*snapshotStore)(nil)
@@ -64,13 +67,20 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 		// reference.)
 		return nil, nil, fmt.Errorf("shard %d: snapshot %s is a reference to this replica's state, which is partial after an unfinished restore", s.fsm.Shard(), id)
 	}
+	done := func() {}
+	if s.expanding != nil {
+		s.expanding(true)
+		done = func() { s.expanding(false) }
+	}
 	f, err := os.CreateTemp(s.dir, "expand-*.tmp")
 	if err != nil {
+		done()
 		return nil, nil, err
 	}
 	fail := func(err error) (*raft.SnapshotMeta, io.ReadCloser, error) {
 		f.Close()
 		os.Remove(f.Name())
+		done()
 		return nil, nil, fmt.Errorf("shard %d: expanding snapshot %s: %w", s.fsm.Shard(), id, err)
 	}
 	bw := bufio.NewWriterSize(pacedWriter{f, s.pace}, 1<<20)
@@ -89,7 +99,7 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 	}
 	m := *meta
 	m.Size = size
-	return &m, expansion{f: f, pace: s.pace}, nil
+	return &m, expansion{f: f, pace: s.pace, done: done}, nil
 }
 
 // ErrStateLost is returned when a replica opens with a Pebble that is behind its own latest
@@ -145,6 +155,7 @@ func (s *snapshotStore) restoreOnStart() (bool, error) {
 type expansion struct {
 	f    *os.File
 	pace *rate.Limiter
+	done func() // called by Close
 }
 
 func (e expansion) Read(p []byte) (int, error) {
@@ -161,6 +172,7 @@ func (e expansion) Close() error {
 	if rerr := os.Remove(e.f.Name()); err == nil {
 		err = rerr
 	}
+	e.done()
 	return err
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -211,4 +212,42 @@ func TestInstallsArePaced(t *testing.T) {
 	if min := 900 * time.Millisecond; wrote < min || read < min+900*time.Millisecond {
 		t.Fatalf("512 KiB written in %v and read in %v at 256 KiB/s", wrote, read)
 	}
+}
+
+// TestLogKeptWhileAnInstallIsSent: while a full snapshot is being written or
+// sent to a follower, and for keepLogGrace after, raft keeps its whole log,
+// so that the follower can replay what was committed meanwhile instead of
+// needing another install; then TrailingLogs is back.
+func TestLogKeptWhileAnInstallIsSent(t *testing.T) {
+	defer func(d time.Duration) { keepLogGrace = d }(keepLogGrace)
+	keepLogGrace = 200 * time.Millisecond
+	n := openNode(t, t.TempDir(), "", startBroker(t), 1)
+	defer n.close()
+	s := n.host.Replica(0)
+	trailing := func() uint64 { return s.raft.ReloadableConfig().TrailingLogs }
+	want := s.tune.TrailingLogs
+	if got := trailing(); got != want {
+		t.Fatalf("TrailingLogs %d at start, want %d", got, want)
+	}
+	s.expanding(true)
+	s.expanding(true) // two followers at once
+	s.expanding(false)
+	if got := trailing(); got != math.MaxUint64 {
+		t.Fatalf("TrailingLogs %d with an install open, want all", got)
+	}
+	s.expanding(false)
+	time.Sleep(keepLogGrace / 2)
+	if got := trailing(); got != math.MaxUint64 {
+		t.Fatalf("TrailingLogs %d within the grace after the install, want all", got)
+	}
+	waitFor(t, 10*time.Second, "TrailingLogs back after the grace", func() bool { return trailing() == want })
+	// A new install within the grace keeps it.
+	s.expanding(true)
+	s.expanding(false)
+	s.expanding(true)
+	time.Sleep(2 * keepLogGrace)
+	if got := trailing(); got != math.MaxUint64 {
+		t.Fatalf("TrailingLogs %d with a second install open, want all", got)
+	}
+	s.expanding(false)
 }

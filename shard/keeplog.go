@@ -1,0 +1,86 @@
+package shard
+
+import (
+	"math"
+	"sync"
+	"time"
+)
+
+// A follower too far behind for the log gets the shard's whole state: the
+// leader writes it out (an expansion of its latest snapshot reference) and
+// sends it, both at Tuning.InstallRate, which for ten million events takes
+// tens of seconds. The follower then needs every entry after the
+// snapshot's index. With TrailingLogs (128) kept behind each snapshot, and
+// a snapshot every SnapshotThreshold entries, a shard taking 5,000 events a
+// second had dropped those entries long before the install ended, so the
+// follower was sent a new snapshot, and again: adding a replica to a shard
+// of 10M events took three installs and 200 s. So while an expansion is
+// open, and for keepLogGrace after the last one closes (the follower then
+// replays the log), raft keeps its whole log. What the log grows by
+// meanwhile is the entries of the install's duration.
+
+// keepLogGrace is how long the log is kept after an install was sent: the
+// follower restores it and asks for the entries after it within seconds. A
+// variable for tests.
+var keepLogGrace = 30 * time.Second
+
+// logKeeper counts the open expansions and raises raft's TrailingLogs while
+// there are any (and for keepLogGrace after).
+type logKeeper struct {
+	mu      sync.Mutex
+	open    int
+	release *time.Timer // lowers TrailingLogs again; nil when not pending
+	closed  bool
+}
+
+// expanding is snapshotStore.expanding.
+func (s *Shard) expanding(begins bool) {
+	k := &s.keepLog
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return
+	}
+	if begins {
+		if k.open++; k.open == 1 {
+			if k.release != nil {
+				k.release.Stop()
+				k.release = nil
+			}
+			s.setTrailingLogs(math.MaxUint64)
+		}
+		return
+	}
+	if k.open--; k.open == 0 {
+		k.release = time.AfterFunc(keepLogGrace, func() {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			if k.open == 0 && !k.closed {
+				k.release = nil
+				s.setTrailingLogs(s.tune.TrailingLogs)
+			}
+		})
+	}
+}
+
+// stopKeepingLog ends a pending release; called by Close.
+func (s *Shard) stopKeepingLog() {
+	k := &s.keepLog
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.closed = true
+	if k.release != nil {
+		k.release.Stop()
+		k.release = nil
+	}
+}
+
+// setTrailingLogs changes how many entries raft keeps behind a snapshot.
+// k.mu is held, so that changes do not interleave.
+func (s *Shard) setTrailingLogs(n uint64) {
+	rc := s.raft.ReloadableConfig()
+	rc.TrailingLogs = n
+	if err := s.raft.ReloadConfig(rc); err != nil {
+		s.logger.Warn("changing raft's trailing logs", "to", n, "err", err)
+	}
+}
