@@ -161,7 +161,10 @@
 // ever created, no more expired than settled), does anything change: Pebble ingests the
 // tables and excises the shard's old keys in one atomic version edit, and a flush makes it
 // durable. A refused stream leaves the replica exactly as it was, and a crash at any point
-// leaves the old state or the new one. The restoring marker (shard|'r') is written by no
+// leaves the old state or the new one. VerifySnapshot makes the same checks, but for the
+// staging and the swap, on a stream with no Pebble to restore into: a backup (a full stream
+// per shard, written by WriteSnapshot on the leader) is checked so before it becomes a new
+// node's data (TestVerifySnapshotRefusesWhatRestoreRefuses). The restoring marker (shard|'r') is written by no
 // version since; one left by an interrupted restore of the version before, which wiped the
 // shard first, still makes NeedsRestore report true and Apply refuse to run, until a restore
 // replaces the span it lies in.

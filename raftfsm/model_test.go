@@ -257,8 +257,8 @@ func (h *harness) snapshotRestore() {
 	if err != nil {
 		h.t.Fatalf("WriteSnapshot: %v", err)
 	}
-	if at != h.f.AppliedIndex() {
-		h.t.Fatalf("WriteSnapshot at %d, AppliedIndex %d", at, h.f.AppliedIndex())
+	if at.AppliedIndex != h.f.AppliedIndex() || at.Shard != h.f.Shard() {
+		h.t.Fatalf("WriteSnapshot at %+v, AppliedIndex %d", at, h.f.AppliedIndex())
 	}
 	for range 1 + h.g.rng.IntN(3) {
 		h.applyNew()
@@ -275,10 +275,10 @@ func (h *harness) snapshotRestore() {
 	if h.obs.resets != resets+1 {
 		h.t.Fatalf("Restore called Reset %d times, want 1", h.obs.resets-resets)
 	}
-	if got := h.f.AppliedIndex(); got != at {
-		h.t.Fatalf("restored AppliedIndex %d, want %d", got, at)
+	if got := h.f.AppliedIndex(); got != at.AppliedIndex {
+		h.t.Fatalf("restored AppliedIndex %d, want %d", got, at.AppliedIndex)
 	}
-	h.reapplyAfter(at)
+	h.reapplyAfter(at.AppliedIndex)
 }
 
 // reopen closes and reopens the store in place (a clean restart), then replays the log from a

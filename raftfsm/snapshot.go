@@ -154,14 +154,15 @@ func IsSnapshotReference(r *bufio.Reader) bool {
 }
 
 // WriteSnapshot writes the shard's whole current state to w as a full snapshot stream (the
-// format Restore reads; see doc.go) and returns the applied index it reflects, which is at or
-// after that of any reference Snapshot returned before. It reads from a Pebble snapshot, so
-// apply goes on meanwhile. The shard's snapshot store calls it to expand a reference.
-func (f *FSM) WriteSnapshot(w io.Writer) (index uint64, err error) {
+// format Restore reads; see doc.go) and returns its header: the applied index and term it
+// reflects, the index at or after that of any reference Snapshot returned before. It reads
+// from a Pebble snapshot, so apply goes on meanwhile. The shard's snapshot store calls it to
+// expand a reference, and a backup to copy the shard.
+func (f *FSM) WriteSnapshot(w io.Writer) (SnapshotHeader, error) {
 	f.mu.RLock()
 	if f.restoring {
 		f.mu.RUnlock()
-		return 0, fmt.Errorf("%w: shard %d", ErrRestoring, f.shard)
+		return SnapshotHeader{}, fmt.Errorf("%w: shard %d", ErrRestoring, f.shard)
 	}
 	snap := f.db.NewSnapshot()
 	f.mu.RUnlock()
@@ -175,17 +176,17 @@ func (f *FSM) WriteSnapshot(w io.Writer) (index uint64, err error) {
 		m, err = decodeMeta(v)
 		closer.Close()
 		if err != nil {
-			return 0, fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
+			return SnapshotHeader{}, fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
 		}
 	case !errors.Is(err, pebble.ErrNotFound):
-		return 0, fmt.Errorf("raftfsm: shard %d: read meta: %w", f.shard, err)
+		return SnapshotHeader{}, fmt.Errorf("raftfsm: shard %d: read meta: %w", f.shard, err)
 	}
 	s := &fsmSnapshot{snap: snap, shard: f.shard, appliedIndex: m.appliedIndex, appliedTerm: m.appliedTerm,
 		spanStart: f.spanStart, spanEnd: f.spanEnd}
 	if err := s.writeTo(w); err != nil {
-		return 0, fmt.Errorf("raftfsm: shard %d: write snapshot at %d: %w", f.shard, m.appliedIndex, err)
+		return SnapshotHeader{}, fmt.Errorf("raftfsm: shard %d: write snapshot at %d: %w", f.shard, m.appliedIndex, err)
 	}
-	return m.appliedIndex, nil
+	return SnapshotHeader{Format: snapshotFormat, Shard: f.shard, AppliedIndex: m.appliedIndex, AppliedTerm: m.appliedTerm}, nil
 }
 
 // fsmSnapshot streams a shard's keys from a Pebble snapshot handle.
@@ -297,12 +298,12 @@ func (w *snapWriter) frame(k, v []byte) error {
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
 	r := snapReader{br: bufio.NewReaderSize(rc, 256<<10)}
-	index, term, err := r.header(f.shard)
+	h, err := r.header(f.shard)
 	if err != nil {
 		return fmt.Errorf("raftfsm: shard %d: restore: %w", f.shard, err)
 	}
-	if err := f.restoreFrom(&r, index, term); err != nil {
-		return fmt.Errorf("raftfsm: shard %d: restore snapshot at %d: %w", f.shard, index, err)
+	if err := f.restoreFrom(&r, h.AppliedIndex, h.AppliedTerm); err != nil {
+		return fmt.Errorf("raftfsm: shard %d: restore snapshot at %d: %w", f.shard, h.AppliedIndex, err)
 	}
 	f.newIDFilter(int(f.meta.pending + f.meta.retained()))
 	f.obs.Reset()
@@ -333,9 +334,34 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	return f.upgradeLayout()
 }
 
+// VerifySnapshot reads the full snapshot stream in r to its end and checks it as Restore
+// would, without a Pebble to restore into: the header names shard, every frame is well formed
+// and in order, the trailer's frame count and checksum match, and the meta's counters agree
+// with the keys. It returns the header. A backup is checked this way before it is laid out as
+// a new node's data, so that a stream Restore would refuse is refused by name at once, not
+// when the node first starts. Memory stays bounded by the largest frame.
+func VerifySnapshot(r io.Reader, shard uint32) (SnapshotHeader, error) {
+	sr := snapReader{br: bufio.NewReaderSize(r, 256<<10)}
+	h, err := sr.header(shard)
+	if err != nil {
+		return h, err
+	}
+	return h, stageFrames(&sr, discardFrames{}, shard, h.AppliedIndex, h.AppliedTerm)
+}
+
+// frameSink takes the frames of a stream being checked: a staging directory for Restore,
+// nothing for VerifySnapshot.
+type frameSink interface {
+	set(key, val []byte) error
+}
+
+type discardFrames struct{}
+
+func (discardFrames) set(_, _ []byte) error { return nil }
+
 // stageFrames reads every frame of r into st, checks the trailer and the meta frame against
 // index and term, and the meta's counters against the keys.
-func stageFrames(r *snapReader, st *staging, shard uint32, index, term uint64) error {
+func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) error {
 	key := binary.BigEndian.AppendUint32(nil, shard) // every frame's key goes after this
 	var prev, val []byte
 	var frames uint64
@@ -504,24 +530,26 @@ func (r *snapReader) length(limit uint64) (uint64, error) {
 	return 0, fmt.Errorf("%w: overlong varint", ErrBadSnapshot)
 }
 
-func (r *snapReader) header(shard uint32) (index, term uint64, err error) {
+// header reads and checks the header of a full stream of shard, and makes r read the body
+// after it.
+func (r *snapReader) header(shard uint32) (SnapshotHeader, error) {
 	b, err := r.read(make([]byte, 0, snapshotHeaderLen), uint64(snapshotHeaderLen))
 	if err != nil {
-		return 0, 0, err
+		return SnapshotHeader{}, err
 	}
 	h, err := parseSnapshotHeader(b)
 	switch {
 	case err != nil:
-		return 0, 0, err
+		return h, err
 	case h.Reference:
-		return 0, 0, fmt.Errorf("%w: a snapshot reference, which only names an index of this replica's own state; the shard's snapshot store expands references into full streams", ErrBadSnapshot)
+		return h, fmt.Errorf("%w: a snapshot reference, which only names an index of this replica's own state; the shard's snapshot store expands references into full streams", ErrBadSnapshot)
 	case h.Shard != shard:
-		return 0, 0, fmt.Errorf("%w: snapshot of shard %d", ErrBadSnapshot, h.Shard)
+		return h, fmt.Errorf("%w: snapshot of shard %d", ErrBadSnapshot, h.Shard)
 	}
 	if h.Format >= snapshotFormat {
 		r.br = bufio.NewReaderSize(snappy.NewReader(r.br), 256<<10)
 	}
-	return h.AppliedIndex, h.AppliedTerm, nil
+	return h, nil
 }
 
 // SnapshotHeader is what the header of a snapshot says: a reference (FSM.Snapshot) or a full

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -108,4 +109,54 @@ func resealed(t *testing.T, stream []byte, edit func(*meta)) []byte {
 		}
 	}
 	return joinStream(t, header, frames)
+}
+
+// TestVerifySnapshotRefusesWhatRestoreRefuses: VerifySnapshot, which checks a backup before it
+// becomes a node's data, passes the stream Restore takes and refuses, with ErrBadSnapshot,
+// each stream Restore refuses: corrupt, truncated, for another shard, re-sealed with frames
+// out of order or with counters the keys do not back up.
+func TestVerifySnapshotRefusesWhatRestoreRefuses(t *testing.T) {
+	srcStore := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer srcStore.Close()
+	src, _ := newTestFSM(t, srcStore, 2)
+	src.ApplyBatch(genLog(41, 90))
+	good := snapshotBytes(t, src)
+
+	h, err := VerifySnapshot(bytes.NewReader(good), 2)
+	if err != nil {
+		t.Fatalf("VerifySnapshot of a good stream: %v", err)
+	}
+	if want := (SnapshotHeader{Format: snapshotFormat, Shard: 2, AppliedIndex: src.AppliedIndex(), AppliedTerm: src.Stats().AppliedTerm}); h != want {
+		t.Fatalf("header %+v, want %+v", h, want)
+	}
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, _ := newTestFSM(t, st, 2)
+	defer f.Close()
+	flipped := slices.Clone(good)
+	flipped[len(flipped)/2] ^= 0x40
+	for _, tc := range []struct {
+		name  string
+		data  []byte
+		shard uint32
+	}{
+		{"a flipped byte", flipped, 2},
+		{"truncated in the frames", good[:len(good)/3], 2},
+		{"truncated before the checksum", good[:len(good)-4], 2},
+		{"trailing garbage", append(slices.Clone(good), 0), 2},
+		{"empty", nil, 2},
+		{"another shard's", good, 3},
+		{"frames out of order", swappedFrames(t, good), 2},
+		{"one pending event more", resealed(t, good, func(m *meta) { m.pending++ }), 2},
+	} {
+		_, verr := VerifySnapshot(bytes.NewReader(tc.data), tc.shard)
+		if !errors.Is(verr, ErrBadSnapshot) {
+			t.Errorf("%s: VerifySnapshot says %v, want ErrBadSnapshot", tc.name, verr)
+		}
+		if tc.shard == 2 {
+			if rerr := restore(f, tc.data); !errors.Is(rerr, ErrBadSnapshot) {
+				t.Errorf("%s: Restore says %v: the case does not test what Restore refuses", tc.name, rerr)
+			}
+		}
+	}
 }
