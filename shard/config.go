@@ -44,8 +44,9 @@ type Config struct {
 	// configuration toward the placement.
 	Directory Directory
 	// Installs paces the full snapshots this replica writes and sends to
-	// followers (Tuning.InstallRate), shared by the node's replicas so that
-	// installs together stay within the rate; nil gives the replica its own.
+	// followers, and the backups it writes (Tuning.InstallRate), shared by
+	// the node's replicas so that together they stay within the rate; nil
+	// gives the replica its own.
 	Installs *rate.Limiter
 	Tuning   Tuning
 	Now      func() time.Time

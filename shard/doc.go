@@ -29,6 +29,11 @@
 //     batch that produces without a failure brings every waiting event back
 //     at once (firing.heal). Retrying a produce within one Publish call,
 //     bounded by its ctx (the lease), belongs to package publish.
+//   - Backups (backup.go): on the leader, a consistent full snapshot stream
+//     of the shard after a Raft barrier (Backup), written at the install
+//     rate; and the other way, a replica directory whose one Raft snapshot is
+//     such a stream, with this node as the only voter (PlantSnapshot), from
+//     which a new cluster's first node restores the shard when it opens.
 //   - The leader's reconcile of its own Raft configuration toward the
 //     placement, when Config.Directory is set (reconcile.go).
 //   - Retention: with Tuning.Retention set, the leader proposes Expire
@@ -128,4 +133,8 @@
 //     any order (TestLoadRacesApply), and events scheduled beyond the
 //     horizon, at its edge, and cancelled while on disk fire once, on time,
 //     or not at all (TestHorizonFiresEventsAsItReachesThem).
+//  10. A backup holds every entry committed before it was asked for; planted
+//     in an empty replica it is restored when the replica opens, and raft's
+//     log continues after the backup's applied index, so no new entry is
+//     skipped as already applied (TestBackupPlantedFoundsTheShardAgain).
 package shard

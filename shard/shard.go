@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"golang.org/x/time/rate"
 
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/wheel"
@@ -33,6 +34,9 @@ type Shard struct {
 	raft    *raft.Raft
 	trans   raft.Transport
 	logs    *raftboltdb.BoltStore
+	// pace bounds the rate of the full snapshots this replica writes:
+	// expansions sent to followers and backups (Config.Installs).
+	pace *rate.Limiter
 
 	// firing is the wheel and the firing state, under its own mutex.
 	firing *firing
@@ -132,11 +136,11 @@ func (s *Shard) startRaft() error {
 	if err != nil {
 		return err
 	}
-	pace := cfg.Installs
-	if pace == nil {
-		pace = newInstallLimiter(s.tune.InstallRate)
+	s.pace = cfg.Installs
+	if s.pace == nil {
+		s.pace = newInstallLimiter(s.tune.InstallRate)
 	}
-	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: pace, expanding: s.expanding}
+	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding}
 	restore, err := snaps.restoreOnStart()
 	if err != nil {
 		return err
