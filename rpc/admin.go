@@ -2,8 +2,11 @@ package rpc
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
+	"io"
 	"log/slog"
 	"slices"
 	"time"
@@ -12,11 +15,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/chimehq/chime/membership"
 	"github.com/chimehq/chime/membership/cluster"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/shard"
 )
 
 // Admin implements chime.v1.Admin over a cluster.Cluster. Calls about another
@@ -85,7 +90,8 @@ func (a *Admin) GetClusterMap(ctx context.Context, _ *chimev1.GetClusterMapReque
 	if err != nil {
 		return nil, err
 	}
-	m := &chimev1.ClusterMap{ShardCount: st.ShardCount, Replication: st.Replication, Members: st.Members}
+	m := &chimev1.ClusterMap{ShardCount: st.ShardCount, Replication: st.Replication, Members: st.Members,
+		Retention: durationpb.New(a.c.Retention())}
 	for _, s := range st.Shards {
 		m.Shards = append(m.Shards, &chimev1.Shard{Id: s.Id, Leader: s.Leader, Voters: s.Voters, Nonvoters: s.Nonvoters, Desired: s.Desired})
 	}
@@ -281,4 +287,128 @@ func (a *Admin) RemoveNode(ctx context.Context, req *chimev1.RemoveNodeRequest) 
 		return nil, status.Errorf(codes.Internal, "recording the removal: %v", err)
 	}
 	return resp, nil
+}
+
+// backupChunkBytes is the most data one Backup message carries: large enough
+// that a message's overhead does not count, small enough to stay far below
+// gRPC's default 4 MiB receive limit.
+const backupChunkBytes = 1 << 20
+
+// Backup streams a copy of one shard from its leader: this node's replica
+// when it leads, otherwise the leader's stream relayed message by message
+// (so memory stays one chunk whichever way). A relayed call that does not
+// reach the leader is not forwarded again: UNAVAILABLE, and the client
+// retries.
+func (a *Admin) Backup(req *chimev1.BackupRequest, stream chimev1.Admin_BackupServer) error {
+	c := a.c
+	ctx := stream.Context()
+	if int(req.Shard) >= c.Shards() {
+		return status.Errorf(codes.InvalidArgument, "shard: %d is out of range (the cluster has %d shards)", req.Shard, c.Shards())
+	}
+	if r := c.LocalLeader(req.Shard); r != nil {
+		// Backup refuses before it sends anything when the replica is no
+		// longer the leader; then the leader elsewhere answers.
+		if err := a.backupLocal(ctx, r, stream); !errors.Is(err, shard.ErrNotLeader) {
+			return err
+		}
+	}
+	if cluster.Forwarded(ctx) {
+		return status.Errorf(codes.Unavailable, "shard %d: this node no longer leads it; retry", req.Shard)
+	}
+	leader, err := c.LeaderNode(ctx, req.Shard)
+	if err != nil {
+		return statusOf(a.logger, "backup", err)
+	}
+	if leader == c.Self() {
+		return status.Errorf(codes.Unavailable, "shard %d is changing leader; retry", req.Shard)
+	}
+	cl, err := a.adminClient(leader)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	in, err := cl.Backup(cluster.ForwardContext(ctx), req)
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := in.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+	}
+}
+
+// backupLocal streams this node's replica r, which leads its shard, and ends
+// with the summary. It returns shard.ErrNotLeader, unwrapped for the caller,
+// only when it sent nothing.
+func (a *Admin) backupLocal(ctx context.Context, r *shard.Shard, stream chimev1.Admin_BackupServer) error {
+	w := &backupSender{stream: stream, sum: sha256.New()}
+	h, err := r.Backup(ctx, w)
+	switch {
+	case errors.Is(err, shard.ErrNotLeader) && w.size == 0 && len(w.buf) == 0:
+		return err
+	case err != nil && w.sendErr != nil:
+		return w.sendErr // the client went away, or its deadline passed
+	case err != nil:
+		return statusOf(a.logger, "backup", err)
+	}
+	return w.finish(&chimev1.BackupSummary{Shard: h.Shard, AppliedIndex: h.AppliedIndex, AppliedTerm: h.AppliedTerm, Node: a.c.Self()})
+}
+
+// backupSender cuts what it is written into Backup messages of
+// backupChunkBytes and sends each as it fills, counting and hashing the
+// stream as it goes.
+type backupSender struct {
+	stream  chimev1.Admin_BackupServer
+	buf     []byte
+	sum     hash.Hash
+	size    uint64
+	sendErr error
+}
+
+func (w *backupSender) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		if w.buf == nil {
+			// A message must not change once sent (gRPC may read it
+			// later): each gets its own buffer.
+			w.buf = make([]byte, 0, backupChunkBytes)
+		}
+		c := min(len(p), backupChunkBytes-len(w.buf))
+		w.buf = append(w.buf, p[:c]...)
+		p = p[c:]
+		if len(w.buf) == backupChunkBytes {
+			if err := w.send(nil); err != nil {
+				return n - len(p), err
+			}
+		}
+	}
+	return n, nil
+}
+
+func (w *backupSender) send(summary *chimev1.BackupSummary) error {
+	w.sum.Write(w.buf)
+	w.size += uint64(len(w.buf))
+	if summary != nil {
+		summary.Size, summary.Sha256 = w.size, w.sum.Sum(nil)
+	}
+	if err := w.stream.Send(&chimev1.BackupChunk{Data: w.buf, Summary: summary}); err != nil {
+		w.sendErr = err
+		return err
+	}
+	w.buf = nil
+	return nil
+}
+
+// finish sends what is left of the stream with the summary.
+func (w *backupSender) finish(summary *chimev1.BackupSummary) error {
+	return w.send(summary)
 }

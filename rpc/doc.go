@@ -36,9 +36,12 @@
 //   - The Admin API ([RegisterAdmin]) for chimectl and chime-jepsen: Status
 //     and GetClusterMap (the members, and every shard's leader, voters and
 //     counts gathered from every live member), NodeStatus (this node's
-//     replicas, with a state digest on request), TransferLeader, Drain and
-//     RemoveNode, validated and answered in the operator's words. Calls about
-//     another node or shard are forwarded to it through the Admin API. On a
+//     replicas, with a state digest on request), TransferLeader, Drain,
+//     RemoveNode and Backup, validated and answered in the operator's words.
+//     Calls about another node or shard are forwarded to it through the Admin
+//     API; a Backup stream from the shard's leader is relayed a message at a
+//     time (at most 1 MiB of data each, with its size and SHA-256 in the last
+//     one), never gathered in memory. On a
 //     node without gossip (chimed dev) it answers for that node, and Drain
 //     and RemoveNode fail with FAILED_PRECONDITION saying why.
 //

@@ -41,6 +41,7 @@ type Cluster struct {
 	gossip      Gossip // nil when alone
 	shards      int
 	replication int
+	retention   time.Duration
 	deadTimeout time.Duration
 	removedPath string
 	peersPath   string
@@ -70,6 +71,9 @@ type Config struct {
 	Self        membership.Meta
 	Shards      int
 	Replication int
+	// Retention is how long the cluster keeps settled events (fixed at its
+	// creation), for the cluster map.
+	Retention time.Duration
 	// DeadTimeout is how long a member may be dead before the placement
 	// replaces its replicas; one back in time keeps them.
 	DeadTimeout time.Duration
@@ -89,7 +93,7 @@ func New(cfg Config) (*Cluster, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Cluster{
-		gossip: cfg.Membership, shards: cfg.Shards,
+		gossip: cfg.Membership, shards: cfg.Shards, retention: cfg.Retention,
 		replication: cfg.Replication, deadTimeout: cfg.DeadTimeout, removedPath: cfg.RemovedPath, peersPath: cfg.PeersPath,
 		logger: cfg.Logger, removed: map[string]bool{}, conns: map[string]*grpc.ClientConn{},
 		changes: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
@@ -257,6 +261,9 @@ func (c *Cluster) Leaving(node string) bool {
 
 // Replication implements shard.Directory.
 func (c *Cluster) Replication() int { return c.replication }
+
+// Retention is how long the cluster keeps settled events; 0 keeps them.
+func (c *Cluster) Retention() time.Duration { return c.retention }
 
 // Changes implements shard.Directory.
 func (c *Cluster) Changes() <-chan struct{} { return c.changes }

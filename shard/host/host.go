@@ -134,8 +134,14 @@ func Open(cfg Config) (*Host, error) {
 	return h, nil
 }
 
-func (h *Host) shardDir(id uint32) string {
-	return filepath.Join(h.cfg.DataDir, fmt.Sprintf("shard-%04d", id))
+func (h *Host) shardDir(id uint32) string { return ReplicaDir(h.cfg.DataDir, id) }
+
+// ReplicaDir is the Raft directory of this node's replica of shard id, under
+// the host's Config.DataDir. A restore (chimed restore) plants a replica's
+// Raft snapshot there before the host first opens; Open opens every replica
+// whose directory exists.
+func ReplicaDir(dataDir string, id uint32) string {
+	return filepath.Join(dataDir, fmt.Sprintf("shard-%04d", id))
 }
 
 // openReplica opens this node's replica of shard id. With bootstrap, a shard

@@ -232,7 +232,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		Bootstrap: !existed && len(cfg.Join) == 0,
 	}
 	cc := controlplane.Config{
-		Shards: cfg.Shards, Replication: cfg.Replication, DeadTimeout: cfg.DeadTimeout,
+		Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, DeadTimeout: cfg.DeadTimeout,
 		RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), PeersPath: peersPath(cfg.DataDir),
 		Logger: cfg.Logger.With("component", "cluster"),
 		// Without gossip (chimed dev) the cluster is this node alone: the
