@@ -110,7 +110,7 @@ func (f *fakeAdmin) RemoveNode(_ context.Context, req *chimev1.RemoveNodeRequest
 func uitoa(v uint32) string { return strconv.FormatUint(uint64(v), 10) }
 
 // startAdmin serves f on a loopback port.
-func startAdmin(t *testing.T, f *fakeAdmin) string {
+func startAdmin(t *testing.T, f chimev1.AdminServer) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -1,7 +1,7 @@
 // Command chimectl is the command-line client for Chime: it schedules,
 // cancels and inspects events over the chime.v1 gRPC API, tails a Kafka
 // topic to watch them arrive, and operates the cluster (status, drain,
-// transfer-leader, remove) over chime.v1.Admin. Run `chimectl --help` for
+// transfer-leader, remove, backup) over chime.v1.Admin. Run `chimectl --help` for
 // its usage.
 //
 // Exit status: 0 on success, 1 when a request fails (the gRPC code and
@@ -76,7 +76,7 @@ type command struct {
 func commands() []*command {
 	return []*command{
 		scheduleCommand(), cancelCommand(), getCommand(), tailCommand(), benchCommand(),
-		statusCommand(), drainCommand(), transferLeaderCommand(), removeCommand(), clusterMapCommand(),
+		statusCommand(), drainCommand(), transferLeaderCommand(), removeCommand(), clusterMapCommand(), backupCommand(),
 	}
 }
 
@@ -93,8 +93,9 @@ const topAbout = `chimectl talks to a Chime cluster, the durable delayed-event s
 schedules a record to be produced to a Kafka topic at a given time, cancels
 it, shows an event and its state, and tails a topic to watch records arrive
 and how late they were. For operators it shows the cluster's members and
-shards, drains a node before it is stopped, moves a shard's leadership, and
-removes a node that will not come back. Any Chime node accepts any request.
+shards, drains a node before it is stopped, moves a shard's leadership,
+removes a node that will not come back, and backs the whole cluster up for
+chimed restore. Any Chime node accepts any request.
 Requests are gRPC (chime.v1.Scheduler and chime.v1.Admin); tail reads Kafka
 directly.`
 
