@@ -8,6 +8,13 @@
 //   - The data directory's layout and cluster.json, written once when the
 //     directory is created, so that a restart cannot change the shard count,
 //     the replication or the node id fixed then.
+//   - Restoring (Restore): a backup directory (cmd/internal/backup), checked
+//     whole first, laid out as a new cluster's first node: each shard's
+//     stream planted as its replica's one Raft snapshot (shard.PlantSnapshot)
+//     and cluster.json with the backup's parameters, a new cluster id and the
+//     Raft address the shards' configurations name. A directory a restore
+//     did not finish (restore.incomplete) and a restored one under another
+//     node id or Raft address are refused at Start.
 //   - Joining: a new node learns the cluster's parameters from the members'
 //     gossip; a node with data checks that the members agree, and reaches the
 //     members it knew (peers.json) without needing a seed to answer.
@@ -21,6 +28,10 @@
 //     errors go to the caller, which names the flag.
 //   - Bootstrap a shard on a node that has data or was told to join: only
 //     the node that creates a cluster starts shards alone, and only then.
+//     (A restored node starts its shards from their planted snapshots: raft
+//     finds state and does not bootstrap.)
+//   - Restore into a data directory that holds anything, or lay out
+//     anything before the whole backup has been checked.
 //   - Wait for shard leaders in Start: a node whose peers are down must still
 //     start and serve, as it is part of what brings their quorum back.
 //

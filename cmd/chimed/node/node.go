@@ -105,7 +105,12 @@ type clusterMeta struct {
 	// existed does.
 	Retention time.Duration `json:"retention_ns,omitempty"`
 	NodeID    string        `json:"node_id"`
-	Created   time.Time     `json:"created"`
+	// RaftAddr, set by a restore, is the Raft address the restored shards'
+	// configurations name: the node must advertise exactly it.
+	RaftAddr string    `json:"raft_addr,omitempty"`
+	Created  time.Time `json:"created"`
+	// RestoredFrom is the backup a restore created the directory from.
+	RestoredFrom string `json:"restored_from,omitempty"`
 }
 
 func metaPath(dataDir string) string { return filepath.Join(dataDir, "cluster.json") }
@@ -129,10 +134,25 @@ func loadMeta(dataDir string) (m clusterMeta, ok bool, err error) {
 func saveMeta(dataDir string, m clusterMeta) error {
 	b, _ := json.MarshalIndent(m, "", "  ")
 	tmp := metaPath(dataDir) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	f, err := os.Create(tmp)
+	if err != nil {
 		return err
 	}
-	return os.Rename(tmp, metaPath(dataDir))
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, metaPath(dataDir))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncDir(dataDir)
 }
 
 // listen binds addr, naming the flag in the error.
@@ -183,12 +203,22 @@ func Start(cfg Config) (_ *Node, err error) {
 	lns = append(lns, httpLn)
 	n.grpcAddr, n.httpAddr = grpcLn.Addr(), httpLn.Addr()
 
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, restoringName)); err == nil {
+		return nil, fmt.Errorf("%s: a chimed restore into this directory did not finish (%s is there): delete the directory's contents and run chimed restore again",
+			cfg.DataDir, restoringName)
+	}
 	meta, existed, err := loadMeta(cfg.DataDir)
 	if err != nil {
 		return nil, err
 	}
 	if existed && meta.NodeID != cfg.NodeID {
 		return nil, fmt.Errorf("%s belongs to node %q, not %q: use --node-id %s or another --data-dir", cfg.DataDir, meta.NodeID, cfg.NodeID, meta.NodeID)
+	}
+	if existed && meta.RaftAddr != "" && meta.RaftAddr != n.raftAddr {
+		// The restored shards' Raft configurations name meta.RaftAddr: other
+		// replicas would dial it, and never reach this node.
+		return nil, fmt.Errorf("%s was restored for the Raft address %s, which every shard's configuration names, but this node's Raft address is %s: use --raft-addr %s",
+			cfg.DataDir, meta.RaftAddr, n.raftAddr, meta.RaftAddr)
 	}
 	if !existed {
 		meta = clusterMeta{Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, NodeID: cfg.NodeID, Created: time.Now().UTC()}
