@@ -1,6 +1,8 @@
 package main
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -27,5 +29,44 @@ func TestRetentionFlag(t *testing.T) {
 	}
 	if s := (daysDuration(90 * time.Minute)).String(); s != "1h30m0s" {
 		t.Errorf("90 minutes prints %q", s)
+	}
+}
+
+// TestRestoreUsage: chimed restore explains itself, needs --from, and
+// refuses a Raft address the other nodes could not dial; a backup it cannot
+// use is an error naming it, exit 1, not a usage error.
+func TestRestoreUsage(t *testing.T) {
+	restore := func(args ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := run(append([]string{"restore"}, args...), &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	if code, _, help := restore("--help"); code != 0 || !strings.Contains(help, "Usage: chimed restore --from DIR") ||
+		!strings.Contains(help, "sha256 mismatch") || !strings.Contains(help, "Examples:") {
+		t.Errorf("--help: exit %d\n%s", code, help)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "chimed restore: --from is required"},
+		{[]string{"--from", "b", "--raft-addr", ":7071"}, `--raft-addr ":7071": give the address the other nodes reach`},
+		{[]string{"--from", "b", "--raft-addr", "127.0.0.1:0"}, `--raft-addr "127.0.0.1:0": give the address`},
+		{[]string{"--from", "b", "--raft-addr", "127.0.0.1"}, `--raft-addr "127.0.0.1": `},
+		{[]string{"--from", "b", "--node-id", ""}, "--node-id must not be empty"},
+		{[]string{"--from", "b", "extra"}, `unexpected argument "extra"`},
+	} {
+		code, _, stderr := restore(tc.args...)
+		if code != 2 || !strings.Contains(stderr, tc.want) || !strings.Contains(stderr, "Run 'chimed restore --help' for usage.") {
+			t.Errorf("%q: exit %d, stderr %q; want exit 2 saying %q", tc.args, code, stderr, tc.want)
+		}
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	code, _, stderr := restore("--from", t.TempDir(), "--data-dir", data, "--node-id", "a")
+	if code != 1 || !strings.Contains(stderr, "no manifest.json: not a backup, or one that did not finish") {
+		t.Errorf("a directory that is not a backup: exit %d, stderr %q", code, stderr)
+	}
+	if got, err := raftAdvertise("localhost:7071"); err != nil || !strings.HasSuffix(got, ":7071") || strings.HasPrefix(got, "localhost") {
+		t.Errorf("localhost:7071 advertises as %q (%v), want the IP the listener reports", got, err)
 	}
 }

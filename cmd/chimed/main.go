@@ -1,8 +1,9 @@
 // Command chimed is the Chime daemon: a node of a durable delayed-event
 // scheduler that produces each scheduled record to Kafka at its due time.
 //
-//	chimed dev     one node with an embedded Kafka-protocol broker, for trying Chime
-//	chimed serve   a node against an external Kafka
+//	chimed dev       one node with an embedded Kafka-protocol broker, for trying Chime
+//	chimed serve     a node against an external Kafka
+//	chimed restore   lay out a new cluster's first node from a backup (chimectl backup)
 package main
 
 import (
@@ -35,8 +36,9 @@ const usage = `chimed is the Chime daemon: it stores scheduled events durably (R
 Pebble) and produces each one to its Kafka topic when it falls due.
 
 Usage:
-  chimed dev   [flags]   one node with an embedded Kafka-protocol broker
-  chimed serve [flags]   one node against an external Kafka (--kafka-brokers)
+  chimed dev     [flags]   one node with an embedded Kafka-protocol broker
+  chimed serve   [flags]   one node against an external Kafka (--kafka-brokers)
+  chimed restore [flags]   a new cluster's first node from a backup (chimectl backup)
 
 Run 'chimed <command> --help' for the flags of each command.
 
@@ -78,6 +80,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "dev", "serve":
 		return runNode(args[0], args[1:], stdout, stderr)
+	case "restore":
+		return runRestore(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
