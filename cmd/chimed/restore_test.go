@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
+	"github.com/chimehq/chime/cmd/internal/backup"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/shard"
+)
+
+// TestBackupRestoreIntoANewCluster backs a live 3-process cluster up with the
+// chimectl binary, stops it, restores the backup with chimed restore into a
+// new data directory and starts a new cluster on it, against a new broker:
+//
+//   - events fired before the backup are not produced again, and Get shows
+//     them fired;
+//   - events cancelled before the backup never fire, and Get shows them
+//     cancelled;
+//   - events that fell due while no cluster ran fire as soon as the restored
+//     node starts;
+//   - events due later fire at their due time, not before;
+//
+// and a second node joins the restored one and serves its shards. Every
+// shard holds events of each kind, so a restore that lost a shard, or
+// planted one at the wrong index, fails it.
+func TestBackupRestoreIntoANewCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a 3-process cluster, backs it up and restores it into a new one; skipped with -short")
+	}
+	const topic = "restore.events"
+	c := newCluster(t, 3, "--retention", "36h")
+	c.waitSettled(30 * time.Second)
+	col := collect(t, c.brokers, topic)
+	cl := c.nodes["n2"].client()
+	ctx := context.Background()
+
+	// The timeline, from now: the early events fire on the old cluster
+	// within a second; the backup is taken; the old cluster stops before
+	// outageDue, and the restored one starts after it; the late events are
+	// due once the restored cluster runs.
+	const (
+		perGroup  = 240
+		outageDue = 15 * time.Second
+		lateDue   = 35 * time.Second
+	)
+	start := time.Now()
+	due := map[string]time.Time{}
+	group := map[string][]string{}
+	schedule := func(name string, delay func(i int) time.Duration) {
+		req := &chimev1.BatchScheduleRequest{}
+		for i := range perGroup {
+			id := fmt.Sprintf("%s-%d", name, i)
+			req.Events = append(req.Events, &chimev1.Event{Id: id, Topic: topic, Delay: durationpb.New(delay(i)), Payload: []byte("payload-" + id)})
+		}
+		resp, err := cl.BatchSchedule(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resp.Results {
+			if r.Code != 0 {
+				t.Fatalf("%s: %d %s", r.Id, r.Code, r.Message)
+			}
+			due[r.Id] = r.Due.AsTime()
+			group[name] = append(group[name], r.Id)
+		}
+	}
+	spread := func(from time.Duration) func(int) time.Duration {
+		return func(i int) time.Duration { return from + time.Duration(i)*time.Second/perGroup }
+	}
+	schedule("early", spread(0))
+	schedule("cancelled", spread(outageDue))
+	schedule("outage", spread(outageDue))
+	schedule("late", spread(lateDue))
+	for _, g := range [][]string{group["early"], group["cancelled"], group["outage"], group["late"]} {
+		shards := map[uint32]bool{}
+		for _, id := range g {
+			shards[shard.For(id, clusterShards)] = true
+		}
+		if len(shards) != clusterShards {
+			t.Fatalf("a group covers %d of %d shards", len(shards), clusterShards)
+		}
+	}
+	for _, id := range group["cancelled"] {
+		if r, err := cl.Cancel(ctx, &chimev1.CancelRequest{Id: id}); err != nil || r.State != chimev1.EventState_EVENT_STATE_CANCELLED {
+			t.Fatalf("cancel %s: %v %v", id, r, err)
+		}
+	}
+	early := map[string]time.Time{}
+	for _, id := range group["early"] {
+		early[id] = due[id]
+	}
+	col.waitIDs(t, early, 30*time.Second)
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		for _, id := range group["early"] {
+			if g, err := cl.Get(ctx, &chimev1.GetRequest{Id: id}); err != nil || g.State != chimev1.EventState_EVENT_STATE_FIRED {
+				return false, fmt.Sprintf("%s marked fired: %v %v", id, g.GetState(), err)
+			}
+		}
+		return true, ""
+	})
+
+	// The backup, through n1, which relays the shards it does not lead.
+	dir := filepath.Join(t.TempDir(), "backup")
+	var stdout, stderr bytes.Buffer
+	bc := exec.Command(chimectlBin, "--addr", c.nodes["n1"].grpcAddr, "backup", "--out", dir, "--json")
+	bc.Stdout, bc.Stderr = &stdout, &stderr
+	if err := bc.Run(); err != nil {
+		t.Fatalf("chimectl backup: %v\n%s", err, stderr.String())
+	}
+	backedUp := time.Now()
+	var m backup.Manifest
+	if err := json.Unmarshal(stdout.Bytes(), &m); err != nil {
+		t.Fatalf("backup --json: %v\n%s", err, stdout.String())
+	}
+	var from []string
+	for _, s := range m.Shards {
+		from = append(from, s.Node)
+	}
+	if m.ShardCount != clusterShards || m.Retention != 36*time.Hour || !slices.Contains(from, "n1") || !slices.ContainsFunc(from, func(n string) bool { return n != "n1" }) {
+		t.Fatalf("manifest: %d shards, retention %v, copied from %v (want some from n1 and some relayed)\n%s", m.ShardCount, m.Retention, from, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), fmt.Sprintf("shard %d/%d: ", clusterShards-1, clusterShards)) {
+		t.Errorf("no progress on stderr:\n%s", stderr.String())
+	}
+	if backedUp.After(start.Add(outageDue - 2*time.Second)) {
+		t.Fatalf("the backup ended %v after the events were scheduled, too close to the outage events' due time (%v): the test's timeline does not hold", backedUp.Sub(start), outageDue)
+	}
+	t.Logf("backed up %d shards in %v", len(m.Shards), backedUp.Sub(start))
+	for _, id := range c.order {
+		c.nodes[id].stop()
+	}
+
+	// The outage: the outage events fall due while no node runs.
+	time.Sleep(time.Until(start.Add(outageDue + time.Second + 100*time.Millisecond)))
+	brokers := broker(t)
+	r1 := newDaemon(t, brokers)
+	r1.nodeID = "r1"
+	r1.extra = []string{"--dead-timeout", "4s"}
+	var out bytes.Buffer
+	rc := exec.Command(chimedBin, "restore", "--from", dir, "--data-dir", r1.dataDir, "--node-id", "r1", "--raft-addr", r1.raftAd)
+	rc.Stdout, rc.Stderr = &out, &out
+	if err := rc.Run(); err != nil {
+		t.Fatalf("chimed restore: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), fmt.Sprintf("restored %d shards into %s as node \"r1\" (replication 3, settled events kept 36h0m0s)", clusterShards, r1.dataDir)) {
+		t.Errorf("chimed restore said:\n%s", out.String())
+	}
+	col2 := collect(t, brokers, topic)
+	launched := time.Now()
+	r1.start()
+	rcl := r1.client()
+
+	pending := map[string]time.Time{}
+	for _, id := range append(slices.Clone(group["outage"]), group["late"]...) {
+		pending[id] = due[id]
+	}
+	got := col2.waitIDs(t, pending, lateDue+30*time.Second)
+	var outageLate time.Duration
+	for id, at := range pending {
+		r := got[id]
+		if r.Fired.UnixMilli() < at.UnixMilli() {
+			t.Errorf("%s fired early: due %v, fired %v", id, at, r.Fired)
+		}
+		if r.Value() != "payload-"+id {
+			t.Errorf("%s: value %q", id, r.Value())
+		}
+		if strings.HasPrefix(id, "outage-") {
+			outageLate = max(outageLate, r.Fired.Sub(launched))
+		}
+	}
+	if outageLate > 15*time.Second {
+		t.Errorf("an event due during the outage fired %v after the restored node was started", outageLate)
+	}
+	t.Logf("the restored node fired the %d outage events within %v of its start, and the %d late ones on time", len(group["outage"]), outageLate.Round(time.Millisecond), len(group["late"]))
+	all, _ := col2.byID()
+	for _, id := range append(slices.Clone(group["early"]), group["cancelled"]...) {
+		if r, ok := all[id]; ok {
+			t.Errorf("%s, settled before the backup, was produced again by the restored cluster at %v", id, r.Fired)
+		}
+	}
+	if len(all) != len(pending) {
+		t.Errorf("the restored cluster produced %d distinct events, want %d", len(all), len(pending))
+	}
+
+	// A second node joins the restored one, takes replicas of its shards,
+	// and answers for them.
+	r2 := newDaemon(t, brokers)
+	r2.nodeID = "r2"
+	r2.extra = []string{"--dead-timeout", "4s"}
+	r2.join = []string{r1.gossipAddr}
+	r2.start()
+	restored := &cluster{t: t, brokers: brokers, nodes: map[string]*daemon{"r1": r1, "r2": r2}, order: []string{"r1", "r2"}}
+	st := restored.waitConverged(60 * time.Second)
+	for _, s := range st.Shards {
+		if len(s.Voters) != 2 {
+			t.Errorf("shard %d: voters %v, want r1 and r2", s.Id, s.Voters)
+		}
+	}
+	want := map[string]chimev1.EventState{}
+	for _, id := range group["early"] {
+		want[id] = chimev1.EventState_EVENT_STATE_FIRED
+	}
+	for _, id := range group["cancelled"] {
+		want[id] = chimev1.EventState_EVENT_STATE_CANCELLED
+	}
+	for _, id := range group["late"] {
+		want[id] = chimev1.EventState_EVENT_STATE_FIRED
+	}
+	r2cl := r2.client()
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		for id, state := range want {
+			for _, cl := range []chimev1.SchedulerClient{rcl, r2cl} {
+				if g, err := cl.Get(ctx, &chimev1.GetRequest{Id: id}); err != nil || g.State != state {
+					return false, fmt.Sprintf("Get %s: %v %v, want %v", id, g.GetState(), err, state)
+				}
+			}
+		}
+		return true, ""
+	})
+	cm, err := restored.admin("r2").GetClusterMap(ctx, &chimev1.GetClusterMapRequest{})
+	if err != nil || cm.ShardCount != clusterShards || cm.Retention.AsDuration() != 36*time.Hour {
+		t.Fatalf("cluster map of the restored cluster: %v %v", cm, err)
+	}
+	for _, d := range []*daemon{r2, r1} {
+		d.stop()
+	}
+}
