@@ -80,8 +80,9 @@
 //     maxLeaseRenewals at once, each bounded by the lease length (its
 //     Barrier's timeout); fireLoop waits for them (lease.end) before it
 //     returns, so a lease of one term never serves the next.
-//   - Shard.apply's waiter: ends when raft resolves the future (bounded by
-//     applyTimeout for enqueueing, or by raft's shutdown).
+//   - Shard.apply's waiter, and Backup's for its barrier: each ends when raft
+//     resolves the future (bounded by applyTimeout or backupBarrierTimeout
+//     for enqueueing, or by raft's shutdown).
 //   - raft's own goroutines: stopped by raft.Shutdown in Close, after the
 //     loops above and before the log store and the FSM close.
 //
