@@ -772,7 +772,7 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 		a.key = appendDueKey(a.key[:0], a.f.shard, e.Due, seq)
 		a.set(a.key, nil)
 		a.f.pending.add(seq)
-		if _, known := a.f.pending.has(seq); !known {
+		if !a.f.pending.loaded {
 			// Scheduled by this batch, so not in the committed due index that status
 			// reads until the pending set is loaded.
 			a.statuses[seq] = status{state: StateScheduled, due: e.Due}

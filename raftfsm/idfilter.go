@@ -113,13 +113,15 @@ func (g *bloomGen) mayContain(h uint64) bool {
 // ids the shard holds now. Called on the apply goroutine (or before it exists), with no filter
 // running.
 func (f *FSM) newIDFilter(stored int) {
-	f.ap.idf = newIDFilter(stored + stored/4)
-	f.ap.idf.gens[0].added = stored
+	f.ap.idf = filterFor(stored, stored+stored/4)
 }
 
-func newIDFilter(capacity int) *idFilter {
-	return &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{newBloomGen(max(minFilterIDs, capacity))},
-		stop: make(chan struct{}), done: make(chan struct{})}
+// filterFor returns an empty filter of the given capacity that counts stored ids as added:
+// its scan adds them.
+func filterFor(stored, capacity int) *idFilter {
+	g := newBloomGen(max(minFilterIDs, capacity))
+	g.added = stored
+	return &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{g}, stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // scanIDFilter starts the scan of the FSM's filter, unless there is no filter or its scan has
@@ -173,8 +175,7 @@ func (f *FSM) rebuildIDFilter(stored int) {
 	}
 	// Its scan starts once this apply has committed (apply), so that the ids this batch
 	// created before it existed are in the scan's view.
-	a.idfNext = newIDFilter(2 * stored)
-	a.idfNext.gens[0].added = stored
+	a.idfNext = filterFor(stored, 2*stored)
 }
 
 // takeRebuiltIDFilter replaces the filter with the rebuilt one once its scan is done. Called
