@@ -34,6 +34,7 @@ type Shard struct {
 	raft    *raft.Raft
 	trans   raft.Transport
 	logs    *raftboltdb.BoltStore
+	snaps   *snapshotStore
 	// pace bounds the rate of the full snapshots this replica writes:
 	// expansions sent to followers and backups (Config.Installs).
 	pace *rate.Limiter
@@ -140,7 +141,9 @@ func (s *Shard) startRaft() error {
 	if s.pace == nil {
 		s.pace = newInstallLimiter(s.tune.InstallRate)
 	}
-	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding}
+	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding,
+		fresh: func() error { return s.raft.Snapshot().Error() }, logger: s.logger}
+	s.snaps = snaps
 	restore, err := snaps.restoreOnStart()
 	if err != nil {
 		return err

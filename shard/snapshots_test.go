@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -31,52 +32,10 @@ func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
 	defer pub.Close()
 	tune := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 		LeaderLeaseTimeout: 100 * time.Millisecond, SnapshotThreshold: 8, TrailingLogs: 4}
-	type replica struct {
-		s    *Shard
-		dir  string
-		addr string
+	open := func(name string, bootstrap bool) snapReplica {
+		return openSnapReplica(t, name, bootstrap, tune, pub, raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
 	}
-	open := func(name string, bootstrap bool) replica {
-		dir := t.TempDir()
-		st, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		mux := raftmux.New(ln, nil)
-		layer, err := mux.Layer(0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := replica{dir: filepath.Join(dir, "shard"), addr: ln.Addr().String()}
-		var voters []raft.Server
-		if bootstrap {
-			voters = []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(name), Address: raft.ServerAddress(r.addr)}}
-		}
-		r.s, err = Open(Config{ID: 0, NodeID: name, Dir: r.dir, Store: st, Layer: layer, Publisher: pub, Bootstrap: voters, Tuning: tune})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			r.s.Close()
-			mux.Close()
-			st.Close()
-		})
-		return r
-	}
-	ctx := context.Background()
-	schedule := func(s *Shard, from, to int) {
-		for i := from; i < to; i++ {
-			r := Request{ID: fmt.Sprintf("e%d", i), Delay: time.Hour, HasDelay: true, Topic: "snap", Payload: []byte("p")}
-			r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
-			if _, err := s.Schedule(ctx, []Request{r}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	schedule := func(s *Shard, from, to int) { scheduleFor(t, s, from, to, 0) }
 
 	a := open("a", true)
 	waitFor(t, 10*time.Second, "a leads", a.s.IsLeader)
@@ -122,6 +81,132 @@ func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
 		left, _ := filepath.Glob(filepath.Join(a.dir, "expand-*"))
 		return len(left) == 0
 	})
+}
+
+// snapReplica is a replica of shard 0 with its own Pebble and TCP raft
+// transport, for tests of what replicas send each other.
+type snapReplica struct {
+	s    *Shard
+	dir  string // the shard's raft directory
+	addr string
+}
+
+func openSnapReplica(t *testing.T, name string, bootstrap bool, tune Tuning, pub *publish.Publisher, opts raftfsm.StoreOptions) snapReplica {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := raftmux.New(ln, nil)
+	layer, err := mux.Layer(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := snapReplica{dir: filepath.Join(dir, "shard"), addr: ln.Addr().String()}
+	var voters []raft.Server
+	if bootstrap {
+		voters = []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(name), Address: raft.ServerAddress(r.addr)}}
+	}
+	r.s, err = Open(Config{ID: 0, NodeID: name, Dir: r.dir, Store: st, Layer: layer, Publisher: pub, Bootstrap: voters, Tuning: tune})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		r.s.Close()
+		mux.Close()
+		st.Close()
+	})
+	return r
+}
+
+// scheduleFor schedules events e<from>..e<to-1>, an hour out, one entry
+// each, with payloads of size random bytes (one byte when 0).
+func scheduleFor(t *testing.T, s *Shard, from, to, size int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		payload := []byte("p")
+		if size > 0 {
+			payload = make([]byte, size)
+			_, _ = mathrand.NewChaCha8([32]byte{byte(i), byte(i >> 8)}).Read(payload)
+		}
+		r := Request{ID: fmt.Sprintf("e%d", i), Delay: time.Hour, HasDelay: true, Topic: "snap", Payload: payload}
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+		if _, err := s.Schedule(context.Background(), []Request{r}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOneCopyWhileSnapshotsAreTaken: a new replica is sent one copy of the
+// shard, though the leader's latest snapshot had its own entry compacted
+// away and the leader takes another snapshot while the copy is sent. Once
+// the follower installed a copy that is no longer the latest snapshot, raft
+// asks the log for the entry at the copy's index; were it gone, raft would
+// send the follower a second copy.
+func TestOneCopyWhileSnapshotsAreTaken(t *testing.T) {
+	pub, err := publish.New(publish.Config{Brokers: startBroker(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	// No snapshots but the test's; the snapshot's own entry is compacted when
+	// one entry follows it; a copy of ~130 KiB takes seconds to write and send.
+	tune := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond, SnapshotThreshold: 1 << 30, TrailingLogs: 1, InstallRate: 64 << 10}
+	// A reference waits up to a second for a Pebble flush: entries arrive meanwhile.
+	a := openSnapReplica(t, "a", true, tune, pub, raftfsm.StoreOptions{SnapshotFlushWait: time.Second})
+	waitFor(t, 10*time.Second, "a leads", a.s.IsLeader)
+	const payload = 1 << 10 // random bytes: the copy does not compress
+	scheduleFor(t, a.s, 0, 100, payload)
+	snapped := make(chan error, 1)
+	go func() { snapped <- a.s.Raft().Snapshot().Error() }()
+	time.Sleep(200 * time.Millisecond)
+	scheduleFor(t, a.s, 100, 110, payload)
+	if err := <-snapped; err != nil {
+		t.Fatal(err)
+	}
+	metas, err := raft.NewFileSnapshotStore(a.dir, 2, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := metas.List()
+	if err != nil || len(list) == 0 {
+		t.Fatalf("no snapshot on the leader (%v)", err)
+	}
+	if first, err := a.s.logs.FirstIndex(); err != nil || first <= list[0].Index {
+		t.Fatalf("the leader's log starts at %d (%v), its latest snapshot is at %d: the test did not reach its case", first, err, list[0].Index)
+	}
+
+	b := openSnapReplica(t, "b", false, tune, pub, raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
+	added := make(chan error, 1)
+	// A nonvoter, as a new replica joins: the leader goes on committing.
+	go func() { added <- a.s.Raft().AddNonvoter("b", raft.ServerAddress(b.addr), 0, 30*time.Second).Error() }()
+	waitFor(t, 10*time.Second, "the leader writes a copy", func() bool {
+		open, _ := filepath.Glob(filepath.Join(a.dir, "expand-*"))
+		return len(open) > 0
+	})
+	scheduleFor(t, a.s, 110, 120, payload)
+	if err := a.s.Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(a.dir, "expand-*")); len(left) == 0 {
+		t.Fatal("the copy was sent before the leader's second snapshot: the test did not reach its case")
+	}
+	if err := <-added; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "b catches up", func() bool { return b.s.AppliedIndex() >= a.s.AppliedIndex() })
+	if got := a.s.InstallsSent(); got != 1 {
+		t.Fatalf("the leader sent %d copies of the shard, want 1", got)
+	}
+	if got := b.s.Stats().Pending; got != 120 {
+		t.Fatalf("new replica holds %d pending events, want 120", got)
+	}
 }
 
 // TestRestartAfterASnapshotAtANoOpKeepsPebble: raft's snapshot index counts the no-op entry

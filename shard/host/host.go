@@ -444,13 +444,15 @@ var (
 	descReclaimed  = prometheus.NewDesc("chime_shard_reclaimed_bytes_total", "Bytes of keys and values the retention clean-up deleted on this replica since it opened (Pebble frees the disk space as it compacts).", []string{"shard"}, nil)
 	descCleanupLag = prometheus.NewDesc("chime_shard_cleanup_lag_seconds", "How long ago the oldest settled event still stored should have been removed; 0 when the clean-up keeps up.", []string{"shard"}, nil)
 
+	descInstallsSent = prometheus.NewDesc("chime_shard_installs_sent_total", "Full copies of the shard this replica has sent to followers too far behind for its log (a new replica takes one).", []string{"shard"}, nil)
+
 	descWheelEvents  = prometheus.NewDesc("chime_shard_wheel_events", "Events held in memory by the timing wheel: those due within the wheel horizon (and retries).", []string{"shard"}, nil)
 	descWheelHorizon = prometheus.NewDesc("chime_shard_wheel_horizon_seconds", "How far ahead of now the wheel holds every pending event; below --wheel-horizon only while loading the next events from disk lags.", []string{"shard"}, nil)
 )
 
 func (c hostCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPending, descEvents, descRefired, descApplied, descLeader,
-		descRetained, descExpired, descReclaimed, descCleanupLag, descWheelEvents, descWheelHorizon} {
+		descRetained, descExpired, descReclaimed, descCleanupLag, descWheelEvents, descWheelHorizon, descInstallsSent} {
 		ch <- d
 	}
 }
@@ -472,6 +474,7 @@ func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
 		inWheel, ahead := s.WheelEvents()
 		ch <- prometheus.MustNewConstMetric(descWheelEvents, prometheus.GaugeValue, float64(inWheel), shard)
 		ch <- prometheus.MustNewConstMetric(descWheelHorizon, prometheus.GaugeValue, ahead.Seconds(), shard)
+		ch <- prometheus.MustNewConstMetric(descInstallsSent, prometheus.CounterValue, float64(s.InstallsSent()), shard)
 		leader := 0.0
 		if s.IsLeader() {
 			leader = 1
