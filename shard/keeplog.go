@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/raft"
 )
 
 // A follower too far behind for the log gets the shard's whole state: the
@@ -83,4 +85,26 @@ func (s *Shard) setTrailingLogs(n uint64) {
 	if err := s.raft.ReloadConfig(rc); err != nil {
 		s.logger.Warn("changing raft's trailing logs", "to", n, "err", err)
 	}
+}
+
+// keepSnapshotEntry is raft's log store, except that a compaction keeps its
+// last entry: the entry at the snapshot's index, whose term raft asks for
+// after a follower installs that snapshot. raft deletes entries in two ways:
+// a compaction from the first entry up to before the last, and a follower's
+// truncation of a conflicting suffix, which reaches the last entry (as does
+// a recovery's deletion of everything); only the first is changed.
+type keepSnapshotEntry struct{ raft.LogStore }
+
+func (l keepSnapshotEntry) DeleteRange(min, max uint64) error {
+	last, err := l.LastIndex()
+	if err != nil {
+		return err
+	}
+	if max < last {
+		if max == min {
+			return nil
+		}
+		max--
+	}
+	return l.LogStore.DeleteRange(min, max)
 }

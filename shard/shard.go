@@ -141,8 +141,7 @@ func (s *Shard) startRaft() error {
 	if s.pace == nil {
 		s.pace = newInstallLimiter(s.tune.InstallRate)
 	}
-	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding,
-		fresh: func() error { return s.raft.Snapshot().Error() }, logger: s.logger}
+	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding}
 	s.snaps = snaps
 	restore, err := snaps.restoreOnStart()
 	if err != nil {
@@ -165,7 +164,7 @@ func (s *Shard) startRaft() error {
 	if err != nil {
 		return err
 	}
-	r, err := s.newRaft(rc, cache, snaps)
+	r, err := s.newRaft(rc, keepSnapshotEntry{cache}, snaps)
 	if err != nil {
 		s.closeTransport()
 		logs.Close()
@@ -176,7 +175,7 @@ func (s *Shard) startRaft() error {
 }
 
 // newRaft bootstraps the group if this node founds it, then starts raft.
-func (s *Shard) newRaft(rc *raft.Config, cache *raft.LogCache, snaps raft.SnapshotStore) (*raft.Raft, error) {
+func (s *Shard) newRaft(rc *raft.Config, cache raft.LogStore, snaps raft.SnapshotStore) (*raft.Raft, error) {
 	existing, err := raft.HasExistingState(cache, s.logs, snaps)
 	if err != nil {
 		return nil, err

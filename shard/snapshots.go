@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"sync/atomic"
-	"time"
 
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/hashicorp/raft"
@@ -31,16 +29,7 @@ import (
 // after an unfinished restore).
 // The expanded state is at or after the reference's index; the receiving FSM
 // records the index it really holds and skips the entries it already has.
-//
-// What a follower is sent is a fresh reference's expansion, not the latest
-// one raft asked for. Once the follower has installed a copy, raft goes on
-// from the log after the copy's index, and needs the entry at that index
-// unless the copy is still its latest snapshot. The latest snapshot's own
-// compaction has usually deleted that entry (a reference waits for a Pebble
-// flush, seconds in which new entries arrive), and with snapshots every few
-// seconds a copy that takes tens of seconds is never still the latest: the
-// follower was sent a second copy, always. A reference taken after the log
-// is kept (expanding) keeps its entry.
+
 type snapshotStore struct {
 	files *raft.FileSnapshotStore
 	fsm   *raftfsm.FSM
@@ -49,13 +38,7 @@ type snapshotStore struct {
 	// expanding, if set, is told when an expansion begins (true) and when
 	// it is closed (false): the shard keeps its log meanwhile (keepLog).
 	expanding func(begins bool)
-	// fresh, if set, takes a new snapshot (a reference); raft.ErrNothingNewToSnapshot
-	// is no error.
-	fresh func() error
-	// logger, if set, hears when fresh fails (the expansion then goes on
-	// from the snapshot raft asked for).
-	logger *slog.Logger
-	sent   atomic.Uint64 // expansions opened: full copies sent to followers
+	sent      atomic.Uint64 // expansions opened: full copies sent to followers
 }
 
 var _ raft.SnapshotStore = (*snapshotStore)(nil)
@@ -92,15 +75,6 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 		s.expanding(true)
 		done = func() { s.expanding(false) }
 	}
-	if s.fresh != nil {
-		if m, err := s.freshMeta(); err != nil {
-			if s.logger != nil {
-				s.logger.Warn("taking a fresh snapshot to send; sending the latest", "snapshot", id, "err", err)
-			}
-		} else {
-			meta = m
-		}
-	}
 	s.sent.Add(1)
 	f, err := os.CreateTemp(s.dir, "expand-*.tmp")
 	if err != nil {
@@ -132,40 +106,9 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 	return &m, expansion{f: f, pace: s.pace, done: done}, nil
 }
 
-// freshTries and freshWait bound how long freshMeta tries.
-const (
-	freshTries = 30
-	freshWait  = 100 * time.Millisecond
-)
-
 // InstallsSent is how many full copies of the shard this replica has opened
 // to send to followers too far behind for its log, since it opened.
 func (s *Shard) InstallsSent() uint64 { return s.snaps.sent.Load() }
-
-// freshMeta takes a new snapshot and returns the latest one's meta. raft
-// refuses a snapshot while the FSM has not yet applied the latest committed
-// configuration entry, which is the case just after a replica was added, so
-// it tries for a few seconds.
-func (s *snapshotStore) freshMeta() (*raft.SnapshotMeta, error) {
-	for try := 0; ; try++ {
-		err := s.fresh()
-		if err == nil || errors.Is(err, raft.ErrNothingNewToSnapshot) {
-			break
-		}
-		if errors.Is(err, raft.ErrRaftShutdown) || try == freshTries {
-			return nil, err
-		}
-		time.Sleep(freshWait)
-	}
-	metas, err := s.files.List()
-	if err != nil {
-		return nil, err
-	}
-	if len(metas) == 0 {
-		return nil, errors.New("no snapshot after taking one")
-	}
-	return metas[0], nil
-}
 
 // ErrStateLost is returned when a replica opens with a Pebble that is behind its own latest
 // snapshot reference: raft would take the reference's index as applied and never re-apply

@@ -143,11 +143,11 @@ func scheduleFor(t *testing.T, s *Shard, from, to, size int) {
 }
 
 // TestOneCopyWhileSnapshotsAreTaken: a new replica is sent one copy of the
-// shard, though the leader's latest snapshot had its own entry compacted
-// away and the leader takes another snapshot while the copy is sent. Once
-// the follower installed a copy that is no longer the latest snapshot, raft
-// asks the log for the entry at the copy's index; were it gone, raft would
-// send the follower a second copy.
+// shard, though raft compacted its log up to the latest snapshot's own index
+// and the leader takes another snapshot while the copy is sent. Once the
+// follower installed a copy that is no longer the latest snapshot, raft asks
+// the log for the entry at the copy's index; were it gone, raft would send
+// the follower a second copy.
 func TestOneCopyWhileSnapshotsAreTaken(t *testing.T) {
 	pub, err := publish.New(publish.Config{Brokers: startBroker(t)})
 	if err != nil {
@@ -178,7 +178,7 @@ func TestOneCopyWhileSnapshotsAreTaken(t *testing.T) {
 	if err != nil || len(list) == 0 {
 		t.Fatalf("no snapshot on the leader (%v)", err)
 	}
-	if first, err := a.s.logs.FirstIndex(); err != nil || first <= list[0].Index {
+	if first, err := a.s.logs.FirstIndex(); err != nil || first < list[0].Index {
 		t.Fatalf("the leader's log starts at %d (%v), its latest snapshot is at %d: the test did not reach its case", first, err, list[0].Index)
 	}
 
@@ -296,6 +296,40 @@ func TestInstallsArePaced(t *testing.T) {
 	// The first burst (256 KiB) is free; the rest takes at least a second at 256 KiB/s.
 	if min := 900 * time.Millisecond; wrote < min || read < min+900*time.Millisecond {
 		t.Fatalf("512 KiB written in %v and read in %v at 256 KiB/s", wrote, read)
+	}
+}
+
+// TestCompactionKeepsTheSnapshotEntry: keepSnapshotEntry keeps the last
+// entry of a compaction and deletes exactly what it is asked to otherwise.
+func TestCompactionKeepsTheSnapshotEntry(t *testing.T) {
+	mem := raft.NewInmemStore()
+	for i := uint64(1); i <= 10; i++ {
+		if err := mem.StoreLog(&raft.Log{Index: i, Term: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := keepSnapshotEntry{mem}
+	bounds := func() (uint64, uint64) {
+		first, _ := l.FirstIndex()
+		last, _ := l.LastIndex()
+		return first, last
+	}
+	for _, c := range []struct {
+		name                string
+		min, max            uint64
+		wantFirst, wantLast uint64
+	}{
+		{"a compaction keeps the entry at its end", 1, 4, 4, 10},
+		{"a compaction of one entry keeps it", 4, 4, 4, 10},
+		{"a truncated suffix goes whole", 8, 10, 4, 7},
+		{"deleting everything deletes everything", 4, 7, 0, 0},
+	} {
+		if err := l.DeleteRange(c.min, c.max); err != nil {
+			t.Fatal(err)
+		}
+		if first, last := bounds(); first != c.wantFirst || last != c.wantLast {
+			t.Fatalf("%s: DeleteRange(%d, %d) left [%d, %d], want [%d, %d]", c.name, c.min, c.max, first, last, c.wantFirst, c.wantLast)
+		}
 	}
 }
 
