@@ -31,6 +31,10 @@ type Config struct {
 	Dir    string // the shard's own directory: Raft log, stable store, snapshots
 	Store  *raftfsm.Store
 	Layer  raft.StreamLayer // from the node's Mux
+	// InstallLayer, from the node's Mux (InstallLayerID), carries the
+	// copies of the shard this replica sends and receives, resumably; nil
+	// sends them inside raft's requests, from the start each time.
+	InstallLayer raft.StreamLayer
 	// Transport, when set, carries the shard's Raft traffic instead of a
 	// network transport over Layer (tests use raft's in-memory transport).
 	// The shard closes it if it has a Close method.

@@ -8,6 +8,12 @@
 //     default and its reason in config.go), its log, its snapshots (references
 //     into Pebble, snapshotStore, expanded into full streams for a follower
 //     too far behind, written and sent at Tuning.InstallRate), its transport.
+//   - Copies of the shard between replicas (install.go): sent on the shard's
+//     install layer of the node's raft port, resumed where a cut send left
+//     off (the leader keeps its copy for expansionReuse, the follower what it
+//     received of it), then handed to raft on the follower as the data of an
+//     InstallSnapshot request that carries none; the log kept while a copy
+//     is sent (keeplog.go), and the entry raft asks for after it.
 //   - The timing wheel of the shard's pending events due within the near
 //     horizon (Tuning.WheelHorizon), kept warm on every replica by the apply
 //     observer (observer: Scheduled, Settled, Reset) and by the horizon
@@ -85,6 +91,10 @@
 //     for enqueueing, or by raft's shutdown).
 //   - raft's own goroutines: stopped by raft.Shutdown in Close, after the
 //     loops above and before the log store and the FSM close.
+//   - The install transport's accept loop, one receiver per copy coming in,
+//     and the pump that hands raft its RPCs: started by Open, stopped by the
+//     transport's Close (after raft's shutdown), which closes the install
+//     layer and the connections being received, then waits for them.
 //
 // # Locks
 //
@@ -124,8 +134,12 @@
 //     (TestHandleTable).
 //  7. A non-voter is promoted or given leadership only once its Raft log has
 //     caught up (TestPlan, TestCaughtUpComparesRaftLogs); a new replica is
-//     brought up from an expanded snapshot reference
-//     (TestFollowerCatchesUpFromAnExpandedSnapshot).
+//     brought up from an expanded snapshot reference, over the install layer
+//     or, from a node without one, inside raft's request
+//     (TestFollowerCatchesUpFromAnExpandedSnapshot); it is sent one copy
+//     while the leader snapshots (TestOneCopyWhileSnapshotsAreTaken), and a
+//     copy whose send is cut is sent on from the cut
+//     (TestInstallResumesAfterACut).
 //  8. A leader whose raft refuses entries for a stranded leadership transfer
 //     is reported Stuck once that has lasted stuckAfter, and not before
 //     (TestStuckLeadershipTransfer).

@@ -143,6 +143,9 @@ func (s *Shard) startRaft() error {
 	}
 	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding}
 	s.snaps = snaps
+	if err := snaps.removeLeftovers(); err != nil {
+		return fmt.Errorf("shard %d: %w", cfg.ID, err)
+	}
 	restore, err := snaps.restoreOnStart()
 	if err != nil {
 		return err
@@ -156,9 +159,13 @@ func (s *Shard) startRaft() error {
 	s.logs = logs
 	s.trans = cfg.Transport
 	if s.trans == nil {
-		s.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		nt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 			Stream: cfg.Layer, MaxPool: 3, Timeout: raftRPCTimeout, Logger: rc.Logger,
 		})
+		s.trans = nt
+		if cfg.InstallLayer != nil {
+			s.trans = newInstallTransport(nt, cfg.InstallLayer, cfg.Dir, s.logger)
+		}
 	}
 	cache, err := raft.NewLogCache(logCacheEntries, logs)
 	if err != nil {
@@ -225,6 +232,7 @@ func (s *Shard) Close() error {
 		s.stopKeepingLog()
 		s.fsm.Stopping() // a snapshot persist waiting for a flush would hold up the shutdown
 		err = s.raft.Shutdown().Error()
+		s.snaps.close()
 		s.closeTransport()
 		if cerr := s.logs.Close(); err == nil {
 			err = cerr

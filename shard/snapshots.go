@@ -3,11 +3,15 @@ package shard
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/hashicorp/raft"
@@ -39,6 +43,11 @@ type snapshotStore struct {
 	// it is closed (false): the shard keeps its log meanwhile (keepLog).
 	expanding func(begins bool)
 	sent      atomic.Uint64 // expansions opened: full copies sent to followers
+	bytesSent atomic.Uint64 // bytes of them read to be sent
+
+	mu     sync.Mutex
+	cur    *expanded // the latest expansion, kept for expansionReuse after use
+	closed bool
 }
 
 var _ raft.SnapshotStore = (*snapshotStore)(nil)
@@ -70,45 +79,171 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 		// reference.)
 		return nil, nil, fmt.Errorf("shard %d: snapshot %s is a reference to this replica's state, which is partial after an unfinished restore", s.fsm.Shard(), id)
 	}
-	done := func() {}
-	if s.expanding != nil {
-		s.expanding(true)
-		done = func() { s.expanding(false) }
-	}
 	s.sent.Add(1)
-	f, err := os.CreateTemp(s.dir, "expand-*.tmp")
-	if err != nil {
-		done()
-		return nil, nil, err
+	if r := s.reuse(); r != nil {
+		m := r.x.meta
+		return &m, r, nil
 	}
-	fail := func(err error) (*raft.SnapshotMeta, io.ReadCloser, error) {
-		f.Close()
-		os.Remove(f.Name())
-		done()
+	x, err := s.expand(meta)
+	if err != nil {
 		return nil, nil, fmt.Errorf("shard %d: expanding snapshot %s: %w", s.fsm.Shard(), id, err)
 	}
+	r, err := s.openExpanded(x)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	old := s.cur
+	s.cur = x
+	if old != nil && old.refs == 0 {
+		s.dropLocked(old)
+	}
+	s.mu.Unlock()
+	m := x.meta
+	return &m, r, nil
+}
+
+// expand writes the shard's current state out to a new file.
+func (s *snapshotStore) expand(meta *raft.SnapshotMeta) (_ *expanded, err error) {
+	if s.expanding != nil {
+		s.expanding(true)
+		defer func() {
+			if err != nil {
+				s.expanding(false)
+			}
+		}()
+	}
+	x := &expanded{meta: *meta}
+	if _, err := rand.Read(x.uid[:]); err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp(s.dir, expansionPrefix+"*.tmp")
+	if err != nil {
+		return nil, err
+	}
+	x.path = f.Name()
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(x.path)
+		}
+	}()
 	bw := bufio.NewWriterSize(pacedWriter{f, s.pace}, 1<<20)
 	if _, err := s.fsm.WriteSnapshot(bw); err != nil {
-		return fail(err)
+		return nil, err
 	}
 	if err := bw.Flush(); err != nil {
-		return fail(err)
+		return nil, err
 	}
-	size, err := f.Seek(0, io.SeekCurrent)
+	if x.meta.Size, err = f.Seek(0, io.SeekCurrent); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// reuse opens the kept expansion, if there is one.
+func (s *snapshotStore) reuse() *expansion {
+	s.mu.Lock()
+	x := s.cur
+	s.mu.Unlock()
+	if x == nil {
+		return nil
+	}
+	r, err := s.openExpanded(x)
 	if err != nil {
-		return fail(err)
+		return nil // dropped meanwhile
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		return fail(err)
+	return r
+}
+
+// openExpanded opens a reader of x and counts it.
+func (s *snapshotStore) openExpanded(x *expanded) (*expansion, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if x.dropped {
+		return nil, os.ErrNotExist
 	}
-	m := *meta
-	m.Size = size
-	return &m, expansion{f: f, pace: s.pace, done: done}, nil
+	f, err := os.Open(x.path)
+	if err != nil {
+		return nil, err
+	}
+	if x.drop != nil {
+		x.drop.Stop()
+		x.drop = nil
+	}
+	x.refs++
+	return &expansion{x: x, f: f, store: s}, nil
+}
+
+// release counts a reader of x closed: the last one removes it, or, for
+// the kept expansion, arms its removal after expansionReuse.
+func (s *snapshotStore) release(x *expanded) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if x.refs--; x.refs > 0 || x.dropped {
+		return
+	}
+	if s.cur != x || s.closed {
+		s.dropLocked(x)
+		return
+	}
+	x.drop = time.AfterFunc(expansionReuse, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if x.refs == 0 && !x.dropped {
+			s.dropLocked(x)
+		}
+	})
+}
+
+// dropLocked removes x; s.mu is held.
+func (s *snapshotStore) dropLocked(x *expanded) {
+	x.dropped = true
+	if x.drop != nil {
+		x.drop.Stop()
+		x.drop = nil
+	}
+	if s.cur == x {
+		s.cur = nil
+	}
+	os.Remove(x.path)
+	if s.expanding != nil {
+		s.expanding(false)
+	}
+}
+
+// close removes the kept expansion; expansions still being read go when
+// they are closed. Called once raft has shut down.
+func (s *snapshotStore) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	if x := s.cur; x != nil && x.refs == 0 {
+		s.dropLocked(x)
+	}
+	s.cur = nil
+}
+
+// removeLeftovers deletes expansions a crash left behind.
+func (s *snapshotStore) removeLeftovers() error {
+	left, err := filepath.Glob(filepath.Join(s.dir, expansionPrefix+"*"))
+	for _, name := range left {
+		if rerr := os.Remove(name); err == nil {
+			err = rerr
+		}
+	}
+	return err
 }
 
 // InstallsSent is how many full copies of the shard this replica has opened
 // to send to followers too far behind for its log, since it opened.
 func (s *Shard) InstallsSent() uint64 { return s.snaps.sent.Load() }
+
+// InstallBytesSent is how many bytes of those copies it has sent: a copy
+// whose send was cut is sent on from where it was cut.
+func (s *Shard) InstallBytesSent() uint64 { return s.snaps.bytesSent.Load() }
 
 // ErrStateLost is returned when a replica opens with a Pebble that is behind its own latest
 // snapshot reference: raft would take the reference's index as applied and never re-apply
@@ -157,30 +292,59 @@ func (s *snapshotStore) restoreOnStart() (bool, error) {
 		ErrStateLost, s.fsm.Shard(), latest.ID, latest.Index, h.AppliedIndex, applied)
 }
 
-// expansion is an expanded reference, read at the install rate; closing it
-// deletes it. It has only Read and Close: were the file's WriteTo promoted,
-// io.Copy (raft's send) would use it and skip the pacing.
-type expansion struct {
-	f    *os.File
-	pace *rate.Limiter
-	done func() // called by Close
+// expansionPrefix names the files expansions are written to.
+const expansionPrefix = "expand-"
+
+// expansionReuse is how long an expansion is kept after its last reader
+// closed: an install raft restarts within it (after a failed send, or for
+// another follower) sends the same bytes, so a follower that holds part of
+// them is sent only the rest, and the shard is not written out again. The
+// shard keeps its whole log meanwhile (expanding), so that the followers
+// can replay what came after the copy. A variable for tests.
+var expansionReuse = time.Minute
+
+// expanded is one expansion: the shard's state written out as a full
+// stream, and the meta raft sends with it.
+type expanded struct {
+	path string
+	meta raft.SnapshotMeta // Size is the file's
+	uid  [16]byte          // names these bytes to a follower that holds part of them
+
+	// Under snapshotStore.mu.
+	refs    int
+	drop    *time.Timer // removes it once unused for expansionReuse
+	dropped bool
 }
 
-func (e expansion) Read(p []byte) (int, error) {
-	p = p[:min(len(p), e.pace.Burst())]
+// expansion reads an expanded reference at the install rate. It has only
+// Read and Close: were the file's WriteTo promoted, io.Copy (raft's send)
+// would use it and skip the pacing.
+type expansion struct {
+	x     *expanded
+	f     *os.File
+	store *snapshotStore
+}
+
+func (e *expansion) Read(p []byte) (int, error) {
+	pace := e.store.pace
+	p = p[:min(len(p), pace.Burst())]
 	n, err := e.f.Read(p)
 	if n > 0 {
-		_ = e.pace.WaitN(context.Background(), n) // n is at most the burst, so it cannot fail
+		_ = pace.WaitN(context.Background(), n) // n is at most the burst, so it cannot fail
+		e.store.bytesSent.Add(uint64(n))
 	}
 	return n, err
 }
 
-func (e expansion) Close() error {
+// seek moves the reader to offset.
+func (e *expansion) seek(offset int64) error {
+	_, err := e.f.Seek(offset, io.SeekStart)
+	return err
+}
+
+func (e *expansion) Close() error {
 	err := e.f.Close()
-	if rerr := os.Remove(e.f.Name()); err == nil {
-		err = rerr
-	}
-	e.done()
+	e.store.release(e.x)
 	return err
 }
 

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,8 +24,20 @@ import (
 // TestFollowerCatchesUpFromAnExpandedSnapshot: the leader's snapshots are
 // references and its log is truncated behind them, so a new replica can only
 // be brought up by a snapshot: the reference is expanded into the full shard,
-// sent, restored, and the replica then holds exactly the leader's state.
+// sent, restored, and the replica then holds exactly the leader's state. It
+// is sent on the install layer, or, to a node of the version before, inside
+// raft's request.
 func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
+	for _, oldFollower := range []bool{false, true} {
+		t.Run(fmt.Sprintf("follower without install layer=%v", oldFollower), func(t *testing.T) {
+			followerCatchesUp(t, oldFollower)
+		})
+	}
+}
+
+func followerCatchesUp(t *testing.T, oldFollower bool) {
+	defer func(d time.Duration) { expansionReuse = d }(expansionReuse)
+	expansionReuse = 200 * time.Millisecond
 	pub, err := publish.New(publish.Config{Brokers: startBroker(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +46,8 @@ func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
 	tune := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 		LeaderLeaseTimeout: 100 * time.Millisecond, SnapshotThreshold: 8, TrailingLogs: 4}
 	open := func(name string, bootstrap bool) snapReplica {
-		return openSnapReplica(t, name, bootstrap, tune, pub, raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
+		return openSnapReplica(t, name, bootstrap, tune, pub, replicaOptions{
+			StoreOptions: raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}, noInstallLayer: oldFollower && !bootstrap})
 	}
 	schedule := func(s *Shard, from, to int) { scheduleFor(t, s, from, to, 0) }
 
@@ -74,13 +88,16 @@ func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
 	if list, err := metas.List(); err != nil || len(list) == 0 {
 		t.Fatalf("the new replica holds no snapshot (%v): it was not brought up by one", err)
 	}
-	// raft closes the expansion it sent (which deletes it) once the
-	// follower has answered the install, which can be after the follower
-	// has applied it and reports itself caught up.
+	// raft closes the expansion it sent once the follower has answered the
+	// install, which can be after the follower has applied it and reports
+	// itself caught up; it is deleted expansionReuse after.
 	waitFor(t, 5*time.Second, "no expansion is left behind", func() bool {
 		left, _ := filepath.Glob(filepath.Join(a.dir, "expand-*"))
 		return len(left) == 0
 	})
+	if left, _ := filepath.Glob(filepath.Join(b.dir, installPrefix+"*")); len(left) > 0 {
+		t.Fatalf("the new replica kept %s after installing it", left)
+	}
 }
 
 // snapReplica is a replica of shard 0 with its own Pebble and TCP raft
@@ -91,10 +108,17 @@ type snapReplica struct {
 	addr string
 }
 
-func openSnapReplica(t *testing.T, name string, bootstrap bool, tune Tuning, pub *publish.Publisher, opts raftfsm.StoreOptions) snapReplica {
+// replicaOptions are a test replica's store options, and whether it lacks
+// an install layer, as a node of the version before does.
+type replicaOptions struct {
+	raftfsm.StoreOptions
+	noInstallLayer bool
+}
+
+func openSnapReplica(t *testing.T, name string, bootstrap bool, tune Tuning, pub *publish.Publisher, opts replicaOptions) snapReplica {
 	t.Helper()
 	dir := t.TempDir()
-	st, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), opts)
+	st, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), opts.StoreOptions)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,12 +131,19 @@ func openSnapReplica(t *testing.T, name string, bootstrap bool, tune Tuning, pub
 	if err != nil {
 		t.Fatal(err)
 	}
+	var installs raft.StreamLayer
+	if !opts.noInstallLayer {
+		if installs, err = mux.Layer(InstallLayerID(0)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	r := snapReplica{dir: filepath.Join(dir, "shard"), addr: ln.Addr().String()}
 	var voters []raft.Server
 	if bootstrap {
 		voters = []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(name), Address: raft.ServerAddress(r.addr)}}
 	}
-	r.s, err = Open(Config{ID: 0, NodeID: name, Dir: r.dir, Store: st, Layer: layer, Publisher: pub, Bootstrap: voters, Tuning: tune})
+	r.s, err = Open(Config{ID: 0, NodeID: name, Dir: r.dir, Store: st, Layer: layer, InstallLayer: installs,
+		Publisher: pub, Bootstrap: voters, Tuning: tune})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +190,7 @@ func TestOneCopyWhileSnapshotsAreTaken(t *testing.T) {
 	tune := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 		LeaderLeaseTimeout: 100 * time.Millisecond, SnapshotThreshold: 1 << 30, TrailingLogs: 1, InstallRate: 64 << 10}
 	// A reference waits up to a second for a Pebble flush: entries arrive meanwhile.
-	a := openSnapReplica(t, "a", true, tune, pub, raftfsm.StoreOptions{SnapshotFlushWait: time.Second})
+	a := openSnapReplica(t, "a", true, tune, pub, replicaOptions{StoreOptions: raftfsm.StoreOptions{SnapshotFlushWait: time.Second}})
 	waitFor(t, 10*time.Second, "a leads", a.s.IsLeader)
 	const payload = 1 << 10 // random bytes: the copy does not compress
 	scheduleFor(t, a.s, 0, 100, payload)
@@ -182,7 +213,7 @@ func TestOneCopyWhileSnapshotsAreTaken(t *testing.T) {
 		t.Fatalf("the leader's log starts at %d (%v), its latest snapshot is at %d: the test did not reach its case", first, err, list[0].Index)
 	}
 
-	b := openSnapReplica(t, "b", false, tune, pub, raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
+	b := openSnapReplica(t, "b", false, tune, pub, replicaOptions{StoreOptions: raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}})
 	added := make(chan error, 1)
 	// A nonvoter, as a new replica joins: the leader goes on committing.
 	go func() { added <- a.s.Raft().AddNonvoter("b", raft.ServerAddress(b.addr), 0, 30*time.Second).Error() }()
@@ -288,7 +319,7 @@ func TestInstallsArePaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	start = time.Now()
-	n, err := io.Copy(io.Discard, expansion{f: f, pace: lim})
+	n, err := io.Copy(io.Discard, &expansion{x: &expanded{}, f: f, store: &snapshotStore{pace: lim}})
 	read := time.Since(start)
 	if err != nil || n != size {
 		t.Fatalf("read %d bytes, %v", n, err)
@@ -296,6 +327,66 @@ func TestInstallsArePaced(t *testing.T) {
 	// The first burst (256 KiB) is free; the rest takes at least a second at 256 KiB/s.
 	if min := 900 * time.Millisecond; wrote < min || read < min+900*time.Millisecond {
 		t.Fatalf("512 KiB written in %v and read in %v at 256 KiB/s", wrote, read)
+	}
+}
+
+// TestInstallResumesAfterACut: a copy whose send is cut midway is sent
+// again from where it was cut, not from the start: the leader keeps the
+// copy, and the follower what it received of it.
+func TestInstallResumesAfterACut(t *testing.T) {
+	pub, err := publish.New(publish.Config{Brokers: startBroker(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	// A copy of ~130 KiB of random payloads, sent at 256 KiB/s.
+	tune := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		LeaderLeaseTimeout: 100 * time.Millisecond, SnapshotThreshold: 8, TrailingLogs: 4, InstallRate: 256 << 10}
+	opts := replicaOptions{StoreOptions: raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}}
+	a := openSnapReplica(t, "a", true, tune, pub, opts)
+	waitFor(t, 10*time.Second, "a leads", a.s.IsLeader)
+	scheduleFor(t, a.s, 0, 120, 1<<10)
+	if err := a.s.Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+
+	var cutAt atomic.Int64 // where the first send was cut; 0 until then
+	testHookInstallSend = func(sent, size int64) error {
+		if cutAt.Load() == 0 && sent >= size/3 && sent < size {
+			cutAt.Store(sent)
+			return errors.New("cut by the test")
+		}
+		return nil
+	}
+	defer func() { testHookInstallSend = nil }()
+	b := openSnapReplica(t, "b", false, tune, pub, opts)
+	if err := a.s.Raft().AddNonvoter("b", raft.ServerAddress(b.addr), 0, 10*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "b catches up", func() bool { return b.s.AppliedIndex() >= a.s.AppliedIndex() })
+	if cutAt.Load() == 0 {
+		t.Fatal("no send was cut: the test did not reach its case")
+	}
+	if got := b.s.Stats().Pending; got != 120 {
+		t.Fatalf("new replica holds %d pending events, want 120", got)
+	}
+	metas, err := raft.NewFileSnapshotStore(b.dir, 2, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := metas.List()
+	if err != nil || len(list) == 0 {
+		t.Fatalf("the new replica holds no snapshot (%v)", err)
+	}
+	size := list[0].Size
+	sent := int64(a.s.InstallBytesSent())
+	if sends := a.s.InstallsSent(); sends != 2 {
+		t.Fatalf("the leader opened its copy %d times, want 2 (the cut send and the rest)", sends)
+	}
+	// Cut after a third or more, the rest is the rest: a send from the
+	// start would make it at least one and a third copies.
+	if sent > size+size/8 {
+		t.Fatalf("the leader sent %d bytes of a %d-byte copy cut at %d: it sent it again from the start", sent, size, cutAt.Load())
 	}
 }
 

@@ -149,14 +149,16 @@ func ReplicaDir(dataDir string, id uint32) string {
 // waits for the shard's leader to add it.
 func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	var (
-		layer     raft.StreamLayer
-		transport raft.Transport
-		err       error
+		layer, installs raft.StreamLayer
+		transport       raft.Transport
+		err             error
 	)
 	if h.cfg.Transport != nil {
 		transport, err = h.cfg.Transport(id)
-	} else {
-		layer, err = h.mux.Layer(id)
+	} else if layer, err = h.mux.Layer(id); err == nil {
+		if installs, err = h.mux.Layer(shard.InstallLayerID(id)); err != nil {
+			layer.Close()
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -168,12 +170,13 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	cfg := h.cfg
 	s, err := shard.Open(shard.Config{
 		ID: id, NodeID: cfg.NodeID, Dir: h.shardDir(id),
-		Store: cfg.Store, Layer: layer, Transport: transport, Publisher: cfg.Publisher, Bootstrap: voters,
+		Store: cfg.Store, Layer: layer, InstallLayer: installs, Transport: transport, Publisher: cfg.Publisher, Bootstrap: voters,
 		Directory: cfg.Directory, Installs: h.installs, Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
 	})
 	if err != nil {
 		if layer != nil {
 			layer.Close()
+			installs.Close()
 		} else if c, ok := transport.(interface{ Close() error }); ok {
 			c.Close()
 		}
@@ -444,7 +447,8 @@ var (
 	descReclaimed  = prometheus.NewDesc("chime_shard_reclaimed_bytes_total", "Bytes of keys and values the retention clean-up deleted on this replica since it opened (Pebble frees the disk space as it compacts).", []string{"shard"}, nil)
 	descCleanupLag = prometheus.NewDesc("chime_shard_cleanup_lag_seconds", "How long ago the oldest settled event still stored should have been removed; 0 when the clean-up keeps up.", []string{"shard"}, nil)
 
-	descInstallsSent = prometheus.NewDesc("chime_shard_installs_sent_total", "Full copies of the shard this replica has sent to followers too far behind for its log (a new replica takes one).", []string{"shard"}, nil)
+	descInstallsSent = prometheus.NewDesc("chime_shard_installs_sent_total", "Copies of the shard this replica has sent to followers too far behind for its log (a new replica takes one; a send that was cut and resumed counts twice).", []string{"shard"}, nil)
+	descInstallBytes = prometheus.NewDesc("chime_shard_install_bytes_sent_total", "Bytes of those copies sent (a cut send resumes where it was cut).", []string{"shard"}, nil)
 
 	descWheelEvents  = prometheus.NewDesc("chime_shard_wheel_events", "Events held in memory by the timing wheel: those due within the wheel horizon (and retries).", []string{"shard"}, nil)
 	descWheelHorizon = prometheus.NewDesc("chime_shard_wheel_horizon_seconds", "How far ahead of now the wheel holds every pending event; below --wheel-horizon only while loading the next events from disk lags.", []string{"shard"}, nil)
@@ -452,7 +456,7 @@ var (
 
 func (c hostCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPending, descEvents, descRefired, descApplied, descLeader,
-		descRetained, descExpired, descReclaimed, descCleanupLag, descWheelEvents, descWheelHorizon, descInstallsSent} {
+		descRetained, descExpired, descReclaimed, descCleanupLag, descWheelEvents, descWheelHorizon, descInstallsSent, descInstallBytes} {
 		ch <- d
 	}
 }
@@ -475,6 +479,7 @@ func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descWheelEvents, prometheus.GaugeValue, float64(inWheel), shard)
 		ch <- prometheus.MustNewConstMetric(descWheelHorizon, prometheus.GaugeValue, ahead.Seconds(), shard)
 		ch <- prometheus.MustNewConstMetric(descInstallsSent, prometheus.CounterValue, float64(s.InstallsSent()), shard)
+		ch <- prometheus.MustNewConstMetric(descInstallBytes, prometheus.CounterValue, float64(s.InstallBytesSent()), shard)
 		leader := 0.0
 		if s.IsLeader() {
 			leader = 1

@@ -7,8 +7,11 @@
 // # What it owns
 //
 //   - The node's Raft listener, from New until Close.
-//   - One raft.StreamLayer per shard replica ([Mux.Layer]): Accept hands it
-//     the connections whose header names its shard; Dial writes the header.
+//   - One raft.StreamLayer per id ([Mux.Layer]): Accept hands it the
+//     connections whose header names its id; Dial writes the header. A
+//     shard replica registers two, its raft transport's (the shard id) and
+//     its install layer's (package shard's InstallLayerID); the mux knows
+//     only the ids.
 //
 // # What it must never do
 //
