@@ -152,4 +152,7 @@
 //     in an empty replica it is restored when the replica opens, and raft's
 //     log continues after the backup's applied index, so no new entry is
 //     skipped as already applied (TestBackupPlantedFoundsTheShardAgain).
+//  11. Get answers only under a lease a quorum confirmed with a Barrier, so
+//     it sees every entry acknowledged before it, whoever acknowledged it
+//     (TestGetOnlyUnderALease).
 package shard

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/chimehq/chime/raftfsm"
 )
 
 // TestLeaseRenewedAhead pins how firing batches get their lease, on
@@ -121,5 +123,49 @@ func TestHoldUntilDue(t *testing.T) {
 		if took := time.Since(start); took != 10*time.Millisecond {
 			t.Fatalf("hold ended %v after its context's 10ms", took)
 		}
+	})
+}
+
+// TestGetOnlyUnderALease: a leader answers Get only under a lease a quorum
+// confirmed, not because raft reports it leader: a new leader reports that
+// before it has applied what the last one acknowledged, and a paused one
+// when it wakes. Here the renewals fail, as they would for a leader cut off
+// from its followers: once the lease runs out Get refuses, and it answers
+// again once a renewal succeeds.
+func TestGetOnlyUnderALease(t *testing.T) {
+	n := openNode(t, t.TempDir(), "", startBroker(t), 1)
+	defer n.close()
+	s := n.host.Replica(0)
+	ctx := context.Background()
+	r := Request{ID: "e1", Delay: time.Hour, HasDelay: true, Topic: "lease", Payload: []byte("p")}
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+	if _, err := s.Schedule(ctx, []Request{r}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.Get(ctx, "e1"); err != nil || !ok {
+		t.Fatalf("Get under a lease = %v, %v; want the event", ok, err)
+	}
+	var refuse atomic.Bool
+	refuse.Store(true)
+	testHookLeaseConfirm = func() error {
+		if refuse.Load() {
+			return errors.New("no quorum (the test)")
+		}
+		return nil
+	}
+	defer func() { testHookLeaseConfirm = nil }()
+	time.Sleep(2 * s.tune.LeaderLeaseTimeout) // what the lease had left runs out
+	if !s.IsLeader() {
+		t.Fatal("the replica no longer reports itself leader: the test did not reach its case")
+	}
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, ok, err := s.Get(gctx, "e1"); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("Get with no lease = %v, %v; want ErrNotLeader", ok, err)
+	}
+	refuse.Store(false)
+	waitFor(t, 5*time.Second, "Get answers under a renewed lease", func() bool {
+		_, ok, err := s.Get(ctx, "e1")
+		return err == nil && ok
 	})
 }
