@@ -164,7 +164,11 @@
 // leaves the old state or the new one. VerifySnapshot makes the same checks, but for the
 // staging and the swap, on a stream with no Pebble to restore into: a backup (a full stream
 // per shard, written by WriteSnapshot on the leader) is checked so before it becomes a new
-// node's data (TestVerifySnapshotRefusesWhatRestoreRefuses). The restoring marker (shard|'r') is written by no
+// node's data (TestVerifySnapshotRefusesWhatRestoreRefuses). ForEachSnapshotEvent reads a
+// full stream through the same checks and reports the events it holds (id, seq, due, state),
+// checking too that each event's keys agree with its body; it reports nothing of a stream
+// that does not verify (it holds every event's id and state until the trailer), so that a
+// backup's contents can be read, by chime-jepsen for one, without a Pebble to restore into. The restoring marker (shard|'r') is written by no
 // version since; one left by an interrupted restore of the version before, which wiped the
 // shard first, still makes NeedsRestore report true and Apply refuse to run, until a restore
 // replaces the span it lies in.

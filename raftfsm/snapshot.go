@@ -349,8 +349,47 @@ func VerifySnapshot(r io.Reader, shard uint32) (SnapshotHeader, error) {
 	return h, stageFrames(&sr, discardFrames{}, shard, h.AppliedIndex, h.AppliedTerm)
 }
 
+// SnapshotEvent is one event a full snapshot stream holds, as ForEachSnapshotEvent reports it.
+type SnapshotEvent struct {
+	ID    string
+	Seq   uint64
+	State State // StateScheduled for a pending event
+	Due   int64 // unix ns
+}
+
+// ForEachSnapshotEvent reads the full snapshot stream of shard in r to its end, checking it as
+// VerifySnapshot does, and calls fn with each event the stream holds, in id order: what a
+// restore of it (a backup's shard file, say) would hold. It also checks that each event's keys
+// agree: every body decodes, every id entry names a body that holds that id at that due, and
+// every body has exactly one of a due-index key (pending) and a settled status of the same due.
+//
+// fn is called only once the whole stream has verified, so it never sees an event of a stream
+// that is refused (ErrBadSnapshot, as VerifySnapshot). Until then every event's id, seq, due
+// and state are held in memory (never a key, payload or header), a few dozen bytes an event.
+// An error from fn ends the walk and is returned as it is. It returns the header.
+func ForEachSnapshotEvent(r io.Reader, shard uint32, fn func(SnapshotEvent) error) (SnapshotHeader, error) {
+	sr := snapReader{br: bufio.NewReaderSize(r, 256<<10)}
+	h, err := sr.header(shard)
+	if err != nil {
+		return h, err
+	}
+	ev := eventFrames{bySeq: map[uint64]int{}}
+	if err := stageFrames(&sr, &ev, shard, h.AppliedIndex, h.AppliedTerm); err != nil {
+		return h, err
+	}
+	if err := ev.complete(); err != nil {
+		return h, err
+	}
+	for _, i := range ev.byID {
+		if err := fn(ev.events[i]); err != nil {
+			return h, err
+		}
+	}
+	return h, nil
+}
+
 // frameSink takes the frames of a stream being checked: a staging directory for Restore,
-// nothing for VerifySnapshot.
+// nothing for VerifySnapshot, an index of its events for ForEachSnapshotEvent.
 type frameSink interface {
 	set(key, val []byte) error
 }
@@ -358,6 +397,94 @@ type frameSink interface {
 type discardFrames struct{}
 
 func (discardFrames) set(_, _ []byte) error { return nil }
+
+// eventFrames joins a stream's keys into its events. Frames arrive in key order, so every
+// body ('b') comes before the due-index keys ('d'), id entries ('i') and statuses ('s') that
+// name it.
+type eventFrames struct {
+	events []SnapshotEvent
+	hasID  []bool
+	bySeq  map[uint64]int // seq → index in events
+	byID   []int          // indexes in events, in the order of the id entries: id order
+}
+
+func (e *eventFrames) set(key, val []byte) error {
+	k := key[shardPrefixLen:]
+	switch k[0] {
+	case tagBody:
+		if len(key) != dueKeyLen {
+			return fmt.Errorf("%w: body key %x is not a due and a seq", ErrBadSnapshot, k)
+		}
+		due, seq := int64(binary.BigEndian.Uint64(k[1:])^1<<63), binary.BigEndian.Uint64(k[9:])
+		var rec Record
+		if err := decodeRecord(seq, val, status{}, &rec); err != nil {
+			return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+		}
+		e.bySeq[seq] = len(e.events)
+		e.events = append(e.events, SnapshotEvent{ID: rec.ID, Seq: seq, Due: due})
+		e.hasID = append(e.hasID, false)
+	case tagDue:
+		due, seq, err := parseDueKey(key)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+		}
+		return e.settle(seq, due, StateScheduled, "due-index key")
+	case tagID:
+		ref, err := decodeIDRef(val)
+		if err != nil {
+			return fmt.Errorf("%w: id %q: %v", ErrBadSnapshot, k[1:], err)
+		}
+		i, ok := e.bySeq[ref.seq]
+		if !ok || e.events[i].ID != string(k[1:]) || e.events[i].Due != ref.due {
+			return fmt.Errorf("%w: id %q names seq %d due %d, which no body of that id holds", ErrBadSnapshot, k[1:], ref.seq, ref.due)
+		}
+		e.hasID[i] = true
+		e.byID = append(e.byID, i)
+	case tagStatus:
+		if len(k) != 1+8 {
+			return fmt.Errorf("%w: status key %x is not a seq", ErrBadSnapshot, k)
+		}
+		seq := binary.BigEndian.Uint64(k[1:])
+		s, err := decodeStatus(val)
+		if err != nil {
+			return fmt.Errorf("%w: seq %d: %v", ErrBadSnapshot, seq, err)
+		}
+		if s.state == StateScheduled {
+			return fmt.Errorf("%w: seq %d: a status says Scheduled; only a settled event has one", ErrBadSnapshot, seq)
+		}
+		return e.settle(seq, s.due, s.state, "status")
+	}
+	return nil
+}
+
+// settle gives the event of seq its state, from its due-index key or its status (what).
+func (e *eventFrames) settle(seq uint64, due int64, st State, what string) error {
+	i, ok := e.bySeq[seq]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: seq %d: a %s and no body", ErrBadSnapshot, seq, what)
+	case e.events[i].Due != due:
+		return fmt.Errorf("%w: seq %d: its %s says due %d, its body's key %d", ErrBadSnapshot, seq, what, due, e.events[i].Due)
+	case e.events[i].State != 0:
+		return fmt.Errorf("%w: seq %d: both a due-index key and a status", ErrBadSnapshot, seq)
+	}
+	e.events[i].State = st
+	return nil
+}
+
+// complete checks that every body had its id entry and a state. (Two bodies of one seq leave
+// the first without either: bySeq names the second.)
+func (e *eventFrames) complete() error {
+	for i, ev := range e.events {
+		switch {
+		case !e.hasID[i]:
+			return fmt.Errorf("%w: seq %d (id %q) has no id entry", ErrBadSnapshot, ev.Seq, ev.ID)
+		case ev.State == 0:
+			return fmt.Errorf("%w: seq %d (id %q) has neither a due-index key nor a status", ErrBadSnapshot, ev.Seq, ev.ID)
+		}
+	}
+	return nil
+}
 
 // stageFrames reads every frame of r into st, checks the trailer and the meta frame against
 // index and term, and the meta's counters against the keys.

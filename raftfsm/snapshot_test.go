@@ -2,9 +2,11 @@ package raftfsm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -158,5 +160,146 @@ func TestVerifySnapshotRefusesWhatRestoreRefuses(t *testing.T) {
 				t.Errorf("%s: Restore says %v: the case does not test what Restore refuses", tc.name, rerr)
 			}
 		}
+	}
+}
+
+// TestForEachSnapshotEventReportsWhatTheShardHolds: ForEachSnapshotEvent reports exactly the
+// events the model holds after a log with every command (expired events gone), with their
+// seq, due and state, in id order; and it refuses, calling fn for nothing, a stream
+// VerifySnapshot refuses and one whose keys disagree about an event although its counts and
+// checksum are right.
+func TestForEachSnapshotEventReportsWhatTheShardHolds(t *testing.T) {
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, _ := newTestFSM(t, st, 5)
+	defer f.Close()
+	g, m := newGen(61), newModel()
+	logs := make([]*raft.Log, 400)
+	for i := range logs {
+		var c Command
+		logs[i], c = g.entry(m)
+		m.apply(logs[i], c)
+	}
+	f.ApplyBatch(logs)
+	good := snapshotBytes(t, f)
+
+	var got []SnapshotEvent
+	h, err := ForEachSnapshotEvent(bytes.NewReader(good), 5, func(e SnapshotEvent) error {
+		got = append(got, e)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("ForEachSnapshotEvent of a good stream: %v", err)
+	}
+	if h.Shard != 5 || h.AppliedIndex != f.AppliedIndex() {
+		t.Errorf("header %+v, want shard 5 at %d", h, f.AppliedIndex())
+	}
+	var want []SnapshotEvent
+	states := map[State]int{}
+	for _, r := range m.byID {
+		want = append(want, SnapshotEvent{ID: r.ID, Seq: r.Seq, State: r.State, Due: r.Due})
+		states[r.State]++
+	}
+	slices.SortFunc(want, func(a, b SnapshotEvent) int { return strings.Compare(a.ID, b.ID) })
+	if !slices.Equal(got, want) {
+		t.Fatalf("events %d:\n%v\nwant %d:\n%v", len(got), got, len(want), want)
+	}
+	if len(states) != 4 || m.stats.Expired == 0 {
+		t.Fatalf("the log leaves states %v and %d expired: not every case is looked at", states, m.stats.Expired)
+	}
+
+	// An error from fn ends the walk, as it is.
+	stop := errors.New("stop")
+	calls := 0
+	if _, err := ForEachSnapshotEvent(bytes.NewReader(good), 5, func(SnapshotEvent) error { calls++; return stop }); err != stop || calls != 1 {
+		t.Errorf("fn's error: %v after %d calls, want it after 1", err, calls)
+	}
+
+	// Frames that each check as VerifySnapshot checks them, but disagree about an event.
+	header, frames := splitStream(t, good)
+	// edited re-seals the stream after edit changed the values of its frames.
+	edited := func(edit func(fs []frame)) []byte {
+		fs := slices.Clone(frames)
+		edit(fs)
+		return joinStream(t, header, fs)
+	}
+	first := func(fs []frame, tag byte) int {
+		for i, fr := range fs {
+			if fr.key[0] == tag {
+				return i
+			}
+		}
+		t.Fatalf("no frame with tag %c", tag)
+		return 0
+	}
+	idsSwapped := edited(func(fs []frame) { // each of two ids names the other's event
+		i := first(fs, tagID)
+		fs[i].val, fs[i+1].val = fs[i+1].val, fs[i].val
+	})
+	idOfAnotherDue := edited(func(fs []frame) {
+		i := first(fs, tagID)
+		ref, _ := decodeIDRef(fs[i].val)
+		ref.due++
+		fs[i].val = ref.append(nil)
+	})
+	statusOfAnotherDue := edited(func(fs []frame) {
+		i := first(fs, tagStatus)
+		s, _ := decodeStatus(fs[i].val)
+		s.due++
+		fs[i].val = s.append(nil)
+	})
+	statusScheduled := edited(func(fs []frame) {
+		i := first(fs, tagStatus)
+		s, _ := decodeStatus(fs[i].val)
+		s.state = StateScheduled
+		fs[i].val = s.append(nil)
+	})
+	// At index 0 a stream needs no meta, so no counts back its keys up.
+	index0 := slices.Clone(header)
+	clear(index0[len(snapshotMagic)+8:])
+	body := frames[first(frames, tagBody)]
+	seq := binary.BigEndian.Uint64(body.key[9:])
+	var idEntry, state frame // of body's event: its id entry, its due-index key or status
+	for _, fr := range frames {
+		ref, err := decodeIDRef(fr.val)
+		switch {
+		case fr.key[0] == tagID && err == nil && ref.seq == seq:
+			idEntry = fr
+		case fr.key[0] == tagDue && binary.BigEndian.Uint64(fr.key[9:]) == seq,
+			fr.key[0] == tagStatus && binary.BigEndian.Uint64(fr.key[1:]) == seq:
+			state = fr
+		}
+	}
+	noID := joinStream(t, index0, []frame{body, state})
+	noState := joinStream(t, index0, []frame{body, idEntry})
+	flipped := slices.Clone(good)
+	flipped[len(flipped)/2] ^= 0x40
+	for _, tc := range []struct {
+		name     string
+		data     []byte
+		verifies bool // VerifySnapshot passes it: only the join refuses it
+	}{
+		{"a flipped byte", flipped, false},
+		{"truncated in the frames", good[:len(good)/3], false},
+		{"truncated before the checksum", good[:len(good)-4], false},
+		{"one pending event more", resealed(t, good, func(m *meta) { m.pending++ }), false},
+		{"two ids naming each other's event", idsSwapped, true},
+		{"an id entry of another due", idOfAnotherDue, true},
+		{"a status of another due", statusOfAnotherDue, true},
+		{"a status that says Scheduled", statusScheduled, true},
+		{"an event without its id entry, at index 0", noID, true},
+		{"an event without a state, at index 0", noState, true},
+	} {
+		calls := 0
+		_, err := ForEachSnapshotEvent(bytes.NewReader(tc.data), 5, func(SnapshotEvent) error { calls++; return nil })
+		if !errors.Is(err, ErrBadSnapshot) || calls != 0 {
+			t.Errorf("%s: %v after %d calls of fn, want ErrBadSnapshot and none", tc.name, err, calls)
+		}
+		if _, verr := VerifySnapshot(bytes.NewReader(tc.data), 5); (verr == nil) != tc.verifies {
+			t.Errorf("%s: VerifySnapshot says %v", tc.name, verr)
+		}
+	}
+	if _, err := ForEachSnapshotEvent(bytes.NewReader(good), 6, func(SnapshotEvent) error { return nil }); !errors.Is(err, ErrBadSnapshot) {
+		t.Errorf("another shard's stream: %v, want ErrBadSnapshot", err)
 	}
 }
