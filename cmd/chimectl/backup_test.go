@@ -171,7 +171,7 @@ func TestBackupCopiesAShardAgainThatBrokeOff(t *testing.T) {
 		"shard 1/3: Unavailable: shard 1: leadership lost (leadership is moving); retry in a moment; copying it again (1 of 5)\n",
 		"shard 1/3: Unavailable: shard 1: leadership lost (leadership is moving); retry in a moment; copying it again (2 of 5)\n",
 		"shard 1/3: DeadlineExceeded: no data for 300ms (--timeout); copying it again (3 of 5)\n",
-		"shard 2/3: Unavailable: the copy ended after 100 B without its summary; copying it again (1 of 5)\n",
+		"shard 2/3: Unavailable: the copy ended after 100 bytes without its summary; copying it again (1 of 5)\n",
 	} {
 		if !strings.Contains(r.stderr, want) {
 			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)

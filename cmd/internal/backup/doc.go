@@ -1,5 +1,7 @@
-// Package backup is the on-disk format of a Chime backup: the directory
-// `chimectl backup --out DIR` writes and `chimed restore --from DIR` reads.
+// Package backup is the on-disk format of a Chime backup, the directory
+// `chimectl backup --out DIR` writes and `chimed restore --from DIR` reads,
+// and the client that takes one (Take), which chimectl backup and
+// chime-jepsen's periodic backups both run.
 //
 //	DIR/shard-000.snap   one file per shard: the shard's full snapshot stream as its
 //	DIR/shard-001.snap   leader wrote it (chime.v1.Admin/Backup; the format is raftfsm's,
@@ -26,11 +28,21 @@
 //     restore runs raftfsm.VerifySnapshot there). Every error names the
 //     directory, the file and the rule: "backup DIR: shard-002.snap: sha256
 //     mismatch (manifest says X, file has Y)".
+//   - Taking a backup (Take): the cluster map from one node, then each
+//     shard's full stream through chime.v1.Admin/Backup (that node relays
+//     the shards it does not lead) into its file, checked against the size
+//     and SHA-256 the leader's summary states; a copy that breaks off
+//     (UNAVAILABLE, ABORTED, no message within the timeout) is taken again
+//     from the start, up to a number of retries; the manifest last. How
+//     progress is shown is the caller's (Options.Progress). chimectl's
+//     backup tests run it against a fake Admin server that breaks copies
+//     off, stalls and lies.
 //
 // # What it must never do
 //
 // It links none of Chime's server packages (raftfsm, shard, rpc): chimectl,
-// a client, imports it. What a stream means is raftfsm's to check; this
+// a client, imports it, and speaks to a cluster only through the generated
+// chime.v1 client. What a stream means is raftfsm's to check; this
 // package checks that the bytes are the ones the leader sent. It never
 // changes a backup it reads, and it never leaves a shard file under its
 // final name that was not completely written and synced.
