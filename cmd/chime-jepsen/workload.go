@@ -301,13 +301,13 @@ func (w *workload) get(p int, n *node, id string) {
 func stateName(s chimev1.EventState) string {
 	switch s {
 	case chimev1.EventState_EVENT_STATE_SCHEDULED:
-		return "scheduled"
+		return checker.StateScheduled
 	case chimev1.EventState_EVENT_STATE_FIRED:
-		return "fired"
+		return checker.StateFired
 	case chimev1.EventState_EVENT_STATE_CANCELLED:
-		return "cancelled"
+		return checker.StateCancelled
 	case chimev1.EventState_EVENT_STATE_DEAD_LETTERED:
-		return "dead_lettered"
+		return checker.StateDeadLettered
 	}
 	return s.String()
 }

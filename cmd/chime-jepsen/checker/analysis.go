@@ -91,6 +91,7 @@ func (h *idHistory) accepted() bool {
 type analysis struct {
 	cfg      Config
 	windows  []window // by start
+	backups  []*Op    // backup ops, in history order
 	ids      map[string]*idHistory
 	order    []string // ids, sorted
 	startNs  int64    // earliest op invocation (or record append when there are no ops)
@@ -139,6 +140,11 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 			if op.ID != "" {
 				h := get(op.ID)
 				h.gets = append(h.gets, op)
+			}
+		case FBackup:
+			a.backups = append(a.backups, op)
+			for id := range op.BackupEvents {
+				get(id) // an id only a backup holds is checked too (a phantom)
 			}
 		}
 	}

@@ -142,7 +142,20 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 			note("resurrected", id, "%s", why)
 		}
 
-		// 7. duplicates
+		// 7. backups: what each one holds of this id
+		for _, f := range a.backupFindings(h) {
+			switch f.check {
+			case "backup_lost":
+				res.BackupLost++
+			case "backup_phantom":
+				res.BackupPhantom++
+			case "backup_wrong_state":
+				res.BackupWrongState++
+			}
+			note(f.check, id, "%s", f.why)
+		}
+
+		// duplicates
 		for _, r := range h.records[min(1, len(h.records)):] {
 			at := r.AppendMs * 1e6
 			kind := a.attribute(at)
@@ -152,7 +165,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 				recName(r), a.rel(at), a.rel(h.records[0].AppendMs*1e6), kind)
 		}
 
-		// 8. lateness, of the first copy of every event the history knows
+		// lateness, of the first copy of every event the history knows
 		if len(h.records) > 0 && h.accepted() {
 			r := h.records[0]
 			due := a.dueNs(h, r)
@@ -174,12 +187,22 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	}
 	res.Recovery = a.recovery()
 
-	// 9. convergence
+	// 7. backups that contradict their own directory
+	for _, b := range a.backups {
+		if why := backupInvalid(b); why != "" {
+			res.BackupInvalid++
+			note("backup_invalid", b.Dir, "backup %s (%s–%s) %s", b.Dir, a.rel(b.InvokeNs), a.rel(b.CompleteNs), why)
+		}
+	}
+
+	// 8. convergence
 	res.ConvergenceProblems = convergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
 
 	res.Valid = res.Lost == 0 && res.Early == 0 && res.CancelViolations == 0 && res.Phantom == 0 &&
-		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 && res.Converged
+		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 &&
+		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
+		res.Converged
 	return res
 }
 

@@ -18,6 +18,10 @@ func violations(res Results) map[string]int {
 		"idempotency_violations": res.IdempotencyViolations,
 		"expired_early":          res.ExpiredEarly,
 		"resurrected":            res.Resurrected,
+		"backup_lost":            res.BackupLost,
+		"backup_phantom":         res.BackupPhantom,
+		"backup_wrong_state":     res.BackupWrongState,
+		"backup_invalid":         res.BackupInvalid,
 	}
 }
 
@@ -95,6 +99,16 @@ func TestCleanHistoriesPass(t *testing.T) {
 			}
 			if len(res.Recovery) != len(genWindows) {
 				t.Errorf("recovery has %d entries, want %d", len(res.Recovery), len(genWindows))
+			}
+			// The backups hold events in every state, and were all looked at.
+			held := map[string]int{}
+			for _, op := range g.ops {
+				for _, st := range op.BackupEvents {
+					held[st]++
+				}
+			}
+			if res.Ops[FBackup][TypeOK] != 4 || res.Ops[FBackup][TypeFail] != 1 || len(held) != 4 || held[StateDeadLettered] < 10 {
+				t.Errorf("backups %v hold states %v: want 4 ok and 1 failed, holding events in all four states", res.Ops[FBackup], held)
 			}
 		})
 	}
@@ -177,6 +191,160 @@ func TestPlantIdempotency(t *testing.T) {
 	}
 }
 
+// heldBy returns an id of scenario sc that backup dir holds in state, and whose schedule
+// was acked before the backup was invoked.
+func (g *run) heldBy(sc, dir, state string) string {
+	b := g.backup(dir)
+	return g.pick(sc, func(id string) bool {
+		s := g.ops[g.opsOf(id, FSchedule)[0]]
+		return b.BackupEvents[id] == state && s.Type == TypeOK && s.CompleteNs < b.InvokeNs
+	})
+}
+
+func TestPlantBackupLost(t *testing.T) {
+	for _, state := range []string{StateScheduled, StateFired, StateCancelled} {
+		t.Run(state, func(t *testing.T) {
+			g := genClean(7, 650)
+			sc := map[string]string{StateScheduled: "acked", StateFired: "acked", StateCancelled: "cancel_before"}[state]
+			id := g.heldBy(sc, "backup-002", state)
+			delete(g.backup("backup-002").BackupEvents, id)
+			assertOnly(t, g.check(), "backup_lost", id)
+		})
+	}
+}
+
+// TestBackupMayLackExpiredEvents: a backup may lack an acked event that settled at least the
+// retention before it completed (less the skew of the windows in between), and no other.
+func TestBackupMayLackExpiredEvents(t *testing.T) {
+	// backup-005 completes at 91.5 s; genWindows' skew (3 s) is over by 53 s.
+	settledAt := func(g *run, id string) int64 { return g.recs[g.recsOf(id)[0]].AppendMs * 1e6 }
+	g := genClean(7, 650)
+	b := g.backup("backup-005")
+	old := g.pick("acked", func(id string) bool { // settled more than 30 s before, after the skew
+		return len(g.recsOf(id)) > 0 && settledAt(g, id) > at(54*time.Second) && settledAt(g, id) < b.CompleteNs-int64(30*time.Second)
+	})
+	recent := g.pick("acked", func(id string) bool { // settled 10-20 s before
+		s := settledAt(g, id)
+		return len(g.recsOf(id)) > 0 && s > b.CompleteNs-int64(20*time.Second) && s < b.CompleteNs-int64(10*time.Second)
+	})
+	delete(b.BackupEvents, old)
+	g.cfg.Retention = 30 * time.Second
+	assertClean(t, g.check())
+	delete(b.BackupEvents, recent)
+	assertOnly(t, g.check(), "backup_lost", recent)
+	g.cfg.Retention = 0 // off: nothing expires
+	res := g.check()
+	if res.BackupLost != 2 {
+		t.Errorf("with the retention off, backup_lost = %d, want 2: %v", res.BackupLost, res.Examples["backup_lost"])
+	}
+}
+
+func TestPlantBackupPhantom(t *testing.T) {
+	cases := []struct {
+		name  string
+		plant func(g *run, b *Op) string
+	}{
+		{"an id never sent", func(g *run, b *Op) string { return "ghost-1" }},
+		{"an id first sent after the backup", func(g *run, b *Op) string {
+			return g.pick("acked", func(id string) bool { return g.ops[g.opsOf(id, FSchedule)[0]].InvokeNs > b.CompleteNs })
+		}},
+		{"an id whose only schedule failed before the backup", func(g *run, b *Op) string {
+			return g.pick("failed", func(id string) bool { return g.ops[g.opsOf(id, FSchedule)[0]].InvokeNs < b.InvokeNs })
+		}},
+		{"the id of an invalid request", func(g *run, b *Op) string {
+			for _, op := range g.ops {
+				if op.F == FInvalid {
+					return op.ID
+				}
+			}
+			panic("no invalid op")
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(7, 650)
+			b := g.backup("backup-001")
+			id := tc.plant(g, b)
+			b.BackupEvents[id] = StateScheduled
+			assertOnly(t, g.check(), "backup_phantom", id)
+		})
+	}
+}
+
+func TestPlantBackupWrongState(t *testing.T) {
+	cases := []struct {
+		name, want string
+		plant      func(g *run, b *Op) string
+	}{
+		{"scheduled after an acked cancel", "a cancel of it was acked", func(g *run, b *Op) string {
+			id := g.heldBy("cancel_before", b.Dir, StateCancelled)
+			b.BackupEvents[id] = StateScheduled
+			return id
+		}},
+		{"fired before any record", "no record of it reached its topic", func(g *run, b *Op) string {
+			for _, id := range slices.Concat(g.ids["acked"], g.ids["acked_resend"], g.ids["cancel_after"]) {
+				if b.BackupEvents[id] != "" && g.recs[g.recsOf(id)[0]].AppendMs*1e6 > b.CompleteNs+int64(time.Second) {
+					b.BackupEvents[id] = StateFired // in the backup, due well after it
+					return id
+				}
+			}
+			panic("no event in " + b.Dir + " fired after it")
+		}},
+		{"cancelled with no cancel", "no ok or info cancel", func(g *run, b *Op) string {
+			id := g.heldBy("acked", b.Dir, StateFired)
+			b.BackupEvents[id] = StateCancelled
+			return id
+		}},
+		{"dead-lettered with no dead-letter record", "dead-letter topic", func(g *run, b *Op) string {
+			id := g.heldBy("acked", b.Dir, StateFired)
+			b.BackupEvents[id] = StateDeadLettered
+			return id
+		}},
+		{"fired, when it was dead-lettered", "no record of it reached its topic", func(g *run, b *Op) string {
+			id := g.heldBy("deadletter", b.Dir, StateDeadLettered)
+			b.BackupEvents[id] = StateFired
+			return id
+		}},
+		{"no state", "no event state", func(g *run, b *Op) string {
+			id := g.heldBy("acked", b.Dir, StateScheduled)
+			b.BackupEvents[id] = "pending"
+			return id
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(7, 650)
+			id := tc.plant(g, g.backup("backup-002"))
+			res := g.check()
+			assertOnly(t, res, "backup_wrong_state", id)
+			if why := res.Examples["backup_wrong_state"][0].Why; !strings.Contains(why, tc.want) {
+				t.Errorf("example %q does not say %q", why, tc.want)
+			}
+		})
+	}
+}
+
+func TestPlantBackupInvalid(t *testing.T) {
+	cases := []struct {
+		name, dir string
+		plant     func(b *Op)
+	}{
+		{"ok, but unreadable", "backup-004", func(b *Op) {
+			b.BackupReadError = "backup backup-004: shard-001.snap: sha256 mismatch"
+			b.BackupEvents = nil // what the driver records when the directory does not read back
+		}},
+		{"ok, but no shards", "backup-004", func(b *Op) { b.BackupShards = nil }},
+		{"failed, but left a manifest", "backup-003", func(b *Op) { b.LeftManifest = true }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(7, 650)
+			tc.plant(g.backup(tc.dir))
+			assertOnly(t, g.check(), "backup_invalid", tc.dir)
+		})
+	}
+}
+
 func TestPlantNotConverged(t *testing.T) {
 	cases := []struct {
 		name, want string
@@ -237,9 +405,7 @@ func TestDuplicatesAttributedToFault(t *testing.T) {
 	}
 	for id, when := range copies {
 		op, rec := event(id, 5*time.Second, 20*time.Millisecond)
-		op.Index = len(g.ops)
-		g.ops = append(g.ops, op)
-		g.recs = append(g.recs, rec)
+		g.addAcked(op, rec)
 		rec.AppendMs = at(when) / 1e6
 		rec.Offset = 1
 		if id == "dup-dlq" {
@@ -282,8 +448,7 @@ func TestEarlyUnderSkew(t *testing.T) {
 				}
 			}
 			op, rec := event("early-1", tc.due, -tc.early)
-			g.ops = append(g.ops, op)
-			g.recs = append(g.recs, rec)
+			g.addAcked(op, rec)
 			res := g.check()
 			if tc.underSkew {
 				if res.EarlyUnderSkew != 1 || res.Early != 0 || !res.Valid {

@@ -3,8 +3,8 @@
 //
 // # What it owns and what it must never do
 //
-// It owns the meaning of a run's files: the history (one [Op] per client operation or fault
-// window), the records read back from Kafka (one [Record] each), the final cluster state
+// It owns the meaning of a run's files: the history (one [Op] per client operation, backup or
+// fault window), the records read back from Kafka (one [Record] each), the final cluster state
 // ([Cluster]), the rules below, results.json and report.html. The driver (package main of
 // cmd/chime-jepsen) produces the inputs; this package only reads them.
 //
@@ -25,7 +25,8 @@
 // ok schedule of the id carried one, else the record's chime-due-unix-ms header × 1e6.
 //
 // Schedule and cancel ops are indexed by Op.ID; one without an id is ignored, so a record
-// without a chime-id header (ID "") is a phantom.
+// without a chime-id header (ID "") is a phantom. Ids a backup holds are indexed too, so an id
+// only a backup knows is checked (check 7).
 //
 // A fault window is a nemesis op: [InvokeNs, CompleteNs] = [start, heal]. A window whose heal
 // is before its start (never healed) lasts to the latest time seen in the run.
@@ -33,7 +34,8 @@
 // # The checks that decide validity
 //
 // valid = lost == 0 && early == 0 && cancel_violations == 0 && phantom == 0 &&
-// idempotency_violations == 0 && expired_early == 0 && resurrected == 0 && converged.
+// idempotency_violations == 0 && expired_early == 0 && resurrected == 0 && backup_lost == 0 &&
+// backup_phantom == 0 && backup_wrong_state == 0 && backup_invalid == 0 && converged.
 //
 //  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
 //     (existing or not) and no cancel op of type ok or info must have at least one record,
@@ -108,7 +110,31 @@
 //     nothing was invoked. The driver re-sends an id only within half the retention after
 //     its first send, so no re-send meets an expired event.
 //
-//  7. converged. The final state must list at least one shard; every shard must have exactly
+//  7. backup_lost, backup_phantom, backup_wrong_state (count (backup, id) pairs) and
+//     backup_invalid (counts backup ops). A backup op is ok when the backup wrote its
+//     manifest, fail when it did not; the driver then reads its directory back (manifest,
+//     each file's size and SHA-256, each shard's stream through raftfsm.ForEachSnapshotEvent)
+//     into BackupShards and BackupEvents (id → state). Each shard is copied by its leader at
+//     one moment between the op's invocation I and completion C, after a Raft barrier, so it
+//     holds every event acknowledged before I, and nothing that happened after C.
+//     backup_invalid: an ok backup that did not read back (BackupReadError) or lists no
+//     shards, or a failed one that left a manifest.json (LeftManifest): a backup that fails
+//     must fail cleanly. The other three look only at ok backups that read back:
+//     (a) backup_lost: an id with an ok schedule that completed before I is not held,
+//     although its event cannot have expired by C (as for expired_early: it had not settled
+//     by C, or the retention is off, or it settled less than Retention − allowance before
+//     C);
+//     (b) backup_phantom: a held id that no ok or info schedule invoked before C carried
+//     (never sent, first sent after the backup, only failed or invalid requests);
+//     (c) backup_wrong_state: a held id (not a phantom) in a state the history rules out:
+//     scheduled although an ok cancel of it completed before I; cancelled although no ok or
+//     info cancel of it was invoked before C; fired although no record of it reached its
+//     own topic by C (append ≤ C: a leader marks an event fired only once Kafka acknowledged
+//     it), dead_lettered likewise with the dead-letter topic; or no state at all. Settled
+//     states are allowed whenever the settle may have happened by C, pending whenever it
+//     may not have happened by I. The applied index of each shard is recorded, not judged.
+//
+//  8. converged. The final state must list at least one shard; every shard must have exactly
 //     one distinct node in Leaders, that leader must be one of its replicas, it must have
 //     replicas, all replicas must have the same AppliedIndex, and replicas at the same
 //     AppliedIndex must have the same Digest (digests at different indexes are expected to
@@ -144,13 +170,15 @@
 //   - ops (counts by f and type), acked_ids, delivered_ids, records, dead_letter_records.
 //
 // Examples holds, per check (keyed like its count), up to [MaxExamples] findings in id
-// order, each an id and a one-line explanation with times relative to the run's start (the
+// order (backup_invalid's name the backup's directory, in history order), each an id and a
+// one-line explanation with times relative to the run's start (the
 // first op invocation).
 //
 // # results.json
 //
 //	{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
-//	 "idempotency_violations", "expired_early", "resurrected", "duplicates", "duplicates_by_fault": {kind|"none": n},
+//	 "idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
+//	 "backup_wrong_state", "backup_invalid", "duplicates", "duplicates_by_fault": {kind|"none": n},
 //	 "converged", "convergence_problems": [string],
 //	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},
 //	 "recovery": [{"kind", "targets", "start_ns", "heal_ns", "recovery_ms"}],
@@ -162,10 +190,12 @@
 // # report.html
 //
 // One self-contained page (no script, no external URL): the checks with valid and violated
-// rows highlighted, lateness per period, duplicates by fault, faults and recovery, the final
-// state, op counts, examples, and two inline SVG plots: lateness vs due time (one
-// dot per record, first copies, duplicates, phantoms and early records in their own colours)
-// and latency over time (one dot per completed client op, coloured ok/info/fail). Both use a
+// rows highlighted, lateness per period, duplicates by fault, faults and recovery, the
+// backups (one row each: directory, node, times, outcome, shards, events, error; an invalid
+// one flagged), the final state, op counts, examples, and two inline SVG plots: lateness vs
+// due time (one dot per record, first copies, duplicates, phantoms and early records in
+// their own colours) and latency over time (one dot per completed client op, coloured
+// ok/info/fail; backups, which take seconds by design, are left out). Both use a
 // symlog y axis (sign(y)·log10(1+|y|)), so outliers and early records stay on the plot
 // instead of being clipped, and the largest lateness is labelled. Fault windows are shaded
 // bands, one colour per nemesis kind, with a legend. Each plot draws at most

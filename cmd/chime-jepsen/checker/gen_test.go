@@ -213,6 +213,7 @@ func genClean(seed uint64, n int) *run {
 				Error: "event.topic: required", InvokeNs: ii, CompleteNs: ii + lat()})
 		}
 	}
+	g.addBackups(rand.New(rand.NewPCG(seed, 0xbac)))
 	// History order is invocation order.
 	slices.SortStableFunc(g.ops, func(a, b Op) int { return int(min(max(a.InvokeNs-b.InvokeNs, -1), 1)) })
 	for i := range g.ops {
@@ -221,6 +222,105 @@ func genClean(seed uint64, n int) *run {
 	g.final = cleanCluster(4)
 	g.cfg = Config{FinalHealNs: faultEnd}
 	return g
+}
+
+// Backups of every generated run, each completed 1.5 s after it was invoked; the one at 50 s
+// fails.
+var genBackups = []struct {
+	at time.Duration
+	ok bool
+}{{20 * time.Second, true}, {38 * time.Second, true}, {50 * time.Second, false}, {62 * time.Second, true}, {90 * time.Second, true}}
+
+// addBackups adds genBackups to g, each ok one holding what a correct backup may hold: every
+// event acked before it was invoked, and half of those whose ok schedule was under way, each
+// in a state drawn from those the history allows (doc.go, check 7).
+func (g *run) addBackups(r *rand.Rand) {
+	type idOps struct {
+		schedules, cancels []Op
+		recs               []Record
+	}
+	byID := map[string]*idOps{}
+	var ids []string
+	for _, sc := range scenarios {
+		for _, id := range g.ids[sc] {
+			byID[id] = &idOps{}
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, op := range g.ops {
+		if h := byID[op.ID]; h != nil && op.F == FSchedule {
+			h.schedules = append(h.schedules, op)
+		} else if h != nil && op.F == FCancel {
+			h.cancels = append(h.cancels, op)
+		}
+	}
+	for _, rec := range g.recs {
+		byID[rec.ID].recs = append(byID[rec.ID].recs, rec)
+	}
+	for i, b := range genBackups {
+		invoke, complete := at(b.at), at(b.at+1500*time.Millisecond)
+		op := Op{F: FBackup, Process: 2000, Node: fmt.Sprintf("n%d", 1+i%5), Dir: fmt.Sprintf("backup-%03d", i+1),
+			InvokeNs: invoke, CompleteNs: complete, Type: TypeOK}
+		if !b.ok {
+			op.Type, op.Error = TypeFail, fmt.Sprintf("backup: shard 2: Unavailable: no leader; %s has no manifest.json, so it is not a usable backup: delete it and run backup again", op.Dir)
+			g.ops = append(g.ops, op)
+			continue
+		}
+		op.BackupEvents = map[string]string{}
+		op.BackupShards = []BackupShard{{0, 50, "n1", 0}, {1, 60, "n2", 0}, {2, 70, "n3", 0}, {3, 80, "n4", 0}}
+		for _, id := range ids {
+			h := byID[id]
+			acked := slices.ContainsFunc(h.schedules, func(s Op) bool { return s.Type == TypeOK && s.CompleteNs < invoke })
+			underWay := slices.ContainsFunc(h.schedules, func(s Op) bool { return s.Type == TypeOK && s.InvokeNs < complete })
+			if !acked && !(underWay && r.IntN(2) == 0) {
+				continue
+			}
+			var states []string
+			if !slices.ContainsFunc(h.cancels, func(c Op) bool { return c.Type == TypeOK && c.CompleteNs < invoke }) {
+				states = append(states, StateScheduled)
+			}
+			if slices.ContainsFunc(h.cancels, func(c Op) bool { return c.Type != TypeFail && c.InvokeNs < complete }) {
+				states = append(states, StateCancelled)
+			}
+			for _, rec := range h.recs {
+				if rec.AppendMs*1e6 > complete {
+					continue
+				}
+				if rec.Topic == DefaultDeadLetterTopic {
+					states = append(states, StateDeadLettered)
+				} else {
+					states = append(states, StateFired)
+				}
+			}
+			op.BackupEvents[id] = states[r.IntN(len(states))]
+			op.BackupShards[len(id)%4].Events++
+		}
+		g.ops = append(g.ops, op)
+	}
+}
+
+// addAcked adds an acked schedule op and its record to g, and the event, as scheduled, to
+// every ok backup invoked after the ack, which must hold it.
+func (g *run) addAcked(op Op, rec Record) {
+	op.Index = len(g.ops)
+	g.ops = append(g.ops, op)
+	g.recs = append(g.recs, rec)
+	for i := range g.ops {
+		if b := &g.ops[i]; b.F == FBackup && b.Type == TypeOK && b.InvokeNs > op.CompleteNs {
+			b.BackupEvents[op.ID] = StateScheduled
+		}
+	}
+}
+
+// backup returns the backup op whose directory is dir.
+func (g *run) backup(dir string) *Op {
+	for i := range g.ops {
+		if g.ops[i].F == FBackup && g.ops[i].Dir == dir {
+			return &g.ops[i]
+		}
+	}
+	panic("no backup " + dir)
 }
 
 func cleanCluster(shards int) Cluster {
@@ -277,8 +377,15 @@ func (g *run) recsOf(id string) []int {
 	return out
 }
 
+// dropRecords removes the records of id, and makes the backups that held it fired hold it
+// scheduled: a history in which it never fired.
 func (g *run) dropRecords(id string) {
 	g.recs = slices.DeleteFunc(g.recs, func(r Record) bool { return r.ID == id })
+	for _, b := range g.ops {
+		if st, ok := b.BackupEvents[id]; ok && (st == StateFired || st == StateDeadLettered) {
+			b.BackupEvents[id] = StateScheduled
+		}
+	}
 }
 
 func (g *run) check() Results { return Check(g.ops, g.recs, g.final, g.cfg) }

@@ -98,7 +98,12 @@ svg.plot { display: block; margin-bottom: 1.5em; }
 <tr><th class="l">kind</th><th class="l">targets</th><th>start (s)</th><th>heal (s)</th><th>recovery (ms)</th></tr>
 {{range .Recovery}}<tr><td class="l"><span style="color:{{.Color}}">&#9632;</span> {{.Kind}}</td><td class="l">{{.Targets}}</td><td>{{.Start}}</td><td>{{.Heal}}</td><td>{{.RecoveryMs}}</td></tr>
 {{end}}</table>
-<h2>Final state</h2>
+{{if .Backups}}<h2>Backups</h2>
+<table>
+<tr><th class="l">directory</th><th class="l">node</th><th>invoked (s)</th><th>took (s)</th><th class="l">outcome</th><th>shards</th><th>events</th><th class="l">error</th></tr>
+{{range .Backups}}<tr><td class="l"><code>{{.Dir}}</code></td><td class="l">{{.Node}}</td><td>{{.Invoked}}</td><td>{{.Took}}</td><td class="l{{with .Class}} {{.}}{{end}}">{{.Outcome}}</td><td>{{.Shards}}</td><td>{{.Events}}</td><td class="l">{{.Error}}</td></tr>
+{{end}}</table>
+{{end}}<h2>Final state</h2>
 {{if .Problems}}<ul class="bad">
 {{range .Problems}}<li>{{.}}</li>
 {{end}}</ul>
@@ -146,6 +151,10 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 		F      string
 		Counts []int
 	}
+	type backupRow struct {
+		Dir, Node, Invoked, Took, Outcome, Class, Error string
+		Shards, Events                                  int
+	}
 	type example struct{ ID, Why string }
 	type exampleGroup struct {
 		Check string
@@ -159,6 +168,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 		Lateness                     []period
 		Duplicates                   []dup
 		Recovery                     []recovery
+		Backups                      []backupRow
 		Problems                     []string
 		OpTypes                      []string
 		OpRows                       []opRow
@@ -193,6 +203,10 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("idempotency_violations", res.IdempotencyViolations, true)
 	row("expired_early", res.ExpiredEarly, true)
 	row("resurrected", res.Resurrected, true)
+	row("backup_lost", res.BackupLost, true)
+	row("backup_phantom", res.BackupPhantom, true)
+	row("backup_wrong_state", res.BackupWrongState, true)
+	row("backup_invalid", res.BackupInvalid, true)
 	conv, convClass := "yes", "good"
 	if !res.Converged {
 		conv, convClass = "no", "bad"
@@ -222,6 +236,16 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	for _, r := range res.Recovery {
 		v.Recovery = append(v.Recovery, recovery{template.CSS(kindColor[r.Kind]), r.Kind, strings.Join(r.Targets, ", "),
 			relS(a, r.StartNs), relS(a, r.HealNs), latency.Format(r.RecoveryMs)})
+	}
+	for _, b := range a.backups {
+		r := backupRow{Dir: b.Dir, Node: b.Node, Invoked: relS(a, b.InvokeNs), Took: latency.Format(float64(b.CompleteNs-b.InvokeNs) / 1e9),
+			Outcome: b.Type, Error: b.Error, Shards: len(b.BackupShards), Events: len(b.BackupEvents)}
+		if why := backupInvalid(b); why != "" {
+			r.Class, r.Error = "bad", why
+		} else if b.Type != TypeOK {
+			r.Class = "warn"
+		}
+		v.Backups = append(v.Backups, r)
 	}
 	for _, m := range res.Ops {
 		for t := range m {
@@ -295,12 +319,13 @@ func latenessPlot(a *analysis, bands []latency.Band) latency.Plot {
 }
 
 // latencyPlot: one dot per completed client op at (invoke − start, complete − invoke).
+// Backups, which take seconds by design, are in their own table.
 func latencyPlot(a *analysis, ops []Op, bands []latency.Band) latency.Plot {
 	colors := map[string]string{TypeOK: "#81bffc", TypeInfo: "#ffa400", TypeFail: "#ff1e90"}
 	byType := map[string]*latency.Series{}
 	for i := range ops {
 		op := &ops[i]
-		if op.F == FNemesis || op.CompleteNs < op.InvokeNs || op.InvokeNs == 0 {
+		if op.F == FNemesis || op.F == FBackup || op.CompleteNs < op.InvokeNs || op.InvokeNs == 0 {
 			continue
 		}
 		s := byType[op.Type]

@@ -53,7 +53,8 @@ func TestWriteReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
-		"idempotency_violations", "duplicates", "duplicates_by_fault", "converged", "convergence_problems",
+		"idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
+		"backup_wrong_state", "backup_invalid", "duplicates", "duplicates_by_fault", "converged", "convergence_problems",
 		"lateness_ms", "recovery", "ops", "examples"} {
 		if _, ok := keys[k]; !ok {
 			t.Errorf("results.json has no %q", k)
@@ -130,10 +131,28 @@ func TestWriteReport(t *testing.T) {
 			t.Errorf("band for %s appears %d times, want 2", w.kind, n)
 		}
 	}
-	// The row for early is flagged, the one for lost is not.
+	// The row for early is flagged, the ones for lost and backup_lost are not.
 	if !regexp.MustCompile(`<td class="l">early</td><td>1</td><td class="l bad">`).MatchString(page) ||
-		!regexp.MustCompile(`<td class="l">lost</td><td>0</td><td class="l good">`).MatchString(page) {
+		!regexp.MustCompile(`<td class="l">lost</td><td>0</td><td class="l good">`).MatchString(page) ||
+		!regexp.MustCompile(`<td class="l">backup_lost</td><td>0</td><td class="l good">`).MatchString(page) {
 		t.Errorf("summary rows are not highlighted as expected")
+	}
+	// Backups have a table of their own (the failed one flagged), and no dot in the latency plot.
+	if !strings.Contains(page, "<h2>Backups</h2>") || strings.Count(page, "<td class=\"l\"><code>backup-0") != len(genBackups) ||
+		!strings.Contains(page, `<td class="l warn">fail</td>`) {
+		t.Errorf("report.html lacks the backups table, with a row per backup and the failed one flagged")
+	}
+	clientOps, dots := 0, 0
+	for _, op := range g.ops {
+		if op.F != FNemesis && op.F != FBackup && op.InvokeNs != 0 && op.CompleteNs >= op.InvokeNs {
+			clientOps++
+		}
+	}
+	for _, s := range latencyPlot(analyze(g.ops, g.recs, g.cfg), g.ops, nil).Series {
+		dots += len(s.Points)
+	}
+	if dots != clientOps {
+		t.Errorf("the latency plot has %d dots for %d client ops", dots, clientOps)
 	}
 }
 

@@ -40,28 +40,37 @@ func (a *analysis) skewAllowance(from, to int64) (allow int64, ok bool) {
 }
 
 // expiredEarly returns the gets of h that found no event although an acknowledged event
-// was stored and cannot have expired yet: it had not settled, or it settled less than the
-// retention before the get completed (allowing for skew), or the retention is off. An
-// event is acknowledged by an ok schedule that completed before the get was invoked.
+// was stored and cannot have expired yet (notExpiredBy). An event is acknowledged by an ok
+// schedule that completed before the get was invoked.
 func (a *analysis) expiredEarly(h *idHistory) (bad []*Op, why []string) {
 	for _, g := range h.gets {
 		if !notFound(g) || !acked(h, g.InvokeNs) {
 			continue
 		}
-		settled, ok := h.settledNs()
-		switch {
-		case !ok || settled > g.CompleteNs:
-			bad, why = append(bad, g), append(why, fmt.Sprintf("get at %s found nothing, but the event was acked and has not settled", a.rel(g.InvokeNs)))
-		case a.cfg.Retention <= 0:
-			bad, why = append(bad, g), append(why, fmt.Sprintf("get at %s found nothing, but the event settled at %s and the retention is off", a.rel(g.InvokeNs), a.rel(settled)))
-		default:
-			allow, known := a.skewAllowance(settled, g.CompleteNs)
-			if known && g.CompleteNs < settled+int64(a.cfg.Retention)-allow {
-				bad, why = append(bad, g), append(why, fmt.Sprintf("get at %s found nothing, but the event settled at %s, less than the retention (%v) before", a.rel(g.InvokeNs), a.rel(settled), a.cfg.Retention))
-			}
+		if reason := a.notExpiredBy(h, g.CompleteNs); reason != "" {
+			bad, why = append(bad, g), append(why, fmt.Sprintf("get at %s found nothing, but %s", a.rel(g.InvokeNs), reason))
 		}
 	}
 	return bad, why
+}
+
+// notExpiredBy says why the event of h cannot have been removed by the retention by t, or
+// "" when it may have been: it had not settled by t, or the retention is off, or it
+// settled less than the retention before t, allowing for the skew windows in between
+// (skewAllowance; a window whose skew is not recorded allows anything).
+func (a *analysis) notExpiredBy(h *idHistory, t int64) string {
+	settled, ok := h.settledNs()
+	switch {
+	case !ok || settled > t:
+		return "the event was acked and has not settled"
+	case a.cfg.Retention <= 0:
+		return fmt.Sprintf("the event settled at %s and the retention is off", a.rel(settled))
+	}
+	allow, known := a.skewAllowance(settled, t)
+	if known && t < settled+int64(a.cfg.Retention)-allow {
+		return fmt.Sprintf("the event settled at %s, less than the retention (%v) before", a.rel(settled), a.cfg.Retention)
+	}
+	return ""
 }
 
 // acked reports whether an ok schedule of h completed before t.

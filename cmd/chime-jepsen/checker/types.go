@@ -7,7 +7,7 @@ import "time"
 type Op struct {
 	Index   int    `json:"index"`
 	Process int    `json:"process"`
-	F       string `json:"f"`              // "schedule", "cancel", "get", "invalid", "nemesis"
+	F       string `json:"f"`              // "schedule", "cancel", "get", "invalid", "backup", "nemesis"
 	Node    string `json:"node,omitempty"` // node the request was sent to
 
 	ID          string `json:"id,omitempty"`
@@ -29,6 +29,19 @@ type Op struct {
 	Existing bool   `json:"existing,omitempty"`   // schedule ok: the id already existed with this content
 	State    string `json:"state,omitempty"`      // get ok: scheduled/fired/cancelled/dead_lettered
 
+	// Backup only. Type is ok when the backup wrote its manifest, fail when it did not. Dir
+	// is its directory, relative to the run's folder; Node the node asked (it relays the
+	// shards it does not lead). The driver reads the directory back once the op completes:
+	// BackupShards is what an ok backup's manifest lists, BackupEvents every event its shard
+	// files hold (id → state, named as Get's states are), BackupReadError why an ok backup
+	// did not read back (manifest, sizes, SHA-256s or streams), and LeftManifest that a
+	// failed one left a manifest.json all the same.
+	Dir             string            `json:"dir,omitempty"`
+	BackupShards    []BackupShard     `json:"backup_shards,omitempty"`
+	BackupEvents    map[string]string `json:"backup_events,omitempty"`
+	BackupReadError string            `json:"backup_read_error,omitempty"`
+	LeftManifest    bool              `json:"left_manifest,omitempty"`
+
 	// Nemesis only: InvokeNs is the fault's start, CompleteNs its heal.
 	Kind    string   `json:"kind,omitempty"`
 	Targets []string `json:"targets,omitempty"`
@@ -41,8 +54,25 @@ const (
 	FCancel   = "cancel"
 	FGet      = "get"
 	FInvalid  = "invalid"
+	FBackup   = "backup"
 	FNemesis  = "nemesis"
 )
+
+// Event states as Op.State and Op.BackupEvents name them.
+const (
+	StateScheduled    = "scheduled"
+	StateFired        = "fired"
+	StateCancelled    = "cancelled"
+	StateDeadLettered = "dead_lettered"
+)
+
+// BackupShard is one shard of a backup, as its manifest lists it.
+type BackupShard struct {
+	Shard        uint32 `json:"shard"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Node         string `json:"node,omitempty"` // the leader the copy came from
+	Events       int    `json:"events"`         // events its file holds
+}
 
 // Op.Type values.
 const (
@@ -159,8 +189,8 @@ func (c Config) withDefaults(ops []Op) Config {
 
 // Results is what Check found. It is written as results.json.
 type Results struct {
-	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly and
-	// Resurrected are all zero and the final state converged.
+	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly,
+	// Resurrected and the four Backup counts are all zero and the final state converged.
 	Valid bool `json:"valid"`
 
 	Lost                  int `json:"lost"`                   // ids
@@ -171,6 +201,10 @@ type Results struct {
 	IdempotencyViolations int `json:"idempotency_violations"` // ids
 	ExpiredEarly          int `json:"expired_early"`          // get ops
 	Resurrected           int `json:"resurrected"`            // ids
+	BackupLost            int `json:"backup_lost"`            // (backup, id) pairs
+	BackupPhantom         int `json:"backup_phantom"`         // (backup, id) pairs
+	BackupWrongState      int `json:"backup_wrong_state"`     // (backup, id) pairs
+	BackupInvalid         int `json:"backup_invalid"`         // backup ops
 
 	Duplicates        int            `json:"duplicates"`          // extra copies
 	DuplicatesByFault map[string]int `json:"duplicates_by_fault"` // nemesis kind or "none" → extra copies
