@@ -2,8 +2,10 @@
 // it runs real chimed processes in network namespaces of its own, a client
 // workload that records every operation in a history, and a nemesis that
 // kills, pauses, partitions, slows, skews and cuts nodes off from Kafka on a
-// schedule; after a final heal it reads every record from Kafka with a client
-// of its own and checks the history against Chime's promises.
+// schedule, and a backer that takes a backup of the live cluster every
+// --backup-every; after a final heal it reads every record from Kafka with a
+// client of its own and checks the history, backups included, against
+// Chime's promises.
 //
 //	sudo go run ./cmd/chime-jepsen --time-limit 10m --nemesis mixed --out jepsen-out
 //
@@ -45,6 +47,7 @@ func main() {
 type options struct {
 	timeLimit, maxDelay, drain time.Duration
 	retention, wheelHorizon    time.Duration
+	backupEvery                time.Duration
 	nemesis, out               string
 	seed                       uint64
 	nodes, clients, shards     int
@@ -65,6 +68,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.retention, "retention", 7*24*time.Hour, "chimed --retention for the cluster under test (0 keeps settled events forever); the checker holds removals to it")
 	fs.DurationVar(&o.wheelHorizon, "wheel-horizon", time.Hour, "chimed --wheel-horizon for every node: events due later wait on disk and are loaded as the\nhorizon reaches them; shorter than --max-delay, the loads run throughout the test")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long to keep reading after the last event fell due")
+	fs.DurationVar(&o.backupEvery, "backup-every", time.Minute, "take a backup of the live cluster this often, as chimectl backup does, into <out>/backup-NNN\n(0: none); the checker holds each to the history")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: chime-jepsen [flags]   (as root)
 
@@ -73,9 +77,14 @@ namespaces joined by a bridge, a Kafka-protocol broker on the host side, a
 workload of schedules (delays from 0 to --max-delay, some on tick boundaries),
 re-sends (identical and conflicting, sometimes to two nodes at once), cancels
 (well before, within 50 ms of, and after due), gets and invalid requests, and a
-nemesis that injects one fault about every 10 s. After the final heal and a
-drain it reads every record back and checks: nothing acknowledged lost, nothing
+nemesis that injects one fault about every 10 s. Every --backup-every it takes
+a backup of the live cluster, through the code chimectl backup runs, from a
+node picked at random, into the run's folder. After the final heal and a drain
+it reads every record back and checks: nothing acknowledged lost, nothing
 early, nothing after an acknowledged cancel, no phantom record, idempotency,
+retention (no event gone early, none back after it was gone), backups (each
+completed backup holds every event acknowledged before it began, in a state
+the history allows, and no event never sent; a failed one leaves no manifest),
 duplicates by fault, lateness per period, recovery time per fault, and that all
 replicas converged. Exits 0 when the run is valid, 1 when a check failed.
 
@@ -86,6 +95,7 @@ Flags:
 Examples:
   sudo go run ./cmd/chime-jepsen --time-limit 10m
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis partition-halves,kill-leader --seed 42
+  sudo go run ./cmd/chime-jepsen --time-limit 90s --backup-every 20s --out /tmp/jepsen-backups
 `)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -96,6 +106,10 @@ Examples:
 	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(stderr, "chime-jepsen: must run as root: it creates network namespaces, a bridge, veth pairs and iptables rules (try: sudo go run ./cmd/chime-jepsen)")
+		return 2
+	}
+	if o.backupEvery < 0 {
+		fmt.Fprintln(stderr, "chime-jepsen: --backup-every must not be negative (0 takes no backups)")
 		return 2
 	}
 	kinds, err := nemesisKinds(o.nemesis)
@@ -152,7 +166,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	out, _ := filepath.Abs(o.out)
 	os.WriteFile(filepath.Join(out, "seed"), []byte(fmt.Sprintln(o.seed)), 0o644)
-	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds)
+	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds, "backup-every", o.backupEvery)
 
 	bin, err := buildChimed(out)
 	if err != nil {
@@ -215,11 +229,22 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 		nm.run(runCtx, 10*time.Second)
 		close(done)
 	}()
+	// The backer stops taking backups with the workload and finishes the one
+	// under way, if any, after the final heal.
+	backupsDone := make(chan struct{})
+	go func() {
+		defer close(backupsDone)
+		if o.backupEvery > 0 {
+			bk := &backer{c: c, h: h, out: out, every: o.backupEvery, r: newRand(o.seed, 0xbac), logger: logger}
+			bk.run(runCtx, ctx)
+		}
+	}()
 	w.run(runCtx, o.clients, o.seed)
 	cancel()
 	<-done
 	nm.finalHeal()
 	finalHeal := time.Now()
+	<-backupsDone
 	logger.Info("final heal", "ops", len(h.snapshot()), "ran", time.Since(start).Round(time.Second))
 
 	// Drain: wait until every event fell due (plus the drain period), then
@@ -377,6 +402,9 @@ func summary(r checker.Results) string {
 	if !r.Valid {
 		verdict = "INVALID"
 	}
-	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v",
-		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged)
+	b := r.Ops[checker.FBackup]
+	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v\n"+
+		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
+		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged,
+		b[checker.TypeOK], b[checker.TypeFail]+b[checker.TypeInfo], r.BackupLost, r.BackupPhantom, r.BackupWrongState, r.BackupInvalid)
 }
