@@ -1,8 +1,12 @@
 package main
 
 import (
+	"context"
+	"crypto/sha256"
 	"fmt"
+	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +15,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	"github.com/chimehq/chime/cmd/internal/backup"
@@ -153,5 +160,97 @@ func TestReadBackup(t *testing.T) {
 	dir = writeTestBackup(t, states, "e21")
 	if _, _, err := readBackup(dir); err == nil || !strings.Contains(err.Error(), `id "e21" is in shard`) {
 		t.Errorf("an id in the wrong shard: %v", err)
+	}
+}
+
+// fakeLeaders answers Admin.Backup with the shard files of a backup, as the
+// shards' leaders would stream them; failShard's copy is refused.
+type fakeLeaders struct {
+	chimev1.UnimplementedAdminServer
+	m         *backup.Manifest
+	dir       string
+	failShard uint32
+}
+
+func (f *fakeLeaders) GetClusterMap(context.Context, *chimev1.GetClusterMapRequest) (*chimev1.ClusterMap, error) {
+	return &chimev1.ClusterMap{ShardCount: uint32(f.m.ShardCount), Replication: 3}, nil
+}
+
+func (f *fakeLeaders) Backup(req *chimev1.BackupRequest, stream chimev1.Admin_BackupServer) error {
+	if req.Shard == f.failShard {
+		return status.Errorf(codes.FailedPrecondition, "shard %d: no", req.Shard)
+	}
+	s := f.m.Shards[req.Shard]
+	b, err := os.ReadFile(filepath.Join(f.dir, s.File))
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(b)
+	return stream.Send(&chimev1.BackupChunk{Data: b, Summary: &chimev1.BackupSummary{Shard: s.Shard, AppliedIndex: s.AppliedIndex,
+		AppliedTerm: s.AppliedTerm, Size: uint64(len(b)), Sha256: sum[:], Node: s.Node}})
+}
+
+// TestBackerRecordsEachBackup: a backup op records the backup's directory, times and
+// outcome; an ok one what the backup holds, a failed one its error and that it left no
+// manifest.
+func TestBackerRecordsEachBackup(t *testing.T) {
+	// node.admin dials port 7070 of the node's address: a loopback address of its own.
+	ln, err := net.Listen("tcp", "127.0.0.77:7070")
+	if err != nil {
+		t.Skipf("cannot serve a fake node on 127.0.0.77:7070: %v", err)
+	}
+	states := map[string]string{"a": checker.StateScheduled, "b": checker.StateFired, "c": checker.StateCancelled, "d": checker.StateScheduled}
+	src := writeTestBackup(t, states, "")
+	m, err := backup.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := &fakeLeaders{m: m, dir: src, failShard: 99}
+	gs := grpc.NewServer()
+	chimev1.RegisterAdminServer(gs, fake)
+	served := make(chan struct{})
+	go func() { defer close(served); gs.Serve(ln) }()
+	defer func() { gs.Stop(); <-served }()
+
+	out := t.TempDir()
+	n7 := &node{id: "n7", ip: "127.0.0.77"}
+	defer func() {
+		if n7.conn != nil {
+			n7.conn.Close()
+		}
+	}()
+	b := &backer{c: &cluster{nodes: []*node{n7}}, h: &history{}, out: out, every: time.Hour,
+		r: newRand(1, 0xbac), logger: slog.New(slog.DiscardHandler)}
+	b.take(context.Background())
+	fake.failShard = 1
+	b.take(context.Background())
+
+	ops := b.h.snapshot()
+	if len(ops) != 2 {
+		t.Fatalf("%d ops, want 2", len(ops))
+	}
+	ok, failed := ops[0], ops[1]
+	if ok.F != checker.FBackup || ok.Type != checker.TypeOK || ok.Dir != "backup-001" || ok.Node != "n7" || ok.Process != backupProcess ||
+		ok.InvokeNs == 0 || ok.CompleteNs < ok.InvokeNs || !maps.Equal(ok.BackupEvents, states) || len(ok.BackupShards) != 2 || ok.BackupReadError != "" {
+		t.Errorf("ok backup op %+v", ok)
+	}
+	if failed.Type != checker.TypeFail || failed.Dir != "backup-002" || failed.LeftManifest || len(failed.BackupEvents) != 0 ||
+		!strings.Contains(failed.Error, "backup: shard 1: FailedPrecondition: shard 1: no") {
+		t.Errorf("failed backup op %+v", failed)
+	}
+	if _, err := backup.Open(filepath.Join(out, "backup-001")); err != nil {
+		t.Errorf("the ok backup does not open: %v", err)
+	}
+
+	// A failed backup that left a manifest all the same says so.
+	if err := os.Mkdir(filepath.Join(out, "backup-003"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(out, "backup-003", backup.ManifestName), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.take(context.Background())
+	if op := b.h.snapshot()[2]; op.Type != checker.TypeFail || !op.LeftManifest {
+		t.Errorf("a failed backup that left a manifest: %+v", op)
 	}
 }
