@@ -139,7 +139,9 @@
 //     (TestFollowerCatchesUpFromAnExpandedSnapshot); it is sent one copy
 //     while the leader snapshots (TestOneCopyWhileSnapshotsAreTaken), and a
 //     copy whose send is cut is sent on from the cut
-//     (TestInstallResumesAfterACut).
+//     (TestInstallResumesAfterACut); a follower refuses a copy older than
+//     its own raft log, whose entries past the copy raft would otherwise
+//     count committed unchecked (TestInstallRefusesACopyOlderThanTheLog).
 //  8. A leader whose raft refuses entries for a stranded leadership transfer
 //     is reported Stuck once that has lasted stuckAfter, and not before
 //     (TestStuckLeadershipTransfer).

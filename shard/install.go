@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/chimehq/chime/raftfsm"
 	"github.com/hashicorp/raft"
 )
 
@@ -66,7 +67,8 @@ var testHookInstallSend func(sent, size int64) error
 type installTransport struct {
 	*raft.NetworkTransport
 	layer    raft.StreamLayer
-	dir      string // where received copies are kept
+	dir      string                 // where received copies are kept
+	lastLog  func() (uint64, error) // this replica's raft log's last index
 	logger   *slog.Logger
 	consumer chan raft.RPC // what raft reads
 
@@ -78,8 +80,8 @@ type installTransport struct {
 	wg       sync.WaitGroup
 }
 
-func newInstallTransport(nt *raft.NetworkTransport, layer raft.StreamLayer, dir string, logger *slog.Logger) *installTransport {
-	t := &installTransport{NetworkTransport: nt, layer: layer, dir: dir, logger: logger,
+func newInstallTransport(nt *raft.NetworkTransport, layer raft.StreamLayer, dir string, lastLog func() (uint64, error), logger *slog.Logger) *installTransport {
+	t := &installTransport{NetworkTransport: nt, layer: layer, dir: dir, lastLog: lastLog, logger: logger,
 		consumer: make(chan raft.RPC), conns: make(map[net.Conn]struct{}), stop: make(chan struct{})}
 	t.wg.Add(2)
 	go t.acceptLoop()
@@ -120,7 +122,13 @@ func (t *installTransport) InstallSnapshot(id raft.ServerID, target raft.ServerA
 	}
 	marked := *args
 	marked.Peers = append([]byte(installMarker), hex.EncodeToString(e.x.uid[:])...)
-	return t.NetworkTransport.InstallSnapshot(id, target, &marked, resp, bytes.NewReader(nil))
+	err = t.NetworkTransport.InstallSnapshot(id, target, &marked, resp, bytes.NewReader(nil))
+	if err != nil || !resp.Success {
+		// A follower refuses a copy older than its own log (attach): the
+		// next install writes a new one instead of sending this again.
+		e.store.forget(e.x)
+	}
+	return err
 }
 
 // send sends e's copy to target's install layer, from where it left off.
@@ -358,9 +366,43 @@ func (t *installTransport) attach(rpc *raft.RPC, req *raft.InstallSnapshotReques
 		f.Close()
 		return err
 	}
+	if err := t.checkNotOlder(f); err != nil {
+		f.Close()
+		os.Remove(path)
+		return err
+	}
 	req.Peers = nil
 	req.Size = fi.Size()
 	rpc.Reader = &receivedCopy{f: f}
+	return nil
+}
+
+// checkNotOlder refuses a copy whose state is older than the last entry of
+// this replica's raft log, and leaves f at its start. After an install raft
+// goes on from the copy's index, and hashicorp/raft counts as committed
+// every entry the follower holds up to the leader's commit index, including
+// entries past those the leader's next request compares: an entry of a
+// deposed leader's term that this replica holds beyond the copy would be
+// applied unchecked. (A leader paused for seconds, on waking, appended an
+// entry, then was sent a copy a minute old, applied that entry, and gave
+// seven events other seqs than the rest of the shard.) A copy at or past
+// the end of the log leaves every such entry at or below the state it
+// restores, which the FSM skips. The leader then writes a newer copy.
+func (t *installTransport) checkNotOlder(f *os.File) error {
+	h, err := raftfsm.ReadSnapshotHeader(f)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	last, err := t.lastLog()
+	if err != nil {
+		return err
+	}
+	if h.AppliedIndex < last {
+		return fmt.Errorf("the copy holds the log up to index %d, older than this replica's log (%d)", h.AppliedIndex, last)
+	}
 	return nil
 }
 

@@ -169,7 +169,7 @@ func (s *Shard) startRaft() error {
 		})
 		s.trans = nt
 		if cfg.InstallLayer != nil {
-			s.trans = newInstallTransport(nt, cfg.InstallLayer, cfg.Dir, s.logger)
+			s.trans = newInstallTransport(nt, cfg.InstallLayer, cfg.Dir, logs.LastIndex, s.logger)
 		}
 	}
 	cache, err := raft.NewLogCache(logCacheEntries, logs)

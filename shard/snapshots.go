@@ -198,6 +198,19 @@ func (s *snapshotStore) release(x *expanded) {
 	})
 }
 
+// forget stops x from being reused; it is removed once its readers close.
+func (s *snapshotStore) forget(x *expanded) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != x {
+		return
+	}
+	s.cur = nil
+	if x.refs == 0 && !x.dropped {
+		s.dropLocked(x)
+	}
+}
+
 // dropLocked removes x; s.mu is held.
 func (s *snapshotStore) dropLocked(x *expanded) {
 	x.dropped = true

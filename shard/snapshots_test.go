@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -460,4 +461,61 @@ func TestLogKeptWhileAnInstallIsSent(t *testing.T) {
 		t.Fatalf("TrailingLogs %d with a second install open, want all", got)
 	}
 	s.expanding(false)
+}
+
+// TestInstallRefusesACopyOlderThanTheLog: a follower refuses a received copy
+// whose state is older than the last entry of its own raft log, and drops
+// it: raft would count that entry (perhaps a deposed leader's) committed
+// once the copy is installed, without comparing it with the leader's.
+func TestInstallRefusesACopyOlderThanTheLog(t *testing.T) {
+	n := openNode(t, t.TempDir(), "", startBroker(t), 1)
+	defer n.close()
+	s := n.host.Replica(0)
+	scheduleFor(t, s, 0, 3, 0)
+	dir := t.TempDir()
+	name := strings.Repeat("ab", 16)
+	path := filepath.Join(dir, installPrefix+name+".done")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := s.fsm.WriteSnapshot(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		last   uint64
+		refuse bool
+	}{{h.AppliedIndex, false}, {h.AppliedIndex + 1, true}} {
+		if c.refuse {
+			// The accepted case below left no file: write the copy again.
+			data, _ := os.ReadFile(path + ".kept")
+			if err := os.WriteFile(path, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			data, _ := os.ReadFile(path)
+			os.WriteFile(path+".kept", data, 0o644)
+		}
+		tr := &installTransport{dir: dir, lastLog: func() (uint64, error) { return c.last, nil }}
+		req := &raft.InstallSnapshotRequest{Peers: []byte(installMarker + name)}
+		rpc := raft.RPC{Command: req}
+		err := tr.attach(&rpc, req)
+		if c.refuse {
+			if err == nil {
+				t.Fatalf("a copy at %d installed over a log ending at %d", h.AppliedIndex, c.last)
+			}
+			if _, serr := os.Stat(path); !errors.Is(serr, os.ErrNotExist) {
+				t.Fatalf("the refused copy is kept (%v)", serr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("a copy at %d refused over a log ending at %d: %v", h.AppliedIndex, c.last, err)
+		}
+		if n, _ := io.Copy(io.Discard, rpc.Reader); n != req.Size || n == 0 {
+			t.Fatalf("the copy handed to raft has %d bytes, the request says %d", n, req.Size)
+		}
+	}
 }
