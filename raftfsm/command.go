@@ -25,6 +25,12 @@ const (
 	TypeMarkDeadLetteredDue CommandType = 6
 	// TypeExpire removes settled events whose retention has passed (Expire).
 	TypeExpire CommandType = 7
+	// TypeScheduleBatchFlags is ScheduleBatch with a flags byte after each event's content
+	// hash (NewEvent.Replace). A batch with no flag set encodes as TypeScheduleBatch, so
+	// that what every replica of the version before can apply stays so.
+	TypeScheduleBatchFlags CommandType = 8
+	// TypeUpdate changes pending events (Update).
+	TypeUpdate CommandType = 9
 )
 
 func (t CommandType) String() string {
@@ -43,12 +49,16 @@ func (t CommandType) String() string {
 		return "MarkDeadLetteredDue"
 	case TypeExpire:
 		return "Expire"
+	case TypeScheduleBatchFlags:
+		return "ScheduleBatchFlags"
+	case TypeUpdate:
+		return "Update"
 	}
 	return fmt.Sprintf("CommandType(%d)", byte(t))
 }
 
-// Command is a decoded log entry: *ScheduleBatch, *Cancel, *MarkFired, *MarkDeadLettered or
-// *Expire.
+// Command is a decoded log entry: *ScheduleBatch, *Cancel, *MarkFired, *MarkDeadLettered,
+// *Expire or *Update.
 type Command interface {
 	Type() CommandType
 }
@@ -74,7 +84,19 @@ type NewEvent struct {
 	// ContentHash is ContentHash() over the request as the client sent it, so that a
 	// re-send with the same relative delay matches even though Due differs.
 	ContentHash uint64
+	// Replace makes an event whose id is bound already take that id's place instead of
+	// being compared with it: a pending event is superseded by this one as its next
+	// version (an Update of every field), a settled one is removed and its id scheduled
+	// anew, with the version after its own. Without it the id's binding holds
+	// (invariant 6).
+	Replace bool
 }
+
+// NewEvent flags, in the byte after the content hash of a TypeScheduleBatchFlags event.
+const (
+	flagReplace = 1 << 0
+	knownFlags  = flagReplace
+)
 
 // ScheduleBatch creates events. Apply returns *ScheduleBatchResult.
 type ScheduleBatch struct {
@@ -148,6 +170,84 @@ type Expire struct {
 	Limit  uint32
 }
 
+// Update changes pending events by id. Each change makes the event's next version: a new
+// seq with the new due time and content, in the place of the old one, which is removed
+// (the old seq's due time never changes, so what the firing path read under it stays
+// true of it: a MarkFired naming it finds it gone). Apply returns *UpdateResult.
+type Update struct {
+	ProposedAt int64 // unix ns, leader clock
+	Changes    []Change
+}
+
+// Change is one event's update: the fields whose flag is set replace the event's own; the
+// rest are kept.
+type Change struct {
+	ID string
+	// IfVersion, when not 0, makes the change apply only to that version of the event.
+	IfVersion uint64
+	Fields    ChangeFields
+	Due       int64 // unix ns, absolute; relative delays were resolved by the leader
+	Key       []byte
+	Payload   []byte
+	Headers   []Header
+}
+
+// ChangeFields says which fields of a Change replace the event's.
+type ChangeFields uint8
+
+const (
+	ChangeDue ChangeFields = 1 << iota
+	ChangeKey
+	ChangePayload
+	ChangeHeaders
+
+	knownChangeFields = ChangeDue | ChangeKey | ChangePayload | ChangeHeaders
+)
+
+// UpdateOutcome says what an Update did with one change.
+type UpdateOutcome uint8
+
+const (
+	// Updated: the event was pending and now is its next version.
+	Updated UpdateOutcome = 1
+	// UpdateNotFound: no event has this id (or it expired).
+	UpdateNotFound UpdateOutcome = 2
+	// UpdateNotPending: the event has settled (UpdateResult.State says how); nothing changed.
+	UpdateNotPending UpdateOutcome = 3
+	// VersionMismatch: the event is at another version than IfVersion; nothing changed.
+	VersionMismatch UpdateOutcome = 4
+)
+
+func (o UpdateOutcome) String() string {
+	switch o {
+	case Updated:
+		return "Updated"
+	case UpdateNotFound:
+		return "UpdateNotFound"
+	case UpdateNotPending:
+		return "UpdateNotPending"
+	case VersionMismatch:
+		return "VersionMismatch"
+	}
+	return fmt.Sprintf("UpdateOutcome(%d)", uint8(o))
+}
+
+// ChangeResult is the result for one Change, at the same position. Seq, Due and Version are
+// the event's after the change (its current ones if nothing changed); State is set when the
+// event was found.
+type ChangeResult struct {
+	Outcome UpdateOutcome
+	State   State
+	Seq     uint64
+	Due     int64
+	Version uint64
+}
+
+// UpdateResult is the response to an Update entry.
+type UpdateResult struct {
+	Results []ChangeResult
+}
+
 // ExpireResult is the response to an Expire entry.
 type ExpireResult struct {
 	// Expired is how many events the entry removed; fewer than Limit means none older than
@@ -155,9 +255,17 @@ type ExpireResult struct {
 	Expired uint32
 }
 
-func (*ScheduleBatch) Type() CommandType { return TypeScheduleBatch }
-func (*Expire) Type() CommandType        { return TypeExpire }
-func (*Cancel) Type() CommandType        { return TypeCancel }
+func (c *ScheduleBatch) Type() CommandType {
+	for i := range c.Events {
+		if c.Events[i].Replace {
+			return TypeScheduleBatchFlags
+		}
+	}
+	return TypeScheduleBatch
+}
+func (*Expire) Type() CommandType { return TypeExpire }
+func (*Update) Type() CommandType { return TypeUpdate }
+func (*Cancel) Type() CommandType { return TypeCancel }
 func (c *MarkFired) Type() CommandType {
 	if c.DueKnown {
 		return TypeMarkFiredDue
@@ -177,7 +285,8 @@ func (c *MarkDeadLettered) Type() CommandType {
 
 // AppendScheduleBatch appends the log entry encoding of c to dst.
 func AppendScheduleBatch(dst []byte, c *ScheduleBatch) []byte {
-	dst = append(dst, byte(TypeScheduleBatch))
+	t := c.Type()
+	dst = append(dst, byte(t))
 	dst = binary.AppendVarint(dst, c.ProposedAt)
 	dst = binary.AppendUvarint(dst, uint64(len(c.Events)))
 	for i := range c.Events {
@@ -189,6 +298,39 @@ func AppendScheduleBatch(dst []byte, c *ScheduleBatch) []byte {
 		dst = appendBytes(dst, e.Payload)
 		dst = appendHeaders(dst, e.Headers)
 		dst = binary.LittleEndian.AppendUint64(dst, e.ContentHash)
+		if t == TypeScheduleBatchFlags {
+			var flags byte
+			if e.Replace {
+				flags |= flagReplace
+			}
+			dst = append(dst, flags)
+		}
+	}
+	return dst
+}
+
+// AppendUpdate appends the log entry encoding of c to dst.
+func AppendUpdate(dst []byte, c *Update) []byte {
+	dst = append(dst, byte(TypeUpdate))
+	dst = binary.AppendVarint(dst, c.ProposedAt)
+	dst = binary.AppendUvarint(dst, uint64(len(c.Changes)))
+	for i := range c.Changes {
+		ch := &c.Changes[i]
+		dst = appendString(dst, ch.ID)
+		dst = binary.AppendUvarint(dst, ch.IfVersion)
+		dst = append(dst, byte(ch.Fields))
+		if ch.Fields&ChangeDue != 0 {
+			dst = binary.AppendVarint(dst, ch.Due)
+		}
+		if ch.Fields&ChangeKey != 0 {
+			dst = appendBytes(dst, ch.Key)
+		}
+		if ch.Fields&ChangePayload != 0 {
+			dst = appendBytes(dst, ch.Payload)
+		}
+		if ch.Fields&ChangeHeaders != 0 {
+			dst = appendHeaders(dst, ch.Headers)
+		}
 	}
 	return dst
 }
@@ -249,6 +391,7 @@ func AppendExpire(dst []byte, c *Expire) []byte {
 // left before allocating for it (a corrupt count must not allocate gigabytes).
 const (
 	minEventLen        = 1 + 1 + 1 + 1 + 1 + 1 + 8 // id, due, topic, key, payload, headers, hash
+	minChangeLen       = 1 + 1 + 1                 // id, if-version, fields
 	minHeaderLen       = 1 + 1
 	minFiredLen        = 1 + 1 + 1
 	minDeadLetteredLen = 1 + 1 + 1 + 1 + 1
@@ -266,7 +409,11 @@ func DecodeCommand(data []byte) (Command, error) {
 	var c Command
 	switch t {
 	case TypeScheduleBatch:
-		c = d.scheduleBatch()
+		c = d.scheduleBatch(false)
+	case TypeScheduleBatchFlags:
+		c = d.scheduleBatch(true)
+	case TypeUpdate:
+		c = d.update()
 	case TypeCancel:
 		c = d.cancel()
 	case TypeMarkFired:
@@ -288,9 +435,13 @@ func DecodeCommand(data []byte) (Command, error) {
 	return c, nil
 }
 
-func (d *decoder) scheduleBatch() *ScheduleBatch {
+func (d *decoder) scheduleBatch(flagged bool) *ScheduleBatch {
 	c := &ScheduleBatch{ProposedAt: d.varint("proposedAt")}
-	n := d.count("events", minEventLen)
+	minLen := minEventLen
+	if flagged {
+		minLen++
+	}
+	n := d.count("events", minLen)
 	if n > 0 {
 		c.Events = make([]NewEvent, n)
 	}
@@ -306,6 +457,44 @@ func (d *decoder) scheduleBatch() *ScheduleBatch {
 		e.Payload = d.bytes("payload")
 		e.Headers = d.headers()
 		e.ContentHash = d.fixed64("contentHash")
+		if flagged {
+			flags := d.byte1("flags")
+			if flags&^knownFlags != 0 {
+				d.fail("flags", "unknown flags %#x", flags&^knownFlags)
+			}
+			e.Replace = flags&flagReplace != 0
+		}
+	}
+	return c
+}
+
+func (d *decoder) update() *Update {
+	c := &Update{ProposedAt: d.varint("proposedAt")}
+	n := d.count("changes", minChangeLen)
+	if n > 0 {
+		c.Changes = make([]Change, n)
+	}
+	for i := range c.Changes {
+		ch := &c.Changes[i]
+		d.at("changes", i)
+		ch.ID = d.str("id")
+		ch.IfVersion = d.uvarint("ifVersion")
+		ch.Fields = ChangeFields(d.byte1("fields"))
+		if ch.Fields&^knownChangeFields != 0 {
+			d.fail("fields", "unknown fields %#x", ch.Fields&^knownChangeFields)
+		}
+		if ch.Fields&ChangeDue != 0 {
+			ch.Due = d.varint("due")
+		}
+		if ch.Fields&ChangeKey != 0 {
+			ch.Key = d.bytes("key")
+		}
+		if ch.Fields&ChangePayload != 0 {
+			ch.Payload = d.bytes("payload")
+		}
+		if ch.Fields&ChangeHeaders != 0 {
+			ch.Headers = d.headers()
+		}
 	}
 	return c
 }

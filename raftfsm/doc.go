@@ -4,14 +4,17 @@
 //
 // # What it owns
 //
-//   - The meaning of a committed command: ScheduleBatch, Cancel, MarkFired,
+//   - The meaning of a committed command: ScheduleBatch, Cancel, Update, MarkFired,
 //     MarkDeadLettered and Expire, their binary encoding (DecodeCommand is the only decode path; the
 //     Append* functions encode), and the result each one produces.
 //   - Every key of its shard in the node's Pebble (one Store per node, one FSM per shard;
 //     Store.DropShard deletes a shard's keys when the placement moves the replica away).
 //   - The shard's event lifecycle: Scheduled → Fired | Cancelled | DeadLettered → removed.
-//     Nothing leaves a final state except to be removed, by an Expire entry, once the
-//     retention the leader applies has passed since it settled.
+//     Nothing leaves a final state except to be removed: by an Expire entry, once the
+//     retention the leader applies has passed since it settled, or by a Schedule with
+//     Replace of its id, which schedules the id anew. An event's versions: an Update (or a
+//     Replace) of a pending event removes it and creates its next version under a new seq,
+//     bound to the same id, so that a seq's due time and content never change.
 //   - The applied index: which log entry the Pebble state reflects.
 //
 // It does not decide anything: timestamps, due times and content hashes arrive inside the
@@ -54,13 +57,20 @@
 //     pending event's status is exactly {Scheduled, due}, which is what lets a MarkFired
 //     carrying due times (MarkFired.DueKnown) settle it without reading it.
 //  6. Idempotency (design invariant 6): an id is bound to the first event created with it
-//     until that event expires. The same id with the same ContentHash returns the original Seq
-//     and Due; a different hash is a Conflict. Within one ScheduleBatch the first occurrence
-//     wins. After the event expires the id is free, and a Schedule with it creates a new
-//     event with a new seq. An entry sees the state exactly as if applied alone, whatever
+//     until that event expires, and then to each next version of it. The same id with the
+//     same ContentHash returns the current Seq and Due; a different hash is a Conflict.
+//     Within one ScheduleBatch the first occurrence wins. After the event expires the id is
+//     free, and a Schedule with it creates a new event with a new seq. A Schedule with
+//     Replace is never Existing or a Conflict: it makes the next version (Replaced, or
+//     Renewed for a settled event), and its hash is the one a re-send is compared with
+//     from then on; an Update keeps the hash. Versions count from 1, one more per Update or
+//     Replace, and a superseded version's seq names nothing, so a MarkFired for it finds it
+//     gone (WasExpired) and changes nothing. An entry sees the state exactly as if applied alone, whatever
 //     raft batched it with: an Expire also removes what earlier entries of its batch settled,
 //     and later entries no longer find what it removed.
-//  7. Sequence numbers are assigned in apply order, start at 1, and are never reused.
+//  7. Sequence numbers are assigned in apply order, start at 1, and are never reused. Every
+//     seq ever assigned is pending, settled (retained, expired or renewed) or superseded: the
+//     next seq is 1 + pending + fired + cancelled + dead-lettered + replaced.
 //  8. Raft state is a claim about Pebble and never outlives what it names. A snapshot
 //     reference says "Pebble holds the log up to AppliedIndex I" (its header's I, the FSM's),
 //     and raft never re-applies what it believes a snapshot holds. So the owner starts raft
@@ -89,13 +99,14 @@
 //
 // Every key starts with the shard id as 4 big-endian bytes, then a tag byte. The shard's span
 // is [shard|0x00, shard|0xff): tags are ASCII letters, so a DeleteRange over the span never
-// touches another shard. This is key layout 3, named by the meta value's first byte.
+// touches another shard. This is key layout 4, named by the meta value's first byte.
 //
-//	shard|'m'                        meta: layout (3), applied index, applied term, next seq,
+//	shard|'m'                        meta: layout (4), applied index, applied term, next seq,
 //	                                 counters (pending, fired, cancelled, dead-lettered,
-//	                                 refired, fired after cancel, expired)
+//	                                 refired, fired after cancel, expired, replaced, renewed)
 //	shard|'i'|id                     seq (8 BE) | content hash (8 BE) | due (8 BE)
-//	shard|'b'|due(8)|seq(8 BE)       body: id, createdAt, topic, key, payload, headers, hash
+//	shard|'b'|due(8)|seq(8 BE)       body: id, createdAt, topic, key, payload, headers, hash,
+//	                                 and in format 2 (a version after the first) the version
 //	shard|'d'|due(8)|seq(8 BE)       empty; present only while the event is pending
 //	shard|'s'|seq(8 BE)              status: state, due, fired/cancelled/dead-lettered at,
 //	                                 attempts, last error, dead-letter topic; written once,
@@ -127,10 +138,14 @@
 // order is close to due order for fired events, so the bodies it reads are mostly
 // neighbours.
 //
-// Body and status values start with a format byte (1 today) so that a change can be
-// recognised; the id entry is a fixed 24 bytes and the due index's entries are empty. Layout
-// 2 was layout 3 without the settled-time index and the expired counter: a shard in it is
-// converted when it is opened, or restored from a format 2 stream (upgradeLayout), by
+// Body and status values start with a format byte so that a change can be recognised:
+// statuses and first-version bodies are format 1, a later version's body is format 2, which
+// appends the version (almost every event keeps its first version, and spends no byte on
+// it). The id entry is a fixed 24 bytes and the due index's entries are empty. Layout 3 is
+// layout 4 without the replaced and renewed counters (and so without format 2 bodies): it is
+// read as layout 4 with both at zero, and its meta rewritten in layout 4 by the next apply.
+// Layout 2 was layout 3 without the settled-time index and the expired counter: a shard in it
+// is converted when it is opened, or restored from a format 2 stream (upgradeLayout), by
 // writing the index from the statuses. A shard stored in layout 1 is refused with
 // ErrOldLayout: nothing converts it, and a node holding one starts on an empty data directory
 // and receives the shard from its peers.
@@ -158,7 +173,7 @@
 // bytes arrive. Only after the trailer verifies, and the meta's counters agree with the keys
 // the stream held (pending with due-index keys, retained settled events with status and
 // settled-index keys, stored events with id keys and bodies, the next seq with the events
-// ever created, no more expired than settled), does anything change: Pebble ingests the
+// ever assigned, no more expired and renewed than settled), does anything change: Pebble ingests the
 // tables and excises the shard's old keys in one atomic version edit, and a flush makes it
 // durable. A refused stream leaves the replica exactly as it was, and a crash at any point
 // leaves the old state or the new one. VerifySnapshot makes the same checks, but for the

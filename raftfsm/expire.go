@@ -49,10 +49,10 @@ func (a *applier) expire(c *Expire) *ExpireResult {
 			e := committed[0]
 			committed = committed[1:]
 			a.xFrom = appendSettledKey(a.xFrom[:0], a.f.shard, e.at, e.seq+1)
-			a.remove(e, true)
+			a.reclaimed += a.remove(e, true)
 		} else {
 			fresh[0].gone = true
-			a.remove(*fresh[0], false)
+			a.reclaimed += a.remove(*fresh[0], false)
 			fresh = fresh[1:]
 		}
 		n++
@@ -62,7 +62,8 @@ func (a *applier) expire(c *Expire) *ExpireResult {
 }
 
 // committedExpired reads up to limit committed settled-index entries before before, from
-// xFrom on.
+// xFrom on, leaving out the events a REPLACE removed earlier in this batch (renew): their
+// index entries are deleted in this batch, not yet in the committed index.
 func (a *applier) committedExpired(before int64, limit int) []settledEntry {
 	lo := a.xFrom
 	if len(lo) == 0 {
@@ -76,6 +77,9 @@ func (a *applier) committedExpired(before int64, limit int) []settledEntry {
 		if err != nil {
 			a.fatal("%v", err)
 		}
+		if s, ok := a.statuses[seq]; ok && s.state == 0 {
+			continue
+		}
 		out = append(out, settledEntry{at: at, due: due, seq: seq})
 	}
 	if err := it.Error(); err != nil {
@@ -84,11 +88,12 @@ func (a *applier) committedExpired(before int64, limit int) []settledEntry {
 	return out
 }
 
-// remove deletes one settled event's keys and marks it gone in the overlays. The
-// settled-index entry of a committed one is left to the range deletion write issues for the
-// index's consumed head (up to xFrom): walks of the index from its start then step over one
-// range tombstone instead of one point tombstone per event removed so far.
-func (a *applier) remove(e settledEntry, committed bool) {
+// remove deletes one settled event's keys and marks it gone in the overlays, and returns the
+// bytes of keys and values it removed. With committed, the settled-index entry is left to
+// the range deletion write issues for the index's consumed head (up to xFrom): walks of the
+// index from its start then step over one range tombstone instead of one point tombstone per
+// event removed so far.
+func (a *applier) remove(e settledEntry, committed bool) (reclaimed uint64) {
 	bodyKey := appendBodyKey(nil, a.f.shard, e.due, e.seq)
 	id, bodyLen, ok := a.bodyID(bodyKey, e.seq)
 	if !ok {
@@ -106,7 +111,7 @@ func (a *applier) remove(e settledEntry, committed bool) {
 	a.ids[id] = idRef{}
 	a.statuses[e.seq] = status{}
 	// The status value is not read for this count: a seek per event for a metric.
-	a.reclaimed += uint64(len(bodyKey) + bodyLen + shardPrefixLen + 1 + len(id) + idRefLen +
+	return uint64(len(bodyKey) + bodyLen + shardPrefixLen + 1 + len(id) + idRefLen +
 		shardPrefixLen + 9 + dueKeyLen + 8)
 }
 
@@ -163,7 +168,7 @@ func (f *FSM) OldestSettled() (at int64, ok bool, err error) {
 // state, so their key spaces stay identical. Called before raft applies anything: from
 // NewFSM, and by Restore after a layout 2 stream.
 func (f *FSM) upgradeLayout() error {
-	if f.meta.layout == layoutV3 || f.restoring {
+	if f.meta.layout >= layoutV3 || f.restoring {
 		return nil
 	}
 	lo, hi := appendShardTag(nil, f.shard, tagStatus), appendShardTag(nil, f.shard, tagStatus+1)
@@ -199,7 +204,7 @@ func (f *FSM) upgradeLayout() error {
 		return err
 	}
 	m := f.meta
-	m.layout = layoutV3
+	m.layout = layoutV4
 	if err := b.Set(appendShardTag(nil, f.shard, tagMeta), m.append(nil), nil); err != nil {
 		return err
 	}

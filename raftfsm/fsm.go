@@ -55,6 +55,11 @@ const (
 	// Conflict: the id exists with a different ContentHash; nothing changed. Seq and Due are
 	// the existing event's.
 	Conflict ScheduleOutcome = 3
+	// Replaced: with NewEvent.Replace, the id's event was pending; this is its next version.
+	Replaced ScheduleOutcome = 4
+	// Renewed: with NewEvent.Replace, the id's event had settled; it was removed and the id
+	// scheduled anew, with the version after its own.
+	Renewed ScheduleOutcome = 5
 )
 
 func (o ScheduleOutcome) String() string {
@@ -65,6 +70,10 @@ func (o ScheduleOutcome) String() string {
 		return "Existing"
 	case Conflict:
 		return "Conflict"
+	case Replaced:
+		return "Replaced"
+	case Renewed:
+		return "Renewed"
 	}
 	return fmt.Sprintf("ScheduleOutcome(%d)", uint8(o))
 }
@@ -74,6 +83,9 @@ type ScheduleResult struct {
 	Outcome ScheduleOutcome
 	Seq     uint64
 	Due     int64
+	// Version is the event's version when this entry made it (Created, Replaced, Renewed);
+	// 0 otherwise.
+	Version uint64
 }
 
 // ScheduleBatchResult is the response to a ScheduleBatch entry.
@@ -173,7 +185,9 @@ type Stats struct {
 	Refired          uint64 // MarkFired entries for events already fired (duplicate deliveries)
 	FiredAfterCancel uint64 // MarkFired entries for cancelled events
 	Expired          uint64 // settled events removed by Expire
-	Retained         uint64 // settled events still stored: Fired + Cancelled + DeadLettered - Expired
+	Replaced         uint64 // versions of pending events an Update or a REPLACE superseded
+	Renewed          uint64 // settled events a REPLACE removed to schedule their id anew
+	Retained         uint64 // settled events still stored: Fired + Cancelled + DeadLettered - Expired - Renewed
 	AppliedIndex     uint64
 	AppliedTerm      uint64
 	NextSeq          uint64 // the seq the next created event will get
@@ -186,6 +200,7 @@ type Stats struct {
 //   - Cancel: *CancelBatchResult
 //   - MarkFired, MarkDeadLettered: *MarkBatchResult
 //   - Expire: *ExpireResult
+//   - Update: *UpdateResult
 //   - any entry at or below the applied index: ErrReplayed
 //   - non-command entries (LogConfiguration, ...): nil; they still advance the applied index.
 type FSM struct {
@@ -736,6 +751,8 @@ func (a *applier) command(c Command) interface{} {
 		return a.markDeadLettered(c)
 	case *Expire:
 		return a.expire(c)
+	case *Update:
+		return a.update(c)
 	}
 	a.fatal("no apply for %T", c)
 	return nil
@@ -746,6 +763,10 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 	for i := range c.Events {
 		e := &c.Events[i]
 		if ref, ok := a.lookupID(e.ID); ok {
+			if e.Replace {
+				res[i] = a.replace(e, ref, c.ProposedAt)
+				continue
+			}
 			outcome := Existing
 			if ref.hash != e.ContentHash {
 				outcome = Conflict
@@ -753,35 +774,154 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 			res[i] = ScheduleResult{Outcome: outcome, Seq: ref.seq, Due: ref.due}
 			continue
 		}
-		seq := a.m.nextSeq
-		a.m.nextSeq++
-		ref := idRef{seq: seq, hash: e.ContentHash, due: e.Due}
-		a.ids[e.ID] = ref
 		if a.idfNext != nil {
 			a.idfNext.add(e.ID)
 		}
 		if a.idf != nil && a.idf.add(e.ID) {
 			a.f.rebuildIDFilter(int(a.m.pending + a.m.retained()))
 		}
-		a.key = appendIDKey(a.key[:0], a.f.shard, e.ID)
-		a.val = ref.append(a.val[:0])
-		a.set(a.key, a.val)
-		a.key = appendBodyKey(a.key[:0], a.f.shard, e.Due, seq)
-		a.val = appendBody(a.val[:0], e, c.ProposedAt)
-		a.set(a.key, a.val)
-		a.key = appendDueKey(a.key[:0], a.f.shard, e.Due, seq)
-		a.set(a.key, nil)
-		a.f.pending.add(seq)
-		if !a.f.pending.loaded {
-			// Scheduled by this batch, so not in the committed due index that status
-			// reads until the pending set is loaded.
-			a.statuses[seq] = status{state: StateScheduled, due: e.Due}
-		}
-		a.m.pending++
-		a.notes = append(a.notes, note{scheduled: true, seq: seq, due: e.Due})
-		res[i] = ScheduleResult{Outcome: Created, Seq: seq, Due: e.Due}
+		seq := a.create(e, c.ProposedAt, 1)
+		res[i] = ScheduleResult{Outcome: Created, Seq: seq, Due: e.Due, Version: 1}
 	}
 	return &ScheduleBatchResult{Results: res}
+}
+
+// create stores e as a pending event of a new seq at version, and binds its id to it.
+func (a *applier) create(e *NewEvent, createdAt int64, version uint64) (seq uint64) {
+	seq = a.m.nextSeq
+	a.m.nextSeq++
+	ref := idRef{seq: seq, hash: e.ContentHash, due: e.Due}
+	a.ids[e.ID] = ref
+	a.key = appendIDKey(a.key[:0], a.f.shard, e.ID)
+	a.val = ref.append(a.val[:0])
+	a.set(a.key, a.val)
+	a.key = appendBodyKey(a.key[:0], a.f.shard, e.Due, seq)
+	a.val = appendBody(a.val[:0], e, createdAt, version)
+	a.set(a.key, a.val)
+	a.key = appendDueKey(a.key[:0], a.f.shard, e.Due, seq)
+	a.set(a.key, nil)
+	a.f.pending.add(seq)
+	if !a.f.pending.loaded {
+		// Scheduled by this batch, so not in the committed due index that status
+		// reads until the pending set is loaded.
+		a.statuses[seq] = status{state: StateScheduled, due: e.Due}
+	}
+	a.m.pending++
+	a.notes = append(a.notes, note{scheduled: true, seq: seq, due: e.Due})
+	return seq
+}
+
+// replace makes e the next version of the event its id is bound to (ref): a pending one is
+// superseded, a settled one removed (renewed). The new version is created at now.
+func (a *applier) replace(e *NewEvent, ref idRef, now int64) ScheduleResult {
+	s := a.status(ref.seq, ref.due)
+	old := a.body(ref.seq, ref.due)
+	outcome := Replaced
+	switch s.state {
+	case StateScheduled:
+		a.supersede(ref.seq, ref.due)
+	case StateFired, StateCancelled, StateDeadLettered:
+		a.renew(ref.seq, s)
+		outcome = Renewed
+	default: // expired: its id is removed with it, so lookupID does not find it
+		a.fatal("id %q names event %d, which has expired", e.ID, ref.seq)
+	}
+	seq := a.create(e, now, old.version+1)
+	return ScheduleResult{Outcome: outcome, Seq: seq, Due: e.Due, Version: old.version + 1}
+}
+
+// supersede removes pending event seq, due at due, because its next version takes its
+// place: its body and due-index key go, and it is settled for the observer. It keeps no
+// status: its seq names nothing from now on, as an expired event's does.
+func (a *applier) supersede(seq uint64, due int64) {
+	a.key = appendBodyKey(a.key[:0], a.f.shard, due, seq)
+	a.del(a.key)
+	a.settle(seq, due)
+	a.statuses[seq] = status{}
+	a.m.replaced++
+}
+
+// renew removes settled event seq (status s) so that its id can be scheduled anew, as
+// Expire would remove it, and takes it out of what this batch settled, so that an Expire
+// later in the batch does not remove it twice.
+func (a *applier) renew(seq uint64, s status) {
+	for i := range a.settledNow {
+		if a.settledNow[i].seq == seq {
+			a.settledNow[i].gone = true
+		}
+	}
+	a.remove(settledEntry{at: s.settledAt(), due: s.due, seq: seq}, false)
+	a.m.renewed++
+}
+
+// body reads and decodes the body of event seq, due at due: committed, or written earlier
+// in this batch. Its byte slices alias what they were read from, so they are valid until
+// the next read.
+func (a *applier) body(seq uint64, due int64) body {
+	key := appendBodyKey(nil, a.f.shard, due, seq)
+	v, ok := a.get(key)
+	if !ok {
+		for i := len(a.ops) - 1; i >= 0; i-- { // created in this batch: rare, so a scan
+			if o := a.ops[i]; !o.del && bytes.Equal(a.buf[o.k0:o.k1], key) {
+				v, ok = a.buf[o.k1:o.v1], true
+				break
+			}
+		}
+	}
+	if !ok {
+		a.fatal("event %d (due %d) has no body", seq, due)
+	}
+	b, err := decodeBody(v)
+	if err != nil {
+		a.fatal("event %d: %v: body: %v", seq, ErrCorrupt, err)
+	}
+	return b
+}
+
+// update applies each change to the pending event its id names, as its next version: the
+// fields the change sets, the rest of the event's own, the same content hash (a re-send of
+// the Schedule that created it is still recognised) and the same creation time.
+func (a *applier) update(c *Update) *UpdateResult {
+	res := make([]ChangeResult, len(c.Changes))
+	for i := range c.Changes {
+		ch := &c.Changes[i]
+		ref, ok := a.lookupID(ch.ID)
+		if !ok {
+			res[i] = ChangeResult{Outcome: UpdateNotFound}
+			continue
+		}
+		s := a.status(ref.seq, ref.due)
+		old := a.body(ref.seq, ref.due)
+		r := ChangeResult{State: s.state, Seq: ref.seq, Due: ref.due, Version: old.version}
+		switch {
+		case s.state == 0:
+			a.fatal("id %q names event %d, which has expired", ch.ID, ref.seq)
+		case s.state != StateScheduled:
+			r.Outcome = UpdateNotPending
+		case ch.IfVersion != 0 && ch.IfVersion != old.version:
+			r.Outcome = VersionMismatch
+		default:
+			e := old.NewEvent
+			e.Due = ref.due
+			if ch.Fields&ChangeDue != 0 {
+				e.Due = ch.Due
+			}
+			if ch.Fields&ChangeKey != 0 {
+				e.Key = ch.Key
+			}
+			if ch.Fields&ChangePayload != 0 {
+				e.Payload = ch.Payload
+			}
+			if ch.Fields&ChangeHeaders != 0 {
+				e.Headers = ch.Headers
+			}
+			a.supersede(ref.seq, ref.due)
+			r.Seq = a.create(&e, old.createdAt, old.version+1)
+			r.Outcome, r.Due, r.Version = Updated, e.Due, old.version+1
+		}
+		res[i] = r
+	}
+	return &UpdateResult{Results: res}
 }
 
 func (a *applier) cancel(c *Cancel) *CancelBatchResult {

@@ -62,9 +62,9 @@ func TestScheduleCancelMark(t *testing.T) {
 		cmdLog(5, &MarkDeadLettered{ProposedAt: 500, Entries: []DeadLettered{{Seq: 2, At: 501, Attempts: 9, Error: "e", Topic: "dlq"}}}),
 	})
 	want := []interface{}{
-		&ScheduleBatchResult{Results: []ScheduleResult{{Created, 1, 1000}, {Existing, 1, 1000}, {Created, 2, 500}, {Conflict, 1, 1000}}},
+		&ScheduleBatchResult{Results: []ScheduleResult{{Created, 1, 1000, 1}, {Existing, 1, 1000, 0}, {Created, 2, 500, 1}, {Conflict, 1, 1000, 0}}},
 		&CancelBatchResult{Results: []CancelResult{{Cancelled, 1}, {AlreadyCancelled, 1}, {NotFound, 0}}},
-		&ScheduleBatchResult{Results: []ScheduleResult{{Existing, 1, 1000}}},
+		&ScheduleBatchResult{Results: []ScheduleResult{{Existing, 1, 1000, 0}}},
 		&MarkBatchResult{Outcomes: []MarkOutcome{WasCancelled, Marked, WasFired, UnknownSeq}},
 		&MarkBatchResult{Outcomes: []MarkOutcome{WasFired}},
 	}
@@ -81,7 +81,7 @@ func TestScheduleCancelMark(t *testing.T) {
 		t.Errorf("Stats %+v, want %+v", s, wantStats)
 	}
 	rec, ok, err := f.Get("b")
-	wantRec := Record{Seq: 2, ID: "b", State: StateFired, Due: 500, CreatedAt: 100, FiredAt: 402, Attempts: 2, Topic: "t", Payload: []byte("y"), ContentHash: ev("b", 0, "y").ContentHash}
+	wantRec := Record{Seq: 2, ID: "b", State: StateFired, Due: 500, CreatedAt: 100, FiredAt: 402, Attempts: 2, Topic: "t", Payload: []byte("y"), ContentHash: ev("b", 0, "y").ContentHash, Version: 1}
 	if err != nil || !ok || !reflect.DeepEqual(rec, wantRec) {
 		t.Errorf("Get(b) = %+v, %v, %v; want %+v", rec, ok, err, wantRec)
 	}

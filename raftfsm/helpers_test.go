@@ -178,8 +178,8 @@ type gen struct {
 	ids   int   // ids issued so far: id-0 … id-(ids-1)
 	index uint64
 	term  uint64
-	// noExpire leaves Expire entries out: a log the version before retention could have
-	// written.
+	// noExpire leaves Expire, Update and Replace out: a log the version before retention
+	// could have written.
 	noExpire bool
 }
 
@@ -234,7 +234,15 @@ func (g *gen) command(m *model) Command {
 	case r < 40:
 		c := &ScheduleBatch{ProposedAt: g.tick()}
 		for range 1 + g.rng.IntN(6) {
-			c.Events = append(c.Events, g.event(g.id(), g.rng.IntN(3)))
+			e := g.event(g.id(), g.rng.IntN(3))
+			e.Replace = !g.noExpire && g.rng.IntN(8) == 0
+			c.Events = append(c.Events, e)
+		}
+		return c
+	case r < 48 && !g.noExpire:
+		c := &Update{ProposedAt: g.tick()}
+		for range 1 + g.rng.IntN(3) {
+			c.Changes = append(c.Changes, g.change(m))
 		}
 		return c
 	case r < 55:
@@ -274,6 +282,32 @@ func (g *gen) command(m *model) Command {
 	}
 }
 
+// change returns an update of a random id (usually a known one), changing a random set of
+// fields, sometimes on the condition of the event's version (usually its current one).
+func (g *gen) change(m *model) Change {
+	ch := Change{ID: g.id(), Fields: ChangeFields(g.rng.IntN(int(knownChangeFields) + 1))}
+	if g.rng.IntN(3) == 0 {
+		ch.IfVersion = 1 + g.rng.Uint64N(2)
+		if r, ok := m.byID[ch.ID]; ok && g.rng.IntN(2) == 0 {
+			ch.IfVersion = r.Version
+		}
+	}
+	v := g.event(ch.ID, g.rng.IntN(3))
+	if ch.Fields&ChangeDue != 0 {
+		ch.Due = v.Due
+	}
+	if ch.Fields&ChangeKey != 0 {
+		ch.Key = v.Key
+	}
+	if ch.Fields&ChangePayload != 0 {
+		ch.Payload = v.Payload
+	}
+	if ch.Fields&ChangeHeaders != 0 {
+		ch.Headers = v.Headers
+	}
+	return ch
+}
+
 // seq picks a seq to mark: usually a pending one, sometimes any known one, sometimes unknown.
 func (g *gen) seq(m *model) uint64 {
 	switch r := g.rng.IntN(10); {
@@ -301,6 +335,8 @@ func encode(c Command) []byte {
 		return AppendMarkDeadLettered(nil, c)
 	case *Expire:
 		return AppendExpire(nil, c)
+	case *Update:
+		return AppendUpdate(nil, c)
 	}
 	panic(fmt.Sprintf("encode %T", c))
 }

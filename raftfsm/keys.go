@@ -19,16 +19,26 @@ const (
 
 const shardPrefixLen = 4
 
-// formatV1 is the leading byte of every body and status value written today.
-const formatV1 = 1
+// formatV1 is the leading byte of every status value, and of the body of an event's first
+// version. formatV2 leads the body of a later version (an Update or a REPLACE made it): format
+// 1 followed by the version as a uvarint. The first version, which almost every event keeps,
+// spends no byte on it.
+const (
+	formatV1 = 1
+	formatV2 = 2
+)
 
 // The key layout of a whole shard is named by the meta value's first byte; see doc.go.
 // Layout 1 kept bodies under their seq and a status for every event. Layout 2 had no
 // settled-time index ('x') and no expired counter; a shard in it is converted on open
-// (upgradeLayout).
+// (upgradeLayout). Layout 4 is layout 3 with two more counters in the meta (replaced and
+// renewed) and bodies of format 2: a layout 3 shard is layout 4 with both counters at zero and
+// every body of format 1, so it needs no conversion, and its meta is written in layout 4 by
+// the next apply.
 const (
 	layoutV2 = 2
 	layoutV3 = 3
+	layoutV4 = 4
 )
 
 // ErrCorrupt wraps errors about stored bytes that do not decode. During apply it panics
@@ -135,28 +145,42 @@ type meta struct {
 	refired          uint64 // MarkFired for an event already fired: a duplicate delivery
 	firedAfterCancel uint64 // MarkFired for a cancelled event: produced although cancelled
 	expired          uint64 // settled events removed by Expire
+	// replaced counts the versions of pending events that an Update or a REPLACE superseded:
+	// each version is an event of its own seq, removed when the next one takes its place.
+	replaced uint64
+	// renewed counts the settled events that a REPLACE removed to schedule their id anew.
+	renewed uint64
 
-	// layout is the key layout the shard is stored in: layoutV3 once written by this
-	// version, layoutV2 until upgradeLayout has converted it. Not a counter.
+	// layout is the key layout the shard is stored in: layoutV4 or layoutV3 (the same keys)
+	// once written by this version, layoutV2 until upgradeLayout has converted it. Not a
+	// counter.
 	layout byte
 }
 
 const (
 	metaLenV2 = 1 + 9*8
-	metaLen   = 1 + 10*8
+	metaLenV3 = 1 + 10*8
+	metaLen   = 1 + 12*8
 )
 
-func freshMeta() meta { return meta{nextSeq: 1, layout: layoutV3} }
+func freshMeta() meta { return meta{nextSeq: 1, layout: layoutV4} }
 
 // retained is the number of settled events still stored.
-func (m *meta) retained() uint64 { return m.fired + m.cancelled + m.deadLettered - m.expired }
+func (m *meta) retained() uint64 {
+	return m.fired + m.cancelled + m.deadLettered - m.expired - m.renewed
+}
 
-// append encodes m in layout 3 (whatever m.layout says: only upgradeLayout writes a meta
+// created is the number of seqs ever assigned: every one is pending, settled or superseded.
+func (m *meta) created() uint64 {
+	return m.pending + m.fired + m.cancelled + m.deadLettered + m.replaced
+}
+
+// append encodes m in layout 4 (whatever m.layout says: only upgradeLayout writes a meta
 // of a layout 2 shard, and it writes it once the shard is converted).
 func (m *meta) append(dst []byte) []byte {
-	dst = append(dst, layoutV3)
+	dst = append(dst, layoutV4)
 	for _, v := range [...]uint64{m.appliedIndex, m.appliedTerm, m.nextSeq, m.pending, m.fired,
-		m.cancelled, m.deadLettered, m.refired, m.firedAfterCancel, m.expired} {
+		m.cancelled, m.deadLettered, m.refired, m.firedAfterCancel, m.expired, m.replaced, m.renewed} {
 		dst = binary.BigEndian.AppendUint64(dst, v)
 	}
 	return dst
@@ -170,14 +194,15 @@ func decodeMeta(b []byte) (meta, error) {
 	if len(b) == metaLenV2 && b[0] == 1 {
 		return meta{}, ErrOldLayout
 	}
-	if !(len(b) == metaLenV2 && b[0] == layoutV2) && !(len(b) == metaLen && b[0] == layoutV3) {
+	if !(len(b) == metaLenV2 && b[0] == layoutV2) && !(len(b) == metaLenV3 && b[0] == layoutV3) &&
+		!(len(b) == metaLen && b[0] == layoutV4) {
 		return meta{}, fmt.Errorf("%w: meta of %d bytes, layout %x", ErrCorrupt, len(b), b[:min(len(b), 1)])
 	}
-	var v [10]uint64
+	var v [12]uint64
 	for i := range (len(b) - 1) / 8 {
 		v[i] = binary.BigEndian.Uint64(b[1+8*i:])
 	}
-	return meta{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], b[0]}, nil
+	return meta{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], b[0]}, nil
 }
 
 // State is where an event is in its lifecycle. Only Scheduled is pending; the others are
@@ -267,16 +292,55 @@ func decodeStatus(b []byte) (status, error) {
 	return s, nil
 }
 
-// appendBody encodes the immutable half of an event (shard|'b'|due|seq).
-func appendBody(dst []byte, e *NewEvent, createdAt int64) []byte {
-	dst = append(dst, formatV1)
+// appendBody encodes the immutable half of an event (shard|'b'|due|seq): format 1 for its
+// first version, format 2 with the version after it for a later one.
+func appendBody(dst []byte, e *NewEvent, createdAt int64, version uint64) []byte {
+	format := byte(formatV1)
+	if version > 1 {
+		format = formatV2
+	}
+	dst = append(dst, format)
 	dst = appendString(dst, e.ID)
 	dst = binary.AppendVarint(dst, createdAt)
 	dst = appendString(dst, e.Topic)
 	dst = appendBytes(dst, e.Key)
 	dst = appendBytes(dst, e.Payload)
 	dst = appendHeaders(dst, e.Headers)
-	return binary.LittleEndian.AppendUint64(dst, e.ContentHash)
+	dst = binary.LittleEndian.AppendUint64(dst, e.ContentHash)
+	if format == formatV2 {
+		dst = binary.AppendUvarint(dst, version)
+	}
+	return dst
+}
+
+// body is an event's body, decoded. Its byte slices alias what it was decoded from.
+type body struct {
+	NewEvent  // Due is not in the body: it is half of the body's key
+	createdAt int64
+	version   uint64
+}
+
+func decodeBody(b []byte) (body, error) {
+	d := decoder{b: b}
+	format := d.byte1("format")
+	if format != formatV1 && format != formatV2 && d.err == nil {
+		d.fail("format", "unknown body format %d", format)
+	}
+	var e body
+	e.ID = d.str("id")
+	e.createdAt = d.varint("createdAt")
+	e.Topic = d.str("topic")
+	e.Key = d.bytes("key")
+	e.Payload = d.bytes("payload")
+	e.Headers = d.headers()
+	e.ContentHash = d.fixed64("contentHash")
+	e.version = 1
+	if format == formatV2 {
+		if e.version = d.uvarint("version"); e.version < 2 && d.err == nil {
+			d.fail("version", "version %d in a format 2 body", e.version)
+		}
+	}
+	return e, d.finish()
 }
 
 // Record is an event as stored: what Get and ReadForFire return. Its byte slices are the
@@ -298,24 +362,25 @@ type Record struct {
 	Payload         []byte
 	Headers         []Header
 	ContentHash     uint64
+	// Version is 1 for the event as first scheduled, and one more for each Update or
+	// REPLACE of it since.
+	Version uint64
 }
 
 // decodeRecord fills rec from an event's body and status. rec keeps body (Key, Payload and
 // header values alias it), so the caller passes a copy it owns.
-func decodeRecord(seq uint64, body []byte, s status, rec *Record) error {
-	d := decoder{b: body}
-	if v := d.byte1("format"); v != formatV1 && d.err == nil {
-		d.fail("format", "unknown body format %d", v)
-	}
+func decodeRecord(seq uint64, b []byte, s status, rec *Record) error {
+	e, err := decodeBody(b)
 	*rec = Record{
 		Seq:             seq,
-		ID:              d.str("id"),
-		CreatedAt:       d.varint("createdAt"),
-		Topic:           d.str("topic"),
-		Key:             d.bytes("key"),
-		Payload:         d.bytes("payload"),
-		Headers:         d.headers(),
-		ContentHash:     d.fixed64("contentHash"),
+		ID:              e.ID,
+		CreatedAt:       e.createdAt,
+		Topic:           e.Topic,
+		Key:             e.Key,
+		Payload:         e.Payload,
+		Headers:         e.Headers,
+		ContentHash:     e.ContentHash,
+		Version:         e.version,
 		State:           s.state,
 		Due:             s.due,
 		FiredAt:         s.firedAt,
@@ -325,7 +390,7 @@ func decodeRecord(seq uint64, body []byte, s status, rec *Record) error {
 		LastError:       s.lastError,
 		DeadLetterTopic: s.deadLetterTopic,
 	}
-	if err := d.finish(); err != nil {
+	if err != nil {
 		return fmt.Errorf("%w: seq %d: body: %v", ErrCorrupt, seq, err)
 	}
 	return nil

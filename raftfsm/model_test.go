@@ -14,8 +14,10 @@ import (
 // model is the reference the FSM is checked against: the rules of doc.go written as plainly as
 // possible, over a map of id → record, with no storage and no batching.
 type model struct {
-	byID    map[string]*Record
-	bySeq   map[uint64]*Record
+	byID  map[string]*Record
+	bySeq map[uint64]*Record
+	// expired holds the seqs that named an event once and name none now: expired, renewed
+	// or superseded by a next version.
 	expired map[uint64]bool
 	nextSeq uint64
 	stats   Stats
@@ -80,7 +82,19 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 	case *ScheduleBatch:
 		res := &ScheduleBatchResult{Results: make([]ScheduleResult, len(c.Events))}
 		for i, e := range c.Events {
-			if r, ok := m.byID[e.ID]; ok {
+			version, o := uint64(1), Created
+			if r, ok := m.byID[e.ID]; ok && e.Replace {
+				version, o = r.Version+1, Renewed
+				if r.State == StateScheduled {
+					o = Replaced
+					m.stats.Pending--
+					m.stats.Replaced++
+				} else {
+					m.stats.Renewed++
+				}
+				delete(m.bySeq, r.Seq)
+				m.expired[r.Seq] = true
+			} else if ok {
 				o := Existing
 				if r.ContentHash != e.ContentHash {
 					o = Conflict
@@ -91,11 +105,51 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 			r := &Record{
 				Seq: m.nextSeq, ID: e.ID, State: StateScheduled, Due: e.Due, CreatedAt: c.ProposedAt,
 				Topic: e.Topic, Key: e.Key, Payload: e.Payload, Headers: e.Headers, ContentHash: e.ContentHash,
+				Version: version,
 			}
 			m.nextSeq++
 			m.byID[e.ID], m.bySeq[r.Seq] = r, r
 			m.stats.Pending++
-			res.Results[i] = ScheduleResult{Outcome: Created, Seq: r.Seq, Due: r.Due}
+			res.Results[i] = ScheduleResult{Outcome: o, Seq: r.Seq, Due: r.Due, Version: version}
+		}
+		return res
+	case *Update:
+		res := &UpdateResult{Results: make([]ChangeResult, len(c.Changes))}
+		for i, ch := range c.Changes {
+			r, ok := m.byID[ch.ID]
+			if !ok {
+				res.Results[i] = ChangeResult{Outcome: UpdateNotFound}
+				continue
+			}
+			out := ChangeResult{State: r.State, Seq: r.Seq, Due: r.Due, Version: r.Version}
+			switch {
+			case r.State != StateScheduled:
+				out.Outcome = UpdateNotPending
+			case ch.IfVersion != 0 && ch.IfVersion != r.Version:
+				out.Outcome = VersionMismatch
+			default:
+				n := *r
+				n.Seq, n.Version = m.nextSeq, r.Version+1
+				m.nextSeq++
+				if ch.Fields&ChangeDue != 0 {
+					n.Due = ch.Due
+				}
+				if ch.Fields&ChangeKey != 0 {
+					n.Key = ch.Key
+				}
+				if ch.Fields&ChangePayload != 0 {
+					n.Payload = ch.Payload
+				}
+				if ch.Fields&ChangeHeaders != 0 {
+					n.Headers = ch.Headers
+				}
+				delete(m.bySeq, r.Seq)
+				m.expired[r.Seq] = true
+				m.byID[n.ID], m.bySeq[n.Seq] = &n, &n
+				m.stats.Replaced++
+				out = ChangeResult{Outcome: Updated, State: StateScheduled, Seq: n.Seq, Due: n.Due, Version: n.Version}
+			}
+			res.Results[i] = out
 		}
 		return res
 	case *Cancel:
@@ -166,7 +220,7 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 func (m *model) wantStats() Stats {
 	s := m.stats
 	s.NextSeq = m.nextSeq
-	s.Retained = s.Fired + s.Cancelled + s.DeadLettered - s.Expired
+	s.Retained = s.Fired + s.Cancelled + s.DeadLettered - s.Expired - s.Renewed
 	return s
 }
 
@@ -428,7 +482,8 @@ func TestModel(t *testing.T) {
 			h.check()
 			// The run must have exercised what it claims to, or it proves little.
 			s := h.f.Stats()
-			if s.Pending == 0 || s.Fired == 0 || s.Cancelled == 0 || s.DeadLettered == 0 || s.Refired == 0 || s.FiredAfterCancel == 0 || s.Expired == 0 || s.Retained == 0 {
+			if s.Pending == 0 || s.Fired == 0 || s.Cancelled == 0 || s.DeadLettered == 0 || s.Refired == 0 || s.FiredAfterCancel == 0 || s.Expired == 0 || s.Retained == 0 ||
+				s.Replaced == 0 || s.Renewed == 0 {
 				t.Errorf("weak run, some outcome never happened: %+v", s)
 			}
 			t.Logf("%d entries, %d restores, %d reopens, stats %+v", len(h.log), restores, reopens, s)
@@ -456,6 +511,8 @@ func show(v interface{}) string {
 	case *MarkBatchResult:
 		return fmt.Sprintf("%+v", *v)
 	case *ExpireResult:
+		return fmt.Sprintf("%+v", *v)
+	case *UpdateResult:
 		return fmt.Sprintf("%+v", *v)
 	}
 	return fmt.Sprintf("%#v", v)

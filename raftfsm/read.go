@@ -248,6 +248,8 @@ func (f *FSM) Stats() Stats {
 		Refired:          m.refired,
 		FiredAfterCancel: m.firedAfterCancel,
 		Expired:          m.expired,
+		Replaced:         m.replaced,
+		Renewed:          m.renewed,
 		Retained:         m.retained(),
 		AppliedIndex:     m.appliedIndex,
 		AppliedTerm:      m.appliedTerm,

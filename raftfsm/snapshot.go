@@ -355,6 +355,8 @@ type SnapshotEvent struct {
 	Seq   uint64
 	State State // StateScheduled for a pending event
 	Due   int64 // unix ns
+	// Version is the event's version (Record.Version).
+	Version uint64
 }
 
 // ForEachSnapshotEvent reads the full snapshot stream of shard in r to its end, checking it as
@@ -421,7 +423,7 @@ func (e *eventFrames) set(key, val []byte) error {
 			return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 		}
 		e.bySeq[seq] = len(e.events)
-		e.events = append(e.events, SnapshotEvent{ID: rec.ID, Seq: seq, Due: due})
+		e.events = append(e.events, SnapshotEvent{ID: rec.ID, Seq: seq, Due: due, Version: rec.Version})
 		e.hasID = append(e.hasID, false)
 	case tagDue:
 		due, seq, err := parseDueKey(key)
@@ -538,17 +540,17 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 // stream arrived as sent, and the restored meta sizes what the FSM allocates
 // (the id filter is sized by nextSeq).
 func checkMetaCounts(m *meta, perTag *[256]uint64) error {
-	created := m.pending + m.fired + m.cancelled + m.deadLettered
+	created := m.created()
 	retained := m.retained()
 	events := perTag[tagID]
 	switch {
-	case m.expired > m.fired+m.cancelled+m.deadLettered:
-		return fmt.Errorf("%w: meta counts %d expired events of %d settled", ErrBadSnapshot, m.expired, m.fired+m.cancelled+m.deadLettered)
+	case m.expired+m.renewed > m.fired+m.cancelled+m.deadLettered:
+		return fmt.Errorf("%w: meta counts %d expired and %d renewed events of %d settled", ErrBadSnapshot, m.expired, m.renewed, m.fired+m.cancelled+m.deadLettered)
 	case m.pending != perTag[tagDue]:
 		return fmt.Errorf("%w: meta counts %d pending events, the stream holds %d due-index keys", ErrBadSnapshot, m.pending, perTag[tagDue])
 	case retained != perTag[tagStatus]:
 		return fmt.Errorf("%w: meta counts %d retained settled events, the stream holds %d status keys", ErrBadSnapshot, retained, perTag[tagStatus])
-	case m.layout == layoutV3 && retained != perTag[tagSettled]:
+	case m.layout >= layoutV3 && retained != perTag[tagSettled]:
 		return fmt.Errorf("%w: meta counts %d retained settled events, the stream holds %d settled-index keys", ErrBadSnapshot, retained, perTag[tagSettled])
 	case m.layout == layoutV2 && perTag[tagSettled] != 0:
 		return fmt.Errorf("%w: a key layout 2 stream holds %d settled-index keys", ErrBadSnapshot, perTag[tagSettled])

@@ -197,7 +197,7 @@ func TestForEachSnapshotEventReportsWhatTheShardHolds(t *testing.T) {
 	var want []SnapshotEvent
 	states := map[State]int{}
 	for _, r := range m.byID {
-		want = append(want, SnapshotEvent{ID: r.ID, Seq: r.Seq, State: r.State, Due: r.Due})
+		want = append(want, SnapshotEvent{ID: r.ID, Seq: r.Seq, State: r.State, Due: r.Due, Version: r.Version})
 		states[r.State]++
 	}
 	slices.SortFunc(want, func(a, b SnapshotEvent) int { return strings.Compare(a.ID, b.ID) })
