@@ -90,12 +90,20 @@ type NewEvent struct {
 	// anew, with the version after its own. Without it the id's binding holds
 	// (invariant 6).
 	Replace bool
+	// CheckPending makes a Replace apply only while the id's pending event is seq Pending
+	// (0: none is pending); otherwise the event is Moved and nothing changes. A leader sets
+	// it to what it took out of its wheel for the change, so that a Replace never
+	// supersedes a version a fire batch may hold.
+	CheckPending bool
+	Pending      uint64
 }
 
 // NewEvent flags, in the byte after the content hash of a TypeScheduleBatchFlags event.
+// With flagCheckPending, NewEvent.Pending follows as a uvarint.
 const (
-	flagReplace = 1 << 0
-	knownFlags  = flagReplace
+	flagReplace      = 1 << 0
+	flagCheckPending = 1 << 1
+	knownFlags       = flagReplace | flagCheckPending
 )
 
 // ScheduleBatch creates events. Apply returns *ScheduleBatchResult.
@@ -190,9 +198,13 @@ type Change struct {
 	Key       []byte
 	Payload   []byte
 	Headers   []Header
+	// With ChangeCheckPending in Fields, the change applies only while the id's pending
+	// event is seq Pending (0: none is pending), as NewEvent.CheckPending.
+	Pending uint64
 }
 
-// ChangeFields says which fields of a Change replace the event's.
+// ChangeFields says which fields of a Change replace the event's, and whether it checks
+// Pending.
 type ChangeFields uint8
 
 const (
@@ -200,8 +212,9 @@ const (
 	ChangeKey
 	ChangePayload
 	ChangeHeaders
+	ChangeCheckPending
 
-	knownChangeFields = ChangeDue | ChangeKey | ChangePayload | ChangeHeaders
+	knownChangeFields = ChangeDue | ChangeKey | ChangePayload | ChangeHeaders | ChangeCheckPending
 )
 
 // UpdateOutcome says what an Update did with one change.
@@ -216,6 +229,9 @@ const (
 	UpdateNotPending UpdateOutcome = 3
 	// VersionMismatch: the event is at another version than IfVersion; nothing changed.
 	VersionMismatch UpdateOutcome = 4
+	// UpdateMoved: with ChangeCheckPending, the id's pending event is not seq Pending;
+	// nothing changed.
+	UpdateMoved UpdateOutcome = 5
 )
 
 func (o UpdateOutcome) String() string {
@@ -228,6 +244,8 @@ func (o UpdateOutcome) String() string {
 		return "UpdateNotPending"
 	case VersionMismatch:
 		return "VersionMismatch"
+	case UpdateMoved:
+		return "UpdateMoved"
 	}
 	return fmt.Sprintf("UpdateOutcome(%d)", uint8(o))
 }
@@ -303,7 +321,13 @@ func AppendScheduleBatch(dst []byte, c *ScheduleBatch) []byte {
 			if e.Replace {
 				flags |= flagReplace
 			}
+			if e.CheckPending {
+				flags |= flagCheckPending
+			}
 			dst = append(dst, flags)
+			if e.CheckPending {
+				dst = binary.AppendUvarint(dst, e.Pending)
+			}
 		}
 	}
 	return dst
@@ -330,6 +354,9 @@ func AppendUpdate(dst []byte, c *Update) []byte {
 		}
 		if ch.Fields&ChangeHeaders != 0 {
 			dst = appendHeaders(dst, ch.Headers)
+		}
+		if ch.Fields&ChangeCheckPending != 0 {
+			dst = binary.AppendUvarint(dst, ch.Pending)
 		}
 	}
 	return dst
@@ -463,6 +490,9 @@ func (d *decoder) scheduleBatch(flagged bool) *ScheduleBatch {
 				d.fail("flags", "unknown flags %#x", flags&^knownFlags)
 			}
 			e.Replace = flags&flagReplace != 0
+			if e.CheckPending = flags&flagCheckPending != 0; e.CheckPending {
+				e.Pending = d.uvarint("pending")
+			}
 		}
 	}
 	return c
@@ -494,6 +524,9 @@ func (d *decoder) update() *Update {
 		}
 		if ch.Fields&ChangeHeaders != 0 {
 			ch.Headers = d.headers()
+		}
+		if ch.Fields&ChangeCheckPending != 0 {
+			ch.Pending = d.uvarint("pending")
 		}
 	}
 	return c

@@ -60,6 +60,9 @@ const (
 	// Renewed: with NewEvent.Replace, the id's event had settled; it was removed and the id
 	// scheduled anew, with the version after its own.
 	Renewed ScheduleOutcome = 5
+	// Moved: with NewEvent.CheckPending, the id's pending event is not seq Pending; nothing
+	// changed. Seq and Due are the id's event's, if it has one.
+	Moved ScheduleOutcome = 6
 )
 
 func (o ScheduleOutcome) String() string {
@@ -74,6 +77,8 @@ func (o ScheduleOutcome) String() string {
 		return "Replaced"
 	case Renewed:
 		return "Renewed"
+	case Moved:
+		return "Moved"
 	}
 	return fmt.Sprintf("ScheduleOutcome(%d)", uint8(o))
 }
@@ -762,7 +767,14 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 	res := make([]ScheduleResult, len(c.Events))
 	for i := range c.Events {
 		e := &c.Events[i]
-		if ref, ok := a.lookupID(e.ID); ok {
+		ref, ok := a.lookupID(e.ID)
+		if e.Replace && e.CheckPending {
+			if seq := a.pendingSeq(ref, ok); seq != e.Pending {
+				res[i] = ScheduleResult{Outcome: Moved, Seq: ref.seq, Due: ref.due}
+				continue
+			}
+		}
+		if ok {
 			if e.Replace {
 				res[i] = a.replace(e, ref, c.ProposedAt)
 				continue
@@ -809,6 +821,14 @@ func (a *applier) create(e *NewEvent, createdAt int64, version uint64) (seq uint
 	a.m.pending++
 	a.notes = append(a.notes, note{scheduled: true, seq: seq, due: e.Due})
 	return seq
+}
+
+// pendingSeq returns the seq of the id's event if found and pending, 0 otherwise.
+func (a *applier) pendingSeq(ref idRef, found bool) uint64 {
+	if found && a.status(ref.seq, ref.due).state == StateScheduled {
+		return ref.seq
+	}
+	return 0
 }
 
 // replace makes e the next version of the event its id is bound to (ref): a pending one is
@@ -886,6 +906,10 @@ func (a *applier) update(c *Update) *UpdateResult {
 	for i := range c.Changes {
 		ch := &c.Changes[i]
 		ref, ok := a.lookupID(ch.ID)
+		if ch.Fields&ChangeCheckPending != 0 && a.pendingSeq(ref, ok) != ch.Pending {
+			res[i] = ChangeResult{Outcome: UpdateMoved, Seq: ref.seq, Due: ref.due}
+			continue
+		}
 		if !ok {
 			res[i] = ChangeResult{Outcome: UpdateNotFound}
 			continue

@@ -235,7 +235,9 @@ func (g *gen) command(m *model) Command {
 		c := &ScheduleBatch{ProposedAt: g.tick()}
 		for range 1 + g.rng.IntN(6) {
 			e := g.event(g.id(), g.rng.IntN(3))
-			e.Replace = !g.noExpire && g.rng.IntN(8) == 0
+			if e.Replace = !g.noExpire && g.rng.IntN(8) == 0; e.Replace && g.rng.IntN(2) == 0 {
+				e.CheckPending, e.Pending = true, g.pending(m, e.ID)
+			}
 			c.Events = append(c.Events, e)
 		}
 		return c
@@ -305,7 +307,19 @@ func (g *gen) change(m *model) Change {
 	if ch.Fields&ChangeHeaders != 0 {
 		ch.Headers = v.Headers
 	}
+	if ch.Fields&ChangeCheckPending != 0 {
+		ch.Pending = g.pending(m, ch.ID)
+	}
 	return ch
+}
+
+// pending returns what a leader would pin for a change of id: usually the seq of its
+// pending event (0 if none), sometimes a seq that is no longer it.
+func (g *gen) pending(m *model, id string) uint64 {
+	if g.rng.IntN(4) == 0 {
+		return g.rng.Uint64N(m.nextSeq + 1)
+	}
+	return m.pendingSeq(id)
 }
 
 // seq picks a seq to mark: usually a pending one, sometimes any known one, sometimes unknown.

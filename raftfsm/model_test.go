@@ -62,6 +62,14 @@ func (m *model) expire(c *Expire) *ExpireResult {
 	return &ExpireResult{Expired: uint32(len(old))}
 }
 
+// pendingSeq is the seq of id's event if it is pending, 0 otherwise.
+func (m *model) pendingSeq(id string) uint64 {
+	if r, ok := m.byID[id]; ok && r.State == StateScheduled {
+		return r.Seq
+	}
+	return 0
+}
+
 func (m *model) pendingSeqs() []uint64 {
 	var out []uint64
 	for seq, r := range m.bySeq {
@@ -83,6 +91,13 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 		res := &ScheduleBatchResult{Results: make([]ScheduleResult, len(c.Events))}
 		for i, e := range c.Events {
 			version, o := uint64(1), Created
+			if e.Replace && e.CheckPending && m.pendingSeq(e.ID) != e.Pending {
+				res.Results[i] = ScheduleResult{Outcome: Moved}
+				if r, ok := m.byID[e.ID]; ok {
+					res.Results[i].Seq, res.Results[i].Due = r.Seq, r.Due
+				}
+				continue
+			}
 			if r, ok := m.byID[e.ID]; ok && e.Replace {
 				version, o = r.Version+1, Renewed
 				if r.State == StateScheduled {
@@ -117,6 +132,13 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 		res := &UpdateResult{Results: make([]ChangeResult, len(c.Changes))}
 		for i, ch := range c.Changes {
 			r, ok := m.byID[ch.ID]
+			if ch.Fields&ChangeCheckPending != 0 && m.pendingSeq(ch.ID) != ch.Pending {
+				res.Results[i] = ChangeResult{Outcome: UpdateMoved}
+				if ok {
+					res.Results[i].Seq, res.Results[i].Due = r.Seq, r.Due
+				}
+				continue
+			}
 			if !ok {
 				res.Results[i] = ChangeResult{Outcome: UpdateNotFound}
 				continue
