@@ -39,6 +39,9 @@ type Record struct {
 	// (0 for a first firing; Outcome.Attempts of an earlier call that
 	// returned Done false).
 	Attempts uint32
+	// Version is the event's version, sent as the chime-version header
+	// (none when 0).
+	Version uint64
 }
 
 // Outcome is what happened to one Record.
@@ -89,6 +92,7 @@ const (
 	HeaderDue     = chimev1.HeaderDue
 	HeaderFired   = chimev1.HeaderFired
 	HeaderAttempt = chimev1.HeaderAttempt
+	HeaderVersion = chimev1.HeaderVersion
 	// Only on dead-letter records.
 	HeaderTopic   = chimev1.HeaderTopic
 	HeaderError   = chimev1.HeaderError
@@ -620,7 +624,7 @@ func (p *Publisher) message(r *Record, st *pending, attempt uint32, sentAt time.
 			}
 		}
 	}
-	hs := make([]kafka.Header, 0, len(userHeaders)+7)
+	hs := make([]kafka.Header, 0, len(userHeaders)+8)
 	for _, h := range userHeaders {
 		hs = append(hs, kafka.Header{Key: h.Key, Value: h.Value})
 	}
@@ -630,6 +634,9 @@ func (p *Publisher) message(r *Record, st *pending, attempt uint32, sentAt time.
 		kafka.Header{Key: HeaderFired, Value: strconv.AppendInt(nil, sentAt.UnixMilli(), 10)},
 		kafka.Header{Key: HeaderAttempt, Value: strconv.AppendUint(nil, uint64(attempt), 10)},
 	)
+	if r.Version > 0 {
+		hs = append(hs, kafka.Header{Key: HeaderVersion, Value: strconv.AppendUint(nil, r.Version, 10)})
+	}
 	topic := r.Topic
 	if st.dead {
 		topic = p.cfg.DeadLetterTopic
@@ -652,7 +659,7 @@ func sizeBound(key, value []byte, headers []Header, extra int) int64 {
 	const (
 		fixed     = 4 + 1 + 1 + 8 + 4 + 4 // crc, magic, attributes, timestamp, key and value lengths
 		varint    = 5                     // the longest varint of an int32
-		ownHeader = 7 * (2*varint + 24)   // chime-* headers: names up to 19 bytes, decimal values up to 20
+		ownHeader = 8 * (2*varint + 24)   // chime-* headers: names up to 19 bytes, decimal values up to 20
 	)
 	n := int64(fixed + varint + ownHeader + len(key) + len(value) + extra)
 	for _, h := range headers {

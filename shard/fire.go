@@ -306,6 +306,7 @@ func (s *Shard) read(b *fireBatch) ([]publish.Record, error) {
 		out = append(out, publish.Record{
 			Seq: r.Seq, ID: r.ID, Topic: r.Topic, Key: r.Key, Value: r.Payload,
 			Headers: toPublishHeaders(r.Headers), Due: r.Due, Attempts: r.Attempts,
+			Version: r.Version,
 		})
 	}
 	return out, nil

@@ -75,6 +75,14 @@ type firing struct {
 	loading bool
 	gone    map[uint64]struct{}
 	gen     uint64
+
+	// pinned holds the pending events this leader is changing (Update, or
+	// a Schedule with Replace), by seq, with their due time. A pinned event
+	// is in neither the wheel nor a fire batch, so no batch reads the
+	// version the change supersedes; the change names the seq it pinned,
+	// and the FSM refuses it if that is no longer the event's. It leaves
+	// the set when the change is applied (settled) or given up (unpin).
+	pinned map[uint64]int64
 }
 
 func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
@@ -87,6 +95,7 @@ func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
 		wheel: w, inflight: make(map[uint64]*fireBatch),
 		retrying: make(map[uint64]int64), unsure: make(map[uint64]int64),
 		fenceUntil: never, sleepUntil: never, gone: make(map[uint64]struct{}),
+		pinned: make(map[uint64]int64),
 		retry: backoff.ExponentialBackOff{
 			InitialInterval: t.RetryDelay, MaxInterval: t.MaxRetryDelay, Multiplier: 2,
 		},
@@ -104,6 +113,12 @@ func (f *firing) wake() {
 // event due before until.
 func (f *firing) replace(w *wheel.Wheel, handles handleTable, until int64) {
 	f.mu.Lock()
+	for seq := range f.pinned {
+		if h, ok := handles.get(seq); ok {
+			w.Remove(h)
+			handles.delete(seq)
+		}
+	}
 	f.wheel, f.handles, f.until = w, handles, until
 	clear(f.retrying)
 	f.gen++
@@ -161,6 +176,9 @@ func (f *firing) addLoaded(gen uint64, es []wheel.Entry) bool {
 		if _, ok := f.gone[e.Ref]; ok || f.inflight[e.Ref] != nil {
 			continue
 		}
+		if _, ok := f.pinned[e.Ref]; ok {
+			continue
+		}
 		f.handles.set(e.Ref, f.wheel.Add(e.Ref, e.Due))
 		wake = wake || e.Due < f.sleepUntil
 	}
@@ -201,6 +219,7 @@ func (f *firing) horizon() (events int, until int64) {
 func (f *firing) settled(seq uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	delete(f.pinned, seq)
 	if f.loading {
 		f.gone[seq] = struct{}{}
 	}
@@ -220,6 +239,47 @@ func (f *firing) settled(seq uint64) {
 			b.cancelled = make(map[uint64]bool)
 		}
 		b.cancelled[seq] = true
+	}
+}
+
+// pin takes pending event seq, due at due, out of the wheel for a change
+// (see pinned). It fails with ErrFiring if a fire batch holds the event, and
+// with ErrChanging if another change of it is under way.
+func (f *firing) pin(seq uint64, due int64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.inflight[seq] != nil {
+		return ErrFiring
+	}
+	if _, ok := f.pinned[seq]; ok {
+		return ErrChanging
+	}
+	if h, ok := f.handles.get(seq); ok {
+		f.wheel.Remove(h)
+		f.handles.delete(seq)
+		// A retried event goes back at its due time, not its retry time,
+		// which the wheel does not say: it is then retried at once.
+		delete(f.retrying, seq)
+	}
+	f.pinned[seq] = due
+	return nil
+}
+
+// unpin puts a pinned event back where it was, if it is still pinned: the
+// change was refused or its outcome is unknown (an entry applied later takes
+// the event out again through settled).
+func (f *firing) unpin(seq uint64) {
+	f.mu.Lock()
+	due, ok := f.pinned[seq]
+	delete(f.pinned, seq)
+	back := ok && due < f.until
+	if back {
+		f.handles.set(seq, f.wheel.Add(seq, due))
+	}
+	wake := back && due < f.sleepUntil
+	f.mu.Unlock()
+	if wake {
+		f.wake()
 	}
 }
 

@@ -26,6 +26,16 @@ type Request struct {
 	ContentHash uint64
 }
 
+// Change is one Update as the client sent it and the rpc layer validated
+// it. With raftfsm.ChangeDue in Fields and HasDelay set, the leader resolves
+// the due time as its clock at the proposal plus Delay; otherwise Due is
+// the absolute due time.
+type Change struct {
+	raftfsm.Change
+	Delay    time.Duration
+	HasDelay bool
+}
+
 // Result is what scheduling one Request did.
 type Result struct {
 	Outcome raftfsm.ScheduleOutcome // Created, Existing or Conflict
@@ -51,6 +61,17 @@ var (
 	// ErrCancelUnsure: the event is cancelled and will not be fired again,
 	// but a record from an earlier produce attempt may still reach Kafka.
 	ErrCancelUnsure = errors.New("shard: cancelled, but a record from an earlier produce attempt may still reach Kafka")
+	// ErrFiring: a fire batch holds the event (it is due, or about to be,
+	// and being produced), so a change now could not promise that the
+	// version it replaces is not produced. Nothing was changed.
+	ErrFiring = errors.New("shard: the event is being fired")
+	// ErrChanging: another change of the event is under way on this
+	// leader. Nothing was changed.
+	ErrChanging = errors.New("shard: another change of this event is under way")
+	// ErrChangeUnknown: leadership was lost after a change was proposed, so
+	// it may or may not commit. Unlike ErrNotLeader, which means nothing was
+	// proposed, it is not retried by itself: a change is not idempotent.
+	ErrChangeUnknown = errors.New("shard: leadership was lost while the change was proposed; it may or may not take effect (Get shows the event's version)")
 )
 
 // For maps an event id to its shard: chimev1.ShardOf, the mapping the API

@@ -412,6 +412,18 @@ func (h *Host) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, err
 	})
 }
 
+// Update changes the pending event ch.ID on its shard's leader, waiting for
+// a leader as Schedule does.
+func (h *Host) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error) {
+	return AwaitLeader(ctx, leaderless, func() (raftfsm.ChangeResult, error) {
+		s, err := h.shardFor(ch.ID)
+		if err != nil {
+			return raftfsm.ChangeResult{}, err
+		}
+		return s.Update(ctx, ch)
+	})
+}
+
 type found struct {
 	rec raftfsm.Record
 	ok  bool

@@ -24,6 +24,7 @@ const (
 	HeaderDue     = "chime-due-unix-ms"   // when the event was due, unix milliseconds
 	HeaderFired   = "chime-fired-unix-ms" // when this attempt was sent, unix milliseconds
 	HeaderAttempt = "chime-attempt"       // 1-based number of the attempt on the event's topic
+	HeaderVersion = "chime-version"       // the event's version: 1 as scheduled, one more per change
 	// Only on dead-letter records.
 	HeaderTopic   = "chime-topic"   // the topic the event was meant for
 	HeaderError   = "chime-error"   // the last produce error
@@ -37,6 +38,7 @@ type Headers struct {
 	Due     time.Time // chime-due-unix-ms: when the event was due (ms resolution)
 	Fired   time.Time // chime-fired-unix-ms: when this attempt was sent (ms resolution)
 	Attempt int       // chime-attempt: 1-based attempt on the event's topic
+	Version uint64    // chime-version: the version of the event this record is of
 	Topic   string    // chime-topic: the intended topic (dead-letter records only)
 	Error   string    // chime-error: the last produce error (dead-letter records only)
 	Dropped string    // chime-dropped: what this dead-letter record left out ("value" or "value,headers")
@@ -91,6 +93,8 @@ func ParseHeaders[H ~struct {
 			out.Fired = msTime(num(h.Key, h.Value))
 		case HeaderAttempt:
 			out.Attempt = int(num(h.Key, h.Value))
+		case HeaderVersion:
+			out.Version = uint64(num(h.Key, h.Value))
 		case HeaderTopic:
 			out.Topic = string(h.Value)
 		case HeaderError:

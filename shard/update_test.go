@@ -1,0 +1,125 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/chimehq/chime/publish/publishtest"
+	"github.com/chimehq/chime/raftfsm"
+)
+
+// delayed is a request for id due after delay.
+func delayed(id, topic string, delay time.Duration) Request {
+	r := Request{ID: id, Delay: delay, HasDelay: true, Topic: topic, Payload: []byte("v1-" + id)}
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true)
+	return r
+}
+
+// moveTo is an update of id to be due after delay, with a new payload.
+func moveTo(id string, delay time.Duration) Change {
+	return Change{Change: raftfsm.Change{ID: id, Fields: raftfsm.ChangeDue | raftfsm.ChangePayload,
+		Payload: []byte("v2-" + id)}, Delay: delay, HasDelay: true}
+}
+
+// TestUpdateMovesTheDueTime: an event moved earlier fires at its new time,
+// one moved later does not fire at its old one, and each is produced once,
+// as its second version with its new payload.
+func TestUpdateMovesTheDueTime(t *testing.T) {
+	brokers := publishtest.NewBroker(t).Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) {
+		tu.ClockSkewBound = 10 * time.Millisecond // no predecessor to fence off
+	})
+	defer n.close()
+	s := n.host.Replica(0)
+	ctx := context.Background()
+	if _, err := n.host.Schedule(ctx, []Request{delayed("earlier", "move", 4*time.Second), delayed("later", "move", 500*time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	for _, u := range []Change{moveTo("earlier", 300*time.Millisecond), moveTo("later", 2500*time.Millisecond)} {
+		res, err := s.Update(ctx, u)
+		if err != nil || res.Outcome != raftfsm.Updated || res.Version != 2 {
+			t.Fatalf("Update(%s) = %+v, %v", u.ID, res, err)
+		}
+	}
+	got := publishtest.Consume(t, brokers, 2, 10*time.Second, "move")
+	for id, within := range map[string][2]time.Duration{"earlier": {300 * time.Millisecond, 3 * time.Second}, "later": {2500 * time.Millisecond, 4 * time.Second}} {
+		r, ok := got.ByID[id]
+		switch {
+		case !ok:
+			t.Errorf("%s was never produced", id)
+		case r.Version != 2 || r.Value() != "v2-"+id:
+			t.Errorf("%s: produced version %d, value %q; want the update's", id, r.Version, r.Value())
+		case r.Fired.Before(r.Due) || r.Fired.Before(start.Add(within[0]).Truncate(time.Millisecond)):
+			t.Errorf("%s: fired at %v, due %v, %v after the update; want no sooner than %v", id, r.Fired, r.Due, r.Fired.Sub(start), within[0])
+		case r.Received.Sub(start) > within[1]:
+			t.Errorf("%s: arrived %v after the update, want within %v", id, r.Received.Sub(start), within[1])
+		}
+	}
+	if got.Dups != 0 || len(got.Records) != 2 {
+		t.Errorf("read %d records (%d duplicates), want one per event: %+v", len(got.Records), got.Dups, got.Records)
+	}
+}
+
+// TestUpdateRefusedWhileFiring: an event a fire batch holds is not updated
+// (it could not be promised that the old version is not produced); the
+// event fires as it was.
+func TestUpdateRefusedWhileFiring(t *testing.T) {
+	const lead = 400 * time.Millisecond
+	brokers := publishtest.NewBroker(t).Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) {
+		tu.FireLead = lead
+		tu.ClockSkewBound = 10 * time.Millisecond
+	})
+	defer n.close()
+	s := n.host.Replica(0)
+	res, err := n.host.Schedule(context.Background(), []Request{delayed("held", "held", 700*time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishtest.WaitFor(t, 10*time.Second, "the batch is taken out of the wheel", func() bool {
+		s.firing.mu.Lock()
+		defer s.firing.mu.Unlock()
+		return s.firing.inflight[res[0].Seq] != nil
+	})
+	if u, err := s.Update(context.Background(), moveTo("held", time.Hour)); !errors.Is(err, ErrFiring) {
+		t.Fatalf("Update of an event in a fire batch = %+v, %v; want ErrFiring", u, err)
+	}
+	got := publishtest.Consume(t, brokers, 1, 5*time.Second, "held")
+	if r, ok := got.ByID["held"]; !ok || r.Version != 1 || r.Value() != "v1-held" {
+		t.Fatalf("the held event was not produced as scheduled: %+v", got.Records)
+	}
+}
+
+// TestUpdatePinsTheEvent: between the read of the event and the commit of
+// its change, the event falls due; it must stay out of every fire batch, so
+// that the version the change replaces is never produced.
+func TestUpdatePinsTheEvent(t *testing.T) {
+	brokers := publishtest.NewBroker(t).Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) {
+		tu.ClockSkewBound = 10 * time.Millisecond
+	})
+	defer n.close()
+	s := n.host.Replica(0)
+	if _, err := n.host.Schedule(context.Background(), []Request{delayed("pinned", "pin", 300*time.Millisecond)}); err != nil {
+		t.Fatal(err)
+	}
+	testHookUpdatePinned = func() { time.Sleep(time.Second) } // well past the old due time
+	defer func() { testHookUpdatePinned = nil }()
+	start := time.Now()
+	if res, err := s.Update(context.Background(), moveTo("pinned", 2*time.Second)); err != nil || res.Outcome != raftfsm.Updated {
+		t.Fatalf("Update = %+v, %v", res, err)
+	}
+	got := publishtest.Consume(t, brokers, 1, 10*time.Second, "pin")
+	if len(got.Records) != 1 || got.Records[0].Version != 2 {
+		for _, r := range got.Records {
+			t.Errorf("produced version %d (%q), %v after the update began", r.Version, r.Value(), r.Fired.Sub(start))
+		}
+		t.Fatal("want one record, of the update")
+	}
+	if r := got.Records[0]; r.Fired.Sub(start) < 2900*time.Millisecond {
+		t.Errorf("fired %v after the update began, want 1 s + 2 s", r.Fired.Sub(start))
+	}
+}
