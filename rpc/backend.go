@@ -21,4 +21,7 @@ type Backend interface {
 	Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error)
 	// Get reads one event; found is false for an unknown id.
 	Get(ctx context.Context, id string) (rec raftfsm.Record, found bool, err error)
+	// Update changes one pending event as its next version; once it reports
+	// Updated, no record of an earlier version is produced any more.
+	Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error)
 }

@@ -226,6 +226,7 @@ func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetR
 		LastError:       rec.LastError,
 		CancelledAt:     optionalTime(rec.CancelledAt),
 		DeadLetterTopic: rec.DeadLetterTopic,
+		Version:         rec.Version,
 	}
 	switch rec.State {
 	case raftfsm.StateFired:

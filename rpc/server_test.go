@@ -606,13 +606,13 @@ func TestGet(t *testing.T) {
 		return ev
 	}
 	for _, want := range []*chimev1.GetResponse{
-		{Event: event("pending"), State: chimev1.EventState_EVENT_STATE_SCHEDULED, Due: due, CreatedAt: timestamppb.New(t0)},
+		{Event: event("pending"), State: chimev1.EventState_EVENT_STATE_SCHEDULED, Due: due, CreatedAt: timestamppb.New(t0), Version: 1},
 		{Event: event("fired"), State: chimev1.EventState_EVENT_STATE_FIRED, Due: due, CreatedAt: timestamppb.New(t0),
-			FiredAt: timestamppb.New(firedAt), Attempts: 2},
+			FiredAt: timestamppb.New(firedAt), Attempts: 2, Version: 1},
 		{Event: event("cancelled"), State: chimev1.EventState_EVENT_STATE_CANCELLED, Due: due, CreatedAt: timestamppb.New(t0),
-			CancelledAt: timestamppb.New(cancelledAt)},
+			CancelledAt: timestamppb.New(cancelledAt), Version: 1},
 		{Event: event("dead"), State: chimev1.EventState_EVENT_STATE_DEAD_LETTERED, Due: due, CreatedAt: timestamppb.New(t0),
-			FiredAt: timestamppb.New(firedAt), Attempts: 5, LastError: "kafka: message too large", DeadLetterTopic: "chime.dlq"},
+			FiredAt: timestamppb.New(firedAt), Attempts: 5, LastError: "kafka: message too large", DeadLetterTopic: "chime.dlq", Version: 1},
 	} {
 		got, err := e.client.Get(ctx(t), &chimev1.GetRequest{Id: want.Event.Id})
 		if err != nil {
@@ -637,6 +637,9 @@ func TestBackendErrorsMapToCodes(t *testing.T) {
 		{fmt.Errorf("propose: %w", context.DeadlineExceeded), codes.DeadlineExceeded, false},
 		{context.Canceled, codes.Canceled, false},
 		{status.Error(codes.ResourceExhausted, "forwarded: too many requests"), codes.ResourceExhausted, false},
+		{shard.ErrFiring, codes.Aborted, false},
+		{shard.ErrChanging, codes.Aborted, false},
+		{fmt.Errorf("%w (leadership lost)", shard.ErrChangeUnknown), codes.Aborted, false},
 		{errors.New("pebble: disk on fire"), codes.Internal, true},
 	} {
 		e.backend.FailWith(tc.err)
@@ -647,6 +650,10 @@ func TestBackendErrorsMapToCodes(t *testing.T) {
 			},
 			func() error { _, err := e.client.Cancel(ctx(t), &chimev1.CancelRequest{Id: "x"}); return err },
 			func() error { _, err := e.client.Get(ctx(t), &chimev1.GetRequest{Id: "x"}); return err },
+			func() error {
+				_, err := e.client.Update(ctx(t), &chimev1.UpdateRequest{Id: "x", Delay: durationpb.New(time.Second)})
+				return err
+			},
 		}
 		for i, call := range calls {
 			err := call()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 
 	"github.com/chimehq/chime/shard"
 	"google.golang.org/grpc/codes"
@@ -17,6 +18,10 @@ import (
 //     away), and a retry, after a short backoff or on another node, can
 //     succeed. Schedule with a client-chosen id is idempotent, so retrying it
 //     is always safe.
+//   - shard.ErrProduceUnknown, ErrFiring, ErrChanging: ABORTED. Nothing was
+//     changed; a retry once the event's firing is over can succeed (or say
+//     that it fired). ErrCancelUnsure, ErrChangeUnknown: ABORTED, and the
+//     message says what did or may have taken effect.
 //   - context.DeadlineExceeded / context.Canceled: DEADLINE_EXCEEDED /
 //     CANCELED. The outcome is unknown: the proposal may still commit.
 //   - An error that already carries a gRPC status (a call the Backend
@@ -33,7 +38,13 @@ func statusOf(logger *slog.Logger, op string, err error) error {
 	case errors.Is(err, shard.ErrStopped):
 		return status.Errorf(codes.Unavailable, "%v (this node is shutting down); retry on another node", err)
 	case errors.Is(err, shard.ErrProduceUnknown):
-		return status.Errorf(codes.Aborted, "%v; nothing was changed: retry the cancel once Kafka is reachable (it then fails with FAILED_PRECONDITION if the event fired)", err)
+		return status.Errorf(codes.Aborted, "%v; nothing was changed: retry the %s once Kafka is reachable (it then fails with FAILED_PRECONDITION if the event fired)", err, strings.ToLower(op))
+	case errors.Is(err, shard.ErrFiring):
+		return status.Errorf(codes.Aborted, "%v; nothing was changed: retry in a moment (it then fails with FAILED_PRECONDITION if the event fired)", err)
+	case errors.Is(err, shard.ErrChanging):
+		return status.Errorf(codes.Aborted, "%v; nothing was changed by this request: retry it", err)
+	case errors.Is(err, shard.ErrChangeUnknown):
+		return status.Errorf(codes.Aborted, "%v", err)
 	case errors.Is(err, shard.ErrCancelUnsure):
 		return status.Errorf(codes.Aborted, "%v; the cancel is recorded (Get shows CANCELLED)", err)
 	case errors.Is(err, shard.ErrUnknownShard):

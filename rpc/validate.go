@@ -42,14 +42,29 @@ const topicRule = `1-249 characters of [a-zA-Z0-9._-], not "." or ".."`
 // event's path up front was 1.7% of an ingesting cluster's CPU).
 type eventPath int
 
-// singleEvent is the path of a Schedule's one event.
-const singleEvent eventPath = -1
+// singleEvent is the path of a Schedule's one event; topLevel is the path
+// of fields of the request itself (an Update's).
+const (
+	singleEvent eventPath = -1
+	topLevel    eventPath = -2
+)
 
 func (p eventPath) String() string {
-	if p == singleEvent {
+	switch p {
+	case singleEvent:
 		return "event"
+	case topLevel:
+		return "request"
 	}
 	return "events[" + strconv.Itoa(int(p)) + "]"
+}
+
+// field is the path of the event's field name.
+func (p eventPath) field(name string) string {
+	if p == topLevel {
+		return name
+	}
+	return p.String() + "." + name
 }
 
 // checkEvent validates ev (found at path in the request) against every rule
@@ -62,7 +77,7 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (s
 		return shard.Request{}, invalid(path.String(), "required")
 	}
 	if n := len(ev.Id); n > lim.MaxIDBytes {
-		return shard.Request{}, invalid(path.String()+".id", "%d bytes, at most %d allowed", n, lim.MaxIDBytes)
+		return shard.Request{}, invalid(path.field("id"), "%d bytes, at most %d allowed", n, lim.MaxIDBytes)
 	}
 	if err := checkTopic(path, ev.Topic); err != nil {
 		return shard.Request{}, err
@@ -95,11 +110,11 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (s
 func checkTopic(path eventPath, topic string) *fieldError {
 	switch {
 	case topic == "":
-		return invalid(path.String()+".topic", "required")
+		return invalid(path.field("topic"), "required")
 	case len(topic) > 249:
-		return invalid(path.String()+".topic", "%d characters is not a valid Kafka topic name (%s)", len(topic), topicRule)
+		return invalid(path.field("topic"), "%d characters is not a valid Kafka topic name (%s)", len(topic), topicRule)
 	case publish.ValidTopic(topic) != nil:
-		return invalid(path.String()+".topic", "%q is not a valid Kafka topic name (%s)", topic, topicRule)
+		return invalid(path.field("topic"), "%q is not a valid Kafka topic name (%s)", topic, topicRule)
 	}
 	return nil
 }
@@ -114,30 +129,30 @@ func (lim *Limits) checkDue(path eventPath, ev *chimev1.Event, now time.Time, re
 		return invalid(path.String(), "set exactly one of deliver_at and delay (neither is set)")
 	case ev.DeliverAt != nil:
 		if err := ev.DeliverAt.CheckValid(); err != nil {
-			return invalid(path.String()+".deliver_at", "not a valid Timestamp: %v", err)
+			return invalid(path.field("deliver_at"), "not a valid Timestamp: %v", err)
 		}
 		at := ev.DeliverAt.AsTime()
 		if at.Before(minDue) || at.After(maxDue) {
-			return invalid(path.String()+".deliver_at", "%s is outside the times Chime can store (%s to %s)",
+			return invalid(path.field("deliver_at"), "%s is outside the times Chime can store (%s to %s)",
 				at.Format(time.RFC3339Nano), minDue.Format(time.RFC3339Nano), maxDue.Format(time.RFC3339Nano))
 		}
 		if at.Sub(now) > lim.MaxHorizon {
-			return invalid(path.String()+".deliver_at", "%s is more than %s ahead (--max-horizon)",
+			return invalid(path.field("deliver_at"), "%s is more than %s ahead (--max-horizon)",
 				at.Format(time.RFC3339Nano), formatHorizon(lim.MaxHorizon))
 		}
 		req.HasDeliverAt = true
 		req.DeliverAt = at.UnixNano()
 	default:
 		if err := ev.Delay.CheckValid(); err != nil {
-			return invalid(path.String()+".delay", "not a valid Duration: %v", err)
+			return invalid(path.field("delay"), "not a valid Duration: %v", err)
 		}
 		if ev.Delay.Seconds < 0 || ev.Delay.Nanos < 0 {
-			return invalid(path.String()+".delay", "must not be negative (got %s)", durationText(ev.Delay.Seconds, ev.Delay.Nanos))
+			return invalid(path.field("delay"), "must not be negative (got %s)", durationText(ev.Delay.Seconds, ev.Delay.Nanos))
 		}
 		// AsDuration saturates at ~292 years, which is beyond any horizon
 		// an int64 of nanoseconds can express, so the comparison holds.
 		if d := ev.Delay.AsDuration(); d > lim.MaxHorizon {
-			return invalid(path.String()+".delay", "%s is more than %s (--max-horizon)",
+			return invalid(path.field("delay"), "%s is more than %s (--max-horizon)",
 				durationText(ev.Delay.Seconds, ev.Delay.Nanos), formatHorizon(lim.MaxHorizon))
 		}
 		req.HasDelay = true
@@ -155,27 +170,27 @@ func (lim *Limits) checkDue(path eventPath, ev *chimev1.Event, now time.Time, re
 // header but just as misleading to a person reading it.
 func (lim *Limits) checkContent(path eventPath, ev *chimev1.Event) *fieldError {
 	if n := len(ev.Key); n > lim.MaxKeyBytes {
-		return invalid(path.String()+".key", "%d bytes, at most %d allowed", n, lim.MaxKeyBytes)
+		return invalid(path.field("key"), "%d bytes, at most %d allowed", n, lim.MaxKeyBytes)
 	}
 	if n := len(ev.Payload); n > lim.MaxPayloadBytes {
-		return invalid(path.String()+".payload", "%d bytes, at most %d allowed (--max-payload)", n, lim.MaxPayloadBytes)
+		return invalid(path.field("payload"), "%d bytes, at most %d allowed (--max-payload)", n, lim.MaxPayloadBytes)
 	}
 	if n := len(ev.Headers); n > lim.MaxHeaders {
-		return invalid(path.String()+".headers", "%d headers, at most %d allowed", n, lim.MaxHeaders)
+		return invalid(path.field("headers"), "%d headers, at most %d allowed", n, lim.MaxHeaders)
 	}
 	headerBytes := 0
 	for i, h := range ev.Headers {
 		if h == nil { // cannot come off the wire, only from an in-process caller
-			return invalid(fmt.Sprintf("%s.headers[%d]", path, i), "required")
+			return invalid(path.field(fmt.Sprintf("headers[%d]", i)), "required")
 		}
 		if len(h.Key) >= len(chimev1.HeaderPrefix) && strings.EqualFold(h.Key[:len(chimev1.HeaderPrefix)], chimev1.HeaderPrefix) {
-			return invalid(fmt.Sprintf("%s.headers[%d].key", path, i),
+			return invalid(path.field(fmt.Sprintf("headers[%d].key", i)),
 				"the %q prefix is reserved for headers Chime adds", chimev1.HeaderPrefix)
 		}
 		headerBytes += len(h.Key) + len(h.Value)
 	}
 	if headerBytes > lim.MaxHeaderBytes {
-		return invalid(path.String()+".headers", "%d bytes of keys and values, at most %d allowed", headerBytes, lim.MaxHeaderBytes)
+		return invalid(path.field("headers"), "%d bytes of keys and values, at most %d allowed", headerBytes, lim.MaxHeaderBytes)
 	}
 	return nil
 }

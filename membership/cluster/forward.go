@@ -157,6 +157,69 @@ func (c *Cluster) cancelOnce(ctx context.Context, id string) (raftfsm.CancelResu
 	return raftfsm.CancelResult{Outcome: raftfsm.Cancelled}, nil
 }
 
+// Update implements Backend. Only a missing leader before anything was
+// proposed is retried here: a change is not idempotent.
+func (c *Cluster) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error) {
+	if Forwarded(ctx) {
+		return c.updateOnce(ctx, ch)
+	}
+	return host.AwaitLeader(ctx, leaderMissing, func() (raftfsm.ChangeResult, error) { return c.updateOnce(ctx, ch) })
+}
+
+func (c *Cluster) updateOnce(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error) {
+	s := shard.For(ch.ID, c.shards)
+	if r := c.LocalLeader(s); r != nil {
+		res, err := r.Update(ctx, ch)
+		if !errors.Is(err, shard.ErrNotLeader) {
+			return res, err
+		}
+	}
+	cl, err := c.schedulerClient(ctx, s)
+	if err != nil {
+		return raftfsm.ChangeResult{}, err
+	}
+	// The leader's answer, error codes and messages included, is the answer.
+	resp, err := cl.Update(ForwardContext(ctx), toUpdateRequest(ch))
+	if err != nil {
+		return raftfsm.ChangeResult{}, err
+	}
+	return raftfsm.ChangeResult{Outcome: raftfsm.Updated, State: raftfsm.StateScheduled,
+		Due: resp.Due.AsTime().UnixNano(), Version: resp.Version}, nil
+}
+
+func toUpdateRequest(ch shard.Change) *chimev1.UpdateRequest {
+	req := &chimev1.UpdateRequest{Id: ch.ID, ExpectedVersion: ch.IfVersion}
+	switch {
+	case ch.Fields&raftfsm.ChangeDue == 0:
+	case ch.HasDelay:
+		req.Delay = durationpb.New(ch.Delay)
+	default:
+		req.DeliverAt = timestamppb.New(time.Unix(0, ch.Due))
+	}
+	if ch.Fields&raftfsm.ChangeKey != 0 {
+		req.Key = nonNil(ch.Key)
+	}
+	if ch.Fields&raftfsm.ChangePayload != 0 {
+		req.Payload = nonNil(ch.Payload)
+	}
+	if ch.Fields&raftfsm.ChangeHeaders != 0 {
+		req.Headers = &chimev1.HeaderList{}
+		for _, h := range ch.Headers {
+			req.Headers.Headers = append(req.Headers.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	return req
+}
+
+// nonNil returns b, or an empty slice for nil: an optional bytes field is
+// sent only when it is not nil.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
 type found struct {
 	rec raftfsm.Record
 	ok  bool
@@ -206,6 +269,7 @@ func fromGetResponse(g *chimev1.GetResponse) raftfsm.Record {
 	rec := raftfsm.Record{
 		Due: ns(g.Due), CreatedAt: ns(g.CreatedAt), CancelledAt: ns(g.CancelledAt),
 		Attempts: g.Attempts, LastError: g.LastError, DeadLetterTopic: g.DeadLetterTopic,
+		Version: g.Version,
 	}
 	switch g.State {
 	case chimev1.EventState_EVENT_STATE_SCHEDULED:

@@ -33,9 +33,10 @@ type Backend struct {
 // Call is one call the Backend received, for tests that assert what reached
 // it (or that nothing did).
 type Call struct {
-	Method string          // "Schedule", "Cancel" or "Get"
+	Method string          // "Schedule", "Cancel", "Get" or "Update"
 	Reqs   []shard.Request // Schedule's requests
-	ID     string          // Cancel's and Get's id
+	ID     string          // Cancel's, Get's and Update's id
+	Change shard.Change    // Update's change
 }
 
 // New returns an empty Backend whose clock, for resolving delays and stamping
@@ -95,6 +96,7 @@ func (b *Backend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.R
 			Key:         slices.Clone(r.Key),
 			Payload:     slices.Clone(r.Payload),
 			ContentHash: r.ContentHash,
+			Version:     1,
 		}
 		for _, h := range r.Headers {
 			rec.Headers = append(rec.Headers, raftfsm.Header{Key: h.Key, Value: slices.Clone(h.Value)})
@@ -147,6 +149,50 @@ func (b *Backend) Get(ctx context.Context, id string) (raftfsm.Record, bool, err
 		return raftfsm.Record{}, false, nil
 	}
 	return clone(rec), true, nil
+}
+
+// Update implements rpc.Backend: the fields ch sets replace the pending
+// event's, and its version goes up by one (its seq stays, unlike raftfsm's).
+func (b *Backend) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, Call{Method: "Update", ID: ch.ID, Change: ch})
+	if err := b.check(ctx); err != nil {
+		return raftfsm.ChangeResult{}, err
+	}
+	rec, ok := b.events[ch.ID]
+	if !ok {
+		return raftfsm.ChangeResult{Outcome: raftfsm.UpdateNotFound}, nil
+	}
+	res := raftfsm.ChangeResult{State: rec.State, Seq: rec.Seq, Due: rec.Due, Version: rec.Version}
+	switch {
+	case rec.State != raftfsm.StateScheduled:
+		res.Outcome = raftfsm.UpdateNotPending
+		return res, nil
+	case ch.IfVersion != 0 && ch.IfVersion != rec.Version:
+		res.Outcome = raftfsm.VersionMismatch
+		return res, nil
+	}
+	if ch.Fields&raftfsm.ChangeDue != 0 {
+		rec.Due = ch.Due
+		if ch.HasDelay {
+			rec.Due = b.now().UnixNano() + int64(ch.Delay)
+		}
+	}
+	if ch.Fields&raftfsm.ChangeKey != 0 {
+		rec.Key = slices.Clone(ch.Key)
+	}
+	if ch.Fields&raftfsm.ChangePayload != 0 {
+		rec.Payload = slices.Clone(ch.Payload)
+	}
+	if ch.Fields&raftfsm.ChangeHeaders != 0 {
+		rec.Headers = nil
+		for _, h := range ch.Headers {
+			rec.Headers = append(rec.Headers, raftfsm.Header{Key: h.Key, Value: slices.Clone(h.Value)})
+		}
+	}
+	rec.Version++
+	return raftfsm.ChangeResult{Outcome: raftfsm.Updated, State: rec.State, Seq: rec.Seq, Due: rec.Due, Version: rec.Version}, nil
 }
 
 // Fire moves a pending event to Fired at the given time, as a MarkFired

@@ -712,8 +712,10 @@ type GetResponse struct {
 	CancelledAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=cancelled_at,json=cancelledAt,proto3" json:"cancelled_at,omitempty"`
 	// Topic the record was dead-lettered to. Set only in state DEAD_LETTERED.
 	DeadLetterTopic string `protobuf:"bytes,9,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The event's version: 1 as first scheduled, one more for each Update.
+	Version       uint64 `protobuf:"varint,10,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetResponse) Reset() {
@@ -809,6 +811,225 @@ func (x *GetResponse) GetDeadLetterTopic() string {
 	return ""
 }
 
+func (x *GetResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type UpdateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Id of the pending event to change. Required.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The new absolute due time. At most one of deliver_at and delay; neither
+	// keeps the due time. A time in the past fires at once.
+	DeliverAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
+	// The new due time as a wait counted from when the server accepts the
+	// update. Must not be negative.
+	Delay *durationpb.Duration `protobuf:"bytes,3,opt,name=delay,proto3" json:"delay,omitempty"`
+	// The new Kafka record key; unset keeps the event's, empty removes it.
+	Key []byte `protobuf:"bytes,4,opt,name=key,proto3,oneof" json:"key,omitempty"`
+	// The new Kafka record value; unset keeps the event's.
+	Payload []byte `protobuf:"bytes,5,opt,name=payload,proto3,oneof" json:"payload,omitempty"`
+	// The new record headers, all of them, in order; unset keeps the event's,
+	// an empty list removes them.
+	Headers *HeaderList `protobuf:"bytes,6,opt,name=headers,proto3" json:"headers,omitempty"`
+	// When not 0, the update applies only while the event is at this version
+	// (compare-and-set); otherwise it fails with FAILED_PRECONDITION, and the
+	// message says the current version.
+	ExpectedVersion uint64 `protobuf:"varint,7,opt,name=expected_version,json=expectedVersion,proto3" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *UpdateRequest) Reset() {
+	*x = UpdateRequest{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateRequest) ProtoMessage() {}
+
+func (x *UpdateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateRequest.ProtoReflect.Descriptor instead.
+func (*UpdateRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *UpdateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateRequest) GetDeliverAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliverAt
+	}
+	return nil
+}
+
+func (x *UpdateRequest) GetDelay() *durationpb.Duration {
+	if x != nil {
+		return x.Delay
+	}
+	return nil
+}
+
+func (x *UpdateRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *UpdateRequest) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *UpdateRequest) GetHeaders() *HeaderList {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *UpdateRequest) GetExpectedVersion() uint64 {
+	if x != nil {
+		return x.ExpectedVersion
+	}
+	return 0
+}
+
+// HeaderList is a list of headers that can be told apart from no list.
+type HeaderList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Headers       []*Header              `protobuf:"bytes,1,rep,name=headers,proto3" json:"headers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeaderList) Reset() {
+	*x = HeaderList{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeaderList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeaderList) ProtoMessage() {}
+
+func (x *HeaderList) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeaderList.ProtoReflect.Descriptor instead.
+func (*HeaderList) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *HeaderList) GetHeaders() []*Header {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+type UpdateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The event's id.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// When the event fires now.
+	Due *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=due,proto3" json:"due,omitempty"`
+	// The version this update made.
+	Version       uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateResponse) Reset() {
+	*x = UpdateResponse{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateResponse) ProtoMessage() {}
+
+func (x *UpdateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateResponse.ProtoReflect.Descriptor instead.
+func (*UpdateResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *UpdateResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateResponse) GetDue() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Due
+	}
+	return nil
+}
+
+func (x *UpdateResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 var File_chime_v1_scheduler_proto protoreflect.FileDescriptor
 
 const file_chime_v1_scheduler_proto_rawDesc = "" +
@@ -849,7 +1070,7 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\x0e2\x14.chime.v1.EventStateR\x05state\"\x1c\n" +
 	"\n" +
 	"GetRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"\xa6\x03\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xc0\x03\n" +
 	"\vGetResponse\x12%\n" +
 	"\x05event\x18\x01 \x01(\v2\x0f.chime.v1.EventR\x05event\x12*\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x14.chime.v1.EventStateR\x05state\x12,\n" +
@@ -861,19 +1082,41 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\a \x01(\tR\tlastError\x12=\n" +
 	"\fcancelled_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vcancelledAt\x12*\n" +
-	"\x11dead_letter_topic\x18\t \x01(\tR\x0fdeadLetterTopic*\x95\x01\n" +
+	"\x11dead_letter_topic\x18\t \x01(\tR\x0fdeadLetterTopic\x12\x18\n" +
+	"\aversion\x18\n" +
+	" \x01(\x04R\aversion\"\xb0\x02\n" +
+	"\rUpdateRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
+	"\n" +
+	"deliver_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\x12/\n" +
+	"\x05delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x15\n" +
+	"\x03key\x18\x04 \x01(\fH\x00R\x03key\x88\x01\x01\x12\x1d\n" +
+	"\apayload\x18\x05 \x01(\fH\x01R\apayload\x88\x01\x01\x12.\n" +
+	"\aheaders\x18\x06 \x01(\v2\x14.chime.v1.HeaderListR\aheaders\x12)\n" +
+	"\x10expected_version\x18\a \x01(\x04R\x0fexpectedVersionB\x06\n" +
+	"\x04_keyB\n" +
+	"\n" +
+	"\b_payload\"8\n" +
+	"\n" +
+	"HeaderList\x12*\n" +
+	"\aheaders\x18\x01 \x03(\v2\x10.chime.v1.HeaderR\aheaders\"h\n" +
+	"\x0eUpdateResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
+	"\x03due\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x03due\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion*\x95\x01\n" +
 	"\n" +
 	"EventState\x12\x1b\n" +
 	"\x17EVENT_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15EVENT_STATE_SCHEDULED\x10\x01\x12\x15\n" +
 	"\x11EVENT_STATE_FIRED\x10\x02\x12\x19\n" +
 	"\x15EVENT_STATE_CANCELLED\x10\x03\x12\x1d\n" +
-	"\x19EVENT_STATE_DEAD_LETTERED\x10\x042\x91\x02\n" +
+	"\x19EVENT_STATE_DEAD_LETTERED\x10\x042\xce\x02\n" +
 	"\tScheduler\x12A\n" +
 	"\bSchedule\x12\x19.chime.v1.ScheduleRequest\x1a\x1a.chime.v1.ScheduleResponse\x12P\n" +
 	"\rBatchSchedule\x12\x1e.chime.v1.BatchScheduleRequest\x1a\x1f.chime.v1.BatchScheduleResponse\x12;\n" +
 	"\x06Cancel\x12\x17.chime.v1.CancelRequest\x1a\x18.chime.v1.CancelResponse\x122\n" +
-	"\x03Get\x12\x14.chime.v1.GetRequest\x1a\x15.chime.v1.GetResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
+	"\x03Get\x12\x14.chime.v1.GetRequest\x1a\x15.chime.v1.GetResponse\x12;\n" +
+	"\x06Update\x12\x17.chime.v1.UpdateRequest\x1a\x18.chime.v1.UpdateResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
 
 var (
 	file_chime_v1_scheduler_proto_rawDescOnce sync.Once
@@ -888,7 +1131,7 @@ func file_chime_v1_scheduler_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_scheduler_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_chime_v1_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_chime_v1_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_chime_v1_scheduler_proto_goTypes = []any{
 	(EventState)(0),               // 0: chime.v1.EventState
 	(*Header)(nil),                // 1: chime.v1.Header
@@ -902,38 +1145,48 @@ var file_chime_v1_scheduler_proto_goTypes = []any{
 	(*CancelResponse)(nil),        // 9: chime.v1.CancelResponse
 	(*GetRequest)(nil),            // 10: chime.v1.GetRequest
 	(*GetResponse)(nil),           // 11: chime.v1.GetResponse
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*UpdateRequest)(nil),         // 12: chime.v1.UpdateRequest
+	(*HeaderList)(nil),            // 13: chime.v1.HeaderList
+	(*UpdateResponse)(nil),        // 14: chime.v1.UpdateResponse
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
 }
 var file_chime_v1_scheduler_proto_depIdxs = []int32{
-	12, // 0: chime.v1.Event.deliver_at:type_name -> google.protobuf.Timestamp
-	13, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
+	15, // 0: chime.v1.Event.deliver_at:type_name -> google.protobuf.Timestamp
+	16, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
 	1,  // 2: chime.v1.Event.headers:type_name -> chime.v1.Header
 	2,  // 3: chime.v1.ScheduleRequest.event:type_name -> chime.v1.Event
-	12, // 4: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
+	15, // 4: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
 	2,  // 5: chime.v1.BatchScheduleRequest.events:type_name -> chime.v1.Event
 	7,  // 6: chime.v1.BatchScheduleResponse.results:type_name -> chime.v1.ScheduleResult
-	12, // 7: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
+	15, // 7: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
 	0,  // 8: chime.v1.CancelResponse.state:type_name -> chime.v1.EventState
 	2,  // 9: chime.v1.GetResponse.event:type_name -> chime.v1.Event
 	0,  // 10: chime.v1.GetResponse.state:type_name -> chime.v1.EventState
-	12, // 11: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
-	12, // 12: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
-	12, // 13: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
-	12, // 14: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
-	3,  // 15: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
-	5,  // 16: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
-	8,  // 17: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
-	10, // 18: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
-	4,  // 19: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
-	6,  // 20: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
-	9,  // 21: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
-	11, // 22: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
-	19, // [19:23] is the sub-list for method output_type
-	15, // [15:19] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	15, // 11: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
+	15, // 12: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
+	15, // 13: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
+	15, // 14: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
+	15, // 15: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
+	16, // 16: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
+	13, // 17: chime.v1.UpdateRequest.headers:type_name -> chime.v1.HeaderList
+	1,  // 18: chime.v1.HeaderList.headers:type_name -> chime.v1.Header
+	15, // 19: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
+	3,  // 20: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
+	5,  // 21: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
+	8,  // 22: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
+	10, // 23: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
+	12, // 24: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
+	4,  // 25: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
+	6,  // 26: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
+	9,  // 27: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
+	11, // 28: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
+	14, // 29: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_scheduler_proto_init() }
@@ -941,13 +1194,14 @@ func file_chime_v1_scheduler_proto_init() {
 	if File_chime_v1_scheduler_proto != nil {
 		return
 	}
+	file_chime_v1_scheduler_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_scheduler_proto_rawDesc), len(file_chime_v1_scheduler_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

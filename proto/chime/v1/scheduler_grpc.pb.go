@@ -27,6 +27,7 @@ const (
 	Scheduler_BatchSchedule_FullMethodName = "/chime.v1.Scheduler/BatchSchedule"
 	Scheduler_Cancel_FullMethodName        = "/chime.v1.Scheduler/Cancel"
 	Scheduler_Get_FullMethodName           = "/chime.v1.Scheduler/Get"
+	Scheduler_Update_FullMethodName        = "/chime.v1.Scheduler/Update"
 )
 
 // SchedulerClient is the client API for Scheduler service.
@@ -66,6 +67,21 @@ type SchedulerClient interface {
 	// Get returns an event and its current state. Fails with NOT_FOUND for an
 	// unknown id.
 	Get(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (*GetResponse, error)
+	// Update changes a pending event: its due time (deliver_at or delay) and,
+	// optionally, its key, payload and headers, atomically through Raft. The
+	// changed event is the event's next version (Get shows it; produced
+	// records carry it in the chime-version header). Once Update returns OK,
+	// no record of an earlier version is produced.
+	//
+	// Fails with NOT_FOUND for an unknown id; FAILED_PRECONDITION when the
+	// event has fired, been cancelled or dead-lettered (the message names the
+	// state), or is not at expected_version; ABORTED, with nothing changed,
+	// when the event is being fired right now or an earlier attempt to
+	// produce it went unanswered (retry after a moment: it then either
+	// succeeds or says the event fired). A leadership change while the update
+	// was proposed is ABORTED too, and the update may or may not have taken
+	// effect: Get shows the version.
+	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
 }
 
 type schedulerClient struct {
@@ -116,6 +132,16 @@ func (c *schedulerClient) Get(ctx context.Context, in *GetRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *schedulerClient) Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateResponse)
+	err := c.cc.Invoke(ctx, Scheduler_Update_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SchedulerServer is the server API for Scheduler service.
 // All implementations must embed UnimplementedSchedulerServer
 // for forward compatibility.
@@ -153,6 +179,21 @@ type SchedulerServer interface {
 	// Get returns an event and its current state. Fails with NOT_FOUND for an
 	// unknown id.
 	Get(context.Context, *GetRequest) (*GetResponse, error)
+	// Update changes a pending event: its due time (deliver_at or delay) and,
+	// optionally, its key, payload and headers, atomically through Raft. The
+	// changed event is the event's next version (Get shows it; produced
+	// records carry it in the chime-version header). Once Update returns OK,
+	// no record of an earlier version is produced.
+	//
+	// Fails with NOT_FOUND for an unknown id; FAILED_PRECONDITION when the
+	// event has fired, been cancelled or dead-lettered (the message names the
+	// state), or is not at expected_version; ABORTED, with nothing changed,
+	// when the event is being fired right now or an earlier attempt to
+	// produce it went unanswered (retry after a moment: it then either
+	// succeeds or says the event fired). A leadership change while the update
+	// was proposed is ABORTED too, and the update may or may not have taken
+	// effect: Get shows the version.
+	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
 	mustEmbedUnimplementedSchedulerServer()
 }
 
@@ -174,6 +215,9 @@ func (UnimplementedSchedulerServer) Cancel(context.Context, *CancelRequest) (*Ca
 }
 func (UnimplementedSchedulerServer) Get(context.Context, *GetRequest) (*GetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Get not implemented")
+}
+func (UnimplementedSchedulerServer) Update(context.Context, *UpdateRequest) (*UpdateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
 }
 func (UnimplementedSchedulerServer) mustEmbedUnimplementedSchedulerServer() {}
 func (UnimplementedSchedulerServer) testEmbeddedByValue()                   {}
@@ -268,6 +312,24 @@ func _Scheduler_Get_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduler_Update_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).Update(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_Update_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).Update(ctx, req.(*UpdateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scheduler_ServiceDesc is the grpc.ServiceDesc for Scheduler service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -290,6 +352,10 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Get",
 			Handler:    _Scheduler_Get_Handler,
+		},
+		{
+			MethodName: "Update",
+			Handler:    _Scheduler_Update_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
