@@ -83,41 +83,21 @@ scheduling two events; a resent call whose first copy had arrived reports
 					*id = strings.ToLower(rand.Text())
 				}
 				ev := &chimev1.Event{Id: *id, Topic: *topic, Key: []byte(*key)}
-				switch {
-				case set["in"] && set["at"]:
-					return usagef("set exactly one of --in and --at, not both")
-				case set["in"]:
-					ev.Delay = durationpb.New(*in)
-				case set["at"]:
-					t, err := time.Parse(time.RFC3339, *at)
-					if err != nil {
-						return usagef("--at %q is not an RFC 3339 time like 2030-01-02T09:00:00Z or 2030-01-02T10:00:00+01:00", *at)
-					}
-					ev.DeliverAt = timestamppb.New(t)
-				default:
+				var err error
+				if ev.Delay, ev.DeliverAt, err = dueFlags(set, *in, *at); err != nil {
+					return err
+				}
+				if ev.Delay == nil && ev.DeliverAt == nil {
 					return usagef("set one of --in (a delay) and --at (a time)")
 				}
-				switch {
-				case set["payload"] && set["payload-file"]:
-					return usagef("set at most one of --payload and --payload-file")
-				case set["payload-file"]:
-					b, err := c.readPayload(*payloadFile)
-					if err != nil {
-						return err
-					}
-					ev.Payload = b
-				default:
-					ev.Payload = []byte(*payload)
+				if ev.Payload, err = c.payloadFlags(set, *payload, *payloadFile); err != nil {
+					return err
 				}
-				for _, h := range hdrs {
-					k, v, ok := strings.Cut(h, "=")
-					if !ok {
-						return usagef("--header %q: want name=value", h)
-					}
-					ev.Headers = append(ev.Headers, &chimev1.Header{Key: k, Value: []byte(v)})
+				if ev.Headers, err = headerFlags(hdrs); err != nil {
+					return err
 				}
 				var resp *chimev1.ScheduleResponse
-				err := c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
+				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
 					var err error
 					resp, err = sc.Schedule(ctx, &chimev1.ScheduleRequest{Event: ev})
 					return err
@@ -142,6 +122,47 @@ scheduling two events; a resent call whose first copy had arrived reports
 			}
 		},
 	}
+}
+
+// dueFlags reads --in and --at: a delay, a time, or neither (nil, nil).
+func dueFlags(set map[string]bool, in time.Duration, at string) (*durationpb.Duration, *timestamppb.Timestamp, error) {
+	switch {
+	case set["in"] && set["at"]:
+		return nil, nil, usagef("set exactly one of --in and --at, not both")
+	case set["in"]:
+		return durationpb.New(in), nil, nil
+	case set["at"]:
+		t, err := time.Parse(time.RFC3339, at)
+		if err != nil {
+			return nil, nil, usagef("--at %q is not an RFC 3339 time like 2030-01-02T09:00:00Z or 2030-01-02T10:00:00+01:00", at)
+		}
+		return nil, timestamppb.New(t), nil
+	}
+	return nil, nil, nil
+}
+
+// payloadFlags reads --payload or --payload-file; neither is an empty payload.
+func (c *cli) payloadFlags(set map[string]bool, payload, file string) ([]byte, error) {
+	switch {
+	case set["payload"] && set["payload-file"]:
+		return nil, usagef("set at most one of --payload and --payload-file")
+	case set["payload-file"]:
+		return c.readPayload(file)
+	}
+	return []byte(payload), nil
+}
+
+// headerFlags parses the --header values, name=value each.
+func headerFlags(hdrs multiFlag) ([]*chimev1.Header, error) {
+	var out []*chimev1.Header
+	for _, h := range hdrs {
+		k, v, ok := strings.Cut(h, "=")
+		if !ok {
+			return nil, usagef("--header %q: want name=value", h)
+		}
+		out = append(out, &chimev1.Header{Key: k, Value: []byte(v)})
+	}
+	return out, nil
 }
 
 func (c *cli) readPayload(path string) ([]byte, error) {
@@ -269,6 +290,7 @@ type getJSON struct {
 	Attempts        uint32       `json:"attempts"`
 	LastError       string       `json:"last_error"`
 	DeadLetterTopic string       `json:"dead_letter_topic"`
+	Version         uint64       `json:"version"`
 }
 
 type headerJSON struct {
@@ -291,6 +313,7 @@ func eventJSON(r *chimev1.GetResponse) getJSON {
 		Attempts:        r.GetAttempts(),
 		LastError:       r.GetLastError(),
 		DeadLetterTopic: r.GetDeadLetterTopic(),
+		Version:         r.GetVersion(),
 	}
 	g.Key, g.KeyEncoding = jsonBytes(ev.GetKey())
 	g.Payload, g.PayloadEncoding = jsonBytes(ev.GetPayload())
@@ -324,6 +347,7 @@ func (c *cli) eventBlock(r *chimev1.GetResponse) [][2]string {
 		{"state", stateName(r.GetState())},
 		{"due", fmt.Sprintf("%s (%s)", c.localTime(due), relative(due.Sub(c.now())))},
 		{"created_at", optTime(r.GetCreatedAt())},
+		{"version", fmt.Sprint(r.GetVersion())},
 		{"topic", ev.GetTopic()},
 		{"key", orNone(showBytes(ev.GetKey(), 0), "(none)")},
 		{"payload", orNone(showBytes(ev.GetPayload(), 512), "(empty)")},

@@ -153,6 +153,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"cancel", "a", "b"}, "want exactly one event id, got 2 arguments"},
 		{[]string{"tail"}, "--topic is required"},
 		{[]string{"get", "--nope", "x"}, "flag provided but not defined: --nope"},
+		{[]string{"update", "x"}, "nothing to change: give --in or --at, --payload, --payload-file, --key, --header or --no-headers"},
+		{[]string{"update", "x", "--in", "1s", "--at", "2030-01-01T00:00:00Z"}, "set exactly one of --in and --at, not both"},
+		{[]string{"update", "x", "--header", "a=b", "--no-headers"}, "set at most one of --header and --no-headers"},
+		{[]string{"update", "--in", "1s"}, "want exactly one event id, got 0 arguments"},
 	} {
 		cmd := tc.args[0]
 		r := chimectl(t, nil, "", append([]string{"--addr", addr}, tc.args...)...)
@@ -259,6 +263,7 @@ func TestGetAndCancelText(t *testing.T) {
 state       scheduled
 due         2026-03-01T13:00:02+01:00 (in 2s)
 created_at  2026-03-01T13:00:00+01:00
+version     1
 topic       orders
 key         customer-7
 payload     {"remind":true}
@@ -287,6 +292,7 @@ last_error  -
 state       fired
 due         2026-03-01T13:00:01+01:00 (in 1s)
 created_at  2026-03-01T13:00:00+01:00
+version     1
 topic       bin
 key         (none)
 payload     base64:/wAQ
@@ -327,7 +333,7 @@ func TestGetJSON(t *testing.T) {
 	want := `{"id":"order-42","state":"scheduled","due":"2026-03-01T12:00:02Z","created_at":"2026-03-01T12:00:00Z",` +
 		`"topic":"orders","key":"customer-7","key_encoding":"utf8","payload":"/wAQ","payload_encoding":"base64",` +
 		`"headers":[{"key":"trace","value":"abc","value_encoding":"utf8"}],"fired_at":null,"cancelled_at":null,` +
-		`"attempts":0,"last_error":"","dead_letter_topic":""}` + "\n"
+		`"attempts":0,"last_error":"","dead_letter_topic":"","version":1}` + "\n"
 	chimectl(t, nil, "", "--addr", addr, "--json", "get", "order-42").want(t, 0, want, "")
 
 	b.Fire("order-42", t0.Add(2*time.Second+5*time.Millisecond), 1)
@@ -379,4 +385,26 @@ func TestHumanDuration(t *testing.T) {
 			t.Errorf("humanDuration(%v) = %q, want %q", d, got, want)
 		}
 	}
+}
+
+func TestUpdate(t *testing.T) {
+	addr, b := startChime(t)
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "orders", "--in", "2s", "--id", "order-42",
+		"--key", "customer-7", "--payload", "first", "--header", "trace=abc").want(t, 0, "scheduled order-42 due 2026-03-01T13:00:02+01:00 (in 2s)\n", "")
+	chimectl(t, nil, "", "--addr", addr, "update", "order-42", "--in", "1h", "--payload", "second").
+		want(t, 0, "updated order-42 to version 2, due 2026-03-01T14:00:00+01:00 (in 1h)\n", "")
+	rec, _, _ := b.Get(context.Background(), "order-42")
+	if string(rec.Payload) != "second" || string(rec.Key) != "customer-7" || len(rec.Headers) != 1 || rec.Version != 2 {
+		t.Fatalf("after the update: %+v", rec)
+	}
+	chimectl(t, nil, "", "--addr", addr, "update", "order-42", "--no-headers", "--key", "", "--if-version", "2", "--json").
+		want(t, 0, `{"id":"order-42","due":"2026-03-01T13:00:00Z","version":3}`+"\n", "")
+	if rec, _, _ = b.Get(context.Background(), "order-42"); len(rec.Headers) != 0 || len(rec.Key) != 0 {
+		t.Fatalf("headers and key not removed: %+v", rec)
+	}
+	chimectl(t, nil, "", "--addr", addr, "update", "order-42", "--in", "1s", "--if-version", "2").
+		want(t, 1, "", `chimectl: FailedPrecondition: expected_version: event "order-42" is at version 3, not 2`+"\n")
+	b.Fire("order-42", t0, 1)
+	chimectl(t, nil, "", "--addr", addr, "update", "order-42", "--in", "1s").
+		want(t, 1, "", `chimectl: FailedPrecondition: id: event "order-42" has already fired; only a scheduled event can be updated`+"\n")
 }
