@@ -337,6 +337,55 @@ func TestEndToEnd(t *testing.T) {
 	d.stop()
 }
 
+// TestUpdateThroughChimed: an event moved from +10 s to +2 s fires at +2 s
+// and never at +10 s; one moved from +2 s to +10 s does not fire at +2 s,
+// and fires at +10 s; each as its second version.
+func TestUpdateThroughChimed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("watches two events for 12 s through a chimed process; skipped with -short")
+	}
+	brokers := broker(t)
+	d := newDaemon(t, brokers)
+	d.start()
+	cl := d.client()
+	ctx := context.Background()
+	col := collect(t, brokers, "e2e.update")
+	start := time.Now()
+	for id, delay := range map[string]time.Duration{"sooner": 10 * time.Second, "later": 2 * time.Second} {
+		_, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: id, Topic: "e2e.update", Delay: durationpb.New(delay), Payload: []byte("v1")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, delay := range map[string]time.Duration{"sooner": 2 * time.Second, "later": 10 * time.Second} {
+		resp, err := cl.Update(ctx, &chimev1.UpdateRequest{Id: id, Delay: durationpb.New(delay), Payload: []byte("v2"), ExpectedVersion: 1})
+		if err != nil || resp.Version != 2 {
+			t.Fatalf("Update(%s) = %v, %v", id, resp, err)
+		}
+	}
+	time.Sleep(time.Until(start.Add(12 * time.Second)))
+	got := col.Consumed()
+	for id, at := range map[string]time.Duration{"sooner": 2 * time.Second, "later": 10 * time.Second} {
+		r, ok := got.ByID[id]
+		switch {
+		case !ok:
+			t.Errorf("%s was never produced", id)
+		case r.Version != 2 || r.Value() != "v2":
+			t.Errorf("%s: produced version %d %q, want the update's", id, r.Version, r.Value())
+		case r.Fired.Sub(start) < at-50*time.Millisecond || r.Fired.Sub(start) > at+2*time.Second:
+			t.Errorf("%s: fired %v after it was scheduled, want about %v", id, r.Fired.Sub(start), at)
+		}
+	}
+	if len(got.Records) != 2 {
+		t.Errorf("read %d records, want 2 (one per event): %+v", len(got.Records), got.Records)
+	}
+	g, err := cl.Get(ctx, &chimev1.GetRequest{Id: "sooner"})
+	if err != nil || g.Version != 2 || g.State != chimev1.EventState_EVENT_STATE_FIRED {
+		t.Fatalf("Get(sooner) = %v, %v", g, err)
+	}
+	d.stop()
+}
+
 // quantiles describes ds by nearest rank, as the fault checker does.
 func quantiles(ds []time.Duration) string {
 	ms := make([]float64, len(ds))
