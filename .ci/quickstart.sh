@@ -35,6 +35,8 @@ echo "$out"
 echo "$out" | grep '"id":"qs-1"' >/dev/null || fail "schedule --json did not print the id"
 ctl schedule --topic qs.demo --at 2035-01-01T09:00:00Z --id qs-later --payload reminder
 ctl get qs-later --json | grep '"state":"scheduled"' >/dev/null || fail "get --json: not scheduled"
+ctl update qs-later --in 1h --payload 'second reminder' | grep "updated qs-later to version 2" >/dev/null || fail "update did not make version 2"
+ctl get qs-later --json | grep '"version":2' >/dev/null || fail "get --json: not version 2 after the update"
 ctl cancel qs-later
 ctl get qs-later --json | grep '"state":"cancelled"' >/dev/null || fail "get --json: not cancelled"
 tailout=$(timeout 20 "$bin/chimectl" tail --topic qs.demo --brokers $kafka --from-beginning --count 1)
@@ -62,7 +64,7 @@ grpcurl -plaintext -d '{"id":"hello-1"}' $grpc chime.v1.Scheduler/Get | grep EVE
 rec=$(timeout 20 kcat -C -b $kafka -t qs.grpcurl -o beginning -c 1 -f 'key=%k value=%s headers=%h\n')
 echo "$rec"
 case "$rec" in
-  *"key=hello-1 value=hello"*"chime-id=hello-1"*"chime-due-unix-ms="*"chime-fired-unix-ms="*"chime-attempt=1"*) ;;
+  *"key=hello-1 value=hello"*"chime-id=hello-1"*"chime-due-unix-ms="*"chime-fired-unix-ms="*"chime-attempt=1"*"chime-version=1"*) ;;
   *) fail "kcat did not read the record as the README shows" ;;
 esac
 

@@ -20,6 +20,11 @@
 //     loader (horizonLoop), which reads the events the horizon reaches from
 //     Pebble's due index, so that a new leader fires from a wheel it already
 //     has and memory holds only the events due soon.
+//   - Changes of pending events (update.go): Update reads the event under
+//     the lease, refuses while a fire batch holds it or a produce of it may
+//     still land, pins it out of the wheel (firing.pin) and proposes the
+//     change naming the pinned seq, so that no fire batch reads the version
+//     the change replaces.
 //   - Group commit: concurrent Schedule calls become one ScheduleBatch entry
 //     (proposeLoop, applyWaitLoop), and the marks of many fire batches one
 //     MarkFired entry (markLoop).
@@ -157,4 +162,10 @@
 //  11. Get answers only under a lease a quorum confirmed with a Barrier, so
 //     it sees every entry acknowledged before it, whoever acknowledged it
 //     (TestGetOnlyUnderALease).
+//  12. An Update acknowledged as Updated means no record of an earlier
+//     version follows: an event in a fire batch is refused
+//     (TestUpdateRefusedWhileFiring), one pinned for a change stays out of
+//     every batch while it commits (TestUpdatePinsTheEvent), and the new
+//     version fires at its new time, sooner or later
+//     (TestUpdateMovesTheDueTime).
 package shard
