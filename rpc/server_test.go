@@ -639,7 +639,7 @@ func TestBackendErrorsMapToCodes(t *testing.T) {
 		{status.Error(codes.ResourceExhausted, "forwarded: too many requests"), codes.ResourceExhausted, false},
 		{shard.ErrFiring, codes.Aborted, false},
 		{shard.ErrChanging, codes.Aborted, false},
-		{fmt.Errorf("%w (leadership lost)", shard.ErrChangeUnknown), codes.Aborted, false},
+		{fmt.Errorf("%w (leadership lost)", shard.ErrChangeUnknown), codes.Unknown, false},
 		{errors.New("pebble: disk on fire"), codes.Internal, true},
 	} {
 		e.backend.FailWith(tc.err)

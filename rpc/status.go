@@ -20,8 +20,9 @@ import (
 //     is always safe.
 //   - shard.ErrProduceUnknown, ErrFiring, ErrChanging: ABORTED. Nothing was
 //     changed; a retry once the event's firing is over can succeed (or say
-//     that it fired). ErrCancelUnsure, ErrChangeUnknown: ABORTED, and the
-//     message says what did or may have taken effect.
+//     that it fired). ErrCancelUnsure: ABORTED, and the message says the
+//     cancel is recorded. ErrChangeUnknown: UNKNOWN, the outcome of a change
+//     that is not idempotent, so not to be retried blindly.
 //   - context.DeadlineExceeded / context.Canceled: DEADLINE_EXCEEDED /
 //     CANCELED. The outcome is unknown: the proposal may still commit.
 //   - An error that already carries a gRPC status (a call the Backend
@@ -44,7 +45,7 @@ func statusOf(logger *slog.Logger, op string, err error) error {
 	case errors.Is(err, shard.ErrChanging):
 		return status.Errorf(codes.Aborted, "%v; nothing was changed by this request: retry it", err)
 	case errors.Is(err, shard.ErrChangeUnknown):
-		return status.Errorf(codes.Aborted, "%v", err)
+		return status.Errorf(codes.Unknown, "%v", err)
 	case errors.Is(err, shard.ErrCancelUnsure):
 		return status.Errorf(codes.Aborted, "%v; the cancel is recorded (Get shows CANCELLED)", err)
 	case errors.Is(err, shard.ErrUnknownShard):

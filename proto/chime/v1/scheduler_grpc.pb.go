@@ -79,8 +79,8 @@ type SchedulerClient interface {
 	// when the event is being fired right now or an earlier attempt to
 	// produce it went unanswered (retry after a moment: it then either
 	// succeeds or says the event fired). A leadership change while the update
-	// was proposed is ABORTED too, and the update may or may not have taken
-	// effect: Get shows the version.
+	// was proposed is UNKNOWN: the update may or may not have taken effect
+	// (Get shows the version).
 	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
 }
 
@@ -191,8 +191,8 @@ type SchedulerServer interface {
 	// when the event is being fired right now or an earlier attempt to
 	// produce it went unanswered (retry after a moment: it then either
 	// succeeds or says the event fired). A leadership change while the update
-	// was proposed is ABORTED too, and the update may or may not have taken
-	// effect: Get shows the version.
+	// was proposed is UNKNOWN: the update may or may not have taken effect
+	// (Get shows the version).
 	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
 	mustEmbedUnimplementedSchedulerServer()
 }
