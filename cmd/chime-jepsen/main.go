@@ -220,7 +220,8 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	logger.Info("cluster converged; starting workload and nemesis")
 
 	h := &history{}
-	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention}
+	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention,
+		versions: map[string]uint64{}}
 	nm := &nemesis{c: c, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.timeLimit)
@@ -305,7 +306,7 @@ func readRecords(ctx context.Context, brokers []string, appends *appendLog, logg
 			rec := checker.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Payload: string(r.Value),
 				AppendMs: r.Timestamp.UnixMilli(), ReceivedNs: now}
 			h, _ := chimev1.ParseHeaders(r.Headers) // a malformed header leaves its field zero, as before
-			rec.ID, rec.Attempt = h.ID, h.Attempt
+			rec.ID, rec.Attempt, rec.Version = h.ID, h.Attempt, h.Version
 			if !h.Due.IsZero() {
 				rec.DueMs = h.Due.UnixMilli()
 			}
@@ -403,8 +404,11 @@ func summary(r checker.Results) string {
 		verdict = "INVALID"
 	}
 	b := r.Ops[checker.FBackup]
+	u := r.Ops[checker.FUpdate]
 	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v\n"+
+		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
 		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged,
+		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		b[checker.TypeOK], b[checker.TypeFail]+b[checker.TypeInfo], r.BackupLost, r.BackupPhantom, r.BackupWrongState, r.BackupInvalid)
 }

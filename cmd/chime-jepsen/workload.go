@@ -61,6 +61,10 @@ type workload struct {
 	events []sent // every id ever sent (any outcome)
 	seq    int
 	maxDue time.Time
+	// versions is the latest version an ok update reported, by id: what an
+	// update with expected_version expects, when it does.
+	versions map[string]uint64
+	updates  int // updates sent, which numbers their payloads
 }
 
 var topics = []string{"jepsen.a", "jepsen.b", "jepsen.c", "jepsen.d"}
@@ -124,16 +128,16 @@ func (w *workload) client(ctx context.Context, p int, r *rand.Rand, cancels chan
 				default:
 				}
 			}
-		case x < 63:
+		case x < 61:
 			if ev, ok := w.pickResend(r); ok {
 				w.schedule(p, w.node(r), ev) // identical re-send
 			}
-		case x < 67:
+		case x < 64:
 			if ev, ok := w.pickResend(r); ok {
 				ev.payload += "-conflict"
 				w.schedule(p, w.node(r), ev)
 			}
-		case x < 70:
+		case x < 67:
 			// The same new id to two nodes at once.
 			ev := w.newEvent(r)
 			a, b := w.node(r), w.node(r)
@@ -142,9 +146,13 @@ func (w *workload) client(ctx context.Context, p int, r *rand.Rand, cancels chan
 			go func() { defer wg.Done(); w.schedule(p, a, ev) }()
 			go func() { defer wg.Done(); w.schedule(p+1000, b, ev) }()
 			wg.Wait()
-		case x < 80:
+		case x < 75:
 			if ev, ok := w.pick(r); ok {
 				w.cancel(p, w.node(r), ev.id) // whenever: before, around or after due
+			}
+		case x < 83:
+			if ev, ok := w.pick(r); ok {
+				w.update(p, w.node(r), r, ev.id) // whenever: before, around or after due
 			}
 		case x < 97:
 			if ev, ok := w.pick(r); ok {
@@ -156,8 +164,8 @@ func (w *workload) client(ctx context.Context, p int, r *rand.Rand, cancels chan
 	}
 }
 
-// canceller cancels some events well before, or within ±50 ms of, their due
-// time.
+// canceller cancels, or updates, some events well before, or within ±50 ms
+// of, their due time: around it, a fire batch may hold the event.
 func (w *workload) canceller(ctx context.Context, p int, r *rand.Rand, in <-chan sent) {
 	for {
 		select {
@@ -168,11 +176,17 @@ func (w *workload) canceller(ctx context.Context, p int, r *rand.Rand, in <-chan
 			if r.IntN(2) == 0 {
 				at = ev.due.Add(time.Duration(r.Int64N(int64(100*time.Millisecond))) - 50*time.Millisecond)
 			}
+			update := r.IntN(3) == 0
 			go func() {
 				select {
 				case <-ctx.Done():
 				case <-time.After(time.Until(at)):
-					w.cancel(p, w.node(rand.New(rand.NewPCG(uint64(at.UnixNano()), 1))), ev.id)
+					r := rand.New(rand.NewPCG(uint64(at.UnixNano()), 1))
+					if update {
+						w.update(p, w.node(r), r, ev.id)
+					} else {
+						w.cancel(p, w.node(r), ev.id)
+					}
 				}
 			}()
 		}
@@ -186,24 +200,28 @@ func (w *workload) newEvent(r *rand.Rand) sent {
 	w.mu.Unlock()
 	now := time.Now()
 	ev := sent{id: id, topic: topics[r.IntN(len(topics))], payload: "p-" + id, at: now}
+	ev.delay, ev.deliverAt, ev.due = w.dueTime(r, now)
+	return ev
+}
+
+// dueTime picks when a new or updated event is due: a delay (deliverAt zero)
+// or a time, and the due time either means from now.
+func (w *workload) dueTime(r *rand.Rand, now time.Time) (delay time.Duration, deliverAt, due time.Time) {
 	switch x := r.IntN(100); {
 	case x < 5:
-		ev.delay = 0
+		delay = 0
 	case x < 45:
-		ev.delay = time.Duration(r.Int64N(int64(2 * time.Second)))
+		delay = time.Duration(r.Int64N(int64(2 * time.Second)))
 	case x < 75:
-		ev.delay = 2*time.Second + time.Duration(r.Int64N(int64(8*time.Second)))
+		delay = 2*time.Second + time.Duration(r.Int64N(int64(8*time.Second)))
 	case x < 90:
-		ev.delay = time.Duration(r.Int64N(int64(w.maxDelay)))
+		delay = time.Duration(r.Int64N(int64(w.maxDelay)))
 	default:
 		// Exactly on a wheel tick boundary (1 ms), a little ahead.
-		ev.deliverAt = now.Truncate(time.Millisecond).Add(time.Duration(1+r.IntN(3000)) * time.Millisecond)
+		deliverAt = now.Truncate(time.Millisecond).Add(time.Duration(1+r.IntN(3000)) * time.Millisecond)
+		return 0, deliverAt, deliverAt
 	}
-	ev.due = now.Add(ev.delay)
-	if !ev.deliverAt.IsZero() {
-		ev.due = ev.deliverAt
-	}
-	return ev
+	return delay, time.Time{}, now.Add(delay)
 }
 
 // pickResend picks an id to send again: one first sent less than half the
@@ -293,9 +311,63 @@ func (w *workload) get(p int, n *node, id string) {
 	if err != nil {
 		op.Error = err.Error()
 	} else {
-		op.State = stateName(resp.State)
+		op.State, op.Version = stateName(resp.State), resp.Version
 	}
 	w.record(op)
+}
+
+// update moves the event id to a new due time, sooner or later, with a
+// payload no other op sets; now and then only while it is at the version the
+// last ok update of it reported.
+func (w *workload) update(p int, n *node, r *rand.Rand, id string) {
+	now := time.Now()
+	delay, deliverAt, due := w.dueTime(r, now)
+	w.mu.Lock()
+	w.updates++
+	payload := fmt.Sprintf("p-%s-u%d", id, w.updates)
+	version := w.versions[id]
+	w.mu.Unlock()
+	req := &chimev1.UpdateRequest{Id: id, Payload: []byte(payload)}
+	op := checker.Op{Process: p, F: checker.FUpdate, Node: n.id, ID: id, Payload: payload}
+	if deliverAt.IsZero() {
+		req.Delay = durationpb.New(delay)
+		op.DelayNs = int64(delay)
+	} else {
+		req.DeliverAt = timestamppb.New(deliverAt)
+		op.DeliverAtNs = deliverAt.UnixNano()
+	}
+	if version > 0 && r.IntN(3) == 0 {
+		req.ExpectedVersion, op.ExpectedVersion = version, version
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	op.InvokeNs = time.Now().UnixNano()
+	resp, err := n.scheduler().Update(ctx, req)
+	op.CompleteNs = time.Now().UnixNano()
+	op.Type, op.Code = classify(err)
+	if status.Code(err) == codes.Aborted {
+		// An update answers ABORTED only when it changed nothing (the event
+		// was being fired); UNKNOWN when it may have.
+		op.Type = checker.TypeFail
+	}
+	if err != nil {
+		op.Error = err.Error()
+	} else {
+		op.AckDueNs, op.Version = resp.Due.AsTime().UnixNano(), resp.Version
+		due = resp.Due.AsTime()
+	}
+	w.record(op)
+	if op.Type == checker.TypeFail {
+		return
+	}
+	w.mu.Lock()
+	if op.Type == checker.TypeOK && op.Version > w.versions[id] {
+		w.versions[id] = op.Version
+	}
+	if due.After(w.maxDue) {
+		w.maxDue = due
+	}
+	w.mu.Unlock()
 }
 
 func stateName(s chimev1.EventState) string {

@@ -52,6 +52,7 @@ type idHistory struct {
 	schedules []*Op     // history order
 	cancels   []*Op     // history order
 	gets      []*Op     // history order
+	updates   []*Op     // history order
 	records   []*Record // by AppendMs, then partition, offset, topic: records[0] is the first copy
 	// oks are the ok schedules: creators (existing=false) by invoke time, then existing=true
 	// ones by completion time. oks[0], when there is one, defines the event's content.
@@ -141,6 +142,11 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 				h := get(op.ID)
 				h.gets = append(h.gets, op)
 			}
+		case FUpdate:
+			if op.ID != "" {
+				h := get(op.ID)
+				h.updates = append(h.updates, op)
+			}
 		case FBackup:
 			a.backups = append(a.backups, op)
 			for id := range op.BackupEvents {
@@ -209,13 +215,44 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 	return a
 }
 
-// dueNs is the due time a record is judged against: the acked due of its id when a schedule
-// of it was acked with one, else the record's own chime-due-unix-ms header.
+// dueNs is the due time a record is judged against. For a record of the first version: the
+// acked due of its id when a schedule of it was acked with one. For a later version: the due
+// time the ok update that made that version returned. Otherwise the record's own
+// chime-due-unix-ms header.
 func (a *analysis) dueNs(h *idHistory, r *Record) int64 {
+	if r.Version > 1 {
+		if u := h.updateMaking(r.Version); u != nil {
+			return u.AckDueNs
+		}
+		return r.DueMs * 1e6
+	}
 	if h != nil && h.ackDueNs != 0 {
 		return h.ackDueNs
 	}
 	return r.DueMs * 1e6
+}
+
+// updateMaking returns the ok update that made version v, or nil.
+func (h *idHistory) updateMaking(v uint64) *Op {
+	if h == nil {
+		return nil
+	}
+	for _, u := range h.updates {
+		if u.Type == TypeOK && u.Version == v {
+			return u
+		}
+	}
+	return nil
+}
+
+// updated reports whether an update of the id may have taken effect (ok or info).
+func (h *idHistory) updated() bool {
+	for _, u := range h.updates {
+		if u.Type == TypeOK || u.Type == TypeInfo {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *analysis) isDeadLetter(r *Record) bool { return r.Topic == a.cfg.DeadLetterTopic }
@@ -230,6 +267,9 @@ func (a *analysis) isDeadLetter(r *Record) bool { return r.Topic == a.cfg.DeadLe
 func (a *analysis) phantom(h *idHistory, r *Record) string {
 	if h == nil || !h.accepted() {
 		return "no ok or info schedule ever carried this id"
+	}
+	if r.Version > 1 {
+		return a.phantomVersion(h, r)
 	}
 	var cands []*Op
 	if len(h.oks) > 0 {
@@ -252,6 +292,23 @@ func (a *analysis) phantom(h *idHistory, r *Record) string {
 	}
 	return fmt.Sprintf("record %s has topic=%q payload=%s, which no %s schedule of this id carried (e.g. %s)",
 		recName(r), r.Topic, shortQuote(r.Payload), which, contentOf(cands[0]))
+}
+
+// phantomVersion is phantom for a record of a version after the first: an ok or info update
+// of the id must have set its payload, and a schedule of the id that may have been stored its
+// topic (an update keeps the topic).
+func (a *analysis) phantomVersion(h *idHistory, r *Record) string {
+	payload := slices.ContainsFunc(h.updates, func(u *Op) bool {
+		return (u.Type == TypeOK || u.Type == TypeInfo) && u.Payload == r.Payload
+	})
+	topic := a.isDeadLetter(r) || slices.ContainsFunc(h.schedules, func(op *Op) bool {
+		return (op.Type == TypeOK || op.Type == TypeInfo) && op.Topic == r.Topic
+	})
+	if payload && topic {
+		return ""
+	}
+	return fmt.Sprintf("record %s of version %d has topic=%q payload=%s, which no ok or info update (payload) and schedule (topic) of this id carried",
+		recName(r), r.Version, r.Topic, shortQuote(r.Payload))
 }
 
 // period names the part of the run an event due at due belongs to.

@@ -68,7 +68,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		}
 
 		// 1. lost
-		if len(h.oks) > 0 && len(h.records) == 0 && !cancelMayHaveHappened(h) {
+		if len(h.oks) > 0 && len(h.records) == 0 && !cancelMayHaveHappened(h) && !updateMadeItLater(h) {
 			res.Lost++
 			due := "unknown"
 			if h.ackDueNs != 0 {
@@ -128,6 +128,18 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		if problems := a.idempotencyProblems(h, genuine); len(problems) > 0 {
 			res.IdempotencyViolations++
 			note("idempotency_violations", id, "%s", strings.Join(problems, "; "))
+		}
+
+		// 9. updates: no record of a replaced version after the update's ack, the latest
+		// acked version fires, a version's record carries that version's content; and
+		// no get shows a version older than an update acked before it began.
+		for _, why := range a.updateProblems(h) {
+			res.UpdateViolations++
+			note("update_violations", id, "%s", why)
+		}
+		for _, why := range a.staleReads(h) {
+			res.StaleReads++
+			note("stale_reads", id, "%s", why)
 		}
 
 		// 6. retention
@@ -202,7 +214,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	res.Valid = res.Lost == 0 && res.Early == 0 && res.CancelViolations == 0 && res.Phantom == 0 &&
 		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 &&
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
-		res.Converged
+		res.UpdateViolations == 0 && res.StaleReads == 0 && res.Converged
 	return res
 }
 
@@ -215,6 +227,67 @@ func cancelMayHaveHappened(h *idHistory) bool {
 		}
 	}
 	return false
+}
+
+// updateMadeItLater: an ok update of the id moved it, so the lack of records is judged by
+// the update check (which asks for its latest version), not as a loss of the schedule.
+func updateMadeItLater(h *idHistory) bool {
+	return slices.ContainsFunc(h.updates, func(u *Op) bool { return u.Type == TypeOK })
+}
+
+// updateProblems lists what breaks the promise of Update for one id: after an ok update to
+// version v completed at C, no record of a version below v is appended after C (a record
+// without a chime-version header is version 1); unless a cancel may have happened, some
+// record of version v or later exists, for the latest ok v; and a record of a version an ok
+// update made carries that update's payload.
+func (a *analysis) updateProblems(h *idHistory) []string {
+	var problems []string
+	var latest *Op
+	for _, u := range h.updates {
+		if u.Type != TypeOK {
+			continue
+		}
+		if latest == nil || u.Version > latest.Version {
+			latest = u
+		}
+		for _, r := range h.records {
+			if v := max(r.Version, 1); v < u.Version && r.AppendMs*1e6 > u.CompleteNs {
+				problems = append(problems, fmt.Sprintf("record %s of version %d appended at %s, after the update to version %d was acked at %s",
+					recName(r), v, a.rel(r.AppendMs*1e6), u.Version, a.rel(u.CompleteNs)))
+			}
+		}
+		for _, r := range h.records {
+			if r.Version == u.Version && r.Payload != u.Payload {
+				problems = append(problems, fmt.Sprintf("record %s of version %d carries payload %s, the update that made it set %s",
+					recName(r), r.Version, shortQuote(r.Payload), shortQuote(u.Payload)))
+			}
+		}
+	}
+	if latest != nil && !cancelMayHaveHappened(h) &&
+		!slices.ContainsFunc(h.records, func(r *Record) bool { return r.Version >= latest.Version }) {
+		problems = append(problems, fmt.Sprintf("the update to version %d (due %s) was acked at %s, and no record of it or a later version came",
+			latest.Version, a.rel(latest.AckDueNs), a.rel(latest.CompleteNs)))
+	}
+	return problems
+}
+
+// staleReads lists the ok gets of the id that show a version older than an ok update that
+// completed before the get began.
+func (a *analysis) staleReads(h *idHistory) []string {
+	var problems []string
+	for _, g := range h.gets {
+		if g.Type != TypeOK || g.Version == 0 { // 0: a run from before versions
+			continue
+		}
+		for _, u := range h.updates {
+			if u.Type == TypeOK && u.CompleteNs < g.InvokeNs && u.Version > g.Version {
+				problems = append(problems, fmt.Sprintf("get op %d at %s showed version %d; the update to version %d was acked at %s",
+					g.Index, a.rel(g.InvokeNs), g.Version, u.Version, a.rel(u.CompleteNs)))
+				break
+			}
+		}
+	}
+	return problems
 }
 
 // idempotencyProblems lists what breaks design invariant 6 for one id. genuine are its
@@ -235,7 +308,9 @@ func (a *analysis) idempotencyProblems(h *idHistory, genuine []*Record) []string
 	}
 
 	// Every ok schedule carries the stored content: they must all agree, and identical
-	// content must get the same due time.
+	// content must get the same due time (unless an update moved it in between: a re-send
+	// then reports the event's due time as it is).
+	updated := h.updated()
 	dues := map[content][]int64{}
 	var contents []content
 	for _, op := range h.oks {
@@ -244,7 +319,7 @@ func (a *analysis) idempotencyProblems(h *idHistory, genuine []*Record) []string
 		if !ok {
 			contents = append(contents, c)
 		}
-		if op.AckDueNs != 0 && !slices.Contains(d, op.AckDueNs) {
+		if op.AckDueNs != 0 && !slices.Contains(d, op.AckDueNs) && !(updated && len(d) > 0) {
 			d = append(d, op.AckDueNs)
 		}
 		dues[c] = d
@@ -260,19 +335,24 @@ func (a *analysis) idempotencyProblems(h *idHistory, genuine []*Record) []string
 			contents[0], contents[1]))
 	}
 
-	// Records that each match a possible content but differ: two events under one id.
+	// Records that each match a possible content but differ: two events under one id. (The
+	// versions of an updated event differ by design: payloads are compared within one
+	// version; the update check judges the versions.)
 	var payloads, topics []string
+	payloadOf := map[uint64]string{}
 	for _, r := range genuine {
-		if !slices.Contains(payloads, r.Payload) {
-			payloads = append(payloads, r.Payload)
+		if p, ok := payloadOf[max(r.Version, 1)]; !ok {
+			payloadOf[max(r.Version, 1)] = r.Payload
+		} else if p != r.Payload && !slices.Contains(payloads, r.Payload) {
+			payloads = append(payloads, p, r.Payload)
 		}
 		if !a.isDeadLetter(r) && !slices.Contains(topics, r.Topic) {
 			topics = append(topics, r.Topic)
 		}
 	}
 	if len(payloads) > 1 {
-		problems = append(problems, fmt.Sprintf("records carry %d different payloads (%s, %s)",
-			len(payloads), shortQuote(payloads[0]), shortQuote(payloads[1])))
+		problems = append(problems, fmt.Sprintf("records of one version carry different payloads (%s, %s)",
+			shortQuote(payloads[0]), shortQuote(payloads[1])))
 	}
 	if len(topics) > 1 {
 		problems = append(problems, fmt.Sprintf("records were produced to %d different topics (%q, %q)",

@@ -22,6 +22,8 @@ func violations(res Results) map[string]int {
 		"backup_phantom":         res.BackupPhantom,
 		"backup_wrong_state":     res.BackupWrongState,
 		"backup_invalid":         res.BackupInvalid,
+		"update_violations":      res.UpdateViolations,
+		"stale_reads":            res.StaleReads,
 	}
 }
 
@@ -620,4 +622,62 @@ func TestRetentionRules(t *testing.T) {
 		g.addGet(id, settled+int64(65*time.Second), "fired")
 		assertOnly(t, g.check(), "resurrected", id)
 	})
+}
+
+// lastUpdate returns the index in g.ops of the last ok update of id, and the index in
+// g.recs of its record.
+func (g *run) lastUpdate(id string) (op, rec int) {
+	ups := g.opsOf(id, FUpdate)
+	recs := g.recsOf(id)
+	return ups[len(ups)-1], recs[len(recs)-1]
+}
+
+func TestPlantUpdateStaleRecord(t *testing.T) {
+	g := genClean(3, 650)
+	id := g.pick("updated", g.awayFromFaults)
+	u, rec := g.lastUpdate(id)
+	first := g.ops[g.opsOf(id, FSchedule)[0]]
+	stale := g.recs[rec]
+	stale.Version, stale.Payload, stale.Offset = 1, first.Payload, 9999
+	stale.AppendMs = max(first.AckDueNs, g.ops[u].CompleteNs)/1e6 + 10
+	g.recs = append(g.recs, stale)
+	res := g.check()
+	assertOnly(t, res, "update_violations", id)
+	if !strings.Contains(res.Examples["update_violations"][0].Why, "after the update to version") {
+		t.Errorf("why: %s", res.Examples["update_violations"][0].Why)
+	}
+}
+
+func TestPlantUpdateLost(t *testing.T) {
+	g := genClean(3, 650)
+	id := g.pick("updated", nil)
+	g.dropRecords(id)
+	res := g.check()
+	assertOnly(t, res, "update_violations", id)
+	if !strings.Contains(res.Examples["update_violations"][0].Why, "no record of it or a later version") {
+		t.Errorf("why: %s", res.Examples["update_violations"][0].Why)
+	}
+}
+
+func TestPlantUpdateWrongContent(t *testing.T) {
+	g := genClean(3, 650)
+	id := g.pick("updated", func(id string) bool { return len(g.opsOf(id, FUpdate)) == 2 })
+	ups := g.opsOf(id, FUpdate)
+	_, rec := g.lastUpdate(id)
+	g.recs[rec].Payload = g.ops[ups[0]].Payload // version 3 with version 2's payload
+	res := g.check()
+	assertOnly(t, res, "update_violations", id)
+	if !strings.Contains(res.Examples["update_violations"][0].Why, "the update that made it set") {
+		t.Errorf("why: %s", res.Examples["update_violations"][0].Why)
+	}
+}
+
+func TestPlantStaleRead(t *testing.T) {
+	g := genClean(3, 650)
+	id := g.pick("updated", nil)
+	u, _ := g.lastUpdate(id)
+	gi := g.ops[u].CompleteNs + int64(time.Millisecond)
+	g.ops = append(g.ops, Op{Index: len(g.ops), F: FGet, ID: id, Node: "n1", Type: TypeOK, State: StateScheduled, Version: 1,
+		InvokeNs: gi, CompleteNs: gi + int64(time.Millisecond)})
+	assertOnly(t, g.check(), "stale_reads", id)
 }

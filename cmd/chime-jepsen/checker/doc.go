@@ -21,8 +21,13 @@
 // AppendMs×1e6 ns. FiredMs is the firing node's clock (moved by a skew nemesis) and is not
 // used by any check.
 //
-// The due time of a record is the AckDueNs of its id's reference ok schedule (below) when an
-// ok schedule of the id carried one, else the record's chime-due-unix-ms header × 1e6.
+// The due time of a record is, for the event's first version (a record whose chime-version
+// header is 1 or absent), the AckDueNs of its id's reference ok schedule (below) when an ok
+// schedule of the id carried one; for a later version v, the AckDueNs of the ok update that
+// made v (Op.Version == v); else the record's chime-due-unix-ms header × 1e6. Records of a
+// version after the first are phantoms unless an ok or info update of the id set their
+// payload (and a schedule that may have been stored, their topic: an update keeps it); their
+// payloads are compared with each other only within one version (check 5).
 //
 // Schedule and cancel ops are indexed by Op.ID; one without an id is ignored, so a record
 // without a chime-id header (ID "") is a phantom. Ids a backup holds are indexed too, so an id
@@ -35,7 +40,8 @@
 //
 // valid = lost == 0 && early == 0 && cancel_violations == 0 && phantom == 0 &&
 // idempotency_violations == 0 && expired_early == 0 && resurrected == 0 && backup_lost == 0 &&
-// backup_phantom == 0 && backup_wrong_state == 0 && backup_invalid == 0 && converged.
+// backup_phantom == 0 && backup_wrong_state == 0 && backup_invalid == 0 &&
+// update_violations == 0 && stale_reads == 0 && converged.
 //
 //  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
 //     (existing or not) and no cancel op of type ok or info must have at least one record,
@@ -134,6 +140,19 @@
 //     states are allowed whenever the settle may have happened by C, pending whenever it
 //     may not have happened by I. The applied index of each shard is recorded, not judged.
 //
+//  9. update_violations (counts findings) and stale_reads (count get ops). For every ok
+//     update U of an id, to version v, completed at C: (a) a record of the id of a version
+//     below v appended after C is a violation (the update promised that no record of a
+//     replaced version follows its ack); (b) a record of version v must carry U's payload.
+//     (c) Unless a cancel of the id may have happened (ok or info), some record of the
+//     latest version an ok update made, or a later one, must exist; an id with an ok update
+//     is judged by (c), not by lost. A get of type ok that reports a version (0 is a run from
+//     before versions) is stale when an ok update of its id to a higher version completed
+//     before the get was invoked. A re-send of the id's schedule after an update reports the
+//     event's due time as it now is, so check 5 does not compare the due times of an updated
+//     id's re-sends. ABORTED updates changed nothing (the driver records them as fail);
+//     UNKNOWN ones may have (info).
+//
 //  8. converged. The final state must list at least one shard; every shard must have exactly
 //     one distinct node in Leaders, that leader must be one of its replicas, it must have
 //     replicas, all replicas must have the same AppliedIndex, and replicas at the same
@@ -178,7 +197,8 @@
 //
 //	{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
 //	 "idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
-//	 "backup_wrong_state", "backup_invalid", "duplicates", "duplicates_by_fault": {kind|"none": n},
+//	 "backup_wrong_state", "backup_invalid", "update_violations", "stale_reads", "duplicates",
+//	 "duplicates_by_fault": {kind|"none": n},
 //	 "converged", "convergence_problems": [string],
 //	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},
 //	 "recovery": [{"kind", "targets", "start_ns", "heal_ns", "recovery_ms"}],

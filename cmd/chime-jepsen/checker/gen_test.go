@@ -54,6 +54,9 @@ var scenarios = []string{
 	"info_then_ok",   // schedule info (timed out), re-send ok existing=true, one record
 	"info_conflict",  // two info schedules with different content, record of the first
 	"deadletter",     // schedule ok, record on the dead-letter topic
+	"updated",        // schedule ok, one or two updates ok, one record of the last version
+	"update_refused", // schedule ok, record, update fails FAILED_PRECONDITION
+	"update_info",    // schedule ok, update info, a record of either version
 }
 
 // genClean builds a clean run of n events from seed: Check must find nothing in it.
@@ -201,6 +204,52 @@ func genClean(seed uint64, n int) *run {
 			add(ok(sched, false))
 			t := appendAt(due) + int64(300*time.Millisecond) // after the retries
 			record(id, DefaultDeadLetterTopic, payload, due, t)
+		case "updated":
+			add(ok(sched, false))
+			last, version, p := complete, uint64(1), payload
+			for k := range 1 + r.IntN(2) {
+				u := Op{F: FUpdate, ID: id, Payload: fmt.Sprintf("%s-u%d", payload, k), Type: TypeOK, InvokeNs: last + lat()}
+				u.CompleteNs = u.InvokeNs + lat()
+				u.DelayNs = int64(500*time.Millisecond) + r.Int64N(int64(5*time.Second))
+				version++
+				u.AckDueNs, u.Version = u.CompleteNs+u.DelayNs, version
+				if r.IntN(2) == 0 {
+					u.ExpectedVersion = version - 1
+				}
+				add(u)
+				last, due, p = u.CompleteNs, u.AckDueNs, u.Payload
+			}
+			g.due[id] = due
+			record(id, topic, p, due, appendAt(due))
+			g.recs[len(g.recs)-1].Version = version
+			if r.IntN(2) == 0 { // a re-send of the original schedule reports the due time as it now is
+				re := resendAt(sched, last)
+				re.Type, re.AckDueNs, re.Existing = TypeOK, due, true
+				add(re)
+			}
+			if r.IntN(2) == 0 {
+				gi := last + lat()
+				add(Op{F: FGet, ID: id, Type: TypeOK, State: StateScheduled, Version: version, InvokeNs: gi, CompleteNs: gi + lat()})
+			}
+		case "update_refused":
+			add(ok(sched, false))
+			t := deliver()
+			add(Op{F: FUpdate, ID: id, Payload: payload + "-late", DelayNs: int64(time.Second), Type: TypeFail, Code: "FailedPrecondition",
+				Error: "already fired", InvokeNs: t + lat(), CompleteNs: t + 2*lat()})
+		case "update_info":
+			add(ok(sched, false))
+			u := Op{F: FUpdate, ID: id, Payload: payload + "-u", Type: TypeInfo, Code: "Unknown", InvokeNs: complete + lat()}
+			u.CompleteNs = u.InvokeNs + lat()
+			u.DelayNs = int64(500*time.Millisecond) + r.Int64N(int64(5*time.Second))
+			add(u)
+			if r.IntN(2) == 0 {
+				deliver()
+			} else {
+				due = u.CompleteNs + u.DelayNs
+				g.due[id] = due
+				record(id, topic, u.Payload, due, appendAt(due))
+				g.recs[len(g.recs)-1].Version = 2
+			}
 		}
 		if r.IntN(4) == 0 {
 			st := []string{"scheduled", "fired", "cancelled"}[r.IntN(3)]

@@ -207,6 +207,8 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("backup_phantom", res.BackupPhantom, true)
 	row("backup_wrong_state", res.BackupWrongState, true)
 	row("backup_invalid", res.BackupInvalid, true)
+	row("update_violations", res.UpdateViolations, true)
+	row("stale_reads", res.StaleReads, true)
 	conv, convClass := "yes", "good"
 	if !res.Converged {
 		conv, convClass = "no", "bad"

@@ -7,14 +7,18 @@ import "time"
 type Op struct {
 	Index   int    `json:"index"`
 	Process int    `json:"process"`
-	F       string `json:"f"`              // "schedule", "cancel", "get", "invalid", "backup", "nemesis"
+	F       string `json:"f"`              // "schedule", "cancel", "get", "update", "invalid", "backup", "nemesis"
 	Node    string `json:"node,omitempty"` // node the request was sent to
 
 	ID          string `json:"id,omitempty"`
 	Topic       string `json:"topic,omitempty"`
 	Payload     string `json:"payload,omitempty"`
 	DelayNs     int64  `json:"delay_ns,omitempty"`      // schedule: exactly one of DelayNs and DeliverAtNs is set
-	DeliverAtNs int64  `json:"deliver_at_ns,omitempty"` //
+	DeliverAtNs int64  `json:"deliver_at_ns,omitempty"` // (update: its new due time, the same way)
+
+	// Update only: the expected_version it sent (0: none). Payload is the new payload it
+	// set; every update of a run sets a payload no other op used.
+	ExpectedVersion uint64 `json:"expected_version,omitempty"`
 
 	InvokeNs   int64 `json:"invoke_ns"`
 	CompleteNs int64 `json:"complete_ns"`
@@ -28,6 +32,9 @@ type Op struct {
 	AckDueNs int64  `json:"ack_due_ns,omitempty"` // schedule ok: the due time the server returned
 	Existing bool   `json:"existing,omitempty"`   // schedule ok: the id already existed with this content
 	State    string `json:"state,omitempty"`      // get ok: scheduled/fired/cancelled/dead_lettered
+	// Version: get ok, the event's version; update ok, the version it made (AckDueNs is
+	// then its due time).
+	Version uint64 `json:"version,omitempty"`
 
 	// Backup only. Type is ok when the backup wrote its manifest, fail when it did not. Dir
 	// is its directory, relative to the run's folder; Node the node asked (it relays the
@@ -53,6 +60,7 @@ const (
 	FSchedule = "schedule"
 	FCancel   = "cancel"
 	FGet      = "get"
+	FUpdate   = "update"
 	FInvalid  = "invalid"
 	FBackup   = "backup"
 	FNemesis  = "nemesis"
@@ -92,8 +100,8 @@ const KindSkew = "skew"
 //
 // AppendMs is the broker's LogAppendTime. The broker runs in the driver process, so it is the
 // driver's clock, at millisecond resolution (truncated). ReceivedNs is when the reader got it.
-// DueMs, FiredMs and Attempt are the chime-due-unix-ms, chime-fired-unix-ms and chime-attempt
-// headers; FiredMs is the firing node's clock, which a skew nemesis moves.
+// DueMs, FiredMs, Attempt and Version are the chime-due-unix-ms, chime-fired-unix-ms,
+// chime-attempt and chime-version headers; FiredMs is the firing node's clock, which a skew nemesis moves.
 type Record struct {
 	ID         string `json:"id"`
 	Topic      string `json:"topic"`
@@ -103,6 +111,7 @@ type Record struct {
 	DueMs      int64  `json:"due_ms"`
 	FiredMs    int64  `json:"fired_ms"`
 	Attempt    int    `json:"attempt"`
+	Version    uint64 `json:"version,omitempty"` // chime-version; 0 when absent (1 is meant)
 	AppendMs   int64  `json:"append_ms"`
 	ReceivedNs int64  `json:"received_ns"`
 }
@@ -190,7 +199,8 @@ func (c Config) withDefaults(ops []Op) Config {
 // Results is what Check found. It is written as results.json.
 type Results struct {
 	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly,
-	// Resurrected and the four Backup counts are all zero and the final state converged.
+	// Resurrected, the four Backup counts, UpdateViolations and StaleReads are all zero and
+	// the final state converged.
 	Valid bool `json:"valid"`
 
 	Lost                  int `json:"lost"`                   // ids
@@ -205,6 +215,8 @@ type Results struct {
 	BackupPhantom         int `json:"backup_phantom"`         // (backup, id) pairs
 	BackupWrongState      int `json:"backup_wrong_state"`     // (backup, id) pairs
 	BackupInvalid         int `json:"backup_invalid"`         // backup ops
+	UpdateViolations      int `json:"update_violations"`      // findings
+	StaleReads            int `json:"stale_reads"`            // get ops
 
 	Duplicates        int            `json:"duplicates"`          // extra copies
 	DuplicatesByFault map[string]int `json:"duplicates_by_fault"` // nemesis kind or "none" → extra copies
