@@ -75,7 +75,7 @@ func (s *Server) Schedule(ctx context.Context, in *chimev1.ScheduleRequest) (*ch
 	if rerr != nil {
 		return nil, rerr
 	}
-	return &chimev1.ScheduleResponse{Id: res.Id, Due: res.Due, Existing: res.Existing}, nil
+	return &chimev1.ScheduleResponse{Id: res.Id, Due: res.Due, Existing: res.Existing, Version: res.Version}, nil
 }
 
 // BatchSchedule validates every event on its own, reports the invalid ones
@@ -127,12 +127,16 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 // scheduleResult turns one Backend result into the client's answer, or a
 // status error (ALREADY_EXISTS for a Conflict).
 func (s *Server) scheduleResult(path eventPath, req shard.Request, r shard.Result) (*chimev1.ScheduleResult, error) {
+	if r.Err != nil {
+		return nil, s.backendStatus("Schedule", r.Err)
+	}
 	switch r.Outcome {
-	case raftfsm.Created, raftfsm.Existing:
+	case raftfsm.Created, raftfsm.Existing, raftfsm.Replaced, raftfsm.Renewed:
 		return &chimev1.ScheduleResult{
 			Id:       req.ID,
 			Due:      timestamppb.New(time.Unix(0, r.Due)),
 			Existing: r.Outcome == raftfsm.Existing,
+			Version:  r.Version,
 		}, nil
 	case raftfsm.Conflict:
 		return nil, status.Errorf(codes.AlreadyExists, "%s.id: %q already scheduled with different content", path, req.ID)

@@ -1,12 +1,16 @@
 package rpc_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/rpctest"
+	"github.com/chimehq/chime/shard"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -90,5 +94,57 @@ func TestUpdate(t *testing.T) {
 	}
 	if got, _ = e.client.Get(ctx(t), &chimev1.GetRequest{Id: "pending"}); len(got.Event.Key) != 0 {
 		t.Fatalf("key %q after it was removed", got.Event.Key)
+	}
+}
+
+// refusingBackend refuses every Replace request with err, as a shard leader
+// refuses one whose event is being fired.
+type refusingBackend struct {
+	*rpctest.Backend
+	err error
+}
+
+func (b refusingBackend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
+	res, err := b.Backend.Schedule(ctx, reqs)
+	for i, r := range reqs {
+		if err == nil && r.Replace {
+			res[i] = shard.Result{Err: b.err}
+		}
+	}
+	return res, err
+}
+
+func TestScheduleReplace(t *testing.T) {
+	e := start(t, rpc.Limits{}, nil)
+	ev := validEvent()
+	if _, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev}); err != nil {
+		t.Fatal(err)
+	}
+	ev.OnConflict = 7
+	_, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev})
+	wantStatus(t, err, codes.InvalidArgument, "event.on_conflict: unknown value 7 (ON_CONFLICT_REJECT or ON_CONFLICT_REPLACE)")
+	ev.OnConflict, ev.Payload = chimev1.OnConflict_ON_CONFLICT_REPLACE, []byte("replaced")
+	resp, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev})
+	if err != nil || resp.Existing || resp.Version != 2 {
+		t.Fatalf("REPLACE = %v, %v; want version 2, not existing", resp, err)
+	}
+
+	// A refused Replace is that event's answer in a batch, and the call's for a Schedule.
+	r := start(t, rpc.Limits{}, refusingBackend{rpctest.New(nil), shard.ErrFiring})
+	other := validEvent()
+	other.Id = "other"
+	batch, err := r.client.BatchSchedule(ctx(t), &chimev1.BatchScheduleRequest{Events: []*chimev1.Event{ev, other}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := batch.Results[0]; codes.Code(got.Code) != codes.Aborted || got.Id != ev.Id {
+		t.Errorf("refused Replace in a batch: %v", got)
+	}
+	if got := batch.Results[1]; got.Code != 0 || got.Version != 1 {
+		t.Errorf("the other event of the batch: %v", got)
+	}
+	_, err = r.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev})
+	if status.Code(err) != codes.Aborted {
+		t.Errorf("refused Replace: %v, want Aborted", err)
 	}
 }

@@ -83,6 +83,13 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (s
 		return shard.Request{}, err
 	}
 	req := shard.Request{ID: ev.Id, Topic: ev.Topic}
+	switch ev.OnConflict {
+	case chimev1.OnConflict_ON_CONFLICT_UNSPECIFIED, chimev1.OnConflict_ON_CONFLICT_REJECT:
+	case chimev1.OnConflict_ON_CONFLICT_REPLACE:
+		req.Replace = true
+	default:
+		return shard.Request{}, invalid(path.field("on_conflict"), "unknown value %d (ON_CONFLICT_REJECT or ON_CONFLICT_REPLACE)", ev.OnConflict)
+	}
 	if err := lim.checkDue(path, ev, now, &req); err != nil {
 		return shard.Request{}, err
 	}

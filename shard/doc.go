@@ -20,11 +20,12 @@
 //     loader (horizonLoop), which reads the events the horizon reaches from
 //     Pebble's due index, so that a new leader fires from a wheel it already
 //     has and memory holds only the events due soon.
-//   - Changes of pending events (update.go): Update reads the event under
-//     the lease, refuses while a fire batch holds it or a produce of it may
-//     still land, pins it out of the wheel (firing.pin) and proposes the
-//     change naming the pinned seq, so that no fire batch reads the version
-//     the change replaces.
+//   - Changes of pending events (update.go, and Schedule's Replace
+//     requests, pinReplaced): each reads the event under the lease, refuses
+//     while a fire batch holds it or a produce of it may still land, pins it
+//     out of the wheel (firing.pin) and proposes the change naming the
+//     pinned seq, so that no fire batch reads the version the change
+//     replaces.
 //   - Group commit: concurrent Schedule calls become one ScheduleBatch entry
 //     (proposeLoop, applyWaitLoop), and the marks of many fire batches one
 //     MarkFired entry (markLoop).
@@ -167,5 +168,6 @@
 //     (TestUpdateRefusedWhileFiring), one pinned for a change stays out of
 //     every batch while it commits (TestUpdatePinsTheEvent), and the new
 //     version fires at its new time, sooner or later
-//     (TestUpdateMovesTheDueTime).
+//     (TestUpdateMovesTheDueTime); the same holds for a Schedule with
+//     Replace, refused for its own event alone (TestReplace).
 package shard

@@ -3,6 +3,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/hashicorp/raft"
 
@@ -41,10 +42,87 @@ type pendingApply struct {
 // applied on this leader. reqs go into the next ScheduleBatch entry, or,
 // if they exceed an entry's bounds, into several; an error means some may
 // have been applied (a retry with the same ids finds them).
+//
+// A Replace request is refused on its own (Result.Err, nothing changed)
+// when the pending event it would replace is being fired, or another change
+// of it is under way; see pinReplaced.
 func (s *Shard) Schedule(ctx context.Context, reqs []Request) ([]Result, error) {
 	if !s.IsLeader() {
 		return nil, ErrNotLeader
 	}
+	if !slices.ContainsFunc(reqs, func(r Request) bool { return r.Replace }) {
+		return s.schedule(ctx, reqs)
+	}
+	todo, refused, pinned, err := s.pinReplaced(ctx, reqs)
+	defer func() {
+		for _, seq := range pinned {
+			s.firing.unpin(seq)
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+	var res []Result
+	if len(todo) > 0 {
+		if res, err = s.schedule(ctx, todo); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]Result, len(reqs))
+	for i := range out {
+		if refused[i] != nil {
+			out[i] = Result{Err: refused[i]}
+			continue
+		}
+		out[i], res = res[0], res[1:]
+		if out[i].Outcome == raftfsm.Moved {
+			// Another change superseded the pinned event before this one
+			// committed: nothing changed.
+			out[i] = Result{Err: ErrChanging}
+		}
+	}
+	return out, nil
+}
+
+// pinReplaced prepares the Replace requests of reqs: each reads the event
+// its id is bound to, under the lease, and a pending one is refused if a
+// produce of it may be under way (ErrFiring, ErrProduceUnknown), else pinned
+// out of the wheel (firing.pin), so that no fire batch reads the version it
+// replaces, and named in the entry, which the FSM refuses (Moved) if another
+// change superseded it meanwhile. It returns the requests to propose, in
+// order, the refusal of each request (nil for the proposed ones) and the
+// seqs pinned, which the caller unpins once the entry is applied or given up.
+func (s *Shard) pinReplaced(ctx context.Context, reqs []Request) (todo []Request, refused []error, pinned []uint64, err error) {
+	if err := s.readable(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	refused = make([]error, len(reqs))
+	todo = make([]Request, 0, len(reqs))
+	for i, r := range reqs {
+		if r.Replace {
+			rec, found, err := s.fsm.Get(r.ID)
+			if err != nil {
+				return nil, nil, pinned, err
+			}
+			if found && rec.State == raftfsm.StateScheduled {
+				if s.inDoubt(rec) {
+					refused[i] = ErrProduceUnknown
+				} else if refused[i] = s.firing.pin(rec.Seq, rec.Due); refused[i] == nil {
+					pinned = append(pinned, rec.Seq)
+					r.pending = rec.Seq
+				}
+			}
+			if refused[i] != nil {
+				continue
+			}
+		}
+		todo = append(todo, r)
+	}
+	return todo, refused, pinned, nil
+}
+
+// schedule proposes reqs, group-committed with other calls.
+func (s *Shard) schedule(ctx context.Context, reqs []Request) ([]Result, error) {
 	props := s.proposalsFor(ctx, reqs)
 	for _, p := range props {
 		select {
@@ -90,10 +168,11 @@ func (s *Shard) proposalsFor(ctx context.Context, reqs []Request) []*proposal {
 
 // requestBytes bounds what r adds to an encoded ScheduleBatch entry
 // (raftfsm.AppendScheduleBatch): its strings and bytes, plus at most 48
-// bytes of lengths, due time and content hash, and 10 of lengths per
-// header.
+// bytes of lengths, due time and content hash (11 more of flags and the
+// pinned seq, which every event of an entry with a Replace carries), and 10
+// of lengths per header.
 func requestBytes(r *Request) int {
-	n := 48 + len(r.ID) + len(r.Topic) + len(r.Key) + len(r.Payload)
+	n := 48 + 11 + len(r.ID) + len(r.Topic) + len(r.Key) + len(r.Payload)
 	for _, h := range r.Headers {
 		n += 10 + len(h.Key) + len(h.Value)
 	}
@@ -161,6 +240,7 @@ func (s *Shard) propose(props []*proposal, n int) {
 			cmd.Events = append(cmd.Events, raftfsm.NewEvent{
 				ID: r.ID, Due: due, Topic: r.Topic, Key: r.Key, Payload: r.Payload,
 				Headers: r.Headers, ContentHash: r.ContentHash,
+				Replace: r.Replace, CheckPending: r.Replace, Pending: r.pending,
 			})
 		}
 	}
@@ -198,7 +278,7 @@ func (s *Shard) applyWaitLoop() {
 			out := make([]Result, len(p.reqs))
 			for i := range out {
 				r := results[off+i]
-				out[i] = Result{Outcome: r.Outcome, Seq: r.Seq, Due: r.Due}
+				out[i] = Result{Outcome: r.Outcome, Seq: r.Seq, Due: r.Due, Version: r.Version}
 			}
 			off += len(p.reqs)
 			p.done <- proposalResult{results: out}

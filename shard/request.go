@@ -24,6 +24,13 @@ type Request struct {
 	// ContentHash is raftfsm.ContentHash over the fields above as sent, so a
 	// re-send with the same relative delay is recognised as identical.
 	ContentHash uint64
+	// Replace makes the event take the place of the one its id is bound to
+	// (raftfsm.NewEvent.Replace) instead of being compared with it.
+	Replace bool
+
+	// pending is the seq of the pending event a Replace supersedes, as the
+	// leader pinned it (0: none was pending); see Shard.pinReplaced.
+	pending uint64
 }
 
 // Change is one Update as the client sent it and the rpc layer validated
@@ -38,9 +45,14 @@ type Change struct {
 
 // Result is what scheduling one Request did.
 type Result struct {
-	Outcome raftfsm.ScheduleOutcome // Created, Existing or Conflict
+	Outcome raftfsm.ScheduleOutcome // Created, Existing, Conflict, Replaced or Renewed
 	Seq     uint64
-	Due     int64 // Unix ns; the original due time when Existing
+	Due     int64  // Unix ns; the original due time when Existing
+	Version uint64 // the version it made; 0 when Existing or Conflict
+	// Err, when set, says why this request was refused, changing nothing
+	// (a Replace of an event being fired: ErrFiring, ErrProduceUnknown,
+	// ErrChanging); Outcome is then zero.
+	Err error
 }
 
 // Errors returned by shards and the host. The rpc layer maps each to a gRPC

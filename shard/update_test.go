@@ -123,3 +123,78 @@ func TestUpdatePinsTheEvent(t *testing.T) {
 		t.Errorf("fired %v after the update began, want 1 s + 2 s", r.Fired.Sub(start))
 	}
 }
+
+// replacing is a Schedule of id with Replace, due after delay, with payload.
+func replacing(id, topic, payload string, delay time.Duration) Request {
+	r := Request{ID: id, Delay: delay, HasDelay: true, Topic: topic, Payload: []byte(payload), Replace: true}
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true)
+	return r
+}
+
+// TestReplace: a Replace of a pending event makes it the next version, which
+// alone fires, at its own time; of a fired event, schedules the id anew; of
+// an event a fire batch holds, is refused for that event alone.
+func TestReplace(t *testing.T) {
+	const lead = 400 * time.Millisecond
+	brokers := publishtest.NewBroker(t).Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) {
+		tu.FireLead = lead
+		tu.ClockSkewBound = 10 * time.Millisecond
+	})
+	defer n.close()
+	s := n.host.Replica(0)
+	ctx := context.Background()
+	col := publishtest.Collect(t, brokers, "replace")
+	res, err := s.Schedule(ctx, []Request{delayed("debounced", "replace", 3*time.Second), delayed("held", "replace", 700*time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishtest.WaitFor(t, 10*time.Second, "the held event's batch is taken out of the wheel", func() bool {
+		s.firing.mu.Lock()
+		defer s.firing.mu.Unlock()
+		return s.firing.inflight[res[1].Seq] != nil
+	})
+	start := time.Now()
+	got, err := s.Schedule(ctx, []Request{replacing("debounced", "replace", "v2", 500*time.Millisecond), replacing("held", "replace", "v2", time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[0].Outcome != raftfsm.Replaced || got[0].Version != 2 || got[0].Err != nil {
+		t.Errorf("Replace of a pending event: %+v", got[0])
+	}
+	if !errors.Is(got[1].Err, ErrFiring) || got[1].Outcome != 0 {
+		t.Errorf("Replace of an event in a fire batch: %+v, want ErrFiring", got[1])
+	}
+	recs := col.WaitIDs(2, 10*time.Second)
+	d, h := recs.ByID["debounced"], recs.ByID["held"]
+	if d.Version != 2 || d.Value() != "v2" || d.Fired.Before(start.Add(500*time.Millisecond).Truncate(time.Millisecond)) || d.Received.Sub(start) > 2*time.Second {
+		t.Errorf("the replaced event: version %d %q, fired %v after the Replace", d.Version, d.Value(), d.Fired.Sub(start))
+	}
+	if h.Version != 1 || h.Value() != "v1-held" {
+		t.Errorf("the held event: version %d %q, want it as scheduled", h.Version, h.Value())
+	}
+
+	// Fired: a Replace schedules it anew, as version 3.
+	publishtest.WaitFor(t, 10*time.Second, "the replaced event is marked fired", func() bool {
+		rec, _, _ := s.fsm.Get("debounced")
+		return rec.State == raftfsm.StateFired
+	})
+	got, err = s.Schedule(ctx, []Request{replacing("debounced", "replace", "v3", 0)})
+	if err != nil || got[0].Outcome != raftfsm.Renewed || got[0].Version != 3 {
+		t.Fatalf("Replace of a fired event: %+v, %v", got, err)
+	}
+	publishtest.WaitFor(t, 10*time.Second, "version 3 fires", func() bool {
+		for _, r := range col.Consumed().Records {
+			if r.ID == "debounced" && r.Version == 3 && r.Value() == "v3" {
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(3 * time.Second) // past the first version's due time
+	for _, r := range col.Consumed().Records {
+		if r.ID == "debounced" && r.Version == 1 {
+			t.Errorf("the replaced first version was produced")
+		}
+	}
+}

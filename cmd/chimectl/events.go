@@ -50,7 +50,10 @@ record gets --key, the payload from --payload or --payload-file, the given
 for deduplication). The id is the idempotency key: scheduling the same id
 with the same content again changes nothing and reports "already
 scheduled" with the original due time; the same id with different content
-fails with AlreadyExists. Without --id chimectl picks a random id (26
+fails with AlreadyExists. With --replace the event takes the place of the
+one its id is bound to instead (an upsert: a pending one is replaced, so
+that only the latest is produced, a fired or cancelled one is scheduled
+anew) and is its next version. Without --id chimectl picks a random id (26
 characters of base32, like the ids the server generates) and prints it, so
 that a call answered Unavailable (a node restarting, a shard between
 leaders) is sent again, with backoff until --timeout, without ever
@@ -58,7 +61,7 @@ scheduling two events; a resent call whose first copy had arrived reports
 "already scheduled".`,
 		example: `  chimectl schedule --topic reminders --in 30m --id order-42-reminder --payload '{"order":42}'
   chimectl schedule --topic billing.retry --at 2030-01-02T09:00:00+01:00 --key customer-7 --header trace=abc
-  gzip -c report.json | chimectl schedule --topic reports --in 24h --payload-file - --json`,
+  chimectl schedule --topic sessions --in 30m --id session-7-expiry --replace`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			topic := fs.String("topic", "", "Kafka `topic` to produce the record to (required)")
 			in := fs.Duration("in", 0, "produce the record this long from now, a `duration` like 2s, 90m or 36h (set exactly one of --in and --at)")
@@ -69,6 +72,7 @@ scheduling two events; a resent call whose first copy had arrived reports
 			id := fs.String("id", "", "event `id`, the idempotency key (at most 256 bytes); empty: chimectl picks a random one")
 			var hdrs multiFlag
 			fs.Var(&hdrs, "header", "add a Kafka record header `name=value`; repeatable, kept in order")
+			replace := fs.Bool("replace", false, "replace the event the id is bound to (pending: its next version; fired or cancelled: scheduled anew)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected argument %q", args[0])
@@ -96,6 +100,9 @@ scheduling two events; a resent call whose first copy had arrived reports
 				if ev.Headers, err = headerFlags(hdrs); err != nil {
 					return err
 				}
+				if *replace {
+					ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REPLACE
+				}
 				var resp *chimev1.ScheduleResponse
 				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
 					var err error
@@ -111,13 +118,17 @@ scheduling two events; a resent call whose first copy had arrived reports
 						ID       string `json:"id"`
 						Due      string `json:"due"`
 						Existing bool   `json:"existing"`
-					}{resp.GetId(), due.UTC().Format(time.RFC3339Nano), resp.GetExisting()})
+						Version  uint64 `json:"version"`
+					}{resp.GetId(), due.UTC().Format(time.RFC3339Nano), resp.GetExisting(), resp.GetVersion()})
 				}
-				verb := "scheduled"
-				if resp.GetExisting() {
+				verb, version := "scheduled", ""
+				switch {
+				case resp.GetExisting():
 					verb = "already scheduled"
+				case resp.GetVersion() > 1:
+					verb, version = "replaced", fmt.Sprintf(", version %d", resp.GetVersion())
 				}
-				_, err = fmt.Fprintf(c.stdout, "%s %s due %s (%s)\n", verb, resp.GetId(), c.localTime(due), relative(due.Sub(c.now())))
+				_, err = fmt.Fprintf(c.stdout, "%s %s due %s (%s)%s\n", verb, resp.GetId(), c.localTime(due), relative(due.Sub(c.now())), version)
 				return err
 			}
 		},

@@ -184,9 +184,9 @@ func TestSchedule(t *testing.T) {
 
 	// The global flags work after the command too.
 	chimectl(t, nil, "", "schedule", "--topic", "orders", "--at", "2026-03-01T14:00:00+01:00", "--id", "abs", "--json", "--addr", addr).
-		want(t, 0, `{"id":"abs","due":"2026-03-01T13:00:00Z","existing":false}`+"\n", "")
+		want(t, 0, `{"id":"abs","due":"2026-03-01T13:00:00Z","existing":false,"version":1}`+"\n", "")
 	chimectl(t, nil, "", "--json", "--addr", addr, "schedule", "--topic", "orders", "--at", "2026-03-01T13:00:00Z", "--id", "abs").
-		want(t, 0, `{"id":"abs","due":"2026-03-01T13:00:00Z","existing":true}`+"\n", "")
+		want(t, 0, `{"id":"abs","due":"2026-03-01T13:00:00Z","existing":true,"version":0}`+"\n", "")
 
 	// A due time in the past is said so.
 	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "orders", "--at", "2026-03-01T11:58:30Z", "--id", "past").
@@ -407,4 +407,17 @@ func TestUpdate(t *testing.T) {
 	b.Fire("order-42", t0, 1)
 	chimectl(t, nil, "", "--addr", addr, "update", "order-42", "--in", "1s").
 		want(t, 1, "", `chimectl: FailedPrecondition: id: event "order-42" has already fired; only a scheduled event can be updated`+"\n")
+}
+
+func TestScheduleReplace(t *testing.T) {
+	addr, b := startChime(t)
+	args := []string{"--addr", addr, "schedule", "--topic", "sessions", "--id", "s-7"}
+	chimectl(t, nil, "", append(args, "--in", "30m", "--payload", "first")...).want(t, 0, "scheduled s-7 due 2026-03-01T13:30:00+01:00 (in 30m)\n", "")
+	chimectl(t, nil, "", append(args, "--in", "40m", "--payload", "second")...).
+		want(t, 1, "", "chimectl: AlreadyExists: event.id: \"s-7\" already scheduled with different content\n")
+	chimectl(t, nil, "", append(args, "--in", "40m", "--payload", "second", "--replace")...).
+		want(t, 0, "replaced s-7 due 2026-03-01T13:40:00+01:00 (in 40m), version 2\n", "")
+	if rec, _, _ := b.Get(context.Background(), "s-7"); string(rec.Payload) != "second" || rec.Version != 2 {
+		t.Fatalf("after --replace: %+v", rec)
+	}
 }

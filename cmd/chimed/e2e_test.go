@@ -386,6 +386,65 @@ func TestUpdateThroughChimed(t *testing.T) {
 	d.stop()
 }
 
+// TestReplaceThroughChimed: ON_CONFLICT_REPLACE of a pending id makes the
+// new content the only one produced, at its own time; of a fired id,
+// schedules it anew.
+func TestReplaceThroughChimed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("watches two events for 6 s through a chimed process; skipped with -short")
+	}
+	brokers := broker(t)
+	d := newDaemon(t, brokers)
+	d.start()
+	cl := d.client()
+	ctx := context.Background()
+	col := collect(t, brokers, "e2e.replace")
+	sched := func(id, payload string, delay time.Duration, replace bool) *chimev1.ScheduleResponse {
+		t.Helper()
+		ev := &chimev1.Event{Id: id, Topic: "e2e.replace", Delay: durationpb.New(delay), Payload: []byte(payload)}
+		if replace {
+			ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REPLACE
+		}
+		resp, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: ev})
+		if err != nil {
+			t.Fatalf("Schedule(%s, %s): %v", id, payload, err)
+		}
+		return resp
+	}
+	start := time.Now()
+	sched("pending", "v1", 5*time.Second, false)
+	sched("fired", "v1", 0, false)
+	if r := sched("pending", "v2", time.Second, true); r.Version != 2 || r.Existing {
+		t.Fatalf("REPLACE of a pending id: %v", r)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g, err := cl.Get(ctx, &chimev1.GetRequest{Id: "fired"})
+		if err == nil && g.State == chimev1.EventState_EVENT_STATE_FIRED {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first event did not fire: %v, %v", g, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r := sched("fired", "v2", 500*time.Millisecond, true); r.Version != 2 || r.Existing {
+		t.Fatalf("REPLACE of a fired id: %v", r)
+	}
+	time.Sleep(time.Until(start.Add(6 * time.Second)))
+	byVersion := map[string][]string{}
+	for _, r := range col.Consumed().Records {
+		byVersion[r.ID] = append(byVersion[r.ID], fmt.Sprintf("v%d:%s", r.Version, r.Value()))
+	}
+	if got := strings.Join(byVersion["pending"], ","); got != "v2:v2" {
+		t.Errorf("the replaced pending id produced %s, want only its second version", got)
+	}
+	if got := strings.Join(byVersion["fired"], ","); got != "v1:v1,v2:v2" {
+		t.Errorf("the replaced fired id produced %s, want both versions in order", got)
+	}
+	d.stop()
+}
+
 // quantiles describes ds by nearest rank, as the fault checker does.
 func quantiles(ds []time.Duration) string {
 	ms := make([]float64, len(ds))

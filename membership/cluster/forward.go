@@ -103,12 +103,19 @@ func (c *Cluster) scheduleOnce(ctx context.Context, s uint32, reqs []shard.Reque
 	for i, r := range resp.Results {
 		switch codes.Code(r.Code) {
 		case codes.OK:
-			out[i] = shard.Result{Outcome: raftfsm.Created, Due: r.Due.AsTime().UnixNano()}
-			if r.Existing {
+			out[i] = shard.Result{Outcome: raftfsm.Created, Due: r.Due.AsTime().UnixNano(), Version: r.Version}
+			switch {
+			case r.Existing:
 				out[i].Outcome = raftfsm.Existing
+			case r.Version > 1:
+				out[i].Outcome = raftfsm.Replaced
 			}
 		case codes.AlreadyExists:
 			out[i] = shard.Result{Outcome: raftfsm.Conflict}
+		case codes.Aborted:
+			// A Replace the leader refused, changing nothing: this event's
+			// answer, not the call's.
+			out[i] = shard.Result{Err: status.Error(codes.Aborted, r.Message)}
 		default:
 			return nil, status.Error(codes.Code(r.Code), r.Message)
 		}
@@ -118,6 +125,9 @@ func (c *Cluster) scheduleOnce(ctx context.Context, s uint32, reqs []shard.Reque
 
 func toEvent(r shard.Request) *chimev1.Event {
 	ev := &chimev1.Event{Id: r.ID, Topic: r.Topic, Key: r.Key, Payload: r.Payload}
+	if r.Replace {
+		ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REPLACE
+	}
 	if r.HasDeliverAt {
 		ev.DeliverAt = timestamppb.New(time.Unix(0, r.DeliverAt))
 	}

@@ -74,7 +74,9 @@ func (b *Backend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.R
 	now := b.now().UnixNano()
 	out := make([]shard.Result, len(reqs))
 	for i, r := range reqs {
-		if rec, ok := b.events[r.ID]; ok {
+		old, ok := b.events[r.ID]
+		if ok && !r.Replace {
+			rec := old
 			o := raftfsm.Existing
 			if rec.ContentHash != r.ContentHash {
 				o = raftfsm.Conflict
@@ -101,9 +103,16 @@ func (b *Backend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.R
 		for _, h := range r.Headers {
 			rec.Headers = append(rec.Headers, raftfsm.Header{Key: h.Key, Value: slices.Clone(h.Value)})
 		}
+		outcome := raftfsm.Created
+		if ok { // Replace: the next version, pending again
+			rec.Version, outcome = old.Version+1, raftfsm.Replaced
+			if old.State != raftfsm.StateScheduled {
+				outcome = raftfsm.Renewed
+			}
+		}
 		b.nextSeq++
 		b.events[r.ID] = rec
-		out[i] = shard.Result{Outcome: raftfsm.Created, Seq: rec.Seq, Due: due}
+		out[i] = shard.Result{Outcome: outcome, Seq: rec.Seq, Due: due, Version: rec.Version}
 	}
 	return out, nil
 }

@@ -27,6 +27,67 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// OnConflict says what a Schedule does with an id that is already bound to
+// an event (pending, or settled within the retention).
+type OnConflict int32
+
+const (
+	// REJECT.
+	OnConflict_ON_CONFLICT_UNSPECIFIED OnConflict = 0
+	// Idempotency: identical content returns the original result
+	// (existing = true); different content fails with ALREADY_EXISTS.
+	OnConflict_ON_CONFLICT_REJECT OnConflict = 1
+	// Upsert: a pending event is replaced by this one (its due time and
+	// content, as an Update of every field: no record of the replaced version
+	// is produced afterwards); a fired, cancelled or dead-lettered one is
+	// removed and the id scheduled anew. Either way the event's version goes
+	// up by one. For debounce and sliding expiry: "the latest payload, never
+	// two". ABORTED, with nothing changed, while the pending event is being
+	// produced.
+	OnConflict_ON_CONFLICT_REPLACE OnConflict = 2
+)
+
+// Enum value maps for OnConflict.
+var (
+	OnConflict_name = map[int32]string{
+		0: "ON_CONFLICT_UNSPECIFIED",
+		1: "ON_CONFLICT_REJECT",
+		2: "ON_CONFLICT_REPLACE",
+	}
+	OnConflict_value = map[string]int32{
+		"ON_CONFLICT_UNSPECIFIED": 0,
+		"ON_CONFLICT_REJECT":      1,
+		"ON_CONFLICT_REPLACE":     2,
+	}
+)
+
+func (x OnConflict) Enum() *OnConflict {
+	p := new(OnConflict)
+	*p = x
+	return p
+}
+
+func (x OnConflict) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OnConflict) Descriptor() protoreflect.EnumDescriptor {
+	return file_chime_v1_scheduler_proto_enumTypes[0].Descriptor()
+}
+
+func (OnConflict) Type() protoreflect.EnumType {
+	return &file_chime_v1_scheduler_proto_enumTypes[0]
+}
+
+func (x OnConflict) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OnConflict.Descriptor instead.
+func (OnConflict) EnumDescriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{0}
+}
+
 // EventState is where an event is in its life: SCHEDULED, then exactly one of
 // FIRED, CANCELLED or DEAD_LETTERED, none of which changes again.
 type EventState int32
@@ -74,11 +135,11 @@ func (x EventState) String() string {
 }
 
 func (EventState) Descriptor() protoreflect.EnumDescriptor {
-	return file_chime_v1_scheduler_proto_enumTypes[0].Descriptor()
+	return file_chime_v1_scheduler_proto_enumTypes[1].Descriptor()
 }
 
 func (EventState) Type() protoreflect.EnumType {
-	return &file_chime_v1_scheduler_proto_enumTypes[0]
+	return &file_chime_v1_scheduler_proto_enumTypes[1]
 }
 
 func (x EventState) Number() protoreflect.EnumNumber {
@@ -87,7 +148,7 @@ func (x EventState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use EventState.Descriptor instead.
 func (EventState) EnumDescriptor() ([]byte, []int) {
-	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{0}
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{1}
 }
 
 // Header is one Kafka record header.
@@ -174,7 +235,10 @@ type Event struct {
 	// topic's maximum message size or it will be dead-lettered when it fires.
 	Payload []byte `protobuf:"bytes,6,opt,name=payload,proto3" json:"payload,omitempty"`
 	// Kafka record headers, produced in this order; duplicate names are kept.
-	Headers       []*Header `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty"`
+	Headers []*Header `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty"`
+	// What a Schedule does when the id is already bound to an event.
+	// Unspecified is REJECT.
+	OnConflict    OnConflict `protobuf:"varint,8,opt,name=on_conflict,json=onConflict,proto3,enum=chime.v1.OnConflict" json:"on_conflict,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,6 +322,13 @@ func (x *Event) GetHeaders() []*Header {
 	return nil
 }
 
+func (x *Event) GetOnConflict() OnConflict {
+	if x != nil {
+		return x.OnConflict
+	}
+	return OnConflict_ON_CONFLICT_UNSPECIFIED
+}
+
 type ScheduleRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The event to schedule. Required.
@@ -312,7 +383,10 @@ type ScheduleResponse struct {
 	Due *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=due,proto3" json:"due,omitempty"`
 	// True when this id was already scheduled with identical content: nothing
 	// new was stored and the original result is returned.
-	Existing      bool `protobuf:"varint,3,opt,name=existing,proto3" json:"existing,omitempty"`
+	Existing bool `protobuf:"varint,3,opt,name=existing,proto3" json:"existing,omitempty"`
+	// The event's version this Schedule made: 1 for a new event, more when
+	// ON_CONFLICT_REPLACE replaced one; 0 when existing.
+	Version       uint64 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,6 +440,13 @@ func (x *ScheduleResponse) GetExisting() bool {
 		return x.Existing
 	}
 	return false
+}
+
+func (x *ScheduleResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 type BatchScheduleRequest struct {
@@ -476,7 +557,9 @@ type ScheduleResult struct {
 	Code int32 `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
 	// Why the event was rejected, naming the field and the rule. Empty when
 	// code is 0.
-	Message       string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	Message string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	// As ScheduleResponse.version.
+	Version       uint64 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -544,6 +627,13 @@ func (x *ScheduleResult) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *ScheduleResult) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
 }
 
 type CancelRequest struct {
@@ -1037,7 +1127,7 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x18chime/v1/scheduler.proto\x12\bchime.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xf1\x01\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xa8\x02\n" +
 	"\x05Event\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\n" +
@@ -1046,23 +1136,27 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x05topic\x18\x04 \x01(\tR\x05topic\x12\x10\n" +
 	"\x03key\x18\x05 \x01(\fR\x03key\x12\x18\n" +
 	"\apayload\x18\x06 \x01(\fR\apayload\x12*\n" +
-	"\aheaders\x18\a \x03(\v2\x10.chime.v1.HeaderR\aheaders\"8\n" +
+	"\aheaders\x18\a \x03(\v2\x10.chime.v1.HeaderR\aheaders\x125\n" +
+	"\von_conflict\x18\b \x01(\x0e2\x14.chime.v1.OnConflictR\n" +
+	"onConflict\"8\n" +
 	"\x0fScheduleRequest\x12%\n" +
-	"\x05event\x18\x01 \x01(\v2\x0f.chime.v1.EventR\x05event\"l\n" +
+	"\x05event\x18\x01 \x01(\v2\x0f.chime.v1.EventR\x05event\"\x86\x01\n" +
 	"\x10ScheduleResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x03due\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x03due\x12\x1a\n" +
-	"\bexisting\x18\x03 \x01(\bR\bexisting\"?\n" +
+	"\bexisting\x18\x03 \x01(\bR\bexisting\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"?\n" +
 	"\x14BatchScheduleRequest\x12'\n" +
 	"\x06events\x18\x01 \x03(\v2\x0f.chime.v1.EventR\x06events\"K\n" +
 	"\x15BatchScheduleResponse\x122\n" +
-	"\aresults\x18\x01 \x03(\v2\x18.chime.v1.ScheduleResultR\aresults\"\x98\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x18.chime.v1.ScheduleResultR\aresults\"\xb2\x01\n" +
 	"\x0eScheduleResult\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x03due\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x03due\x12\x1a\n" +
 	"\bexisting\x18\x03 \x01(\bR\bexisting\x12\x12\n" +
 	"\x04code\x18\x04 \x01(\x05R\x04code\x12\x18\n" +
-	"\amessage\x18\x05 \x01(\tR\amessage\"\x1f\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\x04R\aversion\"\x1f\n" +
 	"\rCancelRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"L\n" +
 	"\x0eCancelResponse\x12\x0e\n" +
@@ -1103,7 +1197,12 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x0eUpdateResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x03due\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x03due\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion*\x95\x01\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion*Z\n" +
+	"\n" +
+	"OnConflict\x12\x1b\n" +
+	"\x17ON_CONFLICT_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12ON_CONFLICT_REJECT\x10\x01\x12\x17\n" +
+	"\x13ON_CONFLICT_REPLACE\x10\x02*\x95\x01\n" +
 	"\n" +
 	"EventState\x12\x1b\n" +
 	"\x17EVENT_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
@@ -1130,63 +1229,65 @@ func file_chime_v1_scheduler_proto_rawDescGZIP() []byte {
 	return file_chime_v1_scheduler_proto_rawDescData
 }
 
-var file_chime_v1_scheduler_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_chime_v1_scheduler_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_chime_v1_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_chime_v1_scheduler_proto_goTypes = []any{
-	(EventState)(0),               // 0: chime.v1.EventState
-	(*Header)(nil),                // 1: chime.v1.Header
-	(*Event)(nil),                 // 2: chime.v1.Event
-	(*ScheduleRequest)(nil),       // 3: chime.v1.ScheduleRequest
-	(*ScheduleResponse)(nil),      // 4: chime.v1.ScheduleResponse
-	(*BatchScheduleRequest)(nil),  // 5: chime.v1.BatchScheduleRequest
-	(*BatchScheduleResponse)(nil), // 6: chime.v1.BatchScheduleResponse
-	(*ScheduleResult)(nil),        // 7: chime.v1.ScheduleResult
-	(*CancelRequest)(nil),         // 8: chime.v1.CancelRequest
-	(*CancelResponse)(nil),        // 9: chime.v1.CancelResponse
-	(*GetRequest)(nil),            // 10: chime.v1.GetRequest
-	(*GetResponse)(nil),           // 11: chime.v1.GetResponse
-	(*UpdateRequest)(nil),         // 12: chime.v1.UpdateRequest
-	(*HeaderList)(nil),            // 13: chime.v1.HeaderList
-	(*UpdateResponse)(nil),        // 14: chime.v1.UpdateResponse
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(OnConflict)(0),               // 0: chime.v1.OnConflict
+	(EventState)(0),               // 1: chime.v1.EventState
+	(*Header)(nil),                // 2: chime.v1.Header
+	(*Event)(nil),                 // 3: chime.v1.Event
+	(*ScheduleRequest)(nil),       // 4: chime.v1.ScheduleRequest
+	(*ScheduleResponse)(nil),      // 5: chime.v1.ScheduleResponse
+	(*BatchScheduleRequest)(nil),  // 6: chime.v1.BatchScheduleRequest
+	(*BatchScheduleResponse)(nil), // 7: chime.v1.BatchScheduleResponse
+	(*ScheduleResult)(nil),        // 8: chime.v1.ScheduleResult
+	(*CancelRequest)(nil),         // 9: chime.v1.CancelRequest
+	(*CancelResponse)(nil),        // 10: chime.v1.CancelResponse
+	(*GetRequest)(nil),            // 11: chime.v1.GetRequest
+	(*GetResponse)(nil),           // 12: chime.v1.GetResponse
+	(*UpdateRequest)(nil),         // 13: chime.v1.UpdateRequest
+	(*HeaderList)(nil),            // 14: chime.v1.HeaderList
+	(*UpdateResponse)(nil),        // 15: chime.v1.UpdateResponse
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
 }
 var file_chime_v1_scheduler_proto_depIdxs = []int32{
-	15, // 0: chime.v1.Event.deliver_at:type_name -> google.protobuf.Timestamp
-	16, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
-	1,  // 2: chime.v1.Event.headers:type_name -> chime.v1.Header
-	2,  // 3: chime.v1.ScheduleRequest.event:type_name -> chime.v1.Event
-	15, // 4: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
-	2,  // 5: chime.v1.BatchScheduleRequest.events:type_name -> chime.v1.Event
-	7,  // 6: chime.v1.BatchScheduleResponse.results:type_name -> chime.v1.ScheduleResult
-	15, // 7: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
-	0,  // 8: chime.v1.CancelResponse.state:type_name -> chime.v1.EventState
-	2,  // 9: chime.v1.GetResponse.event:type_name -> chime.v1.Event
-	0,  // 10: chime.v1.GetResponse.state:type_name -> chime.v1.EventState
-	15, // 11: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
-	15, // 12: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
-	15, // 13: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
-	15, // 14: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
-	15, // 15: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
-	16, // 16: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
-	13, // 17: chime.v1.UpdateRequest.headers:type_name -> chime.v1.HeaderList
-	1,  // 18: chime.v1.HeaderList.headers:type_name -> chime.v1.Header
-	15, // 19: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
-	3,  // 20: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
-	5,  // 21: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
-	8,  // 22: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
-	10, // 23: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
-	12, // 24: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
-	4,  // 25: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
-	6,  // 26: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
-	9,  // 27: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
-	11, // 28: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
-	14, // 29: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	16, // 0: chime.v1.Event.deliver_at:type_name -> google.protobuf.Timestamp
+	17, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
+	2,  // 2: chime.v1.Event.headers:type_name -> chime.v1.Header
+	0,  // 3: chime.v1.Event.on_conflict:type_name -> chime.v1.OnConflict
+	3,  // 4: chime.v1.ScheduleRequest.event:type_name -> chime.v1.Event
+	16, // 5: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
+	3,  // 6: chime.v1.BatchScheduleRequest.events:type_name -> chime.v1.Event
+	8,  // 7: chime.v1.BatchScheduleResponse.results:type_name -> chime.v1.ScheduleResult
+	16, // 8: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
+	1,  // 9: chime.v1.CancelResponse.state:type_name -> chime.v1.EventState
+	3,  // 10: chime.v1.GetResponse.event:type_name -> chime.v1.Event
+	1,  // 11: chime.v1.GetResponse.state:type_name -> chime.v1.EventState
+	16, // 12: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
+	16, // 13: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
+	16, // 14: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
+	16, // 15: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
+	16, // 16: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
+	17, // 17: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
+	14, // 18: chime.v1.UpdateRequest.headers:type_name -> chime.v1.HeaderList
+	2,  // 19: chime.v1.HeaderList.headers:type_name -> chime.v1.Header
+	16, // 20: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
+	4,  // 21: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
+	6,  // 22: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
+	9,  // 23: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
+	11, // 24: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
+	13, // 25: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
+	5,  // 26: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
+	7,  // 27: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
+	10, // 28: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
+	12, // 29: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
+	15, // 30: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
+	26, // [26:31] is the sub-list for method output_type
+	21, // [21:26] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_scheduler_proto_init() }
@@ -1200,7 +1301,7 @@ func file_chime_v1_scheduler_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_scheduler_proto_rawDesc), len(file_chime_v1_scheduler_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
