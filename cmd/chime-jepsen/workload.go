@@ -44,6 +44,9 @@ type sent struct {
 	deliverAt          time.Time // zero when delay was used
 	due                time.Time // the driver's estimate
 	at                 time.Time // when the id was first sent
+	// upsertable: kept apart for upserts (workload.upsertable), out of what
+	// the other ops pick from.
+	upsertable bool
 }
 
 type workload struct {
@@ -65,6 +68,11 @@ type workload struct {
 	// update with expected_version expects, when it does.
 	versions map[string]uint64
 	updates  int // updates sent, which numbers their payloads
+	// upsertable are ids upserts replace: scheduled like any other, but
+	// never cancelled, read or updated by the other ops, so that each
+	// record of one is a version an upsert made (a cancelled event renewed
+	// would make its later records look produced after the cancel).
+	upsertable []sent
 }
 
 var topics = []string{"jepsen.a", "jepsen.b", "jepsen.c", "jepsen.d"}
@@ -150,10 +158,20 @@ func (w *workload) client(ctx context.Context, p int, r *rand.Rand, cancels chan
 			if ev, ok := w.pick(r); ok {
 				w.cancel(p, w.node(r), ev.id) // whenever: before, around or after due
 			}
-		case x < 83:
+		case x < 81:
 			if ev, ok := w.pick(r); ok {
 				w.update(p, w.node(r), r, ev.id) // whenever: before, around or after due
 			}
+		case x < 82:
+			ev := w.newEvent(r)
+			ev.upsertable = true
+			if w.schedule(p, w.node(r), ev) {
+				w.mu.Lock()
+				w.upsertable = append(w.upsertable, ev)
+				w.mu.Unlock()
+			}
+		case x < 83:
+			w.upsert(p, w.node(r), r)
 		case x < 97:
 			if ev, ok := w.pick(r); ok {
 				w.get(p, w.node(r), ev.id)
@@ -275,7 +293,9 @@ func (w *workload) schedule(p int, n *node, ev sent) bool {
 	w.record(op)
 	if op.Type != "fail" {
 		w.mu.Lock()
-		w.events = append(w.events, ev)
+		if !ev.upsertable {
+			w.events = append(w.events, ev)
+		}
 		due := ev.due
 		if op.AckDueNs != 0 {
 			due = time.Unix(0, op.AckDueNs)
@@ -368,6 +388,66 @@ func (w *workload) update(p int, n *node, r *rand.Rand, id string) {
 		w.maxDue = due
 	}
 	w.mu.Unlock()
+}
+
+// upsert schedules a recent upsertable id again with on_conflict REPLACE, a
+// payload no other op sets and a new due time: the event's next version,
+// whether it is pending (replaced) or fired (scheduled anew). Only ids first
+// sent less than half the retention ago, so that none has expired (an
+// upsert of an expired id would make a new first version).
+func (w *workload) upsert(p int, n *node, r *rand.Rand) {
+	now := time.Now()
+	w.mu.Lock()
+	var ev sent
+	for range 10 {
+		if len(w.upsertable) > 0 {
+			ev = w.upsertable[len(w.upsertable)-1-r.IntN(min(len(w.upsertable), 50))]
+		}
+		if w.retention <= 0 || now.Sub(ev.at) < w.retention/2 {
+			break
+		}
+		ev = sent{}
+	}
+	w.updates++
+	n2 := w.updates
+	w.mu.Unlock()
+	if ev.id == "" {
+		return
+	}
+	ev.payload = fmt.Sprintf("p-%s-r%d", ev.id, n2)
+	ev.delay, ev.deliverAt, ev.due = w.dueTime(r, now)
+	e := &chimev1.Event{Id: ev.id, Topic: ev.topic, Payload: []byte(ev.payload), OnConflict: chimev1.OnConflict_ON_CONFLICT_REPLACE}
+	op := checker.Op{Process: p, F: checker.FUpdate, Upsert: true, Node: n.id, ID: ev.id, Topic: ev.topic, Payload: ev.payload}
+	if ev.deliverAt.IsZero() {
+		e.Delay = durationpb.New(ev.delay)
+		op.DelayNs = int64(ev.delay)
+	} else {
+		e.DeliverAt = timestamppb.New(ev.deliverAt)
+		op.DeliverAtNs = ev.deliverAt.UnixNano()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	op.InvokeNs = time.Now().UnixNano()
+	resp, err := n.scheduler().Schedule(ctx, &chimev1.ScheduleRequest{Event: e})
+	op.CompleteNs = time.Now().UnixNano()
+	op.Type, op.Code = classify(err)
+	if status.Code(err) == codes.Aborted { // the event was being fired: nothing changed
+		op.Type = checker.TypeFail
+	}
+	if err != nil {
+		op.Error = err.Error()
+	} else {
+		op.AckDueNs, op.Version = resp.Due.AsTime().UnixNano(), resp.Version
+		ev.due = resp.Due.AsTime()
+	}
+	w.record(op)
+	if op.Type != checker.TypeFail {
+		w.mu.Lock()
+		if ev.due.After(w.maxDue) {
+			w.maxDue = ev.due
+		}
+		w.mu.Unlock()
+	}
 }
 
 func stateName(s chimev1.EventState) string {

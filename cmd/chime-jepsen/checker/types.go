@@ -17,8 +17,11 @@ type Op struct {
 	DeliverAtNs int64  `json:"deliver_at_ns,omitempty"` // (update: its new due time, the same way)
 
 	// Update only: the expected_version it sent (0: none). Payload is the new payload it
-	// set; every update of a run sets a payload no other op used.
+	// set; every update of a run sets a payload no other op used. Upsert: the update was a
+	// Schedule with on_conflict REPLACE (of an id scheduled less than half the retention
+	// before, and never cancelled), which replaces every field and renews a settled event.
 	ExpectedVersion uint64 `json:"expected_version,omitempty"`
+	Upsert          bool   `json:"upsert,omitempty"`
 
 	InvokeNs   int64 `json:"invoke_ns"`
 	CompleteNs int64 `json:"complete_ns"`
