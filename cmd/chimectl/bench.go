@@ -56,7 +56,12 @@ summary as JSON; --svg writes a plot of the rates and the lateness per
 second.
 
 Ids are <--id-prefix><n>, unique per run unless --id-prefix is given, so a
-rerun with the same prefix measures idempotent re-sends instead.`,
+rerun with the same prefix measures idempotent re-sends instead.
+
+With --update, once every event is scheduled, the callers update each
+acknowledged event once (one Update call each, to the same delay or due
+time, with a new payload) and bench reports how many updates a second were
+acknowledged and their latency; the records then carry the second version.`,
 		example: `  # ingest: as fast as possible, due in 10-20 s
   chimectl bench --events 6000000 --callers 16 --batch 500 --delay 10s --delay-max 20s --no-consume
   # drain: 1,000,000 events all due in the same second
@@ -82,6 +87,7 @@ rerun with the same prefix measures idempotent re-sends instead.`,
 			fs.StringVar(&o.svg, "svg", "", "write a plot of rates and lateness per second to this `file`")
 			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
 			fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long to wait for records after the last one is due")
+			fs.BoolVar(&o.update, "update", false, "after scheduling, update every acknowledged event once and measure the updates")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected argument %q", args[0])
@@ -101,7 +107,7 @@ type benchOptions struct {
 	delay, delayMax, dueAt, spread  time.Duration
 	topic, brokers, metrics, svg    string
 	prefix                          string
-	noConsume, route                bool
+	noConsume, route, update        bool
 	wait                            time.Duration
 }
 
@@ -136,15 +142,20 @@ type benchRun struct {
 	dues   []int64 // unix ns per event number, 0 until acknowledged
 
 	acked, failed atomic.Int64
-	mu            sync.Mutex
-	ackLat        []time.Duration // per call
-	secs          []benchSecond
-	seen          []bool // per event number: a record was consumed
-	late, lag     []float64
-	early, dups   int
-	consumed      int
-	lastDue       int64
-	firstErr      error
+	// --update: updates acknowledged and failed, the time the update phase
+	// took, and each Update call's latency.
+	updated, updateFailed atomic.Int64
+	updateTime            time.Duration
+	updateLat             []time.Duration
+	mu                    sync.Mutex
+	ackLat                []time.Duration // per call
+	secs                  []benchSecond
+	seen                  []bool // per event number: a record was consumed
+	late, lag             []float64
+	early, dups           int
+	consumed              int
+	lastDue               int64
+	firstErr              error
 	// The earliest due time and the latest chime-fired of the records
 	// whose lateness is known, unix ms: the span in which they all went out.
 	firstDueMs, lastFiredMs int64
@@ -208,6 +219,9 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	}
 	wg.Wait()
 	sendEnd := time.Now()
+	if o.update && ctx.Err() == nil {
+		r.updates(ctx, route)
+	}
 
 	if !o.noConsume && ctx.Err() == nil {
 		// Wait until every acknowledged event came back, or --wait after
@@ -387,6 +401,46 @@ func (r *benchRun) call(ctx context.Context, next *atomic.Int64, route benchRout
 		}
 		wg.Wait()
 	}
+}
+
+// updates updates every acknowledged event once, from --callers callers,
+// each event to its own due time again (the payload changes), and records
+// the count, the time taken and each call's latency.
+func (r *benchRun) updates(ctx context.Context, route benchRoute) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range r.o.callers {
+		wg.Go(func() {
+			var lat []time.Duration
+			for ctx.Err() == nil {
+				n := int(next.Add(1)) - 1
+				if n >= r.o.events {
+					break
+				}
+				r.mu.Lock()
+				due := r.dues[n]
+				r.mu.Unlock()
+				if due == 0 { // not acknowledged
+					continue
+				}
+				id := r.prefix + strconv.Itoa(n)
+				t := time.Now()
+				_, err := route(id).Update(ctx, &chimev1.UpdateRequest{Id: id, DeliverAt: timestamppb.New(time.Unix(0, due)), Payload: []byte("updated")})
+				lat = append(lat, time.Since(t))
+				if err != nil {
+					r.updateFailed.Add(1)
+					continue
+				}
+				r.updated.Add(1)
+			}
+			r.mu.Lock()
+			r.updateLat = append(r.updateLat, lat...)
+			r.mu.Unlock()
+		})
+	}
+	wg.Wait()
+	r.updateTime = time.Since(start)
 }
 
 // benchPart is the events of one batch bound for one leader, with their
@@ -619,7 +673,13 @@ type benchSummary struct {
 	Processes     []string `json:"processes"` // HTTP addresses of the chimed nodes measured
 	CPUSeconds    float64  `json:"cpu_seconds"`
 	CPUPer1000    float64  `json:"cpu_seconds_per_1000_events"`
-	PeakRSSBytes  int64    `json:"peak_rss_bytes"` // the largest resident memory of one node, sampled every second
+	PeakRSSBytes  int64    `json:"peak_rss_bytes"`    // the largest resident memory of one node, sampled every second
+	Updated       int64    `json:"updated,omitempty"` // --update: updates acknowledged
+	UpdateFailed  int64    `json:"update_failed,omitempty"`
+	UpdateSeconds float64  `json:"update_seconds,omitempty"`
+	UpdatesPerSec float64  `json:"updates_per_second,omitempty"`
+	UpdateP50Ms   float64  `json:"update_p50_ms,omitempty"`
+	UpdateP99Ms   float64  `json:"update_p99_ms,omitempty"`
 	consumeActive bool
 }
 
@@ -647,6 +707,15 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = latency.Quantile(lat, 0.5), latency.Quantile(lat, 0.99), latency.Quantile(lat, 1)
 	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = latency.Quantile(r.late, 0.5), latency.Quantile(r.late, 0.99), latency.Quantile(r.late, 0.999), latency.Quantile(r.late, 1)
 	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = latency.Quantile(r.lag, 0.5), latency.Quantile(r.lag, 0.99), latency.Quantile(r.lag, 1)
+	if r.o.update {
+		s.Updated, s.UpdateFailed, s.UpdateSeconds = r.updated.Load(), r.updateFailed.Load(), r.updateTime.Seconds()
+		s.UpdatesPerSec = float64(s.Updated) / max(s.UpdateSeconds, 1e-9)
+		ul := make([]float64, len(r.updateLat))
+		for i, d := range r.updateLat {
+			ul[i] = float64(d) / 1e6
+		}
+		s.UpdateP50Ms, s.UpdateP99Ms = latency.Quantile(ul, 0.5), latency.Quantile(ul, 0.99)
+	}
 	first, last := -1, -1
 	for i, sec := range r.secs {
 		s.PeakAckedSec = max(s.PeakAckedSec, sec.acked)
@@ -684,6 +753,10 @@ func (s benchSummary) print(c *cli) {
 		fmt.Fprintf(w, "; %d failed, first: %s", s.Failed, s.FirstError)
 	}
 	fmt.Fprintf(w, "\nack        %d calls: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", s.Calls, s.AckP50Ms, s.AckP99Ms, s.AckMaxMs)
+	if s.Updated+s.UpdateFailed > 0 {
+		fmt.Fprintf(w, "updated    %d acknowledged (%d failed) in %.1f s: %.0f updates/s; p50 %.2f ms, p99 %.2f ms\n",
+			s.Updated, s.UpdateFailed, s.UpdateSeconds, s.UpdatesPerSec, s.UpdateP50Ms, s.UpdateP99Ms)
+	}
 	if s.consumeActive {
 		fmt.Fprintf(w, "consumed   %d records, %d missing, %d duplicates, %d early\n", s.Consumed, s.Missing, s.Duplicates, s.Early)
 		fmt.Fprintf(w, "fired      %.0f events/s from first to last firing second (peak second %d)\n", s.FiredPerSec, s.PeakFiredSec)

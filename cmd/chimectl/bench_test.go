@@ -133,3 +133,25 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestBenchUpdate(t *testing.T) {
+	addr, brokers := startNode(t)
+	const events = 500
+	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--events", fmt.Sprint(events), "--callers", "4",
+		"--batch", "50", "--delay", "2s", "--update", "--brokers", strings.Join(brokers, ","), "--wait", "10s")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var s map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, r.stdout)
+	}
+	for k, want := range map[string]float64{"acked": events, "updated": events, "consumed": events, "missing": 0, "early": 0} {
+		if s[k] != want {
+			t.Errorf("%s = %v, want %v", k, s[k], want)
+		}
+	}
+	if s["updates_per_second"].(float64) <= 0 || s["update_p50_ms"].(float64) <= 0 {
+		t.Errorf("implausible update figures: %s", r.stdout)
+	}
+}
