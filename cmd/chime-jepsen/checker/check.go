@@ -167,14 +167,22 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 			note(f.check, id, "%s", f.why)
 		}
 
-		// duplicates
-		for _, r := range h.records[min(1, len(h.records)):] {
+		// duplicates: copies of a version after its first (an update or an upsert makes a
+		// new version, whose record is no copy)
+		firstOf := map[uint64]*Record{}
+		for _, r := range h.records {
+			v := max(r.Version, 1)
+			first, seen := firstOf[v]
+			if !seen {
+				firstOf[v] = r
+				continue
+			}
 			at := r.AppendMs * 1e6
 			kind := a.attribute(at)
 			res.Duplicates++
 			res.DuplicatesByFault[kind]++
 			note("duplicates", id, "copy %s appended at %s after the first at %s (attributed to %s)",
-				recName(r), a.rel(at), a.rel(h.records[0].AppendMs*1e6), kind)
+				recName(r), a.rel(at), a.rel(first.AppendMs*1e6), kind)
 		}
 
 		// lateness, of the first copy of every event the history knows

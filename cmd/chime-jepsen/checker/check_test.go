@@ -681,3 +681,27 @@ func TestPlantStaleRead(t *testing.T) {
 		InvokeNs: gi, CompleteNs: gi + int64(time.Millisecond)})
 	assertOnly(t, g.check(), "stale_reads", id)
 }
+
+// TestDuplicatesCountCopiesOfOneVersion: a record of a new version is no
+// duplicate; a second copy of a version is.
+func TestDuplicatesCountCopiesOfOneVersion(t *testing.T) {
+	g := genClean(5, 650)
+	id := g.pick("update_info", func(id string) bool {
+		recs := g.recsOf(id)
+		return len(recs) == 1 && g.recs[recs[0]].Version == 0 && g.awayFromFaults(id)
+	})
+	u := g.ops[g.opsOf(id, FUpdate)[0]]
+	v2 := g.recs[g.recsOf(id)[0]]
+	v2.Version, v2.Payload, v2.Offset, v2.AppendMs = 2, u.Payload, 9998, v2.AppendMs+5000
+	g.recs = append(g.recs, v2)
+	res := g.check()
+	assertClean(t, res)
+	if res.Duplicates != 0 {
+		t.Fatalf("a second version counted as a duplicate: %v", res.Examples["duplicates"])
+	}
+	v2.Offset, v2.AppendMs = 9999, v2.AppendMs+1
+	g.recs = append(g.recs, v2)
+	if res = g.check(); res.Duplicates != 1 {
+		t.Fatalf("a copy of version 2: duplicates = %d, want 1", res.Duplicates)
+	}
+}

@@ -162,8 +162,9 @@
 //
 // # What is measured, not judged
 //
-//   - duplicates: per id, the records beyond the first (records ordered by AppendMs, then
-//     partition, offset, topic), on any topic. Each extra copy is attributed, by its append,
+//   - duplicates: per id and version (chime-version, 1 when absent), the records beyond the
+//     first (records ordered by AppendMs, then partition, offset, topic), on any topic: the
+//     record of a version an update or an upsert made is no copy. Each extra copy is attributed, by its append,
 //     to the fault window whose [start, heal + DuplicateGrace] contains it, the one that
 //     started last when several do, else to "none". DuplicateGrace defaults to 10 s: elections,
 //     Raft catch-up and produce retries (backoff up to 5 s) settle within it. Invariant 3 says
