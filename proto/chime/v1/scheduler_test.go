@@ -104,6 +104,7 @@ func TestSchedulerServiceHasEveryMethod(t *testing.T) {
 		{"BatchSchedule", &BatchScheduleRequest{}, &BatchScheduleResponse{}},
 		{"Cancel", &CancelRequest{}, &CancelResponse{}},
 		{"Get", &GetRequest{}, &GetResponse{}},
+		{"Update", &UpdateRequest{}, &UpdateResponse{}},
 	}
 	if got := svc.Methods().Len(); got != len(want) {
 		t.Errorf("chime.v1.Scheduler has %d methods, want %d", got, len(want))
