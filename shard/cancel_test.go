@@ -203,11 +203,7 @@ func TestEarlyBatchHeldAndCancellable(t *testing.T) {
 	}
 	due := time.Unix(0, res[1].Due)
 
-	publishtest.WaitFor(t, 10*time.Second, "the batch is taken out of the wheel", func() bool {
-		s.firing.mu.Lock()
-		defer s.firing.mu.Unlock()
-		return s.firing.inflight[res[1].Seq] != nil
-	})
+	waitInFlight(t, s, res[1].Seq)
 	if left := time.Until(due); left < lead/4 {
 		t.Fatalf("taken %v before its due time, want about %v", left, lead)
 	}

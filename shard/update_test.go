@@ -17,6 +17,16 @@ func delayed(id, topic string, delay time.Duration) Request {
 	return r
 }
 
+// waitInFlight waits until a fire batch of s holds seq.
+func waitInFlight(t *testing.T, s *Shard, seq uint64) {
+	t.Helper()
+	publishtest.WaitFor(t, 10*time.Second, "the event's batch is taken out of the wheel", func() bool {
+		s.firing.mu.Lock()
+		defer s.firing.mu.Unlock()
+		return s.firing.inflight[seq] != nil
+	})
+}
+
 // moveTo is an update of id to be due after delay, with a new payload.
 func moveTo(id string, delay time.Duration) Change {
 	return Change{Change: raftfsm.Change{ID: id, Fields: raftfsm.ChangeDue | raftfsm.ChangePayload,
@@ -79,11 +89,7 @@ func TestUpdateRefusedWhileFiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	publishtest.WaitFor(t, 10*time.Second, "the batch is taken out of the wheel", func() bool {
-		s.firing.mu.Lock()
-		defer s.firing.mu.Unlock()
-		return s.firing.inflight[res[0].Seq] != nil
-	})
+	waitInFlight(t, s, res[0].Seq)
 	if u, err := s.Update(context.Background(), moveTo("held", time.Hour)); !errors.Is(err, ErrFiring) {
 		t.Fatalf("Update of an event in a fire batch = %+v, %v; want ErrFiring", u, err)
 	}
@@ -149,11 +155,7 @@ func TestReplace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	publishtest.WaitFor(t, 10*time.Second, "the held event's batch is taken out of the wheel", func() bool {
-		s.firing.mu.Lock()
-		defer s.firing.mu.Unlock()
-		return s.firing.inflight[res[1].Seq] != nil
-	})
+	waitInFlight(t, s, res[1].Seq)
 	start := time.Now()
 	got, err := s.Schedule(ctx, []Request{replacing("debounced", "replace", "v2", 500*time.Millisecond), replacing("held", "replace", "v2", time.Hour)})
 	if err != nil {

@@ -45,8 +45,8 @@ type sent struct {
 	due                time.Time // the driver's estimate
 	at                 time.Time // when the id was first sent
 	// upsertable: kept apart for upserts (workload.upsertable), out of what
-	// the other ops pick from.
-	upsertable bool
+	// the other ops pick from. replace: this send is an upsert of it.
+	upsertable, replace bool
 }
 
 type workload struct {
@@ -271,7 +271,12 @@ func (w *workload) pick(r *rand.Rand) (sent, bool) {
 
 func (w *workload) schedule(p int, n *node, ev sent) bool {
 	e := &chimev1.Event{Id: ev.id, Topic: ev.topic, Payload: []byte(ev.payload)}
-	op := checker.Op{Process: p, F: "schedule", Node: n.id, ID: ev.id, Topic: ev.topic, Payload: ev.payload}
+	op := checker.Op{Process: p, F: checker.FSchedule, Node: n.id, ID: ev.id, Topic: ev.topic, Payload: ev.payload}
+	if ev.replace {
+		// The checker judges an upsert as an update: it makes a new version.
+		e.OnConflict = chimev1.OnConflict_ON_CONFLICT_REPLACE
+		op.F, op.Upsert = checker.FUpdate, true
+	}
 	if ev.deliverAt.IsZero() {
 		e.Delay = durationpb.New(ev.delay)
 		op.DelayNs = int64(ev.delay)
@@ -285,10 +290,16 @@ func (w *workload) schedule(p int, n *node, ev sent) bool {
 	resp, err := n.scheduler().Schedule(ctx, &chimev1.ScheduleRequest{Event: e})
 	op.CompleteNs = time.Now().UnixNano()
 	op.Type, op.Code = classify(err)
+	if ev.replace && status.Code(err) == codes.Aborted { // the event was being fired: nothing changed
+		op.Type = checker.TypeFail
+	}
 	if err != nil {
 		op.Error = err.Error()
 	} else {
 		op.AckDueNs, op.Existing = resp.Due.AsTime().UnixNano(), resp.Existing
+		if ev.replace {
+			op.Version = resp.Version
+		}
 	}
 	w.record(op)
 	if op.Type != "fail" {
@@ -416,38 +427,8 @@ func (w *workload) upsert(p int, n *node, r *rand.Rand) {
 	}
 	ev.payload = fmt.Sprintf("p-%s-r%d", ev.id, n2)
 	ev.delay, ev.deliverAt, ev.due = w.dueTime(r, now)
-	e := &chimev1.Event{Id: ev.id, Topic: ev.topic, Payload: []byte(ev.payload), OnConflict: chimev1.OnConflict_ON_CONFLICT_REPLACE}
-	op := checker.Op{Process: p, F: checker.FUpdate, Upsert: true, Node: n.id, ID: ev.id, Topic: ev.topic, Payload: ev.payload}
-	if ev.deliverAt.IsZero() {
-		e.Delay = durationpb.New(ev.delay)
-		op.DelayNs = int64(ev.delay)
-	} else {
-		e.DeliverAt = timestamppb.New(ev.deliverAt)
-		op.DeliverAtNs = ev.deliverAt.UnixNano()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
-	defer cancel()
-	op.InvokeNs = time.Now().UnixNano()
-	resp, err := n.scheduler().Schedule(ctx, &chimev1.ScheduleRequest{Event: e})
-	op.CompleteNs = time.Now().UnixNano()
-	op.Type, op.Code = classify(err)
-	if status.Code(err) == codes.Aborted { // the event was being fired: nothing changed
-		op.Type = checker.TypeFail
-	}
-	if err != nil {
-		op.Error = err.Error()
-	} else {
-		op.AckDueNs, op.Version = resp.Due.AsTime().UnixNano(), resp.Version
-		ev.due = resp.Due.AsTime()
-	}
-	w.record(op)
-	if op.Type != checker.TypeFail {
-		w.mu.Lock()
-		if ev.due.After(w.maxDue) {
-			w.maxDue = ev.due
-		}
-		w.mu.Unlock()
-	}
+	ev.replace = true
+	w.schedule(p, n, ev)
 }
 
 func stateName(s chimev1.EventState) string {
