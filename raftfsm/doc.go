@@ -86,8 +86,9 @@
 // # Concurrency
 //
 // Apply, ApplyBatch, Snapshot and Restore are called by raft from one goroutine (the "apply
-// goroutine"). Reads (Get, ReadForFire, ForEachPending, Stats, AppliedIndex) may run on any
-// goroutine concurrently with them: each read uses one Pebble iterator, so it sees one
+// goroutine"). Reads (Get, ReadForFire, ForEachPending, List, Count, Stats, AppliedIndex) may
+// run on any goroutine concurrently with them: each read uses one Pebble iterator (or clones
+// of one), so it sees one
 // committed state: during a Restore, the state before it until the swap, then the restored
 // one. Over a restoring marker the version before left, reads return ErrRestoring rather than
 // a half-loaded shard. The Observer is called on the apply goroutine, after the batch is
@@ -115,6 +116,13 @@
 //	                                 status: Expire walks it from the start
 //	shard|'r'                        restoring marker, written only by the version before:
 //	                                 its Restore began and did not finish
+//
+// List and Count need no index of their own. Under an id prefix they read the id index, whose
+// entries hold each event's due time, so a narrow prefix costs its matches and the sort of
+// them; a query without a prefix, or with one matching more than prefixScanLimit ids, walks
+// the bodies in due order, which is List's order, and reads each event's id and topic from
+// the head of its body. A topic alone is matched that way: Count by topic reads every body,
+// which is why no topic index costs every Schedule a fourth key.
 //
 // An event is an immutable body and, once it is settled, a small status. Bodies are keyed by
 // due time: a fire batch is the events that fall due together, and reading them is a walk

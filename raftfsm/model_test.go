@@ -412,6 +412,8 @@ func (h *harness) check() {
 		}
 	}
 
+	h.checkQueries()
+
 	type pend struct {
 		seq uint64
 		due int64

@@ -1,0 +1,105 @@
+package raftfsm
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// checkQueries compares List, ListRefs and Count with the model for queries of every kind:
+// by prefix (narrow, broad, none), topic, states and due range, paged in small pages, each
+// through both of List's ways of finding matches (the id index under a prefix, and the walk
+// in due order).
+func (h *harness) checkQueries() {
+	t, f, m := h.t, h.f, h.m
+	t.Helper()
+	var all []*Record
+	for _, rec := range m.byID {
+		all = append(all, rec)
+	}
+	slices.SortFunc(all, func(a, b *Record) int { return cmp.Or(cmp.Compare(a.Due, b.Due), strings.Compare(a.ID, b.ID)) })
+	// An rng of its own, so that checking does not change the run it checks.
+	rng := rand.New(rand.NewPCG(uint64(len(h.log)), 7))
+	for range 12 {
+		q := Query{Prefix: []string{"", "id-", "id-1", "id-2", "id-13", "nope"}[rng.IntN(6)], Due: AnyDue}
+		if rng.IntN(3) == 0 {
+			q.Topic = fmt.Sprintf("topic-%d", rng.IntN(3))
+		}
+		if rng.IntN(2) == 0 {
+			q.States = StateSet(rng.IntN(16)) << 1
+		}
+		if rng.IntN(2) == 0 && len(all) > 0 {
+			a, b := all[rng.IntN(len(all))].Due, all[rng.IntN(len(all))].Due
+			q.Due = DueRange{From: min(a, b), To: max(a, b) + int64(rng.IntN(2))}
+		}
+		var want []Record
+		for _, rec := range all {
+			if q.Matches(rec) {
+				want = append(want, *rec)
+			}
+		}
+		if n, err := f.Count(q); err != nil || n != uint64(len(want)) {
+			t.Fatalf("Count(%+v) = %d, %v; the model has %d", q, n, err, len(want))
+		}
+		for _, scanLimit := range []int{prefixScanLimit, 0} {
+			saved := prefixScanLimit
+			prefixScanLimit = scanLimit
+			var got []Record
+			var after *Position
+			limit := 1 + rng.IntN(7)
+			for {
+				page, err := f.List(q, after, limit)
+				if err != nil {
+					t.Fatalf("List(%+v, %v, %d): %v", q, after, limit, err)
+				}
+				refs, err := f.ListRefs(q, after, limit)
+				if err != nil || len(refs) != len(page) {
+					t.Fatalf("ListRefs(%+v, %v, %d): %d refs, %v; List had %d", q, after, limit, len(refs), err, len(page))
+				}
+				for i, r := range refs {
+					if r.ID != page[i].ID || r.Due != page[i].Due || r.Seq != page[i].Seq || r.State != page[i].State {
+						t.Fatalf("ListRefs(%+v): %+v where List has %+v", q, r, page[i])
+					}
+				}
+				got = append(got, page...)
+				if len(got) > len(want) {
+					t.Fatalf("List(%+v) in pages of %d, prefix scan limit %d: %d events and counting, want %d\n got %v\nwant %v",
+						q, limit, scanLimit, len(got), len(want), ids(got), ids(want))
+				}
+				if len(page) < limit {
+					break
+				}
+				after = &Position{Due: page[len(page)-1].Due, ID: page[len(page)-1].ID}
+			}
+			prefixScanLimit = saved
+			if len(got) != len(want) || len(got) > 0 && !reflect.DeepEqual(got, want) {
+				t.Fatalf("List(%+v) in pages of %d, prefix scan limit %d: got %d events, want %d\n got %v\nwant %v",
+					q, limit, scanLimit, len(got), len(want), ids(got), ids(want))
+			}
+		}
+	}
+}
+
+func ids(recs []Record) []string {
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		out[i] = fmt.Sprintf("%s@%d/%s", r.ID, r.Due, r.State)
+	}
+	return out
+}
+
+func TestPrefixEnd(t *testing.T) {
+	for _, c := range []struct{ in, want []byte }{
+		{[]byte("ab"), []byte("ac")},
+		{[]byte{'a', 0xff}, []byte("b")},
+		{[]byte{0xff, 0xff}, nil},
+	} {
+		if got := prefixEnd(c.in); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("prefixEnd(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
