@@ -311,27 +311,37 @@ func (s *Shard) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, er
 	if !ok || len(res.Results) != 1 {
 		return raftfsm.CancelResult{}, fmt.Errorf("shard %d: unexpected cancel response %T", s.id, resp)
 	}
-	r := res.Results[0]
-	if r.Outcome == raftfsm.Cancelled || r.Outcome == raftfsm.AlreadyCancelled {
-		// The cancel is applied, so no fire batch that starts from now on
-		// will produce the event; wait for one that started before,
-		// unless it has not begun to produce: applying the cancel marked
-		// the event in that batch, which then leaves it out (fire).
-		if b := s.firing.producing(r.Seq); b != nil {
-			select {
-			case <-b.done:
-			case <-ctx.Done():
-				return raftfsm.CancelResult{}, ctx.Err()
-			}
-		}
-		// That batch may have ended without an answer from Kafka: then
-		// its request can still land, and the cancel cannot promise more
-		// than that the event will not be fired again.
-		if unsure, _ := s.firing.doubt(r.Seq); unsure {
-			return raftfsm.CancelResult{}, ErrCancelUnsure
+	if err := s.cancelled(ctx, res.Results[0]); err != nil {
+		return raftfsm.CancelResult{}, err
+	}
+	return res.Results[0], nil
+}
+
+// cancelled returns once a cancel's result r can be acknowledged: nil when no
+// record of the event can be produced any more, ErrCancelUnsure when one may
+// still land.
+func (s *Shard) cancelled(ctx context.Context, r raftfsm.CancelResult) error {
+	if r.Outcome != raftfsm.Cancelled && r.Outcome != raftfsm.AlreadyCancelled {
+		return nil
+	}
+	// The cancel is applied, so no fire batch that starts from now on will
+	// produce the event; wait for one that started before, unless it has not
+	// begun to produce: applying the cancel marked the event in that batch,
+	// which then leaves it out (fire).
+	if b := s.firing.producing(r.Seq); b != nil {
+		select {
+		case <-b.done:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	return r, nil
+	// That batch may have ended without an answer from Kafka: then its
+	// request can still land, and the cancel cannot promise more than that
+	// the event will not be fired again.
+	if unsure, _ := s.firing.doubt(r.Seq); unsure {
+		return ErrCancelUnsure
+	}
+	return nil
 }
 
 // inDoubt reports whether a record of rec may still reach Kafka from a
