@@ -24,4 +24,15 @@ type Backend interface {
 	// Update changes one pending event as its next version; once it reports
 	// Updated, no record of an earlier version is produced any more.
 	Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error)
+	// List returns up to limit events q selects after the position after
+	// (from the start when nil), from every shard, ordered by due time, then
+	// id; linearizable unless stale.
+	List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) ([]raftfsm.Record, error)
+	// Count returns how many events q selects, linearizably unless stale.
+	Count(ctx context.Context, q raftfsm.Query, stale bool) (uint64, error)
+	// CancelMatching cancels every pending event q selects (with dryRun,
+	// only counts them), in steps, calling progress with each step's counts,
+	// one call at a time. Every event a step counts as cancelled has the
+	// promise Cancel gives.
+	CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bool, progress func(shard.CancelStep)) error
 }

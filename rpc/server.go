@@ -7,6 +7,7 @@ import (
 	"time"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/membership/cluster"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
 	"google.golang.org/grpc"
@@ -210,36 +211,9 @@ func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetR
 	if !found {
 		return nil, notFound(id)
 	}
-	st, ok := eventState(rec.State)
-	if !ok {
-		return nil, s.backendStatus("Get", fmt.Errorf("backend returned unknown state %d for id %q", rec.State, id))
-	}
-	due := timestamppb.New(time.Unix(0, rec.Due))
-	resp := &chimev1.GetResponse{
-		Event: &chimev1.Event{
-			Id:        rec.ID,
-			DeliverAt: due,
-			Topic:     rec.Topic,
-			Key:       rec.Key,
-			Payload:   rec.Payload,
-		},
-		State:           st,
-		Due:             due,
-		CreatedAt:       optionalTime(rec.CreatedAt),
-		Attempts:        rec.Attempts,
-		LastError:       rec.LastError,
-		CancelledAt:     optionalTime(rec.CancelledAt),
-		DeadLetterTopic: rec.DeadLetterTopic,
-		Version:         rec.Version,
-	}
-	switch rec.State {
-	case raftfsm.StateFired:
-		resp.FiredAt = optionalTime(rec.FiredAt)
-	case raftfsm.StateDeadLettered:
-		resp.FiredAt = optionalTime(rec.DeadLetteredAt)
-	}
-	for _, h := range rec.Headers {
-		resp.Event.Headers = append(resp.Event.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
+	resp, err := cluster.GetResponse(&rec)
+	if err != nil {
+		return nil, s.backendStatus("Get", err)
 	}
 	return resp, nil
 }
@@ -253,26 +227,4 @@ func (s *Server) checkID(id string) *fieldError {
 		return invalid("id", "%d bytes, at most %d allowed", len(id), s.limits.MaxIDBytes)
 	}
 	return nil
-}
-
-func eventState(st raftfsm.State) (chimev1.EventState, bool) {
-	switch st {
-	case raftfsm.StateScheduled:
-		return chimev1.EventState_EVENT_STATE_SCHEDULED, true
-	case raftfsm.StateFired:
-		return chimev1.EventState_EVENT_STATE_FIRED, true
-	case raftfsm.StateCancelled:
-		return chimev1.EventState_EVENT_STATE_CANCELLED, true
-	case raftfsm.StateDeadLettered:
-		return chimev1.EventState_EVENT_STATE_DEAD_LETTERED, true
-	}
-	return chimev1.EventState_EVENT_STATE_UNSPECIFIED, false
-}
-
-// optionalTime is nil for 0, the "not set" of raftfsm.Record's timestamps.
-func optionalTime(unixNano int64) *timestamppb.Timestamp {
-	if unixNano == 0 {
-		return nil
-	}
-	return timestamppb.New(time.Unix(0, unixNano))
 }

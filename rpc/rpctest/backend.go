@@ -9,8 +9,10 @@
 package rpctest
 
 import (
+	"cmp"
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,10 +35,11 @@ type Backend struct {
 // Call is one call the Backend received, for tests that assert what reached
 // it (or that nothing did).
 type Call struct {
-	Method string          // "Schedule", "Cancel", "Get" or "Update"
+	Method string          // "Schedule", "Cancel", "Get", "Update", "List", "Count" or "CancelMatching"
 	Reqs   []shard.Request // Schedule's requests
 	ID     string          // Cancel's, Get's and Update's id
 	Change shard.Change    // Update's change
+	Query  raftfsm.Query   // List's, Count's and CancelMatching's query
 }
 
 // New returns an empty Backend whose clock, for resolving delays and stamping
@@ -234,6 +237,71 @@ func (b *Backend) DeadLetter(id string, at time.Time, attempts uint32, lastError
 	rec.LastError = lastError
 	rec.DeadLetterTopic = topic
 	return true
+}
+
+// matching returns the events q selects after after, in List's order.
+// Called with b.mu held.
+func (b *Backend) matching(q raftfsm.Query, after *raftfsm.Position) []*raftfsm.Record {
+	var out []*raftfsm.Record
+	for _, rec := range b.events {
+		if q.Matches(rec) && (after == nil || after.Less(raftfsm.Position{Due: rec.Due, ID: rec.ID})) {
+			out = append(out, rec)
+		}
+	}
+	slices.SortFunc(out, func(x, y *raftfsm.Record) int {
+		return cmp.Or(cmp.Compare(x.Due, y.Due), strings.Compare(x.ID, y.ID))
+	})
+	return out
+}
+
+// List implements rpc.Backend.
+func (b *Backend) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, _ bool) ([]raftfsm.Record, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, Call{Method: "List", Query: q})
+	if err := b.check(ctx); err != nil {
+		return nil, err
+	}
+	var out []raftfsm.Record
+	for _, rec := range b.matching(q, after) {
+		if len(out) == limit {
+			break
+		}
+		out = append(out, clone(rec))
+	}
+	return out, nil
+}
+
+// Count implements rpc.Backend.
+func (b *Backend) Count(ctx context.Context, q raftfsm.Query, _ bool) (uint64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, Call{Method: "Count", Query: q})
+	if err := b.check(ctx); err != nil {
+		return 0, err
+	}
+	return uint64(len(b.matching(q, nil))), nil
+}
+
+// CancelMatching implements rpc.Backend, in one step.
+func (b *Backend) CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bool, progress func(shard.CancelStep)) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls = append(b.calls, Call{Method: "CancelMatching", Query: q})
+	if err := b.check(ctx); err != nil {
+		return err
+	}
+	q.States = raftfsm.StatesOf(raftfsm.StateScheduled)
+	var step shard.CancelStep
+	for _, rec := range b.matching(q, nil) {
+		step.Matched++
+		if !dryRun {
+			rec.State, rec.CancelledAt = raftfsm.StateCancelled, b.now().UnixNano()
+			step.Cancelled++
+		}
+	}
+	progress(step)
+	return nil
 }
 
 // check returns the injected failure or the context's error. Called with

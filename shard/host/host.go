@@ -261,9 +261,6 @@ func (h *Host) Close() error {
 	return errors.Join(errs...)
 }
 
-// Count returns the cluster's shard count.
-func (h *Host) Count() int { return h.cfg.Shards }
-
 // NodeID returns this node's id.
 func (h *Host) NodeID() string { return h.cfg.NodeID }
 

@@ -18,6 +18,7 @@ package chimev1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -86,6 +87,179 @@ func (RaftState) EnumDescriptor() ([]byte, []int) {
 	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
 }
 
+// ShardQuery is one shard's part of a List, Count or CancelMatching, with
+// the filter already checked by the node the client asked.
+type ShardQuery struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Shard  uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Filter *EventFilter           `protobuf:"bytes,2,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Events after this position (due, then id), when after_set.
+	AfterDue      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=after_due,json=afterDue,proto3" json:"after_due,omitempty"`
+	AfterId       string                 `protobuf:"bytes,4,opt,name=after_id,json=afterId,proto3" json:"after_id,omitempty"`
+	AfterSet      bool                   `protobuf:"varint,5,opt,name=after_set,json=afterSet,proto3" json:"after_set,omitempty"`
+	Limit         uint32                 `protobuf:"varint,6,opt,name=limit,proto3" json:"limit,omitempty"`
+	StaleOk       bool                   `protobuf:"varint,7,opt,name=stale_ok,json=staleOk,proto3" json:"stale_ok,omitempty"`
+	DryRun        bool                   `protobuf:"varint,8,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardQuery) Reset() {
+	*x = ShardQuery{}
+	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardQuery) ProtoMessage() {}
+
+func (x *ShardQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardQuery.ProtoReflect.Descriptor instead.
+func (*ShardQuery) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ShardQuery) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ShardQuery) GetFilter() *EventFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *ShardQuery) GetAfterDue() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AfterDue
+	}
+	return nil
+}
+
+func (x *ShardQuery) GetAfterId() string {
+	if x != nil {
+		return x.AfterId
+	}
+	return ""
+}
+
+func (x *ShardQuery) GetAfterSet() bool {
+	if x != nil {
+		return x.AfterSet
+	}
+	return false
+}
+
+func (x *ShardQuery) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ShardQuery) GetStaleOk() bool {
+	if x != nil {
+		return x.StaleOk
+	}
+	return false
+}
+
+func (x *ShardQuery) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type ShardCancelResponse struct {
+	state protoimpl.MessageState  `protogen:"open.v1"`
+	Step  *CancelMatchingProgress `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	// Where the next step starts, when next_set; the shard has no more
+	// matches otherwise.
+	NextDue       *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=next_due,json=nextDue,proto3" json:"next_due,omitempty"`
+	NextId        string                 `protobuf:"bytes,3,opt,name=next_id,json=nextId,proto3" json:"next_id,omitempty"`
+	NextSet       bool                   `protobuf:"varint,4,opt,name=next_set,json=nextSet,proto3" json:"next_set,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardCancelResponse) Reset() {
+	*x = ShardCancelResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardCancelResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardCancelResponse) ProtoMessage() {}
+
+func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardCancelResponse.ProtoReflect.Descriptor instead.
+func (*ShardCancelResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ShardCancelResponse) GetStep() *CancelMatchingProgress {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *ShardCancelResponse) GetNextDue() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextDue
+	}
+	return nil
+}
+
+func (x *ShardCancelResponse) GetNextId() string {
+	if x != nil {
+		return x.NextId
+	}
+	return ""
+}
+
+func (x *ShardCancelResponse) GetNextSet() bool {
+	if x != nil {
+		return x.NextSet
+	}
+	return false
+}
+
 type ReplicasRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only the replicas of these shards; every replica when empty.
@@ -96,7 +270,7 @@ type ReplicasRequest struct {
 
 func (x *ReplicasRequest) Reset() {
 	*x = ReplicasRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -108,7 +282,7 @@ func (x *ReplicasRequest) String() string {
 func (*ReplicasRequest) ProtoMessage() {}
 
 func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -121,7 +295,7 @@ func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ReplicasRequest) GetShards() []uint32 {
@@ -159,7 +333,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -171,7 +345,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -184,7 +358,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReplicaStatus) GetShard() uint32 {
@@ -297,7 +471,7 @@ type ReplicasResponse struct {
 
 func (x *ReplicasResponse) Reset() {
 	*x = ReplicasResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -309,7 +483,7 @@ func (x *ReplicasResponse) String() string {
 func (*ReplicasResponse) ProtoMessage() {}
 
 func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -322,7 +496,7 @@ func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReplicasResponse) GetNodeId() string {
@@ -356,7 +530,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -368,7 +542,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -381,7 +555,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ForgetRequest) GetNode() string {
@@ -399,7 +573,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +585,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,14 +598,29 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 var File_chime_v1_peer_proto protoreflect.FileDescriptor
 
 const file_chime_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x13chime/v1/peer.proto\x12\bchime.v1\")\n" +
+	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18chime/v1/scheduler.proto\"\x8c\x02\n" +
+	"\n" +
+	"ShardQuery\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\x12-\n" +
+	"\x06filter\x18\x02 \x01(\v2\x15.chime.v1.EventFilterR\x06filter\x127\n" +
+	"\tafter_due\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bafterDue\x12\x19\n" +
+	"\bafter_id\x18\x04 \x01(\tR\aafterId\x12\x1b\n" +
+	"\tafter_set\x18\x05 \x01(\bR\bafterSet\x12\x14\n" +
+	"\x05limit\x18\x06 \x01(\rR\x05limit\x12\x19\n" +
+	"\bstale_ok\x18\a \x01(\bR\astaleOk\x12\x17\n" +
+	"\adry_run\x18\b \x01(\bR\x06dryRun\"\xb6\x01\n" +
+	"\x13ShardCancelResponse\x124\n" +
+	"\x04step\x18\x01 \x01(\v2 .chime.v1.CancelMatchingProgressR\x04step\x125\n" +
+	"\bnext_due\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\anextDue\x12\x17\n" +
+	"\anext_id\x18\x03 \x01(\tR\x06nextId\x12\x19\n" +
+	"\bnext_set\x18\x04 \x01(\bR\anextSet\")\n" +
 	"\x0fReplicasRequest\x12\x16\n" +
 	"\x06shards\x18\x01 \x03(\rR\x06shards\"\xa6\x03\n" +
 	"\rReplicaStatus\x12\x14\n" +
@@ -463,10 +652,14 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\x86\x01\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xc2\x02\n" +
 	"\x04Peer\x12A\n" +
 	"\bReplicas\x12\x19.chime.v1.ReplicasRequest\x1a\x1a.chime.v1.ReplicasResponse\x12;\n" +
-	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
+	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x129\n" +
+	"\tShardList\x12\x14.chime.v1.ShardQuery\x1a\x16.chime.v1.ListResponse\x12;\n" +
+	"\n" +
+	"ShardCount\x12\x14.chime.v1.ShardQuery\x1a\x17.chime.v1.CountResponse\x12B\n" +
+	"\vShardCancel\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
 
 var (
 	file_chime_v1_peer_proto_rawDescOnce sync.Once
@@ -481,27 +674,44 @@ func file_chime_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_chime_v1_peer_proto_goTypes = []any{
-	(RaftState)(0),           // 0: chime.v1.RaftState
-	(*ReplicasRequest)(nil),  // 1: chime.v1.ReplicasRequest
-	(*ReplicaStatus)(nil),    // 2: chime.v1.ReplicaStatus
-	(*ReplicasResponse)(nil), // 3: chime.v1.ReplicasResponse
-	(*ForgetRequest)(nil),    // 4: chime.v1.ForgetRequest
-	(*ForgetResponse)(nil),   // 5: chime.v1.ForgetResponse
+	(RaftState)(0),                 // 0: chime.v1.RaftState
+	(*ShardQuery)(nil),             // 1: chime.v1.ShardQuery
+	(*ShardCancelResponse)(nil),    // 2: chime.v1.ShardCancelResponse
+	(*ReplicasRequest)(nil),        // 3: chime.v1.ReplicasRequest
+	(*ReplicaStatus)(nil),          // 4: chime.v1.ReplicaStatus
+	(*ReplicasResponse)(nil),       // 5: chime.v1.ReplicasResponse
+	(*ForgetRequest)(nil),          // 6: chime.v1.ForgetRequest
+	(*ForgetResponse)(nil),         // 7: chime.v1.ForgetResponse
+	(*EventFilter)(nil),            // 8: chime.v1.EventFilter
+	(*timestamppb.Timestamp)(nil),  // 9: google.protobuf.Timestamp
+	(*CancelMatchingProgress)(nil), // 10: chime.v1.CancelMatchingProgress
+	(*ListResponse)(nil),           // 11: chime.v1.ListResponse
+	(*CountResponse)(nil),          // 12: chime.v1.CountResponse
 }
 var file_chime_v1_peer_proto_depIdxs = []int32{
-	0, // 0: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
-	2, // 1: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
-	1, // 2: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
-	4, // 3: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
-	3, // 4: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
-	5, // 5: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	8,  // 0: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
+	9,  // 1: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
+	10, // 2: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
+	9,  // 3: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
+	0,  // 4: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
+	4,  // 5: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
+	3,  // 6: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
+	6,  // 7: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
+	1,  // 8: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
+	1,  // 9: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
+	1,  // 10: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
+	5,  // 11: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
+	7,  // 12: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
+	11, // 13: chime.v1.Peer.ShardList:output_type -> chime.v1.ListResponse
+	12, // 14: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
+	2,  // 15: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
+	11, // [11:16] is the sub-list for method output_type
+	6,  // [6:11] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_peer_proto_init() }
@@ -509,13 +719,14 @@ func file_chime_v1_peer_proto_init() {
 	if File_chime_v1_peer_proto != nil {
 		return
 	}
+	file_chime_v1_scheduler_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_peer_proto_rawDesc), len(file_chime_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

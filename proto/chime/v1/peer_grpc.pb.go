@@ -28,8 +28,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_Replicas_FullMethodName = "/chime.v1.Peer/Replicas"
-	Peer_Forget_FullMethodName   = "/chime.v1.Peer/Forget"
+	Peer_Replicas_FullMethodName    = "/chime.v1.Peer/Replicas"
+	Peer_Forget_FullMethodName      = "/chime.v1.Peer/Forget"
+	Peer_ShardList_FullMethodName   = "/chime.v1.Peer/ShardList"
+	Peer_ShardCount_FullMethodName  = "/chime.v1.Peer/ShardCount"
+	Peer_ShardCancel_FullMethodName = "/chime.v1.Peer/ShardCancel"
 )
 
 // PeerClient is the client API for Peer service.
@@ -44,6 +47,13 @@ type PeerClient interface {
 	// Forget records on the answering node that an operator removed a node
 	// for good, so that the shards it leads drop that node.
 	Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error)
+	// ShardList is one shard's part of a List, answered by the shard's leader
+	// (any replica of it with stale_ok).
+	ShardList(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ListResponse, error)
+	// ShardCount is one shard's part of a Count.
+	ShardCount(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*CountResponse, error)
+	// ShardCancel is one step of a CancelMatching on one shard's leader.
+	ShardCancel(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardCancelResponse, error)
 }
 
 type peerClient struct {
@@ -74,6 +84,36 @@ func (c *peerClient) Forget(ctx context.Context, in *ForgetRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *peerClient) ShardList(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardList_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardCount(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*CountResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CountResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardCount_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardCancel(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardCancelResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardCancelResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardCancel_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -86,6 +126,13 @@ type PeerServer interface {
 	// Forget records on the answering node that an operator removed a node
 	// for good, so that the shards it leads drop that node.
 	Forget(context.Context, *ForgetRequest) (*ForgetResponse, error)
+	// ShardList is one shard's part of a List, answered by the shard's leader
+	// (any replica of it with stale_ok).
+	ShardList(context.Context, *ShardQuery) (*ListResponse, error)
+	// ShardCount is one shard's part of a Count.
+	ShardCount(context.Context, *ShardQuery) (*CountResponse, error)
+	// ShardCancel is one step of a CancelMatching on one shard's leader.
+	ShardCancel(context.Context, *ShardQuery) (*ShardCancelResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -101,6 +148,15 @@ func (UnimplementedPeerServer) Replicas(context.Context, *ReplicasRequest) (*Rep
 }
 func (UnimplementedPeerServer) Forget(context.Context, *ForgetRequest) (*ForgetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forget not implemented")
+}
+func (UnimplementedPeerServer) ShardList(context.Context, *ShardQuery) (*ListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardList not implemented")
+}
+func (UnimplementedPeerServer) ShardCount(context.Context, *ShardQuery) (*CountResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardCount not implemented")
+}
+func (UnimplementedPeerServer) ShardCancel(context.Context, *ShardQuery) (*ShardCancelResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardCancel not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -159,6 +215,60 @@ func _Peer_Forget_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ShardList_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardQuery)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardList(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardList_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardList(ctx, req.(*ShardQuery))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardCount_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardQuery)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardCount(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardCount_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardCount(ctx, req.(*ShardQuery))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardCancel_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardQuery)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardCancel(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardCancel_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardCancel(ctx, req.(*ShardQuery))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -173,6 +283,18 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Forget",
 			Handler:    _Peer_Forget_Handler,
+		},
+		{
+			MethodName: "ShardList",
+			Handler:    _Peer_ShardList_Handler,
+		},
+		{
+			MethodName: "ShardCount",
+			Handler:    _Peer_ShardCount_Handler,
+		},
+		{
+			MethodName: "ShardCancel",
+			Handler:    _Peer_ShardCancel_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1120,6 +1120,456 @@ func (x *UpdateResponse) GetVersion() uint64 {
 	return 0
 }
 
+// EventFilter selects events. Every field set narrows the selection; an
+// empty filter selects every event.
+type EventFilter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Events whose id starts with this. The narrow filter: a prefix matching
+	// few events is answered from the id index whatever the shards hold.
+	IdPrefix string `protobuf:"bytes,1,opt,name=id_prefix,json=idPrefix,proto3" json:"id_prefix,omitempty"`
+	// Events of this topic.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Events in one of these states; every state when empty.
+	States []EventState `protobuf:"varint,3,rep,packed,name=states,proto3,enum=chime.v1.EventState" json:"states,omitempty"`
+	// Events due at or after this time.
+	DueAfter *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=due_after,json=dueAfter,proto3" json:"due_after,omitempty"`
+	// Events due before this time. Must be after due_after.
+	DueBefore     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=due_before,json=dueBefore,proto3" json:"due_before,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EventFilter) Reset() {
+	*x = EventFilter{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EventFilter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EventFilter) ProtoMessage() {}
+
+func (x *EventFilter) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EventFilter.ProtoReflect.Descriptor instead.
+func (*EventFilter) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *EventFilter) GetIdPrefix() string {
+	if x != nil {
+		return x.IdPrefix
+	}
+	return ""
+}
+
+func (x *EventFilter) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *EventFilter) GetStates() []EventState {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *EventFilter) GetDueAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DueAfter
+	}
+	return nil
+}
+
+func (x *EventFilter) GetDueBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DueBefore
+	}
+	return nil
+}
+
+type ListRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Filter *EventFilter           `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// At most this many events; 100 when 0, at most 1000. A page may hold
+	// fewer (to stay under 4 MiB) and still have a next page.
+	Limit uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	// The next_page_token of the previous page of this same query; empty for
+	// the first page.
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Allow any replica to answer from what it has applied (a read that may
+	// be stale), sparing the leaders' confirmation.
+	StaleOk       bool `protobuf:"varint,4,opt,name=stale_ok,json=staleOk,proto3" json:"stale_ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRequest) Reset() {
+	*x = ListRequest{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRequest) ProtoMessage() {}
+
+func (x *ListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
+func (*ListRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListRequest) GetFilter() *EventFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *ListRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListRequest) GetStaleOk() bool {
+	if x != nil {
+		return x.StaleOk
+	}
+	return false
+}
+
+type ListResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, as Get returns them, ordered by due time, then id.
+	Events []*GetResponse `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Set when more events may follow: pass it as page_token. Empty at the
+	// end of the list.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListResponse) Reset() {
+	*x = ListResponse{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListResponse) ProtoMessage() {}
+
+func (x *ListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
+func (*ListResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ListResponse) GetEvents() []*GetResponse {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type CountRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Filter *EventFilter           `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// As in ListRequest.
+	StaleOk       bool `protobuf:"varint,2,opt,name=stale_ok,json=staleOk,proto3" json:"stale_ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CountRequest) Reset() {
+	*x = CountRequest{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CountRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CountRequest) ProtoMessage() {}
+
+func (x *CountRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CountRequest.ProtoReflect.Descriptor instead.
+func (*CountRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CountRequest) GetFilter() *EventFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *CountRequest) GetStaleOk() bool {
+	if x != nil {
+		return x.StaleOk
+	}
+	return false
+}
+
+type CountResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Count         uint64                 `protobuf:"varint,1,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CountResponse) Reset() {
+	*x = CountResponse{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CountResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CountResponse) ProtoMessage() {}
+
+func (x *CountResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CountResponse.ProtoReflect.Descriptor instead.
+func (*CountResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CountResponse) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+type CancelMatchingRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which events to cancel; states must be empty or SCHEDULED.
+	Filter *EventFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Count the matches and cancel nothing.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelMatchingRequest) Reset() {
+	*x = CancelMatchingRequest{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelMatchingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelMatchingRequest) ProtoMessage() {}
+
+func (x *CancelMatchingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelMatchingRequest.ProtoReflect.Descriptor instead.
+func (*CancelMatchingRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CancelMatchingRequest) GetFilter() *EventFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *CancelMatchingRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// CancelMatchingProgress is the running totals of a CancelMatching. Every
+// matched event is counted once more in cancelled, skipped_fired or
+// skipped_held (only matched, in a dry run).
+type CancelMatchingProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pending events found matching the filter so far.
+	Matched uint64 `protobuf:"varint,1,opt,name=matched,proto3" json:"matched,omitempty"`
+	// Cancelled: no record of them will be produced.
+	Cancelled uint64 `protobuf:"varint,2,opt,name=cancelled,proto3" json:"cancelled,omitempty"`
+	// Fired (or dead-lettered, or removed) before the cancel reached them.
+	SkippedFired uint64 `protobuf:"varint,3,opt,name=skipped_fired,json=skippedFired,proto3" json:"skipped_fired,omitempty"`
+	// Left alone because a record of them may already be on its way to
+	// Kafka: a fire batch holds them or a produce attempt went unanswered.
+	// Run again to cancel those still pending then.
+	SkippedHeld uint64 `protobuf:"varint,4,opt,name=skipped_held,json=skippedHeld,proto3" json:"skipped_held,omitempty"`
+	// Set on the last message: the totals.
+	Done          bool `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelMatchingProgress) Reset() {
+	*x = CancelMatchingProgress{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelMatchingProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelMatchingProgress) ProtoMessage() {}
+
+func (x *CancelMatchingProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelMatchingProgress.ProtoReflect.Descriptor instead.
+func (*CancelMatchingProgress) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CancelMatchingProgress) GetMatched() uint64 {
+	if x != nil {
+		return x.Matched
+	}
+	return 0
+}
+
+func (x *CancelMatchingProgress) GetCancelled() uint64 {
+	if x != nil {
+		return x.Cancelled
+	}
+	return 0
+}
+
+func (x *CancelMatchingProgress) GetSkippedFired() uint64 {
+	if x != nil {
+		return x.SkippedFired
+	}
+	return 0
+}
+
+func (x *CancelMatchingProgress) GetSkippedHeld() uint64 {
+	if x != nil {
+		return x.SkippedHeld
+	}
+	return 0
+}
+
+func (x *CancelMatchingProgress) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
 var File_chime_v1_scheduler_proto protoreflect.FileDescriptor
 
 const file_chime_v1_scheduler_proto_rawDesc = "" +
@@ -1197,7 +1647,37 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x0eUpdateResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x03due\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x03due\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion*Z\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"\xe2\x01\n" +
+	"\vEventFilter\x12\x1b\n" +
+	"\tid_prefix\x18\x01 \x01(\tR\bidPrefix\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12,\n" +
+	"\x06states\x18\x03 \x03(\x0e2\x14.chime.v1.EventStateR\x06states\x127\n" +
+	"\tdue_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bdueAfter\x129\n" +
+	"\n" +
+	"due_before\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tdueBefore\"\x8c\x01\n" +
+	"\vListRequest\x12-\n" +
+	"\x06filter\x18\x01 \x01(\v2\x15.chime.v1.EventFilterR\x06filter\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12\x19\n" +
+	"\bstale_ok\x18\x04 \x01(\bR\astaleOk\"e\n" +
+	"\fListResponse\x12-\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.chime.v1.GetResponseR\x06events\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"X\n" +
+	"\fCountRequest\x12-\n" +
+	"\x06filter\x18\x01 \x01(\v2\x15.chime.v1.EventFilterR\x06filter\x12\x19\n" +
+	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"%\n" +
+	"\rCountResponse\x12\x14\n" +
+	"\x05count\x18\x01 \x01(\x04R\x05count\"_\n" +
+	"\x15CancelMatchingRequest\x12-\n" +
+	"\x06filter\x18\x01 \x01(\v2\x15.chime.v1.EventFilterR\x06filter\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"\xac\x01\n" +
+	"\x16CancelMatchingProgress\x12\x18\n" +
+	"\amatched\x18\x01 \x01(\x04R\amatched\x12\x1c\n" +
+	"\tcancelled\x18\x02 \x01(\x04R\tcancelled\x12#\n" +
+	"\rskipped_fired\x18\x03 \x01(\x04R\fskippedFired\x12!\n" +
+	"\fskipped_held\x18\x04 \x01(\x04R\vskippedHeld\x12\x12\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done*Z\n" +
 	"\n" +
 	"OnConflict\x12\x1b\n" +
 	"\x17ON_CONFLICT_UNSPECIFIED\x10\x00\x12\x16\n" +
@@ -1209,13 +1689,16 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x15EVENT_STATE_SCHEDULED\x10\x01\x12\x15\n" +
 	"\x11EVENT_STATE_FIRED\x10\x02\x12\x19\n" +
 	"\x15EVENT_STATE_CANCELLED\x10\x03\x12\x1d\n" +
-	"\x19EVENT_STATE_DEAD_LETTERED\x10\x042\xce\x02\n" +
+	"\x19EVENT_STATE_DEAD_LETTERED\x10\x042\x96\x04\n" +
 	"\tScheduler\x12A\n" +
 	"\bSchedule\x12\x19.chime.v1.ScheduleRequest\x1a\x1a.chime.v1.ScheduleResponse\x12P\n" +
 	"\rBatchSchedule\x12\x1e.chime.v1.BatchScheduleRequest\x1a\x1f.chime.v1.BatchScheduleResponse\x12;\n" +
 	"\x06Cancel\x12\x17.chime.v1.CancelRequest\x1a\x18.chime.v1.CancelResponse\x122\n" +
 	"\x03Get\x12\x14.chime.v1.GetRequest\x1a\x15.chime.v1.GetResponse\x12;\n" +
-	"\x06Update\x12\x17.chime.v1.UpdateRequest\x1a\x18.chime.v1.UpdateResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
+	"\x06Update\x12\x17.chime.v1.UpdateRequest\x1a\x18.chime.v1.UpdateResponse\x125\n" +
+	"\x04List\x12\x15.chime.v1.ListRequest\x1a\x16.chime.v1.ListResponse\x128\n" +
+	"\x05Count\x12\x16.chime.v1.CountRequest\x1a\x17.chime.v1.CountResponse\x12U\n" +
+	"\x0eCancelMatching\x12\x1f.chime.v1.CancelMatchingRequest\x1a .chime.v1.CancelMatchingProgress0\x01B1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
 
 var (
 	file_chime_v1_scheduler_proto_rawDescOnce sync.Once
@@ -1230,64 +1713,84 @@ func file_chime_v1_scheduler_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_scheduler_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_chime_v1_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_chime_v1_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_chime_v1_scheduler_proto_goTypes = []any{
-	(OnConflict)(0),               // 0: chime.v1.OnConflict
-	(EventState)(0),               // 1: chime.v1.EventState
-	(*Header)(nil),                // 2: chime.v1.Header
-	(*Event)(nil),                 // 3: chime.v1.Event
-	(*ScheduleRequest)(nil),       // 4: chime.v1.ScheduleRequest
-	(*ScheduleResponse)(nil),      // 5: chime.v1.ScheduleResponse
-	(*BatchScheduleRequest)(nil),  // 6: chime.v1.BatchScheduleRequest
-	(*BatchScheduleResponse)(nil), // 7: chime.v1.BatchScheduleResponse
-	(*ScheduleResult)(nil),        // 8: chime.v1.ScheduleResult
-	(*CancelRequest)(nil),         // 9: chime.v1.CancelRequest
-	(*CancelResponse)(nil),        // 10: chime.v1.CancelResponse
-	(*GetRequest)(nil),            // 11: chime.v1.GetRequest
-	(*GetResponse)(nil),           // 12: chime.v1.GetResponse
-	(*UpdateRequest)(nil),         // 13: chime.v1.UpdateRequest
-	(*HeaderList)(nil),            // 14: chime.v1.HeaderList
-	(*UpdateResponse)(nil),        // 15: chime.v1.UpdateResponse
-	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 17: google.protobuf.Duration
+	(OnConflict)(0),                // 0: chime.v1.OnConflict
+	(EventState)(0),                // 1: chime.v1.EventState
+	(*Header)(nil),                 // 2: chime.v1.Header
+	(*Event)(nil),                  // 3: chime.v1.Event
+	(*ScheduleRequest)(nil),        // 4: chime.v1.ScheduleRequest
+	(*ScheduleResponse)(nil),       // 5: chime.v1.ScheduleResponse
+	(*BatchScheduleRequest)(nil),   // 6: chime.v1.BatchScheduleRequest
+	(*BatchScheduleResponse)(nil),  // 7: chime.v1.BatchScheduleResponse
+	(*ScheduleResult)(nil),         // 8: chime.v1.ScheduleResult
+	(*CancelRequest)(nil),          // 9: chime.v1.CancelRequest
+	(*CancelResponse)(nil),         // 10: chime.v1.CancelResponse
+	(*GetRequest)(nil),             // 11: chime.v1.GetRequest
+	(*GetResponse)(nil),            // 12: chime.v1.GetResponse
+	(*UpdateRequest)(nil),          // 13: chime.v1.UpdateRequest
+	(*HeaderList)(nil),             // 14: chime.v1.HeaderList
+	(*UpdateResponse)(nil),         // 15: chime.v1.UpdateResponse
+	(*EventFilter)(nil),            // 16: chime.v1.EventFilter
+	(*ListRequest)(nil),            // 17: chime.v1.ListRequest
+	(*ListResponse)(nil),           // 18: chime.v1.ListResponse
+	(*CountRequest)(nil),           // 19: chime.v1.CountRequest
+	(*CountResponse)(nil),          // 20: chime.v1.CountResponse
+	(*CancelMatchingRequest)(nil),  // 21: chime.v1.CancelMatchingRequest
+	(*CancelMatchingProgress)(nil), // 22: chime.v1.CancelMatchingProgress
+	(*timestamppb.Timestamp)(nil),  // 23: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 24: google.protobuf.Duration
 }
 var file_chime_v1_scheduler_proto_depIdxs = []int32{
-	16, // 0: chime.v1.Event.deliver_at:type_name -> google.protobuf.Timestamp
-	17, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
+	23, // 0: chime.v1.Event.deliver_at:type_name -> google.protobuf.Timestamp
+	24, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
 	2,  // 2: chime.v1.Event.headers:type_name -> chime.v1.Header
 	0,  // 3: chime.v1.Event.on_conflict:type_name -> chime.v1.OnConflict
 	3,  // 4: chime.v1.ScheduleRequest.event:type_name -> chime.v1.Event
-	16, // 5: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
+	23, // 5: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
 	3,  // 6: chime.v1.BatchScheduleRequest.events:type_name -> chime.v1.Event
 	8,  // 7: chime.v1.BatchScheduleResponse.results:type_name -> chime.v1.ScheduleResult
-	16, // 8: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
+	23, // 8: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
 	1,  // 9: chime.v1.CancelResponse.state:type_name -> chime.v1.EventState
 	3,  // 10: chime.v1.GetResponse.event:type_name -> chime.v1.Event
 	1,  // 11: chime.v1.GetResponse.state:type_name -> chime.v1.EventState
-	16, // 12: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
-	16, // 13: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
-	16, // 14: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
-	16, // 15: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
-	16, // 16: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
-	17, // 17: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
+	23, // 12: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
+	23, // 13: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
+	23, // 14: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
+	23, // 15: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
+	23, // 16: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
+	24, // 17: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
 	14, // 18: chime.v1.UpdateRequest.headers:type_name -> chime.v1.HeaderList
 	2,  // 19: chime.v1.HeaderList.headers:type_name -> chime.v1.Header
-	16, // 20: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
-	4,  // 21: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
-	6,  // 22: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
-	9,  // 23: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
-	11, // 24: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
-	13, // 25: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
-	5,  // 26: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
-	7,  // 27: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
-	10, // 28: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
-	12, // 29: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
-	15, // 30: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	23, // 20: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
+	1,  // 21: chime.v1.EventFilter.states:type_name -> chime.v1.EventState
+	23, // 22: chime.v1.EventFilter.due_after:type_name -> google.protobuf.Timestamp
+	23, // 23: chime.v1.EventFilter.due_before:type_name -> google.protobuf.Timestamp
+	16, // 24: chime.v1.ListRequest.filter:type_name -> chime.v1.EventFilter
+	12, // 25: chime.v1.ListResponse.events:type_name -> chime.v1.GetResponse
+	16, // 26: chime.v1.CountRequest.filter:type_name -> chime.v1.EventFilter
+	16, // 27: chime.v1.CancelMatchingRequest.filter:type_name -> chime.v1.EventFilter
+	4,  // 28: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
+	6,  // 29: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
+	9,  // 30: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
+	11, // 31: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
+	13, // 32: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
+	17, // 33: chime.v1.Scheduler.List:input_type -> chime.v1.ListRequest
+	19, // 34: chime.v1.Scheduler.Count:input_type -> chime.v1.CountRequest
+	21, // 35: chime.v1.Scheduler.CancelMatching:input_type -> chime.v1.CancelMatchingRequest
+	5,  // 36: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
+	7,  // 37: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
+	10, // 38: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
+	12, // 39: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
+	15, // 40: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
+	18, // 41: chime.v1.Scheduler.List:output_type -> chime.v1.ListResponse
+	20, // 42: chime.v1.Scheduler.Count:output_type -> chime.v1.CountResponse
+	22, // 43: chime.v1.Scheduler.CancelMatching:output_type -> chime.v1.CancelMatchingProgress
+	36, // [36:44] is the sub-list for method output_type
+	28, // [28:36] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_scheduler_proto_init() }
@@ -1302,7 +1805,7 @@ func file_chime_v1_scheduler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_scheduler_proto_rawDesc), len(file_chime_v1_scheduler_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   14,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

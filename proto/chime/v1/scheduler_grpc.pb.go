@@ -23,11 +23,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Scheduler_Schedule_FullMethodName      = "/chime.v1.Scheduler/Schedule"
-	Scheduler_BatchSchedule_FullMethodName = "/chime.v1.Scheduler/BatchSchedule"
-	Scheduler_Cancel_FullMethodName        = "/chime.v1.Scheduler/Cancel"
-	Scheduler_Get_FullMethodName           = "/chime.v1.Scheduler/Get"
-	Scheduler_Update_FullMethodName        = "/chime.v1.Scheduler/Update"
+	Scheduler_Schedule_FullMethodName       = "/chime.v1.Scheduler/Schedule"
+	Scheduler_BatchSchedule_FullMethodName  = "/chime.v1.Scheduler/BatchSchedule"
+	Scheduler_Cancel_FullMethodName         = "/chime.v1.Scheduler/Cancel"
+	Scheduler_Get_FullMethodName            = "/chime.v1.Scheduler/Get"
+	Scheduler_Update_FullMethodName         = "/chime.v1.Scheduler/Update"
+	Scheduler_List_FullMethodName           = "/chime.v1.Scheduler/List"
+	Scheduler_Count_FullMethodName          = "/chime.v1.Scheduler/Count"
+	Scheduler_CancelMatching_FullMethodName = "/chime.v1.Scheduler/CancelMatching"
 )
 
 // SchedulerClient is the client API for Scheduler service.
@@ -82,6 +85,35 @@ type SchedulerClient interface {
 	// was proposed is UNKNOWN: the update may or may not have taken effect
 	// (Get shows the version).
 	Update(ctx context.Context, in *UpdateRequest, opts ...grpc.CallOption) (*UpdateResponse, error)
+	// List returns the events a filter selects, pending and settled (settled
+	// events are kept for the retention the cluster runs with), ordered by due
+	// time, then id, across every shard, a page at a time. A page token
+	// continues the same query on any node and across leader changes; events
+	// added or changed since are included where they now fall in the order.
+	//
+	// Reads are linearizable: each shard's part is answered by its leader
+	// once it has confirmed its leadership, so a List never shows a state
+	// older than a change acknowledged before it began. stale_ok lets any
+	// replica answer from what it has applied.
+	//
+	// Fails with INVALID_ARGUMENT for an unknown state, an inverted due
+	// range, a limit over 1000 or a page token from another query.
+	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
+	// Count returns how many events a filter selects, as List would list
+	// them, linearizably unless stale_ok.
+	Count(ctx context.Context, in *CountRequest, opts ...grpc.CallOption) (*CountResponse, error)
+	// CancelMatching cancels every pending event a filter selects, through
+	// Raft in batches, and streams its progress: a message at least every
+	// second while it runs, and the totals last (done = true). Every event it
+	// counts as cancelled has the promise Cancel gives: no record of it is
+	// produced. Events that fired first, or that a record of may already be
+	// on its way to Kafka (held), are skipped and counted. It is safe to run
+	// again: a run cut short (a leader change, a lost connection) is finished
+	// by running it again, which finds only what is still pending.
+	//
+	// The filter's states must be empty or SCHEDULED. With dry_run it only
+	// counts the matches.
+	CancelMatching(ctx context.Context, in *CancelMatchingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CancelMatchingProgress], error)
 }
 
 type schedulerClient struct {
@@ -142,6 +174,45 @@ func (c *schedulerClient) Update(ctx context.Context, in *UpdateRequest, opts ..
 	return out, nil
 }
 
+func (c *schedulerClient) List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListResponse)
+	err := c.cc.Invoke(ctx, Scheduler_List_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *schedulerClient) Count(ctx context.Context, in *CountRequest, opts ...grpc.CallOption) (*CountResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CountResponse)
+	err := c.cc.Invoke(ctx, Scheduler_Count_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *schedulerClient) CancelMatching(ctx context.Context, in *CancelMatchingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CancelMatchingProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Scheduler_ServiceDesc.Streams[0], Scheduler_CancelMatching_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CancelMatchingRequest, CancelMatchingProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduler_CancelMatchingClient = grpc.ServerStreamingClient[CancelMatchingProgress]
+
 // SchedulerServer is the server API for Scheduler service.
 // All implementations must embed UnimplementedSchedulerServer
 // for forward compatibility.
@@ -194,6 +265,35 @@ type SchedulerServer interface {
 	// was proposed is UNKNOWN: the update may or may not have taken effect
 	// (Get shows the version).
 	Update(context.Context, *UpdateRequest) (*UpdateResponse, error)
+	// List returns the events a filter selects, pending and settled (settled
+	// events are kept for the retention the cluster runs with), ordered by due
+	// time, then id, across every shard, a page at a time. A page token
+	// continues the same query on any node and across leader changes; events
+	// added or changed since are included where they now fall in the order.
+	//
+	// Reads are linearizable: each shard's part is answered by its leader
+	// once it has confirmed its leadership, so a List never shows a state
+	// older than a change acknowledged before it began. stale_ok lets any
+	// replica answer from what it has applied.
+	//
+	// Fails with INVALID_ARGUMENT for an unknown state, an inverted due
+	// range, a limit over 1000 or a page token from another query.
+	List(context.Context, *ListRequest) (*ListResponse, error)
+	// Count returns how many events a filter selects, as List would list
+	// them, linearizably unless stale_ok.
+	Count(context.Context, *CountRequest) (*CountResponse, error)
+	// CancelMatching cancels every pending event a filter selects, through
+	// Raft in batches, and streams its progress: a message at least every
+	// second while it runs, and the totals last (done = true). Every event it
+	// counts as cancelled has the promise Cancel gives: no record of it is
+	// produced. Events that fired first, or that a record of may already be
+	// on its way to Kafka (held), are skipped and counted. It is safe to run
+	// again: a run cut short (a leader change, a lost connection) is finished
+	// by running it again, which finds only what is still pending.
+	//
+	// The filter's states must be empty or SCHEDULED. With dry_run it only
+	// counts the matches.
+	CancelMatching(*CancelMatchingRequest, grpc.ServerStreamingServer[CancelMatchingProgress]) error
 	mustEmbedUnimplementedSchedulerServer()
 }
 
@@ -218,6 +318,15 @@ func (UnimplementedSchedulerServer) Get(context.Context, *GetRequest) (*GetRespo
 }
 func (UnimplementedSchedulerServer) Update(context.Context, *UpdateRequest) (*UpdateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Update not implemented")
+}
+func (UnimplementedSchedulerServer) List(context.Context, *ListRequest) (*ListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method List not implemented")
+}
+func (UnimplementedSchedulerServer) Count(context.Context, *CountRequest) (*CountResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Count not implemented")
+}
+func (UnimplementedSchedulerServer) CancelMatching(*CancelMatchingRequest, grpc.ServerStreamingServer[CancelMatchingProgress]) error {
+	return status.Error(codes.Unimplemented, "method CancelMatching not implemented")
 }
 func (UnimplementedSchedulerServer) mustEmbedUnimplementedSchedulerServer() {}
 func (UnimplementedSchedulerServer) testEmbeddedByValue()                   {}
@@ -330,6 +439,53 @@ func _Scheduler_Update_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduler_List_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).List(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_List_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).List(ctx, req.(*ListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scheduler_Count_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CountRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).Count(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_Count_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).Count(ctx, req.(*CountRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scheduler_CancelMatching_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(CancelMatchingRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SchedulerServer).CancelMatching(m, &grpc.GenericServerStream[CancelMatchingRequest, CancelMatchingProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduler_CancelMatchingServer = grpc.ServerStreamingServer[CancelMatchingProgress]
+
 // Scheduler_ServiceDesc is the grpc.ServiceDesc for Scheduler service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -357,7 +513,21 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Update",
 			Handler:    _Scheduler_Update_Handler,
 		},
+		{
+			MethodName: "List",
+			Handler:    _Scheduler_List_Handler,
+		},
+		{
+			MethodName: "Count",
+			Handler:    _Scheduler_Count_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "CancelMatching",
+			Handler:       _Scheduler_CancelMatching_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "chime/v1/scheduler.proto",
 }

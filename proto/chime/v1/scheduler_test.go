@@ -99,12 +99,16 @@ func TestSchedulerServiceHasEveryMethod(t *testing.T) {
 	want := []struct {
 		name    protoreflect.Name
 		in, out protoreflect.ProtoMessage
+		streams bool // from the server
 	}{
-		{"Schedule", &ScheduleRequest{}, &ScheduleResponse{}},
-		{"BatchSchedule", &BatchScheduleRequest{}, &BatchScheduleResponse{}},
-		{"Cancel", &CancelRequest{}, &CancelResponse{}},
-		{"Get", &GetRequest{}, &GetResponse{}},
-		{"Update", &UpdateRequest{}, &UpdateResponse{}},
+		{"Schedule", &ScheduleRequest{}, &ScheduleResponse{}, false},
+		{"BatchSchedule", &BatchScheduleRequest{}, &BatchScheduleResponse{}, false},
+		{"Cancel", &CancelRequest{}, &CancelResponse{}, false},
+		{"Get", &GetRequest{}, &GetResponse{}, false},
+		{"Update", &UpdateRequest{}, &UpdateResponse{}, false},
+		{"List", &ListRequest{}, &ListResponse{}, false},
+		{"Count", &CountRequest{}, &CountResponse{}, false},
+		{"CancelMatching", &CancelMatchingRequest{}, &CancelMatchingProgress{}, true},
 	}
 	if got := svc.Methods().Len(); got != len(want) {
 		t.Errorf("chime.v1.Scheduler has %d methods, want %d", got, len(want))
@@ -115,8 +119,9 @@ func TestSchedulerServiceHasEveryMethod(t *testing.T) {
 			t.Errorf("chime.v1.Scheduler.%s is missing", w.name)
 			continue
 		}
-		if m.IsStreamingClient() || m.IsStreamingServer() {
-			t.Errorf("chime.v1.Scheduler.%s streams; want unary", w.name)
+		if m.IsStreamingClient() || m.IsStreamingServer() != w.streams {
+			t.Errorf("chime.v1.Scheduler.%s: streams from the client %v, from the server %v; want %v from the server only",
+				w.name, m.IsStreamingClient(), m.IsStreamingServer(), w.streams)
 		}
 		if got, want := m.Input().FullName(), w.in.ProtoReflect().Descriptor().FullName(); got != want {
 			t.Errorf("chime.v1.Scheduler.%s takes %s, want %s", w.name, got, want)
@@ -131,7 +136,7 @@ func TestSchedulerServiceHasEveryMethod(t *testing.T) {
 	if got, want := Scheduler_ServiceDesc.ServiceName, string(svc.FullName()); got != want {
 		t.Errorf("Scheduler_ServiceDesc.ServiceName = %q, want %q", got, want)
 	}
-	if got := len(Scheduler_ServiceDesc.Methods); got != len(want) {
-		t.Errorf("Scheduler_ServiceDesc has %d unary methods, want %d", got, len(want))
+	if got, streams := len(Scheduler_ServiceDesc.Methods), len(Scheduler_ServiceDesc.Streams); got+streams != len(want) || streams != 1 {
+		t.Errorf("Scheduler_ServiceDesc has %d unary methods and %d streams, want %d methods, one of them a stream", got, streams, len(want))
 	}
 }

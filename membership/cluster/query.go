@@ -1,0 +1,342 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/host"
+)
+
+// A List, Count or CancelMatching spans every shard: the node the client
+// asked runs each shard's part on that shard's leader (its own replica when
+// it leads, otherwise through Peer), in parallel, and merges the answers.
+// The parts are stateless: a List page resumes from a position (due, id),
+// and a bulk cancel step from the last event it listed, so any leader can
+// answer the next one.
+
+// FilterQuery turns a filter into the query it stands for. Its errors name
+// the field and the rule it broke.
+func FilterQuery(f *chimev1.EventFilter) (raftfsm.Query, error) {
+	q := raftfsm.Query{Prefix: f.GetIdPrefix(), Topic: f.GetTopic(), Due: raftfsm.AnyDue}
+	for i, st := range f.GetStates() {
+		s, ok := fsmState(st)
+		if !ok {
+			return q, fmt.Errorf("filter.states[%d]: unknown state %s; one of SCHEDULED, FIRED, CANCELLED, DEAD_LETTERED", i, st)
+		}
+		q.States |= raftfsm.StatesOf(s)
+	}
+	if t := f.GetDueAfter(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return q, fmt.Errorf("filter.due_after: %v", err)
+		}
+		q.Due.From = t.AsTime().UnixNano()
+	}
+	if t := f.GetDueBefore(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return q, fmt.Errorf("filter.due_before: %v", err)
+		}
+		q.Due.To = t.AsTime().UnixNano()
+	}
+	if q.Due.To <= q.Due.From {
+		return q, fmt.Errorf("filter.due_before: %s is not after filter.due_after %s", f.GetDueBefore().AsTime().Format(time.RFC3339Nano), f.GetDueAfter().AsTime().Format(time.RFC3339Nano))
+	}
+	return q, nil
+}
+
+// Filter is the filter that stands for q.
+func Filter(q raftfsm.Query) *chimev1.EventFilter {
+	f := &chimev1.EventFilter{IdPrefix: q.Prefix, Topic: q.Topic}
+	for _, st := range []raftfsm.State{raftfsm.StateScheduled, raftfsm.StateFired, raftfsm.StateCancelled, raftfsm.StateDeadLettered} {
+		if q.States != 0 && q.States.Has(st) {
+			s, _ := EventState(st)
+			f.States = append(f.States, s)
+		}
+	}
+	if q.Due.From != math.MinInt64 {
+		f.DueAfter = timestamppb.New(time.Unix(0, q.Due.From))
+	}
+	if q.Due.To != math.MaxInt64 {
+		f.DueBefore = timestamppb.New(time.Unix(0, q.Due.To))
+	}
+	return f
+}
+
+func fsmState(st chimev1.EventState) (raftfsm.State, bool) {
+	switch st {
+	case chimev1.EventState_EVENT_STATE_SCHEDULED:
+		return raftfsm.StateScheduled, true
+	case chimev1.EventState_EVENT_STATE_FIRED:
+		return raftfsm.StateFired, true
+	case chimev1.EventState_EVENT_STATE_CANCELLED:
+		return raftfsm.StateCancelled, true
+	case chimev1.EventState_EVENT_STATE_DEAD_LETTERED:
+		return raftfsm.StateDeadLettered, true
+	}
+	return 0, false
+}
+
+// EventState is the API's name for st.
+func EventState(st raftfsm.State) (chimev1.EventState, bool) {
+	switch st {
+	case raftfsm.StateScheduled:
+		return chimev1.EventState_EVENT_STATE_SCHEDULED, true
+	case raftfsm.StateFired:
+		return chimev1.EventState_EVENT_STATE_FIRED, true
+	case raftfsm.StateCancelled:
+		return chimev1.EventState_EVENT_STATE_CANCELLED, true
+	case raftfsm.StateDeadLettered:
+		return chimev1.EventState_EVENT_STATE_DEAD_LETTERED, true
+	}
+	return chimev1.EventState_EVENT_STATE_UNSPECIFIED, false
+}
+
+// GetResponse is rec as Get returns it.
+func GetResponse(rec *raftfsm.Record) (*chimev1.GetResponse, error) {
+	st, ok := EventState(rec.State)
+	if !ok {
+		return nil, fmt.Errorf("unknown state %d for id %q", rec.State, rec.ID)
+	}
+	due := timestamppb.New(time.Unix(0, rec.Due))
+	resp := &chimev1.GetResponse{
+		Event: &chimev1.Event{
+			Id:        rec.ID,
+			DeliverAt: due,
+			Topic:     rec.Topic,
+			Key:       rec.Key,
+			Payload:   rec.Payload,
+		},
+		State:           st,
+		Due:             due,
+		CreatedAt:       optionalTime(rec.CreatedAt),
+		Attempts:        rec.Attempts,
+		LastError:       rec.LastError,
+		CancelledAt:     optionalTime(rec.CancelledAt),
+		DeadLetterTopic: rec.DeadLetterTopic,
+		Version:         rec.Version,
+	}
+	switch rec.State {
+	case raftfsm.StateFired:
+		resp.FiredAt = optionalTime(rec.FiredAt)
+	case raftfsm.StateDeadLettered:
+		resp.FiredAt = optionalTime(rec.DeadLetteredAt)
+	}
+	for _, h := range rec.Headers {
+		resp.Event.Headers = append(resp.Event.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
+	}
+	return resp, nil
+}
+
+// optionalTime is nil for 0, the "not set" of raftfsm.Record's timestamps.
+func optionalTime(unixNano int64) *timestamppb.Timestamp {
+	if unixNano == 0 {
+		return nil
+	}
+	return timestamppb.New(time.Unix(0, unixNano))
+}
+
+// onShard runs one shard's part of a query: on this node's replica when it
+// leads the shard (or holds a replica of it at all, with stale), otherwise
+// on the leader's node through Peer, waiting out a leader change.
+func onShard[T any](ctx context.Context, c *Cluster, s uint32, stale bool,
+	local func(*shard.Shard) (T, error), remote func(chimev1.PeerClient) (T, error)) (T, error) {
+	return host.AwaitLeader(ctx, leaderMissing, func() (T, error) {
+		var zero T
+		r := c.LocalLeader(s)
+		if r == nil && stale {
+			if h := c.host.Load(); h != nil {
+				r = h.Replica(s)
+			}
+		}
+		if r != nil {
+			v, err := local(r)
+			if !errors.Is(err, shard.ErrNotLeader) {
+				return v, err
+			}
+		}
+		node, err := c.LeaderNode(ctx, s)
+		if err != nil {
+			return zero, err
+		}
+		if node == c.self {
+			return zero, fmt.Errorf("%w: shard %d is changing leader", shard.ErrNotLeader, s)
+		}
+		cc, err := c.Conn(node)
+		if err != nil {
+			return zero, err
+		}
+		return remote(chimev1.NewPeerClient(cc))
+	})
+}
+
+func shardQuery(s uint32, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) *chimev1.ShardQuery {
+	sq := &chimev1.ShardQuery{Shard: s, Filter: Filter(q), Limit: uint32(limit), StaleOk: stale}
+	if after != nil {
+		sq.AfterDue, sq.AfterId, sq.AfterSet = timestamppb.New(time.Unix(0, after.Due)), after.ID, true
+	}
+	return sq
+}
+
+// List implements rpc.Backend: up to limit events q selects after after,
+// merged from every shard in due-then-id order.
+func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) ([]raftfsm.Record, error) {
+	parts := make([][]raftfsm.Record, c.shards)
+	err := host.EachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
+		parts[s], err = onShard(ctx, c, s, stale,
+			func(r *shard.Shard) ([]raftfsm.Record, error) { return r.List(ctx, q, after, limit, stale) },
+			func(p chimev1.PeerClient) ([]raftfsm.Record, error) {
+				resp, err := p.ShardList(ctx, shardQuery(s, q, after, limit, stale))
+				if err != nil {
+					return nil, err
+				}
+				out := make([]raftfsm.Record, len(resp.Events))
+				for i, g := range resp.Events {
+					out[i] = fromGetResponse(g)
+				}
+				return out, nil
+			})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return host.Merge(parts, limit), nil
+}
+
+// Count implements rpc.Backend: the events q selects, summed over every
+// shard.
+func (c *Cluster) Count(ctx context.Context, q raftfsm.Query, stale bool) (uint64, error) {
+	counts := make([]uint64, c.shards)
+	err := host.EachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
+		counts[s], err = onShard(ctx, c, s, stale,
+			func(r *shard.Shard) (uint64, error) { return r.Count(ctx, q, stale) },
+			func(p chimev1.PeerClient) (uint64, error) {
+				resp, err := p.ShardCount(ctx, shardQuery(s, q, nil, 0, stale))
+				return resp.GetCount(), err
+			})
+		return err
+	})
+	var n uint64
+	for _, c := range counts {
+		n += c
+	}
+	return n, err
+}
+
+// CancelMatching implements rpc.Backend: the steps of a bulk cancel, on
+// every shard's leader in parallel.
+func (c *Cluster) CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bool, progress func(shard.CancelStep)) error {
+	return host.CancelByShard(ctx, c.shards, func(ctx context.Context, s uint32, after *raftfsm.Position) (shard.CancelStep, error) {
+		return onShard(ctx, c, s, false,
+			func(r *shard.Shard) (shard.CancelStep, error) {
+				return r.CancelMatching(ctx, q, after, host.CancelStepSize, dryRun)
+			},
+			func(p chimev1.PeerClient) (shard.CancelStep, error) {
+				sq := shardQuery(s, q, after, host.CancelStepSize, false)
+				sq.DryRun = dryRun
+				resp, err := p.ShardCancel(ctx, sq)
+				if err != nil {
+					return shard.CancelStep{}, err
+				}
+				st := shard.CancelStep{Matched: resp.Step.GetMatched(), Cancelled: resp.Step.GetCancelled(),
+					Fired: resp.Step.GetSkippedFired(), Held: resp.Step.GetSkippedHeld()}
+				if resp.NextSet {
+					st.Next = &raftfsm.Position{Due: resp.NextDue.AsTime().UnixNano(), ID: resp.NextId}
+				}
+				return st, nil
+			})
+	}, progress)
+}
+
+// The Peer side: one shard's part, on this node's replica of it, never
+// forwarded further (a replica that no longer leads answers UNAVAILABLE and
+// the asking node finds the new leader).
+
+func (p peerServer) replica(sq *chimev1.ShardQuery) (*shard.Shard, raftfsm.Query, *raftfsm.Position, error) {
+	q, err := FilterQuery(sq.GetFilter())
+	if err != nil {
+		return nil, q, nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	var after *raftfsm.Position
+	if sq.AfterSet {
+		after = &raftfsm.Position{Due: sq.AfterDue.AsTime().UnixNano(), ID: sq.AfterId}
+	}
+	h := p.c.host.Load()
+	if h == nil {
+		return nil, q, nil, status.Error(codes.Unavailable, "node is starting")
+	}
+	r := h.Replica(sq.Shard)
+	if r == nil {
+		return nil, q, nil, status.Errorf(codes.Unavailable, "%v: shard %d", shard.ErrUnknownShard, sq.Shard)
+	}
+	return r, q, after, nil
+}
+
+// peerStatus is the status of a replica's error, for the node that asked.
+func peerStatus(err error) error {
+	switch {
+	case errors.Is(err, shard.ErrNotLeader), errors.Is(err, shard.ErrStopped), errors.Is(err, shard.ErrUnknownShard):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func (p peerServer) ShardList(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ListResponse, error) {
+	r, q, after, err := p.replica(sq)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := r.List(ctx, q, after, int(sq.Limit), sq.StaleOk)
+	if err != nil {
+		return nil, peerStatus(err)
+	}
+	resp := &chimev1.ListResponse{Events: make([]*chimev1.GetResponse, len(recs))}
+	for i := range recs {
+		if resp.Events[i], err = GetResponse(&recs[i]); err != nil {
+			return nil, peerStatus(err)
+		}
+	}
+	return resp, nil
+}
+
+func (p peerServer) ShardCount(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.CountResponse, error) {
+	r, q, _, err := p.replica(sq)
+	if err != nil {
+		return nil, err
+	}
+	n, err := r.Count(ctx, q, sq.StaleOk)
+	if err != nil {
+		return nil, peerStatus(err)
+	}
+	return &chimev1.CountResponse{Count: n}, nil
+}
+
+func (p peerServer) ShardCancel(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ShardCancelResponse, error) {
+	r, q, after, err := p.replica(sq)
+	if err != nil {
+		return nil, err
+	}
+	step, err := r.CancelMatching(ctx, q, after, int(sq.Limit), sq.DryRun)
+	if err != nil {
+		return nil, peerStatus(err)
+	}
+	resp := &chimev1.ShardCancelResponse{Step: &chimev1.CancelMatchingProgress{
+		Matched: step.Matched, Cancelled: step.Cancelled, SkippedFired: step.Fired, SkippedHeld: step.Held}}
+	if step.Next != nil {
+		resp.NextDue, resp.NextId, resp.NextSet = timestamppb.New(time.Unix(0, step.Next.Due)), step.Next.ID, true
+	}
+	return resp, nil
+}

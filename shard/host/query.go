@@ -1,0 +1,122 @@
+package host
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard"
+)
+
+// CancelStepSize is how many events one step of a bulk cancel lists and
+// cancels in one Raft entry: large enough that the entry's cost is spread
+// thin, small enough that a step commits well within a second.
+const CancelStepSize = 1000
+
+// EachShard runs part for every one of shards in parallel and returns the
+// first error; the first error cancels the context the others run under.
+func EachShard(ctx context.Context, shards int, part func(ctx context.Context, s uint32) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for s := range uint32(shards) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := part(ctx, s); err != nil {
+				cancel(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return nil
+}
+
+// Merge returns the first limit of the shards' List answers, each in
+// due-then-id order, in that order.
+func Merge(parts [][]raftfsm.Record, limit int) []raftfsm.Record {
+	all := slices.Concat(parts...)
+	slices.SortFunc(all, func(a, b raftfsm.Record) int {
+		return cmp.Or(cmp.Compare(a.Due, b.Due), strings.Compare(a.ID, b.ID))
+	})
+	return all[:min(limit, len(all))]
+}
+
+// CancelByShard runs the steps of a bulk cancel on every shard in parallel,
+// each from the start until its shard has no more matches, and reports each
+// step to progress, one call at a time.
+func CancelByShard(ctx context.Context, shards int, step func(ctx context.Context, s uint32, after *raftfsm.Position) (shard.CancelStep, error), progress func(shard.CancelStep)) error {
+	var mu sync.Mutex
+	return EachShard(ctx, shards, func(ctx context.Context, s uint32) error {
+		var after *raftfsm.Position
+		for {
+			st, err := step(ctx, s, after)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			progress(st)
+			mu.Unlock()
+			if after = st.Next; after == nil {
+				return nil
+			}
+		}
+	})
+}
+
+// onReplica runs op on this host's replica of s, waiting for a leader as
+// Schedule does.
+func onReplica[T any](ctx context.Context, h *Host, s uint32, op func(*shard.Shard) (T, error)) (T, error) {
+	return AwaitLeader(ctx, leaderless, func() (T, error) {
+		r := h.Replica(s)
+		if r == nil {
+			var zero T
+			return zero, shard.ErrUnknownShard
+		}
+		return op(r)
+	})
+}
+
+// List returns up to limit events q selects after after, from every shard,
+// in due-then-id order.
+func (h *Host) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) ([]raftfsm.Record, error) {
+	parts := make([][]raftfsm.Record, h.cfg.Shards)
+	err := EachShard(ctx, h.cfg.Shards, func(ctx context.Context, s uint32) (err error) {
+		parts[s], err = onReplica(ctx, h, s, func(r *shard.Shard) ([]raftfsm.Record, error) { return r.List(ctx, q, after, limit, stale) })
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return Merge(parts, limit), nil
+}
+
+// Count returns how many events q selects, over every shard.
+func (h *Host) Count(ctx context.Context, q raftfsm.Query, stale bool) (uint64, error) {
+	counts := make([]uint64, h.cfg.Shards)
+	err := EachShard(ctx, h.cfg.Shards, func(ctx context.Context, s uint32) (err error) {
+		counts[s], err = onReplica(ctx, h, s, func(r *shard.Shard) (uint64, error) { return r.Count(ctx, q, stale) })
+		return err
+	})
+	var n uint64
+	for _, c := range counts {
+		n += c
+	}
+	return n, err
+}
+
+// CancelMatching cancels every pending event q selects, reporting each
+// step to progress.
+func (h *Host) CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bool, progress func(shard.CancelStep)) error {
+	return CancelByShard(ctx, h.cfg.Shards, func(ctx context.Context, s uint32, after *raftfsm.Position) (shard.CancelStep, error) {
+		return onReplica(ctx, h, s, func(r *shard.Shard) (shard.CancelStep, error) {
+			return r.CancelMatching(ctx, q, after, CancelStepSize, dryRun)
+		})
+	}, progress)
+}
