@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"time"
 
-	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/membership/cluster"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
 	"google.golang.org/grpc"
