@@ -198,18 +198,49 @@ func oneID(args []string) (string, error) {
 func cancelCommand() *command {
 	return &command{
 		name:    "cancel",
-		summary: "cancel a scheduled event so that it is never produced",
-		args:    "ID",
+		summary: "cancel a scheduled event, or every one a filter selects",
+		args:    "ID | --prefix P [--topic T] [--due-before T] [--due-after T] [--dry-run]",
 		about: `Cancel stops the event with id ID from being produced. When it returns
 successfully, the record will not be produced. Cancelling an event that is
 already cancelled succeeds again. It fails with NotFound for an unknown id
 and with FailedPrecondition when the event has already fired or been
-dead-lettered.`,
+dead-lettered.
+
+With filters instead of an id (the flags list selects by, but for --state:
+only scheduled events are cancelled), it cancels every scheduled event they
+select, in batches through Raft on every shard, showing its progress while
+it runs and the totals at the end: matched, cancelled, and skipped because
+they fired first or were being produced (held). Each event counted as
+cancelled will not be produced. --dry-run only counts the matches. It is
+safe to run again, and a run cut short (Ctrl-C, a node restarting) is
+finished by running it again. A bulk cancel is not bound by --timeout
+unless --timeout is given.`,
 		example: `  chimectl cancel order-42-reminder
-  chimectl --addr chime-2:7070 cancel --json order-42-reminder
-  chimectl cancel -- -id-starting-with-a-dash`,
+  chimectl cancel --prefix order-42/ --dry-run
+  chimectl cancel --topic reminders --due-before 24h --json`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
+			var ff filterFlags
+			ff.register(fs, false)
+			dryRun := fs.Bool("dry-run", false, "with filters: count the events that would be cancelled, cancel nothing")
 			return func(ctx context.Context, args []string) error {
+				if ff.given() {
+					if len(args) > 0 {
+						return usagef("give an event id or filters (--prefix, --topic, --due-before, --due-after), not both")
+					}
+					filter, err := ff.filter(c.now())
+					if err != nil {
+						return err
+					}
+					set := map[string]bool{}
+					fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+					if !set["timeout"] {
+						c.timeout = 0
+					}
+					return c.bulkCancel(ctx, filter, *dryRun)
+				}
+				if *dryRun {
+					return usagef("--dry-run needs filters (--prefix, --topic, --due-before, --due-after)")
+				}
 				id, err := oneID(args)
 				if err != nil {
 					return err

@@ -75,7 +75,7 @@ type command struct {
 
 func commands() []*command {
 	return []*command{
-		scheduleCommand(), updateCommand(), cancelCommand(), getCommand(), tailCommand(), benchCommand(),
+		scheduleCommand(), updateCommand(), cancelCommand(), getCommand(), listCommand(), countCommand(), tailCommand(), benchCommand(),
 		statusCommand(), drainCommand(), transferLeaderCommand(), removeCommand(), clusterMapCommand(), backupCommand(),
 	}
 }

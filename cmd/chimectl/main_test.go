@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -157,6 +158,12 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"update", "x", "--in", "1s", "--at", "2030-01-01T00:00:00Z"}, "set exactly one of --in and --at, not both"},
 		{[]string{"update", "x", "--header", "a=b", "--no-headers"}, "set at most one of --header and --no-headers"},
 		{[]string{"update", "--in", "1s"}, "want exactly one event id, got 0 arguments"},
+		{[]string{"list", "--state", "done"}, `--state "done": want scheduled, fired, cancelled or dead_lettered`},
+		{[]string{"list", "--due-before", "1h", "--due-after", "2h"}, "--due-before 1h is not after --due-after 2h"},
+		{[]string{"count", "--due-after", "yesterday"}, `--due-after "yesterday" is neither an RFC 3339 time like 2030-01-02T09:00:00Z nor a duration from now like 2h or -30m`},
+		{[]string{"list", "order-42"}, `list takes no arguments, got ["order-42"] (filter with --prefix)`},
+		{[]string{"cancel", "x", "--prefix", "order-"}, "give an event id or filters (--prefix, --topic, --due-before, --due-after), not both"},
+		{[]string{"cancel", "x", "--dry-run"}, "--dry-run needs filters (--prefix, --topic, --due-before, --due-after)"},
 	} {
 		cmd := tc.args[0]
 		r := chimectl(t, nil, "", append([]string{"--addr", addr}, tc.args...)...)
@@ -420,4 +427,43 @@ func TestScheduleReplace(t *testing.T) {
 	if rec, _, _ := b.Get(context.Background(), "s-7"); string(rec.Payload) != "second" || rec.Version != 2 {
 		t.Fatalf("after --replace: %+v", rec)
 	}
+}
+
+func TestListCountAndBulkCancel(t *testing.T) {
+	addr, b := startChime(t)
+	for i, in := range []string{"3s", "1s", "2s", "1s"} {
+		chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "orders", "--in", in, "--id", fmt.Sprintf("order-42/%d", i), "--payload", "p").
+			want(t, 0, fmt.Sprintf("scheduled order-42/%d due 2026-03-01T13:00:0%c+01:00 (in %s)\n", i, in[0], in), "")
+	}
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "orders", "--in", "1s", "--id", "order-43/0").want(t, 0, "scheduled order-43/0 due 2026-03-01T13:00:01+01:00 (in 1s)\n", "")
+	b.Fire("order-42/1", t0.Add(time.Second), 1)
+
+	r := chimectl(t, nil, "", "--addr", addr, "list", "--prefix", "order-42/", "--limit", "3")
+	r.want(t, 0,
+		"ID          STATE      DUE                        WHEN   VERSION  TOPIC   PAYLOAD\n"+
+			"order-42/1  fired      2026-03-01T13:00:01+01:00  in 1s  1        orders  p\n"+
+			"order-42/3  scheduled  2026-03-01T13:00:01+01:00  in 1s  1        orders  p\n"+
+			"order-42/2  scheduled  2026-03-01T13:00:02+01:00  in 2s  1        orders  p\n",
+		r.stderr)
+	token, ok := strings.CutPrefix(strings.TrimSpace(r.stderr), "more events follow: continue with --page-token ")
+	if !ok {
+		t.Fatalf("list --limit 3 of 4: stderr %q", r.stderr)
+	}
+	chimectl(t, nil, "", "--addr", addr, "list", "--prefix", "order-42/", "--page-token", token).want(t, 0,
+		"ID          STATE      DUE                        WHEN   VERSION  TOPIC   PAYLOAD\n"+
+			"order-42/0  scheduled  2026-03-01T13:00:03+01:00  in 3s  1        orders  p\n", "")
+	r = chimectl(t, nil, "", "--addr", addr, "list", "--prefix", "order-42/", "--state", "scheduled", "--due-after", "2s", "--json")
+	if r.code != 0 || strings.Count(r.stdout, "\n") != 2 || !strings.Contains(r.stdout, `"id":"order-42/2"`) || !strings.Contains(r.stdout, `"id":"order-42/0"`) {
+		t.Fatalf("list --json: %+v", r)
+	}
+	chimectl(t, nil, "", "--addr", addr, "count", "--prefix", "order-4").want(t, 0, "5\n", "")
+	chimectl(t, nil, "", "--addr", addr, "count", "--state", "scheduled,fired", "--json").want(t, 0, `{"count":5}`+"\n", "")
+
+	chimectl(t, nil, "", "--addr", addr, "cancel", "--prefix", "order-42/", "--dry-run").
+		want(t, 0, "matched    3\ncancelled  0 (dry run)\n", "")
+	chimectl(t, nil, "", "--addr", addr, "cancel", "--prefix", "order-42/").
+		want(t, 0, "matched        3\ncancelled      3\nskipped_fired  0\nskipped_held   0\n", "")
+	chimectl(t, nil, "", "--addr", addr, "cancel", "--prefix", "order-42/", "--json").
+		want(t, 0, `{"dry_run":false,"matched":0,"cancelled":0,"skipped_fired":0,"skipped_held":0}`+"\n", "")
+	chimectl(t, nil, "", "--addr", addr, "count", "--state", "cancelled").want(t, 0, "3\n", "")
 }
