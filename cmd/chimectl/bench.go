@@ -61,7 +61,10 @@ rerun with the same prefix measures idempotent re-sends instead.
 With --update, once every event is scheduled, the callers update each
 acknowledged event once (one Update call each, to the same delay or due
 time, with a new payload) and bench reports how many updates a second were
-acknowledged and their latency; the records then carry the second version.`,
+acknowledged and their latency; the records then carry the second version.
+With --update-batch N the updates go N to a call, as upserts: BatchSchedule
+with on_conflict REPLACE, which makes each pending event's next version
+exactly as Update does.`,
 		example: `  # ingest: as fast as possible, due in 10-20 s
   chimectl bench --events 6000000 --callers 16 --batch 500 --delay 10s --delay-max 20s --no-consume
   # drain: 1,000,000 events all due in the same second
@@ -88,6 +91,7 @@ acknowledged and their latency; the records then carry the second version.`,
 			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
 			fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long to wait for records after the last one is due")
 			fs.BoolVar(&o.update, "update", false, "after scheduling, update every acknowledged event once and measure the updates")
+			fs.IntVar(&o.updateBatch, "update-batch", 1, "with --update, update `n` events per call: 1 is one Update call each, more is BatchSchedule calls of upserts (on_conflict REPLACE)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected argument %q", args[0])
@@ -103,6 +107,7 @@ acknowledged and their latency; the records then carry the second version.`,
 
 type benchOptions struct {
 	events, callers, batch, payload int
+	updateBatch                     int
 	rate                            float64
 	delay, delayMax, dueAt, spread  time.Duration
 	topic, brokers, metrics, svg    string
@@ -129,6 +134,8 @@ func (o *benchOptions) validate() error {
 		return usagef("--payload-size must not be negative")
 	case o.topic == "":
 		return usagef("--topic must not be empty")
+	case o.updateBatch < 1:
+		return usagef("--update-batch must be at least 1")
 	}
 	return nil
 }
@@ -405,34 +412,41 @@ func (r *benchRun) call(ctx context.Context, next *atomic.Int64, route benchRout
 
 // updates updates every acknowledged event once, from --callers callers,
 // each event to its own due time again (the payload changes), and records
-// the count, the time taken and each call's latency.
+// the count, the time taken and each call's latency. With --update-batch N
+// each call is a BatchSchedule of N upserts, routed by shard as the ingest.
 func (r *benchRun) updates(ctx context.Context, route benchRoute) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
+	n := r.o.updateBatch
 	for range r.o.callers {
 		wg.Go(func() {
 			var lat []time.Duration
 			for ctx.Err() == nil {
-				n := int(next.Add(1)) - 1
-				if n >= r.o.events {
+				from := int(next.Add(int64(n))) - n
+				if from >= r.o.events {
 					break
 				}
-				r.mu.Lock()
-				due := r.dues[n]
-				r.mu.Unlock()
-				if due == 0 { // not acknowledged
-					continue
+				byRoute := map[chimev1.SchedulerClient][]*chimev1.Event{}
+				for i := from; i < min(from+n, r.o.events); i++ {
+					r.mu.Lock()
+					due := r.dues[i]
+					r.mu.Unlock()
+					if due == 0 { // not acknowledged
+						continue
+					}
+					id := r.prefix + strconv.Itoa(i)
+					ev := &chimev1.Event{Id: id, Topic: r.o.topic, DeliverAt: timestamppb.New(time.Unix(0, due)), Payload: []byte("updated"),
+						OnConflict: chimev1.OnConflict_ON_CONFLICT_REPLACE}
+					byRoute[route(id)] = append(byRoute[route(id)], ev)
 				}
-				id := r.prefix + strconv.Itoa(n)
-				t := time.Now()
-				_, err := route(id).Update(ctx, &chimev1.UpdateRequest{Id: id, DeliverAt: timestamppb.New(time.Unix(0, due)), Payload: []byte("updated")})
-				lat = append(lat, time.Since(t))
-				if err != nil {
-					r.updateFailed.Add(1)
-					continue
+				for cl, evs := range byRoute {
+					t := time.Now()
+					ok, failed := r.update(ctx, cl, evs)
+					lat = append(lat, time.Since(t))
+					r.updated.Add(ok)
+					r.updateFailed.Add(failed)
 				}
-				r.updated.Add(1)
 			}
 			r.mu.Lock()
 			r.updateLat = append(r.updateLat, lat...)
@@ -441,6 +455,30 @@ func (r *benchRun) updates(ctx context.Context, route benchRoute) {
 	}
 	wg.Wait()
 	r.updateTime = time.Since(start)
+}
+
+// update sends one call of updates: an Update for one event, a BatchSchedule
+// of upserts for more. It returns how many were acknowledged and failed.
+func (r *benchRun) update(ctx context.Context, cl chimev1.SchedulerClient, evs []*chimev1.Event) (ok, failed int64) {
+	if r.o.updateBatch == 1 {
+		ev := evs[0]
+		if _, err := cl.Update(ctx, &chimev1.UpdateRequest{Id: ev.Id, DeliverAt: ev.DeliverAt, Payload: ev.Payload}); err != nil {
+			return 0, 1
+		}
+		return 1, 0
+	}
+	resp, err := cl.BatchSchedule(ctx, &chimev1.BatchScheduleRequest{Events: evs})
+	if err != nil {
+		return 0, int64(len(evs))
+	}
+	for _, res := range resp.Results {
+		if res.Code == 0 && res.Version > 1 {
+			ok++
+		} else {
+			failed++
+		}
+	}
+	return ok, failed
 }
 
 // benchPart is the events of one batch bound for one leader, with their
