@@ -423,9 +423,12 @@ type applier struct {
 
 	ids      map[string]idRef
 	statuses map[uint64]status
-	idf      *idFilter // nil while a restore runs; see idFilter
-	idfNext  *idFilter // the filter being rebuilt, if one is (rebuildIDFilter)
-	notes    []note
+	// bodies holds bodies preload read, by seq: an event's body never changes, and a
+	// superseded or renewed seq is dropped from it.
+	bodies  map[uint64][]byte
+	idf     *idFilter // nil while a restore runs; see idFilter
+	idfNext *idFilter // the filter being rebuilt, if one is (rebuildIDFilter)
+	notes   []note
 	// settledNow are the settled-index entries written in this batch; expired ones are
 	// marked gone. xFrom is where Expire resumes in the committed settled index: entries
 	// before it were expired earlier in this batch.
@@ -461,6 +464,7 @@ func (a *applier) init(f *FSM) {
 	a.f = f
 	a.ids = make(map[string]idRef)
 	a.statuses = make(map[uint64]status)
+	a.bodies = make(map[uint64][]byte)
 }
 
 func (a *applier) begin(m meta) {
@@ -484,6 +488,7 @@ func (a *applier) end() {
 	}
 	clear(a.ids)
 	clear(a.statuses)
+	clear(a.bodies)
 	a.notes = a.notes[:0]
 	a.settledNow, a.xFrom, a.reclaimed = a.settledNow[:0], a.xFrom[:0], 0
 }
@@ -615,6 +620,51 @@ func (a *applier) lookupID(id string) (idRef, bool) {
 		a.fatal("id %q: %v", id, err)
 	}
 	return ref, true
+}
+
+// preload reads, in key order, the id entries of ids that the overlay does not hold yet and
+// the bodies they name, into the overlay (ids; idRef{} for an id with no entry, as lookupID
+// then reports) and the body cache, so that the Replaces and Updates of a command cost one
+// forward walk over neighbouring keys instead of two seeks per event from the top of every
+// level: a seek rebuilds the merging iterator's heap, and 60% of the CPU of batched upserts
+// went to them. It reads exactly what lookupID and body would read, so nothing else changes.
+func (a *applier) preload(ids []string) {
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	walk := forwardIter{it: a.iter()}
+	var refs []Ref
+	for i, id := range sorted {
+		if i > 0 && id == sorted[i-1] {
+			continue
+		}
+		if _, ok := a.ids[id]; ok || a.idf != nil && a.idf.certainlyNew(id) {
+			continue
+		}
+		a.key = appendIDKey(a.key[:0], a.f.shard, id)
+		if !walk.seekGE(a.key) || !bytes.Equal(a.it.Key(), a.key) {
+			if err := a.it.Error(); err != nil {
+				a.fatal("read %x: %v", a.key, err)
+			}
+			a.ids[id] = idRef{}
+			continue
+		}
+		ref, err := decodeIDRef(a.it.Value())
+		if err != nil {
+			a.fatal("id %q: %v", id, err)
+		}
+		a.ids[id] = ref
+		refs = append(refs, Ref{Seq: ref.seq, Due: ref.due})
+	}
+	slices.SortFunc(refs, func(x, y Ref) int { return cmp.Or(cmp.Compare(x.Due, y.Due), cmp.Compare(x.Seq, y.Seq)) })
+	walk = forwardIter{it: a.it}
+	for _, r := range refs {
+		a.key = appendBodyKey(a.key[:0], a.f.shard, r.Due, r.Seq)
+		if walk.seekGE(a.key) && bytes.Equal(a.it.Key(), a.key) {
+			a.bodies[r.Seq] = bytes.Clone(a.it.Value())
+		} else if err := a.it.Error(); err != nil {
+			a.fatal("read %x: %v", a.key, err)
+		}
+	}
 }
 
 // iter returns the apply's iterator over the committed state, opening it on
@@ -779,6 +829,15 @@ func (a *applier) command(c Command) interface{} {
 
 func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 	res := make([]ScheduleResult, len(c.Events))
+	var replaced []string
+	for i := range c.Events {
+		if c.Events[i].Replace {
+			replaced = append(replaced, c.Events[i].ID)
+		}
+	}
+	if len(replaced) > 1 {
+		a.preload(replaced)
+	}
 	for i := range c.Events {
 		e := &c.Events[i]
 		ref, ok := a.lookupID(e.ID)
@@ -870,6 +929,7 @@ func (a *applier) replace(e *NewEvent, ref idRef, now int64) ScheduleResult {
 func (a *applier) supersede(seq uint64, due int64) {
 	a.key = appendBodyKey(a.key[:0], a.f.shard, due, seq)
 	a.del(a.key)
+	delete(a.bodies, seq)
 	a.settle(seq, due)
 	a.statuses[seq] = status{}
 	a.m.replaced++
@@ -885,6 +945,7 @@ func (a *applier) renew(seq uint64, s status) {
 		}
 	}
 	a.remove(settledEntry{at: s.settledAt(), due: s.due, seq: seq}, false)
+	delete(a.bodies, seq)
 	a.m.renewed++
 }
 
@@ -893,7 +954,10 @@ func (a *applier) renew(seq uint64, s status) {
 // the next read.
 func (a *applier) body(seq uint64, due int64) body {
 	key := appendBodyKey(nil, a.f.shard, due, seq)
-	v, ok := a.get(key)
+	v, ok := a.bodies[seq]
+	if !ok {
+		v, ok = a.get(key)
+	}
 	if !ok {
 		for i := len(a.ops) - 1; i >= 0; i-- { // created in this batch: rare, so a scan
 			if o := a.ops[i]; !o.del && bytes.Equal(a.buf[o.k0:o.k1], key) {
@@ -917,6 +981,13 @@ func (a *applier) body(seq uint64, due int64) body {
 // the Schedule that created it is still recognised) and the same creation time.
 func (a *applier) update(c *Update) *UpdateResult {
 	res := make([]ChangeResult, len(c.Changes))
+	if len(c.Changes) > 1 {
+		ids := make([]string, len(c.Changes))
+		for i := range c.Changes {
+			ids[i] = c.Changes[i].ID
+		}
+		a.preload(ids)
+	}
 	for i := range c.Changes {
 		ch := &c.Changes[i]
 		ref, ok := a.lookupID(ch.ID)

@@ -22,6 +22,26 @@ func (h *harness) checkQueries() {
 		all = append(all, rec)
 	}
 	slices.SortFunc(all, func(a, b *Record) int { return cmp.Or(cmp.Compare(a.Due, b.Due), strings.Compare(a.ID, b.ID)) })
+	// PendingOf, for every id the run used, a few it never did, and a repeat.
+	var names []string
+	for i := range h.g.ids + 3 {
+		names = append(names, fmt.Sprintf("id-%d", (i*7)%(h.g.ids+3)))
+	}
+	names = append(names, names[0])
+	got, err := f.PendingOf(names)
+	if err != nil {
+		t.Fatalf("PendingOf: %v", err)
+	}
+	for i, id := range names {
+		var want Pending
+		if rec, ok := m.byID[id]; ok {
+			want = Pending{Pending: rec.State == StateScheduled, Seq: rec.Seq, Due: rec.Due}
+		}
+		if got[i] != want {
+			t.Fatalf("PendingOf(%q) = %+v, want %+v", id, got[i], want)
+		}
+	}
+
 	// An rng of its own, so that checking does not change the run it checks.
 	rng := rand.New(rand.NewPCG(uint64(len(h.log)), 7))
 	for range 12 {

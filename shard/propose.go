@@ -96,20 +96,28 @@ func (s *Shard) pinReplaced(ctx context.Context, reqs []Request) (todo []Request
 	if err := s.readable(ctx); err != nil {
 		return nil, nil, nil, err
 	}
+	var ids []string
+	for _, r := range reqs {
+		if r.Replace {
+			ids = append(ids, r.ID)
+		}
+	}
+	found, err := s.fsm.PendingOf(ids)
+	if err != nil {
+		return nil, nil, nil, err
+	}
 	refused = make([]error, len(reqs))
 	todo = make([]Request, 0, len(reqs))
 	for i, r := range reqs {
 		if r.Replace {
-			rec, found, err := s.fsm.Get(r.ID)
-			if err != nil {
-				return nil, nil, pinned, err
-			}
-			if found && rec.State == raftfsm.StateScheduled {
-				if s.inDoubt(rec) {
+			p := found[0]
+			found = found[1:]
+			if p.Pending {
+				if s.inDoubt(raftfsm.Record{Seq: p.Seq, Due: p.Due, State: raftfsm.StateScheduled}) {
 					refused[i] = ErrProduceUnknown
-				} else if refused[i] = s.firing.pin(rec.Seq, rec.Due); refused[i] == nil {
-					pinned = append(pinned, rec.Seq)
-					r.pending = rec.Seq
+				} else if refused[i] = s.firing.pin(p.Seq, p.Due); refused[i] == nil {
+					pinned = append(pinned, p.Seq)
+					r.pending = p.Seq
 				}
 			}
 			if refused[i] != nil {
