@@ -3,7 +3,9 @@ package checker
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -49,16 +51,30 @@ func (w window) contains(t int64) bool { return t >= w.start && t <= w.heal }
 // idHistory is everything the run knows about one id.
 type idHistory struct {
 	id        string
-	schedules []*Op     // history order
-	cancels   []*Op     // history order
-	gets      []*Op     // history order
-	updates   []*Op     // history order
-	records   []*Record // by AppendMs, then partition, offset, topic: records[0] is the first copy
+	schedules []*Op // history order
+	// cancels: the cancel ops of the id and the cancels synthesized for it from bulk
+	// cancels (analysis.bulkOf), in history order.
+	cancels []*Op
+	gets    []*Op // history order
+	updates []*Op // history order
+	// reads: what the ok gets of the id and its entries in ok lists showed, in history order.
+	reads []read
+	// lists: the ok list ops whose prefix matches the id (whether or not they showed it),
+	// in history order.
+	lists   []*Op
+	records []*Record // by AppendMs, then partition, offset, topic: records[0] is the first copy
 	// oks are the ok schedules: creators (existing=false) by invoke time, then existing=true
 	// ones by completion time. oks[0], when there is one, defines the event's content.
 	oks []*Op
 	// ackDueNs is the first non-zero AckDueNs in oks; 0 when no ok schedule carried one.
 	ackDueNs int64
+}
+
+// read is one look at an event: an ok get, or one entry of an ok list (op is the list).
+type read struct {
+	op      *Op
+	state   string
+	version uint64
 }
 
 // createdNs is the earliest the event can have been created: the invocation of the ok
@@ -90,18 +106,21 @@ func (h *idHistory) accepted() bool {
 
 // analysis is the indexed run that every check and the report read.
 type analysis struct {
-	cfg      Config
-	windows  []window // by start
-	backups  []*Op    // backup ops, in history order
-	ids      map[string]*idHistory
-	order    []string // ids, sorted
-	startNs  int64    // earliest op invocation (or record append when there are no ops)
-	endNs    int64    // latest time anything was seen
+	cfg     Config
+	windows []window // by start
+	backups []*Op    // backup ops, in history order
+	ids     map[string]*idHistory
+	order   []string // ids, sorted
+	// bulkOf maps each cancel synthesized from a cancel_matching op (in some
+	// idHistory.cancels) to that op.
+	bulkOf   map[*Op]*Op
+	startNs  int64 // earliest op invocation (or record append when there are no ops)
+	endNs    int64 // latest time anything was seen
 	nRecords int
 }
 
 func analyze(ops []Op, recs []Record, cfg Config) *analysis {
-	a := &analysis{cfg: cfg.withDefaults(ops), ids: make(map[string]*idHistory), nRecords: len(recs)}
+	a := &analysis{cfg: cfg.withDefaults(ops), ids: make(map[string]*idHistory), nRecords: len(recs), bulkOf: map[*Op]*Op{}}
 	get := func(id string) *idHistory {
 		h := a.ids[id]
 		if h == nil {
@@ -122,6 +141,7 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 		}
 		hi = max(hi, t)
 	}
+	var lists, bulks []*Op
 	for i := range ops {
 		op := &ops[i]
 		see(op.InvokeNs)
@@ -141,7 +161,20 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 			if op.ID != "" {
 				h := get(op.ID)
 				h.gets = append(h.gets, op)
+				if op.Type == TypeOK {
+					h.reads = append(h.reads, read{op, op.State, op.Version})
+				}
 			}
+		case FList:
+			if op.Type == TypeOK {
+				for _, e := range op.Listed {
+					h := get(e.ID)
+					h.reads = append(h.reads, read{op, e.State, e.Version})
+				}
+				lists = append(lists, op)
+			}
+		case FCancelMatching:
+			bulks = append(bulks, op)
 		case FUpdate:
 			if op.ID != "" {
 				h := get(op.ID)
@@ -212,7 +245,93 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 		}
 	}
 	slices.Sort(a.order)
+
+	for _, l := range lists {
+		for _, id := range a.matching(l.Prefix) {
+			h := a.ids[id]
+			h.lists = append(h.lists, l)
+		}
+	}
+	for _, b := range bulks {
+		a.synthesizeCancels(b)
+	}
+	for _, h := range a.ids {
+		slices.SortStableFunc(h.cancels, func(x, y *Op) int { return cmp.Compare(x.Index, y.Index) })
+	}
 	return a
+}
+
+// matching returns the ids (sorted) that start with prefix.
+func (a *analysis) matching(prefix string) []string {
+	i, _ := slices.BinarySearch(a.order, prefix)
+	j := i
+	for j < len(a.order) && strings.HasPrefix(a.order[j], prefix) {
+		j++
+	}
+	return a.order[i:j]
+}
+
+// synthesizeCancels adds to every id bulk cancel b may have cancelled a cancel op standing
+// for it (doc.go, "Lists and bulk cancels"): none for a dry run or a failed one; for an ok one, to the
+// ids an ok or info schedule of which was invoked before it completed (it finished its work
+// by then); for an info one, to every id it matches that a schedule may have stored (its
+// steps may still commit after the client gave up). The cancel is ok when b certainly
+// cancelled the event (bulkCertain), info otherwise.
+func (a *analysis) synthesizeCancels(b *Op) {
+	if b.DryRun || (b.Type != TypeOK && b.Type != TypeInfo) {
+		return
+	}
+	for _, id := range a.matching(b.Prefix) {
+		h := a.ids[id]
+		if !h.accepted() || (b.Type == TypeOK && !invokedBefore(h, b.CompleteNs)) {
+			continue
+		}
+		c := &Op{Index: b.Index, Process: b.Process, F: FCancel, Node: b.Node, ID: id,
+			InvokeNs: b.InvokeNs, CompleteNs: b.CompleteNs, Type: TypeInfo}
+		if bulkCertain(h, b) {
+			c.Type = TypeOK
+		}
+		h.cancels = append(h.cancels, c)
+		a.bulkOf[c] = b
+	}
+}
+
+// bulkCertain reports whether bulk cancel b certainly cancelled the event of h, so that it
+// promises what an ok Cancel does. b is ok, no dry run, and skipped nothing (every pending
+// event it matched, it cancelled); the event was acked before b was invoked (so b's steps,
+// linearizable, saw it); no record of it was appended by b's completion (so it had not
+// fired, or been dead-lettered and removed, by b's steps: it was pending, and matched); it
+// had no upsert that may have happened (an upsert renews a settled event); and no update of
+// it may have taken effect while b ran (an update moves the event in the due order b's
+// steps walk, possibly behind a step's position).
+func bulkCertain(h *idHistory, b *Op) bool {
+	switch {
+	case b.Type != TypeOK || b.DryRun || b.SkippedHeld != 0 || b.SkippedFired != 0,
+		!acked(h, b.InvokeNs),
+		upserted(h),
+		slices.ContainsFunc(h.records, func(r *Record) bool { return r.AppendMs*1e6 <= b.CompleteNs }),
+		updateMayOverlap(h, b.InvokeNs, b.CompleteNs):
+		return false
+	}
+	return true
+}
+
+// upserted reports whether an upsert of the id may have happened (ok or info).
+func upserted(h *idHistory) bool { return upsertedBefore(h, math.MaxInt64) }
+
+// upsertedBefore reports whether an upsert of the id that may have happened (ok or info) was
+// invoked before t.
+func upsertedBefore(h *idHistory, t int64) bool {
+	return slices.ContainsFunc(h.updates, func(u *Op) bool { return u.Upsert && u.Type != TypeFail && u.InvokeNs < t })
+}
+
+// updateMayOverlap reports whether an update of the id (an upsert included) may have taken
+// effect within [from, to]: an ok or info one invoked before to, unless it is ok and completed
+// before from.
+func updateMayOverlap(h *idHistory, from, to int64) bool {
+	return slices.ContainsFunc(h.updates, func(u *Op) bool {
+		return (u.Type == TypeOK || u.Type == TypeInfo) && u.InvokeNs < to && !(u.Type == TypeOK && u.CompleteNs < from)
+	})
 }
 
 // dueNs is the due time a record is judged against. For a record of the first version: the

@@ -47,6 +47,21 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 			res.InvalidAccepted++
 			note("invalid_accepted", op.ID, "invalid op %d (%s) returned ok", op.Index, a.rel(op.InvokeNs))
 		}
+		if op.F == FCancelMatching {
+			// 10. bulk cancels whose totals contradict themselves
+			if why := bulkTotalsWrong(op); why != "" {
+				res.BulkCancelViolations++
+				note("bulk_cancel_violations", op.Prefix, "cancel_matching op %d (prefix %q, %s) %s", op.Index, op.Prefix, a.rel(op.InvokeNs), why)
+			}
+			if op.Type == TypeOK && !op.DryRun {
+				b := &res.BulkCancels
+				b.Ops++
+				b.Matched += op.Matched
+				b.Cancelled += op.Cancelled
+				b.SkippedFired += op.SkippedFired
+				b.SkippedHeld += op.SkippedHeld
+			}
+		}
 	}
 	for _, w := range a.windows {
 		res.DuplicatesByFault[w.kind] += 0
@@ -96,7 +111,8 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 				recName(r), a.rel(at), early, a.rel(due), a.cfg.EarlyTolerance)
 		}
 
-		// 3. cancel violations: judged against the earliest ok cancel
+		// 3. cancel violations: judged against the earliest ok cancel; 10. when that is a
+		// bulk cancel's, they are bulk cancel violations
 		var cancel *Op
 		for _, op := range h.cancels {
 			if op.Type == TypeOK && (cancel == nil || op.CompleteNs < cancel.CompleteNs) {
@@ -104,12 +120,21 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 			}
 		}
 		if cancel != nil {
+			bulk := a.bulkOf[cancel]
 			for _, r := range h.records {
-				if at := r.AppendMs * 1e6; at > cancel.CompleteNs+int64(a.cfg.CancelTolerance) {
-					res.CancelViolations++
-					note("cancel_violations", id, "record %s appended at %s, %s after the cancel was acked at %s",
-						recName(r), a.rel(at), time.Duration(at-cancel.CompleteNs), a.rel(cancel.CompleteNs))
+				at := r.AppendMs * 1e6
+				if at <= cancel.CompleteNs+int64(a.cfg.CancelTolerance) {
+					continue
 				}
+				if bulk != nil {
+					res.BulkCancelViolations++
+					note("bulk_cancel_violations", id, "record %s appended at %s, %s after cancel_matching op %d (prefix %q), which cancelled it, was acked at %s",
+						recName(r), a.rel(at), time.Duration(at-cancel.CompleteNs), bulk.Index, bulk.Prefix, a.rel(cancel.CompleteNs))
+					continue
+				}
+				res.CancelViolations++
+				note("cancel_violations", id, "record %s appended at %s, %s after the cancel was acked at %s",
+					recName(r), a.rel(at), time.Duration(at-cancel.CompleteNs), a.rel(cancel.CompleteNs))
 			}
 		}
 
@@ -132,7 +157,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 
 		// 9. updates: no record of a replaced version after the update's ack, the latest
 		// acked version fires, a version's record carries that version's content; and
-		// no get shows a version older than an update acked before it began.
+		// no get or list shows a state older than a change acked before it began.
 		for _, why := range a.updateProblems(h) {
 			res.UpdateViolations++
 			note("update_violations", id, "%s", why)
@@ -222,7 +247,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	res.Valid = res.Lost == 0 && res.Early == 0 && res.CancelViolations == 0 && res.Phantom == 0 &&
 		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 &&
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
-		res.UpdateViolations == 0 && res.StaleReads == 0 && res.Converged
+		res.UpdateViolations == 0 && res.StaleReads == 0 && res.BulkCancelViolations == 0 && res.Converged
 	return res
 }
 
@@ -279,23 +304,110 @@ func (a *analysis) updateProblems(h *idHistory) []string {
 	return problems
 }
 
-// staleReads lists the ok gets of the id that show a version older than an ok update that
-// completed before the get began.
+// staleReads lists the reads of the id that show a state older than a change acknowledged
+// before they began, or that a list's filter excludes, and the lists that left out an event
+// they had to show (doc.go, check 9).
 func (a *analysis) staleReads(h *idHistory) []string {
 	var problems []string
-	for _, g := range h.gets {
-		if g.Type != TypeOK || g.Version == 0 { // 0: a run from before versions
-			continue
+	for _, rd := range h.reads {
+		if why := a.staleRead(h, rd); why != "" {
+			problems = append(problems, why)
 		}
-		for _, u := range h.updates {
-			if u.Type == TypeOK && u.CompleteNs < g.InvokeNs && u.Version > g.Version {
-				problems = append(problems, fmt.Sprintf("get op %d at %s showed version %d; the update to version %d was acked at %s",
-					g.Index, a.rel(g.InvokeNs), g.Version, u.Version, a.rel(u.CompleteNs)))
-				break
-			}
+	}
+	for _, l := range h.lists {
+		if why := a.listMissing(h, l); why != "" {
+			problems = append(problems, why)
 		}
 	}
 	return problems
+}
+
+// readName names the op of a read: a get, or a list with its prefix.
+func (a *analysis) readName(op *Op) string {
+	if op.F == FList {
+		return fmt.Sprintf("list op %d (prefix %q) at %s", op.Index, op.Prefix, a.rel(op.InvokeNs))
+	}
+	return fmt.Sprintf("get op %d at %s", op.Index, a.rel(op.InvokeNs))
+}
+
+// staleRead says why one read of the id is wrong, or "": (a) it shows a version (0 is a run
+// from before versions) below that of an ok update that completed before its op was
+// invoked; (b) it shows the event scheduled although an ok cancel of it (a bulk cancel's
+// that certainly cancelled it included) completed before its op was invoked, and no upsert
+// (which renews a settled event) was invoked before the read completed; (c) it is an entry
+// of a list whose filter names states, in a state the filter does not name.
+func (a *analysis) staleRead(h *idHistory, rd read) string {
+	op := rd.op
+	if op.F == FList && len(op.States) > 0 && !slices.Contains(op.States, rd.state) {
+		return fmt.Sprintf("%s, filtered by states %v, listed it %s", a.readName(op), op.States, rd.state)
+	}
+	if rd.version != 0 {
+		for _, u := range h.updates {
+			if u.Type == TypeOK && u.CompleteNs < op.InvokeNs && u.Version > rd.version {
+				return fmt.Sprintf("%s showed version %d; the update to version %d was acked at %s",
+					a.readName(op), rd.version, u.Version, a.rel(u.CompleteNs))
+			}
+		}
+	}
+	if rd.state == StateScheduled && !upsertedBefore(h, op.CompleteNs) {
+		for _, c := range h.cancels {
+			if c.Type != TypeOK || c.CompleteNs >= op.InvokeNs {
+				continue
+			}
+			what := "the cancel"
+			if b := a.bulkOf[c]; b != nil {
+				what = fmt.Sprintf("cancel_matching op %d (prefix %q), which cancelled it,", b.Index, b.Prefix)
+			}
+			return fmt.Sprintf("%s showed it scheduled; %s was acked at %s", a.readName(op), what, a.rel(c.CompleteNs))
+		}
+	}
+	return ""
+}
+
+// listMissing says why ok list l, whose prefix matches the id, had to show the event and
+// did not, or "". Only a list with no states filter that read to its end (not More) says
+// what it left out. It had to show the event when an ok schedule of it completed before l
+// was invoked; no cancel of it that may have happened (ok or info, a bulk cancel's included)
+// and no upsert (ok or info) was invoked before l completed; the retention cannot have
+// removed it by l's completion (notExpiredBy); and, for a list of several pages, no update
+// of it may have taken effect while l ran (an update moves the event in the due order,
+// possibly behind a page already read).
+func (a *analysis) listMissing(h *idHistory, l *Op) string {
+	if len(l.States) > 0 || l.More || slices.ContainsFunc(l.Listed, func(e Listed) bool { return e.ID == h.id }) {
+		return ""
+	}
+	ack := firstAck(h, l.InvokeNs)
+	cancelled := slices.ContainsFunc(h.cancels, func(c *Op) bool {
+		return (c.Type == TypeOK || c.Type == TypeInfo) && c.InvokeNs < l.CompleteNs
+	})
+	if ack == nil || cancelled || upsertedBefore(h, l.CompleteNs) || (l.Pages > 1 && updateMayOverlap(h, l.InvokeNs, l.CompleteNs)) {
+		return ""
+	}
+	why := a.notExpiredBy(h, l.CompleteNs)
+	if why == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s did not list it: its schedule was acked at %s, no cancel of it may have happened, and %s",
+		a.readName(l), a.rel(ack.CompleteNs), why)
+}
+
+// bulkTotalsWrong says why the totals a cancel_matching op received contradict each other,
+// or "": a dry run cancels and skips nothing, and otherwise every matched event is counted
+// once in cancelled, skipped_fired or skipped_held. Every progress message carries consistent
+// running totals, so an info op's last one is judged too.
+func bulkTotalsWrong(op *Op) string {
+	if op.DryRun {
+		if op.Cancelled != 0 || op.SkippedFired != 0 || op.SkippedHeld != 0 {
+			return fmt.Sprintf("was a dry run, but reported cancelled=%d skipped_fired=%d skipped_held=%d",
+				op.Cancelled, op.SkippedFired, op.SkippedHeld)
+		}
+		return ""
+	}
+	if (op.Type == TypeOK || op.Type == TypeInfo) && op.Matched != op.Cancelled+op.SkippedFired+op.SkippedHeld {
+		return fmt.Sprintf("reported matched=%d, but cancelled+skipped_fired+skipped_held=%d+%d+%d",
+			op.Matched, op.Cancelled, op.SkippedFired, op.SkippedHeld)
+	}
+	return ""
 }
 
 // idempotencyProblems lists what breaks design invariant 6 for one id. genuine are its

@@ -24,6 +24,7 @@ func violations(res Results) map[string]int {
 		"backup_invalid":         res.BackupInvalid,
 		"update_violations":      res.UpdateViolations,
 		"stale_reads":            res.StaleReads,
+		"bulk_cancel_violations": res.BulkCancelViolations,
 	}
 }
 
@@ -70,7 +71,7 @@ func assertOnly(t *testing.T, res Results, check, id string) {
 func TestCleanHistoriesPass(t *testing.T) {
 	for seed := uint64(1); seed <= 12; seed++ {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			g := genClean(seed, 650)
+			g := genClean(seed, 800)
 			res := g.check()
 			assertClean(t, res)
 			if res.Duplicates != 0 || res.EarlyUnderSkew != 0 || res.InvalidAccepted != 0 {
@@ -89,6 +90,15 @@ func TestCleanHistoriesPass(t *testing.T) {
 			if res.Ops[FSchedule][TypeOK] == 0 || res.Ops[FSchedule][TypeInfo] == 0 || res.Ops[FSchedule][TypeFail] == 0 ||
 				res.Ops[FNemesis][TypeInfo] != len(genWindows) {
 				t.Errorf("op counts %v", res.Ops)
+			}
+			// Lists and bulk cancels of every kind were looked at.
+			if res.Ops[FList][TypeOK] == 0 || res.Ops[FList][TypeInfo] == 0 || res.Ops[FCancelMatching][TypeOK] == 0 ||
+				res.Ops[FCancelMatching][TypeInfo] == 0 || res.Ops[FCancelMatching][TypeFail] == 0 {
+				t.Errorf("list and cancel_matching op counts %v, %v", res.Ops[FList], res.Ops[FCancelMatching])
+			}
+			if b := res.BulkCancels; b.Cancelled == 0 || b.SkippedHeld == 0 || b.SkippedFired == 0 ||
+				b.Matched != b.Cancelled+b.SkippedFired+b.SkippedHeld {
+				t.Errorf("bulk_cancels = %+v", b)
 			}
 			l := res.LatenessMs
 			if l.Healthy.Count == 0 || l.Faulty.Count == 0 || l.AfterHeal.Count == 0 {
@@ -634,7 +644,7 @@ func (g *run) lastUpdate(id string) (op, rec int) {
 
 func TestPlantUpdateStaleRecord(t *testing.T) {
 	g := genClean(3, 650)
-	id := g.pick("updated", g.awayFromFaults)
+	id := g.pick("updated", func(id string) bool { return g.awayFromFaults(id) && len(g.opsOf(id, FUpdate)) == 1 })
 	u, rec := g.lastUpdate(id)
 	first := g.ops[g.opsOf(id, FSchedule)[0]]
 	stale := g.recs[rec]
@@ -704,4 +714,280 @@ func TestDuplicatesCountCopiesOfOneVersion(t *testing.T) {
 	if res = g.check(); res.Duplicates != 1 {
 		t.Fatalf("a copy of version 2: duplicates = %d, want 1", res.Duplicates)
 	}
+}
+
+// addList appends an ok list op of prefix, invoked at t and answered 2 ms later, that read
+// one page and showed entries.
+func (g *run) addList(prefix string, t int64, states []string, entries ...Listed) {
+	g.ops = append(g.ops, Op{Index: len(g.ops), Process: 4, F: FList, Node: "n3", Prefix: prefix, States: states,
+		Type: TypeOK, Pages: 1, Listed: entries, InvokeNs: t, CompleteNs: t + 2e6})
+}
+
+func TestPlantListStaleVersion(t *testing.T) {
+	g := genClean(3, 650)
+	id := g.pick("updated", nil)
+	u, _ := g.lastUpdate(id)
+	up := g.ops[u]
+	g.addList(id, up.CompleteNs+int64(time.Millisecond), nil,
+		Listed{ID: id, State: StateScheduled, Version: up.Version - 1, DueNs: up.AckDueNs})
+	res := g.check()
+	assertOnly(t, res, "stale_reads", id)
+	if why := res.Examples["stale_reads"][0].Why; !strings.Contains(why, "list op") || !strings.Contains(why, "showed version") {
+		t.Errorf("why: %s", why)
+	}
+}
+
+func TestPlantListShowsCancelledAsScheduled(t *testing.T) {
+	t.Run("cancel", func(t *testing.T) {
+		g := genClean(7, 650)
+		id := g.pick("cancel_before", nil)
+		c := g.ops[g.opsOf(id, FCancel)[0]]
+		g.addList(id, c.CompleteNs+int64(time.Millisecond), nil, Listed{ID: id, State: StateScheduled, Version: 1, DueNs: g.due[id]})
+		res := g.check()
+		assertOnly(t, res, "stale_reads", id)
+		if why := res.Examples["stale_reads"][0].Why; !strings.Contains(why, "showed it scheduled; the cancel was acked") {
+			t.Errorf("why: %s", why)
+		}
+	})
+	t.Run("bulk cancel", func(t *testing.T) {
+		g := genClean(7, 650)
+		b, id := g.certainBulk()
+		show := func() {
+			g.addList(g.ops[b].Prefix, g.ops[b].CompleteNs+int64(time.Millisecond), nil,
+				Listed{ID: id, State: StateScheduled, Version: 1, DueNs: g.due[id]})
+		}
+		show()
+		res := g.check()
+		assertOnly(t, res, "stale_reads", id)
+		if why := res.Examples["stale_reads"][0].Why; !strings.Contains(why, fmt.Sprintf("cancel_matching op %d", b)) {
+			t.Errorf("why: %s", why)
+		}
+		// Had it held one back, it would not have promised this one was cancelled.
+		g = genClean(7, 650)
+		b, id = g.certainBulk()
+		g.ops[b].Cancelled--
+		g.ops[b].SkippedHeld++
+		show()
+		assertClean(t, g.check())
+	})
+}
+
+func TestPlantListMissesPendingEvent(t *testing.T) {
+	pending := func(g *run) (string, Op) {
+		id := g.pick("acked", func(id string) bool {
+			s := g.ops[g.opsOf(id, FSchedule)[0]]
+			return g.awayFromFaults(id) && g.due[id]-s.CompleteNs > int64(100*time.Millisecond)
+		})
+		return id, g.ops[g.opsOf(id, FSchedule)[0]]
+	}
+	t.Run("pending", func(t *testing.T) {
+		g := genClean(7, 650)
+		id, s := pending(g)
+		g.addList(id, s.CompleteNs+int64(time.Millisecond), nil)
+		res := g.check()
+		assertOnly(t, res, "stale_reads", id)
+		if why := res.Examples["stale_reads"][0].Why; !strings.Contains(why, "did not list it") || !strings.Contains(why, "has not settled") {
+			t.Errorf("why: %s", why)
+		}
+	})
+	t.Run("invoked before the ack", func(t *testing.T) {
+		g := genClean(7, 650)
+		id, s := pending(g)
+		g.addList(id, s.CompleteNs-1, nil)
+		assertClean(t, g.check())
+	})
+	t.Run("fired, within and past the retention", func(t *testing.T) {
+		g := genClean(7, 650)
+		g.cfg.Retention = 30 * time.Second
+		id, _ := pending(g)
+		fired := g.recs[g.recsOf(id)[0]].AppendMs * 1e6
+		g.addList(id, fired+int64(31*time.Second), nil) // may have expired
+		assertClean(t, g.check())
+		g.addList(id, fired+int64(10*time.Second), nil)
+		res := g.check()
+		assertOnly(t, res, "stale_reads", id)
+		if why := res.Examples["stale_reads"][0].Why; !strings.Contains(why, "less than the retention") {
+			t.Errorf("why: %s", why)
+		}
+	})
+	t.Run("filtered or unfinished lists say nothing of what they left out", func(t *testing.T) {
+		g := genClean(7, 650)
+		id, s := pending(g)
+		g.addList(id, s.CompleteNs+int64(time.Millisecond), []string{StateFired})
+		g.addList(id, s.CompleteNs+int64(time.Millisecond), nil)
+		g.ops[len(g.ops)-1].More = true
+		assertClean(t, g.check())
+	})
+}
+
+func TestPlantListWrongState(t *testing.T) {
+	g := genClean(7, 650)
+	id := g.pick("acked", g.awayFromFaults)
+	fired := g.recs[g.recsOf(id)[0]].AppendMs * 1e6
+	g.addList(id, fired+int64(time.Second), []string{StateScheduled}, Listed{ID: id, State: StateFired, Version: 1, DueNs: g.due[id]})
+	res := g.check()
+	assertOnly(t, res, "stale_reads", id)
+	if why := res.Examples["stale_reads"][0].Why; !strings.Contains(why, "filtered by states [scheduled], listed it fired") {
+		t.Errorf("why: %s", why)
+	}
+}
+
+// TestListMissingInfoCancelledIsNotStale: a list may leave out an event a cancel of unknown
+// outcome was sent for, not one whose cancel failed.
+func TestListMissingInfoCancelledIsNotStale(t *testing.T) {
+	g := genClean(7, 650)
+	id := g.pick("cancel_info", func(id string) bool { return len(g.recsOf(id)) > 0 && len(g.opsOf(id, FList)) == 0 })
+	ci := g.opsOf(id, FCancel)[0]
+	g.addList(id, g.ops[ci].CompleteNs+int64(time.Millisecond), nil)
+	assertClean(t, g.check())
+	g.ops[ci].Type, g.ops[ci].Code = TypeFail, "FailedPrecondition"
+	res := g.check()
+	if res.StaleReads != 1 || len(res.Examples["stale_reads"]) != 1 || res.Examples["stale_reads"][0].ID != id {
+		t.Fatalf("with the cancel failed: stale_reads %d %v, want the list that left it out", res.StaleReads, res.Examples["stale_reads"])
+	}
+}
+
+// certainBulk returns the index in g.ops of an ok bulk cancel that cancelled every event of
+// its group (no dry run, nothing skipped), and an id of the group, which has no record.
+func (g *run) certainBulk() (int, string) {
+	for i, op := range g.ops {
+		if op.F != FCancelMatching || op.Type != TypeOK || op.DryRun || op.SkippedHeld != 0 || op.SkippedFired != 0 {
+			continue
+		}
+		id := op.Prefix + "1"
+		if len(g.recsOf(id)) == 0 && op.Matched == op.Cancelled && len(g.recsOf(op.Prefix+"0")) == 0 {
+			return i, id
+		}
+	}
+	panic("no ok bulk cancel that cancelled all its group")
+}
+
+// bulkRecord appends a record of id (of a bulk group) appended 5 ms after its due time, or
+// after the end of bulk cancel b if that is later.
+func (g *run) bulkRecord(id string, b Op) {
+	s := g.ops[g.opsOf(id, FSchedule)[0]]
+	t := max(g.due[id], b.CompleteNs) + int64(5*time.Millisecond)
+	g.recs = append(g.recs, Record{ID: id, Topic: s.Topic, Payload: s.Payload, Offset: 99999, DueMs: g.due[id] / 1e6,
+		FiredMs: t/1e6 - 1, Attempt: 1, AppendMs: t / 1e6})
+}
+
+func TestPlantBulkCancelledRecord(t *testing.T) {
+	g := genClean(7, 650)
+	b, id := g.certainBulk()
+	g.bulkRecord(id, g.ops[b])
+	res := g.check()
+	assertOnly(t, res, "bulk_cancel_violations", id)
+	if why := res.Examples["bulk_cancel_violations"][0].Why; !strings.Contains(why, fmt.Sprintf("after cancel_matching op %d", b)) {
+		t.Errorf("why: %s", why)
+	}
+}
+
+// TestBulkHeldThenRecordIsNoViolation: a bulk cancel that held some events back promised
+// nothing about any one event of its filter.
+func TestBulkHeldThenRecordIsNoViolation(t *testing.T) {
+	g := genClean(7, 650)
+	b, id := g.certainBulk()
+	g.ops[b].Cancelled--
+	g.ops[b].SkippedHeld++
+	g.bulkRecord(id, g.ops[b])
+	assertClean(t, g.check())
+}
+
+// TestBulkMayHaveCancelledIsNotLost: an event a bulk cancel may have cancelled need not
+// fire; one only a dry run or a refused bulk cancel matched must.
+func TestBulkMayHaveCancelledIsNotLost(t *testing.T) {
+	g := genClean(7, 650)
+	b, _ := g.certainBulk()
+	g.ops[b].Type, g.ops[b].Code = TypeInfo, "Unavailable"
+	assertClean(t, g.check())
+	group := 0
+	for _, id := range g.ids["bulk"] {
+		if strings.HasPrefix(id, g.ops[b].Prefix) {
+			group++
+		}
+	}
+	for name, change := range map[string]func(op *Op){
+		"dry run": func(op *Op) { op.Type, op.Code, op.DryRun, op.Cancelled = TypeOK, "", true, 0 },
+		"refused": func(op *Op) { op.Type, op.Code, op.DryRun = TypeFail, "InvalidArgument", false },
+	} {
+		change(&g.ops[b])
+		if res := g.check(); res.Lost != group {
+			t.Errorf("%s: lost = %d, want its group's %d events", name, res.Lost, group)
+		}
+	}
+}
+
+func TestPlantBulkCountsDisagree(t *testing.T) {
+	cases := []struct {
+		name, want string
+		find       func(op Op) bool
+		plant      func(op *Op)
+	}{
+		{"matched more than it counted", "cancelled+skipped_fired+skipped_held", func(op Op) bool {
+			return op.F == FCancelMatching && op.Type == TypeOK && !op.DryRun
+		}, func(op *Op) { op.Matched++ }},
+		{"part-way, counted twice", "cancelled+skipped_fired+skipped_held", func(op Op) bool {
+			return op.F == FCancelMatching && op.Type == TypeInfo && op.Matched > 0
+		}, func(op *Op) { op.SkippedHeld++ }},
+		{"a dry run that cancelled", "was a dry run", func(op Op) bool {
+			return op.F == FCancelMatching && op.Type == TypeOK && op.DryRun
+		}, func(op *Op) { op.Cancelled = 1 }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(7, 650)
+			i := slices.IndexFunc(g.ops, tc.find)
+			if i < 0 {
+				t.Fatal("no such bulk cancel")
+			}
+			tc.plant(&g.ops[i])
+			res := g.check()
+			assertOnly(t, res, "bulk_cancel_violations", g.ops[i].Prefix)
+			if why := res.Examples["bulk_cancel_violations"][0].Why; !strings.Contains(why, tc.want) {
+				t.Errorf("why: %s", why)
+			}
+		})
+	}
+}
+
+// TestBulkPromisesOnlyWhatItMatched: an ok bulk cancel that skipped nothing promises nothing
+// about an event that had a record by its end (it fired first, unmatched: a stray later copy
+// is a duplicate, as after a Cancel that failed because the event had fired), or that an
+// update may have moved while it ran.
+func TestBulkPromisesOnlyWhatItMatched(t *testing.T) {
+	t.Run("fired before it", func(t *testing.T) {
+		g := genClean(7, 650)
+		i := slices.IndexFunc(g.ops, func(op Op) bool { // variation "fired before": its first event is unmatched
+			return op.F == FCancelMatching && op.Type == TypeOK && !op.DryRun && op.SkippedFired == 0 &&
+				op.SkippedHeld == 0 && len(g.recsOf(op.Prefix+"0")) > 0
+		})
+		if i < 0 {
+			t.Fatal("no ok bulk cancel whose first event fired before it")
+		}
+		id := g.ops[i].Prefix + "0"
+		dup := g.recs[g.recsOf(id)[0]]
+		dup.Offset, dup.AppendMs = 99999, g.ops[i].CompleteNs/1e6+50
+		g.recs = append(g.recs, dup)
+		res := g.check()
+		assertClean(t, res)
+		if res.Duplicates != 1 {
+			t.Errorf("duplicates = %d, want the stray copy", res.Duplicates)
+		}
+	})
+	t.Run("updated while it ran", func(t *testing.T) {
+		g := genClean(7, 650)
+		b, id := g.certainBulk()
+		bulk := g.ops[b]
+		s := g.ops[g.opsOf(id, FSchedule)[0]]
+		u := Op{Index: len(g.ops), F: FUpdate, ID: id, Node: "n1", Payload: s.Payload + "-u", Type: TypeOK, Version: 2,
+			DelayNs: int64(2 * time.Second), InvokeNs: bulk.InvokeNs + 1e6, CompleteNs: bulk.InvokeNs + 3e6}
+		u.AckDueNs = u.CompleteNs + u.DelayNs
+		g.ops = append(g.ops, u)
+		// The group's lists showed version 1, or it cancelled: not what this history says.
+		g.ops = slices.DeleteFunc(g.ops, func(op Op) bool { return op.F == FList && op.Prefix == bulk.Prefix })
+		g.due[id] = u.AckDueNs
+		g.bulkRecord(id, bulk)
+		g.recs[len(g.recs)-1].Version, g.recs[len(g.recs)-1].Payload = 2, u.Payload
+		assertClean(t, g.check())
+	})
 }

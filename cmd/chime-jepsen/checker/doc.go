@@ -33,6 +33,42 @@
 // without a chime-id header (ID "") is a phantom. Ids a backup holds are indexed too, so an id
 // only a backup knows is checked (check 7).
 //
+// # Lists and bulk cancels
+//
+// A list op (F "list") is a List by id prefix (Op.Prefix), sometimes filtered by state
+// (Op.States), which read Op.Pages pages; an ok one holds every entry it showed
+// (Op.Listed), More set when it stopped with a page still to come. Each entry of an ok list
+// is a read of its id, as an ok get is (check 9); a failed or unknown list shows nothing. Each
+// ok list is also indexed under every id its prefix matches (ids sort, so those are one
+// range), whether or not it showed it.
+//
+// A cancel_matching op is a CancelMatching by id prefix: Op.DryRun, and the totals of the
+// last progress message it received (Matched, Cancelled, SkippedFired, SkippedHeld); ok only
+// when the last message (done) came; fail only when refused (INVALID_ARGUMENT, before any
+// step: any other error may follow committed steps, so it is info). It is judged through the
+// cancels it stands for: for each id its prefix matches that some ok or info schedule may have
+// stored, a cancel op is synthesized, with the bulk op's invocation, completion and index,
+// and counted as one of the id's cancels by every check below (lost, cancel_violations,
+// expired_early's settle, resurrected, backup_wrong_state, update_violations (c), stale
+// reads):
+//   - none for a dry run or a failed bulk op;
+//   - an ok bulk op finished its steps before it completed, so it stands for a cancel only of
+//     the ids an ok or info schedule of which was invoked before it completed; an info one,
+//     whose steps may still commit after the client gave up, of every id it matches;
+//   - the cancel is ok when the bulk op certainly cancelled the event: it is ok, no dry run,
+//     and reported skipped_held == 0 and skipped_fired == 0 (every pending event it matched,
+//     it cancelled); an ok schedule of the id completed before it was invoked (its steps,
+//     linearizable, saw the event); no record of the id was appended by its completion
+//     (append ≤ C; otherwise the event may have fired before a step reached it, unmatched, and
+//     a later stray copy is no broken promise, as after a Cancel refused because the event
+//     fired); the id never had an ok or info upsert (which renews a settled event); and no ok
+//     or info update of it may have taken effect while it ran (invoked before its completion,
+//     unless ok and completed before its invocation: an update moves the event in the due
+//     order the steps walk, possibly behind a step's position). Otherwise the cancel is info.
+//
+// The driver gives upsertable ids a shape of their own ("u…", the others "e…"), so that no
+// prefix it takes from an "e" id matches one.
+//
 // A fault window is a nemesis op: [InvokeNs, CompleteNs] = [start, heal]. A window whose heal
 // is before its start (never healed) lasts to the latest time seen in the run.
 //
@@ -41,10 +77,12 @@
 // valid = lost == 0 && early == 0 && cancel_violations == 0 && phantom == 0 &&
 // idempotency_violations == 0 && expired_early == 0 && resurrected == 0 && backup_lost == 0 &&
 // backup_phantom == 0 && backup_wrong_state == 0 && backup_invalid == 0 &&
-// update_violations == 0 && stale_reads == 0 && converged.
+// update_violations == 0 && stale_reads == 0 && bulk_cancel_violations == 0 && converged.
 //
 //  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
-//     (existing or not) and no cancel op of type ok or info must have at least one record,
+//     (existing or not) and no cancel op of type ok or info (a bulk cancel's synthesized
+//     cancel included: an id a bulk cancel may have cancelled need not fire) must have at
+//     least one record,
 //     on any topic (a copy on the dead-letter topic counts: dead-lettering is an outcome the
 //     design allows). An info schedule alone makes no demand: it may never have happened. A
 //     failed cancel (FAILED_PRECONDITION, NOT_FOUND, ...) excuses nothing. The driver must
@@ -73,7 +111,8 @@
 //     truncated: append > C already proves the real append followed the ack, while a record
 //     in the ack's own millisecond gets the benefit of the doubt. Records appended before the
 //     ack are allowed: the produce may race the cancel, and the invariant only forbids
-//     production after the ack.
+//     production after the ack. When that earliest ok cancel is one synthesized from a bulk
+//     cancel, its violations are counted in bulk_cancel_violations (check 10), not here.
 //
 //  4. phantom (counts records). A record is a phantom when no schedule op of type ok or info
 //     ever carried its id, or when its (topic, payload) matches none of the id's candidate
@@ -140,18 +179,37 @@
 //     states are allowed whenever the settle may have happened by C, pending whenever it
 //     may not have happened by I. The applied index of each shard is recorded, not judged.
 //
-//  9. update_violations (counts findings) and stale_reads (count get ops). For every ok
+//  9. update_violations (counts findings) and stale_reads (count get ops and (list op, id)
+//     pairs). For every ok
 //     update U of an id, to version v, completed at C: (a) a record of the id of a version
 //     below v appended after C is a violation (the update promised that no record of a
 //     replaced version follows its ack); (b) a record of version v must carry U's payload.
 //     (c) Unless a cancel of the id may have happened (ok or info), some record of the
 //     latest version an ok update made, or a later one, must exist; an id with an ok update
-//     is judged by (c), not by lost. A get of type ok that reports a version (0 is a run from
-//     before versions) is stale when an ok update of its id to a higher version completed
-//     before the get was invoked. A re-send of the id's schedule after an update reports the
-//     event's due time as it now is, so check 5 does not compare the due times of an updated
-//     id's re-sends. ABORTED updates changed nothing (the driver records them as fail);
-//     UNKNOWN ones may have (info).
+//     is judged by (c), not by lost. A re-send of the id's schedule after an update reports
+//     the event's due time as it now is, so check 5 does not compare the due times of an
+//     updated id's re-sends. ABORTED updates changed nothing (the driver records them as
+//     fail); UNKNOWN ones may have (info).
+//
+//     stale_reads: a List or Get never shows a state older than an acknowledged change that
+//     completed before it began. A read is an ok get, or one entry of an ok list; its op is
+//     the get or the list, invoked at I and completed at C. A read is stale when
+//     (a) it reports a version (0 is a run from before versions) below that of an ok update
+//     of its id that completed before I;
+//     (b) it shows the event scheduled although an ok cancel of it completed before I (a
+//     bulk cancel's synthesized ok cancel included: it certainly cancelled the event), unless
+//     an ok or info upsert of the id, which renews a settled event, was invoked before C;
+//     (c) it is an entry of a list filtered by states, in a state the filter does not name.
+//     And a list leaves an id out (one finding per list and id) when the list is ok, has no
+//     states filter and read to its end (not More: a filtered or unfinished list says nothing
+//     of what it left out), its prefix matches the id, it did not show it, and it had to: an
+//     ok schedule of the id completed before I; no cancel of it that may have happened (ok or
+//     info, real or synthesized; a failed one changed nothing) and no ok or info upsert of it
+//     was invoked before C; the retention cannot have removed it by C (as for expired_early:
+//     it had not settled by C, or the retention is off, or it settled less than Retention −
+//     allowance before C); and, for a list of more than one page, no ok or info update of it
+//     may have taken effect while the list ran (a page token resumes at a position in the due
+//     order, and an update can move an event behind it).
 //
 //  8. converged. The final state must list at least one shard; every shard must have exactly
 //     one distinct node in Leaders, that leader must be one of its replicas, it must have
@@ -159,6 +217,17 @@
 //     AppliedIndex must have the same Digest (digests at different indexes are expected to
 //     differ, so an index mismatch is reported once, as an index mismatch). Each failure is
 //     one line of convergence_problems, naming the shard.
+//
+//  10. bulk_cancel_violations (counts records and cancel_matching ops). (a) Every record of
+//     an id appended more than CancelTolerance after the completion of its earliest ok
+//     cancel, when that cancel is one synthesized from an ok bulk cancel (it certainly
+//     cancelled the event: see "Lists and bulk cancels"); the example names the bulk op's
+//     index. (b) A cancel_matching op whose totals contradict each other: a dry run that
+//     reports cancelled, skipped_fired or skipped_held non-zero, or any other ok or info one
+//     whose matched is not cancelled + skipped_fired + skipped_held (the server keeps that
+//     sum in every progress message, so an info op's last totals are judged too); its
+//     example is keyed by the prefix and names the op's index. These come first among the
+//     examples, in history order.
 //
 // # What is measured, not judged
 //
@@ -188,6 +257,8 @@
 //   - invalid_accepted: ops with f "invalid" (deliberately bad input, invariant 7) that
 //     returned ok. Reported, not in valid; a record for such an op's id is a phantom anyway.
 //   - ops (counts by f and type), acked_ids, delivered_ids, records, dead_letter_records.
+//   - bulk_cancels: the ok cancel_matching ops that were not dry runs (ops), and the sums of
+//     their matched, cancelled, skipped_fired and skipped_held.
 //
 // Examples holds, per check (keyed like its count), up to [MaxExamples] findings in id
 // order (backup_invalid's name the backup's directory, in history order), each an id and a
@@ -198,20 +269,23 @@
 //
 //	{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
 //	 "idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
-//	 "backup_wrong_state", "backup_invalid", "update_violations", "stale_reads", "duplicates",
+//	 "backup_wrong_state", "backup_invalid", "update_violations", "stale_reads",
+//	 "bulk_cancel_violations", "duplicates",
 //	 "duplicates_by_fault": {kind|"none": n},
 //	 "converged", "convergence_problems": [string],
 //	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},
 //	 "recovery": [{"kind", "targets", "start_ns", "heal_ns", "recovery_ms"}],
 //	 "invalid_accepted", "ops": {f: {type: n}}, "acked_ids", "delivered_ids", "records",
-//	 "dead_letter_records", "examples": {check: [{"id", "why"}]},
+//	 "dead_letter_records",
+//	 "bulk_cancels": {"ops", "matched", "cancelled", "skipped_fired", "skipped_held"},
+//	 "examples": {check: [{"id", "why"}]},
 //	 "config": {"early_tolerance_ns", "cancel_tolerance_ns", "duplicate_grace_ns",
 //	            "final_heal_ns", "dead_letter_topic", "retention_ns"}}
 //
 // # report.html
 //
 // One self-contained page (no script, no external URL): the checks with valid and violated
-// rows highlighted, lateness per period, duplicates by fault, faults and recovery, the
+// rows highlighted (and rows that sum up the lists and bulk cancels), lateness per period, duplicates by fault, faults and recovery, the
 // backups (one row each: directory, node, times, outcome, shards, events, error; an invalid
 // one flagged), the final state, op counts, examples, and two inline SVG plots: lateness vs
 // due time (one dot per record, first copies, duplicates, phantoms and early records in

@@ -23,6 +23,9 @@ type run struct {
 	ids map[string][]string
 	// content per id of the stored event
 	due map[string]int64
+	// bulkCancels: per id, the cancels the bulk cancels of it stand for (ok where the bulk
+	// cancel certainly cancelled it, info where it may have), for addBackups.
+	bulkCancels map[string][]Op
 }
 
 // Nemesis windows of every generated run (none overlap; FinalHealNs is the kafka heal).
@@ -57,12 +60,18 @@ var scenarios = []string{
 	"updated",        // schedule ok, one or two updates ok, one record of the last version
 	"update_refused", // schedule ok, record, update fails FAILED_PRECONDITION
 	"update_info",    // schedule ok, update info, a record of either version
+	"listed",         // schedule ok, one record, lists of its id before, while pending, after firing
+	// bulk: a group of 2-5 ids "bNNNNN-j" scheduled ok, then a cancel_matching of their
+	// prefix: ok and exact, ok with one held, ok after one fired, ok with one skipped as
+	// fired, info part-way, or a dry run (and a failed one); lists of the prefix before and
+	// after it.
+	"bulk",
 }
 
 // genClean builds a clean run of n events from seed: Check must find nothing in it.
 func genClean(seed uint64, n int) *run {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	g := &run{ids: map[string][]string{}, due: map[string]int64{}}
+	g := &run{ids: map[string][]string{}, due: map[string]int64{}, bulkCancels: map[string][]Op{}}
 	idx := 0
 	add := func(op Op) *Op {
 		op.Index = idx
@@ -115,6 +124,13 @@ func genClean(seed uint64, n int) *run {
 	for i := range n {
 		sc := scenarios[i%len(scenarios)]
 		id := fmt.Sprintf("e%05d", i)
+		if sc == "bulk" {
+			id = fmt.Sprintf("b%05d-0", i) // the first of its group
+		}
+		firstOp := len(g.ops)
+		// cancelledAt: from when the event is certainly cancelled (0: never), so that no
+		// read after it shows it scheduled.
+		var cancelledAt int64
 		g.ids[sc] = append(g.ids[sc], id)
 		topic := topics[r.IntN(len(topics))]
 		payload := fmt.Sprintf("p-%d-%d", i, r.IntN(1000))
@@ -172,7 +188,12 @@ func genClean(seed uint64, n int) *run {
 		case "cancel_before":
 			add(ok(sched, false))
 			cinv := complete + r.Int64N(max(1, due-complete-int64(50*time.Millisecond)))
-			add(Op{F: FCancel, ID: id, Type: TypeOK, State: "cancelled", InvokeNs: cinv, CompleteNs: min(cinv+lat(), due-1)})
+			c := add(Op{F: FCancel, ID: id, Type: TypeOK, State: "cancelled", InvokeNs: cinv, CompleteNs: min(cinv+lat(), due-1)})
+			if r.IntN(2) == 0 { // a list after the cancel shows it cancelled
+				li := c.CompleteNs + lat()
+				add(Op{F: FList, Prefix: id, Type: TypeOK, Pages: 1, InvokeNs: li, CompleteNs: li + lat(),
+					Listed: []Listed{{ID: id, State: StateCancelled, Version: 1, DueNs: due}}})
+			}
 		case "cancel_race":
 			add(ok(sched, false))
 			t := deliver()
@@ -184,9 +205,13 @@ func genClean(seed uint64, n int) *run {
 			add(Op{F: FCancel, ID: id, Type: TypeFail, Code: "FailedPrecondition", Error: "already fired", InvokeNs: t + lat(), CompleteNs: t + 2*lat()})
 		case "cancel_info":
 			add(ok(sched, false))
-			add(Op{F: FCancel, ID: id, Type: TypeInfo, Code: "DEADLINE_EXCEEDED", InvokeNs: due - lat(), CompleteNs: due + lat()})
+			c := add(Op{F: FCancel, ID: id, Type: TypeInfo, Code: "DEADLINE_EXCEEDED", InvokeNs: due - lat(), CompleteNs: due + lat()})
+			li := c.CompleteNs + lat()
 			if r.IntN(2) == 0 {
 				deliver()
+			}
+			if r.IntN(2) == 0 { // a list that does not show it: the cancel may have removed it... or not
+				add(Op{F: FList, Prefix: id, Type: TypeOK, Pages: 1, InvokeNs: li, CompleteNs: li + lat()})
 			}
 		case "info_then_ok":
 			sched.Type, sched.Code = TypeInfo, "DEADLINE_EXCEEDED"
@@ -231,6 +256,11 @@ func genClean(seed uint64, n int) *run {
 				gi := last + lat()
 				add(Op{F: FGet, ID: id, Type: TypeOK, State: StateScheduled, Version: version, InvokeNs: gi, CompleteNs: gi + lat()})
 			}
+			if r.IntN(2) == 0 {
+				li := last + lat()
+				add(Op{F: FList, Prefix: id, Type: TypeOK, Pages: 1, InvokeNs: li, CompleteNs: li + lat(),
+					Listed: []Listed{{ID: id, State: StateScheduled, Version: version, DueNs: due}}})
+			}
 		case "update_refused":
 			add(ok(sched, false))
 			t := deliver()
@@ -250,11 +280,47 @@ func genClean(seed uint64, n int) *run {
 				record(id, topic, u.Payload, due, appendAt(due))
 				g.recs[len(g.recs)-1].Version = 2
 			}
+		case "listed":
+			add(ok(sched, false))
+			t := deliver()
+			list := func(li int64, states []string, entries ...Listed) {
+				add(Op{F: FList, Prefix: id, States: states, Type: TypeOK, Pages: 1, InvokeNs: li, CompleteNs: li + lat(), Listed: entries})
+			}
+			if r.IntN(2) == 0 { // invoked before the schedule completed: it need not show it
+				list(complete-lat(), nil)
+			}
+			if li := complete + lat(); due-li > int64(100*time.Millisecond) { // pending
+				var states []string
+				if r.IntN(3) == 0 {
+					states = []string{StateScheduled}
+				}
+				list(li, states, Listed{ID: id, State: StateScheduled, Version: 1, DueNs: due})
+			}
+			switch li := t + lat(); r.IntN(4) { // fired
+			case 0:
+				list(li, []string{StateScheduled}) // filtered out
+			case 1: // stopped after its pages, before the one that had it
+				add(Op{F: FList, Prefix: id, Type: TypeOK, Pages: 10, More: true, InvokeNs: li, CompleteNs: li + lat()})
+			case 2: // failed: it shows nothing
+				add(Op{F: FList, Prefix: id, Type: TypeInfo, Code: "Unavailable", Error: "no leader", InvokeNs: li, CompleteNs: li + lat()})
+			default:
+				list(li, nil, Listed{ID: id, State: StateFired, Version: 1, DueNs: due})
+			}
+		case "bulk":
+			cancelledAt = g.genBulk(r, id[:len(id)-1], invoke, topic, lat, add, record, appendAt)
 		}
 		if r.IntN(4) == 0 {
-			st := []string{"scheduled", "fired", "cancelled"}[r.IntN(3)]
+			states := []string{"scheduled", "fired", "cancelled"}
 			gi := invoke + r.Int64N(int64(3*time.Second))
-			add(Op{F: FGet, ID: id, Type: TypeOK, State: st, InvokeNs: gi, CompleteNs: gi + lat()})
+			for _, op := range g.ops[firstOp:] {
+				if op.F == FCancel && op.ID == id && op.Type == TypeOK && (cancelledAt == 0 || op.CompleteNs < cancelledAt) {
+					cancelledAt = op.CompleteNs
+				}
+			}
+			if cancelledAt != 0 && gi > cancelledAt {
+				states = states[1:] // not scheduled after it was certainly cancelled
+			}
+			add(Op{F: FGet, ID: id, Type: TypeOK, State: states[r.IntN(len(states))], InvokeNs: gi, CompleteNs: gi + lat()})
 		}
 		if r.IntN(8) == 0 {
 			ii := invoke + lat()
@@ -271,6 +337,128 @@ func genClean(seed uint64, n int) *run {
 	g.final = cleanCluster(4)
 	g.cfg = Config{FinalHealNs: faultEnd}
 	return g
+}
+
+// genBulk adds a "bulk" group to g: 2-5 events "<prefix>j" scheduled ok from invoke on,
+// each due 1.5-5.5 s after it, a cancel_matching of prefix invoked 0.4 s after invoke (once
+// every schedule was acked) in one of six variations, and lists of the prefix before and
+// after it. It returns from when the group's first event is certainly cancelled (0: never).
+func (g *run) genBulk(r *rand.Rand, prefix string, invoke int64, topic string, lat func() int64,
+	add func(Op) *Op, record func(id, topic, payload string, due, appendNs int64), appendAt func(int64) int64) int64 {
+	k := 2 + r.IntN(4)
+	type member struct {
+		id, payload string
+		due         int64
+		fired       int64 // when its record was appended (0: none)
+		cancelled   bool  // the bulk cancel cancelled it
+	}
+	ms := make([]member, k)
+	bulkInv := invoke + int64(400*time.Millisecond) + lat()
+	bulkDone := bulkInv + int64(50*time.Millisecond) + r.Int64N(int64(300*time.Millisecond))
+	b := Op{F: FCancelMatching, Prefix: prefix, Type: TypeOK, InvokeNs: bulkInv, CompleteNs: bulkDone, Matched: uint64(k)}
+	variation := r.IntN(6)
+	for j := range ms {
+		m := &ms[j]
+		m.id = fmt.Sprintf("%s%d", prefix, j)
+		m.payload = "p-" + m.id
+		m.due = invoke + int64(1500*time.Millisecond) + r.Int64N(int64(4*time.Second))
+		if j > 0 {
+			g.ids["bulk"] = append(g.ids["bulk"], m.id)
+		}
+		si := invoke + int64(j)*int64(50*time.Millisecond)
+		s := Op{F: FSchedule, ID: m.id, Topic: topic, Payload: m.payload, Type: TypeOK, InvokeNs: si, CompleteNs: si + lat()}
+		switch {
+		case j == 0 && variation == 2: // fired before the bulk cancel began: not matched
+			m.due = invoke + int64(100*time.Millisecond)
+			m.fired = m.due + r.Int64N(int64(10*time.Millisecond))
+		case j == 0 && variation == 5: // fired while it ran: skipped as fired
+			m.due = bulkInv + int64(20*time.Millisecond)
+			m.fired = m.due + r.Int64N(int64(10*time.Millisecond))
+		}
+		s.DeliverAtNs, s.AckDueNs = m.due, m.due
+		add(s)
+		g.due[m.id] = m.due
+	}
+	switch variation {
+	case 0: // ok: every one cancelled
+		b.Cancelled = uint64(k)
+	case 1: // ok: the first held (a fire batch had it), and it fires after all
+		b.Cancelled, b.SkippedHeld = uint64(k-1), 1
+		ms[0].fired = appendAt(ms[0].due)
+	case 2: // ok: the first had fired already and is not matched
+		b.Matched, b.Cancelled = uint64(k-1), uint64(k-1)
+	case 3: // info: it stopped part-way, having cancelled the first c
+		c := r.IntN(k + 1)
+		b.Type, b.Code, b.Error = TypeInfo, "DeadlineExceeded", "context deadline exceeded"
+		b.Matched, b.Cancelled = uint64(c), uint64(c)
+		for j := c; j < k; j++ {
+			ms[j].fired = appendAt(ms[j].due)
+		}
+	case 4: // a dry run, and a refused one: every event fires
+		b.DryRun = true
+		for j := range ms {
+			ms[j].fired = appendAt(ms[j].due)
+		}
+		fi := bulkInv - lat()
+		add(Op{F: FCancelMatching, Prefix: prefix, Type: TypeFail, Code: "InvalidArgument", Error: "filter: empty", InvokeNs: fi, CompleteNs: fi + 1e5})
+	case 5: // ok: the first fired while it ran
+		b.Cancelled, b.SkippedFired = uint64(k-1), 1
+	}
+	add(b)
+	var firstCancelled int64
+	for j := range ms {
+		m := &ms[j]
+		if m.fired != 0 {
+			record(m.id, topic, m.payload, m.due, m.fired)
+			continue
+		}
+		if b.DryRun {
+			continue
+		}
+		m.cancelled = true
+		if j == 0 {
+			firstCancelled = bulkDone
+		}
+	}
+	// What the bulk cancel stands for, per id: ok where it certainly cancelled the event (it
+	// was ok, skipped nothing, and the event had no record by its end), else info.
+	if !b.DryRun {
+		certain := b.Type == TypeOK && b.SkippedHeld == 0 && b.SkippedFired == 0
+		for _, m := range ms {
+			c := Op{F: FCancel, ID: m.id, Type: TypeInfo, InvokeNs: bulkInv, CompleteNs: bulkDone}
+			if certain && (m.fired == 0 || m.fired > bulkDone) {
+				c.Type = TypeOK
+			}
+			g.bulkCancels[m.id] = append(g.bulkCancels[m.id], c)
+		}
+	}
+	// Lists of the prefix: before the bulk cancel (every event acked) and after it.
+	list := func(li int64, after bool) {
+		l := Op{F: FList, Prefix: prefix, Type: TypeOK, Pages: 1, InvokeNs: li, CompleteNs: li + lat()}
+		if r.IntN(3) == 0 {
+			l.States = []string{StateScheduled}
+		}
+		for _, m := range ms {
+			st := StateScheduled
+			switch {
+			case m.fired != 0 && m.fired < li:
+				st = StateFired
+			case after && m.cancelled:
+				st = StateCancelled
+			}
+			if l.States == nil || st == StateScheduled {
+				l.Listed = append(l.Listed, Listed{ID: m.id, State: st, Version: 1, DueNs: m.due})
+			}
+		}
+		add(l)
+	}
+	if r.IntN(2) == 0 {
+		list(invoke+int64(250*time.Millisecond)+r.Int64N(int64(100*time.Millisecond)), false)
+	}
+	if r.IntN(2) == 0 {
+		list(bulkDone+lat(), true)
+	}
+	return firstCancelled
 }
 
 // Backups of every generated run, each completed 1.5 s after it was invoked; the one at 50 s
@@ -306,6 +494,9 @@ func (g *run) addBackups(r *rand.Rand) {
 	}
 	for _, rec := range g.recs {
 		byID[rec.ID].recs = append(byID[rec.ID].recs, rec)
+	}
+	for id, cs := range g.bulkCancels {
+		byID[id].cancels = append(byID[id].cancels, cs...)
 	}
 	for i, b := range genBackups {
 		invoke, complete := at(b.at), at(b.at+1500*time.Millisecond)

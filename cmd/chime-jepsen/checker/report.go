@@ -124,6 +124,21 @@ svg.plot { display: block; margin-bottom: 1.5em; }
 </html>
 `))
 
+// ListSummary says how the list ops ended: "N ok, N failed, N unknown".
+func (r Results) ListSummary() string {
+	l := r.Ops[FList]
+	return fmt.Sprintf("%d ok, %d failed, %d unknown", l[TypeOK], l[TypeFail], l[TypeInfo])
+}
+
+// BulkCancelSummary says how the cancel_matching ops ended and what the ok ones that were
+// not dry runs did: "N ok (N cancelled, N skipped fired, N skipped held), N dry runs, N
+// failed, N unknown".
+func (r Results) BulkCancelSummary() string {
+	c, b := r.Ops[FCancelMatching], r.BulkCancels
+	return fmt.Sprintf("%d ok (%d cancelled, %d skipped fired, %d skipped held), %d dry runs, %d failed, %d unknown",
+		b.Ops, b.Cancelled, b.SkippedFired, b.SkippedHeld, c[TypeOK]-b.Ops, c[TypeFail], c[TypeInfo])
+}
+
 // reportCheck is one row of the Checks table; NameClass and Class colour its first and last cells.
 type reportCheck struct {
 	Name, Count, Class, Status, NameClass string
@@ -209,6 +224,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("backup_invalid", res.BackupInvalid, true)
 	row("update_violations", res.UpdateViolations, true)
 	row("stale_reads", res.StaleReads, true)
+	row("bulk_cancel_violations", res.BulkCancelViolations, true)
 	conv, convClass := "yes", "good"
 	if !res.Converged {
 		conv, convClass = "no", "bad"
@@ -218,6 +234,8 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("invalid_accepted", res.InvalidAccepted, false)
 	v.Checks = append(v.Checks,
 		reportCheck{Name: "duplicates (extra copies)", Count: fmt.Sprint(res.Duplicates), Status: "measured"},
+		reportCheck{Name: "lists", Count: res.ListSummary()},
+		reportCheck{Name: "bulk cancels", Count: res.BulkCancelSummary()},
 		reportCheck{Name: "acked ids / delivered ids", Count: fmt.Sprintf("%d / %d", res.AckedIDs, res.DeliveredIDs)},
 		reportCheck{Name: "records (dead-letter)", Count: fmt.Sprintf("%d (%d)", res.Records, res.DeadLetterRecords)},
 		reportCheck{Name: "valid", Class: v.VerdictClass, Status: fmt.Sprint(res.Valid), NameClass: v.VerdictClass})

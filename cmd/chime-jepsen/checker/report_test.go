@@ -54,7 +54,8 @@ func TestWriteReport(t *testing.T) {
 	}
 	for _, k := range []string{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
 		"idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
-		"backup_wrong_state", "backup_invalid", "duplicates", "duplicates_by_fault", "converged", "convergence_problems",
+		"backup_wrong_state", "backup_invalid", "update_violations", "stale_reads", "bulk_cancel_violations", "bulk_cancels",
+		"duplicates", "duplicates_by_fault", "converged", "convergence_problems",
 		"lateness_ms", "recovery", "ops", "examples"} {
 		if _, ok := keys[k]; !ok {
 			t.Errorf("results.json has no %q", k)
@@ -131,11 +132,17 @@ func TestWriteReport(t *testing.T) {
 			t.Errorf("band for %s appears %d times, want 2", w.kind, n)
 		}
 	}
-	// The row for early is flagged, the ones for lost and backup_lost are not.
+	// The row for early is flagged, the ones for lost, backup_lost and bulk_cancel_violations are not.
 	if !regexp.MustCompile(`<td class="l">early</td><td>1</td><td class="l bad">`).MatchString(page) ||
 		!regexp.MustCompile(`<td class="l">lost</td><td>0</td><td class="l good">`).MatchString(page) ||
-		!regexp.MustCompile(`<td class="l">backup_lost</td><td>0</td><td class="l good">`).MatchString(page) {
+		!regexp.MustCompile(`<td class="l">backup_lost</td><td>0</td><td class="l good">`).MatchString(page) ||
+		!regexp.MustCompile(`<td class="l">bulk_cancel_violations</td><td>0</td><td class="l good">`).MatchString(page) {
 		t.Errorf("summary rows are not highlighted as expected")
+	}
+	// Lists and bulk cancels are summed up.
+	if want := `<td class="l">lists</td><td>` + res.ListSummary() + `</td>`; !strings.Contains(page, want) ||
+		!regexp.MustCompile(`<td class="l">bulk cancels</td><td>[1-9]\d* ok \([1-9]\d* cancelled, \d+ skipped fired, \d+ skipped held\), [1-9]\d* dry runs, [1-9]\d* failed, \d+ unknown</td>`).MatchString(page) {
+		t.Errorf("report.html lacks the list and bulk cancel rows (%s; %s)", res.ListSummary(), res.BulkCancelSummary())
 	}
 	// Backups have a table of their own (the failed one flagged), and no dot in the latency plot.
 	if !strings.Contains(page, "<h2>Backups</h2>") || strings.Count(page, "<td class=\"l\"><code>backup-0") != len(genBackups) ||

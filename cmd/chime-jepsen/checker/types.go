@@ -7,7 +7,7 @@ import "time"
 type Op struct {
 	Index   int    `json:"index"`
 	Process int    `json:"process"`
-	F       string `json:"f"`              // "schedule", "cancel", "get", "update", "invalid", "backup", "nemesis"
+	F       string `json:"f"`              // "schedule", "cancel", "get", "update", "list", "cancel_matching", "invalid", "backup", "nemesis"
 	Node    string `json:"node,omitempty"` // node the request was sent to
 
 	ID          string `json:"id,omitempty"`
@@ -39,6 +39,26 @@ type Op struct {
 	// then its due time).
 	Version uint64 `json:"version,omitempty"`
 
+	// List and cancel_matching only: the filter's id_prefix (the workload selects by prefix,
+	// and a list sometimes by state too).
+	Prefix string `json:"prefix,omitempty"`
+	// List only. States: the filter's states, named as Get's are (empty: every state).
+	// Listed: for an ok list, every entry of every page, in order (nothing for one that is
+	// not ok). Pages: how many pages it read. More: it stopped with a page still to come, so
+	// Listed is not the whole answer.
+	States []string `json:"states,omitempty"`
+	Listed []Listed `json:"listed,omitempty"`
+	Pages  int      `json:"pages,omitempty"`
+	More   bool     `json:"more,omitempty"`
+
+	// Cancel_matching only: whether it was a dry run, and the totals of the last progress
+	// message it received (for an ok one, the message with done=true).
+	DryRun       bool   `json:"dry_run,omitempty"`
+	Matched      uint64 `json:"matched,omitempty"`
+	Cancelled    uint64 `json:"cancelled,omitempty"`
+	SkippedFired uint64 `json:"skipped_fired,omitempty"`
+	SkippedHeld  uint64 `json:"skipped_held,omitempty"`
+
 	// Backup only. Type is ok when the backup wrote its manifest, fail when it did not. Dir
 	// is its directory, relative to the run's folder; Node the node asked (it relays the
 	// shards it does not lead). The driver reads the directory back once the op completes:
@@ -67,7 +87,19 @@ const (
 	FInvalid  = "invalid"
 	FBackup   = "backup"
 	FNemesis  = "nemesis"
+	// FList is a List by id prefix (Op.Prefix, Op.States, Op.Listed); FCancelMatching a
+	// CancelMatching by id prefix (Op.Prefix, Op.DryRun and its totals).
+	FList           = "list"
+	FCancelMatching = "cancel_matching"
 )
+
+// Listed is one entry of a list op: an event as List showed it.
+type Listed struct {
+	ID      string `json:"id"`
+	State   string `json:"state"`             // named as Op.State
+	Version uint64 `json:"version,omitempty"` // 0: not reported
+	DueNs   int64  `json:"due_ns,omitempty"`
+}
 
 // Event states as Op.State and Op.BackupEvents name them.
 const (
@@ -202,8 +234,8 @@ func (c Config) withDefaults(ops []Op) Config {
 // Results is what Check found. It is written as results.json.
 type Results struct {
 	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly,
-	// Resurrected, the four Backup counts, UpdateViolations and StaleReads are all zero and
-	// the final state converged.
+	// Resurrected, the four Backup counts, UpdateViolations, StaleReads and
+	// BulkCancelViolations are all zero and the final state converged.
 	Valid bool `json:"valid"`
 
 	Lost                  int `json:"lost"`                   // ids
@@ -219,7 +251,12 @@ type Results struct {
 	BackupWrongState      int `json:"backup_wrong_state"`     // (backup, id) pairs
 	BackupInvalid         int `json:"backup_invalid"`         // backup ops
 	UpdateViolations      int `json:"update_violations"`      // findings
-	StaleReads            int `json:"stale_reads"`            // get ops
+	StaleReads            int `json:"stale_reads"`            // get ops and (list op, id) pairs
+	BulkCancelViolations  int `json:"bulk_cancel_violations"` // records and cancel_matching ops
+
+	// BulkCancels sums the totals of the ok cancel_matching ops that were not dry runs
+	// (measured, not judged).
+	BulkCancels BulkTotals `json:"bulk_cancels"`
 
 	Duplicates        int            `json:"duplicates"`          // extra copies
 	DuplicatesByFault map[string]int `json:"duplicates_by_fault"` // nemesis kind or "none" → extra copies
@@ -244,6 +281,15 @@ type Results struct {
 	Examples map[string][]Example `json:"examples"`
 
 	Config ConfigUsed `json:"config"`
+}
+
+// BulkTotals sums the progress totals of bulk cancels.
+type BulkTotals struct {
+	Ops          int    `json:"ops"`
+	Matched      uint64 `json:"matched"`
+	Cancelled    uint64 `json:"cancelled"`
+	SkippedFired uint64 `json:"skipped_fired"`
+	SkippedHeld  uint64 `json:"skipped_held"`
 }
 
 // MaxExamples bounds Results.Examples per check.
