@@ -76,12 +76,16 @@ Runs a Jepsen-style fault test of Chime: --nodes chimed processes in network
 namespaces joined by a bridge, a Kafka-protocol broker on the host side, a
 workload of schedules (delays from 0 to --max-delay, some on tick boundaries),
 re-sends (identical and conflicting, sometimes to two nodes at once), cancels
-(well before, within 50 ms of, and after due), gets and invalid requests, and a
+(well before, within 50 ms of, and after due), updates, upserts, gets, lists
+and bulk cancels (CancelMatching) by id prefix, and invalid requests, and a
 nemesis that injects one fault about every 10 s. Every --backup-every it takes
 a backup of the live cluster, through the code chimectl backup runs, from a
 node picked at random, into the run's folder. After the final heal and a drain
 it reads every record back and checks: nothing acknowledged lost, nothing
-early, nothing after an acknowledged cancel, no phantom record, idempotency,
+early, nothing after an acknowledged cancel (or a bulk cancel that certainly
+cancelled it), no phantom record, idempotency, no get or list showing a state
+older than a change acknowledged before it began or leaving out an event it
+had to show, bulk cancel totals that add up,
 retention (no event gone early, none back after it was gone), backups (each
 completed backup holds every event acknowledged before it began, in a state
 the history allows, and no event never sent; a failed one leaves no manifest),
@@ -407,8 +411,10 @@ func summary(r checker.Results) string {
 	u := r.Ops[checker.FUpdate]
 	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v\n"+
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
+		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
 		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
+		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		b[checker.TypeOK], b[checker.TypeFail]+b[checker.TypeInfo], r.BackupLost, r.BackupPhantom, r.BackupWrongState, r.BackupInvalid)
 }

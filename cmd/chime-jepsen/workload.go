@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"time"
 
@@ -71,9 +73,17 @@ type workload struct {
 	// upsertable are ids upserts replace: scheduled like any other, but
 	// never cancelled, read or updated by the other ops, so that each
 	// record of one is a version an upsert made (a cancelled event renewed
-	// would make its later records look produced after the cancel).
+	// would make its later records look produced after the cancel). Their
+	// ids are "u%d", the others' "e%d", so that no prefix a list or a bulk
+	// cancel takes from an "e" id matches one.
 	upsertable []sent
 }
+
+// The bounds of a list op: pages of listPageSize, at most listPages of them.
+const (
+	listPageSize = 50
+	listPages    = 10
+)
 
 var topics = []string{"jepsen.a", "jepsen.b", "jepsen.c", "jepsen.d"}
 
@@ -125,56 +135,68 @@ func (w *workload) record(op checker.Op) {
 	}
 }
 
+// client runs ops in these shares (per mille): schedule 550, identical
+// re-send 60, conflicting re-send 30, one new id to two nodes 30, cancel 80,
+// update 60, upsertable schedule 10, upsert 10, get 115, list 20,
+// cancel_matching 5, invalid 30.
 func (w *workload) client(ctx context.Context, p int, r *rand.Rand, cancels chan<- sent) {
 	for ctx.Err() == nil {
-		switch x := r.IntN(100); {
-		case x < 55:
-			ev := w.newEvent(r)
+		switch x := r.IntN(1000); {
+		case x < 550:
+			ev := w.newEvent(r, "e")
 			if w.schedule(p, w.node(r), ev) && r.IntN(4) == 0 {
 				select { // a quarter of them get cancelled, at various times
 				case cancels <- ev:
 				default:
 				}
 			}
-		case x < 61:
+		case x < 610:
 			if ev, ok := w.pickResend(r); ok {
 				w.schedule(p, w.node(r), ev) // identical re-send
 			}
-		case x < 64:
+		case x < 640:
 			if ev, ok := w.pickResend(r); ok {
 				ev.payload += "-conflict"
 				w.schedule(p, w.node(r), ev)
 			}
-		case x < 67:
+		case x < 670:
 			// The same new id to two nodes at once.
-			ev := w.newEvent(r)
+			ev := w.newEvent(r, "e")
 			a, b := w.node(r), w.node(r)
 			var wg sync.WaitGroup
 			wg.Add(2)
 			go func() { defer wg.Done(); w.schedule(p, a, ev) }()
 			go func() { defer wg.Done(); w.schedule(p+1000, b, ev) }()
 			wg.Wait()
-		case x < 75:
+		case x < 750:
 			if ev, ok := w.pick(r); ok {
 				w.cancel(p, w.node(r), ev.id) // whenever: before, around or after due
 			}
-		case x < 81:
+		case x < 810:
 			if ev, ok := w.pick(r); ok {
 				w.update(p, w.node(r), r, ev.id) // whenever: before, around or after due
 			}
-		case x < 82:
-			ev := w.newEvent(r)
+		case x < 820:
+			ev := w.newEvent(r, "u")
 			ev.upsertable = true
 			if w.schedule(p, w.node(r), ev) {
 				w.mu.Lock()
 				w.upsertable = append(w.upsertable, ev)
 				w.mu.Unlock()
 			}
-		case x < 83:
+		case x < 830:
 			w.upsert(p, w.node(r), r)
-		case x < 97:
+		case x < 945:
 			if ev, ok := w.pick(r); ok {
 				w.get(p, w.node(r), ev.id)
+			}
+		case x < 965:
+			if prefix, ok := w.pickPrefix(r); ok {
+				w.list(p, w.node(r), r, prefix)
+			}
+		case x < 970:
+			if prefix, ok := w.pickPrefix(r); ok {
+				w.cancelMatching(p, w.node(r), r, prefix)
 			}
 		default:
 			w.invalid(p, w.node(r), r)
@@ -211,10 +233,12 @@ func (w *workload) canceller(ctx context.Context, p int, r *rand.Rand, in <-chan
 	}
 }
 
-func (w *workload) newEvent(r *rand.Rand) sent {
+// newEvent makes a new event whose id is shape ("e", or "u" for an
+// upsertable one) and a number no other id has.
+func (w *workload) newEvent(r *rand.Rand, shape string) sent {
 	w.mu.Lock()
 	w.seq++
-	id := fmt.Sprintf("e%d", w.seq)
+	id := shape + strconv.Itoa(w.seq)
 	w.mu.Unlock()
 	now := time.Now()
 	ev := sent{id: id, topic: topics[r.IntN(len(topics))], payload: "p-" + id, at: now}
@@ -267,6 +291,27 @@ func (w *workload) pick(r *rand.Rand) (sent, bool) {
 		i = r.IntN(n)
 	}
 	return w.events[i], true
+}
+
+// pickPrefix picks the id prefix of a list or a bulk cancel: a recent id
+// (pick) less its last digit, so that it selects a dozen ids ("e4532" is
+// e4532 and e45320-e45329). Only an id with as many digits as the newest one
+// and at least three will do: a shorter one would select thousands
+// (e12 → "e1": e1, e10-e19, e100-e199, ...).
+func (w *workload) pickPrefix(r *rand.Rand) (string, bool) {
+	for range 10 {
+		ev, ok := w.pick(r)
+		if !ok {
+			return "", false
+		}
+		w.mu.Lock()
+		digits := len(strconv.Itoa(w.seq))
+		w.mu.Unlock()
+		if len(ev.id) == 1+digits && digits >= 3 {
+			return ev.id[:len(ev.id)-1], true
+		}
+	}
+	return "", false
 }
 
 func (w *workload) schedule(p int, n *node, ev sent) bool {
@@ -343,6 +388,90 @@ func (w *workload) get(p int, n *node, id string) {
 		op.Error = err.Error()
 	} else {
 		op.State, op.Version = stateName(resp.State), resp.Version
+	}
+	w.record(op)
+}
+
+// list lists the events whose id starts with prefix (a quarter of the time
+// only the scheduled ones), on node n, following next_page_token for up to
+// listPages pages of listPageSize. It is ok only when every page was; then
+// the op holds every entry (and More when it stopped before the end).
+func (w *workload) list(p int, n *node, r *rand.Rand, prefix string) {
+	filter := &chimev1.EventFilter{IdPrefix: prefix}
+	op := checker.Op{Process: p, F: checker.FList, Node: n.id, Prefix: prefix}
+	if r.IntN(4) == 0 {
+		filter.States = []chimev1.EventState{chimev1.EventState_EVENT_STATE_SCHEDULED}
+		op.States = []string{checker.StateScheduled}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	var (
+		listed []checker.Listed
+		token  string
+		err    error
+	)
+	op.InvokeNs = time.Now().UnixNano()
+	for op.Pages < listPages {
+		var resp *chimev1.ListResponse
+		resp, err = n.scheduler().List(ctx, &chimev1.ListRequest{Filter: filter, Limit: listPageSize, PageToken: token})
+		if err != nil {
+			break
+		}
+		op.Pages++
+		for _, e := range resp.Events {
+			l := checker.Listed{ID: e.GetEvent().GetId(), State: stateName(e.State), Version: e.Version}
+			if e.Due != nil {
+				l.DueNs = e.Due.AsTime().UnixNano()
+			}
+			listed = append(listed, l)
+		}
+		if token = resp.NextPageToken; token == "" {
+			break
+		}
+	}
+	op.CompleteNs = time.Now().UnixNano()
+	op.Type, op.Code = classify(err)
+	if err != nil {
+		op.Error = err.Error()
+	} else {
+		op.Listed, op.More = listed, token != ""
+	}
+	w.record(op)
+}
+
+// cancelMatching cancels every pending event whose id starts with prefix (a
+// fifth of the time as a dry run) on node n, reading the stream of progress
+// to its last message. It streams for as long as the cluster takes, so it
+// gets three op timeouts. It is ok only when the last message (done) came,
+// fail only when it was refused (INVALID_ARGUMENT, before any step): any
+// other error may come after some steps committed, so it is info.
+func (w *workload) cancelMatching(p int, n *node, r *rand.Rand, prefix string) {
+	op := checker.Op{Process: p, F: checker.FCancelMatching, Node: n.id, Prefix: prefix, DryRun: r.IntN(5) == 0}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*w.opTimeout)
+	defer cancel()
+	op.InvokeNs = time.Now().UnixNano()
+	stream, err := n.scheduler().CancelMatching(ctx, &chimev1.CancelMatchingRequest{
+		Filter: &chimev1.EventFilter{IdPrefix: prefix}, DryRun: op.DryRun})
+	done := false
+	for err == nil && !done {
+		var m *chimev1.CancelMatchingProgress
+		if m, err = stream.Recv(); err == nil {
+			op.Matched, op.Cancelled, op.SkippedFired, op.SkippedHeld = m.Matched, m.Cancelled, m.SkippedFired, m.SkippedHeld
+			done = m.Done
+		}
+	}
+	op.CompleteNs = time.Now().UnixNano()
+	switch {
+	case done:
+		op.Type = checker.TypeOK
+	case errors.Is(err, io.EOF):
+		op.Type, op.Error = checker.TypeInfo, "the stream ended before its last message (done)"
+	default:
+		op.Type, op.Code = classify(err)
+		if status.Code(err) != codes.InvalidArgument {
+			op.Type = checker.TypeInfo
+		}
+		op.Error = err.Error()
 	}
 	w.record(op)
 }

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+)
+
+// fakeScheduler answers List with pages of one event each from events (failing the page
+// listFailAt, 1-based, when set, and never ending when endless), and CancelMatching with
+// the progress messages progress, then err (nil: the stream just ends).
+type fakeScheduler struct {
+	chimev1.UnimplementedSchedulerServer
+	mu         sync.Mutex
+	events     []*chimev1.GetResponse
+	listFailAt int
+	endless    bool
+	lists      []*chimev1.ListRequest
+	progress   []*chimev1.CancelMatchingProgress
+	err        error
+	cancels    []*chimev1.CancelMatchingRequest
+}
+
+func (f *fakeScheduler) List(_ context.Context, in *chimev1.ListRequest) (*chimev1.ListResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lists = append(f.lists, in)
+	page := 0
+	if in.PageToken != "" {
+		fmt.Sscanf(in.PageToken, "page-%d", &page)
+	}
+	if f.listFailAt == page+1 {
+		return nil, status.Error(codes.Unavailable, "no leader")
+	}
+	resp := &chimev1.ListResponse{}
+	if page < len(f.events) {
+		resp.Events = []*chimev1.GetResponse{f.events[page]}
+	}
+	if page+1 < len(f.events) || f.endless {
+		resp.NextPageToken = fmt.Sprintf("page-%d", page+1)
+	}
+	return resp, nil
+}
+
+func (f *fakeScheduler) CancelMatching(in *chimev1.CancelMatchingRequest, stream grpc.ServerStreamingServer[chimev1.CancelMatchingProgress]) error {
+	f.mu.Lock()
+	f.cancels = append(f.cancels, in)
+	progress, err := f.progress, f.err
+	f.mu.Unlock()
+	for _, m := range progress {
+		if err := stream.Send(m); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// TestListAndCancelMatchingOps: the workload records a list with every entry of every page
+// (ok only when every page was), and a bulk cancel with its last totals, ok only when the
+// last message (done) came, fail only when refused with INVALID_ARGUMENT.
+func TestListAndCancelMatchingOps(t *testing.T) {
+	// node.scheduler dials port 7070 of the node's address: a loopback address of its own.
+	ln, err := net.Listen("tcp", "127.0.0.78:7070")
+	if err != nil {
+		t.Skipf("cannot serve a fake node on 127.0.0.78:7070: %v", err)
+	}
+	fake := &fakeScheduler{}
+	gs := grpc.NewServer()
+	chimev1.RegisterSchedulerServer(gs, fake)
+	served := make(chan struct{})
+	go func() { defer close(served); gs.Serve(ln) }()
+	defer func() { gs.Stop(); <-served }()
+	n8 := &node{id: "n8", ip: "127.0.0.78"}
+	defer func() {
+		if n8.conn != nil {
+			n8.conn.Close()
+		}
+	}()
+	w := &workload{c: &cluster{nodes: []*node{n8}}, h: &history{}, opTimeout: 5 * time.Second, versions: map[string]uint64{}}
+	last := func() checker.Op { ops := w.h.snapshot(); return ops[len(ops)-1] }
+	due := time.Unix(1_700_000_000, 0)
+	fake.events = []*chimev1.GetResponse{
+		{Event: &chimev1.Event{Id: "e4532"}, State: chimev1.EventState_EVENT_STATE_FIRED, Version: 1, Due: timestamppb.New(due)},
+		{Event: &chimev1.Event{Id: "e45321"}, State: chimev1.EventState_EVENT_STATE_SCHEDULED, Version: 2, Due: timestamppb.New(due.Add(time.Second))},
+	}
+
+	// Both pages; a quarter of the lists (by the rand) filter on SCHEDULED, and say so.
+	filtered, unfiltered := false, false
+	for seed := uint64(0); seed < 40 && !(filtered && unfiltered); seed++ {
+		w.list(3, n8, rand.New(rand.NewPCG(seed, 1)), "e4532")
+		op := last()
+		sent := fake.lists[len(fake.lists)-1].Filter
+		want := []checker.Listed{{ID: "e4532", State: checker.StateFired, Version: 1, DueNs: due.UnixNano()},
+			{ID: "e45321", State: checker.StateScheduled, Version: 2, DueNs: due.Add(time.Second).UnixNano()}}
+		if op.F != checker.FList || op.Type != checker.TypeOK || op.Prefix != "e4532" || op.Node != "n8" || op.Process != 3 ||
+			op.Pages != 2 || op.More || !slices.Equal(op.Listed, want) || op.InvokeNs == 0 || op.CompleteNs < op.InvokeNs ||
+			sent.IdPrefix != "e4532" || fake.lists[len(fake.lists)-1].Limit != listPageSize {
+			t.Fatalf("list op %+v (filter sent %v)", op, sent)
+		}
+		if len(sent.States) > 0 {
+			filtered = true
+			if !slices.Equal(sent.States, []chimev1.EventState{chimev1.EventState_EVENT_STATE_SCHEDULED}) ||
+				!slices.Equal(op.States, []string{checker.StateScheduled}) {
+				t.Errorf("filtered list: sent states %v, recorded %v", sent.States, op.States)
+			}
+		} else {
+			unfiltered = true
+			if op.States != nil {
+				t.Errorf("unfiltered list recorded states %v", op.States)
+			}
+		}
+	}
+	if !filtered || !unfiltered {
+		t.Errorf("filtered %v, unfiltered %v: want both", filtered, unfiltered)
+	}
+
+	// A page that fails: nothing listed.
+	fake.listFailAt = 2
+	w.list(3, n8, rand.New(rand.NewPCG(1, 1)), "e4532")
+	if op := last(); op.Type != checker.TypeInfo || op.Code != "Unavailable" || op.Listed != nil || op.Pages != 1 {
+		t.Errorf("list whose second page failed: %+v", op)
+	}
+	// A list that never ends stops after listPages pages and says so.
+	fake.listFailAt, fake.endless = 0, true
+	w.list(3, n8, rand.New(rand.NewPCG(1, 1)), "e4532")
+	if op := last(); op.Type != checker.TypeOK || op.Pages != listPages || !op.More || len(op.Listed) != 2 {
+		t.Errorf("endless list: %+v", op)
+	}
+
+	cases := []struct {
+		name     string
+		progress []*chimev1.CancelMatchingProgress
+		err      error
+		typ      string
+		code     string
+	}{
+		{"done", []*chimev1.CancelMatchingProgress{{Matched: 5, Cancelled: 4}, {Matched: 11, Cancelled: 9, SkippedFired: 1, SkippedHeld: 1, Done: true}},
+			nil, checker.TypeOK, ""},
+		{"stopped part-way", []*chimev1.CancelMatchingProgress{{Matched: 11, Cancelled: 9, SkippedFired: 1, SkippedHeld: 1}},
+			status.Error(codes.Unavailable, "leadership is moving"), checker.TypeInfo, "Unavailable"},
+		{"a code the other ops read as fail, after steps", []*chimev1.CancelMatchingProgress{{Matched: 11, Cancelled: 9, SkippedFired: 1, SkippedHeld: 1}},
+			status.Error(codes.FailedPrecondition, "something"), checker.TypeInfo, "FailedPrecondition"},
+		{"ended without done", []*chimev1.CancelMatchingProgress{{Matched: 11, Cancelled: 9, SkippedFired: 1, SkippedHeld: 1}},
+			nil, checker.TypeInfo, ""},
+		{"refused", nil, status.Error(codes.InvalidArgument, "filter: empty"), checker.TypeFail, "InvalidArgument"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fake.progress, fake.err = tc.progress, tc.err
+			dry := false
+			for seed := uint64(0); ; seed++ { // one wet run and one dry run each
+				w.cancelMatching(4, n8, rand.New(rand.NewPCG(seed, 2)), "e4532")
+				op, sent := last(), fake.cancels[len(fake.cancels)-1]
+				if op.F != checker.FCancelMatching || op.Type != tc.typ || op.Code != tc.code || op.Prefix != "e4532" ||
+					sent.Filter.IdPrefix != "e4532" || sent.DryRun != op.DryRun || op.CompleteNs < op.InvokeNs {
+					t.Fatalf("op %+v for request %v", op, sent)
+				}
+				if tc.typ == checker.TypeOK || tc.typ == checker.TypeInfo {
+					if op.Matched != 11 || op.Cancelled != 9 || op.SkippedFired != 1 || op.SkippedHeld != 1 {
+						t.Errorf("totals %+v, want the last message's", op)
+					}
+				}
+				if tc.typ != checker.TypeOK && op.Error == "" {
+					t.Errorf("no error recorded: %+v", op)
+				}
+				if op.DryRun {
+					dry = true
+				} else if dry {
+					break
+				}
+				if seed > 40 {
+					t.Fatal("no dry run and wet run in 40 seeds")
+				}
+			}
+		})
+	}
+}
+
+// TestPrefixesSelectADozen: a list's or bulk cancel's prefix is a recent "e" id less its
+// last digit, of an id as long as the newest, and never selects an upsertable id.
+func TestPrefixesSelectADozen(t *testing.T) {
+	w := &workload{maxDelay: time.Minute, versions: map[string]uint64{}}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 12345 {
+		ev := w.newEvent(r, "e")
+		w.events = append(w.events, ev)
+		if w.seq%50 == 0 {
+			w.newEvent(r, "u")
+		}
+	}
+	if u := w.newEvent(r, "u"); !strings.HasPrefix(u.id, "u") || u.payload != "p-"+u.id {
+		t.Errorf("upsertable event %+v", u)
+	}
+	for range 200 {
+		p, ok := w.pickPrefix(r)
+		if !ok || len(p) != len(fmt.Sprint(w.seq)) || !strings.HasPrefix(p, "e") {
+			t.Fatalf("prefix %q (%v) with newest id number %d", p, ok, w.seq)
+		}
+	}
+	w = &workload{maxDelay: time.Minute, versions: map[string]uint64{}}
+	for range 50 {
+		w.events = append(w.events, w.newEvent(r, "e"))
+	}
+	if p, ok := w.pickPrefix(r); ok {
+		t.Errorf("prefix %q with ids of two digits, which would select hundreds later", p)
+	}
+}
