@@ -152,7 +152,7 @@ func (v *listView) close(err *error) {
 // key exists, its stored status otherwise.
 func (v *listView) status(seq uint64, due int64) (status, error) {
 	v.key = appendDueKey(v.key[:0], v.f.shard, due, seq)
-	if v.due.SeekGE(v.key) && bytes.Equal(v.due.Key(), v.key) {
+	if v.due.SeekPrefixGE(v.key) && bytes.Equal(v.due.Key(), v.key) {
 		return status{state: StateScheduled, due: due}, nil
 	}
 	if err := v.due.Error(); err != nil {
@@ -199,6 +199,33 @@ func (v *listView) prefixRange(prefix string) {
 	v.ids.SetBounds(lower, upper)
 }
 
+// broadPrefix reports whether the sstables say that the id index holds more than twice
+// prefixScanLimit entries under prefix, so that List walks in due order at once instead of
+// reading prefixScanLimit entries first to learn it. It is an estimate from the share of the
+// id index's bytes under the prefix (memtables are not counted), and only saves time: a
+// prefix it does not call broad is still given up after prefixScanLimit entries.
+func (f *FSM) broadPrefix(prefix string) bool {
+	ids := f.Stats()
+	n := ids.Pending + ids.Retained
+	if n <= uint64(2*prefixScanLimit) {
+		return false
+	}
+	lower := appendIDKey(nil, f.shard, prefix)
+	upper := prefixEnd(lower)
+	if upper == nil {
+		upper = appendShardTag(nil, f.shard, tagID+1)
+	}
+	under, err := f.db.EstimateDiskUsage(lower, upper)
+	if err != nil || under == 0 {
+		return false
+	}
+	all, err := f.db.EstimateDiskUsage(appendShardTag(nil, f.shard, tagID), appendShardTag(nil, f.shard, tagID+1))
+	if err != nil || all == 0 {
+		return false
+	}
+	return float64(under)/float64(all)*float64(n) > float64(2*prefixScanLimit)
+}
+
 // prefixEnd returns the least key greater than every key starting with p, or nil when p is
 // all 0xff.
 func prefixEnd(p []byte) []byte {
@@ -223,7 +250,7 @@ func (f *FSM) list(q Query, after *Position, limit int, emit func(Listed, []byte
 		return err
 	}
 	defer v.close(&err)
-	if q.Prefix != "" {
+	if q.Prefix != "" && !f.broadPrefix(q.Prefix) {
 		refs, complete, err := v.prefixRefs(q, after)
 		if err != nil {
 			return err
@@ -476,4 +503,88 @@ func (v *listView) countPending(r DueRange) (n uint64, err error) {
 		n++
 	}
 	return n, v.due.Error()
+}
+
+// PendingUnder returns up to limit pending events whose id starts with q.Prefix and comes
+// after afterID (from the first when afterID is ""), in id order, that q's due range and
+// topic select (q.States is ignored: only pending events are returned). It is what a bulk
+// cancel by prefix walks: the id index in key order, which needs no bodies, and the due
+// index for each candidate, so that a step costs its own matches however many events of the
+// prefix were cancelled before it, where a walk in due order would read every body between
+// one step's matches and the next.
+func (f *FSM) PendingUnder(q Query, afterID string, limit int) (out []Listed, err error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	v, err := f.openList()
+	if err != nil {
+		return nil, err
+	}
+	defer v.close(&err)
+	v.prefixRange(q.Prefix)
+	valid := v.ids.First()
+	if afterID != "" {
+		valid = v.ids.SeekGE(appendIDKey(nil, f.shard, afterID+"\x00"))
+	}
+	cands := make([]Listed, 0, limit)
+	for valid && len(out) < limit {
+		cands = cands[:0]
+		for ; valid && len(cands) < limit; valid = v.ids.Next() {
+			ref, err := decodeIDRef(v.ids.Value())
+			if err != nil {
+				return nil, fmt.Errorf("raftfsm: shard %d: id %q: %w", f.shard, v.ids.Key()[shardPrefixLen+1:], err)
+			}
+			if q.Due.has(ref.due) {
+				cands = append(cands, Listed{Position: Position{Due: ref.due, ID: string(v.ids.Key()[shardPrefixLen+1:])}, Seq: ref.seq})
+			}
+		}
+		if err := v.ids.Error(); err != nil {
+			return nil, err
+		}
+		if err := v.markPending(cands); err != nil {
+			return nil, err
+		}
+		for _, c := range cands {
+			if c.State != StateScheduled || len(out) == limit {
+				continue
+			}
+			if q.Topic != "" {
+				b, err := v.body(c.Seq, c.Due)
+				if err != nil {
+					return nil, err
+				}
+				if _, topic, err := bodyIDTopic(b); err != nil {
+					return nil, fmt.Errorf("%w: shard %d: event %d: %v", ErrCorrupt, f.shard, c.Seq, err)
+				} else if string(topic) != q.Topic {
+					continue
+				}
+			}
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// markPending sets State to Scheduled on those of ls that are pending, reading the due index
+// in due order.
+func (v *listView) markPending(ls []Listed) error {
+	ix := make([]int, len(ls))
+	for i := range ix {
+		ix[i] = i
+	}
+	slices.SortFunc(ix, func(a, b int) int {
+		return cmp.Or(cmp.Compare(ls[a].Due, ls[b].Due), cmp.Compare(ls[a].Seq, ls[b].Seq))
+	})
+	for _, i := range ix {
+		v.key = appendDueKey(v.key[:0], v.f.shard, ls[i].Due, ls[i].Seq)
+		// A point lookup: the sstables' bloom filters answer most misses without a
+		// read, and the keys come in increasing order, which lets Pebble continue each
+		// level's search from the last.
+		if v.due.SeekPrefixGE(v.key) && bytes.Equal(v.due.Key(), v.key) {
+			ls[i].State = StateScheduled
+		} else if err := v.due.Error(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

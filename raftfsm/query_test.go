@@ -65,6 +65,38 @@ func (h *harness) checkQueries() {
 		if n, err := f.Count(q); err != nil || n != uint64(len(want)) {
 			t.Fatalf("Count(%+v) = %d, %v; the model has %d", q, n, err, len(want))
 		}
+		if q.Prefix != "" {
+			// PendingUnder: the pending ones, by id, in pages.
+			var wantIDs, gotIDs []string
+			pq := q
+			pq.States = 0
+			for _, rec := range all {
+				if pq.Matches(rec) && rec.State == StateScheduled {
+					wantIDs = append(wantIDs, rec.ID)
+				}
+			}
+			slices.Sort(wantIDs)
+			after, limit := "", 1+rng.IntN(4)
+			for {
+				page, err := f.PendingUnder(q, after, limit)
+				if err != nil {
+					t.Fatalf("PendingUnder(%+v, %q, %d): %v", q, after, limit, err)
+				}
+				for _, l := range page {
+					gotIDs = append(gotIDs, l.ID)
+					if rec := m.byID[l.ID]; rec.Seq != l.Seq || rec.Due != l.Due || l.State != StateScheduled {
+						t.Fatalf("PendingUnder(%+v): %+v, the model has %+v", q, l, rec)
+					}
+				}
+				if len(gotIDs) > len(wantIDs) || len(page) < limit {
+					break
+				}
+				after = page[len(page)-1].ID
+			}
+			if !slices.Equal(gotIDs, wantIDs) {
+				t.Fatalf("PendingUnder(%+v) in pages of %d:\n got %v\nwant %v", q, limit, gotIDs, wantIDs)
+			}
+		}
 		for _, scanLimit := range []int{prefixScanLimit, 0} {
 			saved := prefixScanLimit
 			prefixScanLimit = scanLimit

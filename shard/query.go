@@ -50,14 +50,16 @@ type CancelStep struct {
 	// about (Cancel's ErrCancelUnsure). A later run finds the first kind
 	// settled, or pending again and cancellable.
 	Held uint64
-	// Next is where the next step starts; nil when the shard holds no more
-	// matches.
+	// Next is where the next step starts, nil when the shard holds no more
+	// matches: a position in due order, or in id order when the query has
+	// an id prefix (only its ID counts then), for the next step of the same
+	// query.
 	Next *raftfsm.Position
 }
 
-// CancelMatching cancels, through one Raft entry, the first limit pending
-// events q selects after the position after; with dryRun it only counts
-// them. q's States are ignored: only pending events can be cancelled. A
+// CancelMatching cancels, through one Raft entry, the next limit pending
+// events q selects after the position after (by id under an id prefix, by
+// due time otherwise); with dryRun it only counts them. q's States are ignored: only pending events can be cancelled. A
 // step cancels events at or before Next; running the steps again from the
 // start finds only what is still pending, so a bulk cancel cut short (by a
 // leader change, a timeout) is finished by running it again.
@@ -66,7 +68,18 @@ func (s *Shard) CancelMatching(ctx context.Context, q raftfsm.Query, after *raft
 		return CancelStep{}, err
 	}
 	q.States = raftfsm.StatesOf(raftfsm.StateScheduled)
-	refs, err := s.fsm.ListRefs(q, after, limit)
+	var refs []raftfsm.Listed
+	var err error
+	if q.Prefix != "" {
+		// By id, in the id index's order: a step reads only its own matches.
+		afterID := ""
+		if after != nil {
+			afterID = after.ID
+		}
+		refs, err = s.fsm.PendingUnder(q, afterID, limit)
+	} else {
+		refs, err = s.fsm.ListRefs(q, after, limit)
+	}
 	if err != nil {
 		return CancelStep{}, err
 	}
