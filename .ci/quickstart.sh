@@ -37,7 +37,10 @@ ctl schedule --topic qs.demo --at 2035-01-01T09:00:00Z --id qs-later --payload r
 ctl get qs-later --json | grep '"state":"scheduled"' >/dev/null || fail "get --json: not scheduled"
 ctl update qs-later --in 1h --payload 'second reminder' | grep "updated qs-later to version 2" >/dev/null || fail "update did not make version 2"
 ctl get qs-later --json | grep '"version":2' >/dev/null || fail "get --json: not version 2 after the update"
+ctl list --prefix qs- | grep "qs-later  scheduled" >/dev/null || fail "list --prefix qs- did not show qs-later scheduled"
+[ "$(ctl count --state scheduled)" -ge 1 ] || fail "count --state scheduled"
 ctl cancel qs-later
+ctl cancel --prefix qs- --dry-run --json | grep '"dry_run":true' >/dev/null || fail "cancel --prefix --dry-run --json"
 ctl get qs-later --json | grep '"state":"cancelled"' >/dev/null || fail "get --json: not cancelled"
 tailout=$(timeout 20 "$bin/chimectl" tail --topic qs.demo --brokers $kafka --from-beginning --count 1)
 echo "$tailout"

@@ -26,6 +26,12 @@
 //     out of the wheel (firing.pin) and proposes the change naming the
 //     pinned seq, so that no fire batch reads the version the change
 //     replaces.
+//   - Queries and bulk cancels of one shard (query.go): List and Count under
+//     the lease (or, when the caller allows a stale read, on any replica),
+//     and the steps of a bulk cancel: list the next pending matches, leave
+//     out those a record of may be on its way, cancel the rest in one Raft
+//     entry and give each Cancel's promise. Merging the shards' answers
+//     belongs to the caller (host, membership/cluster).
 //   - Group commit: concurrent Schedule calls become one ScheduleBatch entry
 //     (proposeLoop, applyWaitLoop), and the marks of many fire batches one
 //     MarkFired entry (markLoop).
@@ -160,9 +166,11 @@
 //     in an empty replica it is restored when the replica opens, and raft's
 //     log continues after the backup's applied index, so no new entry is
 //     skipped as already applied (TestBackupPlantedFoundsTheShardAgain).
-//  11. Get answers only under a lease a quorum confirmed with a Barrier, so
-//     it sees every entry acknowledged before it, whoever acknowledged it
-//     (TestGetOnlyUnderALease).
+//  11. Get, List and Count answer only under a lease a quorum confirmed with
+//     a Barrier (unless a stale read is asked for), so they see every entry
+//     acknowledged before them, whoever acknowledged it
+//     (TestGetOnlyUnderALease). A bulk cancel step counts an event as
+//     cancelled only with the promise Cancel gives (TestCancelMatching).
 //  12. An Update acknowledged as Updated means no record of an earlier
 //     version follows: an event in a fire batch is refused
 //     (TestUpdateRefusedWhileFiring), one pinned for a change stays out of

@@ -17,14 +17,20 @@
 //   - The chime.v1.Peer service (RegisterPeer) and its client side: a
 //     replica's typed Raft status (LogIndex for promoting a non-voter,
 //     Members for releasing a replica, the Admin API's Status fan-out) and
-//     Forget, the fan-out of an operator's node removal. Peer is
+//     Forget, the fan-out of an operator's node removal, and ShardList,
+//     ShardCount and ShardCancel, one shard's part of a List, Count or
+//     CancelMatching, answered by this node's replica alone. Peer is
 //     node-to-node; the operator API (Admin, in package rpc) can change
 //     without breaking reconciliation.
 //   - The Scheduler server's Backend in a cluster: a request goes to this
 //     node's replica when it leads the shard, otherwise to the shard's leader
 //     through the public Scheduler API, marked forwarded (Forwarded,
 //     ForwardContext) so it is forwarded at most once. A request meeting a
-//     leader change waits for the new leader (host.AwaitLeader).
+//     leader change waits for the new leader (host.AwaitLeader). List,
+//     Count and CancelMatching span every shard: each shard's part runs on
+//     its leader (here, or through Peer) in parallel, and the answers merge
+//     here (query.go); a page token or a bulk cancel's step is a position,
+//     not state on any node, so the next part can run on any leader.
 //   - A Cluster without gossip (Config.Membership nil, chimed dev): a view of
 //     this node alone, every shard placed on it, Drain and Remove refused
 //     with ErrAlone.
@@ -47,5 +53,7 @@
 //   - AllReplicas asks the live members in parallel and waits for every
 //     answer, each bounded by 2 s.
 //   - host.ScheduleByShard, used by Schedule, runs one goroutine per shard
-//     of a batch and waits for all of them.
+//     of a batch and waits for all of them; host.EachShard, used by List,
+//     Count and CancelMatching, one per shard, cancelled together at the
+//     first error, and waits for all of them.
 package cluster

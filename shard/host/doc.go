@@ -11,6 +11,11 @@
 //     batch by shard and proposes the parts in parallel. A request that meets
 //     a shard without a leader waits for one (AwaitLeader, at most
 //     LeaderWait, within the request's context).
+//   - Queries across shards (query.go): EachShard runs a List, Count or bulk
+//     cancel step on every shard in parallel, Merge orders the shards' List
+//     answers by due time then id, and CancelByShard drives each shard's
+//     bulk cancel steps to their end; the Host runs them on its own
+//     replicas, a cluster.Cluster on each shard's leader.
 //   - With a Directory, the control loop: it opens an empty replica for every
 //     shard the placement gives this node (the shard's leader then adds it),
 //     and releases (closes and deletes) a replica once the shard's leader has
@@ -35,7 +40,9 @@
 //   - The control loop (only with a Directory), started by Open, stopped by
 //     Close (close(stop), then <-done), before the replicas close.
 //   - ScheduleByShard runs one goroutine per shard of a batch and waits for
-//     all of them before it returns.
+//     all of them before it returns; EachShard (List, Count, and the bulk
+//     cancel's CancelByShard) one per shard, under a context the first
+//     error cancels, and waits for all of them.
 //   - The replicas' own goroutines (Raft, firing) and the mux's accept loop
 //     belong to shard.Shard and raftmux; Close stops them.
 package host
