@@ -3,8 +3,11 @@ package rpc
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/chimehq/chime/publish"
 )
 
 // Limits bound what one event may carry. A zero field means its default
@@ -38,6 +41,28 @@ type Limits struct {
 	// MaxBatch bounds the number of events in one BatchSchedule. Default
 	// 10,000.
 	MaxBatch int
+	// ReservedTopics are topics no event may target, besides Kafka's
+	// internal ones (every name starting with "__", always reserved):
+	// chimed passes its own, the dead-letter topic, so that a client cannot
+	// forge what looks like a dead-lettered record.
+	ReservedTopics []string
+	// AllowTopics are reserved topics events may target all the same
+	// (chimed --allow-topic), for the rare client that must.
+	AllowTopics []string
+}
+
+// reservedTopic says why topic may not be a target, or "" when it may be.
+func (l *Limits) reservedTopic(topic string) string {
+	if slices.Contains(l.AllowTopics, topic) {
+		return ""
+	}
+	switch {
+	case strings.HasPrefix(topic, "__"):
+		return "names starting with \"__\" are Kafka's internal topics"
+	case slices.Contains(l.ReservedTopics, topic):
+		return "it is one of Chime's own topics"
+	}
+	return ""
 }
 
 // year is the year MaxHorizon is counted and printed in: 365 days.
@@ -53,6 +78,7 @@ func DefaultLimits() Limits {
 		MaxHeaders:      64,
 		MaxHeaderBytes:  64 << 10,
 		MaxBatch:        10000,
+		ReservedTopics:  []string{publish.DefaultDeadLetterTopic},
 	}
 }
 
@@ -98,6 +124,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxBatch == 0 {
 		l.MaxBatch = d.MaxBatch
+	}
+	if l.ReservedTopics == nil {
+		l.ReservedTopics = d.ReservedTopics
 	}
 	return l
 }

@@ -177,6 +177,10 @@ func invalidCases() []struct {
 			`.topic: ".." is not a valid Kafka topic name (1-249 characters of [a-zA-Z0-9._-], not "." or "..")`},
 		{"topic too long", func(ev *chimev1.Event) *chimev1.Event { ev.Topic = strings.Repeat("t", 250); return ev },
 			`.topic: 250 characters is not a valid Kafka topic name (1-249 characters of [a-zA-Z0-9._-], not "." or "..")`},
+		{"a Kafka internal topic", func(ev *chimev1.Event) *chimev1.Event { ev.Topic = "__consumer_offsets"; return ev },
+			`.topic: "__consumer_offsets" is reserved: names starting with "__" are Kafka's internal topics (chimed --allow-topic __consumer_offsets lets events target it)`},
+		{"the dead-letter topic", func(ev *chimev1.Event) *chimev1.Event { ev.Topic = "chime.deadletter"; return ev },
+			`.topic: "chime.deadletter" is reserved: it is one of Chime's own topics (chimed --allow-topic chime.deadletter lets events target it)`},
 		{"both deliver_at and delay", func(ev *chimev1.Event) *chimev1.Event { ev.DeliverAt = ts(t0); return ev },
 			": set exactly one of deliver_at and delay (both are set)"},
 		{"neither deliver_at nor delay", func(ev *chimev1.Event) *chimev1.Event { ev.Delay = nil; return ev },
@@ -750,5 +754,17 @@ func TestReflectionListsTheScheduler(t *testing.T) {
 	}
 	if fds := resp.GetFileDescriptorResponse().GetFileDescriptorProto(); len(fds) == 0 {
 		t.Fatalf("no file descriptor for chime.v1.Scheduler: %v", resp)
+	}
+}
+
+func TestAllowTopicLetsAReservedTopicThrough(t *testing.T) {
+	e := start(t, rpc.Limits{ReservedTopics: []string{"my.dlq"}, AllowTopics: []string{"__audit"}}, nil)
+	for topic, ok := range map[string]bool{"__audit": true, "__consumer_offsets": false, "my.dlq": false, "chime.deadletter": true} {
+		ev := validEvent()
+		ev.Id, ev.Topic = "to-"+topic, topic
+		_, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev})
+		if (err == nil) != ok {
+			t.Errorf("topic %s: %v, want accepted %v", topic, err, ok)
+		}
 	}
 }

@@ -79,7 +79,7 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (s
 	if n := len(ev.Id); n > lim.MaxIDBytes {
 		return shard.Request{}, invalid(path.field("id"), "%d bytes, at most %d allowed", n, lim.MaxIDBytes)
 	}
-	if err := checkTopic(path, ev.Topic); err != nil {
+	if err := lim.checkTopic(path, ev.Topic); err != nil {
 		return shard.Request{}, err
 	}
 	req := shard.Request{ID: ev.Id, Topic: ev.Topic}
@@ -113,8 +113,9 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (s
 	return req, nil
 }
 
-// checkTopic: the topic is required and must be a valid Kafka topic name.
-func checkTopic(path eventPath, topic string) *fieldError {
+// checkTopic: the topic is required, must be a valid Kafka topic name, and
+// must not be reserved (Kafka's internal topics, Chime's own) unless allowed.
+func (l *Limits) checkTopic(path eventPath, topic string) *fieldError {
 	switch {
 	case topic == "":
 		return invalid(path.field("topic"), "required")
@@ -122,6 +123,9 @@ func checkTopic(path eventPath, topic string) *fieldError {
 		return invalid(path.field("topic"), "%d characters is not a valid Kafka topic name (%s)", len(topic), topicRule)
 	case publish.ValidTopic(topic) != nil:
 		return invalid(path.field("topic"), "%q is not a valid Kafka topic name (%s)", topic, topicRule)
+	}
+	if why := l.reservedTopic(topic); why != "" {
+		return invalid(path.field("topic"), "%q is reserved: %s (chimed --allow-topic %s lets events target it)", topic, why, topic)
 	}
 	return nil
 }

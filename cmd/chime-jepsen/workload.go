@@ -582,13 +582,17 @@ func (w *workload) invalid(p int, n *node, r *rand.Rand) {
 	id := fmt.Sprintf("bad%d", w.seq)
 	w.mu.Unlock()
 	e := &chimev1.Event{Id: id, Topic: "jepsen.a", Delay: durationpb.New(time.Second)}
-	switch r.IntN(4) {
+	switch r.IntN(6) {
 	case 0:
 		e.Topic = "not a topic"
 	case 1:
 		e.DeliverAt = timestamppb.Now() // both set
 	case 2:
 		e.Delay = durationpb.New(-time.Second)
+	case 3:
+		e.Topic = "__consumer_offsets" // reserved: Kafka's own
+	case 4:
+		e.Topic = "chime.deadletter" // reserved: Chime's own
 	default:
 		e.Topic = ""
 	}

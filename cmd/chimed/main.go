@@ -97,6 +97,7 @@ type flags struct {
 	nodeID, dataDir, grpcAddr, httpAddr           string
 	raftAddr, kafkaAddr, brokers, logLevel        string
 	deadLetter, gossipAddr, join                  string
+	allowTopics                                   []string
 	shards, maxPayload, maxInFlight               int
 	maxAttempts, replication, nodes               int
 	maxHorizon, resolution, timeout, maxClockSkew time.Duration
@@ -145,6 +146,10 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.IntVar(&f.maxInFlight, "max-inflight", publish.DefaultMaxInFlight, "produce requests in flight to Kafka at once (each carries one partition's share of a fire batch)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", publish.DefaultMaxAttempts, "produce attempts before a record goes to the dead-letter topic")
 	fs.StringVar(&f.deadLetter, "dead-letter-topic", publish.DefaultDeadLetterTopic, "topic for records whose last produce attempt failed")
+	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
+		f.allowTopics = append(f.allowTopics, v)
+		return nil
+	})
 	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced")
 	fs.DurationVar(&f.startupWait, "startup-wait", time.Minute, "how long to wait for shard leaders before printing the startup banner (the node serves either way)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -295,6 +300,8 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	lim := rpc.DefaultLimits()
 	lim.MaxPayloadBytes = f.maxPayload
 	lim.MaxHorizon = f.maxHorizon
+	lim.ReservedTopics = []string{f.deadLetter}
+	lim.AllowTopics = f.allowTopics
 	if err := lim.Validate(); err != nil {
 		fmt.Fprintf(stderr, "chimed: %v\n", err)
 		return 2
