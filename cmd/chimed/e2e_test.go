@@ -761,3 +761,30 @@ func TestChimectlAgainstDevWithoutWaiting(t *testing.T) {
 		t.Errorf("record value %q, want hello", got["first"].Value())
 	}
 }
+
+// TestDebugEndpointsOnlyWhenAsked: profiles and the LSM report are served
+// only with --debug-endpoints.
+func TestDebugEndpointsOnlyWhenAsked(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two chimed processes; skipped with -short")
+	}
+	brokers := broker(t)
+	for _, on := range []bool{false, true} {
+		d := newDaemon(t, brokers)
+		if on {
+			d.extra = []string{"--debug-endpoints"}
+		}
+		d.start()
+		for _, path := range []string{"/debug/pprof/", "/debug/pebble"} {
+			resp, err := http.Get("http://" + d.httpAddr + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if want := map[bool]int{false: http.StatusNotFound, true: http.StatusOK}[on]; resp.StatusCode != want {
+				t.Errorf("--debug-endpoints=%v: GET %s = %d, want %d", on, path, resp.StatusCode, want)
+			}
+		}
+		d.stop()
+	}
+}

@@ -98,6 +98,7 @@ type flags struct {
 	raftAddr, kafkaAddr, brokers, logLevel        string
 	deadLetter, gossipAddr, join                  string
 	allowTopics                                   []string
+	debugEndpoints                                bool
 	shards, maxPayload, maxInFlight               int
 	maxAttempts, replication, nodes               int
 	maxHorizon, resolution, timeout, maxClockSkew time.Duration
@@ -146,6 +147,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.IntVar(&f.maxInFlight, "max-inflight", publish.DefaultMaxInFlight, "produce requests in flight to Kafka at once (each carries one partition's share of a fire batch)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", publish.DefaultMaxAttempts, "produce attempts before a record goes to the dead-letter topic")
 	fs.StringVar(&f.deadLetter, "dead-letter-topic", publish.DefaultDeadLetterTopic, "topic for records whose last produce attempt failed")
+	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
 		f.allowTopics = append(f.allowTopics, v)
 		return nil
@@ -311,7 +313,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
 		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
 			WheelHorizon: f.wheelHorizon},
-		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter,
+		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 		HTTPHandlers: registerFaultHandlers,

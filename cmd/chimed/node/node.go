@@ -71,6 +71,11 @@ type Config struct {
 	// GossipTransport, when set, carries the gossip instead of GossipAddr
 	// (tests pass an in-memory network's transport).
 	GossipTransport memberlist.NodeAwareTransport
+	// DebugEndpoints serves /debug/pprof/ and /debug/pebble on the HTTP
+	// port (chimed --debug-endpoints). Off by default: a profile stalls the
+	// node it is taken on and the LSM report tells an outsider how much it
+	// holds, so they are for an operator who asks for them.
+	DebugEndpoints bool
 	// HTTPHandlers, when set, adds handlers to the HTTP port's mux (chimed's
 	// fault-test builds add the clock offset).
 	HTTPHandlers func(*http.ServeMux)
@@ -309,13 +314,14 @@ func Start(cfg Config) (_ *Node, err error) {
 		io.WriteString(w, "ready\n")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	// Profiles and Pebble's LSM report, for operators and for finding where
-	// a loaded node spends its CPU and I/O; the HTTP port is an operator
-	// port (bind it to loopback or a private network).
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	mux.HandleFunc("/debug/pebble", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, n.store.LSM()) })
+	// Profiles and Pebble's LSM report, for finding where a loaded node
+	// spends its CPU and I/O, only when asked for.
+	if cfg.DebugEndpoints {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		mux.HandleFunc("/debug/pebble", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, n.store.LSM()) })
+	}
 	if cfg.HTTPHandlers != nil {
 		cfg.HTTPHandlers(mux)
 	}
