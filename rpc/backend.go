@@ -26,8 +26,10 @@ type Backend interface {
 	Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error)
 	// List returns up to limit events q selects after the position after
 	// (from the start when nil), from every shard, ordered by due time, then
-	// id; linearizable unless stale.
-	List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) ([]raftfsm.Record, error)
+	// id; linearizable unless stale. truncated says it may have stopped
+	// short of limit (a shard's events too large for one message) with more
+	// to come after the last one.
+	List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) (recs []raftfsm.Record, truncated bool, err error)
 	// Count returns how many events q selects, linearizably unless stale.
 	Count(ctx context.Context, q raftfsm.Query, stale bool) (uint64, error)
 	// CancelMatching cancels every pending event q selects (with dryRun,

@@ -105,7 +105,7 @@ func (s *Server) List(ctx context.Context, in *chimev1.ListRequest) (*chimev1.Li
 	if err != nil {
 		return nil, err
 	}
-	recs, err := s.backend.List(ctx, q, after, limit+1, in.GetStaleOk())
+	recs, truncated, err := s.backend.List(ctx, q, after, limit+1, in.GetStaleOk())
 	if err != nil {
 		return nil, s.backendStatus("List", err)
 	}
@@ -124,7 +124,7 @@ func (s *Server) List(ctx context.Context, in *chimev1.ListRequest) (*chimev1.Li
 		}
 		resp.Events = append(resp.Events, g)
 	}
-	if n := len(resp.Events); n < len(recs) {
+	if n := len(resp.Events); n > 0 && (n < len(recs) || truncated) {
 		last := &recs[n-1]
 		resp.NextPageToken = pageToken(q, raftfsm.Position{Due: last.Due, ID: last.ID})
 	}

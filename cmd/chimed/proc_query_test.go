@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
@@ -114,6 +115,40 @@ func TestQueriesAndBulkCancelAcrossProcesses(t *testing.T) {
 	}
 	if len(listed) != 1000 || !slices.IsSorted(listed) || listed[0] != "keep/000000" || listed[999] != "keep/000999" {
 		t.Fatalf("listed %d keep/ events (first %v), want all 1000 in order", len(listed), listed[:min(3, len(listed))])
+	}
+
+	// Events too large for one shard's answer to hold a page of them: the
+	// shards' answers through Peer stop short, and the pages still come
+	// complete and in order.
+	big := make([]byte, 800<<10) // five of them, about one shard's share, pass 3 MiB
+	for from := 0; from < 40; from += 10 {
+		req := &chimev1.BatchScheduleRequest{}
+		for i := from; i < from+10; i++ {
+			req.Events = append(req.Events, &chimev1.Event{Id: fmt.Sprintf("big/%03d", i), Topic: "proc.keep",
+				DeliverAt: timestamppb.New(start.Add(time.Hour)), Payload: big})
+		}
+		if _, err := cl.BatchSchedule(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var bigs []string
+	pages := 0
+	req = &chimev1.ListRequest{Filter: &chimev1.EventFilter{IdPrefix: "big/"}, Limit: 1000}
+	for {
+		resp, err := c.nodes["n3"].client().List(context.Background(), req, grpc.MaxCallRecvMsgSize(8<<20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		for _, g := range resp.Events {
+			bigs = append(bigs, g.Event.Id)
+		}
+		if req.PageToken = resp.NextPageToken; req.PageToken == "" {
+			break
+		}
+	}
+	if len(bigs) != 40 || !slices.IsSorted(bigs) || pages < 10 {
+		t.Fatalf("listed %d big/ events in %d pages (%v), want all 40 in order over at least 10 pages", len(bigs), pages, bigs)
 	}
 
 	cancelStart := time.Now()

@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
@@ -186,30 +187,66 @@ func shardQuery(s uint32, q raftfsm.Query, after *raftfsm.Position, limit int, s
 	return sq
 }
 
+// maxShardListBytes bounds the encoded events of one shard's List answer
+// sent through Peer, below the 4 MiB a gRPC client accepts by default: 1,000
+// events of a few KiB each would pass it. One event is at most a little over
+// 1 MiB (the payload limit, a key, headers), so stopping before the event
+// that would cross it keeps every answer under 4 MiB.
+const maxShardListBytes = 3 << 20
+
 // List implements rpc.Backend: up to limit events q selects after after,
-// merged from every shard in due-then-id order.
-func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) ([]raftfsm.Record, error) {
-	parts := make([][]raftfsm.Record, c.shards)
+// merged from every shard in due-then-id order. A shard whose answer came
+// back truncated (its events too large for one message) may hold more
+// events after its last one, so the merge stops there, and reports
+// truncated: the caller's next page starts from the last event returned.
+func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) ([]raftfsm.Record, bool, error) {
+	type part struct {
+		recs      []raftfsm.Record
+		truncated bool
+	}
+	parts := make([]part, c.shards)
 	err := host.EachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
 		parts[s], err = onShard(ctx, c, s, stale,
-			func(r *shard.Shard) ([]raftfsm.Record, error) { return r.List(ctx, q, after, limit, stale) },
-			func(p chimev1.PeerClient) ([]raftfsm.Record, error) {
+			func(r *shard.Shard) (part, error) {
+				recs, err := r.List(ctx, q, after, limit, stale)
+				return part{recs: recs}, err
+			},
+			func(p chimev1.PeerClient) (part, error) {
 				resp, err := p.ShardList(ctx, shardQuery(s, q, after, limit, stale))
 				if err != nil {
-					return nil, err
+					return part{}, err
 				}
-				out := make([]raftfsm.Record, len(resp.Events))
+				out := part{recs: make([]raftfsm.Record, len(resp.Events)), truncated: resp.Truncated}
 				for i, g := range resp.Events {
-					out[i] = fromGetResponse(g)
+					out.recs[i] = fromGetResponse(g)
 				}
 				return out, nil
 			})
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return host.Merge(parts, limit), nil
+	all := make([][]raftfsm.Record, len(parts))
+	var cutoff *raftfsm.Position
+	for i, p := range parts {
+		all[i] = p.recs
+		if p.truncated && len(p.recs) > 0 {
+			last := raftfsm.Position{Due: p.recs[len(p.recs)-1].Due, ID: p.recs[len(p.recs)-1].ID}
+			if cutoff == nil || last.Less(*cutoff) {
+				cutoff = &last
+			}
+		}
+	}
+	merged := host.Merge(all, limit)
+	if cutoff == nil {
+		return merged, false, nil
+	}
+	n := 0
+	for n < len(merged) && !cutoff.Less(raftfsm.Position{Due: merged[n].Due, ID: merged[n].ID}) {
+		n++
+	}
+	return merged[:n], true, nil
 }
 
 // Count implements rpc.Backend: the events q selects, summed over every
@@ -294,7 +331,7 @@ func peerStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-func (p peerServer) ShardList(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ListResponse, error) {
+func (p peerServer) ShardList(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ShardListResponse, error) {
 	r, q, after, err := p.replica(sq)
 	if err != nil {
 		return nil, err
@@ -303,11 +340,18 @@ func (p peerServer) ShardList(ctx context.Context, sq *chimev1.ShardQuery) (*chi
 	if err != nil {
 		return nil, peerStatus(err)
 	}
-	resp := &chimev1.ListResponse{Events: make([]*chimev1.GetResponse, len(recs))}
+	resp := &chimev1.ShardListResponse{}
+	size := 0
 	for i := range recs {
-		if resp.Events[i], err = GetResponse(&recs[i]); err != nil {
+		g, err := GetResponse(&recs[i])
+		if err != nil {
 			return nil, peerStatus(err)
 		}
+		if size += proto.Size(g); size > maxShardListBytes && i > 0 {
+			resp.Truncated = true
+			break
+		}
+		resp.Events = append(resp.Events, g)
 	}
 	return resp, nil
 }

@@ -255,12 +255,12 @@ func (b *Backend) matching(q raftfsm.Query, after *raftfsm.Position) []*raftfsm.
 }
 
 // List implements rpc.Backend.
-func (b *Backend) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, _ bool) ([]raftfsm.Record, error) {
+func (b *Backend) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, _ bool) ([]raftfsm.Record, bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.calls = append(b.calls, Call{Method: "List", Query: q})
 	if err := b.check(ctx); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	var out []raftfsm.Record
 	for _, rec := range b.matching(q, after) {
@@ -269,7 +269,7 @@ func (b *Backend) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Posi
 		}
 		out = append(out, clone(rec))
 	}
-	return out, nil
+	return out, false, nil
 }
 
 // Count implements rpc.Backend.

@@ -84,17 +84,17 @@ func onReplica[T any](ctx context.Context, h *Host, s uint32, op func(*shard.Sha
 }
 
 // List returns up to limit events q selects after after, from every shard,
-// in due-then-id order.
-func (h *Host) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) ([]raftfsm.Record, error) {
+// in due-then-id order; never truncated (see rpc.Backend).
+func (h *Host) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) ([]raftfsm.Record, bool, error) {
 	parts := make([][]raftfsm.Record, h.cfg.Shards)
 	err := EachShard(ctx, h.cfg.Shards, func(ctx context.Context, s uint32) (err error) {
 		parts[s], err = onReplica(ctx, h, s, func(r *shard.Shard) ([]raftfsm.Record, error) { return r.List(ctx, q, after, limit, stale) })
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return Merge(parts, limit), nil
+	return Merge(parts, limit), false, nil
 }
 
 // Count returns how many events q selects, over every shard.

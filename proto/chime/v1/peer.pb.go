@@ -190,6 +190,62 @@ func (x *ShardQuery) GetDryRun() bool {
 	return false
 }
 
+type ShardListResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The shard's first events after the position, in due-then-id order.
+	Events []*GetResponse `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	// Set when the answer stopped short of the limit to stay under the
+	// message size a client accepts (4 MiB by default): the shard may hold
+	// more events after the last one here.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardListResponse) Reset() {
+	*x = ShardListResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardListResponse) ProtoMessage() {}
+
+func (x *ShardListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardListResponse.ProtoReflect.Descriptor instead.
+func (*ShardListResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ShardListResponse) GetEvents() []*GetResponse {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ShardListResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 type ShardCancelResponse struct {
 	state protoimpl.MessageState  `protogen:"open.v1"`
 	Step  *CancelMatchingProgress `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
@@ -204,7 +260,7 @@ type ShardCancelResponse struct {
 
 func (x *ShardCancelResponse) Reset() {
 	*x = ShardCancelResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +272,7 @@ func (x *ShardCancelResponse) String() string {
 func (*ShardCancelResponse) ProtoMessage() {}
 
 func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +285,7 @@ func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardCancelResponse.ProtoReflect.Descriptor instead.
 func (*ShardCancelResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ShardCancelResponse) GetStep() *CancelMatchingProgress {
@@ -270,7 +326,7 @@ type ReplicasRequest struct {
 
 func (x *ReplicasRequest) Reset() {
 	*x = ReplicasRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +338,7 @@ func (x *ReplicasRequest) String() string {
 func (*ReplicasRequest) ProtoMessage() {}
 
 func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +351,7 @@ func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReplicasRequest) GetShards() []uint32 {
@@ -333,7 +389,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -345,7 +401,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -358,7 +414,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReplicaStatus) GetShard() uint32 {
@@ -471,7 +527,7 @@ type ReplicasResponse struct {
 
 func (x *ReplicasResponse) Reset() {
 	*x = ReplicasResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +539,7 @@ func (x *ReplicasResponse) String() string {
 func (*ReplicasResponse) ProtoMessage() {}
 
 func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +552,7 @@ func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReplicasResponse) GetNodeId() string {
@@ -530,7 +586,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +598,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +611,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ForgetRequest) GetNode() string {
@@ -573,7 +629,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	mi := &file_chime_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +641,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	mi := &file_chime_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +654,7 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 var File_chime_v1_peer_proto protoreflect.FileDescriptor
@@ -615,7 +671,10 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\tafter_set\x18\x05 \x01(\bR\bafterSet\x12\x14\n" +
 	"\x05limit\x18\x06 \x01(\rR\x05limit\x12\x19\n" +
 	"\bstale_ok\x18\a \x01(\bR\astaleOk\x12\x17\n" +
-	"\adry_run\x18\b \x01(\bR\x06dryRun\"\xb6\x01\n" +
+	"\adry_run\x18\b \x01(\bR\x06dryRun\"`\n" +
+	"\x11ShardListResponse\x12-\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.chime.v1.GetResponseR\x06events\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"\xb6\x01\n" +
 	"\x13ShardCancelResponse\x124\n" +
 	"\x04step\x18\x01 \x01(\v2 .chime.v1.CancelMatchingProgressR\x04step\x125\n" +
 	"\bnext_due\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\anextDue\x12\x17\n" +
@@ -652,11 +711,11 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xc2\x02\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xc7\x02\n" +
 	"\x04Peer\x12A\n" +
 	"\bReplicas\x12\x19.chime.v1.ReplicasRequest\x1a\x1a.chime.v1.ReplicasResponse\x12;\n" +
-	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x129\n" +
-	"\tShardList\x12\x14.chime.v1.ShardQuery\x1a\x16.chime.v1.ListResponse\x12;\n" +
+	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x12>\n" +
+	"\tShardList\x12\x14.chime.v1.ShardQuery\x1a\x1b.chime.v1.ShardListResponse\x12;\n" +
 	"\n" +
 	"ShardCount\x12\x14.chime.v1.ShardQuery\x1a\x17.chime.v1.CountResponse\x12B\n" +
 	"\vShardCancel\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
@@ -674,44 +733,46 @@ func file_chime_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_chime_v1_peer_proto_goTypes = []any{
 	(RaftState)(0),                 // 0: chime.v1.RaftState
 	(*ShardQuery)(nil),             // 1: chime.v1.ShardQuery
-	(*ShardCancelResponse)(nil),    // 2: chime.v1.ShardCancelResponse
-	(*ReplicasRequest)(nil),        // 3: chime.v1.ReplicasRequest
-	(*ReplicaStatus)(nil),          // 4: chime.v1.ReplicaStatus
-	(*ReplicasResponse)(nil),       // 5: chime.v1.ReplicasResponse
-	(*ForgetRequest)(nil),          // 6: chime.v1.ForgetRequest
-	(*ForgetResponse)(nil),         // 7: chime.v1.ForgetResponse
-	(*EventFilter)(nil),            // 8: chime.v1.EventFilter
-	(*timestamppb.Timestamp)(nil),  // 9: google.protobuf.Timestamp
-	(*CancelMatchingProgress)(nil), // 10: chime.v1.CancelMatchingProgress
-	(*ListResponse)(nil),           // 11: chime.v1.ListResponse
-	(*CountResponse)(nil),          // 12: chime.v1.CountResponse
+	(*ShardListResponse)(nil),      // 2: chime.v1.ShardListResponse
+	(*ShardCancelResponse)(nil),    // 3: chime.v1.ShardCancelResponse
+	(*ReplicasRequest)(nil),        // 4: chime.v1.ReplicasRequest
+	(*ReplicaStatus)(nil),          // 5: chime.v1.ReplicaStatus
+	(*ReplicasResponse)(nil),       // 6: chime.v1.ReplicasResponse
+	(*ForgetRequest)(nil),          // 7: chime.v1.ForgetRequest
+	(*ForgetResponse)(nil),         // 8: chime.v1.ForgetResponse
+	(*EventFilter)(nil),            // 9: chime.v1.EventFilter
+	(*timestamppb.Timestamp)(nil),  // 10: google.protobuf.Timestamp
+	(*GetResponse)(nil),            // 11: chime.v1.GetResponse
+	(*CancelMatchingProgress)(nil), // 12: chime.v1.CancelMatchingProgress
+	(*CountResponse)(nil),          // 13: chime.v1.CountResponse
 }
 var file_chime_v1_peer_proto_depIdxs = []int32{
-	8,  // 0: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
-	9,  // 1: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
-	10, // 2: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
-	9,  // 3: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
-	0,  // 4: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
-	4,  // 5: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
-	3,  // 6: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
-	6,  // 7: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
-	1,  // 8: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
-	1,  // 9: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
-	1,  // 10: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
-	5,  // 11: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
-	7,  // 12: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
-	11, // 13: chime.v1.Peer.ShardList:output_type -> chime.v1.ListResponse
-	12, // 14: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
-	2,  // 15: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
-	11, // [11:16] is the sub-list for method output_type
-	6,  // [6:11] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	9,  // 0: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
+	10, // 1: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
+	11, // 2: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
+	12, // 3: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
+	10, // 4: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
+	0,  // 5: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
+	5,  // 6: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
+	4,  // 7: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
+	7,  // 8: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
+	1,  // 9: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
+	1,  // 10: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
+	1,  // 11: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
+	6,  // 12: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
+	8,  // 13: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
+	2,  // 14: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
+	13, // 15: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
+	3,  // 16: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
+	12, // [12:17] is the sub-list for method output_type
+	7,  // [7:12] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_peer_proto_init() }
@@ -726,7 +787,7 @@ func file_chime_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_peer_proto_rawDesc), len(file_chime_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

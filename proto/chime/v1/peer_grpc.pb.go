@@ -49,7 +49,7 @@ type PeerClient interface {
 	Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error)
 	// ShardList is one shard's part of a List, answered by the shard's leader
 	// (any replica of it with stale_ok).
-	ShardList(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ListResponse, error)
+	ShardList(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardListResponse, error)
 	// ShardCount is one shard's part of a Count.
 	ShardCount(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*CountResponse, error)
 	// ShardCancel is one step of a CancelMatching on one shard's leader.
@@ -84,9 +84,9 @@ func (c *peerClient) Forget(ctx context.Context, in *ForgetRequest, opts ...grpc
 	return out, nil
 }
 
-func (c *peerClient) ShardList(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ListResponse, error) {
+func (c *peerClient) ShardList(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardListResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ListResponse)
+	out := new(ShardListResponse)
 	err := c.cc.Invoke(ctx, Peer_ShardList_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -128,7 +128,7 @@ type PeerServer interface {
 	Forget(context.Context, *ForgetRequest) (*ForgetResponse, error)
 	// ShardList is one shard's part of a List, answered by the shard's leader
 	// (any replica of it with stale_ok).
-	ShardList(context.Context, *ShardQuery) (*ListResponse, error)
+	ShardList(context.Context, *ShardQuery) (*ShardListResponse, error)
 	// ShardCount is one shard's part of a Count.
 	ShardCount(context.Context, *ShardQuery) (*CountResponse, error)
 	// ShardCancel is one step of a CancelMatching on one shard's leader.
@@ -149,7 +149,7 @@ func (UnimplementedPeerServer) Replicas(context.Context, *ReplicasRequest) (*Rep
 func (UnimplementedPeerServer) Forget(context.Context, *ForgetRequest) (*ForgetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forget not implemented")
 }
-func (UnimplementedPeerServer) ShardList(context.Context, *ShardQuery) (*ListResponse, error) {
+func (UnimplementedPeerServer) ShardList(context.Context, *ShardQuery) (*ShardListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShardList not implemented")
 }
 func (UnimplementedPeerServer) ShardCount(context.Context, *ShardQuery) (*CountResponse, error) {
