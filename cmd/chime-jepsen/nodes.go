@@ -58,7 +58,9 @@ func (n *node) start() error {
 		"--raft-addr", n.ip + ":7071", "--gossip-addr", n.ip + ":7072",
 		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
 		"--dead-timeout", "1m", "--retention", n.retention.String(),
-		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info"}
+		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info",
+		// The nodes listen on the test's own bridge, in namespaces it created.
+		"--insecure"}
 	if n.join != "" {
 		args = append(args, "--join", n.join)
 	}

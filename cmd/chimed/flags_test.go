@@ -70,3 +70,40 @@ func TestRestoreUsage(t *testing.T) {
 		t.Errorf("localhost:7071 advertises as %q (%v), want the IP the listener reports", got, err)
 	}
 }
+
+// TestServeRefusesToListenBeyondLoopbackInTheClear: chimed serve stops at
+// once, naming the flag, when any address it would listen on is reachable
+// from other machines and --insecure is not given; loopback addresses, and
+// --insecure, pass (to the next check: here, the missing --kafka-brokers).
+func TestServeRefusesToListenBeyondLoopbackInTheClear(t *testing.T) {
+	serve := func(args ...string) (int, string) {
+		var out, errOut strings.Builder
+		code := run(append([]string{"serve", "--data-dir", t.TempDir()}, args...), &out, &errOut)
+		return code, errOut.String()
+	}
+	for _, tc := range []struct {
+		args []string
+		flag string // "" when the gate lets it through
+	}{
+		{nil, ""},
+		{[]string{"--grpc-addr", "localhost:7070"}, ""},
+		{[]string{"--grpc-addr", "[::1]:7070"}, ""},
+		{[]string{"--grpc-addr", "10.0.0.1:7070"}, "--grpc-addr 10.0.0.1:7070"},
+		{[]string{"--grpc-addr", ":7070"}, "--grpc-addr :7070"},
+		{[]string{"--raft-addr", "0.0.0.0:7071"}, "--raft-addr 0.0.0.0:7071"},
+		{[]string{"--gossip-addr", "chime-1:7072"}, "--gossip-addr chime-1:7072"},
+		{[]string{"--http-addr", "10.0.0.1:7080"}, "--http-addr 10.0.0.1:7080"},
+		{[]string{"--grpc-addr", "10.0.0.1:7070", "--insecure"}, ""},
+	} {
+		code, stderr := serve(tc.args...)
+		if tc.flag == "" {
+			if code != 2 || !strings.Contains(stderr, "--kafka-brokers is required") {
+				t.Errorf("serve %v: exit %d, %q; want it past the gate, to the missing --kafka-brokers", tc.args, code, stderr)
+			}
+			continue
+		}
+		if want := "chimed serve: " + tc.flag + " is reachable beyond this machine"; code != 2 || !strings.HasPrefix(stderr, want) || !strings.Contains(stderr, "pass --insecure") {
+			t.Errorf("serve %v: exit %d, %q; want exit 2 and %q... pass --insecure", tc.args, code, stderr, want)
+		}
+	}
+}

@@ -98,7 +98,7 @@ type flags struct {
 	raftAddr, kafkaAddr, brokers, logLevel        string
 	deadLetter, gossipAddr, join                  string
 	allowTopics                                   []string
-	debugEndpoints                                bool
+	debugEndpoints, insecure                      bool
 	shards, maxPayload, maxInFlight               int
 	maxAttempts, replication, nodes               int
 	maxHorizon, resolution, timeout, maxClockSkew time.Duration
@@ -147,6 +147,9 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.IntVar(&f.maxInFlight, "max-inflight", publish.DefaultMaxInFlight, "produce requests in flight to Kafka at once (each carries one partition's share of a fire batch)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", publish.DefaultMaxAttempts, "produce attempts before a record goes to the dead-letter topic")
 	fs.StringVar(&f.deadLetter, "dead-letter-topic", publish.DefaultDeadLetterTopic, "topic for records whose last produce attempt failed")
+	if cmd == "serve" {
+		fs.BoolVar(&f.insecure, "insecure", false, "serve on addresses beyond loopback without encryption or authentication (refused otherwise)")
+	}
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
 		f.allowTopics = append(f.allowTopics, v)
@@ -222,6 +225,24 @@ func (f *flags) followGRPC() error {
 	return nil
 }
 
+// exposed returns the first of the node's listen addresses that is not on
+// loopback (a host that is not a loopback IP, "localhost", or empty, which
+// listens on every interface), with its flag; "" when all are loopback.
+func exposed(f *flags) (flag, addr string) {
+	for _, a := range []struct{ flag, addr string }{
+		{"grpc-addr", f.grpcAddr}, {"http-addr", f.httpAddr}, {"raft-addr", f.raftAddr}, {"gossip-addr", f.gossipAddr},
+	} {
+		host, _, err := net.SplitHostPort(a.addr)
+		if err != nil {
+			return a.flag, a.addr // refused later, with the parse error
+		}
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return a.flag, a.addr
+		}
+	}
+	return "", ""
+}
+
 // lockDataDir takes an exclusive lock on dataDir/chimed.lock for as long as
 // the process runs, so that a second chimed on the same --data-dir stops at
 // once with an error naming it, instead of failing later on a lock inside
@@ -262,6 +283,12 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	if f.fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "chimed %s: unexpected argument %q\n", cmd, f.fs.Arg(0))
 		return 2
+	}
+	if cmd == "serve" && !f.insecure {
+		if flag, addr := exposed(f); flag != "" {
+			fmt.Fprintf(stderr, "chimed serve: --%s %s is reachable beyond this machine, and nothing a node serves is encrypted or authenticated yet: anyone who reaches it can schedule, cancel, drain and join; pass --insecure to serve in the clear on a network you trust\n", flag, addr)
+			return 2
+		}
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
