@@ -191,12 +191,17 @@ func (v *listView) body(seq uint64, due int64) ([]byte, error) {
 
 // prefixRange bounds the id iterator to the id entries starting with prefix.
 func (v *listView) prefixRange(prefix string) {
-	lower := appendIDKey(nil, v.f.shard, prefix)
-	upper := prefixEnd(lower)
-	if upper == nil {
-		upper = appendShardTag(nil, v.f.shard, tagID+1)
+	v.ids.SetBounds(idPrefixSpan(v.f.shard, prefix))
+}
+
+// idPrefixSpan returns [lower, upper) covering the id entries of shard whose id starts with
+// prefix.
+func idPrefixSpan(shard uint32, prefix string) (lower, upper []byte) {
+	lower = appendIDKey(nil, shard, prefix)
+	if upper = prefixEnd(lower); upper == nil {
+		upper = appendShardTag(nil, shard, tagID+1)
 	}
-	v.ids.SetBounds(lower, upper)
+	return lower, upper
 }
 
 // broadPrefix reports whether the sstables say that the id index holds more than twice
@@ -210,12 +215,7 @@ func (f *FSM) broadPrefix(prefix string) bool {
 	if n <= uint64(2*prefixScanLimit) {
 		return false
 	}
-	lower := appendIDKey(nil, f.shard, prefix)
-	upper := prefixEnd(lower)
-	if upper == nil {
-		upper = appendShardTag(nil, f.shard, tagID+1)
-	}
-	under, err := f.db.EstimateDiskUsage(lower, upper)
+	under, err := f.db.EstimateDiskUsage(idPrefixSpan(f.shard, prefix))
 	if err != nil || under == 0 {
 		return false
 	}
@@ -566,7 +566,7 @@ func (f *FSM) PendingUnder(q Query, afterID string, limit int) (out []Listed, er
 }
 
 // markPending sets State to Scheduled on those of ls that are pending, reading the due index
-// in due order.
+// in due order. An entry with Seq 0 names no event (seqs start at 1) and is left alone.
 func (v *listView) markPending(ls []Listed) error {
 	ix := make([]int, len(ls))
 	for i := range ix {
@@ -576,6 +576,9 @@ func (v *listView) markPending(ls []Listed) error {
 		return cmp.Or(cmp.Compare(ls[a].Due, ls[b].Due), cmp.Compare(ls[a].Seq, ls[b].Seq))
 	})
 	for _, i := range ix {
+		if ls[i].Seq == 0 {
+			continue
+		}
 		v.key = appendDueKey(v.key[:0], v.f.shard, ls[i].Due, ls[i].Seq)
 		// A point lookup: the sstables' bloom filters answer most misses without a
 		// read, and the keys come in increasing order, which lets Pebble continue each

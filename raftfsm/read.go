@@ -298,57 +298,44 @@ type Pending struct {
 
 // PendingOf looks up ids, from one consistent view of the shard, and reports for each (in
 // the order given) the pending event bound to it, if any. It reads the id entries in key
-// order and the due index in due order, each a forward walk, so a batch of neighbouring ids
-// costs a few steps each rather than a seek from the top of every level.
-func (f *FSM) PendingOf(ids []string) (out []Pending, err error) {
-	out = make([]Pending, len(ids))
+// order, a forward walk, so a batch of neighbouring ids costs a few steps each rather than a
+// seek from the top of every level, and checks the due index as a bulk cancel does
+// (markPending).
+func (f *FSM) PendingOf(ids []string) (_ []Pending, err error) {
 	ix := make([]int, len(ids))
 	for i := range ix {
 		ix[i] = i
 	}
 	slices.SortFunc(ix, func(a, b int) int { return cmp.Compare(ids[a], ids[b]) })
-	it, err := f.newIter(f.spanStart, f.spanEnd)
+	v, err := f.openList()
 	if err != nil {
 		return nil, err
 	}
-	defer closeIter(it, &err)
-	walk := forwardIter{it: it}
+	defer v.close(&err)
+	walk := forwardIter{it: v.ids}
+	found := make([]Listed, len(ids)) // by position in ids; Seq 0 where no entry
 	var key []byte
-	found := make([]int, 0, len(ids))
-	for n, i := range ix {
-		if n > 0 && ids[i] == ids[ix[n-1]] {
-			out[i] = out[ix[n-1]]
-			continue
-		}
+	for _, i := range ix {
 		key = appendIDKey(key[:0], f.shard, ids[i])
-		if !walk.seekGE(key) || !bytes.Equal(it.Key(), key) {
-			if err := it.Error(); err != nil {
+		if !walk.seekGE(key) || !bytes.Equal(v.ids.Key(), key) {
+			if err := v.ids.Error(); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		ref, err := decodeIDRef(it.Value())
+		ref, err := decodeIDRef(v.ids.Value())
 		if err != nil {
 			return nil, fmt.Errorf("raftfsm: shard %d: id %q: %w", f.shard, ids[i], err)
 		}
-		out[i] = Pending{Seq: ref.seq, Due: ref.due}
-		found = append(found, i)
+		found[i] = Listed{Position: Position{Due: ref.due}, Seq: ref.seq}
 	}
-	slices.SortFunc(found, func(a, b int) int {
-		return cmp.Or(cmp.Compare(out[a].Due, out[b].Due), cmp.Compare(out[a].Seq, out[b].Seq))
-	})
-	walk = forwardIter{it: it}
-	for _, i := range found {
-		key = appendDueKey(key[:0], f.shard, out[i].Due, out[i].Seq)
-		if walk.seekGE(key) && bytes.Equal(it.Key(), key) {
-			out[i].Pending = true
-		} else if err := it.Error(); err != nil {
-			return nil, err
-		}
+	if err := v.markPending(found); err != nil {
+		return nil, err
 	}
-	for n, i := range ix { // duplicates copied before the due walk
-		if n > 0 && ids[i] == ids[ix[n-1]] {
-			out[i] = out[ix[n-1]]
+	out := make([]Pending, len(ids))
+	for i, l := range found {
+		if l.Seq != 0 {
+			out[i] = Pending{Pending: l.State == StateScheduled, Seq: l.Seq, Due: l.Due}
 		}
 	}
 	return out, nil

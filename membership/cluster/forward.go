@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -43,6 +44,16 @@ func (c *Cluster) schedulerClient(ctx context.Context, s uint32) (chimev1.Schedu
 	if Forwarded(ctx) {
 		return nil, fmt.Errorf("%w: shard %d (request was already forwarded once)", shard.ErrNotLeader, s)
 	}
+	cc, err := c.leaderConn(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	return chimev1.NewSchedulerClient(cc), nil
+}
+
+// leaderConn returns a connection to the node that leads shard s, another
+// than this one: this node's own replica, when it leads, is asked directly.
+func (c *Cluster) leaderConn(ctx context.Context, s uint32) (*grpc.ClientConn, error) {
 	node, err := c.LeaderNode(ctx, s)
 	if err != nil {
 		return nil, err
@@ -50,11 +61,7 @@ func (c *Cluster) schedulerClient(ctx context.Context, s uint32) (chimev1.Schedu
 	if node == c.self {
 		return nil, fmt.Errorf("%w: shard %d is changing leader", shard.ErrNotLeader, s)
 	}
-	cc, err := c.Conn(node)
-	if err != nil {
-		return nil, err
-	}
-	return chimev1.NewSchedulerClient(cc), nil
+	return c.Conn(node)
 }
 
 // Schedule implements Backend: each shard's requests go to its leader.

@@ -57,10 +57,9 @@ func FilterQuery(f *chimev1.EventFilter) (raftfsm.Query, error) {
 // Filter is the filter that stands for q.
 func Filter(q raftfsm.Query) *chimev1.EventFilter {
 	f := &chimev1.EventFilter{IdPrefix: q.Prefix, Topic: q.Topic}
-	for _, st := range []raftfsm.State{raftfsm.StateScheduled, raftfsm.StateFired, raftfsm.StateCancelled, raftfsm.StateDeadLettered} {
-		if q.States != 0 && q.States.Has(st) {
-			s, _ := EventState(st)
-			f.States = append(f.States, s)
+	for _, p := range states {
+		if q.States != 0 && q.States.Has(p.fsm) {
+			f.States = append(f.States, p.api)
 		}
 	}
 	if q.Due.From != math.MinInt64 {
@@ -72,31 +71,32 @@ func Filter(q raftfsm.Query) *chimev1.EventFilter {
 	return f
 }
 
+// states pairs each stored state with the API's name for it.
+var states = []struct {
+	fsm raftfsm.State
+	api chimev1.EventState
+}{
+	{raftfsm.StateScheduled, chimev1.EventState_EVENT_STATE_SCHEDULED},
+	{raftfsm.StateFired, chimev1.EventState_EVENT_STATE_FIRED},
+	{raftfsm.StateCancelled, chimev1.EventState_EVENT_STATE_CANCELLED},
+	{raftfsm.StateDeadLettered, chimev1.EventState_EVENT_STATE_DEAD_LETTERED},
+}
+
 func fsmState(st chimev1.EventState) (raftfsm.State, bool) {
-	switch st {
-	case chimev1.EventState_EVENT_STATE_SCHEDULED:
-		return raftfsm.StateScheduled, true
-	case chimev1.EventState_EVENT_STATE_FIRED:
-		return raftfsm.StateFired, true
-	case chimev1.EventState_EVENT_STATE_CANCELLED:
-		return raftfsm.StateCancelled, true
-	case chimev1.EventState_EVENT_STATE_DEAD_LETTERED:
-		return raftfsm.StateDeadLettered, true
+	for _, p := range states {
+		if p.api == st {
+			return p.fsm, true
+		}
 	}
 	return 0, false
 }
 
 // EventState is the API's name for st.
 func EventState(st raftfsm.State) (chimev1.EventState, bool) {
-	switch st {
-	case raftfsm.StateScheduled:
-		return chimev1.EventState_EVENT_STATE_SCHEDULED, true
-	case raftfsm.StateFired:
-		return chimev1.EventState_EVENT_STATE_FIRED, true
-	case raftfsm.StateCancelled:
-		return chimev1.EventState_EVENT_STATE_CANCELLED, true
-	case raftfsm.StateDeadLettered:
-		return chimev1.EventState_EVENT_STATE_DEAD_LETTERED, true
+	for _, p := range states {
+		if p.fsm == st {
+			return p.api, true
+		}
 	}
 	return chimev1.EventState_EVENT_STATE_UNSPECIFIED, false
 }
@@ -164,14 +164,7 @@ func onShard[T any](ctx context.Context, c *Cluster, s uint32, stale bool,
 				return v, err
 			}
 		}
-		node, err := c.LeaderNode(ctx, s)
-		if err != nil {
-			return zero, err
-		}
-		if node == c.self {
-			return zero, fmt.Errorf("%w: shard %d is changing leader", shard.ErrNotLeader, s)
-		}
-		cc, err := c.Conn(node)
+		cc, err := c.leaderConn(ctx, s)
 		if err != nil {
 			return zero, err
 		}
@@ -252,21 +245,14 @@ func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Posi
 // Count implements rpc.Backend: the events q selects, summed over every
 // shard.
 func (c *Cluster) Count(ctx context.Context, q raftfsm.Query, stale bool) (uint64, error) {
-	counts := make([]uint64, c.shards)
-	err := host.EachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
-		counts[s], err = onShard(ctx, c, s, stale,
+	return host.CountByShard(ctx, c.shards, func(ctx context.Context, s uint32) (uint64, error) {
+		return onShard(ctx, c, s, stale,
 			func(r *shard.Shard) (uint64, error) { return r.Count(ctx, q, stale) },
 			func(p chimev1.PeerClient) (uint64, error) {
 				resp, err := p.ShardCount(ctx, shardQuery(s, q, nil, 0, stale))
 				return resp.GetCount(), err
 			})
-		return err
 	})
-	var n uint64
-	for _, c := range counts {
-		n += c
-	}
-	return n, err
 }
 
 // CancelMatching implements rpc.Backend: the steps of a bulk cancel, on

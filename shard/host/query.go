@@ -48,6 +48,24 @@ func Merge(parts [][]raftfsm.Record, limit int) []raftfsm.Record {
 	return all[:min(limit, len(all))]
 }
 
+// CountByShard runs count on every one of shards in parallel and sums the
+// answers.
+func CountByShard(ctx context.Context, shards int, count func(ctx context.Context, s uint32) (uint64, error)) (uint64, error) {
+	counts := make([]uint64, shards)
+	err := EachShard(ctx, shards, func(ctx context.Context, s uint32) (err error) {
+		counts[s], err = count(ctx, s)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, c := range counts {
+		n += c
+	}
+	return n, nil
+}
+
 // CancelByShard runs the steps of a bulk cancel on every shard in parallel,
 // each from the start until its shard has no more matches, and reports each
 // step to progress, one call at a time.
@@ -99,16 +117,9 @@ func (h *Host) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Positio
 
 // Count returns how many events q selects, over every shard.
 func (h *Host) Count(ctx context.Context, q raftfsm.Query, stale bool) (uint64, error) {
-	counts := make([]uint64, h.cfg.Shards)
-	err := EachShard(ctx, h.cfg.Shards, func(ctx context.Context, s uint32) (err error) {
-		counts[s], err = onReplica(ctx, h, s, func(r *shard.Shard) (uint64, error) { return r.Count(ctx, q, stale) })
-		return err
+	return CountByShard(ctx, h.cfg.Shards, func(ctx context.Context, s uint32) (uint64, error) {
+		return onReplica(ctx, h, s, func(r *shard.Shard) (uint64, error) { return r.Count(ctx, q, stale) })
 	})
-	var n uint64
-	for _, c := range counts {
-		n += c
-	}
-	return n, err
 }
 
 // CancelMatching cancels every pending event q selects, reporting each
