@@ -29,6 +29,77 @@ func BenchmarkIngestCPU(b *testing.B) {
 	b.Run("delay", func(b *testing.B) { benchIngest(b, true, 1) })
 	b.Run("due-at", func(b *testing.B) { benchIngest(b, false, 1) })
 	b.Run("delay-3-shards", func(b *testing.B) { benchIngest(b, true, 3) })
+	b.Run("upsert", func(b *testing.B) { benchUpsert(b) })
+}
+
+// benchUpsert measures what a batched upsert (a Schedule with Replace of a pending event,
+// chimectl bench --update --update-batch 500) costs one replica, compaction included: b.N
+// entries of 500 new events are applied and left to settle in Pebble, then b.N entries
+// replace each of them once, in the order they were created, and the CPU time of those, of
+// the flush and of the compactions they cause is reported per replaced event.
+func benchUpsert(b *testing.B) {
+	const batch = 500
+	st := openTestStore(b, b.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, err := NewFSM(st, 0, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	prefix := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 10) + "-"
+	rnd := rand.New(rand.NewPCG(1, 2))
+	entry := func(i int, replace bool) []byte {
+		c := &ScheduleBatch{ProposedAt: 1e18 + int64(i)*batch*1e4, Events: make([]NewEvent, batch)}
+		for j := range c.Events {
+			c.Events[j] = NewEvent{ID: prefix + strconv.Itoa(i*batch+j), Due: 1e18 + 30*6e10 + int64(i*batch+j),
+				Topic: "chime-bench", Payload: []byte("updated"), ContentHash: rnd.Uint64(), Replace: replace}
+		}
+		return AppendScheduleBatch(nil, c)
+	}
+	index := uint64(0)
+	apply := func(data []byte) {
+		index++
+		f.ApplyBatch([]*raft.Log{{Index: index, Term: 1, Type: raft.LogCommand, Data: data}})
+	}
+	for i := 0; i < b.N; i++ {
+		apply(entry(i, false))
+	}
+	settle(b, st)
+	upserts := make([][]byte, b.N)
+	for i := range upserts {
+		upserts[i] = entry(i, true)
+	}
+	before := cpuTime()
+	b.ResetTimer()
+	for _, data := range upserts {
+		apply(data)
+	}
+	applied := b.Elapsed()
+	settle(b, st)
+	b.StopTimer()
+	if m := f.Stats(); m.Replaced != uint64(b.N*batch) {
+		b.Fatalf("replaced %d events, want %d", m.Replaced, b.N*batch)
+	}
+	events := float64(b.N * batch)
+	b.ReportMetric(float64(cpuTime()-before)/events/1e3, "cpu-µs/event")
+	b.ReportMetric(events/applied.Seconds(), "applied-events/s")
+}
+
+// settle flushes the memtable and waits until the compactions it and earlier flushes
+// started have finished.
+func settle(b *testing.B, st *Store) {
+	if err := st.db.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	for idle := 0; idle < 3; {
+		m := st.db.Metrics()
+		if m.Compact.NumInProgress == 0 && m.Flush.NumInProgress == 0 {
+			idle++
+		} else {
+			idle = 0
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // benchIngest applies entries to shards FSMs in one store in turn, as a node holding
@@ -72,20 +143,9 @@ func benchIngest(b *testing.B, delay bool, shards int) {
 		fsms[i%shards].ApplyBatch([]*raft.Log{{Index: uint64(i/shards + 1), Term: 1, Type: raft.LogCommand, Data: data}})
 	}
 	applied := b.Elapsed()
-	// The memtable's flush is part of the cost; then wait until the compactions it and the
-	// earlier flushes started have finished.
-	if err := st.db.Flush(); err != nil {
-		b.Fatal(err)
-	}
-	for idle := 0; idle < 3; {
-		m := st.db.Metrics()
-		if m.Compact.NumInProgress == 0 && m.Flush.NumInProgress == 0 {
-			idle++
-		} else {
-			idle = 0
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	// The memtable's flush is part of the cost, and the compactions it and the earlier
+	// flushes started.
+	settle(b, st)
 	b.StopTimer()
 	events := float64(b.N * batch)
 	m := st.db.Metrics()
