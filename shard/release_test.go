@@ -41,7 +41,7 @@ func newCrashRig(t *testing.T) *crashRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &crashRig{t: t, fs: vfs.NewCrashableMem(), mux: raftmux.New(ln, nil), addr: ln.Addr().String(),
+	r := &crashRig{t: t, fs: vfs.NewCrashableMem(), mux: raftmux.New(ln, nil, nil), addr: ln.Addr().String(),
 		dir: filepath.Join(t.TempDir(), "shard-0000")}
 	r.st = r.openStore()
 	t.Cleanup(func() {

@@ -127,7 +127,7 @@ func openSnapReplica(t *testing.T, name string, bootstrap bool, tune Tuning, pub
 	if err != nil {
 		t.Fatal(err)
 	}
-	mux := raftmux.New(ln, nil)
+	mux := raftmux.New(ln, nil, nil)
 	layer, err := mux.Layer(0)
 	if err != nil {
 		t.Fatal(err)

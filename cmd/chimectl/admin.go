@@ -23,7 +23,7 @@ import (
 // dialAdmin connects to --addr. The connection is lazy: a dead address
 // shows up as Unavailable on the first call (after the retries of dial).
 func (c *cli) dialAdmin() (chimev1.AdminClient, func(), error) {
-	conn, err := dial(c.addr)
+	conn, err := c.dial(c.addr)
 	if err != nil {
 		return nil, nil, err
 	}

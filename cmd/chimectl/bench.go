@@ -17,7 +17,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -198,7 +197,10 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	if o.metrics != "" {
 		httpAddrs = strings.Fields(strings.ReplaceAll(o.metrics, ",", " "))
 	}
-	cost := newNodeCost(httpAddrs)
+	cost, err := newNodeCost(httpAddrs, &c.tls)
+	if err != nil {
+		return err
+	}
 	cost.sample(ctx)
 
 	var consumerDone chan error
@@ -286,7 +288,11 @@ type benchRoute func(id string) chimev1.SchedulerClient
 // derives from --addr.
 func (c *cli) benchRoutes(ctx context.Context, route bool) (_ benchRoute, httpAddrs []string, _ func(), _ error) {
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		creds, err := c.tls.credentials()
+		if err != nil {
+			return nil, err
+		}
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	}
 	conn, err := dial(c.addr)
 	if err != nil {

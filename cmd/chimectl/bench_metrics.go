@@ -25,6 +25,7 @@ import (
 type nodeCost struct {
 	addrs  []string // host:port of each node's HTTP server
 	client *http.Client
+	scheme string // http, or https with --tls
 
 	mu sync.Mutex
 	// CPU seconds of each process at its first and latest answered
@@ -34,9 +35,20 @@ type nodeCost struct {
 	peakRSS           int64             // the largest RSS any one process had at a sample
 }
 
-func newNodeCost(addrs []string) *nodeCost {
-	return &nodeCost{addrs: addrs, client: &http.Client{Timeout: 2 * time.Second},
+// newNodeCost reads the nodes' /metrics over HTTP, or HTTPS when the --tls
+// flags are set (a node with TLS serves its HTTP port in TLS too).
+func newNodeCost(addrs []string, t *tlsFlags) (*nodeCost, error) {
+	m := &nodeCost{addrs: addrs, client: &http.Client{Timeout: 2 * time.Second}, scheme: "http",
 		firstCPU: map[string]float64{}, lastCPU: map[string]float64{}, addrOf: map[string]string{}}
+	if t.on() {
+		cfg, err := t.config("")
+		if err != nil {
+			return nil, err
+		}
+		m.client.Transport = &http.Transport{TLSClientConfig: cfg}
+		m.scheme = "https"
+	}
+	return m, nil
 }
 
 // sample reads every node once and returns the CPU seconds so far and the
@@ -99,7 +111,7 @@ func (m *nodeCost) totals() (answered []string, cpu float64, peakRSS int64) {
 // read scrapes http://addr/metrics for the process's CPU seconds, resident
 // bytes and start time.
 func (m *nodeCost) read(ctx context.Context, addr string) (cpu, rss, start float64, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, m.scheme+"://"+addr+"/metrics", nil)
 	if err != nil {
 		return 0, 0, 0, err
 	}

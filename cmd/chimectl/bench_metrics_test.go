@@ -35,7 +35,10 @@ func TestNodeCostCountsAProcessOnce(t *testing.T) {
 		t.Cleanup(srv.Close)
 		addrs = append(addrs, strings.TrimPrefix(srv.URL, "http://"))
 	}
-	cost := newNodeCost(addrs)
+	cost, err := newNodeCost(addrs, &tlsFlags{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	cost.sample(ctx)
 	shared.cpu.Store(10) // ten more seconds in the shared process, whichever node is asked

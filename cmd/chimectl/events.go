@@ -20,7 +20,7 @@ import (
 // --timeout (no bound when it is 0); repeatable calls answered UNAVAILABLE
 // are retried within it.
 func (c *cli) call(ctx context.Context, fn func(ctx context.Context, sc chimev1.SchedulerClient) error) error {
-	conn, err := dial(c.addr)
+	conn, err := c.dial(c.addr)
 	if err != nil {
 		return err
 	}

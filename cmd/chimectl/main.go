@@ -60,6 +60,7 @@ type cli struct {
 	addr    string
 	timeout time.Duration
 	json    bool
+	tls     tlsFlags
 }
 
 // command is a subcommand: its help text, its flags, and what it does with
@@ -204,10 +205,12 @@ func (c *cli) globalFlags(name string) *flag.FlagSet {
 	fs.StringVar(&c.addr, "addr", c.addr, "gRPC `address` (host:port) of any Chime node; env "+addrEnv+" overrides the default")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "deadline for each request to Chime (not for tail)")
 	fs.BoolVar(&c.json, "json", c.json, "print JSON instead of text (one object per record for tail)")
+	c.tls.register(fs)
 	return fs
 }
 
-var globalFlagNames = map[string]bool{"addr": true, "timeout": true, "json": true}
+var globalFlagNames = map[string]bool{"addr": true, "timeout": true, "json": true,
+	"tls": true, "tls-ca": true, "tls-cert": true, "tls-key": true, "tls-server-name": true}
 
 // parseInterleaved parses flags that may come before, between or after the
 // positional arguments (`get ID --json`), which the flag package alone stops

@@ -8,16 +8,20 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
 // dial connects to addr (lazily: a dead address shows up as UNAVAILABLE on
-// the first call) with retryUnavailable on every unary call.
-func dial(addr string) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+// the first call), in TLS if the --tls flags ask for it, with
+// retryUnavailable on every unary call.
+func (c *cli) dial(addr string) (*grpc.ClientConn, error) {
+	creds, err := c.tls.credentials()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
 		grpc.WithUnaryInterceptor(retryUnavailable))
 	if err != nil {
 		return nil, fmt.Errorf("--addr %q: %w", addr, err)

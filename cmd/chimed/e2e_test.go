@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -76,6 +77,11 @@ type daemon struct {
 	brokers                    string
 	stderr                     *bytes.Buffer
 	exited                     chan struct{}
+	// With TLS (secure): what its clients dial with, and the HTTP client
+	// and scheme of its HTTP port.
+	creds      credentials.TransportCredentials
+	httpClient *http.Client
+	scheme     string
 }
 
 func freeAddr(t testing.TB) string {
@@ -91,7 +97,7 @@ func freeAddr(t testing.TB) string {
 func newDaemon(t testing.TB, brokers []string) *daemon {
 	return &daemon{
 		t: t, nodeID: "e2e", dataDir: t.TempDir(), grpcAddr: freeAddr(t), httpAddr: freeAddr(t), raftAd: freeAddr(t),
-		gossipAddr: freeAddr(t), brokers: brokers[0],
+		gossipAddr: freeAddr(t), brokers: brokers[0], creds: insecure.NewCredentials(), httpClient: http.DefaultClient, scheme: "http",
 	}
 }
 
@@ -127,7 +133,7 @@ func (d *daemon) waitHTTP(path string, timeout time.Duration) {
 	d.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		resp, err := http.Get("http://" + d.httpAddr + path)
+		resp, err := d.httpClient.Get(d.scheme + "://" + d.httpAddr + path)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -171,7 +177,7 @@ func (d *daemon) stop() {
 
 func (d *daemon) client() chimev1.SchedulerClient {
 	d.t.Helper()
-	cc, err := grpc.NewClient(d.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(d.grpcAddr, grpc.WithTransportCredentials(d.creds))
 	if err != nil {
 		d.t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/chimehq/chime/cmd/chimed/node"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/certs"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/wheel"
 )
@@ -97,6 +98,7 @@ type flags struct {
 	nodeID, dataDir, grpcAddr, httpAddr           string
 	raftAddr, kafkaAddr, brokers, logLevel        string
 	deadLetter, gossipAddr, join                  string
+	tlsCert, tlsKey, tlsCA, tlsClientCA           string
 	allowTopics                                   []string
 	debugEndpoints, insecure                      bool
 	shards, maxPayload, maxInFlight               int
@@ -150,6 +152,10 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	if cmd == "serve" {
 		fs.BoolVar(&f.insecure, "insecure", false, "serve on addresses beyond loopback without encryption or authentication (refused otherwise)")
 	}
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM `file` of this node's certificate (and chain): turns TLS on for every port. It must\nname "+certs.NodeName+" (a DNS subject alternative name) besides the names clients dial,\nand be signed by --tls-ca. Files are reloaded when they change")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM `file` of --tls-cert's private key")
+	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM `file` of the CA that signed the nodes' certificates: the Raft port and the nodes'\ncalls to each other are mutual TLS, accepting only certificates it signed that name "+certs.NodeName)
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CA that signs clients' certificates: set, the gRPC and HTTP ports require a\nclient certificate it signed (or a node's)")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
 		f.allowTopics = append(f.allowTopics, v)
@@ -243,6 +249,15 @@ func exposed(f *flags) (flag, addr string) {
 	return "", ""
 }
 
+// missingProtection says what an exposed node lacks. Client authentication
+// does not exist yet, so a node is never fully protected without --insecure.
+func missingProtection(tls bool) string {
+	if !tls {
+		return "and neither encrypted (--tls-cert, --tls-key, --tls-ca) nor authenticated"
+	}
+	return "and its callers are not authenticated"
+}
+
 // lockDataDir takes an exclusive lock on dataDir/chimed.lock for as long as
 // the process runs, so that a second chimed on the same --data-dir stops at
 // once with an error naming it, instead of failing later on a lock inside
@@ -284,18 +299,30 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chimed %s: unexpected argument %q\n", cmd, f.fs.Arg(0))
 		return 2
 	}
-	if cmd == "serve" && !f.insecure {
-		if flag, addr := exposed(f); flag != "" {
-			fmt.Fprintf(stderr, "chimed serve: --%s %s is reachable beyond this machine, and nothing a node serves is encrypted or authenticated yet: anyone who reaches it can schedule, cancel, drain and join; pass --insecure to serve in the clear on a network you trust\n", flag, addr)
-			return 2
-		}
-	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		fmt.Fprintf(stderr, "chimed: --log-level: %v\n", err)
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	var tlsSource *certs.Source
+	if f.tlsCert != "" || f.tlsKey != "" || f.tlsCA != "" || f.tlsClientCA != "" {
+		var err error
+		if tlsSource, err = certs.Load(certs.Files{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientCA: f.tlsClientCA}, logger.With("component", "tls")); err == nil {
+			err = tlsSource.CheckNode()
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "chimed %s: %v\n", cmd, err)
+			return 2
+		}
+	}
+	if cmd == "serve" && !f.insecure {
+		if flag, addr := exposed(f); flag != "" {
+			fmt.Fprintf(stderr, "chimed serve: --%s %s is reachable beyond this machine, %s: anyone who reaches it can schedule, cancel, drain and join; pass --insecure to serve on a network you trust anyway\n",
+				flag, addr, missingProtection(tlsSource != nil))
+			return 2
+		}
+	}
 	fail := func(err error) int {
 		logger.Error("chimed failed", "err", err)
 		return 1
@@ -343,7 +370,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
-		HTTPHandlers: registerFaultHandlers,
+		HTTPHandlers: registerFaultHandlers, TLS: tlsSource,
 	}
 	if cmd == "serve" {
 		f.nodes = 1

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
@@ -45,9 +44,18 @@ func newCluster(t testing.TB, n int, extra ...string) *cluster {
 // add starts one more node; every node after the first joins the first.
 func (c *cluster) add(id string, extra ...string) *daemon {
 	c.t.Helper()
+	return c.addWith(id, nil, extra...)
+}
+
+// addWith is add with setup applied to the node before it starts.
+func (c *cluster) addWith(id string, setup func(*daemon), extra ...string) *daemon {
+	c.t.Helper()
 	d := newDaemon(c.t, c.brokers)
 	d.nodeID = id
-	d.extra = append([]string{"--shards", fmt.Sprint(clusterShards), "--dead-timeout", "4s"}, extra...)
+	if setup != nil {
+		setup(d)
+	}
+	d.extra = append(append([]string{"--shards", fmt.Sprint(clusterShards), "--dead-timeout", "4s"}, extra...), d.extra...)
 	if len(c.order) > 0 {
 		d.join = []string{c.nodes[c.order[0]].gossipAddr}
 	}
@@ -59,7 +67,7 @@ func (c *cluster) add(id string, extra ...string) *daemon {
 
 func (c *cluster) admin(id string) chimev1.AdminClient {
 	c.t.Helper()
-	cc, err := grpc.NewClient(c.nodes[id].grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(c.nodes[id].grpcAddr, grpc.WithTransportCredentials(c.nodes[id].creds))
 	if err != nil {
 		c.t.Fatal(err)
 	}

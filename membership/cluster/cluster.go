@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/chimehq/chime/membership"
@@ -45,6 +46,7 @@ type Cluster struct {
 	deadTimeout time.Duration
 	removedPath string
 	peersPath   string
+	dialCreds   credentials.TransportCredentials // nil: plaintext
 	logger      *slog.Logger
 
 	host atomic.Pointer[host.Host] // set once the host is open
@@ -83,7 +85,11 @@ type Config struct {
 	// addresses of every member seen, for the node to find them again
 	// after a restart.
 	PeersPath string
-	Logger    *slog.Logger
+	// DialCredentials secure the node's gRPC calls to other nodes (the Peer
+	// service, forwarded requests, Admin calls about another node); nil
+	// dials in plaintext.
+	DialCredentials credentials.TransportCredentials
+	Logger          *slog.Logger
 }
 
 // New computes the first placement and follows membership changes until
@@ -95,7 +101,7 @@ func New(cfg Config) (*Cluster, error) {
 	c := &Cluster{
 		gossip: cfg.Membership, shards: cfg.Shards, retention: cfg.Retention,
 		replication: cfg.Replication, deadTimeout: cfg.DeadTimeout, removedPath: cfg.RemovedPath, peersPath: cfg.PeersPath,
-		logger: cfg.Logger, removed: map[string]bool{}, conns: map[string]*grpc.ClientConn{},
+		logger: cfg.Logger, removed: map[string]bool{}, conns: map[string]*grpc.ClientConn{}, dialCreds: cfg.DialCredentials,
 		changes: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
 	if c.gossip == nil {
@@ -366,7 +372,11 @@ func (c *Cluster) Conn(node string) (*grpc.ClientConn, error) {
 	if cc := c.conns[addr]; cc != nil {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := c.dialCreds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, err
 	}

@@ -32,6 +32,8 @@ type Config struct {
 	// address peers dial (default: the listener's address).
 	RaftListener  net.Listener
 	RaftAdvertise string
+	// RaftTLS, if set, makes the Raft port mutual TLS (see raftmux.TLS).
+	RaftTLS *raftmux.TLS
 	// Transport, when set, gives each shard its own Raft transport instead
 	// of a stream layer of the Raft port, and RaftListener must be nil
 	// (tests pass raft's in-memory transports). RaftAdvertise is required
@@ -89,7 +91,7 @@ func Open(cfg Config) (*Host, error) {
 		if cfg.RaftAdvertise == "" {
 			h.cfg.RaftAdvertise = cfg.RaftListener.Addr().String()
 		}
-		h.mux = raftmux.New(cfg.RaftListener, cfg.Logger)
+		h.mux = raftmux.New(cfg.RaftListener, cfg.RaftTLS, cfg.Logger)
 	}
 	if err := shard.FinishReleases(cfg.Store, cfg.Shards, h.shardDir); err != nil {
 		close(h.done)

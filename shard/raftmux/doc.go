@@ -4,6 +4,11 @@
 //
 //	"CHRM" | version (1 byte) | shard (4 bytes big-endian)
 //
+// With TLS (New's TLS: a node's Raft port whenever the node has TLS on) the
+// header is the first thing sent inside a TLS connection, after a mutual
+// handshake whose configurations accept only nodes of the cluster; a
+// connection whose handshake fails is closed before anything is routed.
+//
 // # What it owns
 //
 //   - The node's Raft listener, from New until Close.
@@ -27,8 +32,9 @@
 //
 //   - The accept loop, started by New, stopped by Close (which closes the
 //     listener and waits for it).
-//   - One goroutine per accepted connection while it reads the header (at
-//     most 5 s); the accept loop waits for them before it returns.
+//   - One goroutine per accepted connection while it runs the TLS handshake
+//     and reads the header (at most 5 s for both); the accept loop waits for
+//     them before it returns.
 //
 // Close also closes every layer, so raft's Accept returns net.ErrClosed.
 package raftmux

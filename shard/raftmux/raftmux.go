@@ -1,6 +1,8 @@
 package raftmux
 
 import (
+	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -26,6 +28,7 @@ const (
 // layer of the shard it names.
 type Mux struct {
 	ln     net.Listener
+	tls    *TLS
 	logger *slog.Logger
 
 	mu     sync.Mutex
@@ -38,12 +41,21 @@ type Mux struct {
 // ErrClosed is returned by Layer once the Mux is closed.
 var ErrClosed = errors.New("raftmux: closed")
 
-// New serves Raft connections on ln until Close. A nil logger discards.
-func New(ln net.Listener, logger *slog.Logger) *Mux {
+// TLS makes every connection of the mux TLS, both ways: Server for the
+// connections it accepts, Client for those its layers dial. Both should
+// verify the other end as a node of the cluster (the Raft port is for nodes
+// only); the mux only runs the handshakes.
+type TLS struct {
+	Server, Client *tls.Config
+}
+
+// New serves Raft connections on ln until Close, in TLS if tlsConf is not
+// nil. A nil logger discards.
+func New(ln net.Listener, tlsConf *TLS, logger *slog.Logger) *Mux {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	m := &Mux{ln: ln, logger: logger, layers: make(map[uint32]*streamLayer), done: make(chan struct{})}
+	m := &Mux{ln: ln, tls: tlsConf, logger: logger, layers: make(map[uint32]*streamLayer), done: make(chan struct{})}
 	go m.acceptLoop()
 	return m
 }
@@ -110,15 +122,30 @@ func (m *Mux) acceptLoop() {
 	}
 }
 
-// route reads the header and hands c to its shard, or closes it.
+// route reads the header (after the TLS handshake, with TLS) and hands c
+// to its shard, or closes it. The handshake and the header together must
+// arrive within muxHeaderWait.
 func (m *Mux) route(c net.Conn) {
 	var hdr [muxHeaderLen]byte
-	c.SetReadDeadline(time.Now().Add(muxHeaderWait))
+	deadline := time.Now().Add(muxHeaderWait)
+	c.SetDeadline(deadline)
+	if m.tls != nil {
+		tc := tls.Server(c, m.tls.Server)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			m.logger.Warn("raft mux: TLS handshake refused", "remote", c.RemoteAddr(), "err", err)
+			c.Close()
+			return
+		}
+		c = tc
+	}
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
 		c.Close()
 		return
 	}
-	c.SetReadDeadline(time.Time{})
+	c.SetDeadline(time.Time{})
 	if string(hdr[:len(muxMagic)]) != muxMagic || hdr[len(muxMagic)] != muxVersion {
 		m.logger.Warn("raft mux: connection without a Chime header", "remote", c.RemoteAddr())
 		c.Close()
@@ -196,9 +223,21 @@ func (l *streamLayer) drain() {
 func (l *streamLayer) Addr() net.Addr { return l.mux.ln.Addr() }
 
 func (l *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	deadline := time.Now().Add(timeout)
 	c, err := net.DialTimeout("tcp", string(addr), timeout)
 	if err != nil {
 		return nil, err
+	}
+	if l.mux.tls != nil {
+		tc := tls.Client(c, l.mux.tls.Client)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("raft TLS handshake with %s: %w", addr, err)
+		}
+		c = tc
 	}
 	var hdr [muxHeaderLen]byte
 	copy(hdr[:], muxMagic)

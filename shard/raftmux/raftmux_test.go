@@ -12,6 +12,9 @@ import (
 
 	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
+
+	"github.com/chimehq/chime/rpc/certs"
+	"github.com/chimehq/chime/rpc/certs/certstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -21,7 +24,7 @@ func TestRoutesByShardHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := New(ln, nil)
+	m := New(ln, nil, nil)
 	defer m.Close()
 	l3, err := m.Layer(3)
 	if err != nil {
@@ -100,7 +103,7 @@ func TestClosedLayerLeavesNoConnectionOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := New(ln, slog.New(slog.DiscardHandler))
+	m := New(ln, nil, slog.New(slog.DiscardHandler))
 	defer m.Close()
 	l, err := m.Layer(3)
 	if err != nil {
@@ -128,5 +131,86 @@ func TestClosedLayerLeavesNoConnectionOpen(t *testing.T) {
 	}
 	if n := len(sl.conns); n != 0 {
 		t.Fatalf("%d connections left in a closed layer's queue", n)
+	}
+}
+
+// TestTLS: with TLS, a node of the cluster's CA reaches its shard's layer
+// through the handshake; a plaintext connection, a node of another CA and a
+// connection that never finishes its handshake are closed by the mux.
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := certstest.NewCA(dir, "cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := certstest.NewCA(dir, "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := func(ca *certstest.CA, node string) *certs.Source {
+		pair, err := ca.Node(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := certs.Load(certs.Files{Cert: pair.Cert, Key: pair.Key, CA: ca.File}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	muxTLS := func(s *certs.Source) *TLS { return &TLS{Server: s.PeerServerConfig(), Client: s.PeerClientConfig()} }
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(ln, muxTLS(source(ca, "n1")), nil)
+	defer m.Close()
+	l1, err := m.Layer(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := raft.ServerAddress(ln.Addr().String())
+
+	peer := &Mux{tls: muxTLS(source(ca, "n2"))}
+	c, err := (&streamLayer{mux: peer, id: 1}).Dial(addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("raft")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := l1.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer got.Close()
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(got, buf); err != nil || string(buf) != "raft" {
+		t.Fatalf("shard 1 read %q, %v; want the bytes after the header", buf, err)
+	}
+
+	intruder := &Mux{tls: muxTLS(source(other, "n3"))}
+	if c, err := (&streamLayer{mux: intruder, id: 1}).Dial(addr, 5*time.Second); err == nil {
+		// TLS 1.3 tells the client of a refused certificate on its first read.
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("a node of another CA was accepted: read %v", err)
+		}
+		c.Close()
+	}
+	plain := &Mux{}
+	if c, err := (&streamLayer{mux: plain, id: 1}).Dial(addr, 5*time.Second); err == nil {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("a plaintext connection was accepted: read %v", err)
+		}
+		c.Close()
+	}
+	select {
+	case c := <-l1.(*streamLayer).conns:
+		c.Close()
+		t.Fatal("a refused connection reached the layer")
+	default:
 	}
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -23,14 +24,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/chimehq/chime/membership"
 	controlplane "github.com/chimehq/chime/membership/cluster"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/certs"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/host"
+	"github.com/chimehq/chime/shard/raftmux"
 )
 
 // Config is everything one node needs: chimed fills it from flags, tests
@@ -76,6 +80,12 @@ type Config struct {
 	// node it is taken on and the LSM report tells an outsider how much it
 	// holds, so they are for an operator who asks for them.
 	DebugEndpoints bool
+	// TLS, when set, puts every port of the node under TLS: gRPC and HTTP
+	// (client certificates as the Source's ServerConfig says), the Raft port
+	// (mutual, nodes only), and the node's own calls to other nodes (it
+	// presents its certificate and accepts only nodes). Nil serves and dials
+	// in plaintext.
+	TLS *certs.Source
 	// HTTPHandlers, when set, adds handlers to the HTTP port's mux (chimed's
 	// fault-test builds add the clock offset).
 	HTTPHandlers func(*http.ServeMux)
@@ -186,6 +196,11 @@ func Start(cfg Config) (_ *Node, err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return nil, err
 	}
+	if cfg.TLS != nil {
+		if err := cfg.TLS.CheckNode(); err != nil {
+			return nil, err
+		}
+	}
 	var raftLn net.Listener
 	if cfg.RaftTransport == nil {
 		if raftLn, err = listen("raft-addr", cfg.RaftAddr); err != nil {
@@ -262,6 +277,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, RaftAdvertise: cfg.RaftAdvertise, Transport: cfg.RaftTransport, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
+		RaftTLS: raftTLS(cfg.TLS),
 		// Only the node that creates the cluster starts shards alone, and
 		// only then: a restarted node must never found a second group.
 		Bootstrap: !existed && len(cfg.Join) == 0,
@@ -269,7 +285,8 @@ func Start(cfg Config) (_ *Node, err error) {
 	cc := controlplane.Config{
 		Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, DeadTimeout: cfg.DeadTimeout,
 		RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), PeersPath: peersPath(cfg.DataDir),
-		Logger: cfg.Logger.With("component", "cluster"),
+		Logger:          cfg.Logger.With("component", "cluster"),
+		DialCredentials: dialCredentials(cfg.TLS),
 		// Without gossip (chimed dev) the cluster is this node alone: the
 		// Admin API answers for it, and the host has no Directory.
 		Self: membership.Meta{NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr, HTTPAddr: n.httpAddr.String()},
@@ -297,7 +314,11 @@ func Start(cfg Config) (_ *Node, err error) {
 		backend = n.host
 	}
 
-	n.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(64 << 20))
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20)}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(cfg.TLS.ServerCredentials()))
+	}
+	n.grpc = grpc.NewServer(opts...)
 	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc")))
 	rpc.RegisterAdmin(n.grpc, n.cluster, cfg.Logger.With("component", "admin"))
 	controlplane.RegisterPeer(n.grpc, n.cluster)
@@ -325,7 +346,10 @@ func Start(cfg Config) (_ *Node, err error) {
 	if cfg.HTTPHandlers != nil {
 		cfg.HTTPHandlers(mux)
 	}
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)}
+	if cfg.TLS != nil {
+		httpLn = tls.NewListener(httpLn, cfg.TLS.ServerConfig())
+	}
 	go func() {
 		if err := n.http.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
 			n.serveErr <- err
@@ -333,6 +357,20 @@ func Start(cfg Config) (_ *Node, err error) {
 	}()
 	lns = nil
 	return n, nil
+}
+
+func raftTLS(src *certs.Source) *raftmux.TLS {
+	if src == nil {
+		return nil
+	}
+	return &raftmux.TLS{Server: src.PeerServerConfig(), Client: src.PeerClientConfig()}
+}
+
+func dialCredentials(src *certs.Source) credentials.TransportCredentials {
+	if src == nil {
+		return nil
+	}
+	return src.PeerCredentials()
 }
 
 // joinCluster starts gossip and settles the cluster parameters: a new node

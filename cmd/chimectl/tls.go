@@ -1,0 +1,59 @@
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/chimehq/chime/rpc/certs"
+)
+
+// tlsFlags are the global flags that put chimectl's calls to Chime under
+// TLS: a node started with --tls-cert serves every port in TLS.
+type tlsFlags struct {
+	enable                 bool
+	ca, cert, key, srvName string
+	src                    *certs.Source // loaded on first use
+}
+
+func (t *tlsFlags) register(fs *flag.FlagSet) {
+	fs.BoolVar(&t.enable, "tls", t.enable, "talk to Chime in TLS, verifying the node against the system's CAs (--tls-ca, --tls-cert\nand --tls-key imply it)")
+	fs.StringVar(&t.ca, "tls-ca", t.ca, "PEM `file` of the CA that signed the nodes' certificates, to verify the node with")
+	fs.StringVar(&t.cert, "tls-cert", t.cert, "PEM `file` of chimectl's client certificate, for nodes that require one (--tls-client-ca)")
+	fs.StringVar(&t.key, "tls-key", t.key, "PEM `file` of --tls-cert's private key")
+	fs.StringVar(&t.srvName, "tls-server-name", t.srvName, "`name` the node's certificate must carry (default: the host of --addr)")
+}
+
+func (t *tlsFlags) on() bool {
+	return t.enable || t.ca != "" || t.cert != "" || t.key != "" || t.srvName != ""
+}
+
+// config returns the TLS client configuration the flags describe.
+func (t *tlsFlags) config(serverName string) (*tls.Config, error) {
+	if t.src == nil {
+		src, err := certs.Load(certs.Files{Cert: t.cert, Key: t.key, CA: t.ca}, nil)
+		if err != nil {
+			return nil, err
+		}
+		t.src = src
+	}
+	if t.srvName != "" {
+		serverName = t.srvName
+	}
+	return t.src.ClientConfig(serverName), nil
+}
+
+// credentials are the gRPC transport credentials of a call to Chime:
+// plaintext without the TLS flags.
+func (t *tlsFlags) credentials() (credentials.TransportCredentials, error) {
+	if !t.on() {
+		return insecure.NewCredentials(), nil
+	}
+	cfg, err := t.config("")
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(cfg), nil
+}
