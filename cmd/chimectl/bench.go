@@ -288,11 +288,11 @@ type benchRoute func(id string) chimev1.SchedulerClient
 // derives from --addr.
 func (c *cli) benchRoutes(ctx context.Context, route bool) (_ benchRoute, httpAddrs []string, _ func(), _ error) {
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		creds, err := c.tls.credentials()
+		opts, err := c.tls.dialOptions()
 		if err != nil {
 			return nil, err
 		}
-		return grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
+		return grpc.NewClient(addr, opts...)
 	}
 	conn, err := dial(c.addr)
 	if err != nil {

@@ -201,6 +201,7 @@ func (c *cli) globalFlags(name string) *flag.FlagSet {
 			c.addr = v
 		}
 		c.timeout = 10 * time.Second
+		c.tls.envToken = c.getenv(tokenEnv) // not the flag's default, which --help prints
 	}
 	fs.StringVar(&c.addr, "addr", c.addr, "gRPC `address` (host:port) of any Chime node; env "+addrEnv+" overrides the default")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "deadline for each request to Chime (not for tail)")
@@ -210,7 +211,7 @@ func (c *cli) globalFlags(name string) *flag.FlagSet {
 }
 
 var globalFlagNames = map[string]bool{"addr": true, "timeout": true, "json": true,
-	"tls": true, "tls-ca": true, "tls-cert": true, "tls-key": true, "tls-server-name": true}
+	"tls": true, "tls-ca": true, "tls-cert": true, "tls-key": true, "tls-server-name": true, "token": true}
 
 // parseInterleaved parses flags that may come before, between or after the
 // positional arguments (`get ID --json`), which the flag package alone stops

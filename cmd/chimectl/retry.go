@@ -17,12 +17,11 @@ import (
 // the first call), in TLS if the --tls flags ask for it, with
 // retryUnavailable on every unary call.
 func (c *cli) dial(addr string) (*grpc.ClientConn, error) {
-	creds, err := c.tls.credentials()
+	opts, err := c.tls.dialOptions()
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds),
-		grpc.WithUnaryInterceptor(retryUnavailable))
+	conn, err := grpc.NewClient(addr, append(opts, grpc.WithUnaryInterceptor(retryUnavailable))...)
 	if err != nil {
 		return nil, fmt.Errorf("--addr %q: %w", addr, err)
 	}

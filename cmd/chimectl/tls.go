@@ -1,21 +1,53 @@
 package main
 
 import (
+	"cmp"
+	"context"
 	"crypto/tls"
 	"flag"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/chimehq/chime/rpc/certs"
 )
 
-// tlsFlags are the global flags that put chimectl's calls to Chime under
-// TLS: a node started with --tls-cert serves every port in TLS.
+// tokenEnv holds the bearer token when --token is not given.
+const tokenEnv = "CHIME_TOKEN"
+
+// tlsFlags are the global flags that say how chimectl proves who it is and
+// protects its calls: TLS (a node started with --tls-cert serves every
+// port in TLS) and a bearer token (a node started with --auth-file).
 type tlsFlags struct {
 	enable                 bool
 	ca, cert, key, srvName string
+	token, envToken        string
 	src                    *certs.Source // loaded on first use
+}
+
+// bearer is a bearer token sent with every call.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+// RequireTransportSecurity is false so that a token works with chimed dev
+// on loopback; chimed serve refuses auth without TLS beyond loopback.
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// dialOptions are the credentials of a gRPC connection to Chime.
+func (t *tlsFlags) dialOptions() ([]grpc.DialOption, error) {
+	creds, err := t.credentials()
+	if err != nil {
+		return nil, err
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+	if tok := cmp.Or(t.token, t.envToken); tok != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(tok)))
+	}
+	return opts, nil
 }
 
 func (t *tlsFlags) register(fs *flag.FlagSet) {
@@ -24,6 +56,7 @@ func (t *tlsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.cert, "tls-cert", t.cert, "PEM `file` of chimectl's client certificate, for nodes that require one (--tls-client-ca)")
 	fs.StringVar(&t.key, "tls-key", t.key, "PEM `file` of --tls-cert's private key")
 	fs.StringVar(&t.srvName, "tls-server-name", t.srvName, "`name` the node's certificate must carry (default: the host of --addr)")
+	fs.StringVar(&t.token, "token", t.token, "bearer `token` for a node started with --auth-file; env "+tokenEnv+" when not given\n(prefer the env: a flag shows in ps)")
 }
 
 func (t *tlsFlags) on() bool {

@@ -99,6 +99,7 @@ type flags struct {
 	raftAddr, kafkaAddr, brokers, logLevel        string
 	deadLetter, gossipAddr, join                  string
 	tlsCert, tlsKey, tlsCA, tlsClientCA           string
+	authFile, auditLog                            string
 	allowTopics                                   []string
 	debugEndpoints, insecure                      bool
 	shards, maxPayload, maxInFlight               int
@@ -156,6 +157,8 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM `file` of --tls-cert's private key")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM `file` of the CA that signed the nodes' certificates: the Raft port and the nodes'\ncalls to each other are mutual TLS, accepting only certificates it signed that name "+certs.NodeName)
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CA that signs clients' certificates: set, the gRPC and HTTP ports require a\nclient certificate it signed (or a node's)")
+	fs.StringVar(&f.authFile, "auth-file", "", "JSON `file` of the bearer tokens (as SHA-256 hashes) and client certificates allowed to call\nthe node, each with a role (admin, scheduler with its topics and id prefixes, reader); every\ncall must then authenticate. Reloaded when it changes. In a cluster it needs TLS")
+	fs.StringVar(&f.auditLog, "audit-log", "", "`file` to append the audit log to, one JSON line per Admin call and per refused call\n(default: the node's log)")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
 		f.allowTopics = append(f.allowTopics, v)
@@ -249,13 +252,22 @@ func exposed(f *flags) (flag, addr string) {
 	return "", ""
 }
 
-// missingProtection says what an exposed node lacks. Client authentication
-// does not exist yet, so a node is never fully protected without --insecure.
-func missingProtection(tls bool) string {
-	if !tls {
-		return "and neither encrypted (--tls-cert, --tls-key, --tls-ca) nor authenticated"
+// missingProtection says what an exposed node lacks.
+func missingProtection(tls, auth bool) string {
+	switch {
+	case !tls && !auth:
+		return "and it would be neither encrypted (--tls-cert, --tls-key, --tls-ca) nor authenticated (--auth-file)"
+	case !tls:
+		return "and it would not be encrypted (--tls-cert, --tls-key, --tls-ca): tokens would cross the network in the clear"
 	}
-	return "and its callers are not authenticated"
+	return "and its callers would not be authenticated (--auth-file)"
+}
+
+func exposure(tls bool) string {
+	if tls {
+		return "schedule, cancel and drain"
+	}
+	return "read every event, schedule, cancel, drain and join"
 }
 
 // lockDataDir takes an exclusive lock on dataDir/chimed.lock for as long as
@@ -317,11 +329,21 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if cmd == "serve" && !f.insecure {
-		if flag, addr := exposed(f); flag != "" {
-			fmt.Fprintf(stderr, "chimed serve: --%s %s is reachable beyond this machine, %s: anyone who reaches it can schedule, cancel, drain and join; pass --insecure to serve on a network you trust anyway\n",
-				flag, addr, missingProtection(tlsSource != nil))
+		if flag, addr := exposed(f); flag != "" && (tlsSource == nil || f.authFile == "") {
+			fmt.Fprintf(stderr, "chimed serve: --%s %s is reachable beyond this machine, %s: anyone who reaches it could %s; pass --insecure to serve on a network you trust anyway\n",
+				flag, addr, missingProtection(tlsSource != nil, f.authFile != ""), exposure(tlsSource != nil))
 			return 2
 		}
+	}
+	var audit io.Writer
+	if f.auditLog != "" {
+		af, err := os.OpenFile(f.auditLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			fmt.Fprintf(stderr, "chimed: --audit-log: %v\n", err)
+			return 2
+		}
+		defer af.Close()
+		audit = af
 	}
 	fail := func(err error) int {
 		logger.Error("chimed failed", "err", err)
@@ -370,7 +392,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
-		HTTPHandlers: registerFaultHandlers, TLS: tlsSource,
+		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit,
 	}
 	if cmd == "serve" {
 		f.nodes = 1

@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -58,14 +62,16 @@ func clientSource(t *testing.T, pair certstest.Pair, ca string) *certs.Source {
 }
 
 // secure makes d a TLS node of the PKI, with client certificates required
-// (signed by clientCA), and its test clients present client's certificate.
-func (p *securePKI) secure(t *testing.T, d *daemon, clientCA string, client certstest.Pair) {
+// (signed by clientCA) and authFile's credentials, and its test clients
+// present client's certificate.
+func (p *securePKI) secure(t *testing.T, d *daemon, clientCA, authFile string, client certstest.Pair) {
 	t.Helper()
 	pair, err := p.nodes.Node(d.nodeID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d.extra = append(d.extra, "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", p.nodes.File, "--tls-client-ca", clientCA)
+	d.extra = append(d.extra, "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", p.nodes.File, "--tls-client-ca", clientCA,
+		"--auth-file", authFile, "--audit-log", d.dataDir+"/audit.log")
 	src := clientSource(t, client, p.nodes.File)
 	d.creds = credentials.NewTLS(src.ClientConfig(""))
 	d.httpClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: src.ClientConfig("")}}
@@ -85,9 +91,21 @@ func TestSecuredClusterRefusesWhatItMust(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The test's own certificate is an admin's; tokens carry the other roles.
+	authFile := p.dir + "/auth.json"
+	writeAuth := func(schedulerToken string) {
+		copyFileContent(t, authFile, fmt.Sprintf(`{
+  "tokens": [
+    {"name": "billing", "sha256": "%s", "role": "scheduler", "topics": ["secure"]},
+    {"name": "dashboard", "sha256": "%s", "role": "reader"}
+  ],
+  "certificates": [{"name": "test-admin", "common_name": "app", "role": "admin"}]
+}`, sha256Hex(schedulerToken), sha256Hex("reader-token")))
+	}
+	writeAuth("scheduler-token")
 	c := &cluster{t: t, brokers: broker(t), nodes: map[string]*daemon{}}
 	for _, id := range []string{"n1", "n2", "n3"} {
-		c.addWith(id, func(d *daemon) { p.secure(t, d, clientCA, app) })
+		c.addWith(id, func(d *daemon) { p.secure(t, d, clientCA, authFile, app) })
 	}
 	// Converged: every shard's voters replicate over the TLS Raft port, and
 	// the status gathers every member's answer over the nodes' own TLS calls.
@@ -102,7 +120,7 @@ func TestSecuredClusterRefusesWhatItMust(t *testing.T) {
 	for i, id := range c.order {
 		for j := range 8 {
 			evID := id + "-" + string(rune('a'+j))
-			if _, err := c.nodes[c.order[(i+1)%3]].client().Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{
+			if _, err := c.nodes[c.order[(i+1)%3]].client().Schedule(withToken(ctx, "scheduler-token"), &chimev1.ScheduleRequest{Event: &chimev1.Event{
 				Id: evID, Topic: "secure", Payload: []byte("x"), Delay: durationpb.New(time.Second)}}); err != nil {
 				t.Fatalf("schedule %s over TLS: %v", evID, err)
 			}
@@ -172,6 +190,52 @@ func TestSecuredClusterRefusesWhatItMust(t *testing.T) {
 	})
 	raftRefused("plaintext", func() (net.Conn, error) { return net.DialTimeout("tcp", n1.raftAd, 5*time.Second) })
 
+	// Authentication and roles.
+	other, err := p.clients.Client("other-app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCC, err := grpc.NewClient(n1.grpcAddr, grpc.WithTransportCredentials(credentials.NewTLS(clientSource(t, other, p.nodes.File).ClientConfig(""))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherCC.Close()
+	sched := func(cl chimev1.SchedulerClient, token, topic string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := cl.Schedule(withToken(ctx, token), &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: "auth-" + topic, Topic: topic, Delay: durationpb.New(time.Hour)}})
+		return err
+	}
+	expect := func(what string, err error, code codes.Code, msg string) {
+		t.Helper()
+		if status.Code(err) != code || !strings.Contains(status.Convert(err).Message(), msg) {
+			t.Errorf("%s: %v; want %v with %q", what, err, code, msg)
+		}
+	}
+	expect("no token, a certificate the auth file does not list", sched(chimev1.NewSchedulerClient(otherCC), "", "secure"), codes.Unauthenticated, `"other-app" has no role`)
+	expect("a reader token scheduling", sched(n1.client(), "reader-token", "secure"), codes.PermissionDenied, "needs the scheduler or admin role")
+	expect("a scheduler token outside its topics", sched(n1.client(), "scheduler-token", "payroll"), codes.PermissionDenied, `"payroll" is outside "billing"'s topics`)
+	drainCtx, cancelDrain := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = c.admin("n1").Drain(withToken(drainCtx, "scheduler-token"), &chimev1.DrainRequest{Node: "n2"})
+	cancelDrain()
+	expect("a scheduler token calling Drain", err, codes.PermissionDenied, "needs the admin role")
+	audit, _ := os.ReadFile(n1.dataDir + "/audit.log")
+	if !strings.Contains(string(audit), `"who":"billing","peer":`) || !strings.Contains(string(audit), `"method":"/chime.v1.Admin/Drain","result":"PermissionDenied"`) {
+		t.Errorf("n1's audit log does not show the refused Drain:\n%s", audit)
+	}
+	if strings.Contains(string(audit), "scheduler-token") {
+		t.Error("a token reached the audit log")
+	}
+
+	// Token rotation: the scheduler's token is replaced in every node's
+	// file (they share it here); the new one works and the old one is
+	// refused within a couple of seconds, without a restart.
+	writeAuth("scheduler-token-2")
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		return sched(c.nodes["n2"].client(), "scheduler-token-2", "secure") == nil, "the rotated token accepted"
+	})
+	expect("the rotated-out token", sched(c.nodes["n2"].client(), "scheduler-token", "secure"), codes.Unauthenticated, "not in the node's auth file")
+
 	// chimectl with the TLS flags gets through; without a client
 	// certificate it is refused.
 	ctl := func(args ...string) (string, error) {
@@ -183,6 +247,10 @@ func TestSecuredClusterRefusesWhatItMust(t *testing.T) {
 	}
 	if out, err := ctl("get", "n2-a"); err == nil {
 		t.Errorf("chimectl get without a client certificate succeeded:\n%s", out)
+	}
+	if out, err := ctl("--tls-cert", app.Cert, "--tls-key", app.Key, "--token", "reader-token", "schedule", "--topic", "secure", "--in", "1h"); err == nil ||
+		!strings.Contains(out, "needs the scheduler or admin role") {
+		t.Errorf("chimectl schedule --token with a reader's token: %v\n%s", err, out)
 	}
 
 	// Rotation: the client CA file is replaced on every node; within a
@@ -223,12 +291,30 @@ func copyFile(t *testing.T, from, to string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(to+".tmp", b, 0o600); err != nil {
+	copyFileContent(t, to, string(b))
+}
+
+// copyFileContent replaces the file at to with content, atomically.
+func copyFileContent(t *testing.T, to, content string) {
+	t.Helper()
+	if err := os.WriteFile(to+".tmp", []byte(content), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(to+".tmp", to); err != nil {
 		t.Fatal(err)
 	}
+}
+
+func sha256Hex(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+func withToken(ctx context.Context, token string) context.Context {
+	if token == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
 
 func tail(s string, n int) string {

@@ -245,6 +245,12 @@ func (m material) classify(certs []*x509.Certificate, usage x509.ExtKeyUsage) (I
 	return Identity{Name: leaf.Subject.CommonName, Cert: true}, nil
 }
 
+// Identify verifies the certificates a client presented (on the HTTP port,
+// where no AuthInfo carries them) and says whose they are.
+func (s *Source) Identify(chain []*x509.Certificate) (Identity, error) {
+	return s.current().classify(chain, x509.ExtKeyUsageClientAuth)
+}
+
 // Identity is what a verified certificate says about the other end.
 type Identity struct {
 	// Node: the certificate is a node's (chains to the node CA, names NodeName).

@@ -31,6 +31,7 @@ import (
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/auth"
 	"github.com/chimehq/chime/rpc/certs"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/host"
@@ -86,6 +87,12 @@ type Config struct {
 	// presents its certificate and accepts only nodes). Nil serves and dials
 	// in plaintext.
 	TLS *certs.Source
+	// AuthFile, when set, makes every gRPC call (and the debug endpoints)
+	// authenticate and stay within its role (package rpc/auth); in a
+	// cluster it needs TLS, by which nodes know each other. Audit receives
+	// the audit log (nil: the node's log).
+	AuthFile string
+	Audit    io.Writer
 	// HTTPHandlers, when set, adds handlers to the HTTP port's mux (chimed's
 	// fault-test builds add the clock offset).
 	HTTPHandlers func(*http.ServeMux)
@@ -200,6 +207,9 @@ func Start(cfg Config) (_ *Node, err error) {
 		if err := cfg.TLS.CheckNode(); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.AuthFile != "" && cfg.Cluster && cfg.TLS == nil {
+		return nil, errors.New("--auth-file needs TLS (--tls-cert, --tls-key, --tls-ca) in a cluster: nodes prove to each other that they are nodes with their certificates")
 	}
 	var raftLn net.Listener
 	if cfg.RaftTransport == nil {
@@ -318,6 +328,21 @@ func Start(cfg Config) (_ *Node, err error) {
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(cfg.TLS.ServerCredentials()))
 	}
+	var authz *auth.Authorizer
+	if cfg.AuthFile != "" {
+		ao := auth.Options{Path: cfg.AuthFile, Logger: cfg.Logger.With("component", "auth"), Audit: cfg.Audit, Now: cfg.Now,
+			TopicOf: func(ctx context.Context, id string) (string, bool, error) {
+				rec, found, err := backend.Get(ctx, id)
+				return rec.Topic, found, err
+			}}
+		if cfg.TLS != nil {
+			ao.Identify = cfg.TLS.Identify
+		}
+		if authz, err = auth.New(ao); err != nil {
+			return nil, err
+		}
+		opts = append(opts, grpc.ChainUnaryInterceptor(authz.UnaryInterceptor), grpc.ChainStreamInterceptor(authz.StreamInterceptor))
+	}
 	n.grpc = grpc.NewServer(opts...)
 	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc")))
 	rpc.RegisterAdmin(n.grpc, n.cluster, cfg.Logger.With("component", "admin"))
@@ -338,10 +363,17 @@ func Start(cfg Config) (_ *Node, err error) {
 	// Profiles and Pebble's LSM report, for finding where a loaded node
 	// spends its CPU and I/O, only when asked for.
 	if cfg.DebugEndpoints {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-		mux.HandleFunc("/debug/pebble", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, n.store.LSM()) })
+		// With auth on, for admins only.
+		debug := func(h http.HandlerFunc) http.Handler {
+			if authz != nil {
+				return authz.AdminHTTP(h)
+			}
+			return h
+		}
+		mux.Handle("/debug/pprof/", debug(pprof.Index))
+		mux.Handle("/debug/pprof/profile", debug(pprof.Profile))
+		mux.Handle("/debug/pprof/trace", debug(pprof.Trace))
+		mux.Handle("/debug/pebble", debug(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, n.store.LSM()) }))
 	}
 	if cfg.HTTPHandlers != nil {
 		cfg.HTTPHandlers(mux)

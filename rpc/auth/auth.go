@@ -1,0 +1,576 @@
+package auth
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/rpc/certs"
+)
+
+// Role is what a credential may do.
+type Role string
+
+// The roles; see doc.go.
+const (
+	RoleAdmin     Role = "admin"
+	RoleScheduler Role = "scheduler"
+	RoleReader    Role = "reader"
+)
+
+// Grant is one credential's role and limits.
+type Grant struct {
+	Name       string
+	Role       Role
+	Topics     []string // path.Match patterns; a scheduler's only
+	IDPrefixes []string // empty: any id; a scheduler's only
+}
+
+// entry is one credential as the file spells it.
+type entry struct {
+	Name       string   `json:"name"`
+	SHA256     string   `json:"sha256,omitempty"`
+	CommonName string   `json:"common_name,omitempty"`
+	Role       Role     `json:"role"`
+	Topics     []string `json:"topics,omitempty"`
+	IDPrefixes []string `json:"id_prefixes,omitempty"`
+}
+
+type file struct {
+	Tokens       []entry `json:"tokens"`
+	Certificates []entry `json:"certificates"`
+}
+
+// Table is a parsed auth file.
+type Table struct {
+	tokens map[[32]byte]*Grant
+	certs  map[string]*Grant
+}
+
+// Parse reads an auth file:
+//
+//	{"tokens": [{"name": "ops", "sha256": "<hex of the token's SHA-256>", "role": "admin"},
+//	            {"name": "billing", "sha256": "...", "role": "scheduler",
+//	             "topics": ["billing.*"], "id_prefixes": ["inv-"]}],
+//	 "certificates": [{"name": "dashboard", "common_name": "dash-1", "role": "reader"}]}
+//
+// Errors name the field and the rule.
+func Parse(b []byte) (*Table, error) {
+	var f file
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return nil, fmt.Errorf("not an auth file: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("not an auth file: more than one JSON value")
+	}
+	t := &Table{tokens: map[[32]byte]*Grant{}, certs: map[string]*Grant{}}
+	names := map[string]string{}
+	for _, list := range []struct {
+		field   string
+		entries []entry
+	}{{"tokens", f.Tokens}, {"certificates", f.Certificates}} {
+		for i, e := range list.entries {
+			at := fmt.Sprintf("%s[%d]", list.field, i)
+			g, err := e.grant(at)
+			if err != nil {
+				return nil, err
+			}
+			if prev, dup := names[e.Name]; dup {
+				return nil, fmt.Errorf("%s.name: %q is also %s's name; names must be unique (the audit log tells callers by them)", at, e.Name, prev)
+			}
+			names[e.Name] = at
+			if list.field == "tokens" {
+				if e.CommonName != "" {
+					return nil, fmt.Errorf("%s.common_name: a token has none (certificates go under \"certificates\")", at)
+				}
+				h, err := hex.DecodeString(e.SHA256)
+				if err != nil || len(h) != sha256.Size {
+					return nil, fmt.Errorf("%s.sha256: must be the 64 hex digits of the token's SHA-256 (sha256sum), got %q", at, e.SHA256)
+				}
+				key := [32]byte(h)
+				if _, dup := t.tokens[key]; dup {
+					return nil, fmt.Errorf("%s.sha256: the same token is listed twice", at)
+				}
+				t.tokens[key] = g
+			} else {
+				if e.SHA256 != "" {
+					return nil, fmt.Errorf("%s.sha256: a certificate has none (tokens go under \"tokens\")", at)
+				}
+				if e.CommonName == "" {
+					return nil, fmt.Errorf("%s.common_name: required", at)
+				}
+				if _, dup := t.certs[e.CommonName]; dup {
+					return nil, fmt.Errorf("%s.common_name: %q is listed twice", at, e.CommonName)
+				}
+				t.certs[e.CommonName] = g
+			}
+		}
+	}
+	return t, nil
+}
+
+func (e entry) grant(at string) (*Grant, error) {
+	if e.Name == "" {
+		return nil, fmt.Errorf("%s.name: required", at)
+	}
+	switch e.Role {
+	case RoleAdmin, RoleReader:
+		if len(e.Topics) > 0 || len(e.IDPrefixes) > 0 {
+			return nil, fmt.Errorf("%s: only a scheduler has topics and id_prefixes (an %s's calls are not limited by them)", at, e.Role)
+		}
+	case RoleScheduler:
+		if len(e.Topics) == 0 {
+			return nil, fmt.Errorf("%s.topics: a scheduler needs at least one topic pattern (\"*\" for every topic)", at)
+		}
+	default:
+		return nil, fmt.Errorf("%s.role: %q is not a role; one of admin, scheduler, reader", at, e.Role)
+	}
+	for j, p := range e.Topics {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			return nil, fmt.Errorf("%s.topics[%d]: %q is not a pattern (path.Match syntax: * ? [a-z])", at, j, p)
+		}
+	}
+	for j, p := range e.IDPrefixes {
+		if p == "" {
+			return nil, fmt.Errorf("%s.id_prefixes[%d]: empty (leave id_prefixes out to allow every id)", at, j)
+		}
+	}
+	return &Grant{Name: e.Name, Role: e.Role, Topics: e.Topics, IDPrefixes: e.IDPrefixes}, nil
+}
+
+func (g *Grant) topicAllowed(topic string) bool {
+	for _, p := range g.Topics {
+		if ok, _ := path.Match(p, topic); ok {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *Grant) everyTopic() bool {
+	for _, p := range g.Topics {
+		if p == "*" {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *Grant) idAllowed(id string) bool {
+	if len(g.IDPrefixes) == 0 {
+		return true
+	}
+	for _, p := range g.IDPrefixes {
+		if strings.HasPrefix(id, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Options configure an Authorizer.
+type Options struct {
+	// Path is the auth file (--auth-file).
+	Path   string
+	Logger *slog.Logger
+	// Audit receives the audit log, one JSON object per line; nil writes it
+	// to Logger.
+	Audit io.Writer
+	// TopicOf returns the topic of the event id names, for checking a
+	// scheduler's calls that name an event by id only.
+	TopicOf func(ctx context.Context, id string) (topic string, found bool, err error)
+	// Identify classifies a client certificate on the HTTP port (the gRPC
+	// port's connections carry it in certs.AuthInfo); nil without TLS.
+	Identify func([]*x509.Certificate) (certs.Identity, error)
+	Now      func() time.Time
+}
+
+// Authorizer checks every call against the auth file.
+type Authorizer struct {
+	o Options
+
+	mu      sync.Mutex
+	t       *Table
+	stamp   stamp
+	checked time.Time
+	failed  stamp
+
+	auditMu sync.Mutex
+}
+
+type stamp struct {
+	size int64
+	mod  time.Time
+}
+
+const reloadEvery = time.Second
+
+// New reads the auth file.
+func New(o Options) (*Authorizer, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	a := &Authorizer{o: o}
+	st, t, err := a.read()
+	if err != nil {
+		return nil, err
+	}
+	a.t, a.stamp, a.checked = t, st, o.Now()
+	return a, nil
+}
+
+func (a *Authorizer) read() (stamp, *Table, error) {
+	fi, err := os.Stat(a.o.Path)
+	if err != nil {
+		return stamp{}, nil, fmt.Errorf("--auth-file: %w", err)
+	}
+	st := stamp{size: fi.Size(), mod: fi.ModTime()}
+	b, err := os.ReadFile(a.o.Path)
+	if err != nil {
+		return st, nil, fmt.Errorf("--auth-file: %w", err)
+	}
+	t, err := Parse(b)
+	if err != nil {
+		return st, nil, fmt.Errorf("--auth-file %s: %w", a.o.Path, err)
+	}
+	return st, t, nil
+}
+
+// table returns the table in force, reading the file again if it changed.
+func (a *Authorizer) table() *Table {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.o.Now()
+	if now.Sub(a.checked) < reloadEvery {
+		return a.t
+	}
+	a.checked = now
+	fi, err := os.Stat(a.o.Path)
+	if err == nil && (stamp{size: fi.Size(), mod: fi.ModTime()}) == a.stamp {
+		return a.t
+	}
+	st, t, err := a.read()
+	if err == nil {
+		a.t, a.stamp, a.failed = t, st, stamp{}
+		a.o.Logger.Info("auth file reloaded", "file", a.o.Path, "tokens", len(t.tokens), "certificates", len(t.certs))
+		return a.t
+	}
+	if st != a.failed {
+		a.failed = st
+		a.o.Logger.Error("the auth file changed but does not load; keeping the one in force", "err", err)
+	}
+	return a.t
+}
+
+// caller is who is calling: a node, or a grant.
+type caller struct {
+	node  bool
+	grant *Grant
+	name  string // for the audit log
+}
+
+func (a *Authorizer) lookupToken(tok string) *Grant {
+	// Looked up by the token's hash: how long a lookup takes tells a caller
+	// about the hash of its guess, which says nothing about any token.
+	return a.table().tokens[sha256.Sum256([]byte(tok))]
+}
+
+// identify finds the caller from a token or a certificate identity.
+func (a *Authorizer) identify(tok string, hasTok bool, id certs.Identity) (caller, error) {
+	if id.Node {
+		return caller{node: true, name: "node " + id.Name}, nil
+	}
+	if hasTok {
+		if g := a.lookupToken(tok); g != nil {
+			return caller{grant: g, name: g.Name}, nil
+		}
+		return caller{name: "unknown token"}, status.Error(codes.Unauthenticated, "the bearer token is not in the node's auth file (revoked, mistyped, or for another cluster)")
+	}
+	if id.Cert {
+		if g := a.table().certs[id.Name]; g != nil {
+			return caller{grant: g, name: g.Name}, nil
+		}
+		return caller{name: "certificate " + id.Name}, status.Errorf(codes.Unauthenticated, "client certificate %q has no role in the node's auth file", id.Name)
+	}
+	return caller{name: "anonymous"}, status.Error(codes.Unauthenticated, "no credentials: send \"authorization: Bearer <token>\" (chimectl --token or CHIME_TOKEN) or a client certificate listed in the node's auth file")
+}
+
+func bearer(md metadata.MD) (tok string, ok bool, err error) {
+	vals := md.Get("authorization")
+	if len(vals) == 0 {
+		return "", false, nil
+	}
+	v := vals[0]
+	if len(v) < 7 || !strings.EqualFold(v[:7], "bearer ") {
+		return "", false, status.Error(codes.Unauthenticated, "authorization metadata must be \"Bearer <token>\"")
+	}
+	return strings.TrimSpace(v[7:]), true, nil
+}
+
+func (a *Authorizer) callerOf(ctx context.Context) (caller, error) {
+	var id certs.Identity
+	if p, ok := peer.FromContext(ctx); ok {
+		if ai, ok := p.AuthInfo.(certs.AuthInfo); ok {
+			id = ai.Identity
+		}
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	tok, has, err := bearer(md)
+	if err != nil {
+		return caller{name: "malformed authorization"}, err
+	}
+	return a.identify(tok, has, id)
+}
+
+// Service method kinds.
+const (
+	schedulerPrefix  = "/chime.v1.Scheduler/"
+	adminPrefix      = "/chime.v1.Admin/"
+	peerPrefix       = "/chime.v1.Peer/"
+	reflectionPrefix = "/grpc.reflection."
+)
+
+var readMethods = map[string]bool{
+	chimev1.Scheduler_Get_FullMethodName: true, chimev1.Scheduler_List_FullMethodName: true, chimev1.Scheduler_Count_FullMethodName: true,
+}
+
+// authorize checks that c may call method; req is the request, or nil for a
+// stream whose request is checked by check on arrival.
+func (a *Authorizer) authorize(c caller, method string) error {
+	if c.node {
+		return nil
+	}
+	g := c.grant
+	switch {
+	case strings.HasPrefix(method, reflectionPrefix):
+		return nil
+	case strings.HasPrefix(method, peerPrefix):
+		return status.Errorf(codes.PermissionDenied, "%s: the Peer service is for nodes of the cluster (a node certificate), not %s %q", method, g.Role, g.Name)
+	case g.Role == RoleAdmin:
+		return nil
+	case strings.HasPrefix(method, adminPrefix):
+		return status.Errorf(codes.PermissionDenied, "%s needs the admin role; %q is a %s", method, g.Name, g.Role)
+	case readMethods[method]:
+		return nil
+	case strings.HasPrefix(method, schedulerPrefix) && g.Role == RoleScheduler:
+		return nil
+	case strings.HasPrefix(method, schedulerPrefix):
+		return status.Errorf(codes.PermissionDenied, "%s needs the scheduler or admin role; %q is a %s (Get, List and Count only)", method, g.Name, g.Role)
+	}
+	return status.Errorf(codes.PermissionDenied, "%s: only an admin may call it", method)
+}
+
+// check checks a scheduler's request against its topics and id prefixes.
+func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
+	if c.node || c.grant.Role != RoleScheduler {
+		return nil
+	}
+	g := c.grant
+	event := func(at string, e *chimev1.Event) error {
+		if !g.topicAllowed(e.GetTopic()) {
+			return status.Errorf(codes.PermissionDenied, "%s.topic: %q is outside %q's topics %v", at, e.GetTopic(), g.Name, g.Topics)
+		}
+		if !g.idAllowed(e.GetId()) {
+			return status.Errorf(codes.PermissionDenied, "%s.id: %q does not start with one of %q's id prefixes %v (an id is required: a generated one would not)", at, e.GetId(), g.Name, g.IDPrefixes)
+		}
+		return nil
+	}
+	byID := func(id string) error {
+		if !g.idAllowed(id) {
+			return status.Errorf(codes.PermissionDenied, "id: %q does not start with one of %q's id prefixes %v", id, g.Name, g.IDPrefixes)
+		}
+		if g.everyTopic() || a.o.TopicOf == nil || id == "" {
+			return nil
+		}
+		topic, found, err := a.o.TopicOf(ctx, id)
+		if err != nil {
+			return err
+		}
+		if found && !g.topicAllowed(topic) {
+			return status.Errorf(codes.PermissionDenied, "id: event %q is on topic %q, outside %q's topics %v", id, topic, g.Name, g.Topics)
+		}
+		return nil
+	}
+	filter := func(f *chimev1.EventFilter) error {
+		if !g.everyTopic() && !g.topicAllowed(f.GetTopic()) {
+			return status.Errorf(codes.PermissionDenied, "filter.topic: %q's queries must name one of its topics %v, got %q", g.Name, g.Topics, f.GetTopic())
+		}
+		if len(g.IDPrefixes) > 0 && !g.idAllowed(f.GetIdPrefix()) {
+			return status.Errorf(codes.PermissionDenied, "filter.id_prefix: %q's queries must stay within its id prefixes %v, got %q", g.Name, g.IDPrefixes, f.GetIdPrefix())
+		}
+		return nil
+	}
+	switch r := req.(type) {
+	case *chimev1.ScheduleRequest:
+		return event("event", r.GetEvent())
+	case *chimev1.BatchScheduleRequest:
+		for i, e := range r.GetEvents() {
+			if err := event(fmt.Sprintf("events[%d]", i), e); err != nil {
+				return err
+			}
+		}
+	case *chimev1.UpdateRequest:
+		return byID(r.GetId())
+	case *chimev1.CancelRequest:
+		return byID(r.GetId())
+	case *chimev1.GetRequest:
+		return byID(r.GetId())
+	case *chimev1.ListRequest:
+		return filter(r.GetFilter())
+	case *chimev1.CountRequest:
+		return filter(r.GetFilter())
+	case *chimev1.CancelMatchingRequest:
+		return filter(r.GetFilter())
+	}
+	return nil
+}
+
+// UnaryInterceptor authorizes every unary call.
+func (a *Authorizer) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	c, err := a.callerOf(ctx)
+	if err == nil {
+		err = a.authorize(c, info.FullMethod)
+	}
+	if err == nil {
+		err = a.check(ctx, c, req)
+	}
+	if err != nil {
+		a.audit(ctx, c, info.FullMethod, err)
+		return nil, err
+	}
+	resp, err := handler(ctx, req)
+	if !c.node && strings.HasPrefix(info.FullMethod, adminPrefix) {
+		a.audit(ctx, c, info.FullMethod, err)
+	}
+	return resp, err
+}
+
+// StreamInterceptor authorizes every streaming call; a scheduler's request
+// is checked when it arrives.
+func (a *Authorizer) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx := ss.Context()
+	c, err := a.callerOf(ctx)
+	if err == nil {
+		err = a.authorize(c, info.FullMethod)
+	}
+	if err != nil {
+		a.audit(ctx, c, info.FullMethod, err)
+		return err
+	}
+	err = handler(srv, &checkedStream{ServerStream: ss, a: a, c: c, method: info.FullMethod})
+	if !c.node && strings.HasPrefix(info.FullMethod, adminPrefix) {
+		a.audit(ctx, c, info.FullMethod, err)
+	}
+	return err
+}
+
+type checkedStream struct {
+	grpc.ServerStream
+	a      *Authorizer
+	c      caller
+	method string
+}
+
+func (s *checkedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if err := s.a.check(s.Context(), s.c, m); err != nil {
+		s.a.audit(s.Context(), s.c, s.method, err)
+		return err
+	}
+	return nil
+}
+
+// auditLine is one line of the audit log.
+type auditLine struct {
+	Time   string `json:"time"`
+	Who    string `json:"who"`
+	Peer   string `json:"peer,omitempty"`
+	Method string `json:"method"`
+	Result string `json:"result"`
+	Detail string `json:"detail,omitempty"`
+}
+
+func (a *Authorizer) audit(ctx context.Context, c caller, method string, err error) {
+	l := auditLine{Time: a.o.Now().UTC().Format(time.RFC3339Nano), Who: c.name, Method: method, Result: status.Code(err).String()}
+	if err != nil {
+		l.Detail = status.Convert(err).Message()
+	}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		l.Peer = p.Addr.String()
+	}
+	a.write(l)
+}
+
+func (a *Authorizer) write(l auditLine) {
+	if a.o.Audit == nil {
+		a.o.Logger.Info("audit", "who", l.Who, "peer", l.Peer, "method", l.Method, "result", l.Result, "detail", l.Detail)
+		return
+	}
+	b, _ := json.Marshal(l)
+	a.auditMu.Lock()
+	defer a.auditMu.Unlock()
+	if _, err := a.o.Audit.Write(append(b, '\n')); err != nil {
+		a.o.Logger.Error("writing the audit log", "err", err)
+	}
+}
+
+// AdminHTTP lets only an admin (or a node) through to next: a bearer token
+// in the Authorization header, or a client certificate listed in the file.
+// Refusals are audited.
+func (a *Authorizer) AdminHTTP(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var id certs.Identity
+		if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && a.o.Identify != nil {
+			id, _ = a.o.Identify(r.TLS.PeerCertificates)
+		}
+		tok, has, err := bearer(metadata.Pairs("authorization", r.Header.Get("Authorization")))
+		if r.Header.Get("Authorization") == "" {
+			has, err = false, nil
+		}
+		var c caller
+		if err == nil {
+			c, err = a.identify(tok, has, id)
+		}
+		if err == nil && !c.node && c.grant.Role != RoleAdmin {
+			err = status.Errorf(codes.PermissionDenied, "%s needs the admin role; %q is a %s", r.URL.Path, c.grant.Name, c.grant.Role)
+		}
+		if err != nil {
+			a.write(auditLine{Time: a.o.Now().UTC().Format(time.RFC3339Nano), Who: c.name, Peer: r.RemoteAddr, Method: "HTTP " + r.URL.Path,
+				Result: status.Code(err).String(), Detail: status.Convert(err).Message()})
+			code := http.StatusForbidden
+			if status.Code(err) == codes.Unauthenticated {
+				code = http.StatusUnauthorized
+			}
+			http.Error(w, status.Convert(err).Message(), code)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

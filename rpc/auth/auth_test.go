@@ -1,0 +1,270 @@
+package auth
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/rpc/certs"
+)
+
+func hash(tok string) string {
+	s := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(s[:])
+}
+
+const testFile = `{
+  "tokens": [
+    {"name": "ops", "sha256": "%s", "role": "admin"},
+    {"name": "billing", "sha256": "%s", "role": "scheduler", "topics": ["billing.*"], "id_prefixes": ["inv-"]},
+    {"name": "any-topic", "sha256": "%s", "role": "scheduler", "topics": ["*"]},
+    {"name": "dash", "sha256": "%s", "role": "reader"}
+  ],
+  "certificates": [
+    {"name": "app", "common_name": "app-1", "role": "scheduler", "topics": ["reminders"]}
+  ]
+}`
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type fixture struct {
+	a     *Authorizer
+	audit *bytes.Buffer
+	now   time.Time
+	path  string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{audit: &bytes.Buffer{}, now: time.Unix(1e9, 0), path: filepath.Join(t.TempDir(), "auth.json")}
+	writeFile(t, f.path, fmt.Sprintf(testFile, hash("ops-token"), hash("billing-token"), hash("any-token"), hash("dash-token")))
+	topics := map[string]string{"inv-1": "billing.invoices", "inv-2": "payroll", "r-1": "reminders"}
+	a, err := New(Options{Path: f.path, Audit: f.audit, Now: func() time.Time { return f.now },
+		TopicOf: func(_ context.Context, id string) (string, bool, error) {
+			topic, ok := topics[id]
+			return topic, ok, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.a = a
+	return f
+}
+
+// ctx is a call's context: a token (if not empty) and a certificate
+// identity.
+func callCtx(token string, id certs.Identity) context.Context {
+	ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 9), Port: 5}, AuthInfo: certs.AuthInfo{Identity: id}})
+	if token != "" {
+		ctx = metadata.NewIncomingContext(ctx, metadata.Pairs("authorization", "Bearer "+token))
+	}
+	return ctx
+}
+
+func (f *fixture) call(ctx context.Context, method string, req any) error {
+	_, err := f.a.UnaryInterceptor(ctx, req, &grpc.UnaryServerInfo{FullMethod: method}, func(context.Context, any) (any, error) { return "ok", nil })
+	return err
+}
+
+func TestRoles(t *testing.T) {
+	f := newFixture(t)
+	sched := func(topic, id string) *chimev1.ScheduleRequest {
+		return &chimev1.ScheduleRequest{Event: &chimev1.Event{Topic: topic, Id: id}}
+	}
+	node := certs.Identity{Node: true, Name: "n2"}
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		method string
+		req    any
+		want   codes.Code
+		msg    string // in the error
+	}{
+		{"no credentials", callCtx("", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"}, codes.Unauthenticated, "no credentials"},
+		{"unknown token", callCtx("guess", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"}, codes.Unauthenticated, "not in the node's auth file"},
+		{"unlisted certificate", callCtx("", certs.Identity{Cert: true, Name: "app-9"}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{}, codes.Unauthenticated, `"app-9" has no role`},
+		{"reader gets", callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "inv-2"}, codes.OK, ""},
+		{"reader lists", callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_List_FullMethodName, &chimev1.ListRequest{}, codes.OK, ""},
+		{"reader schedules", callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, sched("billing.x", "inv-3"), codes.PermissionDenied, "needs the scheduler or admin role"},
+		{"reader cancels", callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-1"}, codes.PermissionDenied, "dash"},
+		{"scheduler in its topic", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, sched("billing.invoices", "inv-3"), codes.OK, ""},
+		{"scheduler outside its topics", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, sched("payroll", "inv-3"), codes.PermissionDenied, `event.topic: "payroll" is outside "billing"'s topics`},
+		{"scheduler outside its id prefixes", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, sched("billing.x", "order-1"), codes.PermissionDenied, "event.id"},
+		{"scheduler without an id", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, sched("billing.x", ""), codes.PermissionDenied, "an id is required"},
+		{"scheduler batch, one outside", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_BatchSchedule_FullMethodName,
+			&chimev1.BatchScheduleRequest{Events: []*chimev1.Event{{Topic: "billing.a", Id: "inv-5"}, {Topic: "hr", Id: "inv-6"}}}, codes.PermissionDenied, "events[1].topic"},
+		{"scheduler cancels its event", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-1"}, codes.OK, ""},
+		{"scheduler cancels another topic's event", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-2"}, codes.PermissionDenied, `on topic "payroll"`},
+		{"scheduler updates a missing event", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Update_FullMethodName, &chimev1.UpdateRequest{Id: "inv-404"}, codes.OK, ""},
+		{"scheduler lists without its topic", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_List_FullMethodName, &chimev1.ListRequest{}, codes.PermissionDenied, "filter.topic"},
+		{"scheduler lists its topic outside its prefixes", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Count_FullMethodName,
+			&chimev1.CountRequest{Filter: &chimev1.EventFilter{Topic: "billing.a"}}, codes.PermissionDenied, "filter.id_prefix"},
+		{"scheduler lists within", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Count_FullMethodName,
+			&chimev1.CountRequest{Filter: &chimev1.EventFilter{Topic: "billing.a", IdPrefix: "inv-4"}}, codes.OK, ""},
+		{"every-topic scheduler lists all", callCtx("any-token", certs.Identity{}), chimev1.Scheduler_List_FullMethodName, &chimev1.ListRequest{}, codes.OK, ""},
+		{"scheduler drains", callCtx("billing-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.PermissionDenied, "needs the admin role"},
+		{"scheduler calls Peer", callCtx("any-token", certs.Identity{}), chimev1.Peer_Forget_FullMethodName, &chimev1.ForgetRequest{}, codes.PermissionDenied, "for nodes"},
+		{"admin drains", callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.OK, ""},
+		{"admin schedules anywhere", callCtx("ops-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, sched("payroll", ""), codes.OK, ""},
+		{"admin cannot call Peer", callCtx("ops-token", certs.Identity{}), chimev1.Peer_Replicas_FullMethodName, &chimev1.ReplicasRequest{}, codes.PermissionDenied, "for nodes"},
+		{"certificate scheduler", callCtx("", certs.Identity{Cert: true, Name: "app-1"}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "r-1"}, codes.OK, ""},
+		{"certificate scheduler, other topic", callCtx("", certs.Identity{Cert: true, Name: "app-1"}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-1"}, codes.PermissionDenied, "outside"},
+		{"a token beats the certificate", callCtx("dash-token", certs.Identity{Cert: true, Name: "app-1"}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "r-1"}, codes.PermissionDenied, "dash"},
+		{"node calls Peer", callCtx("", node), chimev1.Peer_Forget_FullMethodName, &chimev1.ForgetRequest{}, codes.OK, ""},
+		{"node relays anything", callCtx("", node), chimev1.Scheduler_Schedule_FullMethodName, sched("payroll", "x"), codes.OK, ""},
+		{"unknown method", callCtx("billing-token", certs.Identity{}), "/other.v1.X/Y", nil, codes.PermissionDenied, "only an admin"},
+		{"reflection", callCtx("dash-token", certs.Identity{}), "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", nil, codes.OK, ""},
+	} {
+		err := f.call(tc.ctx, tc.method, tc.req)
+		if status.Code(err) != tc.want || (tc.msg != "" && !strings.Contains(err.Error(), tc.msg)) {
+			t.Errorf("%s: %v; want %v with %q", tc.name, err, tc.want, tc.msg)
+		}
+	}
+}
+
+func TestAuditLog(t *testing.T) {
+	f := newFixture(t)
+	f.call(callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{})
+	f.call(callCtx("", certs.Identity{Node: true, Name: "n2"}), chimev1.Admin_NodeStatus_FullMethodName, &chimev1.NodeStatusRequest{})
+	f.call(callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{Topic: "billing.a", Id: "inv-1"}})
+	f.call(callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{}})
+	f.call(callCtx("", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{})
+	var lines []auditLine
+	for _, l := range strings.Split(strings.TrimSpace(f.audit.String()), "\n") {
+		var al auditLine
+		if err := json.Unmarshal([]byte(l), &al); err != nil {
+			t.Fatalf("audit line %q: %v", l, err)
+		}
+		lines = append(lines, al)
+	}
+	// The admin's Drain, the reader's refused Schedule and the anonymous
+	// Get; not the node's relayed NodeStatus nor the allowed Schedule.
+	want := []struct{ who, method, result string }{
+		{"ops", chimev1.Admin_Drain_FullMethodName, "OK"},
+		{"dash", chimev1.Scheduler_Schedule_FullMethodName, "PermissionDenied"},
+		{"anonymous", chimev1.Scheduler_Get_FullMethodName, "Unauthenticated"},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("audit log:\n%s\nwant %d lines", f.audit, len(want))
+	}
+	for i, w := range want {
+		l := lines[i]
+		if l.Who != w.who || l.Method != w.method || l.Result != w.result || l.Peer != "10.0.0.9:5" || l.Time == "" {
+			t.Errorf("audit line %d: %+v, want %+v", i, l, w)
+		}
+	}
+	for _, tok := range []string{"ops-token", "billing-token", "dash-token"} {
+		if strings.Contains(f.audit.String(), tok) {
+			t.Errorf("token %s reached the audit log:\n%s", tok, f.audit)
+		}
+	}
+}
+
+func TestReloadRotatesTokens(t *testing.T) {
+	f := newFixture(t)
+	get := func(tok string) error {
+		return f.call(callCtx(tok, certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
+	}
+	if err := get("dash-token"); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, f.path, fmt.Sprintf(`{"tokens": [{"name": "dash", "sha256": "%s", "role": "reader"}]}`, hash("dash-token-2")))
+	if err := get("dash-token"); err != nil {
+		t.Fatalf("the file was read again before a second passed: %v", err)
+	}
+	f.now = f.now.Add(reloadEvery)
+	if err := get("dash-token-2"); err != nil {
+		t.Fatalf("the new token: %v", err)
+	}
+	if err := get("dash-token"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("the revoked token: %v", err)
+	}
+	writeFile(t, f.path, `{"tokens": [`)
+	f.now = f.now.Add(reloadEvery)
+	if err := get("dash-token-2"); err != nil {
+		t.Fatalf("a broken file replaced the table in force: %v", err)
+	}
+}
+
+func TestParseErrorsNameTheField(t *testing.T) {
+	h := hash("t")
+	for _, tc := range []struct{ file, want string }{
+		{`{"tokens": [{"name": "a", "sha256": "abc", "role": "admin"}]}`, "tokens[0].sha256: must be the 64 hex digits"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "root"}]}`, `tokens[0].role: "root" is not a role`},
+		{`{"tokens": [{"sha256": "` + h + `", "role": "admin"}]}`, "tokens[0].name: required"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler"}]}`, "tokens[0].topics: a scheduler needs"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "reader", "topics": ["x"]}]}`, "only a scheduler has topics"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["[x"]}]}`, "tokens[0].topics[0]"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin"}, {"name": "a", "sha256": "` + hash("u") + `", "role": "admin"}]}`, "tokens[1].name"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin"}, {"name": "b", "sha256": "` + h + `", "role": "admin"}]}`, "listed twice"},
+		{`{"certificates": [{"name": "a", "role": "admin"}]}`, "certificates[0].common_name: required"},
+		{`{"tokens": [], "users": []}`, "unknown field"},
+		{`{} {}`, "more than one JSON value"},
+	} {
+		_, err := Parse([]byte(tc.file))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(%s) = %v, want %q", tc.file, err, tc.want)
+		}
+	}
+}
+
+func TestAdminHTTP(t *testing.T) {
+	f := newFixture(t)
+	h := f.a.AdminHTTP(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("profile")) }))
+	for _, tc := range []struct {
+		token string
+		want  int
+	}{{"", http.StatusUnauthorized}, {"dash-token", http.StatusForbidden}, {"ops-token", http.StatusOK}} {
+		r := httptest.NewRequest(http.MethodGet, "/debug/pprof/", nil)
+		if tc.token != "" {
+			r.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != tc.want {
+			t.Errorf("token %q: %d %s, want %d", tc.token, w.Code, w.Body, tc.want)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(fmt.Sprintf(testFile, hash("a"), hash("b"), hash("c"), hash("d"))))
+	f.Add([]byte(`{"tokens": [{"name": "a", "sha256": "00", "role": "admin"}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tab, err := Parse(b)
+		if err != nil {
+			return
+		}
+		for _, g := range tab.tokens {
+			if g.Name == "" || (g.Role == RoleScheduler && len(g.Topics) == 0) {
+				t.Fatalf("accepted a grant that breaks the rules: %+v", g)
+			}
+		}
+	})
+}
