@@ -50,6 +50,7 @@ type options struct {
 	backupEvery                time.Duration
 	nemesis, out               string
 	seed                       uint64
+	secure                     bool
 	nodes, clients, shards     int
 }
 
@@ -61,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.nemesis, "nemesis", "mixed", "faults to inject: mixed, none, or a comma-separated list of "+strings.Join(faultKinds, ", "))
 	fs.StringVar(&o.out, "out", "", "directory for the run's history, records, results.json and report.html (default jepsen-out/<time>)")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed for the workload and the nemesis (default: from the clock; printed and saved)")
+	fs.BoolVar(&o.secure, "secure", false, "run the cluster secured: TLS on every port with client certificates (CAs made for the run, in\n<out>/pki), an auth file, the workload with a scheduler token and the driver with an admin\ncertificate")
 	fs.IntVar(&o.nodes, "nodes", 5, "chimed processes, one per network namespace")
 	fs.IntVar(&o.clients, "clients", 8, "concurrent client workers")
 	fs.IntVar(&o.shards, "shards", 8, "shards of the cluster under test")
@@ -170,7 +172,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	out, _ := filepath.Abs(o.out)
 	os.WriteFile(filepath.Join(out, "seed"), []byte(fmt.Sprintln(o.seed)), 0o644)
-	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds, "backup-every", o.backupEvery)
+	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds, "backup-every", o.backupEvery, "secure", o.secure)
 
 	bin, err := buildChimed(out)
 	if err != nil {
@@ -195,11 +197,17 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	defer broker.Close()
 	appends := watchProduces(broker)
 
+	var sec *security
+	if o.secure {
+		if sec, err = newSecurity(out); err != nil {
+			return res, fmt.Errorf("--secure: %w", err)
+		}
+	}
 	c := &cluster{}
 	for i := 1; i <= o.nodes; i++ {
 		n := &node{i: i, id: fmt.Sprintf("n%d", i), ip: nodeIP(i), dataDir: filepath.Join(out, fmt.Sprintf("n%d", i)),
 			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards, retention: o.retention,
-			wheelHorizon: o.wheelHorizon}
+			wheelHorizon: o.wheelHorizon, sec: sec}
 		if i > 1 {
 			n.join = nodeIP(1) + ":7072"
 		}

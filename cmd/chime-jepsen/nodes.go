@@ -37,7 +37,11 @@ type node struct {
 	exited  chan struct{}
 	stopped bool // SIGSTOPped
 
-	conn *grpc.ClientConn
+	// sec, with --secure, secures the node and the driver's calls to it.
+	sec *security
+
+	conn      *grpc.ClientConn // the driver's: admin with --secure
+	schedConn *grpc.ClientConn // the workload's: the scheduler token with --secure
 }
 
 func (n *node) grpcAddr() string { return n.ip + ":7070" }
@@ -58,9 +62,18 @@ func (n *node) start() error {
 		"--raft-addr", n.ip + ":7071", "--gossip-addr", n.ip + ":7072",
 		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
 		"--dead-timeout", "1m", "--retention", n.retention.String(),
-		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info",
+		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info"}
+	if n.sec == nil {
 		// The nodes listen on the test's own bridge, in namespaces it created.
-		"--insecure"}
+		args = append(args, "--insecure")
+	} else {
+		sf, err := n.sec.flags(n)
+		if err != nil {
+			logf.Close()
+			return err
+		}
+		args = append(args, sf...)
+	}
 	if n.join != "" {
 		args = append(args, "--join", n.join)
 	}
@@ -118,20 +131,34 @@ func (n *node) signal(sig syscall.Signal) {
 }
 
 func (n *node) client() (*grpc.ClientConn, error) {
+	return n.dial(&n.conn, false)
+}
+
+// dial opens *conn once: plaintext, or with --secure the driver's
+// certificate, and the workload's token if token.
+func (n *node) dial(conn **grpc.ClientConn, token bool) (*grpc.ClientConn, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.conn == nil {
-		cc, err := grpc.NewClient(n.grpcAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if *conn == nil {
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if n.sec != nil {
+			opts = n.sec.dialOptions(token)
+		}
+		cc, err := grpc.NewClient(n.grpcAddr(), opts...)
 		if err != nil {
 			return nil, err
 		}
-		n.conn = cc
+		*conn = cc
 	}
-	return n.conn, nil
+	return *conn, nil
 }
 
 func (n *node) scheduler() chimev1.SchedulerClient {
-	cc, _ := n.client()
+	if n.sec == nil {
+		cc, _ := n.client()
+		return chimev1.NewSchedulerClient(cc)
+	}
+	cc, _ := n.dial(&n.schedConn, true)
 	return chimev1.NewSchedulerClient(cc)
 }
 
@@ -142,11 +169,15 @@ func (n *node) admin() chimev1.AdminClient {
 
 // setClockOffset skews the node's clock (a chimefault build's debug handler).
 func (n *node) setClockOffset(d time.Duration) error {
-	url := fmt.Sprintf("http://%s/debug/fault/clock-offset?ns=%d", n.httpAddr(), d.Nanoseconds())
+	scheme, client := "http", http.DefaultClient
+	if n.sec != nil {
+		scheme, client = "https", n.sec.httpClient()
+	}
+	url := fmt.Sprintf("%s://%s/debug/fault/clock-offset?ns=%d", scheme, n.httpAddr(), d.Nanoseconds())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/chimehq/chime/rpc/certs"
+	"github.com/chimehq/chime/rpc/certs/certstest"
+)
+
+// security is what --secure runs the cluster with: a node CA and a client
+// CA made for the run, TLS on every port with client certificates required,
+// and an auth file in which the driver's certificate is an admin (the
+// nemesis, backups, status) and the workload's bearer token a scheduler of
+// every topic (so its invalid operations still meet the input rules, not
+// the role's).
+type security struct {
+	dir              string
+	nodeCA, clientCA *certstest.CA
+	authFile         string
+	driver           *certs.Source
+	token            string
+}
+
+func newSecurity(out string) (*security, error) {
+	s := &security{dir: filepath.Join(out, "pki")}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return nil, err
+	}
+	var err error
+	if s.nodeCA, err = certstest.NewCA(s.dir, "nodes"); err != nil {
+		return nil, err
+	}
+	if s.clientCA, err = certstest.NewCA(s.dir, "clients"); err != nil {
+		return nil, err
+	}
+	driver, err := s.clientCA.Client("chime-jepsen")
+	if err != nil {
+		return nil, err
+	}
+	if s.driver, err = certs.Load(certs.Files{Cert: driver.Cert, Key: driver.Key, CA: s.nodeCA.File}, nil); err != nil {
+		return nil, err
+	}
+	var tok [32]byte
+	rand.Read(tok[:])
+	s.token = hex.EncodeToString(tok[:])
+	sum := sha256.Sum256([]byte(s.token))
+	s.authFile = filepath.Join(s.dir, "auth.json")
+	return s, os.WriteFile(s.authFile, fmt.Appendf(nil, `{
+  "tokens": [{"name": "workload", "sha256": %q, "role": "scheduler", "topics": ["*"]}],
+  "certificates": [{"name": "driver", "common_name": "chime-jepsen", "role": "admin"}]
+}
+`, hex.EncodeToString(sum[:])), 0o600)
+}
+
+// flags are a node's security flags, its certificate made on first use.
+func (s *security) flags(n *node) ([]string, error) {
+	pair, err := s.nodeCA.Node(n.id)
+	if err != nil {
+		return nil, err
+	}
+	return []string{"--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", s.nodeCA.File, "--tls-client-ca", s.clientCA.File,
+		"--auth-file", s.authFile, "--audit-log", filepath.Join(filepath.Dir(n.logPath), n.id+"-audit.log")}, nil
+}
+
+// dialOptions are the driver's (admin) connection options; with token, the
+// workload's (scheduler). Nodes are verified by the name every node
+// certificate carries, whatever IP the driver dials.
+func (s *security) dialOptions(token bool) []grpc.DialOption {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(s.driver.ClientConfig(certs.NodeName)))}
+	if token {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(s.token)))
+	}
+	return opts
+}
+
+func (s *security) httpClient() *http.Client {
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: s.driver.ClientConfig(certs.NodeName)}}
+}
+
+type bearerToken string
+
+func (b bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+func (bearerToken) RequireTransportSecurity() bool { return true }
