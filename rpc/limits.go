@@ -13,11 +13,11 @@ import (
 // Limits bound what one event may carry. A zero field means its default
 // (DefaultLimits); negative values are rejected by Validate.
 //
-// The gRPC server's maximum receive message size (grpc.MaxRecvMsgSize,
-// 4 MiB by default) bounds a whole request before any of these are checked:
-// a request larger than it fails with RESOURCE_EXHAUSTED from gRPC itself.
-// Keep it above MaxPayloadBytes plus the key and headers, and know that it,
-// not MaxBatch, is what usually bounds a BatchSchedule.
+// The gRPC server's maximum receive message size bounds a whole request
+// before any of these are checked: a request larger than it fails with
+// RESOURCE_EXHAUSTED from gRPC itself. MaxRequestBytes is the size a node
+// sets, from these limits; it, not MaxBatch, is what usually bounds a
+// BatchSchedule.
 type Limits struct {
 	// MaxPayloadBytes bounds Event.payload (chimed --max-payload). Default
 	// 1 MiB, Kafka's default max.message.bytes: a larger record would be
@@ -99,6 +99,17 @@ func (l Limits) Validate() error {
 	check("MaxHeaderBytes", int64(l.MaxHeaderBytes))
 	check("MaxBatch", int64(l.MaxBatch))
 	return errors.Join(errs...)
+}
+
+// MaxRequestBytes is the largest request a node reads: room for two events
+// of the largest size the limits allow, and at least 16 MiB, so a batch of
+// ordinary events is bounded by MaxBatch while one client cannot make the
+// node hold more than this per call in flight. (The default limits give
+// 16 MiB; --max-payload 32 MiB gives about 64 MiB.)
+func (l Limits) MaxRequestBytes() int {
+	l = l.withDefaults()
+	event := l.MaxPayloadBytes + l.MaxKeyBytes + l.MaxHeaderBytes + l.MaxIDBytes + 64<<10 // topic, times, framing
+	return max(16<<20, 2*event)
 }
 
 // withDefaults replaces every zero field by its default.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"path"
@@ -18,11 +19,14 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc/certs"
@@ -44,6 +48,13 @@ type Grant struct {
 	Role       Role
 	Topics     []string // path.Match patterns; a scheduler's only
 	IDPrefixes []string // empty: any id; a scheduler's only
+	// Rate bounds the events scheduled plus the other calls made a second
+	// (0: no bound), with bursts of up to Burst.
+	Rate  float64
+	Burst int
+	// MaxPending bounds the pending events under the grant's id prefixes
+	// (0: no bound); a scheduler with id prefixes only.
+	MaxPending uint64
 }
 
 // entry is one credential as the file spells it.
@@ -54,6 +65,9 @@ type entry struct {
 	Role       Role     `json:"role"`
 	Topics     []string `json:"topics,omitempty"`
 	IDPrefixes []string `json:"id_prefixes,omitempty"`
+	Rate       float64  `json:"rate_per_second,omitempty"`
+	Burst      int      `json:"burst,omitempty"`
+	MaxPending uint64   `json:"max_pending,omitempty"`
 }
 
 type file struct {
@@ -157,7 +171,21 @@ func (e entry) grant(at string) (*Grant, error) {
 			return nil, fmt.Errorf("%s.id_prefixes[%d]: empty (leave id_prefixes out to allow every id)", at, j)
 		}
 	}
-	return &Grant{Name: e.Name, Role: e.Role, Topics: e.Topics, IDPrefixes: e.IDPrefixes}, nil
+	switch {
+	case e.Rate < 0 || math.IsNaN(e.Rate) || math.IsInf(e.Rate, 0):
+		return nil, fmt.Errorf("%s.rate_per_second: %v; must be a positive number (leave it out for no bound)", at, e.Rate)
+	case e.Burst < 0:
+		return nil, fmt.Errorf("%s.burst: %d; must be positive", at, e.Burst)
+	case e.Burst > 0 && e.Rate == 0:
+		return nil, fmt.Errorf("%s.burst: a burst bounds nothing without rate_per_second", at)
+	case e.MaxPending > 0 && len(e.IDPrefixes) == 0:
+		return nil, fmt.Errorf("%s.max_pending: needs id_prefixes: a node counts a credential's pending events by its id prefixes", at)
+	}
+	g := &Grant{Name: e.Name, Role: e.Role, Topics: e.Topics, IDPrefixes: e.IDPrefixes, Rate: e.Rate, Burst: e.Burst, MaxPending: e.MaxPending}
+	if g.Rate > 0 && g.Burst == 0 {
+		g.Burst = max(1, int(math.Ceil(g.Rate))) // a second's worth
+	}
+	return g, nil
 }
 
 func (g *Grant) topicAllowed(topic string) bool {
@@ -204,7 +232,10 @@ type Options struct {
 	// Identify classifies a client certificate on the HTTP port (the gRPC
 	// port's connections carry it in certs.AuthInfo); nil without TLS.
 	Identify func([]*x509.Certificate) (certs.Identity, error)
-	Now      func() time.Time
+	// CountPending counts the pending events whose id starts with prefix,
+	// for max_pending.
+	CountPending func(ctx context.Context, prefix string) (uint64, error)
+	Now          func() time.Time
 }
 
 // Authorizer checks every call against the auth file.
@@ -218,7 +249,31 @@ type Authorizer struct {
 	failed  stamp
 
 	auditMu sync.Mutex
+
+	// Per grant name: its rate limiter and its pending count, each made
+	// again when the grant's bounds change in the file.
+	limitsMu sync.Mutex
+	limiters map[string]*limiter
+	pending  map[string]*pendingCount
 }
+
+type limiter struct {
+	rate  float64
+	burst int
+	l     *rate.Limiter
+}
+
+// pendingCount is a grant's pending events as last counted: a quota is
+// checked against a count at most pendingCountAge old (counting every
+// call would cost a cluster-wide Count each), plus what was admitted since.
+type pendingCount struct {
+	mu       sync.Mutex
+	n        uint64
+	at       time.Time
+	admitted uint64
+}
+
+const pendingCountAge = time.Second
 
 type stamp struct {
 	size int64
@@ -235,7 +290,7 @@ func New(o Options) (*Authorizer, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	a := &Authorizer{o: o}
+	a := &Authorizer{o: o, limiters: map[string]*limiter{}, pending: map[string]*pendingCount{}}
 	st, t, err := a.read()
 	if err != nil {
 		return nil, err
@@ -450,6 +505,101 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 	return nil
 }
 
+// cost is what a call counts against its caller's rate: the events of a
+// schedule, 1 for any other call.
+func cost(req any) int {
+	if r, ok := req.(*chimev1.BatchScheduleRequest); ok {
+		return max(1, len(r.GetEvents()))
+	}
+	return 1
+}
+
+// limit applies the caller's rate and pending-event quota to req.
+func (a *Authorizer) limit(ctx context.Context, c caller, req any) error {
+	if c.node {
+		return nil
+	}
+	g := c.grant
+	if g.Rate > 0 {
+		if err := a.takeRate(g, cost(req)); err != nil {
+			return err
+		}
+	}
+	if g.MaxPending > 0 && a.o.CountPending != nil {
+		n := 0
+		switch r := req.(type) {
+		case *chimev1.ScheduleRequest:
+			n = 1
+		case *chimev1.BatchScheduleRequest:
+			n = len(r.GetEvents())
+		}
+		if n > 0 {
+			return a.takePending(ctx, g, uint64(n))
+		}
+	}
+	return nil
+}
+
+func (a *Authorizer) takeRate(g *Grant, n int) error {
+	a.limitsMu.Lock()
+	l := a.limiters[g.Name]
+	if l == nil || l.rate != g.Rate || l.burst != g.Burst {
+		l = &limiter{rate: g.Rate, burst: g.Burst, l: rate.NewLimiter(rate.Limit(g.Rate), g.Burst)}
+		a.limiters[g.Name] = l
+	}
+	a.limitsMu.Unlock()
+	if n > l.burst {
+		return status.Errorf(codes.ResourceExhausted, "a call of %d events is more than %q's burst of %d: send smaller batches, or raise its burst in the auth file", n, g.Name, l.burst)
+	}
+	now := a.o.Now()
+	r := l.l.ReserveN(now, n)
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return retryLater(d, "%q is over its rate of %g a second (bursts of %d); retry in %v", g.Name, g.Rate, g.Burst, d.Round(time.Millisecond))
+	}
+	return nil
+}
+
+func (a *Authorizer) takePending(ctx context.Context, g *Grant, n uint64) error {
+	a.limitsMu.Lock()
+	pc := a.pending[g.Name]
+	if pc == nil {
+		pc = &pendingCount{}
+		a.pending[g.Name] = pc
+	}
+	a.limitsMu.Unlock()
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	now := a.o.Now()
+	if pc.at.IsZero() || now.Sub(pc.at) >= pendingCountAge {
+		var total uint64
+		for _, p := range g.IDPrefixes {
+			m, err := a.o.CountPending(ctx, p)
+			if err != nil {
+				return err
+			}
+			total += m
+		}
+		pc.n, pc.at, pc.admitted = total, now, 0
+	}
+	if have := pc.n + pc.admitted; have+n > g.MaxPending {
+		return retryLater(pendingCountAge, "%q has %d pending events and may have at most %d (max_pending): %d more would exceed it; retry once some have fired or been cancelled",
+			g.Name, have, g.MaxPending, n)
+	}
+	pc.admitted += n
+	return nil
+}
+
+// retryLater is RESOURCE_EXHAUSTED with the delay after which a retry may
+// succeed, as a RetryInfo detail (which gRPC clients and grpcurl show).
+func retryLater(d time.Duration, format string, args ...any) error {
+	st := status.Newf(codes.ResourceExhausted, format, args...)
+	if ds, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(d)}); err == nil {
+		st = ds
+	}
+	return st.Err()
+}
+
 // UnaryInterceptor authorizes every unary call.
 func (a *Authorizer) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	c, err := a.callerOf(ctx)
@@ -458,6 +608,9 @@ func (a *Authorizer) UnaryInterceptor(ctx context.Context, req any, info *grpc.U
 	}
 	if err == nil {
 		err = a.check(ctx, c, req)
+	}
+	if err == nil {
+		err = a.limit(ctx, c, req)
 	}
 	if err != nil {
 		a.audit(ctx, c, info.FullMethod, err)
@@ -500,11 +653,14 @@ func (s *checkedStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	if err := s.a.check(s.Context(), s.c, m); err != nil {
-		s.a.audit(s.Context(), s.c, s.method, err)
-		return err
+	err := s.a.check(s.Context(), s.c, m)
+	if err == nil {
+		err = s.a.limit(s.Context(), s.c, m)
 	}
-	return nil
+	if err != nil {
+		s.a.audit(s.Context(), s.c, s.method, err)
+	}
+	return err
 }
 
 // auditLine is one line of the audit log.

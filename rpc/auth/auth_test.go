@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -226,6 +227,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{"certificates": [{"name": "a", "role": "admin"}]}`, "certificates[0].common_name: required"},
 		{`{"tokens": [], "users": []}`, "unknown field"},
 		{`{} {}`, "more than one JSON value"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["*"], "max_pending": 5}]}`, "max_pending: needs id_prefixes"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin", "burst": 5}]}`, "burst: a burst bounds nothing"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin", "rate_per_second": -1}]}`, "rate_per_second"},
 	} {
 		_, err := Parse([]byte(tc.file))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -267,4 +271,76 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestRateAndPendingQuota(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "auth.json")
+	writeFile(t, path, fmt.Sprintf(`{"tokens": [
+  {"name": "paced", "sha256": "%s", "role": "scheduler", "topics": ["*"], "rate_per_second": 10, "burst": 5},
+  {"name": "quota", "sha256": "%s", "role": "scheduler", "topics": ["*"], "id_prefixes": ["q-"], "max_pending": 10}]}`,
+		hash("paced-token"), hash("quota-token")))
+	now := time.Unix(1e9, 0)
+	counted := uint64(8)
+	counts := 0
+	a, err := New(Options{Path: path, Now: func() time.Time { return now }, Audit: &bytes.Buffer{},
+		CountPending: func(_ context.Context, prefix string) (uint64, error) {
+			if prefix != "q-" {
+				t.Errorf("counted prefix %q", prefix)
+			}
+			counts++
+			return counted, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{a: a}
+	batch := func(token string, n int) error {
+		evs := make([]*chimev1.Event, n)
+		for i := range evs {
+			evs[i] = &chimev1.Event{Topic: "t", Id: fmt.Sprintf("q-%d", i)}
+		}
+		return f.call(callCtx(token, certs.Identity{}), chimev1.Scheduler_BatchSchedule_FullMethodName, &chimev1.BatchScheduleRequest{Events: evs})
+	}
+	retryDelay := func(err error) time.Duration {
+		for _, d := range status.Convert(err).Details() {
+			if ri, ok := d.(*errdetails.RetryInfo); ok {
+				return ri.GetRetryDelay().AsDuration()
+			}
+		}
+		return -1
+	}
+
+	if err := batch("paced-token", 5); err != nil {
+		t.Fatalf("a burst's worth: %v", err)
+	}
+	err = batch("paced-token", 1)
+	if status.Code(err) != codes.ResourceExhausted || retryDelay(err) != 100*time.Millisecond {
+		t.Fatalf("over the rate: %v (retry in %v), want RESOURCE_EXHAUSTED, retry in 100ms", err, retryDelay(err))
+	}
+	now = now.Add(100 * time.Millisecond)
+	if err := batch("paced-token", 1); err != nil {
+		t.Fatalf("after the retry delay: %v", err)
+	}
+	if err := batch("paced-token", 6); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "more than \"paced\"'s burst of 5") {
+		t.Fatalf("a batch over the burst: %v", err)
+	}
+
+	if err := batch("quota-token", 2); err != nil {
+		t.Fatalf("8 pending + 2 of 10: %v", err)
+	}
+	err = batch("quota-token", 1)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "has 10 pending events and may have at most 10") || retryDelay(err) != time.Second {
+		t.Fatalf("over the quota: %v", err)
+	}
+	if counts != 1 {
+		t.Fatalf("counted %d times within a second, want once", counts)
+	}
+	now, counted = now.Add(time.Second), 3
+	if err := batch("quota-token", 7); err != nil {
+		t.Fatalf("3 pending + 7 of 10 after a recount: %v", err)
+	}
+	if err := f.call(callCtx("quota-token", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "q-1"}); err != nil {
+		t.Fatalf("a Get is not held to the quota: %v", err)
+	}
 }

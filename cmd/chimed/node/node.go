@@ -324,7 +324,9 @@ func Start(cfg Config) (_ *Node, err error) {
 		backend = n.host
 	}
 
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20)}
+	// A request is bounded by the event limits (MaxRequestBytes), and so
+	// are the requests one connection can have in flight at once.
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.Limits.MaxRequestBytes()), grpc.MaxConcurrentStreams(maxStreamsPerConn)}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(cfg.TLS.ServerCredentials()))
 	}
@@ -334,6 +336,11 @@ func Start(cfg Config) (_ *Node, err error) {
 			TopicOf: func(ctx context.Context, id string) (string, bool, error) {
 				rec, found, err := backend.Get(ctx, id)
 				return rec.Topic, found, err
+			},
+			// Any replica's count will do for a quota, which is checked
+			// against a count up to a second old anyway.
+			CountPending: func(ctx context.Context, prefix string) (uint64, error) {
+				return backend.Count(ctx, raftfsm.Query{Prefix: prefix, States: raftfsm.StatesOf(raftfsm.StateScheduled)}, true)
 			}}
 		if cfg.TLS != nil {
 			ao.Identify = cfg.TLS.Identify
@@ -390,6 +397,12 @@ func Start(cfg Config) (_ *Node, err error) {
 	lns = nil
 	return n, nil
 }
+
+// maxStreamsPerConn bounds the calls one client connection has in flight,
+// and with MaxRequestBytes the memory its requests hold (per-identity rate
+// limits in --auth-file bound how fast they come). The 16 callers of
+// chimectl bench share one connection per node.
+const maxStreamsPerConn = 128
 
 func raftTLS(src *certs.Source) *raftmux.TLS {
 	if src == nil {
