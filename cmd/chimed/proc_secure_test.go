@@ -71,7 +71,7 @@ func (p *securePKI) secure(t *testing.T, d *daemon, clientCA, authFile string, c
 		t.Fatal(err)
 	}
 	d.extra = append(d.extra, "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", p.nodes.File, "--tls-client-ca", clientCA,
-		"--auth-file", authFile, "--audit-log", d.dataDir+"/audit.log")
+		"--auth-file", authFile, "--audit-log", d.dataDir+"/audit.log", "--debug-endpoints")
 	src := clientSource(t, client, p.nodes.File)
 	d.creds = credentials.NewTLS(src.ClientConfig(""))
 	d.httpClient = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: src.ClientConfig("")}}
@@ -225,6 +225,26 @@ func TestSecuredClusterRefusesWhatItMust(t *testing.T) {
 	}
 	if strings.Contains(string(audit), "scheduler-token") {
 		t.Error("a token reached the audit log")
+	}
+
+	// The debug endpoints are an admin's: the test's certificate is one, a
+	// reader's token is not.
+	for _, tc := range []struct {
+		token string
+		want  int
+	}{{"", http.StatusOK}, {"reader-token", http.StatusForbidden}} {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+n1.httpAddr+"/debug/pebble", nil)
+		if tc.token != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		resp, err := n1.httpClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("/debug/pebble with token %q: %s, want %d", tc.token, resp.Status, tc.want)
+		}
 	}
 
 	// Token rotation: the scheduler's token is replaced in every node's
