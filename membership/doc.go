@@ -48,8 +48,9 @@
 // whichever installed key works. A member without a key the others use
 // cannot join: the seeds drop what it sends, it cannot read their answer,
 // and Start fails with the reason and a hint (the first failed attempt is
-// logged as a warning); the members log the dropped gossip as a warning at
-// most every 10 s. Encryption is on or off for a member's lifetime: a
+// logged as a warning; a member with peers but no seeds, a restart, warns
+// from its reconnect loop instead); the members log the dropped gossip as a
+// warning at most every 10 s. Encryption is on or off for a member's lifetime: a
 // cluster is created with it, or restarted into it all at once.
 //
 // SetKeys changes the keys of a running member (chimed re-reads

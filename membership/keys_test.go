@@ -5,11 +5,31 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
+
+// syncBuffer collects a member's log while it runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
 
 // testKey is a distinct key of n bytes.
 func testKey(n int, fill byte) []byte { return bytes.Repeat([]byte{fill}, n) }
@@ -108,10 +128,11 @@ func TestGossipKeyRequired(t *testing.T) {
 // change reaches every member, nobody was ever declared dead). At the end a
 // member with only the old key is refused and one with the new key joins;
 // and, to show the checks can fail, a member that switches to a key the
-// others do not have is cut off.
+// others do not have is cut off, and comes back when it has theirs again.
 func TestGossipKeyRotation(t *testing.T) {
 	defer checkGoroutines(t)()
 	ids := []string{"a", "b", "c"}
+	aLog := &syncBuffer{}
 	var nodes []*Membership
 	defer func() {
 		for _, m := range nodes {
@@ -123,7 +144,12 @@ func TestGossipKeyRotation(t *testing.T) {
 		if i > 0 {
 			join = []string{nodes[0].LocalAddr()}
 		}
-		nodes = append(nodes, start(t, keyedConfig(id, [][]byte{key1}, join...)))
+		cfg := keyedConfig(id, [][]byte{key1}, join...)
+		cfg.ReconnectInterval = 200 * time.Millisecond // for the cut-off member's return
+		if id == "a" {
+			cfg.Logger = slog.New(slog.NewTextHandler(aLog, nil))
+		}
+		nodes = append(nodes, start(t, cfg))
 	}
 	for _, m := range nodes {
 		waitView(t, m, 10*time.Second, "converge", onlyMembers(ids...))
@@ -134,8 +160,9 @@ func TestGossipKeyRotation(t *testing.T) {
 	}
 
 	// gossips checks that the members still talk: a metadata change made on
-	// one reaches every other, and no member was ever seen leaving (Since
-	// would have moved).
+	// one reaches every other (gossip or, failing that, push/pull, both
+	// sealed with the sender's primary key), and no member was ever seen
+	// leaving (Since would have moved).
 	draining := false
 	gossips := func(step string, from *Membership) {
 		t.Helper()
@@ -158,8 +185,6 @@ func TestGossipKeyRotation(t *testing.T) {
 			}
 		}
 	}
-	// Wait long enough for several probe rounds between the changes of a
-	// step, so that a member that cannot read the others would be caught.
 	set := func(step string, keys [][]byte) {
 		t.Helper()
 		for i, m := range nodes {
@@ -169,6 +194,9 @@ func TestGossipKeyRotation(t *testing.T) {
 			if got := m.Keys(); !slices.EqualFunc(got, keys, bytes.Equal) {
 				t.Fatalf("%s: %s has keys %v, want %v", step, ids[i], keyIDs(got), keyIDs(keys))
 			}
+			// Both ways: the others read the member just changed, and it
+			// reads them.
+			gossips(step, m)
 			gossips(step, nodes[(i+1)%len(nodes)])
 		}
 	}
@@ -189,7 +217,8 @@ func TestGossipKeyRotation(t *testing.T) {
 		waitView(t, m, 10*time.Second, "see d", onlyMembers("a", "b", "c", "d"))
 	}
 
-	// Out of order: a alone switches to key3. Nobody can read it any more.
+	// Out of order: a alone switches to key3. Nobody can read it any more,
+	// until it has the cluster's key again.
 	if err := nodes[0].SetKeys([][]byte{key3}); err != nil {
 		t.Fatal(err)
 	}
@@ -200,6 +229,20 @@ func TestGossipKeyRotation(t *testing.T) {
 			}
 			return ""
 		})
+	}
+	// a says why, as it tries to reach the others again.
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(aLog.String(), "cannot reach members: the other side's gossip keys and this node's do not match") {
+		if time.Now().After(deadline) {
+			t.Fatalf("a, cut off, does not say that the keys do not match:\n%s", aLog)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := nodes[0].SetKeys([][]byte{key2}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range append(slices.Clone(nodes), d) {
+		waitView(t, m, 10*time.Second, "a back with the cluster's key", onlyMembers("a", "b", "c", "d"))
 	}
 }
 

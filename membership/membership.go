@@ -361,6 +361,7 @@ func (m *Membership) reconnectLoop() {
 	defer close(m.done)
 	t := time.NewTicker(m.reconnect)
 	defer t.Stop()
+	var lastKeyWarn time.Time
 	for {
 		select {
 		case <-m.stop:
@@ -371,8 +372,15 @@ func (m *Membership) reconnectLoop() {
 		if len(targets) == 0 {
 			continue
 		}
-		if n, err := m.list.Join(targets); err == nil && n > 0 {
+		n, err := m.list.Join(targets)
+		switch hint := keyMismatchHint(err); {
+		case err == nil && n > 0:
 			m.log.Info("reconnected to members", "answered", n, "tried", targets)
+		case hint != "" && time.Since(lastKeyWarn) >= keyWarnEvery:
+			// A node restarted with the wrong keys joins nobody at start
+			// (it has peers, not seeds): this is where it says why.
+			lastKeyWarn = time.Now()
+			m.log.Warn("cannot reach members: "+hint, "tried", targets, "err", oneLine(err))
 		}
 	}
 }
@@ -504,7 +512,7 @@ func keyMismatchHint(err error) string {
 	if err == nil || !strings.Contains(err.Error(), "crypt") {
 		return ""
 	}
-	return "the seeds' gossip keys and this node's do not match (both need encryption on or off, and each side's primary key among the other's keys)"
+	return "the other side's gossip keys and this node's do not match (both need encryption on or off, and each side's primary key among the other's keys)"
 }
 
 // View returns a consistent snapshot of the membership.
