@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/base64"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -104,6 +106,41 @@ func TestServeRefusesToListenBeyondLoopbackInTheClear(t *testing.T) {
 		}
 		if want := "chimed serve: " + tc.flag + " is reachable beyond this machine"; code != 2 || !strings.HasPrefix(stderr, want) || !strings.Contains(stderr, "pass --insecure") {
 			t.Errorf("serve %v: exit %d, %q; want exit 2 and %q... pass --insecure", tc.args, code, stderr, want)
+		}
+	}
+}
+
+// TestGossipKeyFileFlag: a key file that does not load stops chimed at once,
+// naming the flag, the file, the line and the rule; and dev refuses the flag
+// when it does not gossip.
+func TestGossipKeyFileFlag(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := file("good", "# primary\n"+base64.StdEncoding.EncodeToString(make([]byte, 32))+"\n")
+	short := file("short", base64.StdEncoding.EncodeToString(make([]byte, 16))+"\n"+base64.StdEncoding.EncodeToString(make([]byte, 20))+"\n")
+	empty := file("empty", "# no key yet\n")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--gossip-key-file", short}, "chimed serve: --gossip-key-file " + short + ": line 2: 20 bytes after base64 decoding, a key is 16, 24 or 32"},
+		{[]string{"serve", "--gossip-key-file", empty}, "chimed serve: --gossip-key-file " + empty + ": no key in it"},
+		{[]string{"serve", "--gossip-key-file", filepath.Join(dir, "missing")}, "--gossip-key-file " + filepath.Join(dir, "missing") + ": no such file"},
+		{[]string{"dev", "--gossip-key-file", good}, "chimed dev: --gossip-key-file encrypts gossip, and one dev node does not gossip"},
+		{[]string{"dev", "--nodes", "3", "--gossip-key-file", short}, "chimed dev: --gossip-key-file " + short + ": line 2"},
+		// A good file passes, to the next check.
+		{[]string{"serve", "--gossip-key-file", good}, "--kafka-brokers is required"},
+	} {
+		var out, errOut strings.Builder
+		code := run(append(tc.args, "--data-dir", t.TempDir()), &out, &errOut)
+		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("%v: exit %d, %q; want exit 2 saying %q", tc.args, code, errOut.String(), tc.want)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/chimehq/chime/cmd/chimed/node"
+	"github.com/chimehq/chime/membership"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/rpc/certs"
@@ -97,7 +99,7 @@ type flags struct {
 	fs                                            *flag.FlagSet
 	nodeID, dataDir, grpcAddr, httpAddr           string
 	raftAddr, kafkaAddr, brokers, logLevel        string
-	deadLetter, gossipAddr, join                  string
+	deadLetter, gossipAddr, join, gossipKeyFile   string
 	tlsCert, tlsKey, tlsCA, tlsClientCA           string
 	allowTopics                                   []string
 	debugEndpoints, insecure                      bool
@@ -156,6 +158,15 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM `file` of --tls-cert's private key")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM `file` of the CA that signed the nodes' certificates: the Raft port and the nodes'\ncalls to each other are mutual TLS, accepting only certificates it signed that name "+certs.NodeName)
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CA that signs clients' certificates: set, the gRPC and HTTP ports require a\nclient certificate it signed (or a node's)")
+	gossips := "every node needs it"
+	if cmd == "dev" {
+		gossips = "the nodes of --nodes share it"
+	}
+	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "`file` of gossip encryption keys, base64, one per line (# comments allowed), made with\n"+
+		"head -c 32 /dev/urandom | base64: the first line's key encrypts, every line's decrypts. Set,\n"+
+		"gossip is encrypted and authenticated and a member without the cluster's keys cannot join;\n"+
+		gossips+". Re-read when it changes: to rotate, add the new key as a second line\n"+
+		"everywhere, then move it first everywhere, then remove the old one (docs/operations.md)")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
 		f.allowTopics = append(f.allowTopics, v)
@@ -316,6 +327,23 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	if f.gossipKeyFile != "" {
+		if cmd == "dev" && f.nodes <= 1 {
+			fmt.Fprintln(stderr, "chimed dev: --gossip-key-file encrypts gossip, and one dev node does not gossip: add --nodes 3, or drop the flag")
+			return 2
+		}
+		data, err := os.ReadFile(f.gossipKeyFile)
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			err = pe.Err // the path is in the message already
+		}
+		if err == nil {
+			_, err = membership.ParseKeyFile(data)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "chimed %s: --gossip-key-file %s: %v\n", cmd, f.gossipKeyFile, err)
+			return 2
+		}
+	}
 	if cmd == "serve" && !f.insecure {
 		if flag, addr := exposed(f); flag != "" {
 			fmt.Fprintf(stderr, "chimed serve: --%s %s is reachable beyond this machine, %s: anyone who reaches it can schedule, cancel, drain and join; pass --insecure to serve on a network you trust anyway\n",
@@ -370,7 +398,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
-		HTTPHandlers: registerFaultHandlers, TLS: tlsSource,
+		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, GossipKeyFile: f.gossipKeyFile,
 	}
 	if cmd == "serve" {
 		f.nodes = 1
