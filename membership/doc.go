@@ -7,6 +7,8 @@
 //     seeds, failure detection, and the metadata a node advertises (Meta: its
 //     id, its gRPC, Raft and HTTP addresses, the Draining flag and the cluster
 //     parameters fixed at creation).
+//   - Gossip encryption: the member's keys (Config.Keys, SetKeys) and the
+//     key file format (ParseKeyFile). See Gossip encryption below.
 //   - The View: every node this node has heard of, with its Meta, its State
 //     (Alive, Dead, Left) and when it entered that state by the local clock.
 //     Dead and left nodes stay in the view (memberlist forgets them after
@@ -31,9 +33,44 @@
 //     argument; Config.Now only stamps when a state was observed.
 //   - Treat Dead as gone. A dead node keeps its replicas for the caller's
 //     deadTimeout, so a restart does not move data.
+//   - Accept gossip it cannot decrypt once it has keys: plaintext and
+//     foreign keys are dropped (memberlist's GossipVerifyIncoming), and
+//     nothing leaves unencrypted (GossipVerifyOutgoing).
+//   - Log or expose a key: keys are named by KeyID, a truncated SHA-256.
 //   - Let two live nodes share an id. The node id is memberlist's node name;
 //     memberlist refuses a second live node with the same name at another
 //     address and Start fails with ErrNodeIDConflict.
+//
+// # Gossip encryption
+//
+// Config.Keys turns on memberlist's keyring: every packet and stream is
+// sealed with AES-GCM under the primary key (Keys[0]) and opened with
+// whichever installed key works. A member without a key the others use
+// cannot join: the seeds drop what it sends, it cannot read their answer,
+// and Start fails with the reason and a hint (the first failed attempt is
+// logged as a warning; a member with peers but no seeds, a restart, warns
+// from its reconnect loop instead); the members log the dropped gossip as a
+// warning at most every 10 s. Encryption is on or off for a member's lifetime: a
+// cluster is created with it, or restarted into it all at once.
+//
+// SetKeys changes the keys of a running member (chimed re-reads
+// --gossip-key-file). On one member it installs new keys before switching
+// the primary and removes keys only after, so the member can always read
+// what it could. Across the cluster a member can read a packet only if it
+// holds the sender's primary, so a rotation is three steps, each applied on
+// every member before the next begins:
+//
+//  1. add the new key as a secondary (keys: old, new): everyone still
+//     sends with the old key and can now read the new one;
+//  2. make the new key the primary (keys: new, old): members that switched
+//     send with it, those that have not yet still read it;
+//  3. remove the old key (keys: new): nobody sends with it any more.
+//
+// Skipping a step cuts the members that moved first off from those that did
+// not, until they catch up: long enough, and they are declared dead.
+// TestGossipKeyRotation runs the three steps on three members and shows a
+// member cut off when it skips them; TestGossipKeyRequired shows each kind
+// of stranger refused.
 //
 // # Failure detection with the defaults
 //
@@ -80,6 +117,10 @@
 //     below what the others remember; it gets back in by refuting the
 //     dead/left state the seeds send it on join, not by its first alive
 //     message.
+//   - Keyring.RemoveKey shifts the keys after the removed one in place, in
+//     the array that receivers read without the keyring's lock (GetKeys
+//     returns it). SetKeys removes keys last first, so in the documented
+//     rotation (the old key is the last) nothing is shifted.
 //   - Members() and Node.State cannot be used for a view: Members() drops
 //     dead and left nodes and Node.State is never set.
 //   - Memberlist calls the event delegate with its node lock held and may

@@ -109,6 +109,14 @@ type Config struct {
 	TCPTimeout          time.Duration
 	BroadcastTimeout    time.Duration
 
+	// Keys, when set, encrypt and authenticate all gossip (memberlist's
+	// keyring, AES-GCM): Keys[0], the primary, encrypts everything this node
+	// sends; every key is tried on what it receives, and anything that none
+	// decrypts, plaintext included, is dropped. Each key is 16, 24 or 32
+	// bytes. Empty leaves gossip in plaintext for the member's lifetime;
+	// SetKeys changes the keys of a member started with some.
+	Keys [][]byte
+
 	// Now stamps Member.Since. Default time.Now. Timeouts (join, broadcast)
 	// use the real clock whatever Now is.
 	Now func() time.Time
@@ -151,6 +159,11 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SuspicionMult == 0 {
 		c.SuspicionMult = DefaultSuspicionMult
 	}
+	if len(c.Keys) > 0 {
+		if err := checkKeys("Config.Keys", c.Keys); err != nil {
+			return c, err
+		}
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -182,6 +195,12 @@ type Membership struct {
 	log              *slog.Logger
 	broadcastTimeout time.Duration
 	changes          chan struct{}
+
+	// keyring is memberlist's (Config.Keyring), nil when gossip is not
+	// encrypted. keysMu serialises SetKeys: the keyring's own lock covers
+	// one change, and a rotation is several.
+	keyring *memberlist.Keyring
+	keysMu  sync.Mutex
 
 	// lifeMu serialises everything that calls memberlist to change the
 	// local node (SetDraining, SetClusterParams, Leave) with Shutdown:
@@ -262,7 +281,11 @@ func Start(cfg Config) (*Membership, error) {
 	m.reconnect = cfg.ReconnectInterval
 	m.stop, m.done = make(chan struct{}), make(chan struct{})
 	go m.reconnectLoop()
-	m.log.Info("membership started", "gossip_addr", m.LocalAddr(), "seeds", cfg.Join, "peers", cfg.Peers)
+	encryption := "off"
+	if m.keyring != nil {
+		encryption = "primary key " + KeyID(cfg.Keys[0])
+	}
+	m.log.Info("membership started", "gossip_addr", m.LocalAddr(), "seeds", cfg.Join, "peers", cfg.Peers, "encryption", encryption, "keys", len(cfg.Keys))
 	return m, nil
 }
 
@@ -307,11 +330,25 @@ func memberlistConfig(cfg Config, m *Membership) (*memberlist.Config, error) {
 	mc.GossipToTheDeadTime = cfg.GossipToTheDeadTime
 	mc.DeadNodeReclaimTime = cfg.DeadNodeReclaimTime
 	mc.TCPTimeout = cfg.TCPTimeout
+	if len(cfg.Keys) > 0 {
+		keys := make([][]byte, len(cfg.Keys))
+		for i, k := range cfg.Keys {
+			keys[i] = bytes.Clone(k)
+		}
+		kr, err := memberlist.NewKeyring(keys[1:], keys[0])
+		if err != nil {
+			return nil, fmt.Errorf("membership: Config.Keys: %w", err) // checked by withDefaults; never
+		}
+		mc.Keyring, m.keyring = kr, kr
+		// Both are memberlist's defaults; set so that no change of default
+		// can let plaintext in or out.
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	d := &delegate{m: m}
 	mc.Delegate = d
 	mc.Events = d
 	mc.Conflict = d
-	mc.Logger = log.New(logWriter{m.log}, "", 0)
+	mc.Logger = log.New(&logWriter{log: m.log}, "", 0)
 	return mc, nil
 }
 
@@ -324,6 +361,7 @@ func (m *Membership) reconnectLoop() {
 	defer close(m.done)
 	t := time.NewTicker(m.reconnect)
 	defer t.Stop()
+	var lastKeyWarn time.Time
 	for {
 		select {
 		case <-m.stop:
@@ -334,8 +372,15 @@ func (m *Membership) reconnectLoop() {
 		if len(targets) == 0 {
 			continue
 		}
-		if n, err := m.list.Join(targets); err == nil && n > 0 {
+		n, err := m.list.Join(targets)
+		switch hint := keyMismatchHint(err); {
+		case err == nil && n > 0:
 			m.log.Info("reconnected to members", "answered", n, "tried", targets)
+		case hint != "" && time.Since(lastKeyWarn) >= keyWarnEvery:
+			// A node restarted with the wrong keys joins nobody at start
+			// (it has peers, not seeds): this is where it says why.
+			lastKeyWarn = time.Now()
+			m.log.Warn("cannot reach members: "+hint, "tried", targets, "err", oneLine(err))
 		}
 	}
 }
@@ -427,7 +472,12 @@ func (m *Membership) join(seeds []string, timeout time.Duration) error {
 			m.log.Info("joined cluster", "seeds_answered", n, "attempts", attempt)
 			return n, nil
 		}
-		m.log.Debug("join attempt failed", "attempt", attempt, "err", lastErr, "conflict", conflict)
+		level := slog.LevelDebug
+		if attempt == 1 {
+			level = slog.LevelWarn // once, so that a join that hangs says why
+		}
+		m.log.Log(context.Background(), level, "join attempt failed; retrying", "attempt", attempt, "timeout", timeout,
+			"err", oneLine(lastErr), "conflict", conflict, "hint", keyMismatchHint(lastErr))
 		return n, err
 	}, backoff.WithBackOff(untilDeadline{b, time.Now().Add(timeout)}), backoff.WithMaxElapsedTime(0))
 	if err == nil {
@@ -437,10 +487,32 @@ func (m *Membership) join(seeds []string, timeout time.Duration) error {
 		return fmt.Errorf("%w: node id %q is used by the live node at %s (this node is at %s); still so after %s of retries: give each node its own id",
 			ErrNodeIDConflict, m.list.LocalNode().Name, conflict, m.LocalAddr(), timeout)
 	}
-	// memberlist's error is a multi-line list, one entry per seed address.
-	last := strings.Join(strings.Fields(lastErr.Error()), " ")
-	return fmt.Errorf("membership: could not join the cluster: none of the seeds %s answered within %s; last attempt: %s",
-		strings.Join(seeds, ", "), timeout, last)
+	hint := keyMismatchHint(lastErr)
+	if hint != "" {
+		hint = ": " + hint
+	}
+	return fmt.Errorf("membership: could not join the cluster: none of the seeds %s answered within %s; last attempt: %s%s",
+		strings.Join(seeds, ", "), timeout, oneLine(lastErr), hint)
+}
+
+// oneLine flattens memberlist's join error, a multi-line list with one entry
+// per seed address.
+func oneLine(err error) string {
+	if err == nil {
+		return ""
+	}
+	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// keyMismatchHint explains a join refused over encryption; memberlist's
+// words ("no installed keys could decrypt the message", "remote state is
+// encrypted and encryption is not configured", "encryption is configured but
+// remote state is not encrypted") name the symptom, not the cause.
+func keyMismatchHint(err error) string {
+	if err == nil || !strings.Contains(err.Error(), "crypt") {
+		return ""
+	}
+	return "the other side's gossip keys and this node's do not match (both need encryption on or off, and each side's primary key among the other's keys)"
 }
 
 // View returns a consistent snapshot of the membership.
@@ -803,15 +875,40 @@ func (d *delegate) NotifyConflict(existing, other *memberlist.Node) {
 
 // logWriter routes memberlist's log lines ("[LEVEL] memberlist: msg") to slog
 // at debug level: memberlist is chatty, and what matters is logged by
-// Membership itself at the right level.
-type logWriter struct{ log *slog.Logger }
+// Membership itself at the right level. The exception is gossip dropped
+// because it is not encrypted with a key this node has: memberlist is the
+// only one to see it, and an operator needs to (a member left out of a key
+// rotation, or a stranger), so it is a warning, at most one per
+// keyWarnEvery (the sender retries all the time).
+type logWriter struct {
+	log *slog.Logger
 
-func (w logWriter) Write(p []byte) (int, error) {
+	mu       sync.Mutex
+	lastWarn time.Time
+}
+
+const keyWarnEvery = 10 * time.Second
+
+func (w *logWriter) Write(p []byte) (int, error) {
 	line := strings.TrimRight(string(p), "\n")
 	level := ""
 	if strings.HasPrefix(line, "[") {
 		if i := strings.IndexByte(line, ']'); i > 0 {
 			level, line = line[1:i], strings.TrimSpace(line[i+1:])
+		}
+	}
+	if level == "ERR" && strings.Contains(line, "crypt") {
+		w.mu.Lock()
+		now := time.Now()
+		warn := now.Sub(w.lastWarn) >= keyWarnEvery
+		if warn {
+			w.lastWarn = now
+		}
+		w.mu.Unlock()
+		if warn {
+			w.log.Warn("gossip dropped: its sender does not share this node's gossip keys (encryption on one side only, or no common key); more such drops are logged at debug for "+keyWarnEvery.String(),
+				"memberlist", line)
+			return len(p), nil
 		}
 	}
 	w.log.Debug(line, "memberlist_level", level)

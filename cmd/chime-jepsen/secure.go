@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"net/http"
@@ -20,14 +21,15 @@ import (
 
 // security is what --secure runs the cluster with: a node CA and a client
 // CA made for the run, TLS on every port with client certificates required,
-// and an auth file in which the driver's certificate is an admin (the
+// an auth file in which the driver's certificate is an admin (the
 // nemesis, backups, status) and the workload's bearer token a scheduler of
 // every topic (so its invalid operations still meet the input rules, not
-// the role's).
+// the role's), and a gossip key.
 type security struct {
 	dir              string
 	nodeCA, clientCA *certstest.CA
 	authFile         string
+	gossipKeys       string
 	driver           *certs.Source
 	token            string
 }
@@ -51,6 +53,12 @@ func newSecurity(out string) (*security, error) {
 	if s.driver, err = certs.Load(certs.Files{Cert: driver.Cert, Key: driver.Key, CA: s.nodeCA.File}, nil); err != nil {
 		return nil, err
 	}
+	var key [32]byte
+	rand.Read(key[:])
+	s.gossipKeys = filepath.Join(s.dir, "gossip.keys")
+	if err := os.WriteFile(s.gossipKeys, []byte(base64.StdEncoding.EncodeToString(key[:])+"\n"), 0o600); err != nil {
+		return nil, err
+	}
 	var tok [32]byte
 	rand.Read(tok[:])
 	s.token = hex.EncodeToString(tok[:])
@@ -70,7 +78,7 @@ func (s *security) flags(n *node) ([]string, error) {
 		return nil, err
 	}
 	return []string{"--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", s.nodeCA.File, "--tls-client-ca", s.clientCA.File,
-		"--auth-file", s.authFile, "--audit-log", filepath.Join(filepath.Dir(n.logPath), n.id+"-audit.log")}, nil
+		"--auth-file", s.authFile, "--audit-log", filepath.Join(filepath.Dir(n.logPath), n.id+"-audit.log"), "--gossip-key-file", s.gossipKeys}, nil
 }
 
 // dialOptions are the driver's (admin) connection options; with token, the

@@ -75,7 +75,7 @@ type daemon struct {
 	join                       []string
 	extra                      []string // more flags
 	brokers                    string
-	stderr                     *bytes.Buffer
+	stderr                     *lockedBuffer // read while the process writes it
 	exited                     chan struct{}
 	// With TLS (secure): what its clients dial with, and the HTTP client
 	// and scheme of its HTTP port.
@@ -111,7 +111,7 @@ func (d *daemon) start() {
 // launch starts chimed serve without waiting for anything.
 func (d *daemon) launch() {
 	d.t.Helper()
-	d.stderr = &bytes.Buffer{}
+	d.stderr = &lockedBuffer{}
 	args := []string{"serve", "--node-id", d.nodeID, "--data-dir", d.dataDir,
 		"--grpc-addr", d.grpcAddr, "--http-addr", d.httpAddr, "--raft-addr", d.raftAd,
 		"--gossip-addr", d.gossipAddr, "--kafka-brokers", d.brokers, "--shards", "4", "--log-level", "warn"}

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"encoding/base64"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/chimehq/chime/rpc/certs/certstest"
 )
 
 // TestRetentionFlag: --retention takes Go durations and days, refuses what
@@ -104,6 +109,78 @@ func TestServeRefusesToListenBeyondLoopbackInTheClear(t *testing.T) {
 		}
 		if want := "chimed serve: " + tc.flag + " is reachable beyond this machine"; code != 2 || !strings.HasPrefix(stderr, want) || !strings.Contains(stderr, "pass --insecure") {
 			t.Errorf("serve %v: exit %d, %q; want exit 2 and %q... pass --insecure", tc.args, code, stderr, want)
+		}
+	}
+
+	// Secured, it passes only with all three: TLS, --auth-file and
+	// --gossip-key-file; the refusal names what is missing.
+	dir := t.TempDir()
+	ca, err := certstest.NewCA(dir, "cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Node("n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := filepath.Join(dir, "gossip.keys")
+	if err := os.WriteFile(keys, []byte("qmq1KX6rpRsSdIlnYyt8gOjzeGUrjuhfKlVWE+pHu3U=\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsFlags := []string{"--grpc-addr", "10.0.0.1:7070", "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", ca.File}
+	for _, tc := range []struct {
+		args    []string
+		missing string // "" when the gate lets it through
+	}{
+		{[]string{"--grpc-addr", "10.0.0.1:7070"}, "without encryption (--tls-cert, --tls-key, --tls-ca), authentication (--auth-file), gossip encryption (--gossip-key-file)"},
+		{append(slices.Clone(tlsFlags), "--gossip-key-file", keys), "without authentication (--auth-file): anyone who reaches it could schedule, cancel and drain"},
+		{append(slices.Clone(tlsFlags), "--auth-file", filepath.Join(dir, "auth.json")), "without gossip encryption (--gossip-key-file): anyone who reaches it could join the gossip"},
+		{append(slices.Clone(tlsFlags), "--auth-file", filepath.Join(dir, "auth.json"), "--gossip-key-file", keys), ""},
+	} {
+		code, stderr := serve(tc.args...)
+		if tc.missing == "" {
+			if code != 2 || !strings.Contains(stderr, "--kafka-brokers is required") {
+				t.Errorf("serve %v: exit %d, %q; want it past the gate, to the missing --kafka-brokers", tc.args, code, stderr)
+			}
+			continue
+		}
+		if code != 2 || !strings.Contains(stderr, tc.missing) {
+			t.Errorf("serve %v: exit %d, %q; want exit 2 and %q", tc.args, code, stderr, tc.missing)
+		}
+	}
+}
+
+// TestGossipKeyFileFlag: a key file that does not load stops chimed at once,
+// naming the flag, the file, the line and the rule; and dev refuses the flag
+// when it does not gossip.
+func TestGossipKeyFileFlag(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := file("good", "# primary\n"+base64.StdEncoding.EncodeToString(make([]byte, 32))+"\n")
+	short := file("short", base64.StdEncoding.EncodeToString(make([]byte, 16))+"\n"+base64.StdEncoding.EncodeToString(make([]byte, 20))+"\n")
+	empty := file("empty", "# no key yet\n")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--gossip-key-file", short}, "chimed serve: --gossip-key-file " + short + ": line 2: 20 bytes after base64 decoding, a key is 16, 24 or 32"},
+		{[]string{"serve", "--gossip-key-file", empty}, "chimed serve: --gossip-key-file " + empty + ": no key in it"},
+		{[]string{"serve", "--gossip-key-file", filepath.Join(dir, "missing")}, "--gossip-key-file " + filepath.Join(dir, "missing") + ": no such file"},
+		{[]string{"dev", "--gossip-key-file", good}, "chimed dev: --gossip-key-file encrypts gossip, and one dev node does not gossip"},
+		{[]string{"dev", "--nodes", "3", "--gossip-key-file", short}, "chimed dev: --gossip-key-file " + short + ": line 2"},
+		// A good file passes, to the next check.
+		{[]string{"serve", "--gossip-key-file", good}, "--kafka-brokers is required"},
+	} {
+		var out, errOut strings.Builder
+		code := run(append(tc.args, "--data-dir", t.TempDir()), &out, &errOut)
+		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("%v: exit %d, %q; want exit 2 saying %q", tc.args, code, errOut.String(), tc.want)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -26,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/chimehq/chime/cmd/chimed/node"
+	"github.com/chimehq/chime/membership"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/rpc/certs"
@@ -97,7 +99,7 @@ type flags struct {
 	fs                                            *flag.FlagSet
 	nodeID, dataDir, grpcAddr, httpAddr           string
 	raftAddr, kafkaAddr, brokers, logLevel        string
-	deadLetter, gossipAddr, join                  string
+	deadLetter, gossipAddr, join, gossipKeyFile   string
 	tlsCert, tlsKey, tlsCA, tlsClientCA           string
 	authFile, auditLog                            string
 	allowTopics                                   []string
@@ -159,6 +161,15 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CA that signs clients' certificates: set, the gRPC and HTTP ports require a\nclient certificate it signed (or a node's)")
 	fs.StringVar(&f.authFile, "auth-file", "", "JSON `file` of the bearer tokens (as SHA-256 hashes) and client certificates allowed to call\nthe node, each with a role (admin, scheduler with its topics and id prefixes, reader); every\ncall must then authenticate. Reloaded when it changes. In a cluster it needs TLS")
 	fs.StringVar(&f.auditLog, "audit-log", "", "`file` to append the audit log to, one JSON line per Admin call and per refused call\n(default: the node's log)")
+	gossips := "every node needs it"
+	if cmd == "dev" {
+		gossips = "the nodes of --nodes share it"
+	}
+	fs.StringVar(&f.gossipKeyFile, "gossip-key-file", "", "`file` of gossip encryption keys, base64, one per line (# comments allowed), made with\n"+
+		"head -c 32 /dev/urandom | base64: the first line's key encrypts, every line's decrypts. Set,\n"+
+		"gossip is encrypted and authenticated and a member without the cluster's keys cannot join;\n"+
+		gossips+". Re-read when it changes: to rotate, add the new key as a second line\n"+
+		"everywhere, then move it first everywhere, then remove the old one (docs/operations.md)")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
 		f.allowTopics = append(f.allowTopics, v)
@@ -252,22 +263,30 @@ func exposed(f *flags) (flag, addr string) {
 	return "", ""
 }
 
-// missingProtection says what an exposed node lacks.
-func missingProtection(tls, auth bool) string {
+// missingProtection says what an exposed node lacks, and what anyone who
+// reaches it could then do; "" when it lacks nothing.
+func missingProtection(tls, auth, gossipKey bool) string {
+	var missing []string
+	if !tls {
+		missing = append(missing, "encryption (--tls-cert, --tls-key, --tls-ca)")
+	}
+	if !auth {
+		missing = append(missing, "authentication (--auth-file)")
+	}
+	if !gossipKey {
+		missing = append(missing, "gossip encryption (--gossip-key-file)")
+	}
+	if len(missing) == 0 {
+		return ""
+	}
+	could := "read every event, schedule, cancel, drain and join"
 	switch {
-	case !tls && !auth:
-		return "and it would be neither encrypted (--tls-cert, --tls-key, --tls-ca) nor authenticated (--auth-file)"
-	case !tls:
-		return "and it would not be encrypted (--tls-cert, --tls-key, --tls-ca): tokens would cross the network in the clear"
+	case tls && auth:
+		could = "join the gossip and unsettle the placement"
+	case tls:
+		could = "schedule, cancel and drain"
 	}
-	return "and its callers would not be authenticated (--auth-file)"
-}
-
-func exposure(tls bool) string {
-	if tls {
-		return "schedule, cancel and drain"
-	}
-	return "read every event, schedule, cancel, drain and join"
+	return fmt.Sprintf("without %s: anyone who reaches it could %s", strings.Join(missing, ", "), could)
 }
 
 // lockDataDir takes an exclusive lock on dataDir/chimed.lock for as long as
@@ -328,11 +347,29 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
-	if cmd == "serve" && !f.insecure {
-		if flag, addr := exposed(f); flag != "" && (tlsSource == nil || f.authFile == "") {
-			fmt.Fprintf(stderr, "chimed serve: --%s %s is reachable beyond this machine, %s: anyone who reaches it could %s; pass --insecure to serve on a network you trust anyway\n",
-				flag, addr, missingProtection(tlsSource != nil, f.authFile != ""), exposure(tlsSource != nil))
+	if f.gossipKeyFile != "" {
+		if cmd == "dev" && f.nodes <= 1 {
+			fmt.Fprintln(stderr, "chimed dev: --gossip-key-file encrypts gossip, and one dev node does not gossip: add --nodes 3, or drop the flag")
 			return 2
+		}
+		data, err := os.ReadFile(f.gossipKeyFile)
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			err = pe.Err // the path is in the message already
+		}
+		if err == nil {
+			_, err = membership.ParseKeyFile(data)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "chimed %s: --gossip-key-file %s: %v\n", cmd, f.gossipKeyFile, err)
+			return 2
+		}
+	}
+	if cmd == "serve" && !f.insecure {
+		if flag, addr := exposed(f); flag != "" {
+			if why := missingProtection(tlsSource != nil, f.authFile != "", f.gossipKeyFile != ""); why != "" {
+				fmt.Fprintf(stderr, "chimed serve: --%s %s is reachable beyond this machine, %s; pass --insecure to serve on a network you trust anyway\n", flag, addr, why)
+				return 2
+			}
 		}
 	}
 	var audit io.Writer
@@ -392,7 +429,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
-		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit,
+		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
 	}
 	if cmd == "serve" {
 		f.nodes = 1

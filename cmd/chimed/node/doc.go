@@ -18,6 +18,11 @@
 //   - Joining: a new node learns the cluster's parameters from the members'
 //     gossip; a node with data checks that the members agree, and reaches the
 //     members it knew (peers.json) without needing a seed to answer.
+//   - The gossip key file (Config.GossipKeyFile, chimed --gossip-key-file):
+//     read at Start, then looked at every second and applied to the
+//     membership (SetKeys) when it changed; a change that does not load is
+//     logged once, counted (chime_gossip_key_file_errors_total) and the keys
+//     in use kept. chime_gossip_key_info names the keys in use by id.
 //   - Start and Close order: Close leaves the gossip first (a member that left
 //     is not suspected), stops taking requests, then closes the shards, the
 //     control plane, gossip, the publisher and Pebble.
@@ -39,6 +44,8 @@
 //
 //   - The gRPC and HTTP servers' Serve loops, started by Start, ended by
 //     Close; an error from either arrives on ServeErr.
+//   - The gossip key file watcher (gossipkeys.go), started by Start when
+//     GossipKeyFile is set, ended by Close before the gossip shuts down.
 //   - Everything else belongs to the parts (host, cluster, membership,
 //     publish), each stopped by Close.
 //

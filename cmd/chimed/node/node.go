@@ -66,6 +66,12 @@ type Config struct {
 	Join        []string
 	Replication int
 	DeadTimeout time.Duration
+	// GossipKeyFile, when set, encrypts the gossip with the keys in this
+	// file (membership.ParseKeyFile: base64, one per line, the primary
+	// first). The node re-reads it when it changes and applies the new keys
+	// without a restart; a file that does not load is logged and the keys
+	// in use kept. Empty gossips in plaintext. Cluster mode only.
+	GossipKeyFile string
 
 	// RaftTransport, when set, gives each shard its Raft transport instead
 	// of the Raft port on RaftAddr (none is bound); RaftAdvertise is then the
@@ -106,6 +112,7 @@ type Node struct {
 	store   *raftfsm.Store
 	pub     *publish.Publisher
 	ml      *membership.Membership
+	keys    *keyWatcher // nil without GossipKeyFile
 	cluster *controlplane.Cluster
 	host    *host.Host
 	grpc    *grpc.Server
@@ -211,6 +218,9 @@ func Start(cfg Config) (_ *Node, err error) {
 	if cfg.AuthFile != "" && cfg.Cluster && cfg.TLS == nil {
 		return nil, errors.New("--auth-file needs TLS (--tls-cert, --tls-key, --tls-ca) in a cluster: nodes prove to each other that they are nodes with their certificates")
 	}
+	if cfg.GossipKeyFile != "" && !cfg.Cluster {
+		return nil, fmt.Errorf("gossip key file %s: this node does not gossip (not in cluster mode)", cfg.GossipKeyFile)
+	}
 	var raftLn net.Listener
 	if cfg.RaftTransport == nil {
 		if raftLn, err = listen("raft-addr", cfg.RaftAddr); err != nil {
@@ -283,6 +293,9 @@ func Start(cfg Config) (_ *Node, err error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(n.pub.Collector())
+	if n.keys != nil {
+		reg.MustRegister(keysCollector{ml: n.ml, watcher: n.keys})
+	}
 	hc := host.Config{
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, RaftAdvertise: cfg.RaftAdvertise, Transport: cfg.RaftTransport, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
@@ -438,16 +451,28 @@ func (n *Node) joinCluster(cfg Config, meta clusterMeta, existed bool) (clusterM
 	if existed {
 		join, peers = nil, append(peers, cfg.Join...)
 	}
+	var keys [][]byte
+	var loaded fileStamp
+	if cfg.GossipKeyFile != "" {
+		var err error
+		if keys, loaded, err = readKeyFile(cfg.GossipKeyFile); err != nil {
+			return meta, fmt.Errorf("gossip key file: %w", err)
+		}
+	}
 	var err error
 	n.ml, err = membership.Start(membership.Config{
 		Meta: membership.Meta{
 			NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr, HTTPAddr: n.httpAddr.String(),
 			ClusterID: params.ClusterID, Shards: params.Shards, Replication: params.Replication, Retention: params.Retention,
 		},
-		BindAddr: cfg.GossipAddr, Transport: cfg.GossipTransport, Join: join, Peers: peers, Logger: cfg.Logger.With("component", "membership"),
+		BindAddr: cfg.GossipAddr, Transport: cfg.GossipTransport, Join: join, Peers: peers, Keys: keys, Logger: cfg.Logger.With("component", "membership"),
 	})
 	if err != nil {
 		return meta, err
+	}
+	if cfg.GossipKeyFile != "" {
+		n.keys = newKeyWatcher(cfg.GossipKeyFile, loaded, n.ml, cfg.Logger.With("component", "membership"))
+		n.keys.start()
 	}
 	if len(join) == 0 {
 		return meta, nil
@@ -532,6 +557,10 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	if n.cluster != nil {
 		n.cluster.Close()
+	}
+	if n.keys != nil {
+		n.keys.Close()
+		n.keys = nil
 	}
 	if n.ml != nil {
 		errs = append(errs, n.ml.Shutdown())
