@@ -129,6 +129,7 @@ func TestRoles(t *testing.T) {
 		{"scheduler lists within", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Count_FullMethodName,
 			&chimev1.CountRequest{Filter: &chimev1.EventFilter{Topic: "billing.a", IdPrefix: "inv-4"}}, codes.OK, ""},
 		{"every-topic scheduler lists all", callCtx("any-token", certs.Identity{}), chimev1.Scheduler_List_FullMethodName, &chimev1.ListRequest{}, codes.OK, ""},
+		{"reader reads the cluster map", callCtx("dash-token", certs.Identity{}), chimev1.Admin_GetClusterMap_FullMethodName, &chimev1.GetClusterMapRequest{}, codes.OK, ""},
 		{"scheduler drains", callCtx("billing-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.PermissionDenied, "needs the admin role"},
 		{"scheduler calls Peer", callCtx("any-token", certs.Identity{}), chimev1.Peer_Forget_FullMethodName, &chimev1.ForgetRequest{}, codes.PermissionDenied, "for nodes"},
 		{"admin drains", callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.OK, ""},

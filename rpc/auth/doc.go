@@ -20,7 +20,9 @@
 //     "billing.*") and, if it lists any, to ids with one of its prefixes;
 //     calls that name an event by id only (Get, Update, Cancel) are checked
 //     against the topic of the event the id names, when one exists. reader:
-//     Get, List and Count. The Peer service is for nodes only. A call
+//     Get, List and Count. Every role may read the cluster map
+//     (Admin/GetClusterMap), which clients use to call shard leaders
+//     directly. The Peer service is for nodes only. A call
 //     outside the role is PERMISSION_DENIED with a message naming what is
 //     missing.
 //   - The audit log: one JSON line per Admin call from a client (nodes
