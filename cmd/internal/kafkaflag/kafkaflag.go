@@ -116,3 +116,23 @@ func (f *Flags) sasl(getenv func(string) string) (*publish.SASL, error) {
 	}
 	return s, nil
 }
+
+// Args is the flags that were set, as a command line, for hints that show
+// another command reaching the same brokers (chimed's banner shows chimectl
+// tail). The password is not among them: its file's path is, or nothing
+// when it is in the environment, which the other command then reads too.
+func (f *Flags) Args() []string {
+	var args []string
+	if f.tls && f.caFile == "" && f.certFile == "" {
+		args = append(args, "--kafka-tls")
+	}
+	for _, a := range []struct{ name, value string }{
+		{"kafka-tls-ca", f.caFile}, {"kafka-tls-cert", f.certFile}, {"kafka-tls-key", f.keyFile},
+		{"kafka-sasl-mechanism", f.mechanism}, {"kafka-sasl-user", f.user}, {"kafka-sasl-password-file", f.passwordFile},
+	} {
+		if a.value != "" {
+			args = append(args, "--"+a.name, a.value)
+		}
+	}
+	return args
+}

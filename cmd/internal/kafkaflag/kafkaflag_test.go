@@ -67,6 +67,26 @@ func TestSecurityFromFlags(t *testing.T) {
 	}
 }
 
+// Args gives back what was set, in a form the flags parse again, without
+// the password.
+func TestArgs(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"--kafka-tls"},
+		{"--kafka-tls-ca", "ca.pem", "--kafka-tls-cert", "c.pem", "--kafka-tls-key", "k.pem"},
+		{"--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "u", "--kafka-sasl-password-file", "pw"},
+	} {
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		f := Register(fs, "the test's")
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if got := f.Args(); strings.Join(got, " ") != strings.Join(args, " ") {
+			t.Errorf("Args() = %q after parsing %q", got, args)
+		}
+	}
+}
+
 // Each rule, broken: the error names the flag (and the environment
 // variable where it is an alternative), and never holds the password.
 func TestSecurityRefuses(t *testing.T) {
