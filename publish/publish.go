@@ -773,7 +773,7 @@ func (p *Publisher) partitions(ctx context.Context, topic string) (int, error) {
 		AllowAutoTopicCreation: true,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("publish: partitions of %s: %w", topic, closedHint(err))
+		return 0, fmt.Errorf("publish: partitions of %s: %w", topic, ExplainClosed(err))
 	}
 	for _, t := range r.(*metadata.Response).Topics {
 		if t.Name != topic {
@@ -839,7 +839,7 @@ func (p *Publisher) produce(ctx context.Context, msgs []kafka.Message, r *reques
 	now := p.cfg.Now()
 	switch {
 	case err != nil:
-		setAll(closedHint(err))
+		setAll(ExplainClosed(err))
 		return
 	case res.Error != nil:
 		setAll(res.Error)

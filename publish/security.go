@@ -99,14 +99,16 @@ func (c *Config) saslMechanism() (sasl.Mechanism, error) {
 	return nil, configError("Security.SASL.Password", "is refused by SCRAM's SASLprep (it has a control, prohibited or unassigned character)")
 }
 
-// closedHint adds to an error that says the broker closed the connection
-// what that usually means when it happens at every attempt. A broker
+// ExplainClosed adds to an error that says the broker closed the connection
+// what that usually means when it happens at every attempt; other errors
+// it returns as they are. The Publisher's errors carry it already;
+// chimectl's consumers (franz-go) add it to theirs. A broker
 // answers a client whose TLS or SASL does not match its listener by
 // closing the connection, without a word: Kafka's TLS listener does so to
 // plaintext, and a SASL listener to a client that does not authenticate;
 // kfake also does so to a refused password, where Kafka answers
 // SASL_AUTHENTICATION_FAILED. kafka-go then reports only "unexpected EOF".
-func closedHint(err error) error {
+func ExplainClosed(err error) error {
 	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, syscall.ECONNRESET) {
 		return err
 	}
