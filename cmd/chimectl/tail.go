@@ -37,10 +37,9 @@ from --kafka-sasl-password-file or ` + kafkaflag.PasswordEnv + `). Tail stops
 with the reason when no broker answers as it starts (a wrong address, TLS
 or SASL setting, or refused credentials).`,
 		example: `  chimectl tail --topic reminders
-  chimectl tail --topic reminders --brokers kafka-0:9092,kafka-1:9092 --from-beginning --count 10
-  chimectl tail --topic chime.dlq --group ops-dlq --json | jq -r '.headers[] | select(.key=="chime-error") | .value'
-  chimectl tail --topic reminders --brokers kafka-0:9093 --kafka-tls-ca ca.pem \
-      --kafka-sasl-mechanism SCRAM-SHA-512 --kafka-sasl-user chime --kafka-sasl-password-file ~/.kafka-password`,
+  chimectl tail --topic reminders --brokers kafka-0:9093,kafka-1:9093 --from-beginning --count 10 \
+      --kafka-tls-ca ca.pem --kafka-sasl-mechanism SCRAM-SHA-512 --kafka-sasl-user chime --kafka-sasl-password-file ~/.kafka-pw
+  chimectl tail --topic chime.dlq --group ops-dlq --json | jq -r '.headers[] | select(.key=="chime-error") | .value'`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			topic := fs.String("topic", "", "Kafka `topic` to consume (required)")
 			brokers := fs.String("brokers", "127.0.0.1:9092", "comma-separated Kafka bootstrap `addresses` (host:port)")
