@@ -57,6 +57,7 @@ func TestServeOverTLSAndSASL(t *testing.T) {
 	if got["secure-1"].Value() != "over TLS" {
 		t.Fatalf("record value %q", got["secure-1"].Value())
 	}
+	d.stop() // stderr is complete, and no longer written, once chimed exited
 	if strings.Contains(d.stderr.String(), "s3cret") {
 		t.Errorf("chimed logged the password:\n%s", d.stderr)
 	}
