@@ -19,6 +19,10 @@ import (
 // 2.5-2.8 s after the heal, exactly WriteTimeout after they were sent,
 // delivered by a TCP retransmission of the old request, while everything
 // else was back within 1 s.
+//
+// The function dials TCP only: kafka-go's Transport then wraps the
+// connection in TLS and authenticates it with SASL (Config.Security), so
+// the timeout holds beneath both.
 func dialer(unacked time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{Control: userTimeout(unacked)}
 	return d.DialContext

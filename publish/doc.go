@@ -78,7 +78,26 @@
 // Header* constants are the same names. A change to the format above is a
 // change to that contract.
 //
+// # Connecting to the brokers
+//
+// Every connection the Publisher makes (produce requests, and the
+// metadata requests that look up partitions and create topics) comes from
+// one kafka-go Transport, which applies Config.Security to each: TLS
+// (Security.TLS, a *tls.Config; an empty ServerName becomes the host of
+// the broker dialled) and then SASL (Security.SASL: PLAIN or
+// SCRAM-SHA-512, a user and a password). The TCP connection beneath is
+// dialled here, with TCP_USER_TIMEOUT (see UnackedTimeout). Security holds
+// no client's types, so chimectl's franz-go consumers take the same value;
+// cmd/internal/kafkaflag builds it from the --kafka-tls* and --kafka-sasl-*
+// flags. A connection the broker closes at once (a TLS or SASL mismatch,
+// refused credentials) fails the attempt with an error that says so; it is
+// retried like any other failure, and never hangs longer than WriteTimeout.
+//
 // # What this package must never do
+//
+// It never reads files or the environment: certificates and the SASL
+// password arrive loaded, in Config.Security; it never logs or returns the
+// password.
 //
 // It never marks anything fired, never reads storage or the wheel, and never
 // reports Done for a record Kafka did not acknowledge. It never lets

@@ -164,6 +164,9 @@ type Config struct {
 	UnackedTimeout time.Duration
 	// ClientID is sent to the brokers.
 	ClientID string
+	// Security is TLS and SASL for every connection to the brokers (the
+	// zero value: plaintext, unauthenticated).
+	Security Security
 	// Now is the clock for FiredAt and chime-fired-unix-ms; default time.Now.
 	Now func() time.Time
 	// Logger gets retries (debug), dead letters (warn) and failures
@@ -180,6 +183,7 @@ func (c Config) withDefaults() (Config, error) {
 		(*Config).fillBackoff,
 		(*Config).fillLimits,
 		(*Config).fillDeadLetterTopic,
+		(*Config).checkSASL,
 	} {
 		if err := fill(&c); err != nil {
 			return c, err
@@ -336,14 +340,23 @@ func New(cfg Config) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
+	mechanism, err := cfg.saslMechanism()
+	if err != nil {
+		return nil, err
+	}
 	log := cfg.Logger.With("component", "publish")
 	// The transport's background metadata goroutine runs until this
-	// context ends (Close), not until the process exits.
+	// context ends (Close), not until the process exits. It makes every
+	// connection of the Publisher (metadata and topic creation included):
+	// Dial opens the TCP connection, then the transport wraps it in TLS and
+	// authenticates it with SASL.
 	tctx, tcancel := context.WithCancel(context.Background())
 	tr := &kafka.Transport{
 		ClientID: cfg.ClientID,
 		Context:  tctx,
 		Dial:     dialer(cfg.UnackedTimeout),
+		TLS:      cfg.Security.TLS,
+		SASL:     mechanism,
 	}
 	client := &kafka.Client{
 		Addr:      kafka.TCP(cfg.Brokers...),
@@ -760,7 +773,7 @@ func (p *Publisher) partitions(ctx context.Context, topic string) (int, error) {
 		AllowAutoTopicCreation: true,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("publish: partitions of %s: %w", topic, err)
+		return 0, fmt.Errorf("publish: partitions of %s: %w", topic, ExplainClosed(err))
 	}
 	for _, t := range r.(*metadata.Response).Topics {
 		if t.Name != topic {
@@ -826,7 +839,7 @@ func (p *Publisher) produce(ctx context.Context, msgs []kafka.Message, r *reques
 	now := p.cfg.Now()
 	switch {
 	case err != nil:
-		setAll(err)
+		setAll(ExplainClosed(err))
 		return
 	case res.Error != nil:
 		setAll(res.Error)

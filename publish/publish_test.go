@@ -516,6 +516,21 @@ func TestNewRejects(t *testing.T) {
 		{"BatchBytes", func(c *publish.Config) { c.BatchBytes = -1 }},
 		{"WriteTimeout", func(c *publish.Config) { c.WriteTimeout = -time.Second }},
 		{"UnackedTimeout", func(c *publish.Config) { c.UnackedTimeout = -time.Second }},
+		{"Security.SASL.Mechanism", func(c *publish.Config) {
+			c.Security.SASL = &publish.SASL{Mechanism: "SCRAM-SHA-1", User: "u", Password: "p"}
+		}},
+		{"Security.SASL.User", func(c *publish.Config) { c.Security.SASL = &publish.SASL{Mechanism: publish.SASLPlain, Password: "p"} }},
+		{"Security.SASL.Password", func(c *publish.Config) {
+			c.Security.SASL = &publish.SASL{Mechanism: publish.SASLScramSHA512, User: "u"}
+		}},
+		// SASLprep refuses control characters in a SCRAM user or password
+		// (TestSCRAMErrorKeepsThePassword).
+		{"Security.SASL.User", func(c *publish.Config) {
+			c.Security.SASL = &publish.SASL{Mechanism: publish.SASLScramSHA512, User: "u\x07", Password: "p"}
+		}},
+		{"Security.SASL.Password", func(c *publish.Config) {
+			c.Security.SASL = &publish.SASL{Mechanism: publish.SASLScramSHA512, User: "u", Password: "p\x00"}
+		}},
 	} {
 		cfg := ok
 		tc.edit(&cfg)

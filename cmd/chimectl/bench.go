@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	"github.com/chimehq/chime/cmd/internal/latency"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
@@ -63,7 +64,11 @@ time, with a new payload) and bench reports how many updates a second were
 acknowledged and their latency; the records then carry the second version.
 With --update-batch N the updates go N to a call, as upserts: BatchSchedule
 with on_conflict REPLACE, which makes each pending event's next version
-exactly as Update does.`,
+exactly as Update does.
+
+The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
+--kafka-sasl-* flags chimed serve was given (the password from
+--kafka-sasl-password-file or ` + kafkaflag.PasswordEnv + `).`,
 		example: `  # ingest: as fast as possible, due in 10-20 s
   chimectl bench --events 6000000 --callers 16 --batch 500 --delay 10s --delay-max 20s --no-consume
   # drain: 1,000,000 events all due in the same second
@@ -90,12 +95,17 @@ exactly as Update does.`,
 			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
 			fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long to wait for records after the last one is due")
 			fs.BoolVar(&o.update, "update", false, "after scheduling, update every acknowledged event once and measure the updates")
+			kafka := kafkaflag.Register(fs, "the consumer")
 			fs.IntVar(&o.updateBatch, "update-batch", 1, "with --update, update `n` events per call: 1 is one Update call each, more is BatchSchedule calls of upserts (on_conflict REPLACE)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected argument %q", args[0])
 				}
 				if err := o.validate(); err != nil {
+					return err
+				}
+				var err error
+				if o.kafka, err = kafkaOpts(kafka, c.getenv); err != nil {
 					return err
 				}
 				return c.bench(ctx, o)
@@ -113,6 +123,7 @@ type benchOptions struct {
 	prefix                          string
 	noConsume, route, update        bool
 	wait                            time.Duration
+	kafka                           []kgo.Opt // how the consumer reaches the brokers (kafkaOpts)
 }
 
 func (o *benchOptions) validate() error {
@@ -569,17 +580,21 @@ func (r *benchRun) schedule(ctx context.Context, cl chimev1.SchedulerClient, evs
 // consume reads the topic from the bench's start and accounts for every
 // record of this run; ready is closed once partitions are assigned.
 func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(strings.Fields(strings.ReplaceAll(r.o.brokers, ",", " "))...),
+	seeds := strings.Fields(strings.ReplaceAll(r.o.brokers, ",", " "))
+	cl, err := kgo.NewClient(append([]kgo.Opt{
+		kgo.SeedBrokers(seeds...),
 		kgo.ConsumeTopics(r.o.topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(r.start.Add(-time.Second).UnixMilli())),
 		kgo.AllowAutoTopicCreation(),
-		kgo.FetchMaxWait(50*time.Millisecond),
-	)
+		kgo.FetchMaxWait(50 * time.Millisecond),
+	}, r.o.kafka...)...)
 	if err != nil {
 		return fmt.Errorf("--brokers: %w", err)
 	}
 	defer cl.Close()
+	if err := pingKafka(ctx, cl, seeds); err != nil {
+		return err
+	}
 	// Make sure the topic exists before scheduling, so the consumer sees
 	// it from its first record.
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)

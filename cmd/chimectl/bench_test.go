@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/grpc"
 
 	"github.com/chimehq/chime/publish"
@@ -29,12 +31,19 @@ import (
 func startNode(t *testing.T) (addr string, brokers []string) {
 	t.Helper()
 	brokers = publishtest.NewBroker(t).Addrs()
+	return startNodeWith(t, brokers, publish.Security{}), brokers
+}
+
+// startNodeWith runs the node of startNode against brokers, which it
+// reaches with sec.
+func startNodeWith(t *testing.T, brokers []string, sec publish.Security) (addr string) {
+	t.Helper()
 	dir := t.TempDir()
 	store, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), raftfsm.StoreOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := publish.New(publish.Config{Brokers: brokers})
+	pub, err := publish.New(publish.Config{Brokers: brokers, Security: sec})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +72,7 @@ func startNode(t *testing.T) (addr string, brokers []string) {
 		pub.Close()
 		store.Close()
 	})
-	return ln.Addr().String(), brokers
+	return ln.Addr().String()
 }
 
 // serveProcessMetrics serves /metrics with the Prometheus process collector
@@ -153,5 +162,45 @@ func TestBenchUpdate(t *testing.T) {
 	}
 	if s["updates_per_second"].(float64) <= 0 || s["update_p50_ms"].(float64) <= 0 {
 		t.Errorf("implausible update figures: %s", r.stdout)
+	}
+}
+
+// TestBenchOverTLSAndSASL: against a Kafka that takes only TLS with a
+// client certificate and only SCRAM users, the node fires through its
+// publish.Security and bench's consumer reads every record back with the
+// --kafka-tls* and --kafka-sasl-* flags; with a wrong password bench stops
+// before scheduling anything, saying why.
+func TestBenchOverTLSAndSASL(t *testing.T) {
+	ca := publishtest.NewCA(t, "kafka-ca")
+	b := publishtest.NewBroker(t, kfake.TLS(ca.ServerTLS(t, true)), kfake.EnableSASL(),
+		kfake.Superuser(publish.SASLScramSHA512, "chime", "s3cret"))
+	node := ca.Issue(t, "node")
+	addr := startNodeWith(t, b.Addrs(), publish.Security{
+		TLS:  &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{node.TLS}},
+		SASL: &publish.SASL{Mechanism: publish.SASLScramSHA512, User: "chime", Password: "s3cret"},
+	})
+	caFile, certFile, keyFile := ca.WriteFiles(t)
+	args := []string{"--addr", addr, "--json", "bench", "--events", "200", "--callers", "2", "--batch", "50",
+		"--delay", "200ms", "--brokers", strings.Join(b.Addrs(), ","), "--metrics", serveProcessMetrics(t), "--wait", "10s",
+		"--kafka-tls-ca", caFile, "--kafka-tls-cert", certFile, "--kafka-tls-key", keyFile,
+		"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "chime"}
+
+	r := chimectl(t, map[string]string{"CHIME_KAFKA_SASL_PASSWORD": "s3cret"}, "", args...)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var s map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, r.stdout)
+	}
+	for k, want := range map[string]float64{"acked": 200, "consumed": 200, "missing": 0, "failed": 0} {
+		if s[k] != want {
+			t.Errorf("%s = %v, want %v", k, s[k], want)
+		}
+	}
+
+	r = chimectl(t, map[string]string{"CHIME_KAFKA_SASL_PASSWORD": "wrong"}, "", args...)
+	if r.code != 1 || !strings.Contains(r.stderr, "reaching the brokers") || strings.Contains(r.stdout, `"acked"`) {
+		t.Fatalf("wrong password: exit %d, stdout %q, stderr %q; want exit 1 before scheduling, saying the brokers could not be reached", r.code, r.stdout, r.stderr)
 	}
 }

@@ -288,6 +288,7 @@ func (c *cli) printFlags(w io.Writer, fs *flag.FlagSet, keep func(string) bool) 
 			return
 		}
 		typ, usage := flag.UnquoteUsage(f)
+		usage = strings.ReplaceAll(usage, "\n", "\n      ") // a usage of several lines stays indented
 		line := "  --" + f.Name
 		if typ != "" {
 			line += " " + typ

@@ -9,8 +9,12 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/publish"
 )
 
 func tailCommand() *command {
@@ -27,9 +31,14 @@ unless --from-beginning is set, and stops on Ctrl-C (SIGINT) or SIGTERM, or
 after --count records. With --group it joins that consumer group and commits
 what it printed, so a later tail with the same group continues from there;
 --from-beginning then only matters when the group has no committed offset.
---timeout does not apply to tail.`,
+--timeout does not apply to tail. For a Kafka behind TLS or SASL, give the
+--kafka-tls* and --kafka-sasl-* flags chimed serve was given (the password
+from --kafka-sasl-password-file or ` + kafkaflag.PasswordEnv + `). Tail stops
+with the reason when no broker answers as it starts (a wrong address, TLS
+or SASL setting, or refused credentials).`,
 		example: `  chimectl tail --topic reminders
-  chimectl tail --topic reminders --brokers kafka-0:9092,kafka-1:9092 --from-beginning --count 10
+  chimectl tail --topic reminders --brokers kafka-0:9093,kafka-1:9093 --from-beginning --count 10 \
+      --kafka-tls-ca ca.pem --kafka-sasl-mechanism SCRAM-SHA-512 --kafka-sasl-user chime --kafka-sasl-password-file ~/.kafka-pw
   chimectl tail --topic chime.dlq --group ops-dlq --json | jq -r '.headers[] | select(.key=="chime-error") | .value'`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			topic := fs.String("topic", "", "Kafka `topic` to consume (required)")
@@ -37,6 +46,7 @@ what it printed, so a later tail with the same group continues from there;
 			fromBeginning := fs.Bool("from-beginning", false, "start at the oldest record instead of the end of the topic")
 			count := fs.Int("count", 0, "stop after `n` records; 0 means until interrupted")
 			group := fs.String("group", "", "consume as a member of this consumer `group`, committing offsets (default: no group, nothing committed)")
+			kafka := kafkaflag.Register(fs, "the consumer")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected argument %q", args[0])
@@ -51,13 +61,55 @@ what it printed, so a later tail with the same group continues from there;
 				if len(seeds) == 0 {
 					return usagef("--brokers: no address given")
 				}
-				return c.tail(ctx, seeds, *topic, *group, *fromBeginning, *count)
+				sec, err := kafkaOpts(kafka, c.getenv)
+				if err != nil {
+					return err
+				}
+				return c.tail(ctx, seeds, sec, *topic, *group, *fromBeginning, *count)
 			}
 		},
 	}
 }
 
-func (c *cli) tail(ctx context.Context, seeds []string, topic, group string, fromBeginning bool, count int) error {
+// kafkaOpts is what the --kafka-tls* and --kafka-sasl-* flags ask for, as
+// franz-go options for a consumer: its TLS configuration and SASL
+// mechanism. A flag that breaks a rule is a usage error naming it.
+func kafkaOpts(f *kafkaflag.Flags, getenv func(string) string) ([]kgo.Opt, error) {
+	sec, err := f.Security(getenv)
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	var opts []kgo.Opt
+	if sec.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(sec.TLS))
+	}
+	switch s := sec.SASL; {
+	case s == nil:
+	case s.Mechanism == publish.SASLPlain:
+		opts = append(opts, kgo.SASL(plain.Auth{User: s.User, Pass: s.Password}.AsMechanism()))
+	case s.Mechanism == publish.SASLScramSHA512:
+		opts = append(opts, kgo.SASL(scram.Auth{User: s.User, Pass: s.Password}.AsSha512Mechanism()))
+	default:
+		return nil, usagef("--kafka-sasl-mechanism %s: chimectl does not speak it", s.Mechanism)
+	}
+	return opts, nil
+}
+
+// pingKafka asks the brokers for their metadata once, so that a consumer
+// that cannot reach them (a wrong address, TLS or SASL setting, refused
+// credentials) stops with the reason: franz-go otherwise retries such a
+// connection forever and tells its caller nothing.
+func pingKafka(ctx context.Context, cl *kgo.Client, seeds []string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := cl.Ping(ctx); err != nil {
+		return fmt.Errorf("reaching the brokers %s: %w", strings.Join(seeds, ","), publish.ExplainClosed(err))
+	}
+	return nil
+}
+
+// tail consumes topic from seeds, reached with kafka (kafkaOpts).
+func (c *cli) tail(ctx context.Context, seeds []string, kafka []kgo.Opt, topic, group string, fromBeginning bool, count int) error {
 	start := kgo.NewOffset().AtEnd()
 	if fromBeginning {
 		start = kgo.NewOffset().AtStart()
@@ -70,11 +122,14 @@ func (c *cli) tail(ctx context.Context, seeds []string, topic, group string, fro
 	if group != "" {
 		opts = append(opts, kgo.ConsumerGroup(group))
 	}
-	cl, err := kgo.NewClient(opts...)
+	cl, err := kgo.NewClient(append(opts, kafka...)...)
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
 	}
 	defer cl.Close()
+	if err := pingKafka(ctx, cl, seeds); err != nil {
+		return fmt.Errorf("tail: %w", err)
+	}
 
 	printed := 0
 	reported := make(map[string]bool) // errors kgo retries come back on every poll; say each once

@@ -3,15 +3,21 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/publish/publishtest"
 )
 
@@ -74,12 +80,17 @@ func (l *lockedBuffer) String() string {
 // runTail runs chimectl with ctx, its clock at now, and returns its exit
 // status and output.
 func runTail(ctx context.Context, now time.Time, stdout *lockedBuffer, args ...string) (int, string) {
+	return runTailEnv(ctx, now, nil, stdout, args...)
+}
+
+// runTailEnv is runTail with env as the environment.
+func runTailEnv(ctx context.Context, now time.Time, env map[string]string, stdout *lockedBuffer, args ...string) (int, string) {
 	var stderr lockedBuffer
 	c := &cli{
 		stdin:  strings.NewReader(""),
 		stdout: stdout,
 		stderr: &stderr,
-		getenv: func(string) string { return "" },
+		getenv: func(k string) string { return env[k] },
 		now:    func() time.Time { return now },
 		loc:    cet,
 	}
@@ -214,5 +225,95 @@ func TestTailGroupContinuesWhereItStopped(t *testing.T) {
 	}
 	if !strings.Contains(first.String(), "value=r0\n") || !strings.Contains(first.String(), "value=r1\n") || !strings.HasSuffix(second.String(), "offset=2 id=- key=- late=- lag=- value=r2\n") {
 		t.Fatalf("first tail:\n%ssecond tail:\n%s", first.String(), second.String())
+	}
+}
+
+// TestTailOverTLSAndSASL: tail reads a broker that takes only TLS with a
+// client certificate its CA signed and only SASL users, given the
+// --kafka-tls* and --kafka-sasl-* flags, with either mechanism and the
+// password from the environment or a file. A wrong password prints
+// nothing and says why on stderr.
+func TestTailOverTLSAndSASL(t *testing.T) {
+	ca := publishtest.NewCA(t, "kafka-ca")
+	b := publishtest.NewBroker(t, kfake.TLS(ca.ServerTLS(t, true)), kfake.EnableSASL(),
+		kfake.Superuser(publish.SASLScramSHA512, "scram-user", "scram-secret"),
+		kfake.Superuser(publish.SASLPlain, "plain-user", "plain-secret"))
+	if err := b.CreateTopic("secured", 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	client := ca.Issue(t, "producer")
+	p, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic("secured"),
+		kgo.DialTLSConfig(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{client.TLS}}),
+		kgo.SASL(scram.Auth{User: "scram-user", Pass: "scram-secret"}.AsSha512Mechanism()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	produce(t, p, fired("sec-1", []byte("k"), []byte("over TLS"), t0, 10*time.Millisecond))
+
+	caFile, certFile, keyFile := ca.WriteFiles(t)
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("plain-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsArgs := []string{"tail", "--topic", "secured", "--brokers", strings.Join(b.Addrs(), ","), "--from-beginning",
+		"--kafka-tls-ca", caFile, "--kafka-tls-cert", certFile, "--kafka-tls-key", keyFile}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+	}{
+		{"SCRAM-SHA-512, password from the environment", map[string]string{"CHIME_KAFKA_SASL_PASSWORD": "scram-secret"},
+			[]string{"--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "scram-user"}},
+		{"PLAIN, password from a file", map[string]string{"CHIME_KAFKA_SASL_PASSWORD": "not this one"},
+			[]string{"--kafka-sasl-mechanism", "plain", "--kafka-sasl-user", "plain-user", "--kafka-sasl-password-file", pwFile}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var out lockedBuffer
+			code, stderr := runTailEnv(ctx, t0, tc.env, &out, append(append(tlsArgs, tc.args...), "--count", "1")...)
+			if want := "2026-03-01T13:00:00+01:00 partition=0 offset=0 id=sec-1 key=k late=10ms lag=0s value=over TLS\n"; code != 0 || out.String() != want {
+				t.Fatalf("exit %d, stderr %q, stdout %q; want %q", code, stderr, out.String(), want)
+			}
+		})
+	}
+
+	t.Run("wrong password", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		var out lockedBuffer
+		code, stderr := runTailEnv(ctx, t0, map[string]string{"CHIME_KAFKA_SASL_PASSWORD": "wrong"}, &out,
+			append(tlsArgs, "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "scram-user", "--count", "1")...)
+		if out.String() != "" || !strings.Contains(stderr, "the broker closed the connection") || strings.Contains(stderr, "wrong") {
+			t.Fatalf("exit %d, stdout %q, stderr %q; want nothing read, an error, and not the password", code, out.String(), stderr)
+		}
+		t.Logf("exit %d, stderr: %s", code, stderr)
+	})
+}
+
+// A SASL mechanism without a password stops tail at once, naming the flag
+// and the environment variable.
+func TestTailSASLNeedsAPassword(t *testing.T) {
+	var out lockedBuffer
+	code, stderr := runTail(context.Background(), t0, &out, "tail", "--topic", "t", "--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "u")
+	if want := "chimectl tail: --kafka-sasl-mechanism PLAIN needs a password: give --kafka-sasl-password-file FILE or set CHIME_KAFKA_SASL_PASSWORD\n"; code != 2 || !strings.HasPrefix(stderr, want) {
+		t.Fatalf("exit %d, stderr %q; want 2 and %q", code, stderr, want)
+	}
+}
+
+// tail's and bench's help say what each --kafka-* flag does.
+func TestKafkaFlagsInHelp(t *testing.T) {
+	for _, cmd := range []string{"tail", "bench"} {
+		r := chimectl(t, nil, "", cmd, "--help")
+		for _, want := range []string{"--kafka-tls\n      connect the consumer to the Kafka brokers over TLS",
+			"--kafka-tls-ca file\n      PEM file of the CA certificates", "--kafka-tls-cert file\n      PEM file of a client certificate",
+			"--kafka-tls-key file\n      PEM file of the private key", "--kafka-sasl-mechanism mechanism\n      authenticate to the brokers with SASL",
+			"--kafka-sasl-user name\n      SASL user name", "--kafka-sasl-password-file file\n      file holding the SASL password",
+			"CHIME_KAFKA_SASL_PASSWORD"} {
+			if r.code != 0 || !strings.Contains(r.stdout, want) {
+				t.Errorf("chimectl %s --help: exit %d, lacks %q:\n%s", cmd, r.code, want, r.stdout)
+			}
+		}
 	}
 }

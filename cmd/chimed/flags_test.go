@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	"github.com/chimehq/chime/rpc/certs/certstest"
 )
 
@@ -181,6 +182,48 @@ func TestGossipKeyFileFlag(t *testing.T) {
 		code := run(append(tc.args, "--data-dir", t.TempDir()), &out, &errOut)
 		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
 			t.Errorf("%v: exit %d, %q; want exit 2 saying %q", tc.args, code, errOut.String(), tc.want)
+		}
+	}
+}
+
+// TestKafkaSecurityFlagsAtStart: chimed serve and dev take the
+// --kafka-tls* and --kafka-sasl-* flags and say what each does; one that
+// breaks a rule (SASL without a password above all) stops the start at
+// once, in one line naming the flag and, for the password, the environment
+// variable. dev's embedded broker serves plaintext, so dev refuses TLS.
+func TestKafkaSecurityFlagsAtStart(t *testing.T) {
+	t.Setenv(kafkaflag.PasswordEnv, "")
+	for _, cmd := range []string{"serve", "dev"} {
+		var out, errOut strings.Builder
+		if code := run([]string{cmd, "--help"}, &out, &errOut); code != 0 {
+			t.Fatalf("%s --help: exit %d", cmd, code)
+		}
+		for _, want := range []string{"-kafka-tls\n", "-kafka-tls-ca file", "-kafka-tls-cert file", "-kafka-tls-key file",
+			"-kafka-sasl-mechanism mechanism", "-kafka-sasl-user name", "-kafka-sasl-password-file file", "$CHIME_KAFKA_SASL_PASSWORD"} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("chimed %s --help lacks %q", cmd, want)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "--kafka-brokers", "127.0.0.1:9092", "--kafka-sasl-mechanism", "SCRAM-SHA-512", "--kafka-sasl-user", "chime"},
+			"chimed serve: --kafka-sasl-mechanism SCRAM-SHA-512 needs a password: give --kafka-sasl-password-file FILE or set CHIME_KAFKA_SASL_PASSWORD\n"},
+		{[]string{"dev", "--kafka-sasl-mechanism", "PLAIN", "--kafka-sasl-user", "dev"},
+			"chimed dev: --kafka-sasl-mechanism PLAIN needs a password: give --kafka-sasl-password-file FILE or set CHIME_KAFKA_SASL_PASSWORD\n"},
+		{[]string{"serve", "--kafka-brokers", "127.0.0.1:9092", "--kafka-sasl-mechanism", "GSSAPI", "--kafka-sasl-user", "chime"},
+			"chimed serve: --kafka-sasl-mechanism \"GSSAPI\": must be PLAIN or SCRAM-SHA-512\n"},
+		{[]string{"serve", "--kafka-brokers", "127.0.0.1:9092", "--kafka-tls-key", "client-key.pem"},
+			"chimed serve: --kafka-tls-cert and --kafka-tls-key go together: give both or neither\n"},
+		{[]string{"dev", "--kafka-tls"},
+			"chimed dev: the embedded broker serves plaintext only: --kafka-tls, --kafka-tls-ca, --kafka-tls-cert and --kafka-tls-key are for chimed serve\n"},
+	} {
+		var out, errOut strings.Builder
+		code := run(append(tc.args, "--data-dir", t.TempDir()), &out, &errOut)
+		if code != 2 || errOut.String() != tc.want {
+			t.Errorf("chimed %q: exit %d, stderr %q; want exit 2 and %q", tc.args, code, errOut.String(), tc.want)
 		}
 	}
 }

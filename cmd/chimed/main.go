@@ -27,6 +27,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/chimehq/chime/cmd/chimed/node"
+	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	"github.com/chimehq/chime/membership"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/rpc"
@@ -110,6 +111,7 @@ type flags struct {
 	wheelHorizon                                  time.Duration
 	retention                                     daysDuration
 	deadTimeout, startupWait                      time.Duration
+	kafka                                         *kafkaflag.Flags
 }
 
 func newFlags(cmd string, stderr io.Writer) *flags {
@@ -139,6 +141,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 		fs.StringVar(&f.brokers, "kafka-brokers", "", "comma-separated Kafka bootstrap brokers (required)")
 		fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses of existing members; empty creates a new cluster")
 	}
+	f.kafka = kafkaflag.Register(fs, "Chime's producer")
 	fs.IntVar(&f.shards, "shards", 8, "number of shards, fixed when the cluster is created")
 	fs.IntVar(&f.replication, "replication", 3, "replicas (Raft voters) per shard, fixed when the cluster is created")
 	f.retention = daysDuration(7 * 24 * time.Hour)
@@ -183,7 +186,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 started without --join and creates it (with --shards, --replication and --retention);
 every other node is started with --join naming one or more members`
 		if cmd == "dev" {
-			what = "Chime with an embedded Kafka-protocol broker, for trying it and for\ndevelopment: one node, or a local cluster with --nodes; Kafka data is kept\nunder --data-dir/kafka"
+			what = "Chime with an embedded Kafka-protocol broker, for trying it and for\ndevelopment: one node, or a local cluster with --nodes; Kafka data is kept\nunder --data-dir/kafka. With --kafka-sasl-mechanism the embedded broker demands that\nSASL user; it serves plaintext only, so the --kafka-tls* flags are refused"
 		}
 		fmt.Fprintf(stderr, "Usage: chimed %s [flags]\n\nRuns %s.\nSIGINT or SIGTERM shut it down gracefully.\n\nFlags:\n", cmd, what)
 		fs.PrintDefaults()
@@ -330,6 +333,15 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chimed %s: unexpected argument %q\n", cmd, f.fs.Arg(0))
 		return 2
 	}
+	kafkaSec, err := f.kafka.Security(os.Getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "chimed %s: %v\n", cmd, err)
+		return 2
+	}
+	if cmd == "dev" && kafkaSec.TLS != nil {
+		fmt.Fprintln(stderr, "chimed dev: the embedded broker serves plaintext only: --kafka-tls, --kafka-tls-ca, --kafka-tls-cert and --kafka-tls-key are for chimed serve")
+		return 2
+	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		fmt.Fprintf(stderr, "chimed: --log-level: %v\n", err)
@@ -395,7 +407,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 
 	var brokers []string
 	if cmd == "dev" {
-		broker, err := startBroker(f.kafkaAddr, f.dataDir)
+		broker, err := startBroker(f.kafkaAddr, f.dataDir, kafkaSec.SASL)
 		if err != nil {
 			return fail(fmt.Errorf("--kafka-addr %s: %w", f.kafkaAddr, err))
 		}
@@ -406,6 +418,9 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		if len(brokers) == 0 {
 			fmt.Fprintln(stderr, "chimed serve: --kafka-brokers is required (for example --kafka-brokers localhost:9092)")
 			return 2
+		}
+		if s := kafkaSec.SASL; s != nil && s.Mechanism == publish.SASLPlain && kafkaSec.TLS == nil {
+			logger.Warn("--kafka-sasl-mechanism PLAIN without --kafka-tls sends the Kafka password in the clear")
 		}
 	}
 	if f.wheelHorizon < time.Second {
@@ -423,7 +438,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	base := node.Config{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
-		RaftAddr: f.raftAddr, Brokers: brokers, Shards: f.shards, Limits: lim,
+		RaftAddr: f.raftAddr, Brokers: brokers, KafkaSecurity: kafkaSec, Shards: f.shards, Limits: lim,
 		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
 			WheelHorizon: f.wheelHorizon},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
@@ -484,7 +499,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		logger.Warn("not every shard has a leader yet; serving anyway", "waited", f.startupWait, "err", err)
 	}
-	printBanner(stdout, cmd, nodes, brokers, time.Since(started))
+	printBanner(stdout, cmd, nodes, brokers, f.kafka.Args(), time.Since(started))
 
 	serveErr := make(chan error, len(nodes))
 	for _, n := range nodes {
@@ -534,7 +549,9 @@ func devNode(base node.Config, i int) node.Config {
 
 // startBroker runs the embedded Kafka-protocol broker (kfake) on addr, keeping
 // its data under dataDir/kafka so records survive a restart of the dev node.
-func startBroker(addr, dataDir string) (*kfake.Cluster, error) {
+// With sasl it demands that user (--kafka-sasl-*) of every client, so that
+// dev tries the same connection a secured Kafka takes.
+func startBroker(addr, dataDir string, sasl *publish.SASL) (*kfake.Cluster, error) {
 	_, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, err
@@ -543,17 +560,24 @@ func startBroker(addr, dataDir string) (*kfake.Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("port %q: %w", portStr, err)
 	}
-	return kfake.NewCluster(
+	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.Ports(port),
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, addr) }),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(3),
-		kfake.DataDir(dataDir+"/kafka"),
-	)
+		kfake.DataDir(dataDir + "/kafka"),
+	}
+	if sasl != nil {
+		opts = append(opts, kfake.EnableSASL(), kfake.Superuser(sasl.Mechanism, sasl.User, sasl.Password))
+	}
+	return kfake.NewCluster(opts...)
 }
 
-func printBanner(w io.Writer, cmd string, nodes []*node.Node, brokers []string, took time.Duration) {
+// printBanner says the node is up, where it listens, and how to try it.
+// kafkaArgs are the --kafka-tls* and --kafka-sasl-* flags given, which the
+// chimectl tail hint repeats; kcat's are not shown, nor its hint then.
+func printBanner(w io.Writer, cmd string, nodes []*node.Node, brokers, kafkaArgs []string, took time.Duration) {
 	kafka := strings.Join(brokers, ",")
 	if cmd == "dev" {
 		kafka += "   (embedded broker; topics are created on first use)"
@@ -582,13 +606,19 @@ func printBanner(w io.Writer, cmd string, nodes []*node.Node, brokers []string, 
 		fmt.Fprintf(w, "  data   %s   (%d shards, replication %d, %s)\n", cfg.DataDir, cfg.Shards, cfg.Replication, ret)
 	}
 	fmt.Fprintf(w, "  Kafka  %s\n", kafka)
+	tailArgs := ""
+	if len(kafkaArgs) > 0 {
+		tailArgs = " " + strings.Join(kafkaArgs, " ")
+	}
 	fmt.Fprintf(w, `
 Try it:
-  go run ./cmd/chimectl tail --brokers %[2]s --topic demo &
+  go run ./cmd/chimectl tail --brokers %[2]s%[3]s --topic demo &
   go run ./cmd/chimectl --addr %[1]s schedule --topic demo --in 2s --payload hello
   grpcurl -plaintext -d '{"event":{"topic":"demo","delay":"2s","payload":"aGVsbG8="}}' %[1]s chime.v1.Scheduler/Schedule
-  kcat -C -b %[2]s -t demo -f '%%s  %%h\n'
-`, first.GRPCAddr(), brokers[0])
+`, first.GRPCAddr(), brokers[0], tailArgs)
+	if len(kafkaArgs) == 0 {
+		fmt.Fprintf(w, "  kcat -C -b %s -t demo -f '%%s  %%h\\n'\n", brokers[0])
+	}
 	if len(nodes) > 1 {
 		fmt.Fprintf(w, "  go run ./cmd/chimectl --addr %s status\n", first.GRPCAddr())
 	}

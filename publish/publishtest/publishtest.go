@@ -2,6 +2,8 @@
 // Kafka-protocol broker on loopback for one test, which can hold or refuse
 // its traffic, and one consumer that reads topics back with an independent
 // client (franz-go) and parses the chime-* headers with chimev1.ParseHeaders.
+// For brokers behind TLS it has a throwaway certificate authority (CA), made
+// in memory for one test.
 //
 // It is for tests only: every broker and consumer it starts belongs to a
 // testing.TB and stops in that test's Cleanup, so no goroutine of this
@@ -216,9 +218,17 @@ type Collector struct {
 // t's Cleanup.
 func Collect(t testing.TB, addrs []string, topics ...string) *Collector {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(topics...),
+	return CollectWith(t, []kgo.Opt{kgo.SeedBrokers(addrs...)}, topics...)
+}
+
+// CollectWith is Collect with the client's options given: the seed
+// brokers, and how to reach them (kgo.DialTLSConfig, kgo.SASL) when the
+// broker demands it.
+func CollectWith(t testing.TB, opts []kgo.Opt, topics ...string) *Collector {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(50*time.Millisecond), kgo.MetadataMinAge(50*time.Millisecond))
+		kgo.FetchMaxWait(50 * time.Millisecond), kgo.MetadataMinAge(50 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,10 @@ type Config struct {
 	Limits   rpc.Limits
 	Tuning   shard.Tuning
 
+	// KafkaSecurity is TLS and SASL for every connection to Brokers
+	// (chimed's --kafka-tls* and --kafka-sasl-* flags).
+	KafkaSecurity publish.Security
+
 	MaxInFlight int
 	MaxAttempts int
 	DeadLetter  string
@@ -284,7 +288,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("opening Pebble: %w", err)
 	}
 	if n.pub, err = publish.New(publish.Config{
-		Brokers: cfg.Brokers, MaxInFlight: cfg.MaxInFlight,
+		Brokers: cfg.Brokers, Security: cfg.KafkaSecurity, MaxInFlight: cfg.MaxInFlight,
 		MaxAttempts: cfg.MaxAttempts, DeadLetterTopic: cfg.DeadLetter,
 		ClientID: "chimed-" + cfg.NodeID, Logger: cfg.Logger.With("component", "publish"), Now: cfg.Now,
 	}); err != nil {
