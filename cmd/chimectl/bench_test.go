@@ -145,9 +145,12 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 
 func TestBenchUpdate(t *testing.T) {
 	addr, brokers := startNode(t)
+	// Every update must reach its event before it fires: with -race on a
+	// loaded 2-core machine, scheduling and updating 500 events took over
+	// the 2 s this once gave them, and the late updates found events fired.
 	const events = 500
 	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--events", fmt.Sprint(events), "--callers", "4",
-		"--batch", "50", "--delay", "2s", "--update", "--brokers", strings.Join(brokers, ","), "--wait", "10s")
+		"--batch", "50", "--delay", "8s", "--update", "--brokers", strings.Join(brokers, ","), "--wait", "10s")
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
