@@ -215,6 +215,12 @@ func TestSecuredClusterRefusesWhatItMust(t *testing.T) {
 	expect("no token, a certificate the auth file does not list", sched(chimev1.NewSchedulerClient(otherCC), "", "secure"), codes.Unauthenticated, `"other-app" has no role`)
 	expect("a reader token scheduling", sched(n1.client(), "reader-token", "secure"), codes.PermissionDenied, "needs the scheduler or admin role")
 	expect("a scheduler token outside its topics", sched(n1.client(), "scheduler-token", "payroll"), codes.PermissionDenied, `"payroll" is outside "billing"'s topics`)
+	// Reserved topics are refused whatever the role: an admin cannot target
+	// Kafka's internal topics or Chime's dead-letter topic either.
+	expect("an admin scheduling to __consumer_offsets", sched(n1.client(), "", "__consumer_offsets"), codes.InvalidArgument,
+		`"__consumer_offsets" is reserved: names starting with "__" are Kafka's internal topics`)
+	expect("an admin scheduling to chime.deadletter", sched(n1.client(), "", "chime.deadletter"), codes.InvalidArgument,
+		`"chime.deadletter" is reserved: it is one of Chime's own topics`)
 	drainCtx, cancelDrain := context.WithTimeout(context.Background(), 10*time.Second)
 	_, err = c.admin("n1").Drain(withToken(drainCtx, "scheduler-token"), &chimev1.DrainRequest{Node: "n2"})
 	cancelDrain()
