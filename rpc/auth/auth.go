@@ -450,8 +450,9 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 		return nil
 	}
 	g := c.grant
+	every := g.everyTopic()
 	event := func(at string, e *chimev1.Event) error {
-		if !g.topicAllowed(e.GetTopic()) {
+		if !every && !g.topicAllowed(e.GetTopic()) {
 			return status.Errorf(codes.PermissionDenied, "%s.topic: %q is outside %q's topics %v", at, e.GetTopic(), g.Name, g.Topics)
 		}
 		if !g.idAllowed(e.GetId()) {
@@ -463,7 +464,7 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 		if !g.idAllowed(id) {
 			return status.Errorf(codes.PermissionDenied, "id: %q does not start with one of %q's id prefixes %v", id, g.Name, g.IDPrefixes)
 		}
-		if g.everyTopic() || a.o.TopicOf == nil || id == "" {
+		if every || a.o.TopicOf == nil || id == "" {
 			return nil
 		}
 		topic, found, err := a.o.TopicOf(ctx, id)
@@ -476,7 +477,7 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 		return nil
 	}
 	filter := func(f *chimev1.EventFilter) error {
-		if !g.everyTopic() && !g.topicAllowed(f.GetTopic()) {
+		if !every && !g.topicAllowed(f.GetTopic()) {
 			return status.Errorf(codes.PermissionDenied, "filter.topic: %q's queries must name one of its topics %v, got %q", g.Name, g.Topics, f.GetTopic())
 		}
 		if len(g.IDPrefixes) > 0 && !g.idAllowed(f.GetIdPrefix()) {
