@@ -3,9 +3,11 @@ package shard
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -61,7 +63,14 @@ func TestEntriesBoundedInBytes(t *testing.T) {
 				return
 			}
 			for i, r := range res {
-				if rec, ok, err := s.Get(ctx, reqs[i].ID); err != nil || !ok || rec.Seq != r.Seq {
+				// A lease can lapse on a starved machine (the race detector,
+				// other tests); a read then waits for it to be renewed.
+				rec, ok, err := s.Get(ctx, reqs[i].ID)
+				for deadline := time.Now().Add(10 * time.Second); errors.Is(err, ErrNotLeader) && time.Now().Before(deadline); {
+					time.Sleep(20 * time.Millisecond)
+					rec, ok, err = s.Get(ctx, reqs[i].ID)
+				}
+				if err != nil || !ok || rec.Seq != r.Seq {
 					t.Errorf("%s: result seq %d, stored %+v (%v, %v)", reqs[i].ID, r.Seq, rec, ok, err)
 				}
 			}
