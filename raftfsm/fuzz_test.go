@@ -2,6 +2,7 @@ package raftfsm
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"testing"
@@ -64,8 +65,10 @@ func FuzzDecodeStored(f *testing.F) {
 }
 
 // FuzzSnapshotStream: a snapshot stream, as a peer sends it and a backup stores it, is
-// verified, read event by event and its header read, and none of these panics on any bytes.
-// The seeds are real streams of a small shard, so mutations reach every part of the format.
+// verified, read event by event and its header read, and none of these panics on any bytes;
+// each refuses with ErrBadSnapshot, a stream ForEachSnapshotEvent reads verifies, and the
+// three agree on the header of a stream that verifies. The seeds are real streams of a small
+// shard, so mutations reach every part of the format.
 func FuzzSnapshotStream(f *testing.F) {
 	st := openTestStore(f, f.TempDir(), StoreOptions{})
 	defer st.Close()
@@ -82,8 +85,48 @@ func FuzzSnapshotStream(f *testing.F) {
 	f.Add(snapshotBytes(f, fsm))
 	f.Add([]byte("chimesnp"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		VerifySnapshot(bytes.NewReader(b), 1)
-		ForEachSnapshotEvent(bytes.NewReader(b), 1, func(SnapshotEvent) error { return nil })
-		ReadSnapshotHeader(bytes.NewReader(b))
+		vh, verr := VerifySnapshot(bytes.NewReader(b), 1)
+		fh, ferr := ForEachSnapshotEvent(bytes.NewReader(b), 1, func(SnapshotEvent) error { return nil })
+		rh, rerr := ReadSnapshotHeader(bytes.NewReader(b))
+		for _, err := range []error{verr, ferr, rerr} {
+			if err != nil && !errors.Is(err, ErrBadSnapshot) {
+				t.Fatalf("error not ErrBadSnapshot: %v", err)
+			}
+		}
+		switch {
+		case ferr == nil && verr != nil:
+			t.Fatalf("ForEachSnapshotEvent reads a stream VerifySnapshot refuses: %v", verr)
+		case verr == nil && (rerr != nil || rh != vh || ferr == nil && fh != vh):
+			t.Fatalf("headers: VerifySnapshot %+v, ReadSnapshotHeader %+v (%v), ForEachSnapshotEvent %+v", vh, rh, rerr, fh)
+		}
+	})
+}
+
+// FuzzDecodeIndexKeys: the due-index and settled-index entries (parseDueKey, parseSettled)
+// never panic, refuse with ErrCorrupt, and what they accept is exactly what the encoders
+// write for the shard in the key's prefix: the same bytes, since both are fixed-size.
+func FuzzDecodeIndexKeys(f *testing.F) {
+	var due8 [8]byte
+	binary.BigEndian.PutUint64(due8[:], uint64(1<<40))
+	f.Add(appendDueKey(nil, 3, -5, 9), []byte(nil))
+	f.Add(appendSettledKey(nil, 3, 1<<40, 9), due8[:])
+	f.Add(appendBodyKey(nil, 3, 7, 9), due8[:7])
+	f.Add([]byte{0, 0, 0, 3, tagDue}, []byte{})
+	f.Fuzz(func(t *testing.T, k, v []byte) {
+		if due, seq, err := parseDueKey(k); err == nil {
+			if again := appendDueKey(nil, binary.BigEndian.Uint32(k), due, seq); !bytes.Equal(again, k) {
+				t.Fatalf("due key %x parses to due %d seq %d, which encode to %x", k, due, seq, again)
+			}
+		} else if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("due key: error not ErrCorrupt: %v", err)
+		}
+		if at, seq, due, err := parseSettled(k, v); err == nil {
+			again := appendSettledKey(nil, binary.BigEndian.Uint32(k), at, seq)
+			if !bytes.Equal(again, k) || int64(binary.BigEndian.Uint64(v)) != due || len(v) != 8 {
+				t.Fatalf("settled entry %x = %x parses to at %d seq %d due %d, which encode to %x", k, v, at, seq, due, again)
+			}
+		} else if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("settled entry: error not ErrCorrupt: %v", err)
+		}
 	})
 }
