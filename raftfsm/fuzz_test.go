@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/bits"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -190,8 +191,12 @@ func FuzzSnapshotRestore(f *testing.F) {
 		f.Fatal(err)
 	}
 	old.ApplyBatch(logWithoutExpire(72, 6))
-	f.Add(append([]byte{1}, layout2Frames(f, snapshotBytes(f, old))...))
+	l2 := layout2Frames(f, snapshotBytes(f, old))
+	f.Add(append([]byte{1}, l2...))
 	old.Close()
+	// A layout 2 stream with a status key shorter than a seq: Restore's conversion to layout
+	// 3 (upgradeLayout) sliced it, after the swap, and panicked.
+	f.Add(append([]byte{1}, shortStatusKey(l2)...))
 
 	worker := fuzzWorker()
 	var dst *FSM
@@ -368,6 +373,27 @@ func editedFrames(t testing.TB, stream []byte, edit func(*meta)) []byte {
 			edit(&m)
 			fr.val = m.append(nil)
 		}
+		out = binary.AppendUvarint(out, uint64(len(fr.key)))
+		out = append(out, fr.key...)
+		out = binary.AppendUvarint(out, uint64(len(fr.val)))
+		out = append(out, fr.val...)
+	}
+	return out
+}
+
+// shortStatusKey returns frames (as FuzzSnapshotRestore reads them) with the key of the
+// first status cut to 3 bytes of its seq, in key order.
+func shortStatusKey(b []byte) []byte {
+	frames := fuzzFrames(b)
+	for i, fr := range frames {
+		if fr.key[0] == tagStatus {
+			frames[i].key = fr.key[:4]
+			break
+		}
+	}
+	slices.SortFunc(frames, func(a, b frame) int { return bytes.Compare(a.key, b.key) })
+	var out []byte
+	for _, fr := range frames {
 		out = binary.AppendUvarint(out, uint64(len(fr.key)))
 		out = append(out, fr.key...)
 		out = binary.AppendUvarint(out, uint64(len(fr.val)))
