@@ -6,7 +6,10 @@
 //   - The node's gossip member (hashicorp/memberlist v0.5.4): joining through
 //     seeds, failure detection, and the metadata a node advertises (Meta: its
 //     id, its gRPC, Raft and HTTP addresses, the Draining flag and the cluster
-//     parameters fixed at creation).
+//     parameters fixed at creation). Metadata that does not decode, or that
+//     advertises parameters no cluster has (a shard count outside
+//     1..MaxShards, a negative retention), leaves the node a member with its
+//     id alone: never placed on, nor learned from.
 //   - Gossip encryption: the member's keys (Config.Keys, SetKeys) and the
 //     key file format (ParseKeyFile). See Gossip encryption below.
 //   - The View: every node this node has heard of, with its Meta, its State

@@ -651,13 +651,16 @@ func (m *Membership) Leave(timeout time.Duration) error {
 // member just before it leaves; the rest is its node id.
 const msgLeaving byte = 1
 
+// leaveMessage is the leave announcement of node id.
+func leaveMessage(id string) []byte { return append([]byte{msgLeaving}, id...) }
+
 // announceLeaving sends the leave announcement to each peer concurrently and
 // waits for them until wait. Sends still in flight then are left to finish
 // on their own (Shutdown waits for them): a member that misses the
 // announcement reports this node Dead instead of Left, which placement
 // treats the same.
 func (m *Membership) announceLeaving(self string, peers []Member, wait time.Time) {
-	msg := append([]byte{msgLeaving}, self...)
+	msg := leaveMessage(self)
 	results := make(chan error, len(peers))
 	for _, p := range peers {
 		host, portStr, err := net.SplitHostPort(p.GossipAddr)

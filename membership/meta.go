@@ -59,6 +59,11 @@ func (m Meta) ClusterParams() ClusterParams {
 	return ClusterParams{ClusterID: m.ClusterID, Shards: m.Shards, Replication: m.Replication, Retention: m.Retention}
 }
 
+// MaxShards bounds a cluster's shard count: shard ids are below 1<<31, since
+// the node's Raft port gives the ids with the top bit set to the shards'
+// install layers (shard.InstallLayerID).
+const MaxShards = 1 << 31
+
 // ErrMetaTooLarge is returned when a node's encoded metadata would not fit in
 // memberlist's node metadata (memberlist.MetaMaxSize bytes).
 var ErrMetaTooLarge = errors.New("membership: node metadata too large")
@@ -69,6 +74,9 @@ var ErrMetaTooLarge = errors.New("membership: node metadata too large")
 func encodeMeta(m Meta) ([]byte, error) {
 	if m.NodeID == "" {
 		return nil, errors.New("membership: Meta.NodeID is empty: every node needs a stable id")
+	}
+	if err := m.ClusterParams().check(); err != nil {
+		return nil, err // the other nodes would refuse the metadata
 	}
 	worst := m
 	worst.Draining = true
@@ -84,11 +92,33 @@ func encodeMeta(m Meta) ([]byte, error) {
 	return json.Marshal(m)
 }
 
+// decodeMeta decodes metadata as gossiped. Metadata that advertises cluster
+// parameters no cluster can have is refused like bytes that do not decode: a
+// node that joins learns the parameters, stores them in its cluster.json and
+// sizes its shards by them.
 func decodeMeta(b []byte) (Meta, error) {
 	var m Meta
 	if len(b) == 0 {
 		return m, errors.New("no metadata")
 	}
-	err := json.Unmarshal(b, &m)
-	return m, err
+	if err := json.Unmarshal(b, &m); err != nil {
+		return Meta{}, err
+	}
+	if err := m.ClusterParams().check(); err != nil {
+		return Meta{}, err
+	}
+	return m, nil
+}
+
+// check refuses parameters no cluster is created with; none at all (a node
+// that has not learned them) pass.
+func (p ClusterParams) check() error {
+	switch {
+	case p.IsZero():
+	case p.Shards < 1 || p.Shards > MaxShards:
+		return fmt.Errorf("membership: %s: the shard count must be 1 to %d", p, MaxShards)
+	case p.Retention < 0:
+		return fmt.Errorf("membership: %s: negative retention", p)
+	}
+	return nil
 }

@@ -177,11 +177,15 @@
 // Restore checks the header before touching anything. It then writes the frames into
 // sstables of its own in a staging directory beside Pebble's files (a new table every 64 MiB of
 // keys and values, so memory stays bounded), refusing a frame with an unknown tag, a key not
-// strictly after the one before, or a length past the bounds, and growing its buffers only as
-// bytes arrive. Only after the trailer verifies, and the meta's counters agree with the keys
-// the stream held (pending with due-index keys, retained settled events with status and
-// settled-index keys, stored events with id keys and bodies, the next seq with the events
-// ever assigned, no more expired and renewed than settled), does anything change: Pebble ingests the
+// strictly after the one before, a length past the bounds, a key not of its tag's shape or a
+// value that does not decode (a status saying Scheduled among them: what Restore takes, every
+// read and apply can decode, so a received stream can never make an apply stop the replica),
+// and growing its buffers only as bytes arrive. Only after the trailer verifies, and the
+// meta's counters agree with the keys the stream held (pending with due-index keys, retained
+// settled events with status and settled-index keys, stored events with id keys and bodies,
+// the next seq with the events ever assigned and above every seq a key names, no more expired
+// and renewed than settled, no sum of them past 2^64; a stream with keys has a meta key),
+// does anything change: Pebble ingests the
 // tables and excises the shard's old keys in one atomic version edit, and a flush makes it
 // durable. A refused stream leaves the replica exactly as it was, and a crash at any point
 // leaves the old state or the new one. VerifySnapshot makes the same checks, but for the

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
+	"math/bits"
 	"slices"
 	"time"
 
@@ -496,6 +498,7 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 	var frames uint64
 	var m meta
 	var perTag [256]uint64
+	var maxSeq uint64 // the highest seq a key names
 	sawMeta := false
 	for {
 		var last bool
@@ -515,6 +518,12 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 				return err
 			}
 			sawMeta = true
+		} else {
+			seq, err := checkFrame(key, val)
+			if err != nil {
+				return fmt.Errorf("%w: frame %d: key %x: %v", ErrBadSnapshot, frames, key[shardPrefixLen:], err)
+			}
+			maxSeq = max(maxSeq, seq)
 		}
 		perTag[key[shardPrefixLen]]++
 		if err := st.set(key, val); err != nil {
@@ -525,13 +534,60 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 	if err := r.trailer(frames); err != nil {
 		return err
 	}
-	if !sawMeta && index != 0 {
+	switch {
+	case !sawMeta && index != 0:
 		return fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index)
-	}
-	if sawMeta {
+	case !sawMeta && frames != 0:
+		// A shard holds a meta key from its first apply on: keys without one would be
+		// restored under fresh counters that do not count them, and seqs handed out again.
+		return fmt.Errorf("%w: %d keys and no meta key", ErrBadSnapshot, frames)
+	case sawMeta && maxSeq >= m.nextSeq:
+		return fmt.Errorf("%w: a key names seq %d, and the meta's next seq is %d: seqs would be handed out again", ErrBadSnapshot, maxSeq, m.nextSeq)
+	case sawMeta:
 		return checkMetaCounts(&m, &perTag)
 	}
 	return nil
+}
+
+// checkFrame checks that a frame other than the meta is one the shard can read back: its key
+// has its tag's shape and its value decodes (a pending event has no status). It returns the
+// seq the frame names. Restore checks this before anything changes, so that a stream that
+// passes cannot make a later read fail or an apply stop the replica (an apply that cannot
+// decode what it reads panics; see doc.go, invariant 2).
+func checkFrame(key, val []byte) (seq uint64, err error) {
+	k := key[shardPrefixLen:]
+	switch k[0] {
+	case tagBody:
+		if len(key) != dueKeyLen {
+			return 0, errors.New("a body key is a due and a seq")
+		}
+		if err := checkBody(val); err != nil {
+			return 0, fmt.Errorf("body: %w", err)
+		}
+		return binary.BigEndian.Uint64(k[9:]), nil
+	case tagDue:
+		_, seq, err := parseDueKey(key)
+		if err == nil && len(val) != 0 {
+			err = fmt.Errorf("a due-index entry of %d bytes", len(val))
+		}
+		return seq, err
+	case tagSettled:
+		_, seq, _, err := parseSettled(key, val)
+		return seq, err
+	case tagStatus:
+		if len(k) != 1+8 {
+			return 0, errors.New("a status key is a seq")
+		}
+		s, err := decodeStatus(val)
+		if err == nil && s.state == StateScheduled {
+			err = errors.New("a status says Scheduled; only a settled event has one")
+		}
+		return binary.BigEndian.Uint64(k[1:]), err
+	case tagID:
+		r, err := decodeIDRef(val)
+		return r.seq, err
+	}
+	return 0, fmt.Errorf("no known tag") // frame refuses these before
 }
 
 // checkMetaCounts checks the meta's counters against the keys the stream
@@ -540,12 +596,21 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 // stream arrived as sent, and the restored meta sizes what the FSM allocates
 // (the id filter is sized by nextSeq).
 func checkMetaCounts(m *meta, perTag *[256]uint64) error {
-	created := m.created()
+	// The sums below must not wrap: counters that add up only modulo 2^64 would pass the
+	// comparisons with the keys (a next seq of 1 over a stream holding seq 1, say).
+	settled, c1 := bits.Add64(m.fired, m.cancelled, 0)
+	settled, c2 := bits.Add64(settled, m.deadLettered, 0)
+	gone, c3 := bits.Add64(m.expired, m.renewed, 0)
+	created, c4 := bits.Add64(m.pending, settled, 0)
+	created, c5 := bits.Add64(created, m.replaced, 0)
+	if c1|c2|c3|c4|c5 != 0 || created == math.MaxUint64 {
+		return fmt.Errorf("%w: meta counters %+v overflow", ErrBadSnapshot, *m)
+	}
 	retained := m.retained()
 	events := perTag[tagID]
 	switch {
-	case m.expired+m.renewed > m.fired+m.cancelled+m.deadLettered:
-		return fmt.Errorf("%w: meta counts %d expired and %d renewed events of %d settled", ErrBadSnapshot, m.expired, m.renewed, m.fired+m.cancelled+m.deadLettered)
+	case gone > settled:
+		return fmt.Errorf("%w: meta counts %d expired and %d renewed events of %d settled", ErrBadSnapshot, m.expired, m.renewed, settled)
 	case m.pending != perTag[tagDue]:
 		return fmt.Errorf("%w: meta counts %d pending events, the stream holds %d due-index keys", ErrBadSnapshot, m.pending, perTag[tagDue])
 	case retained != perTag[tagStatus]:

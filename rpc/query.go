@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"time"
+	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/grpc"
@@ -74,12 +75,16 @@ func pageToken(q raftfsm.Query, p raftfsm.Position) string {
 	return base64.RawURLEncoding.EncodeToString(append(b, p.ID...))
 }
 
-func parsePageToken(q raftfsm.Query, token string) (*raftfsm.Position, error) {
+// parsePageToken reads a token List issued for q. The id in it was an event's, so it is
+// UTF-8 and at most maxID bytes: a token whose id is not is refused as not issued here, before
+// the position travels to other nodes in a shard query, whose proto3 string field would refuse
+// the bytes (an INTERNAL error for what is the client's), or whose size the id would swell.
+func parsePageToken(q raftfsm.Query, token string, maxID int) (*raftfsm.Position, error) {
 	if token == "" {
 		return nil, nil
 	}
 	b, err := base64.RawURLEncoding.DecodeString(token)
-	if err != nil || len(b) < 17 || b[0] != pageTokenVersion {
+	if err != nil || len(b) < 17 || b[0] != pageTokenVersion || len(b)-17 > maxID || !utf8.Valid(b[17:]) {
 		return nil, invalidArgument("page_token", "not a token this server issued")
 	}
 	if binary.BigEndian.Uint64(b[1:]) != queryHash(q) {
@@ -101,7 +106,7 @@ func (s *Server) List(ctx context.Context, in *chimev1.ListRequest) (*chimev1.Li
 	case limit > maxListLimit:
 		return nil, invalidArgument("limit", "%d, at most %d allowed", limit, maxListLimit)
 	}
-	after, err := parsePageToken(q, in.GetPageToken())
+	after, err := parsePageToken(q, in.GetPageToken(), s.limits.MaxIDBytes)
 	if err != nil {
 		return nil, err
 	}

@@ -139,11 +139,7 @@ func (t *installTransport) send(target raft.ServerAddress, e *expansion) error {
 	}
 	defer c.Close()
 	size := e.x.meta.Size
-	hdr := make([]byte, 0, installHdrLen)
-	hdr = append(hdr, installMagic...)
-	hdr = append(hdr, installVersion)
-	hdr = append(hdr, e.x.uid[:]...)
-	hdr = binary.BigEndian.AppendUint64(hdr, uint64(size))
+	hdr := appendInstallHeader(make([]byte, 0, installHdrLen), e.x.uid, size)
 	c.SetDeadline(time.Now().Add(raftRPCTimeout))
 	if _, err := c.Write(hdr); err != nil {
 		return err
@@ -237,13 +233,9 @@ func (t *installTransport) receive(c net.Conn) error {
 	if _, err := io.ReadFull(c, hdr); err != nil {
 		return err
 	}
-	if string(hdr[:len(installMagic)]) != installMagic || hdr[len(installMagic)] != installVersion {
-		return errors.New("not an install request")
-	}
-	name := hex.EncodeToString(hdr[len(installMagic)+1 : len(installMagic)+17])
-	size := int64(binary.BigEndian.Uint64(hdr[len(installMagic)+17:]))
-	if size < 0 || size > maxInstallSize {
-		return fmt.Errorf("a copy of %d bytes", size)
+	name, size, err := parseInstallHeader(hdr)
+	if err != nil {
+		return err
 	}
 	t.recv.Lock()
 	defer t.recv.Unlock()
@@ -301,6 +293,38 @@ func (t *installTransport) receive(c net.Conn) error {
 	return err
 }
 
+// appendInstallHeader appends the header a leader sends before a copy: the
+// magic, the version, the copy's id and its size.
+func appendInstallHeader(dst []byte, uid [16]byte, size int64) []byte {
+	dst = append(dst, installMagic...)
+	dst = append(dst, installVersion)
+	dst = append(dst, uid[:]...)
+	return binary.BigEndian.AppendUint64(dst, uint64(size))
+}
+
+// parseInstallHeader reads the installHdrLen bytes of a header: the copy's
+// name (its id in hex, as its files are named) and size.
+func parseInstallHeader(hdr []byte) (name string, size int64, err error) {
+	if len(hdr) != installHdrLen || string(hdr[:len(installMagic)]) != installMagic || hdr[len(installMagic)] != installVersion {
+		return "", 0, errors.New("not an install request")
+	}
+	size = int64(binary.BigEndian.Uint64(hdr[len(installMagic)+17:]))
+	if size < 0 || size > maxInstallSize {
+		return "", 0, fmt.Errorf("a copy of %d bytes", size)
+	}
+	return hex.EncodeToString(hdr[len(installMagic)+1 : len(installMagic)+17]), size, nil
+}
+
+// installCopyName reads the name of the copy an install request's Peers field
+// names (after installMarker).
+func installCopyName(peers []byte) (string, error) {
+	name, ok := bytes.CutPrefix(peers, []byte(installMarker))
+	if _, err := hex.DecodeString(string(name)); !ok || err != nil || len(name) != 32 {
+		return "", fmt.Errorf("install request names copy %q", name)
+	}
+	return string(name), nil
+}
+
 // removeReceived deletes every received copy in dir but keep.
 func removeReceived(dir, keep string) error {
 	names, err := filepath.Glob(filepath.Join(dir, installPrefix+"*"))
@@ -352,9 +376,9 @@ func (t *installTransport) pump() {
 
 // attach makes the received copy req names the data of rpc.
 func (t *installTransport) attach(rpc *raft.RPC, req *raft.InstallSnapshotRequest) error {
-	name := string(req.Peers[len(installMarker):])
-	if _, err := hex.DecodeString(name); err != nil || len(name) != 32 {
-		return fmt.Errorf("install request names copy %q", name)
+	name, err := installCopyName(req.Peers)
+	if err != nil {
+		return err
 	}
 	path := filepath.Join(t.dir, installPrefix+name+".done")
 	f, err := os.Open(path)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -115,12 +116,8 @@ func New(cfg Config) (*Cluster, error) {
 	}
 	c.self = c.gossip.View().Self
 	if b, err := os.ReadFile(cfg.RemovedPath); err == nil {
-		var ids []string
-		if err := json.Unmarshal(b, &ids); err != nil {
+		if c.removed, err = decodeRemoved(b); err != nil {
 			return nil, fmt.Errorf("%s: %w", cfg.RemovedPath, err)
-		}
-		for _, id := range ids {
-			c.removed[id] = true
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
@@ -321,13 +318,8 @@ func (c *Cluster) Remove(node string) error {
 	}
 	c.mu.Lock()
 	c.removed[node] = true
-	ids := make([]string, 0, len(c.removed))
-	for id := range c.removed {
-		ids = append(ids, id)
-	}
+	b := encodeRemoved(c.removed)
 	c.mu.Unlock()
-	slices.Sort(ids)
-	b, _ := json.Marshal(ids)
 	tmp := c.removedPath + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return err
@@ -337,6 +329,26 @@ func (c *Cluster) Remove(node string) error {
 	}
 	c.refresh()
 	return nil
+}
+
+// encodeRemoved is the removed.json of the nodes in removed: their ids, sorted.
+func encodeRemoved(removed map[string]bool) []byte {
+	ids := slices.Sorted(maps.Keys(removed))
+	b, _ := json.Marshal(ids)
+	return b
+}
+
+// decodeRemoved reads a removed.json.
+func decodeRemoved(b []byte) (map[string]bool, error) {
+	var ids []string
+	if err := json.Unmarshal(b, &ids); err != nil {
+		return nil, err
+	}
+	removed := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		removed[id] = true
+	}
+	return removed, nil
 }
 
 // Member returns node as this node's view has it.

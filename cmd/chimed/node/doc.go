@@ -7,7 +7,9 @@
 //
 //   - The data directory's layout and cluster.json, written once when the
 //     directory is created, so that a restart cannot change the shard count,
-//     the replication or the node id fixed then.
+//     the replication or the node id fixed then. A cluster.json no node
+//     writes (no node id, a shard count outside 1..membership.MaxShards, a
+//     negative replication or retention) fails Start, naming the field.
 //   - Restoring (Restore): a backup directory (cmd/internal/backup), checked
 //     whole first, laid out as a new cluster's first node: each shard's
 //     stream planted as its replica's one Raft snapshot (shard.PlantSnapshot)

@@ -15,6 +15,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -158,10 +159,31 @@ func loadMeta(dataDir string) (m clusterMeta, ok bool, err error) {
 	if err != nil {
 		return m, false, err
 	}
-	if err := json.Unmarshal(b, &m); err != nil {
+	if m, err = decodeMeta(b); err != nil {
 		return m, false, fmt.Errorf("%s: %w", metaPath(dataDir), err)
 	}
 	return m, true, nil
+}
+
+// decodeMeta decodes a cluster.json, and refuses one no node could have
+// written: Start would act on it (a negative shard count panicked sizing the
+// placement) or refuse it with a misleading reason (no node id).
+func decodeMeta(b []byte) (clusterMeta, error) {
+	var m clusterMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return clusterMeta{}, err
+	}
+	switch {
+	case m.NodeID == "":
+		return clusterMeta{}, errors.New("node_id: missing")
+	case m.Shards < 1 || m.Shards > membership.MaxShards:
+		return clusterMeta{}, fmt.Errorf("shards: %d, must be 1 to %d", m.Shards, membership.MaxShards)
+	case m.Replication < 0:
+		return clusterMeta{}, fmt.Errorf("replication: %d, must not be negative", m.Replication)
+	case m.Retention < 0:
+		return clusterMeta{}, fmt.Errorf("retention_ns: %d, must not be negative", m.Retention)
+	}
+	return m, nil
 }
 
 func saveMeta(dataDir string, m clusterMeta) error {
@@ -505,11 +527,23 @@ func (n *Node) joinCluster(cfg Config, meta clusterMeta, existed bool) (clusterM
 func peersPath(dataDir string) string { return filepath.Join(dataDir, "peers.json") }
 
 func loadPeers(dataDir string) []string {
-	var peers []string
-	if b, err := os.ReadFile(peersPath(dataDir)); err == nil {
-		json.Unmarshal(b, &peers)
+	b, err := os.ReadFile(peersPath(dataDir))
+	if err != nil {
+		return nil
 	}
-	return peers
+	return decodePeers(b)
+}
+
+// decodePeers decodes a peers.json (best effort: a node that cannot read it
+// needs --join). A file that does not decode gives nothing, not the part
+// json.Unmarshal filled before its error, and an empty address is dropped:
+// the node would try to join it every reconnect interval.
+func decodePeers(b []byte) []string {
+	var peers []string
+	if json.Unmarshal(b, &peers) != nil {
+		return nil
+	}
+	return slices.DeleteFunc(peers, func(p string) bool { return p == "" })
 }
 
 func newClusterID() string {

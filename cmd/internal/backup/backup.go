@@ -122,16 +122,31 @@ func Open(dir string) (*Manifest, error) {
 	if err != nil {
 		return nil, &Error{Dir: dir, Err: err}
 	}
-	// Unknown fields are ignored: a field that changes what a backup means
-	// comes with a new Format, which is refused.
+	m, err := decodeManifest(b)
+	if err != nil {
+		return nil, &Error{Dir: dir, File: ManifestName, Err: err}
+	}
+	return m, nil
+}
+
+// decodeManifest decodes a manifest and applies its rules. Unknown fields are
+// ignored: a field that changes what a backup means comes with a new Format,
+// which is refused.
+func decodeManifest(b []byte) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, &Error{Dir: dir, File: ManifestName, Err: err}
+		return nil, err
 	}
 	if err := m.check(); err != nil {
-		return nil, &Error{Dir: dir, File: ManifestName, Err: err}
+		return nil, err
 	}
 	return &m, nil
+}
+
+// encodeManifest is the manifest.json of m, as WriteManifest writes it.
+func encodeManifest(m *Manifest) ([]byte, error) {
+	b, err := json.MarshalIndent(m, "", "  ")
+	return append(b, '\n'), err
 }
 
 // VerifyFile checks shard s's file in dir against the manifest: it exists,
@@ -181,11 +196,11 @@ func WriteManifest(dir string, m *Manifest) error {
 	if err := m.check(); err != nil {
 		return &Error{Dir: dir, File: ManifestName, Err: err}
 	}
-	b, err := json.MarshalIndent(m, "", "  ")
+	b, err := encodeManifest(m)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(dir, ManifestName, append(b, '\n'))
+	return writeFileAtomic(dir, ManifestName, b)
 }
 
 func writeFileAtomic(dir, name string, b []byte) error {
