@@ -1,7 +1,6 @@
 package certs
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -172,9 +171,6 @@ func (s *Source) current() material {
 	}
 	return s.mat
 }
-
-// HasCert reports whether the Source holds a certificate of its own.
-func (s *Source) HasCert() bool { return s.current().cert != nil }
 
 // CheckNode verifies that the node's own certificate is one the other nodes
 // accept: signed by the node CA, naming NodeName, usable for both ends of a
@@ -412,12 +408,4 @@ func (c *serverCreds) Clone() credentials.TransportCredentials {
 // other nodes (PeerClientConfig).
 func (s *Source) PeerCredentials() credentials.TransportCredentials {
 	return credentials.NewTLS(s.PeerClientConfig())
-}
-
-// Handshake runs the TLS handshake of c within timeout, so that a peer that
-// never answers cannot hold a goroutine.
-func Handshake(c *tls.Conn, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	return c.HandshakeContext(ctx)
 }

@@ -1,6 +1,7 @@
 package certs
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
@@ -77,7 +78,7 @@ func serve(t *testing.T, cfg *tls.Config) (addr string, results <-chan error) {
 			if err != nil {
 				return
 			}
-			err = Handshake(c.(*tls.Conn), 5*time.Second)
+			err = handshake(c.(*tls.Conn), 5*time.Second)
 			if err == nil {
 				_, err = io.WriteString(c, "ok")
 			}
@@ -284,4 +285,11 @@ func TestLoadErrorsNameTheFlag(t *testing.T) {
 			t.Errorf("CheckNode(%+v) = %v, want %q", tc.files, err, tc.want)
 		}
 	}
+}
+
+// handshake runs c's TLS handshake within timeout.
+func handshake(c *tls.Conn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return c.HandshakeContext(ctx)
 }

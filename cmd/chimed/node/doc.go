@@ -25,6 +25,13 @@
 //     membership (SetKeys) when it changed; a change that does not load is
 //     logged once, counted (chime_gossip_key_file_errors_total) and the keys
 //     in use kept. chime_gossip_key_info names the keys in use by id.
+//   - Security wiring: with Config.TLS (an rpc/certs Source) every port
+//     and the node's own calls to other nodes are TLS (the Raft port and
+//     node-to-node calls mutual, nodes only); with Config.AuthFile the gRPC
+//     server authorizes every call (rpc/auth) and the debug endpoints are
+//     an admin's, and a cluster node refuses to start without TLS, by which
+//     nodes know each other. Requests are bounded by the event limits
+//     (rpc.Limits.MaxRequestBytes) and 128 concurrent calls per connection.
 //   - Start and Close order: Close leaves the gossip first (a member that left
 //     is not suspected), stops taking requests, then closes the shards, the
 //     control plane, gossip, the publisher and Pebble.
