@@ -44,7 +44,6 @@
 //     one), never gathered in memory. On a
 //     node without gossip (chimed dev) it answers for that node, and Drain
 //     and RemoveNode fail with FAILED_PRECONDITION saying why.
-//
 //   - Through its subpackages: rpc/certs, the TLS material of every port and
 //     dialer (and who is a node); rpc/auth, who may call what (tokens,
 //     certificates, roles, rate limits and quotas) and the audit log. They
