@@ -156,7 +156,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.IntVar(&f.maxAttempts, "max-attempts", publish.DefaultMaxAttempts, "produce attempts before a record goes to the dead-letter topic")
 	fs.StringVar(&f.deadLetter, "dead-letter-topic", publish.DefaultDeadLetterTopic, "topic for records whose last produce attempt failed")
 	if cmd == "serve" {
-		fs.BoolVar(&f.insecure, "insecure", false, "serve on addresses beyond loopback without encryption or authentication (refused otherwise)")
+		fs.BoolVar(&f.insecure, "insecure", false, "serve on addresses beyond loopback without all of TLS, --auth-file and --gossip-key-file\n(refused otherwise: anyone who reaches such a node could use it)")
 	}
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM `file` of this node's certificate (and chain): turns TLS on for every port. It must\nname "+certs.NodeName+" (a DNS subject alternative name) besides the names clients dial,\nand be signed by --tls-ca. Files are reloaded when they change")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM `file` of --tls-cert's private key")
@@ -195,12 +195,15 @@ every other node is started with --join naming one or more members`
 		} else {
 			fmt.Fprint(stderr, `
 Examples:
-  # the first node creates the cluster
-  chimed serve --node-id a --kafka-brokers kafka:9092 --data-dir /var/lib/chime \\
-      --grpc-addr 10.0.0.1:7070 --raft-addr 10.0.0.1:7071 --gossip-addr 10.0.0.1:7072
-  # the others join it
-  chimed serve --node-id b --kafka-brokers kafka:9092 --data-dir /var/lib/chime \\
-      --grpc-addr 10.0.0.2:7070 --raft-addr 10.0.0.2:7071 --gossip-addr 10.0.0.2:7072 --join 10.0.0.1:7072
+  # the first node creates the cluster, secured (see the README's Security section)
+  chimed serve --node-id a --kafka-brokers kafka:9092 --data-dir /var/lib/chime \
+      --grpc-addr 10.0.0.1:7070 --raft-addr 10.0.0.1:7071 --gossip-addr 10.0.0.1:7072 \
+      --tls-cert a.pem --tls-key a-key.pem --tls-ca nodes-ca.pem --tls-client-ca clients-ca.pem \
+      --auth-file auth.json --gossip-key-file gossip.keys
+  # the others join it, each with its own certificate and the same other files
+  chimed serve --node-id b ... --grpc-addr 10.0.0.2:7070 ... --join 10.0.0.1:7072
+  # on a network you trust, in the clear
+  chimed serve --node-id a --kafka-brokers kafka:9092 --grpc-addr 10.0.0.1:7070 ... --insecure
 `)
 		}
 	}
