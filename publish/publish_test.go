@@ -407,9 +407,14 @@ func TestCancelWhileBrokerFails(t *testing.T) {
 // land). Cancelling ctx ends the call at once.
 func TestBrokerHangs(t *testing.T) {
 	c := publishtest.NewBroker(t)
-	c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		c.KeepControl()
-		return nil, nil, true // swallow the request: no response, no close
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			if tp.Topic == "hang" {
+				return nil, nil, true // swallow the request: no response, no close
+			}
+		}
+		return nil, nil, false
 	})
 	// WriteTimeout also bounds how long Close waits for the hung batch.
 	// 2 s, so that the bounds below leave a loaded machine room and still
@@ -418,6 +423,12 @@ func TestBrokerHangs(t *testing.T) {
 	// UnackedTimeout must not cut the wait short: it is for dead paths,
 	// not slow brokers.
 	p := newPublisher(t, c, publish.Config{WriteTimeout: 2 * time.Second, UnackedTimeout: 300 * time.Millisecond})
+	// Connected first, so that the deadline below falls inside the hung
+	// attempt: on a starved machine the first dial and metadata took longer
+	// than the deadline, and no attempt had started when it passed.
+	if out := p.Publish(t.Context(), []publish.Record{{Seq: 9, ID: "w", Topic: "warm", Value: []byte("v")}}); !out[0].Done {
+		t.Fatalf("warming up: %+v", out[0])
+	}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
