@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
@@ -63,7 +65,9 @@ func workload(t *testing.T, c *nodetest.Cluster, prefix string, n int, spread ti
 				Delay: durationpb.New(time.Duration(r.Int64N(int64(spread)))),
 			})
 		}
-		resp, err := node.Scheduler().BatchSchedule(context.Background(), req)
+		resp, err := retried(func() (*chimev1.BatchScheduleResponse, error) {
+			return node.Scheduler().BatchSchedule(context.Background(), req)
+		})
 		if err != nil {
 			t.Fatalf("BatchSchedule via %s: %v", node.ID, err)
 		}
@@ -75,6 +79,21 @@ func workload(t *testing.T, c *nodetest.Cluster, prefix string, n int, spread ti
 		}
 	}
 	return due
+}
+
+// retried calls f until it succeeds or fails with something other than what
+// a client is told to retry: UNAVAILABLE (a shard between leaders) and
+// ABORTED (a cancel in the clock-skew window after a leader change), for up
+// to 30 s. On a loaded machine leadership moves during the tests' own calls.
+func retried[T any](f func() (T, error)) (T, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		v, err := f()
+		if c := status.Code(err); (c != codes.Unavailable && c != codes.Aborted) || time.Now().After(deadline) {
+			return v, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // checkFired waits for every acknowledged event and checks none was early.

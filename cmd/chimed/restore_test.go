@@ -93,7 +93,8 @@ func TestBackupRestoreIntoANewCluster(t *testing.T) {
 		}
 	}
 	for _, id := range group["cancelled"] {
-		if r, err := cl.Cancel(ctx, &chimev1.CancelRequest{Id: id}); err != nil || r.State != chimev1.EventState_EVENT_STATE_CANCELLED {
+		r, err := retried(func() (*chimev1.CancelResponse, error) { return cl.Cancel(ctx, &chimev1.CancelRequest{Id: id}) })
+		if err != nil || r.State != chimev1.EventState_EVENT_STATE_CANCELLED {
 			t.Fatalf("cancel %s: %v %v", id, r, err)
 		}
 	}
