@@ -15,7 +15,7 @@
 //     below). cron/v3 matches the fields against wall-clock (civil) time,
 //     which is what a rule means; mapping a matching civil time to an
 //     instant is this package's own, because cron/v3 skips a civil time a
-//     spring-forward gap removes and may fire a repeated one twice, and a
+//     spring-forward gap removes and fires one a fall-back repeats twice, and a
 //     scheduler that skips a daily payment run once a year is wrong.
 //   - The zone database. Go's time.LoadLocation prefers the host's
 //     zoneinfo over the one time/tzdata embeds, so two replicas on hosts
