@@ -31,6 +31,8 @@ const (
 	TypeScheduleBatchFlags CommandType = 8
 	// TypeUpdate changes pending events (Update).
 	TypeUpdate CommandType = 9
+	// TypeRecurring creates, changes or removes a recurring schedule (Recurring).
+	TypeRecurring CommandType = 10
 )
 
 func (t CommandType) String() string {
@@ -53,12 +55,14 @@ func (t CommandType) String() string {
 		return "ScheduleBatchFlags"
 	case TypeUpdate:
 		return "Update"
+	case TypeRecurring:
+		return "Recurring"
 	}
 	return fmt.Sprintf("CommandType(%d)", byte(t))
 }
 
 // Command is a decoded log entry: *ScheduleBatch, *Cancel, *MarkFired, *MarkDeadLettered,
-// *Expire or *Update.
+// *Expire, *Update or *Recurring.
 type Command interface {
 	Type() CommandType
 }
@@ -453,6 +457,8 @@ func DecodeCommand(data []byte) (Command, error) {
 		c = d.markDeadLettered(true)
 	case TypeExpire:
 		c = &Expire{Before: d.varint("before"), Limit: d.uint32("limit")}
+	case TypeRecurring:
+		c = d.recurring()
 	default:
 		return nil, fmt.Errorf("%w: unknown command type %d", ErrMalformedCommand, data[0])
 	}

@@ -32,6 +32,14 @@ func sampleCommands() []Command {
 		&MarkFired{DueKnown: true},
 		&MarkDeadLettered{ProposedAt: 6, Entries: []DeadLettered{{Seq: 3, At: 11, Attempts: 5, Error: "kafka: leader not available", Topic: "chime-dlq"}, {}}},
 		&MarkDeadLettered{ProposedAt: 8, DueKnown: true, Entries: []DeadLettered{{Seq: 4, At: 13, Attempts: 2, Error: "x", Topic: "dlq", Due: -1 << 63}, {Due: 1<<63 - 1}}},
+		&Recurring{Op: RecurringCreate, ProposedAt: 1_700_000_000_123_456_789, ID: "nightly", Hash: 0xfeed, Def: Definition{
+			Cron: "0 30 2 * * *", TimeZone: "Europe/Paris", Start: 1, End: 1 << 62, Jitter: 5e9, MaxOccurrences: 10,
+			CatchUp: CatchUpAll, MaxCatchUp: 1000, Topic: "reports", Key: []byte("k"), Payload: []byte("p"),
+			Headers: []Header{{Key: "h", Value: []byte("v")}}}},
+		&Recurring{Op: RecurringUpdate, ID: "r", IfVersion: 3, CheckPending: true, Pending: 1 << 40, Def: Definition{Every: 1e9, CatchUp: CatchUpSkip}},
+		&Recurring{Op: RecurringDelete, ID: "r", IfVersion: 1},
+		&Recurring{Op: RecurringPause, ID: "r", CheckPending: true},
+		&Recurring{Op: RecurringResume, ProposedAt: -1, ID: "r"},
 	}
 }
 

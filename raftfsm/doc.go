@@ -5,7 +5,7 @@
 // # What it owns
 //
 //   - The meaning of a committed command: ScheduleBatch, Cancel, Update, MarkFired,
-//     MarkDeadLettered and Expire, their binary encoding (DecodeCommand is the only decode path; the
+//     MarkDeadLettered, Expire and Recurring, their binary encoding (DecodeCommand is the only decode path; the
 //     Append* functions encode), and the result each one produces.
 //   - Every key of its shard in the node's Pebble (one Store per node, one FSM per shard;
 //     Store.DropShard deletes a shard's keys when the placement moves the replica away).
@@ -15,6 +15,15 @@
 //     Replace of its id, which schedules the id anew. An event's versions: an Update (or a
 //     Replace) of a pending event removes it and creates its next version under a new seq,
 //     bound to the same id, so that a seq's due time and content never change.
+//   - Recurring schedules (recurring.go): a definition (the rule and the target) and a
+//     cursor (where the schedule is) per schedule, and the chain of its occurrences. An
+//     active schedule has exactly one pending occurrence, an ordinary event with the id
+//     <schedule id>@<nominal Unix ms> and the headers chime-recurring-id and
+//     chime-occurrence-unix-ms; when it settles (fired, dead-lettered, or cancelled by its
+//     id) the same apply derives the next one from the rule (package recurrence) and the
+//     entry's time, and creates it, so that a leader change can neither skip nor repeat
+//     one. Pause, Delete and Update cancel the pending occurrence as a Cancel would; an
+//     Update or Replace of the occurrence's own id moves the schedule to its next version.
 //   - The applied index: which log entry the Pebble state reflects.
 //
 // It does not decide anything: timestamps, due times and content hashes arrive inside the
@@ -82,6 +91,14 @@
 //     with no Raft state beside them are dropped before an FSM opens on them, because a new
 //     Raft log starts at index 1 and an FSM already past it would skip its entries as
 //     replayed.
+//  9. A recurring schedule has a cursor and a definition, or neither. Its cursor names a
+//     pending occurrence exactly when it is active, and that event is pending and named by
+//     no other cursor; the FSM's in-memory occurrence map holds exactly the cursors'
+//     pending seqs (built from them on open and after a Restore, which refuses a stream
+//     that breaks this). Each settled occurrence moves its cursor on in the same batch, so
+//     a replayed log, a reopened replica and a restored one make the same next occurrence
+//     (TestRecurringWalk, TestRecurringAcrossRestartAndSnapshot,
+//     TestRestoreRefusesBrokenSchedules).
 //
 // # Concurrency
 //
@@ -116,6 +133,13 @@
 //	                                 status: Expire walks it from the start
 //	shard|'r'                        restoring marker, written only by the version before:
 //	                                 its Restore began and did not finish
+//	shard|'C'|schedule id            a recurring schedule's cursor: state, version, content
+//	                                 hash, times, the instant after which its next
+//	                                 occurrence falls, its pending occurrence (seq and
+//	                                 nominal instant), occurrences settled; rewritten at
+//	                                 every occurrence
+//	shard|'R'|schedule id            its definition: the rule and the target; rewritten only
+//	                                 by a Create or an Update
 //
 // List and Count need no index of their own. Under an id prefix they read the id index, whose
 // entries hold each event's due time, so a narrow prefix costs its matches and the sort of

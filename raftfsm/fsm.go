@@ -206,6 +206,7 @@ type Stats struct {
 //   - MarkFired, MarkDeadLettered: *MarkBatchResult
 //   - Expire: *ExpireResult
 //   - Update: *UpdateResult
+//   - Recurring: *RecurringResult
 //   - any entry at or below the applied index: ErrReplayed
 //   - non-command entries (LogConfiguration, ...): nil; they still advance the applied index.
 type FSM struct {
@@ -222,6 +223,8 @@ type FSM struct {
 	ap applier
 	// pending mirrors the due index; see pendingMirror.
 	pending pendingMirror
+	// occ says which pending events are recurring schedules' occurrences.
+	occ occurrences
 
 	// mu guards meta and restoring for readers. Only the apply goroutine writes them, and
 	// only while holding mu, so the apply goroutine may read them without mu.
@@ -264,6 +267,10 @@ func NewFSM(st *Store, shard uint32, obs Observer) (*FSM, error) {
 		return nil, err
 	}
 	if err := f.upgradeLayout(); err != nil {
+		st.release(shard)
+		return nil, err
+	}
+	if err := f.loadOccurrences(); err != nil {
 		st.release(shard)
 		return nil, err
 	}
@@ -423,6 +430,8 @@ type applier struct {
 
 	ids      map[string]idRef
 	statuses map[uint64]status
+	// scheds holds the recurring schedules this batch read or wrote, by id.
+	scheds map[string]*scheduleEntry
 	// bodies holds bodies preload read, by seq: an event's body never changes, and a
 	// superseded or renewed seq is dropped from it.
 	bodies  map[uint64][]byte
@@ -465,6 +474,7 @@ func (a *applier) init(f *FSM) {
 	a.ids = make(map[string]idRef)
 	a.statuses = make(map[uint64]status)
 	a.bodies = make(map[uint64][]byte)
+	a.scheds = make(map[string]*scheduleEntry)
 }
 
 func (a *applier) begin(m meta) {
@@ -489,6 +499,7 @@ func (a *applier) end() {
 	clear(a.ids)
 	clear(a.statuses)
 	clear(a.bodies)
+	clear(a.scheds)
 	a.notes = a.notes[:0]
 	a.settledNow, a.xFrom, a.reclaimed = a.settledNow[:0], a.xFrom[:0], 0
 }
@@ -822,6 +833,8 @@ func (a *applier) command(c Command) interface{} {
 		return a.expire(c)
 	case *Update:
 		return a.update(c)
+	case *Recurring:
+		return a.recurring(c)
 	}
 	a.fatal("no apply for %T", c)
 	return nil
@@ -859,16 +872,21 @@ func (a *applier) schedule(c *ScheduleBatch) *ScheduleBatchResult {
 			res[i] = ScheduleResult{Outcome: outcome, Seq: ref.seq, Due: ref.due}
 			continue
 		}
-		if a.idfNext != nil {
-			a.idfNext.add(e.ID)
-		}
-		if a.idf != nil && a.idf.add(e.ID) {
-			a.f.rebuildIDFilter(int(a.m.pending + a.m.retained()))
-		}
-		seq := a.create(e, c.ProposedAt, 1)
+		seq := a.createNew(e, c.ProposedAt)
 		res[i] = ScheduleResult{Outcome: Created, Seq: seq, Due: e.Due, Version: 1}
 	}
 	return &ScheduleBatchResult{Results: res}
+}
+
+// createNew creates e, whose id is bound to nothing, as the first version of its id.
+func (a *applier) createNew(e *NewEvent, createdAt int64) uint64 {
+	if a.idfNext != nil {
+		a.idfNext.add(e.ID)
+	}
+	if a.idf != nil && a.idf.add(e.ID) {
+		a.f.rebuildIDFilter(int(a.m.pending + a.m.retained()))
+	}
+	return a.create(e, createdAt, 1)
 }
 
 // create stores e as a pending event of a new seq at version, and binds its id to it.
@@ -920,6 +938,9 @@ func (a *applier) replace(e *NewEvent, ref idRef, now int64) ScheduleResult {
 		a.fatal("id %q names event %d, which has expired", e.ID, ref.seq)
 	}
 	seq := a.create(e, now, old.version+1)
+	if outcome == Replaced {
+		a.rebound(ref.seq, seq)
+	}
 	return ScheduleResult{Outcome: outcome, Seq: seq, Due: e.Due, Version: old.version + 1}
 }
 
@@ -1026,6 +1047,7 @@ func (a *applier) update(c *Update) *UpdateResult {
 			}
 			a.supersede(ref.seq, ref.due)
 			r.Seq = a.create(&e, old.createdAt, old.version+1)
+			a.rebound(ref.seq, r.Seq)
 			r.Outcome, r.Due, r.Version = Updated, e.Due, old.version+1
 		}
 		res[i] = r
@@ -1050,6 +1072,7 @@ func (a *applier) cancel(c *Cancel) *CancelBatchResult {
 			a.putStatus(ref.seq, s)
 			a.m.cancelled++
 			res[i].Outcome = Cancelled
+			a.occurred(ref.seq, c.ProposedAt)
 		case StateCancelled:
 			res[i].Outcome = AlreadyCancelled
 		case StateFired:
@@ -1109,6 +1132,7 @@ func (a *applier) markFired(c *MarkFired) *MarkBatchResult {
 		a.putStatus(e.Seq, s)
 		a.m.fired++
 		res[i] = Marked
+		a.occurred(e.Seq, c.ProposedAt)
 	}
 	return &MarkBatchResult{Outcomes: res}
 }
@@ -1139,6 +1163,7 @@ func (a *applier) markDeadLettered(c *MarkDeadLettered) *MarkBatchResult {
 		a.putStatus(e.Seq, s)
 		a.m.deadLettered++
 		res[i] = Marked
+		a.occurred(e.Seq, c.ProposedAt)
 	}
 	return &MarkBatchResult{Outcomes: res}
 }

@@ -20,10 +20,10 @@ import (
 // state must stop rather than diverge), but Get, List, a backup's verification and a restore
 // must be able to refuse bad bytes and go on.
 
-// FuzzDecodeStored: the id entry, meta, status and body decoders never panic, checkBody (what
-// Restore checks a body with) answers as decodeBody does, and what they accept re-encodes to
-// bytes that decode to the same value (one format, read and written alike). Not to the same
-// bytes: the varint decoder accepts an overlong encoding of a number
+// FuzzDecodeStored: the id entry, meta, status, body, recurring definition and cursor
+// decoders never panic, checkBody (what Restore checks a body with) answers as decodeBody
+// does, and what they accept re-encodes to bytes that decode to the same value (one format,
+// read and written alike). Not to the same bytes: the varint decoder accepts an overlong encoding of a number
 // (0x80 0x00 for 0), which no encoder here writes; that is harmless, since every replica
 // reads it as the same number.
 func FuzzDecodeStored(f *testing.F) {
@@ -38,6 +38,10 @@ func FuzzDecodeStored(f *testing.F) {
 		st.append(nil),
 		appendBody(nil, &ev, 10, 1),
 		appendBody(nil, &ev, 10, 7),
+		appendStoredDefinition(nil, &Definition{Cron: "@daily", TimeZone: "Europe/Paris", CatchUp: CatchUpLast, Topic: "t",
+			Payload: []byte("p"), Headers: []Header{{Key: "h", Value: []byte("v")}}}),
+		(&cursor{state: ScheduleActive, version: 2, hash: 3, createdAt: 4, updatedAt: 5, after: 6, pendingSeq: 7, pendingAt: 8, count: 9}).append(nil),
+		(&cursor{state: SchedulePaused, version: 1, pausedAt: -1}).append(nil),
 		{}, {formatV2}, {formatV1, 0xff, 0xff, 0xff, 0xff, 0x0f},
 	} {
 		f.Add(b)
@@ -72,6 +76,20 @@ func FuzzDecodeStored(f *testing.F) {
 			t.Fatalf("body %x: decodeBody says %v, checkBody %v", b, err, cerr)
 		}
 		bodyIDTopic(b)
+		if d, err := decodeStoredDefinition(b); err == nil {
+			if again, err := decodeStoredDefinition(appendStoredDefinition(nil, &d)); err != nil || !reflect.DeepEqual(again, d) {
+				t.Fatalf("definition %x decodes to %+v; re-encoded, to %+v, %v", b, d, again, err)
+			}
+		} else if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("definition: error not ErrCorrupt: %v", err)
+		}
+		if c, err := decodeCursor(b); err == nil {
+			if again, err := decodeCursor(c.append(nil)); err != nil || again != c {
+				t.Fatalf("cursor %x decodes to %+v; re-encoded, to %+v, %v", b, c, again, err)
+			}
+		} else if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("cursor: error not ErrCorrupt: %v", err)
+		}
 	})
 }
 

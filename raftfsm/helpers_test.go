@@ -351,6 +351,8 @@ func encode(c Command) []byte {
 		return AppendExpire(nil, c)
 	case *Update:
 		return AppendUpdate(nil, c)
+	case *Recurring:
+		return AppendRecurring(nil, c)
 	}
 	panic(fmt.Sprintf("encode %T", c))
 }

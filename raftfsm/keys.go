@@ -8,13 +8,15 @@ import (
 
 // Key tags; see the key layout in doc.go. They must stay below 0xff, the end of a shard span.
 const (
-	tagBody      = 'b'
-	tagDue       = 'd'
-	tagID        = 'i'
-	tagMeta      = 'm'
-	tagRestoring = 'r'
-	tagStatus    = 's'
-	tagSettled   = 'x'
+	tagCursor     = 'C' // a recurring schedule's cursor
+	tagDefinition = 'R' // a recurring schedule's definition
+	tagBody       = 'b'
+	tagDue        = 'd'
+	tagID         = 'i'
+	tagMeta       = 'm'
+	tagRestoring  = 'r'
+	tagStatus     = 's'
+	tagSettled    = 'x'
 )
 
 const shardPrefixLen = 4

@@ -333,7 +333,10 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	if err := f.load(); err != nil {
 		return err
 	}
-	return f.upgradeLayout()
+	if err := f.upgradeLayout(); err != nil {
+		return err
+	}
+	return f.loadOccurrences()
 }
 
 // VerifySnapshot reads the full snapshot stream in r to its end and checks it as Restore
@@ -499,6 +502,7 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 	var m meta
 	var perTag [256]uint64
 	var maxSeq uint64 // the highest seq a key names
+	var scheds scheduleFrames
 	sawMeta := false
 	for {
 		var last bool
@@ -520,6 +524,9 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 			sawMeta = true
 		} else {
 			seq, err := checkFrame(key, val)
+			if err == nil {
+				err = scheds.frame(key[shardPrefixLen:], seq)
+			}
 			if err != nil {
 				return fmt.Errorf("%w: frame %d: key %x: %v", ErrBadSnapshot, frames, key[shardPrefixLen:], err)
 			}
@@ -534,6 +541,9 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 	if err := r.trailer(frames); err != nil {
 		return err
 	}
+	if err := scheds.complete(); err != nil {
+		return err
+	}
 	switch {
 	case !sawMeta && index != 0:
 		return fmt.Errorf("%w: no meta key in a snapshot at index %d", ErrBadSnapshot, index)
@@ -545,6 +555,51 @@ func stageFrames(r *snapReader, st frameSink, shard uint32, index, term uint64) 
 		return fmt.Errorf("%w: a key names seq %d, and the meta's next seq is %d: seqs would be handed out again", ErrBadSnapshot, maxSeq, m.nextSeq)
 	case sawMeta:
 		return checkMetaCounts(&m, &perTag)
+	}
+	return nil
+}
+
+// scheduleFrames checks a stream's recurring schedules: every cursor has a definition and
+// every definition a cursor, and the occurrence a cursor names pending is a pending event (a
+// due-index key), of no other cursor. Frames arrive in key order: cursors ('C'), then
+// definitions ('R'), then the due index ('d').
+type scheduleFrames struct {
+	ids     []string          // the cursors' schedule ids, in order
+	defs    int               // definitions seen
+	pending map[uint64]string // pending occurrence seq → schedule id, until its due-index key
+}
+
+func (s *scheduleFrames) frame(k []byte, seq uint64) error {
+	switch k[0] {
+	case tagCursor:
+		id := string(k[1:])
+		s.ids = append(s.ids, id)
+		if seq != 0 {
+			if s.pending == nil {
+				s.pending = make(map[uint64]string)
+			}
+			if other, dup := s.pending[seq]; dup {
+				return fmt.Errorf("schedules %q and %q both name occurrence %d", other, id, seq)
+			}
+			s.pending[seq] = id
+		}
+	case tagDefinition:
+		if s.defs >= len(s.ids) || s.ids[s.defs] != string(k[1:]) {
+			return fmt.Errorf("schedule %q has a definition and no cursor", k[1:])
+		}
+		s.defs++
+	case tagDue:
+		delete(s.pending, seq)
+	}
+	return nil
+}
+
+func (s *scheduleFrames) complete() error {
+	if s.defs != len(s.ids) {
+		return fmt.Errorf("%w: schedule %q has a cursor and no definition", ErrBadSnapshot, s.ids[s.defs])
+	}
+	for seq, id := range s.pending {
+		return fmt.Errorf("%w: schedule %q names occurrence %d, which is not pending", ErrBadSnapshot, id, seq)
 	}
 	return nil
 }
@@ -586,6 +641,18 @@ func checkFrame(key, val []byte) (seq uint64, err error) {
 	case tagID:
 		r, err := decodeIDRef(val)
 		return r.seq, err
+	case tagCursor:
+		if len(k) < 2 {
+			return 0, errors.New("a cursor key names a schedule")
+		}
+		c, err := decodeCursor(val)
+		return c.pendingSeq, err
+	case tagDefinition:
+		if len(k) < 2 {
+			return 0, errors.New("a definition key names a schedule")
+		}
+		_, err := decodeStoredDefinition(val)
+		return 0, err
 	}
 	return 0, fmt.Errorf("no known tag") // frame refuses these before
 }
@@ -640,7 +707,7 @@ func (r *snapReader) frame(key, val []byte, frames uint64) (_, _ []byte, last bo
 		return key, val, false, err
 	}
 	switch key[shardPrefixLen] {
-	case tagBody, tagDue, tagID, tagMeta, tagStatus, tagSettled:
+	case tagBody, tagDue, tagID, tagMeta, tagStatus, tagSettled, tagCursor, tagDefinition:
 	default:
 		return key, val, false, fmt.Errorf("%w: frame %d: key %x has no known tag", ErrBadSnapshot, frames, key[shardPrefixLen:])
 	}
