@@ -939,7 +939,7 @@ func (a *applier) replace(e *NewEvent, ref idRef, now int64) ScheduleResult {
 	}
 	seq := a.create(e, now, old.version+1)
 	if outcome == Replaced {
-		a.rebound(ref.seq, seq)
+		a.rebound(ref.seq, seq, e.Due)
 	}
 	return ScheduleResult{Outcome: outcome, Seq: seq, Due: e.Due, Version: old.version + 1}
 }
@@ -1047,7 +1047,7 @@ func (a *applier) update(c *Update) *UpdateResult {
 			}
 			a.supersede(ref.seq, ref.due)
 			r.Seq = a.create(&e, old.createdAt, old.version+1)
-			a.rebound(ref.seq, r.Seq)
+			a.rebound(ref.seq, r.Seq, e.Due)
 			r.Outcome, r.Due, r.Version = Updated, e.Due, old.version+1
 		}
 		res[i] = r

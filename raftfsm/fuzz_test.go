@@ -40,7 +40,7 @@ func FuzzDecodeStored(f *testing.F) {
 		appendBody(nil, &ev, 10, 7),
 		appendStoredDefinition(nil, &Definition{Cron: "@daily", TimeZone: "Europe/Paris", CatchUp: CatchUpLast, Topic: "t",
 			Payload: []byte("p"), Headers: []Header{{Key: "h", Value: []byte("v")}}}),
-		(&cursor{state: ScheduleActive, version: 2, hash: 3, createdAt: 4, updatedAt: 5, after: 6, pendingSeq: 7, pendingAt: 8, count: 9}).append(nil),
+		(&cursor{state: ScheduleActive, version: 2, hash: 3, createdAt: 4, updatedAt: 5, after: 6, pendingSeq: 7, pendingAt: 8, pendingDue: 10, count: 9}).append(nil),
 		(&cursor{state: SchedulePaused, version: 1, pausedAt: -1}).append(nil),
 		{}, {formatV2}, {formatV1, 0xff, 0xff, 0xff, 0xff, 0x0f},
 	} {

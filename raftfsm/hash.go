@@ -78,3 +78,33 @@ func (h *contentHasher) bytes(b []byte) {
 	h.uvarint(uint64(len(b)))
 	_, _ = h.d.Write(b)
 }
+
+// recurringHashDomain starts DefinitionHash's input, as contentHashDomain does ContentHash's.
+const recurringHashDomain = "chime/recurring/v1\x00"
+
+// DefinitionHash is the idempotency fingerprint of a recurring schedule's Create: a re-sent
+// Create with an equal hash is the same schedule (RecurringExisting). It covers the rule and
+// the target as the client sent them, and not MaxCatchUp, which the server sets. It is
+// stored with the schedule: treat it as a stored format, as ContentHash.
+func DefinitionHash(d *Definition) uint64 {
+	var h contentHasher
+	h.d.Reset()
+	_, _ = h.d.WriteString(recurringHashDomain)
+	h.str(d.Cron)
+	h.fixed(uint64(d.Every))
+	h.str(d.TimeZone)
+	h.fixed(uint64(d.Start))
+	h.fixed(uint64(d.End))
+	h.fixed(uint64(d.Jitter))
+	h.fixed(d.MaxOccurrences)
+	h.uvarint(uint64(d.CatchUp))
+	h.str(d.Topic)
+	h.bytes(d.Key)
+	h.bytes(d.Payload)
+	h.uvarint(uint64(len(d.Headers)))
+	for _, hd := range d.Headers {
+		h.str(hd.Key)
+		h.bytes(hd.Value)
+	}
+	return h.d.Sum64()
+}

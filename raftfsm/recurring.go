@@ -132,9 +132,11 @@ type cursor struct {
 	// last update) time, then the nominal instant of each occurrence that settled.
 	after int64
 	// pendingSeq is the seq of the pending occurrence (0: none), pendingAt its nominal
-	// instant (unix ns).
+	// instant and pendingDue its due time (unix ns; the nominal instant plus jitter, or
+	// where an Update of its id moved it).
 	pendingSeq uint64
 	pendingAt  int64
+	pendingDue int64
 	count      uint64 // occurrences settled: fired, dead-lettered or cancelled by id
 	run        uint32 // missed occurrences created in a row (CatchUpAll)
 	pausedAt   int64
@@ -265,9 +267,10 @@ type Schedule struct {
 	CreatedAt  int64
 	UpdatedAt  int64
 	PausedAt   int64 // while paused
-	// Next is the nominal instant (unix ns) of the pending occurrence, and NextSeq its
-	// event's seq; both 0 when none is pending.
+	// Next is the nominal instant (unix ns) of the pending occurrence, NextDue its event's
+	// due time and NextSeq its seq; all 0 when none is pending.
 	Next    int64
+	NextDue int64
 	NextSeq uint64
 	// Occurrences counts the occurrences that settled.
 	Occurrences uint64
@@ -283,7 +286,7 @@ func (c *cursor) schedule(id string, d *Definition) Schedule {
 		s.PausedAt = c.pausedAt
 	}
 	if c.pendingSeq != 0 {
-		s.Next = c.pendingAt
+		s.Next, s.NextDue = c.pendingAt, c.pendingDue
 	}
 	return s
 }
@@ -398,6 +401,7 @@ func (c *cursor) append(dst []byte) []byte {
 	dst = binary.AppendVarint(dst, c.after)
 	dst = binary.AppendUvarint(dst, c.pendingSeq)
 	dst = binary.AppendVarint(dst, c.pendingAt)
+	dst = binary.AppendVarint(dst, c.pendingDue)
 	dst = binary.AppendUvarint(dst, c.count)
 	dst = binary.AppendUvarint(dst, uint64(c.run))
 	return binary.AppendVarint(dst, c.pausedAt)
@@ -417,6 +421,7 @@ func decodeCursor(b []byte) (cursor, error) {
 		after:      d.varint("after"),
 		pendingSeq: d.uvarint("pendingSeq"),
 		pendingAt:  d.varint("pendingAt"),
+		pendingDue: d.varint("pendingDue"),
 		count:      d.uvarint("count"),
 		run:        d.uint32("run"),
 		pausedAt:   d.varint("pausedAt"),
@@ -572,12 +577,7 @@ func (a *applier) rule(id string, e *scheduleEntry) (*recurrence.Rule, error) {
 
 func (a *applier) recurring(c *Recurring) *RecurringResult {
 	res := &RecurringResult{}
-	var e *scheduleEntry
-	if c.Op == RecurringCreate {
-		e = a.sched(c.ID, false)
-	} else {
-		e = a.sched(c.ID, true)
-	}
+	e := a.sched(c.ID, true)
 	report := func(o RecurringOutcome) *RecurringResult {
 		res.Outcome = o
 		if e != nil && !e.gone {
@@ -687,7 +687,7 @@ func (a *applier) dropOccurrence(id string, e *scheduleEntry, now int64) {
 	a.putStatus(seq, s)
 	a.m.cancelled++
 	delete(a.f.occ.bySeq, seq)
-	e.cur.pendingSeq, e.cur.pendingAt = 0, 0
+	e.cur.pendingSeq, e.cur.pendingAt, e.cur.pendingDue = 0, 0, 0
 }
 
 // occurred moves the schedule whose pending occurrence seq just settled (fired,
@@ -703,15 +703,15 @@ func (a *applier) occurred(seq uint64, now int64) {
 		a.fatal("occurrence %d names schedule %q, which does not name it", seq, id)
 	}
 	e.cur.after = e.cur.pendingAt
-	e.cur.pendingSeq, e.cur.pendingAt = 0, 0
+	e.cur.pendingSeq, e.cur.pendingAt, e.cur.pendingDue = 0, 0, 0
 	e.cur.count++
 	a.materialise(id, e, now)
 	a.putCursor(id, e)
 }
 
-// rebound moves schedule's pending occurrence from seq old to its next version new (an Update
-// or a Replace of the occurrence's id superseded it).
-func (a *applier) rebound(old, new uint64) {
+// rebound moves schedule's pending occurrence from seq old to its next version new, due at
+// due (an Update or a Replace of the occurrence's id superseded it).
+func (a *applier) rebound(old, new uint64, due int64) {
 	id, ok := a.f.occ.bySeq[old]
 	if !ok {
 		return
@@ -722,7 +722,7 @@ func (a *applier) rebound(old, new uint64) {
 	if e == nil || e.cur.pendingSeq != old {
 		a.fatal("occurrence %d names schedule %q, which does not name it", old, id)
 	}
-	e.cur.pendingSeq = new
+	e.cur.pendingSeq, e.cur.pendingDue = new, due
 	a.putCursor(id, e)
 }
 
@@ -790,7 +790,7 @@ func (a *applier) materialise(id string, e *scheduleEntry, now int64) {
 	} else {
 		seq = a.createNew(&ev, now)
 	}
-	e.cur.pendingSeq, e.cur.pendingAt = seq, next.UnixNano()
+	e.cur.pendingSeq, e.cur.pendingAt, e.cur.pendingDue = seq, next.UnixNano(), ev.Due
 	a.f.occ.bySeq[seq] = id
 }
 

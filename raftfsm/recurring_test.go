@@ -194,8 +194,8 @@ func TestRecurringWalk(t *testing.T) {
 	if res := h.apply(&Update{ProposedAt: sec(9.6).UnixNano(), Changes: []Change{{ID: occ, Fields: ChangeDue, Due: sec(21).UnixNano()}}}).(*UpdateResult); res.Results[0].Outcome != Updated {
 		t.Fatalf("Update of an occurrence: %+v", res)
 	}
-	if s := h.get("r"); s.NextSeq != h.event(occ).Seq {
-		t.Fatalf("the schedule names seq %d, the moved occurrence is %d", s.NextSeq, h.event(occ).Seq)
+	if s := h.get("r"); s.NextSeq != h.event(occ).Seq || s.NextDue != sec(21).UnixNano() {
+		t.Fatalf("the schedule names seq %d due %d, the moved occurrence is %d due %d", s.NextSeq, s.NextDue, h.event(occ).Seq, sec(21).UnixNano())
 	}
 	h.fire("r", sec(21))
 	if got := h.next("r"); !got.Equal(sec(30)) {

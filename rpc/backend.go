@@ -37,4 +37,13 @@ type Backend interface {
 	// one call at a time. Every event a step counts as cancelled has the
 	// promise Cancel gives.
 	CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bool, progress func(shard.CancelStep)) error
+	// Recurring creates, updates, deletes, pauses or resumes one recurring
+	// schedule on its shard's leader (shard.Shard.Recurring).
+	Recurring(ctx context.Context, rc raftfsm.Recurring) (*raftfsm.RecurringResult, error)
+	// GetSchedule reads one recurring schedule, linearizably unless stale.
+	GetSchedule(ctx context.Context, id string, stale bool) (raftfsm.Schedule, bool, error)
+	// ListSchedules returns up to limit schedules whose id starts with
+	// prefix, after the id after ("" from the first), from every shard in id
+	// order; more says others may follow the last one.
+	ListSchedules(ctx context.Context, prefix, after string, limit int, stale bool) ([]raftfsm.Schedule, bool, error)
 }

@@ -3,6 +3,7 @@ package rpc
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -49,6 +50,11 @@ type Limits struct {
 	// AllowTopics are reserved topics events may target all the same
 	// (chimed --allow-topic), for the rare client that must.
 	AllowTopics []string
+	// MaxCatchUp bounds how many missed occurrences a recurring schedule
+	// with CATCH_UP_ALL produces in a row before it goes on with the future
+	// ones (chimed --max-catch-up). Default 1,000. It is stored with each
+	// schedule when it is created or updated.
+	MaxCatchUp int
 }
 
 // reservedTopic says why topic may not be a target, or "" when it may be.
@@ -79,6 +85,7 @@ func DefaultLimits() Limits {
 		MaxHeaderBytes:  64 << 10,
 		MaxBatch:        10000,
 		ReservedTopics:  []string{publish.DefaultDeadLetterTopic},
+		MaxCatchUp:      1000,
 	}
 }
 
@@ -98,6 +105,10 @@ func (l Limits) Validate() error {
 	check("MaxHeaders", int64(l.MaxHeaders))
 	check("MaxHeaderBytes", int64(l.MaxHeaderBytes))
 	check("MaxBatch", int64(l.MaxBatch))
+	check("MaxCatchUp (--max-catch-up)", int64(l.MaxCatchUp))
+	if l.MaxCatchUp > math.MaxUint32 {
+		errs = append(errs, fmt.Errorf("rpc: Limits.MaxCatchUp (--max-catch-up) must be at most %d (got %d)", uint32(math.MaxUint32), l.MaxCatchUp))
+	}
 	return errors.Join(errs...)
 }
 
@@ -138,6 +149,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.ReservedTopics == nil {
 		l.ReservedTopics = d.ReservedTopics
+	}
+	if l.MaxCatchUp == 0 {
+		l.MaxCatchUp = d.MaxCatchUp
 	}
 	return l
 }

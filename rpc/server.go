@@ -48,7 +48,8 @@ func NewServer(b Backend, lim Limits, now func() time.Time, logger *slog.Logger)
 	return &Server{backend: b, limits: lim.withDefaults(), now: now, logger: logger}
 }
 
-// Register registers s on gs as the chime.v1.Scheduler service, together with
+// Register registers s on gs as the chime.v1.Scheduler and chime.v1.Recurring
+// services, together with
 // gRPC server reflection (v1 and v1alpha), so that grpcurl and similar tools
 // can list and call the API. Reflection must not be registered on gs again:
 // a second registration of the same service panics in grpc. Services added
@@ -56,6 +57,7 @@ func NewServer(b Backend, lim Limits, now func() time.Time, logger *slog.Logger)
 // reflection reads gs's service list on each request.
 func Register(gs *grpc.Server, s *Server) {
 	chimev1.RegisterSchedulerServer(gs, s)
+	chimev1.RegisterRecurringServer(gs, s.Recurring())
 	reflection.Register(gs)
 }
 

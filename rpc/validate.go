@@ -47,6 +47,8 @@ type eventPath int
 const (
 	singleEvent eventPath = -1
 	topLevel    eventPath = -2
+	// recurringTarget is the target of a recurring schedule's request.
+	recurringTarget eventPath = -3
 )
 
 func (p eventPath) String() string {
@@ -55,6 +57,8 @@ func (p eventPath) String() string {
 		return "event"
 	case topLevel:
 		return "request"
+	case recurringTarget:
+		return "target"
 	}
 	return "events[" + strconv.Itoa(int(p)) + "]"
 }

@@ -105,7 +105,7 @@ type flags struct {
 	authFile, auditLog                            string
 	allowTopics                                   []string
 	debugEndpoints, insecure                      bool
-	shards, maxPayload, maxInFlight               int
+	shards, maxPayload, maxInFlight, maxCatchUp   int
 	maxAttempts, replication, nodes               int
 	maxHorizon, resolution, timeout, maxClockSkew time.Duration
 	wheelHorizon                                  time.Duration
@@ -149,6 +149,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.DurationVar(&f.deadTimeout, "dead-timeout", 2*time.Minute, "how long a member may be dead before its replicas move to other nodes")
 	fs.IntVar(&f.maxPayload, "max-payload", rpc.DefaultLimits().MaxPayloadBytes, "largest accepted event payload, in bytes")
 	fs.DurationVar(&f.maxHorizon, "max-horizon", rpc.DefaultLimits().MaxHorizon, "furthest ahead an event may be due")
+	fs.IntVar(&f.maxCatchUp, "max-catch-up", rpc.DefaultLimits().MaxCatchUp, "most missed occurrences a recurring schedule with catch-up ALL produces in a row (after an\noutage or a pause) before it goes on with the future ones; stored with each schedule as it is\ncreated or updated")
 	fs.DurationVar(&f.resolution, "resolution", wheel.DefaultResolution, "timing wheel tick: events fire at most one tick after they are due")
 	fs.DurationVar(&f.wheelHorizon, "wheel-horizon", time.Hour, "how far ahead the in-memory timing wheel holds events (at least 1s); later ones stay on disk in\nthe due index and are loaded as the horizon reaches them, so memory follows the events due\nwithin it, not all the node holds. Each node sets its own")
 	fs.DurationVar(&f.maxClockSkew, "max-clock-skew", time.Second, "how far apart the nodes' clocks may be; for this long after a leader change, cancels of unfired events due by then are refused (ABORTED, retryable) because the old leader may have produced them")
@@ -433,6 +434,11 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	lim := rpc.DefaultLimits()
 	lim.MaxPayloadBytes = f.maxPayload
 	lim.MaxHorizon = f.maxHorizon
+	if f.maxCatchUp < 1 {
+		fmt.Fprintf(stderr, "chimed: --max-catch-up %d: must be at least 1 (a schedule with catch-up SKIP produces no missed occurrence)\n", f.maxCatchUp)
+		return 2
+	}
+	lim.MaxCatchUp = f.maxCatchUp
 	lim.ReservedTopics = []string{f.deadLetter}
 	lim.AllowTopics = f.allowTopics
 	if err := lim.Validate(); err != nil {

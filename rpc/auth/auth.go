@@ -229,6 +229,9 @@ type Options struct {
 	// TopicOf returns the topic of the event id names, for checking a
 	// scheduler's calls that name an event by id only.
 	TopicOf func(ctx context.Context, id string) (topic string, found bool, err error)
+	// ScheduleTopicOf returns the target topic of the recurring schedule id
+	// names, for checking a scheduler's calls that change it.
+	ScheduleTopicOf func(ctx context.Context, id string) (topic string, found bool, err error)
 	// Identify classifies a client certificate on the HTTP port (the gRPC
 	// port's connections carry it in certs.AuthInfo); nil without TLS.
 	Identify func([]*x509.Certificate) (certs.Identity, error)
@@ -405,6 +408,7 @@ func (a *Authorizer) callerOf(ctx context.Context) (caller, error) {
 // Service method kinds.
 const (
 	schedulerPrefix  = "/chime.v1.Scheduler/"
+	recurringPrefix  = "/chime.v1.Recurring/"
 	adminPrefix      = "/chime.v1.Admin/"
 	peerPrefix       = "/chime.v1.Peer/"
 	reflectionPrefix = "/grpc.reflection."
@@ -412,6 +416,7 @@ const (
 
 var readMethods = map[string]bool{
 	chimev1.Scheduler_Get_FullMethodName: true, chimev1.Scheduler_List_FullMethodName: true, chimev1.Scheduler_Count_FullMethodName: true,
+	chimev1.Recurring_Get_FullMethodName: true, chimev1.Recurring_List_FullMethodName: true,
 }
 
 // authorize checks that c may call method; req is the request, or nil for a
@@ -440,6 +445,10 @@ func (a *Authorizer) authorize(c caller, method string) error {
 		return nil
 	case strings.HasPrefix(method, schedulerPrefix):
 		return status.Errorf(codes.PermissionDenied, "%s needs the scheduler or admin role; %q is a %s (Get, List and Count only)", method, g.Name, g.Role)
+	case strings.HasPrefix(method, recurringPrefix) && g.Role == RoleScheduler:
+		return nil
+	case strings.HasPrefix(method, recurringPrefix):
+		return status.Errorf(codes.PermissionDenied, "%s needs the scheduler or admin role; %q is a %s (Get and List only)", method, g.Name, g.Role)
 	}
 	return status.Errorf(codes.PermissionDenied, "%s: only an admin may call it", method)
 }
@@ -485,7 +494,49 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 		}
 		return nil
 	}
+	// A recurring schedule is checked as the events it makes would be: its
+	// target's topic and its id (an occurrence's id starts with it).
+	target := func(t *chimev1.RecurringTarget) error {
+		if !every && !g.topicAllowed(t.GetTopic()) {
+			return status.Errorf(codes.PermissionDenied, "target.topic: %q is outside %q's topics %v", t.GetTopic(), g.Name, g.Topics)
+		}
+		return nil
+	}
+	bySchedule := func(id string) error {
+		if !g.idAllowed(id) {
+			return status.Errorf(codes.PermissionDenied, "id: %q does not start with one of %q's id prefixes %v", id, g.Name, g.IDPrefixes)
+		}
+		if every || a.o.ScheduleTopicOf == nil || id == "" {
+			return nil
+		}
+		topic, found, err := a.o.ScheduleTopicOf(ctx, id)
+		if err != nil {
+			return err
+		}
+		if found && !g.topicAllowed(topic) {
+			return status.Errorf(codes.PermissionDenied, "id: recurring schedule %q targets topic %q, outside %q's topics %v", id, topic, g.Name, g.Topics)
+		}
+		return nil
+	}
 	switch r := req.(type) {
+	case *chimev1.CreateRecurringRequest:
+		if err := target(r.GetTarget()); err != nil {
+			return err
+		}
+		return bySchedule(r.GetId())
+	case *chimev1.UpdateRecurringRequest:
+		if r.GetTarget() != nil {
+			if err := target(r.GetTarget()); err != nil {
+				return err
+			}
+		}
+		return bySchedule(r.GetId())
+	case *chimev1.DeleteRecurringRequest:
+		return bySchedule(r.GetId())
+	case *chimev1.PauseRecurringRequest:
+		return bySchedule(r.GetId())
+	case *chimev1.ResumeRecurringRequest:
+		return bySchedule(r.GetId())
 	case *chimev1.ScheduleRequest:
 		return event("event", r.GetEvent())
 	case *chimev1.BatchScheduleRequest:

@@ -70,6 +70,10 @@ func newFixture(t *testing.T) *fixture {
 		TopicOf: func(_ context.Context, id string) (string, bool, error) {
 			topic, ok := topics[id]
 			return topic, ok, nil
+		},
+		ScheduleTopicOf: func(_ context.Context, id string) (string, bool, error) {
+			topic, ok := map[string]string{"inv-r1": "billing.invoices", "inv-r2": "payroll"}[id]
+			return topic, ok, nil
 		}})
 	if err != nil {
 		t.Fatal(err)
@@ -140,6 +144,20 @@ func TestRoles(t *testing.T) {
 		{"a token beats the certificate", callCtx("dash-token", certs.Identity{Cert: true, Name: "app-1"}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "r-1"}, codes.PermissionDenied, "dash"},
 		{"node calls Peer", callCtx("", node), chimev1.Peer_Forget_FullMethodName, &chimev1.ForgetRequest{}, codes.OK, ""},
 		{"node relays anything", callCtx("", node), chimev1.Scheduler_Schedule_FullMethodName, sched("payroll", "x"), codes.OK, ""},
+		{"reader gets a schedule", callCtx("dash-token", certs.Identity{}), chimev1.Recurring_Get_FullMethodName, &chimev1.GetRecurringRequest{Id: "inv-r2"}, codes.OK, ""},
+		{"reader creates a schedule", callCtx("dash-token", certs.Identity{}), chimev1.Recurring_Create_FullMethodName,
+			&chimev1.CreateRecurringRequest{Id: "inv-r3", Target: &chimev1.RecurringTarget{Topic: "billing.x"}}, codes.PermissionDenied, "(Get and List only)"},
+		{"scheduler creates a schedule in its topic", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Create_FullMethodName,
+			&chimev1.CreateRecurringRequest{Id: "inv-r3", Target: &chimev1.RecurringTarget{Topic: "billing.x"}}, codes.OK, ""},
+		{"scheduler creates a schedule outside its topics", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Create_FullMethodName,
+			&chimev1.CreateRecurringRequest{Id: "inv-r3", Target: &chimev1.RecurringTarget{Topic: "payroll"}}, codes.PermissionDenied, "target.topic"},
+		{"scheduler creates a schedule outside its id prefixes", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Create_FullMethodName,
+			&chimev1.CreateRecurringRequest{Id: "rep-1", Target: &chimev1.RecurringTarget{Topic: "billing.x"}}, codes.PermissionDenied, "id:"},
+		{"scheduler deletes its schedule", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Delete_FullMethodName, &chimev1.DeleteRecurringRequest{Id: "inv-r1"}, codes.OK, ""},
+		{"scheduler pauses another topic's schedule", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Pause_FullMethodName,
+			&chimev1.PauseRecurringRequest{Id: "inv-r2"}, codes.PermissionDenied, `targets topic "payroll"`},
+		{"scheduler moves its schedule to another topic", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Update_FullMethodName,
+			&chimev1.UpdateRecurringRequest{Id: "inv-r1", Target: &chimev1.RecurringTarget{Topic: "payroll"}}, codes.PermissionDenied, "target.topic"},
 		{"unknown method", callCtx("billing-token", certs.Identity{}), "/other.v1.X/Y", nil, codes.PermissionDenied, "only an admin"},
 		{"reflection", callCtx("dash-token", certs.Identity{}), "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", nil, codes.OK, ""},
 	} {

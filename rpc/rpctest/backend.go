@@ -30,16 +30,21 @@ type Backend struct {
 	nextSeq uint64
 	calls   []Call
 	fail    error
+	// schedules are the recurring schedules, by id (see recurring.go).
+	schedules map[string]*schedule
 }
 
 // Call is one call the Backend received, for tests that assert what reached
 // it (or that nothing did).
 type Call struct {
-	Method string          // "Schedule", "Cancel", "Get", "Update", "List", "Count" or "CancelMatching"
+	Method string          // "Schedule", "Cancel", "Get", "Update", "List", "Count", "CancelMatching", "Recurring", "GetSchedule" or "ListSchedules"
 	Reqs   []shard.Request // Schedule's requests
 	ID     string          // Cancel's, Get's and Update's id
 	Change shard.Change    // Update's change
 	Query  raftfsm.Query   // List's, Count's and CancelMatching's query
+	// Recurring is a Recurring call's command (ID is its schedule, or
+	// GetSchedule's id, or ListSchedules' prefix).
+	Recurring raftfsm.Recurring
 }
 
 // New returns an empty Backend whose clock, for resolving delays and stamping

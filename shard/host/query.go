@@ -115,6 +115,80 @@ func (h *Host) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Positio
 	return Merge(parts, limit), false, nil
 }
 
+// Recurring applies rc on the leader of its schedule's shard, waiting for a
+// leader as Schedule does.
+func (h *Host) Recurring(ctx context.Context, rc raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
+	return AwaitLeader(ctx, leaderless, func() (*raftfsm.RecurringResult, error) {
+		s, err := h.shardFor(rc.ID)
+		if err != nil {
+			return nil, err
+		}
+		return s.Recurring(ctx, rc)
+	})
+}
+
+// GetSchedule reads one recurring schedule on its shard.
+func (h *Host) GetSchedule(ctx context.Context, id string, stale bool) (raftfsm.Schedule, bool, error) {
+	type got struct {
+		s  raftfsm.Schedule
+		ok bool
+	}
+	g, err := onReplica(ctx, h, shard.For(id, h.cfg.Shards), func(r *shard.Shard) (got, error) {
+		s, ok, err := r.GetSchedule(ctx, id, stale)
+		return got{s, ok}, err
+	})
+	return g.s, g.ok, err
+}
+
+// ListSchedules returns up to limit schedules whose id starts with prefix,
+// after the id after, from every shard in id order; more says others follow.
+func (h *Host) ListSchedules(ctx context.Context, prefix, after string, limit int, stale bool) ([]raftfsm.Schedule, bool, error) {
+	parts, more := make([][]raftfsm.Schedule, h.cfg.Shards), make([]bool, h.cfg.Shards)
+	err := EachShard(ctx, h.cfg.Shards, func(ctx context.Context, s uint32) error {
+		type part struct {
+			scheds []raftfsm.Schedule
+			more   bool
+		}
+		p, err := onReplica(ctx, h, s, func(r *shard.Shard) (part, error) {
+			scheds, more, err := r.ListSchedules(ctx, prefix, after, limit, stale)
+			return part{scheds, more}, err
+		})
+		parts[s], more[s] = p.scheds, p.more
+		return err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	merged, anyMore := MergeSchedules(parts, more, limit)
+	return merged, anyMore, nil
+}
+
+// MergeSchedules merges shards' schedules (each part in id order, more[i]
+// set when part i's shard holds more after its last one) into the first
+// limit in id order. A shard that holds more may hold schedules between its
+// last one and another shard's later ones, so nothing after the first such
+// last id is taken; more says something may follow what is returned.
+func MergeSchedules(parts [][]raftfsm.Schedule, more []bool, limit int) ([]raftfsm.Schedule, bool) {
+	all := slices.Concat(parts...)
+	cut, cutSet := "", false
+	for i, p := range parts {
+		if more[i] && len(p) > 0 {
+			if last := p[len(p)-1].ID; !cutSet || last < cut {
+				cut, cutSet = last, true
+			}
+		}
+	}
+	slices.SortFunc(all, func(a, b raftfsm.Schedule) int { return strings.Compare(a.ID, b.ID) })
+	if cutSet {
+		n, _ := slices.BinarySearchFunc(all, cut, func(s raftfsm.Schedule, id string) int { return strings.Compare(s.ID, id) })
+		all = all[:n+1]
+	}
+	if len(all) > limit {
+		return all[:limit], true
+	}
+	return all, cutSet
+}
+
 // Count returns how many events q selects, over every shard.
 func (h *Host) Count(ctx context.Context, q raftfsm.Query, stale bool) (uint64, error) {
 	return CountByShard(ctx, h.cfg.Shards, func(ctx context.Context, s uint32) (uint64, error) {

@@ -376,6 +376,10 @@ func Start(cfg Config) (_ *Node, err error) {
 				rec, found, err := backend.Get(ctx, id)
 				return rec.Topic, found, err
 			},
+			ScheduleTopicOf: func(ctx context.Context, id string) (string, bool, error) {
+				s, found, err := backend.GetSchedule(ctx, id, false)
+				return s.Definition.Topic, found, err
+			},
 			// Any replica's count will do for a quota, which is checked
 			// against a count up to a second old anyway.
 			CountPending: func(ctx context.Context, prefix string) (uint64, error) {

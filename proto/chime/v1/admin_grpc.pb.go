@@ -41,7 +41,9 @@ const (
 type AdminClient interface {
 	// GetClusterMap returns the members and, for every shard, its leader and
 	// voters, so a client can send each request straight to the shard leader.
-	// An event id maps to shard fnv1a64(id) mod shard_count.
+	// An event id maps to shard fnv1a64(key) mod shard_count, where key is the
+	// id, or for an id ending in @ and 1 to 19 digits (a recurring schedule's
+	// occurrence) what comes before the @.
 	GetClusterMap(ctx context.Context, in *GetClusterMapRequest, opts ...grpc.CallOption) (*ClusterMap, error)
 	// Status is GetClusterMap plus each shard's applied index and event counts,
 	// gathered from every live member.
@@ -169,7 +171,9 @@ type Admin_BackupClient = grpc.ServerStreamingClient[BackupChunk]
 type AdminServer interface {
 	// GetClusterMap returns the members and, for every shard, its leader and
 	// voters, so a client can send each request straight to the shard leader.
-	// An event id maps to shard fnv1a64(id) mod shard_count.
+	// An event id maps to shard fnv1a64(key) mod shard_count, where key is the
+	// id, or for an id ending in @ and 1 to 19 digits (a recurring schedule's
+	// occurrence) what comes before the @.
 	GetClusterMap(context.Context, *GetClusterMapRequest) (*ClusterMap, error)
 	// Status is GetClusterMap plus each shard's applied index and event counts,
 	// gathered from every live member.

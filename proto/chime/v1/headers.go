@@ -25,6 +25,10 @@ const (
 	HeaderFired   = "chime-fired-unix-ms" // when this attempt was sent, unix milliseconds
 	HeaderAttempt = "chime-attempt"       // 1-based number of the attempt on the event's topic
 	HeaderVersion = "chime-version"       // the event's version: 1 as scheduled, one more per change
+	// Only on a recurring schedule's occurrences, which carry them as headers of
+	// their own (Get shows them), after the schedule's.
+	HeaderRecurringID = "chime-recurring-id"       // the schedule's id
+	HeaderOccurrence  = "chime-occurrence-unix-ms" // the occurrence's nominal time, unix milliseconds
 	// Only on dead-letter records.
 	HeaderTopic   = "chime-topic"   // the topic the event was meant for
 	HeaderError   = "chime-error"   // the last produce error
@@ -39,9 +43,13 @@ type Headers struct {
 	Fired   time.Time // chime-fired-unix-ms: when this attempt was sent (ms resolution)
 	Attempt int       // chime-attempt: 1-based attempt on the event's topic
 	Version uint64    // chime-version: the version of the event this record is of
-	Topic   string    // chime-topic: the intended topic (dead-letter records only)
-	Error   string    // chime-error: the last produce error (dead-letter records only)
-	Dropped string    // chime-dropped: what this dead-letter record left out ("value" or "value,headers")
+	// RecurringID and Occurrence: chime-recurring-id and
+	// chime-occurrence-unix-ms (a recurring schedule's occurrences only).
+	RecurringID string
+	Occurrence  time.Time
+	Topic       string // chime-topic: the intended topic (dead-letter records only)
+	Error       string // chime-error: the last produce error (dead-letter records only)
+	Dropped     string // chime-dropped: what this dead-letter record left out ("value" or "value,headers")
 }
 
 // Late is how long after its due time the record was sent (Fired - Due, at
@@ -95,6 +103,10 @@ func ParseHeaders[H ~struct {
 			out.Attempt = int(num(h.Key, h.Value))
 		case HeaderVersion:
 			out.Version = uint64(num(h.Key, h.Value))
+		case HeaderRecurringID:
+			out.RecurringID = string(h.Value)
+		case HeaderOccurrence:
+			out.Occurrence = msTime(num(h.Key, h.Value))
 		case HeaderTopic:
 			out.Topic = string(h.Value)
 		case HeaderError:

@@ -87,6 +87,139 @@ func (RaftState) EnumDescriptor() ([]byte, []int) {
 	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
 }
 
+type ShardSchedulesQuery struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Shard    uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	IdPrefix string                 `protobuf:"bytes,2,opt,name=id_prefix,json=idPrefix,proto3" json:"id_prefix,omitempty"`
+	// Schedules with ids after this one; from the first when empty.
+	AfterId       string `protobuf:"bytes,3,opt,name=after_id,json=afterId,proto3" json:"after_id,omitempty"`
+	Limit         uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	StaleOk       bool   `protobuf:"varint,5,opt,name=stale_ok,json=staleOk,proto3" json:"stale_ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardSchedulesQuery) Reset() {
+	*x = ShardSchedulesQuery{}
+	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardSchedulesQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardSchedulesQuery) ProtoMessage() {}
+
+func (x *ShardSchedulesQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardSchedulesQuery.ProtoReflect.Descriptor instead.
+func (*ShardSchedulesQuery) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ShardSchedulesQuery) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ShardSchedulesQuery) GetIdPrefix() string {
+	if x != nil {
+		return x.IdPrefix
+	}
+	return ""
+}
+
+func (x *ShardSchedulesQuery) GetAfterId() string {
+	if x != nil {
+		return x.AfterId
+	}
+	return ""
+}
+
+func (x *ShardSchedulesQuery) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ShardSchedulesQuery) GetStaleOk() bool {
+	if x != nil {
+		return x.StaleOk
+	}
+	return false
+}
+
+type ShardSchedulesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The shard's first schedules after after_id, in id order.
+	Schedules []*RecurringSchedule `protobuf:"bytes,1,rep,name=schedules,proto3" json:"schedules,omitempty"`
+	// Set when the shard holds more schedules after the last one here: it
+	// reached the limit, or stopped short of it to stay under the message
+	// size a client accepts.
+	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardSchedulesResponse) Reset() {
+	*x = ShardSchedulesResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardSchedulesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardSchedulesResponse) ProtoMessage() {}
+
+func (x *ShardSchedulesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardSchedulesResponse.ProtoReflect.Descriptor instead.
+func (*ShardSchedulesResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ShardSchedulesResponse) GetSchedules() []*RecurringSchedule {
+	if x != nil {
+		return x.Schedules
+	}
+	return nil
+}
+
+func (x *ShardSchedulesResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
 // ShardQuery is one shard's part of a List, Count or CancelMatching, with
 // the filter already checked by the node the client asked.
 type ShardQuery struct {
@@ -106,7 +239,7 @@ type ShardQuery struct {
 
 func (x *ShardQuery) Reset() {
 	*x = ShardQuery{}
-	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -118,7 +251,7 @@ func (x *ShardQuery) String() string {
 func (*ShardQuery) ProtoMessage() {}
 
 func (x *ShardQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -131,7 +264,7 @@ func (x *ShardQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardQuery.ProtoReflect.Descriptor instead.
 func (*ShardQuery) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ShardQuery) GetShard() uint32 {
@@ -204,7 +337,7 @@ type ShardListResponse struct {
 
 func (x *ShardListResponse) Reset() {
 	*x = ShardListResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +349,7 @@ func (x *ShardListResponse) String() string {
 func (*ShardListResponse) ProtoMessage() {}
 
 func (x *ShardListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +362,7 @@ func (x *ShardListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardListResponse.ProtoReflect.Descriptor instead.
 func (*ShardListResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ShardListResponse) GetEvents() []*GetResponse {
@@ -260,7 +393,7 @@ type ShardCancelResponse struct {
 
 func (x *ShardCancelResponse) Reset() {
 	*x = ShardCancelResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +405,7 @@ func (x *ShardCancelResponse) String() string {
 func (*ShardCancelResponse) ProtoMessage() {}
 
 func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +418,7 @@ func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardCancelResponse.ProtoReflect.Descriptor instead.
 func (*ShardCancelResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ShardCancelResponse) GetStep() *CancelMatchingProgress {
@@ -326,7 +459,7 @@ type ReplicasRequest struct {
 
 func (x *ReplicasRequest) Reset() {
 	*x = ReplicasRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -338,7 +471,7 @@ func (x *ReplicasRequest) String() string {
 func (*ReplicasRequest) ProtoMessage() {}
 
 func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -351,7 +484,7 @@ func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReplicasRequest) GetShards() []uint32 {
@@ -389,7 +522,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +534,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +547,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ReplicaStatus) GetShard() uint32 {
@@ -527,7 +660,7 @@ type ReplicasResponse struct {
 
 func (x *ReplicasResponse) Reset() {
 	*x = ReplicasResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	mi := &file_chime_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -539,7 +672,7 @@ func (x *ReplicasResponse) String() string {
 func (*ReplicasResponse) ProtoMessage() {}
 
 func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	mi := &file_chime_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -552,7 +685,7 @@ func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReplicasResponse) GetNodeId() string {
@@ -586,7 +719,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	mi := &file_chime_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -598,7 +731,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	mi := &file_chime_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -611,7 +744,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForgetRequest) GetNode() string {
@@ -629,7 +762,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[7]
+	mi := &file_chime_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +774,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[7]
+	mi := &file_chime_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,14 +787,23 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 var File_chime_v1_peer_proto protoreflect.FileDescriptor
 
 const file_chime_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18chime/v1/scheduler.proto\"\x8c\x02\n" +
+	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18chime/v1/recurring.proto\x1a\x18chime/v1/scheduler.proto\"\x94\x01\n" +
+	"\x13ShardSchedulesQuery\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1b\n" +
+	"\tid_prefix\x18\x02 \x01(\tR\bidPrefix\x12\x19\n" +
+	"\bafter_id\x18\x03 \x01(\tR\aafterId\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\x12\x19\n" +
+	"\bstale_ok\x18\x05 \x01(\bR\astaleOk\"g\n" +
+	"\x16ShardSchedulesResponse\x129\n" +
+	"\tschedules\x18\x01 \x03(\v2\x1b.chime.v1.RecurringScheduleR\tschedules\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"\x8c\x02\n" +
 	"\n" +
 	"ShardQuery\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12-\n" +
@@ -711,14 +853,15 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xc7\x02\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\x9a\x03\n" +
 	"\x04Peer\x12A\n" +
 	"\bReplicas\x12\x19.chime.v1.ReplicasRequest\x1a\x1a.chime.v1.ReplicasResponse\x12;\n" +
 	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x12>\n" +
 	"\tShardList\x12\x14.chime.v1.ShardQuery\x1a\x1b.chime.v1.ShardListResponse\x12;\n" +
 	"\n" +
 	"ShardCount\x12\x14.chime.v1.ShardQuery\x1a\x17.chime.v1.CountResponse\x12B\n" +
-	"\vShardCancel\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
+	"\vShardCancel\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponse\x12Q\n" +
+	"\x0eShardSchedules\x12\x1d.chime.v1.ShardSchedulesQuery\x1a .chime.v1.ShardSchedulesResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
 
 var (
 	file_chime_v1_peer_proto_rawDescOnce sync.Once
@@ -733,46 +876,52 @@ func file_chime_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_chime_v1_peer_proto_goTypes = []any{
 	(RaftState)(0),                 // 0: chime.v1.RaftState
-	(*ShardQuery)(nil),             // 1: chime.v1.ShardQuery
-	(*ShardListResponse)(nil),      // 2: chime.v1.ShardListResponse
-	(*ShardCancelResponse)(nil),    // 3: chime.v1.ShardCancelResponse
-	(*ReplicasRequest)(nil),        // 4: chime.v1.ReplicasRequest
-	(*ReplicaStatus)(nil),          // 5: chime.v1.ReplicaStatus
-	(*ReplicasResponse)(nil),       // 6: chime.v1.ReplicasResponse
-	(*ForgetRequest)(nil),          // 7: chime.v1.ForgetRequest
-	(*ForgetResponse)(nil),         // 8: chime.v1.ForgetResponse
-	(*EventFilter)(nil),            // 9: chime.v1.EventFilter
-	(*timestamppb.Timestamp)(nil),  // 10: google.protobuf.Timestamp
-	(*GetResponse)(nil),            // 11: chime.v1.GetResponse
-	(*CancelMatchingProgress)(nil), // 12: chime.v1.CancelMatchingProgress
-	(*CountResponse)(nil),          // 13: chime.v1.CountResponse
+	(*ShardSchedulesQuery)(nil),    // 1: chime.v1.ShardSchedulesQuery
+	(*ShardSchedulesResponse)(nil), // 2: chime.v1.ShardSchedulesResponse
+	(*ShardQuery)(nil),             // 3: chime.v1.ShardQuery
+	(*ShardListResponse)(nil),      // 4: chime.v1.ShardListResponse
+	(*ShardCancelResponse)(nil),    // 5: chime.v1.ShardCancelResponse
+	(*ReplicasRequest)(nil),        // 6: chime.v1.ReplicasRequest
+	(*ReplicaStatus)(nil),          // 7: chime.v1.ReplicaStatus
+	(*ReplicasResponse)(nil),       // 8: chime.v1.ReplicasResponse
+	(*ForgetRequest)(nil),          // 9: chime.v1.ForgetRequest
+	(*ForgetResponse)(nil),         // 10: chime.v1.ForgetResponse
+	(*RecurringSchedule)(nil),      // 11: chime.v1.RecurringSchedule
+	(*EventFilter)(nil),            // 12: chime.v1.EventFilter
+	(*timestamppb.Timestamp)(nil),  // 13: google.protobuf.Timestamp
+	(*GetResponse)(nil),            // 14: chime.v1.GetResponse
+	(*CancelMatchingProgress)(nil), // 15: chime.v1.CancelMatchingProgress
+	(*CountResponse)(nil),          // 16: chime.v1.CountResponse
 }
 var file_chime_v1_peer_proto_depIdxs = []int32{
-	9,  // 0: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
-	10, // 1: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
-	11, // 2: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
-	12, // 3: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
-	10, // 4: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
-	0,  // 5: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
-	5,  // 6: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
-	4,  // 7: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
-	7,  // 8: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
-	1,  // 9: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
-	1,  // 10: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
-	1,  // 11: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
-	6,  // 12: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
-	8,  // 13: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
-	2,  // 14: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
-	13, // 15: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
-	3,  // 16: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
-	12, // [12:17] is the sub-list for method output_type
-	7,  // [7:12] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	11, // 0: chime.v1.ShardSchedulesResponse.schedules:type_name -> chime.v1.RecurringSchedule
+	12, // 1: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
+	13, // 2: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
+	14, // 3: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
+	15, // 4: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
+	13, // 5: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
+	0,  // 6: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
+	7,  // 7: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
+	6,  // 8: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
+	9,  // 9: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
+	3,  // 10: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
+	3,  // 11: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
+	3,  // 12: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
+	1,  // 13: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
+	8,  // 14: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
+	10, // 15: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
+	4,  // 16: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
+	16, // 17: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
+	5,  // 18: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
+	2,  // 19: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_peer_proto_init() }
@@ -780,6 +929,7 @@ func file_chime_v1_peer_proto_init() {
 	if File_chime_v1_peer_proto != nil {
 		return
 	}
+	file_chime_v1_recurring_proto_init()
 	file_chime_v1_scheduler_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -787,7 +937,7 @@ func file_chime_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_peer_proto_rawDesc), len(file_chime_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,11 +28,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_Replicas_FullMethodName    = "/chime.v1.Peer/Replicas"
-	Peer_Forget_FullMethodName      = "/chime.v1.Peer/Forget"
-	Peer_ShardList_FullMethodName   = "/chime.v1.Peer/ShardList"
-	Peer_ShardCount_FullMethodName  = "/chime.v1.Peer/ShardCount"
-	Peer_ShardCancel_FullMethodName = "/chime.v1.Peer/ShardCancel"
+	Peer_Replicas_FullMethodName       = "/chime.v1.Peer/Replicas"
+	Peer_Forget_FullMethodName         = "/chime.v1.Peer/Forget"
+	Peer_ShardList_FullMethodName      = "/chime.v1.Peer/ShardList"
+	Peer_ShardCount_FullMethodName     = "/chime.v1.Peer/ShardCount"
+	Peer_ShardCancel_FullMethodName    = "/chime.v1.Peer/ShardCancel"
+	Peer_ShardSchedules_FullMethodName = "/chime.v1.Peer/ShardSchedules"
 )
 
 // PeerClient is the client API for Peer service.
@@ -54,6 +55,8 @@ type PeerClient interface {
 	ShardCount(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*CountResponse, error)
 	// ShardCancel is one step of a CancelMatching on one shard's leader.
 	ShardCancel(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardCancelResponse, error)
+	// ShardSchedules is one shard's part of a Recurring.List.
+	ShardSchedules(ctx context.Context, in *ShardSchedulesQuery, opts ...grpc.CallOption) (*ShardSchedulesResponse, error)
 }
 
 type peerClient struct {
@@ -114,6 +117,16 @@ func (c *peerClient) ShardCancel(ctx context.Context, in *ShardQuery, opts ...gr
 	return out, nil
 }
 
+func (c *peerClient) ShardSchedules(ctx context.Context, in *ShardSchedulesQuery, opts ...grpc.CallOption) (*ShardSchedulesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardSchedulesResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardSchedules_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -133,6 +146,8 @@ type PeerServer interface {
 	ShardCount(context.Context, *ShardQuery) (*CountResponse, error)
 	// ShardCancel is one step of a CancelMatching on one shard's leader.
 	ShardCancel(context.Context, *ShardQuery) (*ShardCancelResponse, error)
+	// ShardSchedules is one shard's part of a Recurring.List.
+	ShardSchedules(context.Context, *ShardSchedulesQuery) (*ShardSchedulesResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -157,6 +172,9 @@ func (UnimplementedPeerServer) ShardCount(context.Context, *ShardQuery) (*CountR
 }
 func (UnimplementedPeerServer) ShardCancel(context.Context, *ShardQuery) (*ShardCancelResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShardCancel not implemented")
+}
+func (UnimplementedPeerServer) ShardSchedules(context.Context, *ShardSchedulesQuery) (*ShardSchedulesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardSchedules not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -269,6 +287,24 @@ func _Peer_ShardCancel_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ShardSchedules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardSchedulesQuery)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardSchedules(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardSchedules_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardSchedules(ctx, req.(*ShardSchedulesQuery))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -295,6 +331,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ShardCancel",
 			Handler:    _Peer_ShardCancel_Handler,
+		},
+		{
+			MethodName: "ShardSchedules",
+			Handler:    _Peer_ShardSchedules_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

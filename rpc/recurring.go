@@ -1,0 +1,369 @@
+package rpc
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/chimehq/chime/membership/cluster"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/raftfsm/recurrence"
+)
+
+// RecurringServer implements chimev1.RecurringServer on a Server's backend,
+// limits and clock. Its methods share names with the Scheduler service's, so
+// it is a type of its own.
+type RecurringServer struct {
+	chimev1.UnimplementedRecurringServer
+	s *Server
+}
+
+// Recurring returns the chime.v1.Recurring service of s.
+func (s *Server) Recurring() *RecurringServer { return &RecurringServer{s: s} }
+
+// occurrenceSuffix is the most an occurrence adds to its schedule's id: '@'
+// and the 19 digits of the largest Unix millisecond.
+const occurrenceSuffix = 1 + 19
+
+// upcomingCount is how many occurrence times Get lists.
+const upcomingCount = 5
+
+// checkScheduleID: required, short enough that its occurrences' event ids
+// fit the id limit, and without the '@' that separates them.
+func (s *Server) checkScheduleID(id string) error {
+	switch maxID := s.limits.MaxIDBytes - occurrenceSuffix; {
+	case id == "":
+		return invalidArgument("id", "required")
+	case len(id) > maxID:
+		return invalidArgument("id", "%d bytes, at most %d allowed, so that its occurrences' event ids (id@<unix ms>) stay within %d", len(id), maxID, s.limits.MaxIDBytes)
+	}
+	if err := raftfsm.ScheduleIDRule(id); err != nil {
+		return invalidArgument("id", "%v", err)
+	}
+	return nil
+}
+
+// checkDefinition validates a rule and a target and returns the definition
+// they write. The rule must have an occurrence after now: a schedule whose
+// end is past would never produce anything.
+func (s *Server) checkDefinition(r *chimev1.RecurringRule, t *chimev1.RecurringTarget, now time.Time) (raftfsm.Definition, error) {
+	if r == nil {
+		return raftfsm.Definition{}, invalidArgument("rule", "required")
+	}
+	if t == nil {
+		return raftfsm.Definition{}, invalidArgument("target", "required")
+	}
+	if r.Rule == nil {
+		return raftfsm.Definition{}, invalidArgument("rule", "set exactly one of cron and every")
+	}
+	for _, ts := range []struct {
+		field string
+		ts    *timestamppb.Timestamp
+	}{{"rule.start", r.Start}, {"rule.end", r.End}} {
+		if ts.ts == nil {
+			continue
+		}
+		if err := ts.ts.CheckValid(); err != nil {
+			return raftfsm.Definition{}, invalidArgument(ts.field, "not a valid Timestamp: %v", err)
+		}
+	}
+	for _, d := range []struct {
+		field string
+		d     interface {
+			CheckValid() error
+		}
+		set bool
+	}{{"rule.every", r.GetEvery(), r.GetEvery() != nil}, {"rule.jitter", r.Jitter, r.Jitter != nil}} {
+		if !d.set {
+			continue
+		}
+		if err := d.d.CheckValid(); err != nil {
+			return raftfsm.Definition{}, invalidArgument(d.field, "not a valid Duration: %v", err)
+		}
+	}
+	if r.GetCron() == "" && r.GetEvery() == nil {
+		return raftfsm.Definition{}, invalidArgument("rule", "set exactly one of cron and every")
+	}
+	if _, ok := cluster.CatchUp(r.CatchUp); !ok {
+		return raftfsm.Definition{}, invalidArgument("rule.catch_up", "unknown value %d (CATCH_UP_SKIP, CATCH_UP_LAST or CATCH_UP_ALL)", r.CatchUp)
+	}
+	lim := &s.limits
+	if err := lim.checkTopic(recurringTarget, t.Topic); err != nil {
+		return raftfsm.Definition{}, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := lim.checkContent(recurringTarget, &chimev1.Event{Key: t.Key, Payload: t.Payload, Headers: t.Headers}); err != nil {
+		return raftfsm.Definition{}, status.Error(codes.InvalidArgument, err.Error())
+	}
+	d, err := cluster.Definition(r, t)
+	if err != nil {
+		return raftfsm.Definition{}, invalidArgument("rule", "%v", err)
+	}
+	d.MaxCatchUp = uint32(lim.MaxCatchUp)
+	spec := d.Spec()
+	if d.Every != 0 && d.Start == 0 {
+		// The state machine anchors it at the creation; so does this check.
+		spec.Start = now.Truncate(time.Millisecond)
+	}
+	rule, err := recurrence.Parse(spec)
+	var fe *recurrence.FieldError
+	if errors.As(err, &fe) {
+		return raftfsm.Definition{}, invalidArgument("rule."+fe.Field, "%s", fe.Rule)
+	}
+	if err != nil {
+		return raftfsm.Definition{}, invalidArgument("rule", "%v", err)
+	}
+	if _, ok := rule.Next(now); !ok {
+		return raftfsm.Definition{}, invalidArgument("rule", "has no occurrence after now (%s): its end, or its calendar, is past", now.UTC().Format(time.RFC3339))
+	}
+	return d, nil
+}
+
+// Create stores a recurring schedule.
+func (rs *RecurringServer) Create(ctx context.Context, in *chimev1.CreateRecurringRequest) (*chimev1.RecurringSchedule, error) {
+	s := rs.s
+	if err := s.checkScheduleID(in.GetId()); err != nil {
+		return nil, err
+	}
+	d, err := s.checkDefinition(in.GetRule(), in.GetTarget(), s.now())
+	if err != nil {
+		return nil, err
+	}
+	res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringCreate, ID: in.Id, Hash: raftfsm.DefinitionHash(&d), Def: d})
+	if err != nil {
+		return nil, s.backendStatus("Create", err)
+	}
+	switch res.Outcome {
+	case raftfsm.RecurringCreated, raftfsm.RecurringExisting:
+		p := cluster.ScheduleProto(&res.Schedule)
+		p.Existing = res.Outcome == raftfsm.RecurringExisting
+		return p, nil
+	case raftfsm.RecurringConflict:
+		return nil, status.Errorf(codes.AlreadyExists, "recurring schedule %q exists with another rule or target (version %d); Update changes it", in.Id, res.Schedule.Version)
+	}
+	return nil, rs.outcomeStatus("Create", in.Id, 0, res)
+}
+
+// updateAttempts bounds how often an Update without expected_version reads
+// the schedule again after another change committed between its read and
+// its own entry.
+const updateAttempts = 3
+
+// Update replaces a schedule's rule, target, or both.
+func (rs *RecurringServer) Update(ctx context.Context, in *chimev1.UpdateRecurringRequest) (*chimev1.RecurringSchedule, error) {
+	s := rs.s
+	if in.GetId() == "" {
+		return nil, invalidArgument("id", "required")
+	}
+	if in.Rule == nil && in.Target == nil {
+		return nil, invalidArgument("request", "set rule, target or both: an update with neither changes nothing")
+	}
+	for attempt := 1; ; attempt++ {
+		rule, target, ifVersion := in.Rule, in.Target, in.ExpectedVersion
+		if rule == nil || target == nil {
+			cur, found, err := s.backend.GetSchedule(ctx, in.Id, false)
+			if err != nil {
+				return nil, s.backendStatus("Update", err)
+			}
+			if !found {
+				return nil, status.Errorf(codes.NotFound, "no recurring schedule %q", in.Id)
+			}
+			if rule == nil {
+				rule = cluster.RuleProto(&cur.Definition)
+			}
+			if target == nil {
+				target = cluster.TargetProto(&cur.Definition)
+			}
+			if ifVersion == 0 {
+				ifVersion = cur.Version
+			}
+		}
+		d, err := s.checkDefinition(rule, target, s.now())
+		if err != nil {
+			return nil, err
+		}
+		res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringUpdate, ID: in.Id, IfVersion: ifVersion, Hash: raftfsm.DefinitionHash(&d), Def: d})
+		if err != nil {
+			return nil, s.backendStatus("Update", err)
+		}
+		if res.Outcome == raftfsm.RecurringUpdated {
+			return cluster.ScheduleProto(&res.Schedule), nil
+		}
+		if res.Outcome == raftfsm.RecurringVersionMismatch && in.ExpectedVersion == 0 && attempt < updateAttempts {
+			continue // changed since it was read: merge into the new version
+		}
+		return nil, rs.outcomeStatus("Update", in.Id, in.ExpectedVersion, res)
+	}
+}
+
+// Delete removes a schedule.
+func (rs *RecurringServer) Delete(ctx context.Context, in *chimev1.DeleteRecurringRequest) (*chimev1.DeleteRecurringResponse, error) {
+	if _, err := rs.op(ctx, "Delete", raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: in.GetId(), IfVersion: in.GetExpectedVersion()}, raftfsm.RecurringDeleted); err != nil {
+		return nil, err
+	}
+	return &chimev1.DeleteRecurringResponse{}, nil
+}
+
+// Pause stops a schedule's occurrences until Resume.
+func (rs *RecurringServer) Pause(ctx context.Context, in *chimev1.PauseRecurringRequest) (*chimev1.RecurringSchedule, error) {
+	res, err := rs.op(ctx, "Pause", raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: in.GetId()}, raftfsm.RecurringPaused)
+	if err != nil {
+		return nil, err
+	}
+	return cluster.ScheduleProto(&res.Schedule), nil
+}
+
+// Resume makes a paused schedule occur again.
+func (rs *RecurringServer) Resume(ctx context.Context, in *chimev1.ResumeRecurringRequest) (*chimev1.RecurringSchedule, error) {
+	res, err := rs.op(ctx, "Resume", raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: in.GetId()}, raftfsm.RecurringResumed)
+	if err != nil {
+		return nil, err
+	}
+	return cluster.ScheduleProto(&res.Schedule), nil
+}
+
+// op applies rc, which succeeds with want.
+func (rs *RecurringServer) op(ctx context.Context, name string, rc raftfsm.Recurring, want raftfsm.RecurringOutcome) (*raftfsm.RecurringResult, error) {
+	if rc.ID == "" {
+		return nil, invalidArgument("id", "required")
+	}
+	res, err := rs.s.backend.Recurring(ctx, rc)
+	if err != nil {
+		return nil, rs.s.backendStatus(name, err)
+	}
+	if res.Outcome != want {
+		return nil, rs.outcomeStatus(name, rc.ID, rc.IfVersion, res)
+	}
+	return res, nil
+}
+
+// outcomeStatus is the status of an outcome other than the call's success.
+func (rs *RecurringServer) outcomeStatus(op, id string, expected uint64, res *raftfsm.RecurringResult) error {
+	switch res.Outcome {
+	case raftfsm.RecurringNotFound:
+		return status.Errorf(codes.NotFound, "no recurring schedule %q", id)
+	case raftfsm.RecurringVersionMismatch:
+		if expected == 0 {
+			return status.Errorf(codes.Aborted, "recurring schedule %q changed while it was updated (now version %d); retry", id, res.Schedule.Version)
+		}
+		return status.Errorf(codes.FailedPrecondition, "expected_version: recurring schedule %q is at version %d, not %d", id, res.Schedule.Version, expected)
+	case raftfsm.RecurringNotPaused:
+		return status.Errorf(codes.FailedPrecondition, "recurring schedule %q is %v, not paused", id, res.Schedule.State)
+	case raftfsm.RecurringMoved:
+		return status.Errorf(codes.Aborted, "recurring schedule %q: its pending occurrence changed while the %s was proposed; nothing was changed: retry", id, op)
+	case raftfsm.RecurringInvalid:
+		return status.Errorf(codes.InvalidArgument, "rule: %s", res.Error)
+	}
+	return rs.s.backendStatus(op, errors.New("unexpected outcome "+res.Outcome.String()))
+}
+
+// Get returns one schedule and its next occurrence times.
+func (rs *RecurringServer) Get(ctx context.Context, in *chimev1.GetRecurringRequest) (*chimev1.RecurringSchedule, error) {
+	s := rs.s
+	if in.GetId() == "" {
+		return nil, invalidArgument("id", "required")
+	}
+	sched, found, err := s.backend.GetSchedule(ctx, in.Id, in.StaleOk)
+	if err != nil {
+		return nil, s.backendStatus("Get", err)
+	}
+	if !found {
+		return nil, status.Errorf(codes.NotFound, "no recurring schedule %q", in.Id)
+	}
+	p := cluster.ScheduleProto(&sched)
+	p.Upcoming = upcoming(&sched, s.now())
+	return p, nil
+}
+
+// upcoming lists the nominal times of a schedule's next occurrences: the
+// pending one and those after it; for a paused schedule, those after now (a
+// Resume now with CATCH_UP_SKIP would make them).
+func upcoming(sched *raftfsm.Schedule, now time.Time) []*timestamppb.Timestamp {
+	r, err := recurrence.Parse(sched.Definition.Spec())
+	if err != nil {
+		return nil
+	}
+	var out []*timestamppb.Timestamp
+	var at time.Time
+	switch {
+	case sched.State == raftfsm.ScheduleActive && sched.NextSeq != 0:
+		at = time.Unix(0, sched.Next)
+		out = append(out, timestamppb.New(at))
+	case sched.State == raftfsm.SchedulePaused:
+		at = now
+	default:
+		return nil
+	}
+	left := uint64(0)
+	if max := sched.Definition.MaxOccurrences; max != 0 {
+		if sched.Occurrences >= max {
+			return out
+		}
+		left = max - sched.Occurrences - uint64(len(out))
+	}
+	for len(out) < upcomingCount && (sched.Definition.MaxOccurrences == 0 || left > 0) {
+		next, ok := r.Next(at)
+		if !ok {
+			break
+		}
+		out = append(out, timestamppb.New(next))
+		at = next
+		if left > 0 {
+			left--
+		}
+	}
+	return out
+}
+
+// scheduleTokenVersion leads a Recurring.List page token: the version, then
+// the last id of the page.
+const scheduleTokenVersion = 1
+
+// List returns a page of schedules in id order.
+func (rs *RecurringServer) List(ctx context.Context, in *chimev1.ListRecurringRequest) (*chimev1.ListRecurringResponse, error) {
+	s := rs.s
+	if n := len(in.GetIdPrefix()); n > s.limits.MaxIDBytes {
+		return nil, invalidArgument("id_prefix", "%d bytes, at most %d allowed", n, s.limits.MaxIDBytes)
+	}
+	limit := int(in.GetLimit())
+	switch {
+	case limit == 0:
+		limit = defaultListLimit
+	case limit > maxListLimit:
+		return nil, invalidArgument("limit", "%d, at most %d allowed", limit, maxListLimit)
+	}
+	after := ""
+	if tok := in.GetPageToken(); tok != "" {
+		b, err := base64.RawURLEncoding.DecodeString(tok)
+		if err != nil || len(b) < 2 || b[0] != scheduleTokenVersion || len(b)-1 > s.limits.MaxIDBytes || !utf8.Valid(b[1:]) {
+			return nil, invalidArgument("page_token", "not a token this server issued")
+		}
+		after = string(b[1:])
+	}
+	scheds, more, err := s.backend.ListSchedules(ctx, in.GetIdPrefix(), after, limit, in.GetStaleOk())
+	if err != nil {
+		return nil, s.backendStatus("List", err)
+	}
+	resp := &chimev1.ListRecurringResponse{}
+	size := 0
+	for i := range scheds {
+		p := cluster.ScheduleProto(&scheds[i])
+		if size += proto.Size(p); size > maxPageBytes && i > 0 {
+			more = true
+			break
+		}
+		resp.Schedules = append(resp.Schedules, p)
+	}
+	if more && len(resp.Schedules) > 0 {
+		last := resp.Schedules[len(resp.Schedules)-1].Id
+		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(append([]byte{scheduleTokenVersion}, last...))
+	}
+	return resp, nil
+}
