@@ -76,7 +76,7 @@ type command struct {
 
 func commands() []*command {
 	return []*command{
-		scheduleCommand(), updateCommand(), cancelCommand(), getCommand(), listCommand(), countCommand(), tailCommand(), benchCommand(),
+		scheduleCommand(), updateCommand(), cancelCommand(), getCommand(), listCommand(), countCommand(), recurringCommand(), tailCommand(), benchCommand(),
 		statusCommand(), drainCommand(), transferLeaderCommand(), removeCommand(), clusterMapCommand(), backupCommand(),
 	}
 }
@@ -92,13 +92,13 @@ func usagef(format string, args ...any) error {
 
 const topAbout = `chimectl talks to a Chime cluster, the durable delayed-event scheduler: it
 schedules a record to be produced to a Kafka topic at a given time, cancels
-it, shows an event and its state, and tails a topic to watch records arrive
-and how late they were. For operators it shows the cluster's members and
+it, shows an event and its state, manages recurring schedules, and tails a
+topic to watch records arrive and how late they were. For operators it shows the cluster's members and
 shards, drains a node before it is stopped, moves a shard's leadership,
 removes a node that will not come back, and backs the whole cluster up for
 chimed restore. Any Chime node accepts any request.
-Requests are gRPC (chime.v1.Scheduler and chime.v1.Admin); tail reads Kafka
-directly.`
+Requests are gRPC (chime.v1.Scheduler, chime.v1.Recurring and chime.v1.Admin);
+tail reads Kafka directly.`
 
 const topExamples = `  chimectl schedule --topic reminders --in 30m --key user-7 --payload '{"remind":true}'
   CHIME_ADDR=chime-1:7070 chimectl get --json order-42-reminder
