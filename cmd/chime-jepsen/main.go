@@ -299,7 +299,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 // a few seconds pass with nothing new.
 func readRecords(ctx context.Context, brokers []string, appends *appendLog, logger *slog.Logger) ([]checker.Record, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
-		kgo.ConsumeTopics(append(slices.Clone(topics), publish.DefaultDeadLetterTopic)...),
+		kgo.ConsumeTopics(append(slices.Clone(topics), recurringTopic, publish.DefaultDeadLetterTopic)...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		return nil, err
@@ -319,6 +319,10 @@ func readRecords(ctx context.Context, brokers []string, appends *appendLog, logg
 				AppendMs: r.Timestamp.UnixMilli(), ReceivedNs: now}
 			h, _ := chimev1.ParseHeaders(r.Headers) // a malformed header leaves its field zero, as before
 			rec.ID, rec.Attempt, rec.Version = h.ID, h.Attempt, h.Version
+			rec.RecurringID = h.RecurringID
+			if !h.Occurrence.IsZero() {
+				rec.OccurrenceMs = h.Occurrence.UnixMilli()
+			}
 			if !h.Due.IsZero() {
 				rec.DueMs = h.Due.UnixMilli()
 			}

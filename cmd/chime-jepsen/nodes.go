@@ -162,6 +162,16 @@ func (n *node) scheduler() chimev1.SchedulerClient {
 	return chimev1.NewSchedulerClient(cc)
 }
 
+// recurring is the Recurring service, with the workload's credentials as scheduler.
+func (n *node) recurring() chimev1.RecurringClient {
+	if n.sec == nil {
+		cc, _ := n.client()
+		return chimev1.NewRecurringClient(cc)
+	}
+	cc, _ := n.dial(&n.schedConn, true)
+	return chimev1.NewRecurringClient(cc)
+}
+
 func (n *node) admin() chimev1.AdminClient {
 	cc, _ := n.client()
 	return chimev1.NewAdminClient(cc)

@@ -104,7 +104,8 @@ func classify(err error) (typ, code string) {
 	return "info", st.Code().String()
 }
 
-// run starts `clients` workers and a canceller; they stop when ctx ends.
+// run starts `clients` workers, a canceller and, when ctx has a deadline (the run's end), a
+// recurrer; they stop when ctx ends.
 func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 	var wg sync.WaitGroup
 	cancels := make(chan sent, 1024)
@@ -120,6 +121,13 @@ func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 		defer wg.Done()
 		w.canceller(ctx, clients, rand.New(rand.NewPCG(seed, 999)), cancels)
 	}()
+	if end, ok := ctx.Deadline(); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.recurrer(ctx, clients+1, rand.New(rand.NewPCG(seed, 0x5c4ed)), end)
+		}()
+	}
 	wg.Wait()
 }
 

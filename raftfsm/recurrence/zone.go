@@ -10,16 +10,13 @@ import (
 	"time"
 )
 
-//go:generate sh -c "cp \"$(go env GOROOT)/lib/time/zoneinfo.zip\" zoneinfo.zip && chmod 644 zoneinfo.zip"
+//go:generate sh gen.sh
 
 // zoneinfo is the IANA zone database, as the Go toolchain ships it: one
 // compiled TZif file per zone name.
 //
 //go:embed zoneinfo.zip
 var zoneinfo []byte
-
-// TZDataVersion is the IANA release zoneinfo.zip was built from.
-const TZDataVersion = "2025c"
 
 var zones struct {
 	once  sync.Once

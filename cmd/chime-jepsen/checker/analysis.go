@@ -113,14 +113,22 @@ type analysis struct {
 	order   []string // ids, sorted
 	// bulkOf maps each cancel synthesized from a cancel_matching op (in some
 	// idHistory.cancels) to that op.
-	bulkOf   map[*Op]*Op
-	startNs  int64 // earliest op invocation (or record append when there are no ops)
-	endNs    int64 // latest time anything was seen
-	nRecords int
+	bulkOf map[*Op]*Op
+	// occurrences are the records of recurring schedules' occurrences (check 11).
+	occurrences []*Record
+	startNs     int64 // earliest op invocation (or record append when there are no ops)
+	endNs       int64 // latest time anything was seen
+	nRecords    int
 }
 
 func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 	a := &analysis{cfg: cfg.withDefaults(ops), ids: make(map[string]*idHistory), nRecords: len(recs), bulkOf: map[*Op]*Op{}}
+	created := map[string]bool{} // recurring schedules some ok or info create made
+	for i := range ops {
+		if op := &ops[i]; op.F == FRecurring && op.Action == ActionCreate && op.Type != TypeFail {
+			created[op.ID] = true
+		}
+	}
 	get := func(id string) *idHistory {
 		h := a.ids[id]
 		if h == nil {
@@ -183,6 +191,9 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 		case FBackup:
 			a.backups = append(a.backups, op)
 			for id := range op.BackupEvents {
+				if scheduleOf(id, created) {
+					continue // an occurrence: check 11 judges it by its records
+				}
 				get(id) // an id only a backup holds is checked too (a phantom)
 			}
 		}
@@ -193,6 +204,12 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 			see(r.AppendMs * 1e6)
 		}
 		hi = max(hi, r.AppendMs*1e6)
+		if r.RecurringID != "" {
+			// An occurrence is judged with its schedule (check 11), not as an event of its
+			// own: no schedule op carries its id.
+			a.occurrences = append(a.occurrences, r)
+			continue
+		}
 		h := get(r.ID)
 		h.records = append(h.records, r)
 	}
@@ -478,6 +495,21 @@ func (a *analysis) attribute(t int64) string {
 // rel formats a driver-clock time relative to the start of the run.
 func (a *analysis) rel(t int64) string {
 	return fmt.Sprintf("t=%.3fs", float64(t-a.startNs)/1e9)
+}
+
+// scheduleOf reports whether id is an occurrence's, <schedule>@<digits>, of a schedule in
+// created.
+func scheduleOf(id string, created map[string]bool) bool {
+	at := strings.LastIndexByte(id, '@')
+	if at < 0 || at == len(id)-1 {
+		return false
+	}
+	for _, c := range id[at+1:] {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return created[id[:at]]
 }
 
 func recName(r *Record) string {

@@ -240,6 +240,25 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		}
 	}
 
+	// 11. recurring schedules
+	findings, occurrences := a.recurring(ops)
+	res.Occurrences = occurrences
+	for _, f := range findings {
+		switch f.check {
+		case "recurring_missing":
+			res.RecurringMissing++
+		case "recurring_early":
+			res.RecurringEarly++
+		case "recurring_phantom":
+			res.RecurringPhantom++
+		case "recurring_after_stop":
+			res.RecurringAfterStop++
+		case "early_under_skew":
+			res.EarlyUnderSkew++
+		}
+		note(f.check, f.id, "%s", f.why)
+	}
+
 	// 8. convergence
 	res.ConvergenceProblems = convergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
@@ -247,7 +266,8 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	res.Valid = res.Lost == 0 && res.Early == 0 && res.CancelViolations == 0 && res.Phantom == 0 &&
 		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 &&
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
-		res.UpdateViolations == 0 && res.StaleReads == 0 && res.BulkCancelViolations == 0 && res.Converged
+		res.UpdateViolations == 0 && res.StaleReads == 0 && res.BulkCancelViolations == 0 &&
+		res.RecurringMissing == 0 && res.RecurringEarly == 0 && res.RecurringPhantom == 0 && res.RecurringAfterStop == 0 && res.Converged
 	return res
 }
 

@@ -25,6 +25,10 @@ func violations(res Results) map[string]int {
 		"update_violations":      res.UpdateViolations,
 		"stale_reads":            res.StaleReads,
 		"bulk_cancel_violations": res.BulkCancelViolations,
+		"recurring_missing":      res.RecurringMissing,
+		"recurring_early":        res.RecurringEarly,
+		"recurring_phantom":      res.RecurringPhantom,
+		"recurring_after_stop":   res.RecurringAfterStop,
 	}
 }
 

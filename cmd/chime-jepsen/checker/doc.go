@@ -77,7 +77,9 @@
 // valid = lost == 0 && early == 0 && cancel_violations == 0 && phantom == 0 &&
 // idempotency_violations == 0 && expired_early == 0 && resurrected == 0 && backup_lost == 0 &&
 // backup_phantom == 0 && backup_wrong_state == 0 && backup_invalid == 0 &&
-// update_violations == 0 && stale_reads == 0 && bulk_cancel_violations == 0 && converged.
+// update_violations == 0 && stale_reads == 0 && bulk_cancel_violations == 0 &&
+// recurring_missing == 0 && recurring_early == 0 && recurring_phantom == 0 &&
+// recurring_after_stop == 0 && converged.
 //
 //  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
 //     (existing or not) and no cancel op of type ok or info (a bulk cancel's synthesized
@@ -178,6 +180,8 @@
 //     it), dead_lettered likewise with the dead-letter topic; or no state at all. Settled
 //     states are allowed whenever the settle may have happened by C, pending whenever it
 //     may not have happened by I. The applied index of each shard is recorded, not judged.
+//     A backup's occurrences of recurring schedules (ids <schedule>@<digits> of a schedule
+//     an ok or info create made) are left to check 11, which judges them by their records.
 //
 //  9. update_violations (counts findings) and stale_reads (count get ops and (list op, id)
 //     pairs). For every ok
@@ -229,6 +233,33 @@
 //     example is keyed by the prefix and names the op's index. These come first among the
 //     examples, in history order.
 //
+//  11. Recurring schedules (design invariant 9). A record with a chime-recurring-id header
+//     (Record.RecurringID, OccurrenceMs) is an occurrence of that schedule: it is judged here
+//     and by no check above (no schedule op carries its id). A recurring op (F "recurring")
+//     creates, pauses, resumes or deletes one (Op.Action). The rule is the first ok or info
+//     create's, and the checker computes it by itself: "*/k * * * * *" (k dividing 60)
+//     occurs at every Unix second divisible by k, in any zone (every offset is a whole number
+//     of minutes, and a transition skips or repeats whole minutes, so the set of instants
+//     does not move); an interval occurs at StartNs + n·EveryNs; both within [StartNs,
+//     EndNs]. An occurrence's first copy is its earliest append.
+//     (a) recurring_phantom (counts records): a record of a schedule no ok or info create
+//     made, whose id is not <schedule>@<occurrence ms>, whose occurrence the rule does not
+//     generate (or cannot be computed here), or whose topic (dead-letter copies aside) or
+//     payload is not the target's.
+//     (b) recurring_early (counts records): appended more than EarlyTolerance before its
+//     occurrence (the workload sets no jitter); a skew window explains it as for check 2,
+//     and it then counts in early_under_skew.
+//     (c) recurring_after_stop (counts occurrences): an occurrence first appended more than
+//     CancelTolerance after an ok Delete completed, or after an ok Pause completed and before
+//     the next Resume (ok or info) was invoked. A copy of an occurrence first appended before
+//     the ack is a duplicate, not an occurrence after it.
+//     (d) recurring_missing (counts occurrences): for a schedule with an ok create, catch-up
+//     all, an end, and no delete that may have happened (ok or info), every occurrence
+//     after the create's completion and up to the end has a record; a pause followed by an ok
+//     Resume excuses nothing (catch-up all produces what it held back), and one not so
+//     followed ends the demand at its invocation. The driver waits for the drain past every
+//     schedule's end.
+//
 // # What is measured, not judged
 //
 //   - duplicates: per id and version (chime-version, 1 when absent), the records beyond the
@@ -259,6 +290,7 @@
 //   - ops (counts by f and type), acked_ids, delivered_ids, records, dead_letter_records.
 //   - bulk_cancels: the ok cancel_matching ops that were not dry runs (ops), and the sums of
 //     their matched, cancelled, skipped_fired and skipped_held.
+//   - occurrences: the distinct occurrences of recurring schedules read back.
 //
 // Examples holds, per check (keyed like its count), up to [MaxExamples] findings in id
 // order (backup_invalid's name the backup's directory, in history order), each an id and a
@@ -270,7 +302,8 @@
 //	{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
 //	 "idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
 //	 "backup_wrong_state", "backup_invalid", "update_violations", "stale_reads",
-//	 "bulk_cancel_violations", "duplicates",
+//	 "bulk_cancel_violations", "recurring_missing", "recurring_early", "recurring_phantom",
+//	 "recurring_after_stop", "occurrences", "duplicates",
 //	 "duplicates_by_fault": {kind|"none": n},
 //	 "converged", "convergence_problems": [string],
 //	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},

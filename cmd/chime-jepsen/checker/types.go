@@ -7,7 +7,7 @@ import "time"
 type Op struct {
 	Index   int    `json:"index"`
 	Process int    `json:"process"`
-	F       string `json:"f"`              // "schedule", "cancel", "get", "update", "list", "cancel_matching", "invalid", "backup", "nemesis"
+	F       string `json:"f"`              // "schedule", "cancel", "get", "update", "list", "cancel_matching", "recurring", "invalid", "backup", "nemesis"
 	Node    string `json:"node,omitempty"` // node the request was sent to
 
 	ID          string `json:"id,omitempty"`
@@ -72,6 +72,18 @@ type Op struct {
 	BackupReadError string            `json:"backup_read_error,omitempty"`
 	LeftManifest    bool              `json:"left_manifest,omitempty"`
 
+	// Recurring only: Action is create, pause, resume or delete; ID the schedule's id; Topic
+	// and Payload its target. A create also holds the rule: Cron ("*/k * * * * *", every k
+	// seconds of the minute) or EveryNs (from StartNs), the zone, and StartNs and EndNs
+	// (0: none), and its catch-up.
+	Action   string `json:"action,omitempty"`
+	Cron     string `json:"cron,omitempty"`
+	EveryNs  int64  `json:"every_ns,omitempty"`
+	TimeZone string `json:"time_zone,omitempty"`
+	StartNs  int64  `json:"start_ns,omitempty"`
+	EndNs    int64  `json:"end_ns,omitempty"`
+	CatchUp  string `json:"catch_up,omitempty"` // skip, last or all
+
 	// Nemesis only: InvokeNs is the fault's start, CompleteNs its heal.
 	Kind    string   `json:"kind,omitempty"`
 	Targets []string `json:"targets,omitempty"`
@@ -91,6 +103,16 @@ const (
 	// CancelMatching by id prefix (Op.Prefix, Op.DryRun and its totals).
 	FList           = "list"
 	FCancelMatching = "cancel_matching"
+	// FRecurring creates, pauses, resumes or deletes a recurring schedule (Op.Action).
+	FRecurring = "recurring"
+)
+
+// Op.Action values of a recurring op.
+const (
+	ActionCreate = "create"
+	ActionPause  = "pause"
+	ActionResume = "resume"
+	ActionDelete = "delete"
 )
 
 // Listed is one entry of a list op: an event as List showed it.
@@ -149,6 +171,10 @@ type Record struct {
 	Version    uint64 `json:"version,omitempty"` // chime-version; 0 when absent (1 is meant)
 	AppendMs   int64  `json:"append_ms"`
 	ReceivedNs int64  `json:"received_ns"`
+	// A recurring schedule's occurrence: the chime-recurring-id and chime-occurrence-unix-ms
+	// headers ("" and 0 for any other record).
+	RecurringID  string `json:"recurring_id,omitempty"`
+	OccurrenceMs int64  `json:"occurrence_ms,omitempty"`
 }
 
 // Cluster is the final state of the cluster after the last heal and the drain.
@@ -234,8 +260,9 @@ func (c Config) withDefaults(ops []Op) Config {
 // Results is what Check found. It is written as results.json.
 type Results struct {
 	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly,
-	// Resurrected, the four Backup counts, UpdateViolations, StaleReads and
-	// BulkCancelViolations are all zero and the final state converged.
+	// Resurrected, the four Backup counts, UpdateViolations, StaleReads,
+	// BulkCancelViolations and the four Recurring counts are all zero and the final state
+	// converged.
 	Valid bool `json:"valid"`
 
 	Lost                  int `json:"lost"`                   // ids
@@ -253,6 +280,13 @@ type Results struct {
 	UpdateViolations      int `json:"update_violations"`      // findings
 	StaleReads            int `json:"stale_reads"`            // get ops and (list op, id) pairs
 	BulkCancelViolations  int `json:"bulk_cancel_violations"` // records and cancel_matching ops
+	RecurringMissing      int `json:"recurring_missing"`      // occurrences
+	RecurringEarly        int `json:"recurring_early"`        // records
+	RecurringPhantom      int `json:"recurring_phantom"`      // records
+	RecurringAfterStop    int `json:"recurring_after_stop"`   // occurrences
+
+	// Occurrences counts the distinct occurrences read back (measured, not judged).
+	Occurrences int `json:"occurrences"`
 
 	// BulkCancels sums the totals of the ok cancel_matching ops that were not dry runs
 	// (measured, not judged).

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+)
+
+// The run's recurring schedules: second-level cron rules in several zones and one interval,
+// all catching up every missed occurrence and ending with the workload, so that the checker
+// can demand every occurrence up to the end. rd is deleted half-way through. The checker
+// computes these rules by itself (every k seconds of the minute, or an interval from start),
+// which is why they take these forms.
+var recurringSchedules = []struct {
+	id, cron, zone string
+	every          time.Duration
+}{
+	{id: "r1", cron: "*/2 * * * * *", zone: "Europe/Paris"},
+	{id: "r2", cron: "*/3 * * * * *", zone: "America/New_York"},
+	{id: "r3", every: 1500 * time.Millisecond, zone: "Australia/Lord_Howe"},
+	{id: "r4", cron: "*/1 * * * * *", zone: "Asia/Kathmandu"},
+	{id: "rd", cron: "*/2 * * * * *", zone: "Pacific/Chatham"},
+}
+
+const recurringTopic = "jepsen.r"
+
+// recurrer is process p of the workload: it creates the recurring schedules, then pauses a
+// random one and resumes it a few seconds later, over and over, and deletes rd half-way to
+// end. When ctx ends it resumes what it paused, so that every schedule runs to its end.
+func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.Time) {
+	start := time.Now().Truncate(time.Second).Add(2 * time.Second)
+	for _, s := range recurringSchedules {
+		rule := &chimev1.RecurringRule{TimeZone: s.zone, Start: timestamppb.New(start), End: timestamppb.New(end), CatchUp: chimev1.CatchUp_CATCH_UP_ALL}
+		op := checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionCreate, ID: s.id, TimeZone: s.zone,
+			StartNs: start.UnixNano(), EndNs: end.UnixNano(), CatchUp: "all", Topic: recurringTopic, Payload: "p-" + s.id}
+		if s.every != 0 {
+			rule.Rule, op.EveryNs = &chimev1.RecurringRule_Every{Every: durationpb.New(s.every)}, int64(s.every)
+		} else {
+			rule.Rule, op.Cron = &chimev1.RecurringRule_Cron{Cron: s.cron}, s.cron
+		}
+		req := &chimev1.CreateRecurringRequest{Id: s.id, Rule: rule, Target: &chimev1.RecurringTarget{Topic: recurringTopic, Payload: []byte(op.Payload)}}
+		// A create is idempotent: sent again until it is acked.
+		w.untilDone(ctx, r, op, func(ctx context.Context, rc chimev1.RecurringClient) error {
+			_, err := rc.Create(ctx, req)
+			return err
+		})
+	}
+	w.mu.Lock()
+	if end.After(w.maxDue) {
+		w.maxDue = end // the drain waits for the last occurrence too
+	}
+	w.mu.Unlock()
+
+	deleteAt := start.Add(end.Sub(start) / 2)
+	deleted := false
+	for ctx.Err() == nil {
+		if !deleted && time.Now().After(deleteAt) {
+			deleted = true
+			w.untilDone(ctx, r, checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionDelete, ID: "rd"},
+				func(ctx context.Context, rc chimev1.RecurringClient) error {
+					_, err := rc.Delete(ctx, &chimev1.DeleteRecurringRequest{Id: "rd"})
+					return err
+				})
+		}
+		s := recurringSchedules[r.IntN(len(recurringSchedules)-1)] // not rd
+		if !sleep(ctx, time.Duration(1000+r.IntN(4000))*time.Millisecond) {
+			return
+		}
+		paused := w.recurringOp(r, checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionPause, ID: s.id},
+			func(ctx context.Context, rc chimev1.RecurringClient) error {
+				_, err := rc.Pause(ctx, &chimev1.PauseRecurringRequest{Id: s.id})
+				return err
+			})
+		if paused == checker.TypeFail {
+			continue
+		}
+		sleep(ctx, time.Duration(500+r.IntN(3000))*time.Millisecond)
+		// Resumed even after ctx ended, so that it runs to its end.
+		w.untilDone(context.Background(), r, checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionResume, ID: s.id},
+			func(ctx context.Context, rc chimev1.RecurringClient) error {
+				_, err := rc.Resume(ctx, &chimev1.ResumeRecurringRequest{Id: s.id})
+				if status.Code(err) == codes.FailedPrecondition {
+					return nil // not paused: an unknown pause that did not happen
+				}
+				return err
+			})
+	}
+}
+
+// recurringOp sends one recurring op to a random node and records it. ABORTED means that the
+// change was refused while an occurrence was being produced: nothing changed.
+func (w *workload) recurringOp(r *rand.Rand, op checker.Op, call func(context.Context, chimev1.RecurringClient) error) string {
+	n := w.node(r)
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	op.Node, op.InvokeNs = n.id, time.Now().UnixNano()
+	err := call(ctx, n.recurring())
+	op.CompleteNs = time.Now().UnixNano()
+	op.Type, op.Code = classify(err)
+	if status.Code(err) == codes.Aborted {
+		op.Type = checker.TypeFail
+	}
+	if err != nil {
+		op.Error = err.Error()
+	}
+	w.record(op)
+	return op.Type
+}
+
+// untilDone repeats a recurring op until it is ok, for at most two minutes or until ctx
+// ends.
+func (w *workload) untilDone(ctx context.Context, r *rand.Rand, op checker.Op, call func(context.Context, chimev1.RecurringClient) error) {
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; {
+		if w.recurringOp(r, op, call) == checker.TypeOK {
+			return
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+// sleep waits d or until ctx ends, and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
