@@ -66,6 +66,12 @@ With --update-batch N the updates go N to a call, as upserts: BatchSchedule
 with on_conflict REPLACE, which makes each pending event's next version
 exactly as Update does.
 
+With --recurring N, bench creates N recurring schedules instead (Recurring.Create
+through --addr), each occurring every second (cron "* * * * * *") from
+--recurring-lead after it starts, for --recurring-for, and measures every
+occurrence as it measures an event: missing, duplicates, early, fire
+lateness and what the nodes spent.
+
 The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 --kafka-sasl-* flags chimed serve was given (the password from
 --kafka-sasl-password-file or ` + kafkaflag.PasswordEnv + `).`,
@@ -96,6 +102,9 @@ The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 			fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long to wait for records after the last one is due")
 			fs.BoolVar(&o.update, "update", false, "after scheduling, update every acknowledged event once and measure the updates")
 			kafka := kafkaflag.Register(fs, "the consumer")
+			fs.IntVar(&o.recurring, "recurring", 0, "instead of events, create `n` recurring schedules, each occurring every second for\n--recurring-for, and measure their occurrences as events (each one a due time)")
+			fs.DurationVar(&o.recurringFor, "recurring-for", time.Minute, "with --recurring, how long each schedule occurs")
+			fs.DurationVar(&o.recurringLead, "recurring-lead", 15*time.Second, "with --recurring, the first occurrence is this long after the bench starts (time enough to\ncreate every schedule)")
 			fs.IntVar(&o.updateBatch, "update-batch", 1, "with --update, update `n` events per call: 1 is one Update call each, more is BatchSchedule calls of upserts (on_conflict REPLACE)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -123,7 +132,11 @@ type benchOptions struct {
 	prefix                          string
 	noConsume, route, update        bool
 	wait                            time.Duration
-	kafka                           []kgo.Opt // how the consumer reaches the brokers (kafkaOpts)
+	// --recurring: schedules to create, how long each occurs, and when the
+	// first occurrence is.
+	recurring                   int
+	recurringFor, recurringLead time.Duration
+	kafka                       []kgo.Opt // how the consumer reaches the brokers (kafkaOpts)
 }
 
 func (o *benchOptions) validate() error {
@@ -146,6 +159,12 @@ func (o *benchOptions) validate() error {
 		return usagef("--topic must not be empty")
 	case o.updateBatch < 1:
 		return usagef("--update-batch must be at least 1")
+	case o.recurring < 0:
+		return usagef("--recurring must not be negative")
+	case o.recurring > 0 && (o.recurringFor < time.Second || o.recurringLead < time.Second):
+		return usagef("--recurring-for and --recurring-lead must be at least 1s")
+	case o.recurring > 0 && (o.update || o.noConsume):
+		return usagef("--recurring measures occurrences as they arrive: it takes neither --update nor --no-consume")
 	}
 	return nil
 }
@@ -176,6 +195,10 @@ type benchRun struct {
 	// The earliest due time and the latest chime-fired of the records
 	// whose lateness is known, unix ms: the span in which they all went out.
 	firstDueMs, lastFiredMs int64
+	// --recurring: the first occurrence, and how many each schedule has.
+	// Schedule s's occurrence k is event number s*perSchedule+k.
+	first       time.Time
+	perSchedule int
 }
 
 type benchSecond struct {
@@ -192,7 +215,15 @@ func (r *benchRun) second(t time.Time) *benchSecond {
 }
 
 func (c *cli) bench(ctx context.Context, o benchOptions) error {
-	r := &benchRun{o: o, start: time.Now(), dues: make([]int64, o.events)}
+	start := time.Now()
+	var first time.Time // --recurring: the first occurrence, a whole second
+	perSchedule := 0
+	if o.recurring > 0 {
+		first = start.Add(o.recurringLead).Truncate(time.Second).Add(time.Second)
+		perSchedule = int(o.recurringFor/time.Second) + 1
+		o.events = o.recurring * perSchedule
+	}
+	r := &benchRun{o: o, start: start, dues: make([]int64, o.events), first: first, perSchedule: perSchedule}
 	r.prefix = o.prefix
 	if r.prefix == "" {
 		r.prefix = fmt.Sprintf("bench-%d-", r.start.UnixMilli())
@@ -228,14 +259,30 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 		}
 	}
 
+	var rc chimev1.RecurringClient
+	if o.recurring > 0 {
+		conn, err := c.dial(c.addr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		rc = chimev1.NewRecurringClient(conn)
+	}
+
 	tctx, stopTicker := context.WithCancel(ctx)
 	tickerDone := make(chan struct{})
 	go func() { defer close(tickerDone); r.report(tctx, c, cost) }()
 
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for range o.callers {
-		wg.Go(func() { r.call(ctx, &next, route) })
+	if rc != nil {
+		for range o.callers {
+			wg.Go(func() { r.createSchedules(ctx, &next, rc) })
+		}
+	} else {
+		for range o.callers {
+			wg.Go(func() { r.call(ctx, &next, route) })
+		}
 	}
 	wg.Wait()
 	sendEnd := time.Now()
@@ -623,7 +670,7 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 	if !ok {
 		return
 	}
-	n, err := strconv.Atoi(rest)
+	n, err := r.eventNumber(rest)
 	if err != nil || n < 0 || n >= len(r.seen) {
 		return
 	}
@@ -653,6 +700,76 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 	sec := r.second(time.UnixMilli(fired))
 	sec.fired++
 	sec.late = append(sec.late, late)
+}
+
+// eventNumber is the number of the event whose id is r.prefix+rest: rest
+// itself, or with --recurring, "<schedule>@<unix ms>", numbered by schedule
+// and occurrence.
+func (r *benchRun) eventNumber(rest string) (int, error) {
+	if r.perSchedule == 0 {
+		return strconv.Atoi(rest)
+	}
+	sched, ms, ok := strings.Cut(rest, "@")
+	if !ok {
+		return 0, fmt.Errorf("%q is no occurrence", rest)
+	}
+	s, err := strconv.Atoi(sched)
+	if err != nil {
+		return 0, err
+	}
+	at, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	k := (at - r.first.UnixMilli()) / 1000
+	if s < 0 || s >= r.o.recurring || k < 0 || k >= int64(r.perSchedule) || (at-r.first.UnixMilli())%1000 != 0 {
+		return 0, fmt.Errorf("%q is no occurrence of this bench", rest)
+	}
+	return s*r.perSchedule + int(k), nil
+}
+
+// createSchedules is one caller of a --recurring bench: it takes schedule
+// numbers until all are taken and creates each, occurring every second
+// from r.first for --recurring-for. Each one acknowledged counts its
+// occurrences as acknowledged events, due at their times.
+func (r *benchRun) createSchedules(ctx context.Context, next *atomic.Int64, rc chimev1.RecurringClient) {
+	o := r.o
+	payload := make([]byte, o.payload)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+	end := r.first.Add(time.Duration(r.perSchedule-1) * time.Second)
+	for ctx.Err() == nil {
+		s := int(next.Add(1)) - 1
+		if s >= o.recurring {
+			return
+		}
+		req := &chimev1.CreateRecurringRequest{
+			Id: r.prefix + strconv.Itoa(s),
+			Rule: &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Cron{Cron: "* * * * * *"},
+				Start: timestamppb.New(r.first), End: timestamppb.New(end), CatchUp: chimev1.CatchUp_CATCH_UP_ALL},
+			Target: &chimev1.RecurringTarget{Topic: o.topic, Payload: payload},
+		}
+		sent := time.Now()
+		_, err := rc.Create(ctx, req)
+		lat := time.Since(sent)
+		r.mu.Lock()
+		if err != nil {
+			r.failed.Add(int64(r.perSchedule))
+			if r.firstErr == nil {
+				r.firstErr = err
+			}
+		} else {
+			r.acked.Add(int64(r.perSchedule))
+			r.ackLat = append(r.ackLat, lat)
+			r.second(time.Now()).acked += r.perSchedule
+			for k := range r.perSchedule {
+				r.dues[s*r.perSchedule+k] = r.first.Add(time.Duration(k) * time.Second).UnixNano()
+			}
+			r.lastDue = max(r.lastDue, end.UnixNano())
+		}
+		r.mu.Unlock()
+	}
 }
 
 // report prints a line a second until ctx ends.

@@ -129,12 +129,36 @@ func TestBenchAgainstARealNode(t *testing.T) {
 	}
 }
 
+// TestBenchRecurring: 20 schedules, each every second for 3 s, measured as 80 occurrences.
+func TestBenchRecurring(t *testing.T) {
+	addr, brokers := startNode(t)
+	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--recurring", "20", "--recurring-for", "3s",
+		"--recurring-lead", "2s", "--callers", "4", "--brokers", strings.Join(brokers, ","), "--wait", "10s")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	var s map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+		t.Fatalf("--json output: %v\n%s", err, r.stdout)
+	}
+	for k, want := range map[string]float64{"events": 80, "acked": 80, "consumed": 80, "missing": 0, "early": 0, "failed": 0, "calls": 20} {
+		if s[k] != want {
+			t.Errorf("%s = %v, want %v", k, s[k], want)
+		}
+	}
+	if s["late_max_ms"].(float64) > 5000 {
+		t.Errorf("implausible lateness: %s", r.stdout)
+	}
+}
+
 func TestBenchRejectsBadFlags(t *testing.T) {
 	for _, c := range []struct{ args, msg string }{
 		{"--events 0", "--events must be at least 1"},
 		{"--batch 0", "--batch must be at least 1"},
 		{"--delay 2s --delay-max 1s", "--delay-max (1s) must not be below --delay (2s)"},
 		{"--rate -1", "--rate must not be negative"},
+		{"--recurring 5 --recurring-for 0s", "--recurring-for and --recurring-lead must be at least 1s"},
+		{"--recurring 5 --no-consume", "--recurring measures occurrences"},
 	} {
 		r := chimectl(t, nil, "", append([]string{"bench"}, strings.Fields(c.args)...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.msg) {
