@@ -1,7 +1,8 @@
 // Package rpc is Chime's gRPC front door for clients and operators: it
-// serves the chime.v1.Scheduler API (proto/chime/v1/scheduler.proto) on top
-// of a [Backend], and the chime.v1.Admin API (admin.proto) on top of the
-// node's control plane (membership/cluster). In a node the Backend is a
+// serves the chime.v1.Scheduler API (proto/chime/v1/scheduler.proto) and the
+// chime.v1.Recurring API (recurring.proto) on top of a [Backend], and the
+// chime.v1.Admin API (admin.proto) on top of the node's control plane
+// (membership/cluster). In a node the Backend is a
 // host.Host (chimed dev: one node, every shard local) or a cluster.Cluster
 // (forwarding each request to its shard's leader).
 //

@@ -26,6 +26,11 @@
 //     out of the wheel (firing.pin) and proposes the change naming the
 //     pinned seq, so that no fire batch reads the version the change
 //     replaces.
+//   - Changes of recurring schedules (recurring.go): an Update, Delete or
+//     Pause removes the schedule's pending occurrence, so it is pinned and
+//     named in the entry as an event Update's is; Create and Resume remove
+//     none and are proposed as they come. Reads of schedules follow the
+//     queries' rules.
 //   - Queries and bulk cancels of one shard (query.go): List and Count under
 //     the lease (or, when the caller allows a stale read, on any replica),
 //     and the steps of a bulk cancel: list the next pending matches, leave

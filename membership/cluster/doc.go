@@ -18,13 +18,14 @@
 //     replica's typed Raft status (LogIndex for promoting a non-voter,
 //     Members for releasing a replica, the Admin API's Status fan-out) and
 //     Forget, the fan-out of an operator's node removal, and ShardList,
-//     ShardCount and ShardCancel, one shard's part of a List, Count or
-//     CancelMatching, answered by this node's replica alone. Peer is
+//     ShardCount, ShardCancel and ShardSchedules, one shard's part of a
+//     List, Count, CancelMatching or Recurring.List, answered by this node's
+//     replica alone. Peer is
 //     node-to-node; the operator API (Admin, in package rpc) can change
 //     without breaking reconciliation.
-//   - The Scheduler server's Backend in a cluster: a request goes to this
-//     node's replica when it leads the shard, otherwise to the shard's leader
-//     through the public Scheduler API, marked forwarded (Forwarded,
+//   - The Scheduler and Recurring servers' Backend in a cluster: a request
+//     goes to this node's replica when it leads the shard, otherwise to the
+//     shard's leader through the public Scheduler or Recurring API, marked forwarded (Forwarded,
 //     ForwardContext) so it is forwarded at most once. A request meeting a
 //     leader change waits for the new leader (host.AwaitLeader). List,
 //     Count and CancelMatching span every shard: each shard's part runs on

@@ -115,18 +115,6 @@ func (h *Host) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Positio
 	return Merge(parts, limit), false, nil
 }
 
-// Recurring applies rc on the leader of its schedule's shard, waiting for a
-// leader as Schedule does.
-func (h *Host) Recurring(ctx context.Context, rc raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
-	return AwaitLeader(ctx, leaderless, func() (*raftfsm.RecurringResult, error) {
-		s, err := h.shardFor(rc.ID)
-		if err != nil {
-			return nil, err
-		}
-		return s.Recurring(ctx, rc)
-	})
-}
-
 // GetSchedule reads one recurring schedule on its shard.
 func (h *Host) GetSchedule(ctx context.Context, id string, stale bool) (raftfsm.Schedule, bool, error) {
 	type got struct {
