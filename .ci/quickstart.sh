@@ -50,6 +50,14 @@ for _ in $(seq 1 50); do
   sleep 0.1
 done
 ctl get qs-1 --json | grep '"state":"fired"' >/dev/null || fail "qs-1 not marked fired"
+ctl recurring create --id qs-beat --topic qs.demo --every 1s --max 3 | grep "created recurring schedule qs-beat" >/dev/null || fail "recurring create"
+ctl recurring get qs-beat | grep "event qs-beat@" >/dev/null || fail "recurring get did not show the next occurrence"
+for _ in $(seq 1 100); do
+  ctl recurring get qs-beat | grep "completed" >/dev/null && break
+  sleep 0.1
+done
+ctl recurring get qs-beat | grep "3 settled" >/dev/null || fail "qs-beat did not occur three times and complete"
+[ "$(ctl count --prefix qs-beat@ --state fired)" -eq 3 ] || fail "count of qs-beat's fired occurrences"
 ctl status || fail "chimectl status against chimed dev"
 
 echo "== grpcurl and kcat"
