@@ -34,7 +34,8 @@ const recurringTopic = "jepsen.r"
 
 // recurrer is process p of the workload: it creates the recurring schedules, then pauses a
 // random one and resumes it a few seconds later, over and over, and deletes rd half-way to
-// end. When ctx ends it resumes what it paused, so that every schedule runs to its end.
+// end. When ctx ends it still resumes what it paused, for a few seconds at most, so that
+// the schedules run to their end.
 func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.Time) {
 	start := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	for _, s := range recurringSchedules {
@@ -82,9 +83,15 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 		if paused == checker.TypeFail {
 			continue
 		}
-		sleep(ctx, time.Duration(500+r.IntN(3000))*time.Millisecond)
+		rctx, cancel := context.WithCancel(context.Background())
+		if !sleep(ctx, time.Duration(500+r.IntN(3000))*time.Millisecond) {
+			// The workload is over, and the nemesis holds its last fault until this
+			// returns: a few seconds of tries, then the schedule stays paused (the checker
+			// then demands nothing after the pause).
+			rctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+		}
 		// Resumed even after ctx ended, so that it runs to its end.
-		w.untilDone(context.Background(), r, checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionResume, ID: s.id},
+		w.untilDone(rctx, r, checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionResume, ID: s.id},
 			func(ctx context.Context, rc chimev1.RecurringClient) error {
 				_, err := rc.Resume(ctx, &chimev1.ResumeRecurringRequest{Id: s.id})
 				if status.Code(err) == codes.FailedPrecondition {
@@ -92,6 +99,7 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 				}
 				return err
 			})
+		cancel()
 	}
 }
 
