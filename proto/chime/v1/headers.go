@@ -77,12 +77,25 @@ func ParseHeaders[H ~struct {
 }](hs []H) (Headers, error) {
 	var out Headers
 	var firstErr error
+	bad := func(key string, v []byte, what string) {
+		if firstErr == nil {
+			firstErr = fmt.Errorf("chimev1: header %s: %q is not %s", key, v, what)
+		}
+	}
 	num := func(key string, v []byte) int64 {
 		n, err := strconv.ParseInt(string(v), 10, 64)
 		if err != nil {
-			if firstErr == nil {
-				firstErr = fmt.Errorf("chimev1: header %s: %q is not a decimal integer", key, v)
-			}
+			bad(key, v, "a decimal integer")
+			return 0
+		}
+		return n
+	}
+	// The attempt and the version are written unsigned: a version can pass
+	// 2^63, and neither can be negative.
+	unsigned := func(key string, v []byte, bits int) uint64 {
+		n, err := strconv.ParseUint(string(v), 10, bits)
+		if err != nil {
+			bad(key, v, "an unsigned decimal integer")
 			return 0
 		}
 		return n
@@ -100,9 +113,9 @@ func ParseHeaders[H ~struct {
 		case HeaderFired:
 			out.Fired = msTime(num(h.Key, h.Value))
 		case HeaderAttempt:
-			out.Attempt = int(num(h.Key, h.Value))
+			out.Attempt = int(unsigned(h.Key, h.Value, strconv.IntSize-1))
 		case HeaderVersion:
-			out.Version = uint64(num(h.Key, h.Value))
+			out.Version = unsigned(h.Key, h.Value, 64)
 		case HeaderRecurringID:
 			out.RecurringID = string(h.Value)
 		case HeaderOccurrence:
