@@ -67,10 +67,12 @@ with on_conflict REPLACE, which makes each pending event's next version
 exactly as Update does.
 
 With --recurring N, bench creates N recurring schedules instead (Recurring.Create
-through --addr), each occurring every second (cron "* * * * * *") from
---recurring-lead after it starts, for --recurring-for, and measures every
-occurrence as it measures an event: missing, duplicates, early, fire
-lateness and what the nodes spent.
+through --addr), each occurring every second from --recurring-lead after it
+starts, for --recurring-for, and measures every occurrence as it measures an
+event: missing, duplicates, early, fire lateness and what the nodes spent.
+Each schedule is an interval of 1s, their phases spread evenly over the
+second; with --recurring-aligned all are the cron rule "* * * * * *", so N
+occurrences fall due at once every second.
 
 The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 --kafka-sasl-* flags chimed serve was given (the password from
@@ -104,6 +106,7 @@ The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 			kafka := kafkaflag.Register(fs, "the consumer")
 			fs.IntVar(&o.recurring, "recurring", 0, "instead of events, create `n` recurring schedules, each occurring every second for\n--recurring-for, and measure their occurrences as events (each one a due time)")
 			fs.DurationVar(&o.recurringFor, "recurring-for", time.Minute, "with --recurring, how long each schedule occurs")
+			fs.BoolVar(&o.recurringAligned, "recurring-aligned", false, "with --recurring, every schedule occurs at the same instant, each whole second (cron\n\"* * * * * *\"); without it, each is an interval of 1s whose phase is spread over the second")
 			fs.DurationVar(&o.recurringLead, "recurring-lead", 15*time.Second, "with --recurring, the first occurrence is this long after the bench starts (time enough to\ncreate every schedule)")
 			fs.IntVar(&o.updateBatch, "update-batch", 1, "with --update, update `n` events per call: 1 is one Update call each, more is BatchSchedule calls of upserts (on_conflict REPLACE)")
 			return func(ctx context.Context, args []string) error {
@@ -136,6 +139,7 @@ type benchOptions struct {
 	// first occurrence is.
 	recurring                   int
 	recurringFor, recurringLead time.Duration
+	recurringAligned            bool
 	kafka                       []kgo.Opt // how the consumer reaches the brokers (kafkaOpts)
 }
 
@@ -721,11 +725,24 @@ func (r *benchRun) eventNumber(rest string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	k := (at - r.first.UnixMilli()) / 1000
-	if s < 0 || s >= r.o.recurring || k < 0 || k >= int64(r.perSchedule) || (at-r.first.UnixMilli())%1000 != 0 {
+	if s < 0 || s >= r.o.recurring {
+		return 0, fmt.Errorf("%q is no occurrence of this bench", rest)
+	}
+	from := r.phase(s).UnixMilli()
+	k := (at - from) / 1000
+	if k < 0 || k >= int64(r.perSchedule) || (at-from)%1000 != 0 {
 		return 0, fmt.Errorf("%q is no occurrence of this bench", rest)
 	}
 	return s*r.perSchedule + int(k), nil
+}
+
+// phase is schedule s's first occurrence: r.first, or with the phases
+// spread, r.first plus s's share of the second, in whole milliseconds.
+func (r *benchRun) phase(s int) time.Time {
+	if r.o.recurringAligned {
+		return r.first
+	}
+	return r.first.Add(time.Duration(s*1000/r.o.recurring) * time.Millisecond)
 }
 
 // createSchedules is one caller of a --recurring bench: it takes schedule
@@ -738,18 +755,20 @@ func (r *benchRun) createSchedules(ctx context.Context, next *atomic.Int64, rc c
 	for i := range payload {
 		payload[i] = byte('a' + i%26)
 	}
-	end := r.first.Add(time.Duration(r.perSchedule-1) * time.Second)
 	for ctx.Err() == nil {
 		s := int(next.Add(1)) - 1
 		if s >= o.recurring {
 			return
 		}
-		req := &chimev1.CreateRecurringRequest{
-			Id: r.prefix + strconv.Itoa(s),
-			Rule: &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Cron{Cron: "* * * * * *"},
-				Start: timestamppb.New(r.first), End: timestamppb.New(end), CatchUp: chimev1.CatchUp_CATCH_UP_ALL},
-			Target: &chimev1.RecurringTarget{Topic: o.topic, Payload: payload},
+		first := r.phase(s)
+		end := first.Add(time.Duration(r.perSchedule-1) * time.Second)
+		rule := &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Every{Every: durationpb.New(time.Second)},
+			Start: timestamppb.New(first), End: timestamppb.New(end), CatchUp: chimev1.CatchUp_CATCH_UP_ALL}
+		if o.recurringAligned {
+			rule.Rule = &chimev1.RecurringRule_Cron{Cron: "* * * * * *"}
 		}
+		req := &chimev1.CreateRecurringRequest{Id: r.prefix + strconv.Itoa(s), Rule: rule,
+			Target: &chimev1.RecurringTarget{Topic: o.topic, Payload: payload}}
 		sent := time.Now()
 		_, err := rc.Create(ctx, req)
 		lat := time.Since(sent)
@@ -764,7 +783,7 @@ func (r *benchRun) createSchedules(ctx context.Context, next *atomic.Int64, rc c
 			r.ackLat = append(r.ackLat, lat)
 			r.second(time.Now()).acked += r.perSchedule
 			for k := range r.perSchedule {
-				r.dues[s*r.perSchedule+k] = r.first.Add(time.Duration(k) * time.Second).UnixNano()
+				r.dues[s*r.perSchedule+k] = first.Add(time.Duration(k) * time.Second).UnixNano()
 			}
 			r.lastDue = max(r.lastDue, end.UnixNano())
 		}

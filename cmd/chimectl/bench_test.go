@@ -129,10 +129,17 @@ func TestBenchAgainstARealNode(t *testing.T) {
 	}
 }
 
-// TestBenchRecurring: 20 schedules, each every second for 3 s, measured as 80 occurrences.
+// TestBenchRecurring: 20 schedules, each every second for 3 s, measured as 80 occurrences,
+// with their phases spread over the second and aligned on it.
 func TestBenchRecurring(t *testing.T) {
 	addr, brokers := startNode(t)
-	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--recurring", "20", "--recurring-for", "3s",
+	for _, aligned := range []string{"false", "true"} {
+		benchRecurring(t, addr, brokers, aligned)
+	}
+}
+
+func benchRecurring(t *testing.T, addr string, brokers []string, aligned string) {
+	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--recurring", "20", "--recurring-for", "3s", "--recurring-aligned="+aligned,
 		"--recurring-lead", "2s", "--callers", "4", "--brokers", strings.Join(brokers, ","), "--wait", "10s")
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
@@ -143,7 +150,7 @@ func TestBenchRecurring(t *testing.T) {
 	}
 	for k, want := range map[string]float64{"events": 80, "acked": 80, "consumed": 80, "missing": 0, "early": 0, "failed": 0, "calls": 20} {
 		if s[k] != want {
-			t.Errorf("%s = %v, want %v", k, s[k], want)
+			t.Errorf("aligned %s: %s = %v, want %v", aligned, k, s[k], want)
 		}
 	}
 	if s["late_max_ms"].(float64) > 5000 {
