@@ -225,6 +225,10 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("update_violations", res.UpdateViolations, true)
 	row("stale_reads", res.StaleReads, true)
 	row("bulk_cancel_violations", res.BulkCancelViolations, true)
+	row("recurring_missing", res.RecurringMissing, true)
+	row("recurring_early", res.RecurringEarly, true)
+	row("recurring_phantom", res.RecurringPhantom, true)
+	row("recurring_after_stop", res.RecurringAfterStop, true)
 	conv, convClass := "yes", "good"
 	if !res.Converged {
 		conv, convClass = "no", "bad"
@@ -236,6 +240,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 		reportCheck{Name: "duplicates (extra copies)", Count: fmt.Sprint(res.Duplicates), Status: "measured"},
 		reportCheck{Name: "lists", Count: res.ListSummary()},
 		reportCheck{Name: "bulk cancels", Count: res.BulkCancelSummary()},
+		reportCheck{Name: "recurring occurrences", Count: fmt.Sprint(res.Occurrences), Status: "measured"},
 		reportCheck{Name: "acked ids / delivered ids", Count: fmt.Sprintf("%d / %d", res.AckedIDs, res.DeliveredIDs)},
 		reportCheck{Name: "records (dead-letter)", Count: fmt.Sprintf("%d (%d)", res.Records, res.DeadLetterRecords)},
 		reportCheck{Name: "valid", Class: v.VerdictClass, Status: fmt.Sprint(res.Valid), NameClass: v.VerdictClass})
