@@ -93,18 +93,26 @@ func parsePageToken(q raftfsm.Query, token string, maxID int) (*raftfsm.Position
 	return &raftfsm.Position{Due: int64(binary.BigEndian.Uint64(b[9:])), ID: string(b[17:])}, nil
 }
 
+// listLimit is a List's page size: defaultListLimit for 0, at most maxListLimit.
+func listLimit(limit uint32) (int, error) {
+	switch {
+	case limit == 0:
+		return defaultListLimit, nil
+	case limit > maxListLimit:
+		return 0, invalidArgument("limit", "%d, at most %d allowed", limit, maxListLimit)
+	}
+	return int(limit), nil
+}
+
 // List returns a page of the events a filter selects.
 func (s *Server) List(ctx context.Context, in *chimev1.ListRequest) (*chimev1.ListResponse, error) {
 	q, err := s.checkFilter(in.GetFilter())
 	if err != nil {
 		return nil, err
 	}
-	limit := int(in.GetLimit())
-	switch {
-	case limit == 0:
-		limit = defaultListLimit
-	case limit > maxListLimit:
-		return nil, invalidArgument("limit", "%d, at most %d allowed", limit, maxListLimit)
+	limit, err := listLimit(in.GetLimit())
+	if err != nil {
+		return nil, err
 	}
 	after, err := parsePageToken(q, in.GetPageToken(), s.limits.MaxIDBytes)
 	if err != nil {

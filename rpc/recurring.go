@@ -332,12 +332,9 @@ func (rs *RecurringServer) List(ctx context.Context, in *chimev1.ListRecurringRe
 	if n := len(in.GetIdPrefix()); n > s.limits.MaxIDBytes {
 		return nil, invalidArgument("id_prefix", "%d bytes, at most %d allowed", n, s.limits.MaxIDBytes)
 	}
-	limit := int(in.GetLimit())
-	switch {
-	case limit == 0:
-		limit = defaultListLimit
-	case limit > maxListLimit:
-		return nil, invalidArgument("limit", "%d, at most %d allowed", limit, maxListLimit)
+	limit, err := listLimit(in.GetLimit())
+	if err != nil {
+		return nil, err
 	}
 	after := ""
 	if tok := in.GetPageToken(); tok != "" {

@@ -153,23 +153,20 @@ func (n *node) dial(conn **grpc.ClientConn, token bool) (*grpc.ClientConn, error
 	return *conn, nil
 }
 
-func (n *node) scheduler() chimev1.SchedulerClient {
-	if n.sec == nil {
-		cc, _ := n.client()
-		return chimev1.NewSchedulerClient(cc)
-	}
-	cc, _ := n.dial(&n.schedConn, true)
-	return chimev1.NewSchedulerClient(cc)
-}
+func (n *node) scheduler() chimev1.SchedulerClient { return chimev1.NewSchedulerClient(n.workload()) }
 
 // recurring is the Recurring service, with the workload's credentials as scheduler.
-func (n *node) recurring() chimev1.RecurringClient {
+func (n *node) recurring() chimev1.RecurringClient { return chimev1.NewRecurringClient(n.workload()) }
+
+// workload is the connection the workload's calls go on: with --secure, the one that
+// carries the workload's scheduler token.
+func (n *node) workload() *grpc.ClientConn {
 	if n.sec == nil {
 		cc, _ := n.client()
-		return chimev1.NewRecurringClient(cc)
+		return cc
 	}
 	cc, _ := n.dial(&n.schedConn, true)
-	return chimev1.NewRecurringClient(cc)
+	return cc
 }
 
 func (n *node) admin() chimev1.AdminClient {

@@ -469,22 +469,25 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 		}
 		return nil
 	}
-	byID := func(id string) error {
+	// owned checks an id against the prefixes, and the topic of what it names (topicOf
+	// finds it; what says it in the error, "event %q is on" or the like) against the topics.
+	owned := func(id string, topicOf func(context.Context, string) (string, bool, error), what string) error {
 		if !g.idAllowed(id) {
 			return status.Errorf(codes.PermissionDenied, "id: %q does not start with one of %q's id prefixes %v", id, g.Name, g.IDPrefixes)
 		}
-		if every || a.o.TopicOf == nil || id == "" {
+		if every || topicOf == nil || id == "" {
 			return nil
 		}
-		topic, found, err := a.o.TopicOf(ctx, id)
+		topic, found, err := topicOf(ctx, id)
 		if err != nil {
 			return err
 		}
 		if found && !g.topicAllowed(topic) {
-			return status.Errorf(codes.PermissionDenied, "id: event %q is on topic %q, outside %q's topics %v", id, topic, g.Name, g.Topics)
+			return status.Errorf(codes.PermissionDenied, "id: "+what+" topic %q, outside %q's topics %v", id, topic, g.Name, g.Topics)
 		}
 		return nil
 	}
+	byID := func(id string) error { return owned(id, a.o.TopicOf, "event %q is on") }
 	filter := func(f *chimev1.EventFilter) error {
 		if !every && !g.topicAllowed(f.GetTopic()) {
 			return status.Errorf(codes.PermissionDenied, "filter.topic: %q's queries must name one of its topics %v, got %q", g.Name, g.Topics, f.GetTopic())
@@ -502,22 +505,7 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 		}
 		return nil
 	}
-	bySchedule := func(id string) error {
-		if !g.idAllowed(id) {
-			return status.Errorf(codes.PermissionDenied, "id: %q does not start with one of %q's id prefixes %v", id, g.Name, g.IDPrefixes)
-		}
-		if every || a.o.ScheduleTopicOf == nil || id == "" {
-			return nil
-		}
-		topic, found, err := a.o.ScheduleTopicOf(ctx, id)
-		if err != nil {
-			return err
-		}
-		if found && !g.topicAllowed(topic) {
-			return status.Errorf(codes.PermissionDenied, "id: recurring schedule %q targets topic %q, outside %q's topics %v", id, topic, g.Name, g.Topics)
-		}
-		return nil
-	}
+	bySchedule := func(id string) error { return owned(id, a.o.ScheduleTopicOf, "recurring schedule %q targets") }
 	switch r := req.(type) {
 	case *chimev1.CreateRecurringRequest:
 		if err := target(r.GetTarget()); err != nil {
