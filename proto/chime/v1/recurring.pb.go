@@ -296,7 +296,9 @@ type RecurringTarget struct {
 	Payload []byte `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
 	// Headers, in order; the occurrence adds chime-recurring-id and
 	// chime-occurrence-unix-ms after them.
-	Headers       []*Header `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
+	Headers []*Header `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty"`
+	// Each occurrence's priority, as an event's (0 to 9; 5 when unset).
+	Priority      *uint32 `protobuf:"varint,5,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -357,6 +359,13 @@ func (x *RecurringTarget) GetHeaders() []*Header {
 		return x.Headers
 	}
 	return nil
+}
+
+func (x *RecurringTarget) GetPriority() uint32 {
+	if x != nil && x.Priority != nil {
+		return *x.Priority
+	}
+	return 0
 }
 
 type CreateRecurringRequest struct {
@@ -1023,12 +1032,14 @@ const file_chime_v1_recurring_proto_rawDesc = "" +
 	"\x0fmax_occurrences\x18\x06 \x01(\x04R\x0emaxOccurrences\x121\n" +
 	"\x06jitter\x18\a \x01(\v2\x19.google.protobuf.DurationR\x06jitter\x12,\n" +
 	"\bcatch_up\x18\b \x01(\x0e2\x11.chime.v1.CatchUpR\acatchUpB\x06\n" +
-	"\x04rule\"\x7f\n" +
+	"\x04rule\"\xad\x01\n" +
 	"\x0fRecurringTarget\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x18\n" +
 	"\apayload\x18\x03 \x01(\fR\apayload\x12*\n" +
-	"\aheaders\x18\x04 \x03(\v2\x10.chime.v1.HeaderR\aheaders\"\x88\x01\n" +
+	"\aheaders\x18\x04 \x03(\v2\x10.chime.v1.HeaderR\aheaders\x12\x1f\n" +
+	"\bpriority\x18\x05 \x01(\rH\x00R\bpriority\x88\x01\x01B\v\n" +
+	"\t_priority\"\x88\x01\n" +
 	"\x16CreateRecurringRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x04rule\x18\x02 \x01(\v2\x17.chime.v1.RecurringRuleR\x04rule\x121\n" +
@@ -1180,6 +1191,7 @@ func file_chime_v1_recurring_proto_init() {
 		(*RecurringRule_Cron)(nil),
 		(*RecurringRule_Every)(nil),
 	}
+	file_chime_v1_recurring_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

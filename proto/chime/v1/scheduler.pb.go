@@ -238,7 +238,18 @@ type Event struct {
 	Headers []*Header `protobuf:"bytes,7,rep,name=headers,proto3" json:"headers,omitempty"`
 	// What a Schedule does when the id is already bound to an event.
 	// Unspecified is REJECT.
-	OnConflict    OnConflict `protobuf:"varint,8,opt,name=on_conflict,json=onConflict,proto3,enum=chime.v1.OnConflict" json:"on_conflict,omitempty"`
+	OnConflict OnConflict `protobuf:"varint,8,opt,name=on_conflict,json=onConflict,proto3,enum=chime.v1.OnConflict" json:"on_conflict,omitempty"`
+	// 0 (lowest) to 9 (highest); 5 when unset. When more events are due on a
+	// shard than its leader can produce at once (after an outage, in a burst,
+	// under a topic rate limit), the due events of higher priority are
+	// produced first. Priority never makes an event fire before it is due.
+	Priority *uint32 `protobuf:"varint,9,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
+	// A flexible window: the event may fire anywhere in [due, due + window],
+	// at most 24h. Chime spreads the events of a window over it, at a point
+	// fixed per event, so that a burst of windowed events due at one time
+	// reaches the topic as an even flow. Unset or zero: it fires at its due
+	// time.
+	Window        *durationpb.Duration `protobuf:"bytes,10,opt,name=window,proto3" json:"window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -327,6 +338,20 @@ func (x *Event) GetOnConflict() OnConflict {
 		return x.OnConflict
 	}
 	return OnConflict_ON_CONFLICT_UNSPECIFIED
+}
+
+func (x *Event) GetPriority() uint32 {
+	if x != nil && x.Priority != nil {
+		return *x.Priority
+	}
+	return 0
+}
+
+func (x *Event) GetWindow() *durationpb.Duration {
+	if x != nil {
+		return x.Window
+	}
+	return nil
 }
 
 type ScheduleRequest struct {
@@ -1577,7 +1602,7 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x18chime/v1/scheduler.proto\x12\bchime.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\xa8\x02\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\x89\x03\n" +
 	"\x05Event\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\n" +
@@ -1588,7 +1613,11 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\apayload\x18\x06 \x01(\fR\apayload\x12*\n" +
 	"\aheaders\x18\a \x03(\v2\x10.chime.v1.HeaderR\aheaders\x125\n" +
 	"\von_conflict\x18\b \x01(\x0e2\x14.chime.v1.OnConflictR\n" +
-	"onConflict\"8\n" +
+	"onConflict\x12\x1f\n" +
+	"\bpriority\x18\t \x01(\rH\x00R\bpriority\x88\x01\x01\x121\n" +
+	"\x06window\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x06windowB\v\n" +
+	"\t_priority\"8\n" +
 	"\x0fScheduleRequest\x12%\n" +
 	"\x05event\x18\x01 \x01(\v2\x0f.chime.v1.EventR\x05event\"\x86\x01\n" +
 	"\x10ScheduleResponse\x12\x0e\n" +
@@ -1746,51 +1775,52 @@ var file_chime_v1_scheduler_proto_depIdxs = []int32{
 	24, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
 	2,  // 2: chime.v1.Event.headers:type_name -> chime.v1.Header
 	0,  // 3: chime.v1.Event.on_conflict:type_name -> chime.v1.OnConflict
-	3,  // 4: chime.v1.ScheduleRequest.event:type_name -> chime.v1.Event
-	23, // 5: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
-	3,  // 6: chime.v1.BatchScheduleRequest.events:type_name -> chime.v1.Event
-	8,  // 7: chime.v1.BatchScheduleResponse.results:type_name -> chime.v1.ScheduleResult
-	23, // 8: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
-	1,  // 9: chime.v1.CancelResponse.state:type_name -> chime.v1.EventState
-	3,  // 10: chime.v1.GetResponse.event:type_name -> chime.v1.Event
-	1,  // 11: chime.v1.GetResponse.state:type_name -> chime.v1.EventState
-	23, // 12: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
-	23, // 13: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
-	23, // 14: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
-	23, // 15: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
-	23, // 16: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
-	24, // 17: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
-	14, // 18: chime.v1.UpdateRequest.headers:type_name -> chime.v1.HeaderList
-	2,  // 19: chime.v1.HeaderList.headers:type_name -> chime.v1.Header
-	23, // 20: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
-	1,  // 21: chime.v1.EventFilter.states:type_name -> chime.v1.EventState
-	23, // 22: chime.v1.EventFilter.due_after:type_name -> google.protobuf.Timestamp
-	23, // 23: chime.v1.EventFilter.due_before:type_name -> google.protobuf.Timestamp
-	16, // 24: chime.v1.ListRequest.filter:type_name -> chime.v1.EventFilter
-	12, // 25: chime.v1.ListResponse.events:type_name -> chime.v1.GetResponse
-	16, // 26: chime.v1.CountRequest.filter:type_name -> chime.v1.EventFilter
-	16, // 27: chime.v1.CancelMatchingRequest.filter:type_name -> chime.v1.EventFilter
-	4,  // 28: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
-	6,  // 29: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
-	9,  // 30: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
-	11, // 31: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
-	13, // 32: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
-	17, // 33: chime.v1.Scheduler.List:input_type -> chime.v1.ListRequest
-	19, // 34: chime.v1.Scheduler.Count:input_type -> chime.v1.CountRequest
-	21, // 35: chime.v1.Scheduler.CancelMatching:input_type -> chime.v1.CancelMatchingRequest
-	5,  // 36: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
-	7,  // 37: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
-	10, // 38: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
-	12, // 39: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
-	15, // 40: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
-	18, // 41: chime.v1.Scheduler.List:output_type -> chime.v1.ListResponse
-	20, // 42: chime.v1.Scheduler.Count:output_type -> chime.v1.CountResponse
-	22, // 43: chime.v1.Scheduler.CancelMatching:output_type -> chime.v1.CancelMatchingProgress
-	36, // [36:44] is the sub-list for method output_type
-	28, // [28:36] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	24, // 4: chime.v1.Event.window:type_name -> google.protobuf.Duration
+	3,  // 5: chime.v1.ScheduleRequest.event:type_name -> chime.v1.Event
+	23, // 6: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
+	3,  // 7: chime.v1.BatchScheduleRequest.events:type_name -> chime.v1.Event
+	8,  // 8: chime.v1.BatchScheduleResponse.results:type_name -> chime.v1.ScheduleResult
+	23, // 9: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
+	1,  // 10: chime.v1.CancelResponse.state:type_name -> chime.v1.EventState
+	3,  // 11: chime.v1.GetResponse.event:type_name -> chime.v1.Event
+	1,  // 12: chime.v1.GetResponse.state:type_name -> chime.v1.EventState
+	23, // 13: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
+	23, // 14: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
+	23, // 15: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
+	23, // 16: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
+	23, // 17: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
+	24, // 18: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
+	14, // 19: chime.v1.UpdateRequest.headers:type_name -> chime.v1.HeaderList
+	2,  // 20: chime.v1.HeaderList.headers:type_name -> chime.v1.Header
+	23, // 21: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
+	1,  // 22: chime.v1.EventFilter.states:type_name -> chime.v1.EventState
+	23, // 23: chime.v1.EventFilter.due_after:type_name -> google.protobuf.Timestamp
+	23, // 24: chime.v1.EventFilter.due_before:type_name -> google.protobuf.Timestamp
+	16, // 25: chime.v1.ListRequest.filter:type_name -> chime.v1.EventFilter
+	12, // 26: chime.v1.ListResponse.events:type_name -> chime.v1.GetResponse
+	16, // 27: chime.v1.CountRequest.filter:type_name -> chime.v1.EventFilter
+	16, // 28: chime.v1.CancelMatchingRequest.filter:type_name -> chime.v1.EventFilter
+	4,  // 29: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
+	6,  // 30: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
+	9,  // 31: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
+	11, // 32: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
+	13, // 33: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
+	17, // 34: chime.v1.Scheduler.List:input_type -> chime.v1.ListRequest
+	19, // 35: chime.v1.Scheduler.Count:input_type -> chime.v1.CountRequest
+	21, // 36: chime.v1.Scheduler.CancelMatching:input_type -> chime.v1.CancelMatchingRequest
+	5,  // 37: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
+	7,  // 38: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
+	10, // 39: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
+	12, // 40: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
+	15, // 41: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
+	18, // 42: chime.v1.Scheduler.List:output_type -> chime.v1.ListResponse
+	20, // 43: chime.v1.Scheduler.Count:output_type -> chime.v1.CountResponse
+	22, // 44: chime.v1.Scheduler.CancelMatching:output_type -> chime.v1.CancelMatchingProgress
+	37, // [37:45] is the sub-list for method output_type
+	29, // [29:37] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_scheduler_proto_init() }
@@ -1798,6 +1828,7 @@ func file_chime_v1_scheduler_proto_init() {
 	if File_chime_v1_scheduler_proto != nil {
 		return
 	}
+	file_chime_v1_scheduler_proto_msgTypes[1].OneofWrappers = []any{}
 	file_chime_v1_scheduler_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
