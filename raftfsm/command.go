@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // CommandType is the first byte of every Raft log entry this FSM applies. It names both the
@@ -100,14 +101,42 @@ type NewEvent struct {
 	// supersedes a version a fire batch may hold.
 	CheckPending bool
 	Pending      uint64
+	Policy
 }
 
+// Policy is how an event fires besides when it is due.
+type Policy struct {
+	// Priority orders the due events of a shard whose leader is behind: higher first. 0 to
+	// MaxPriority; DefaultPriority for an event whose request named none.
+	Priority uint8
+	// Window lets the event fire anywhere in [due, due+Window] (ns, at most MaxWindow); the
+	// firing leader picks a point in it per event, to spread a burst.
+	Window int64
+}
+
+// DefaultPolicy is the policy of an event whose request named none.
+var DefaultPolicy = Policy{Priority: DefaultPriority}
+
+// DefaultPriority is an event's priority when its request names none; MaxPriority the
+// highest.
+const (
+	DefaultPriority = 5
+	MaxPriority     = 9
+)
+
+// MaxWindow is the longest window an event may have.
+const MaxWindow = int64(24 * time.Hour)
+
 // NewEvent flags, in the byte after the content hash of a TypeScheduleBatchFlags event.
-// With flagCheckPending, NewEvent.Pending follows as a uvarint.
+// With flagCheckPending, NewEvent.Pending follows as a uvarint; then with flagPriority, the
+// priority as one byte; then with flagWindow, the window as a uvarint. An event without
+// flagPriority has DefaultPriority.
 const (
 	flagReplace      = 1 << 0
 	flagCheckPending = 1 << 1
-	knownFlags       = flagReplace | flagCheckPending
+	flagPriority     = 1 << 2
+	flagWindow       = 1 << 3
+	knownFlags       = flagReplace | flagCheckPending | flagPriority | flagWindow
 )
 
 // ScheduleBatch creates events. Apply returns *ScheduleBatchResult.
@@ -279,7 +308,7 @@ type ExpireResult struct {
 
 func (c *ScheduleBatch) Type() CommandType {
 	for i := range c.Events {
-		if c.Events[i].Replace {
+		if e := &c.Events[i]; e.Replace || e.Priority != DefaultPriority || e.Window != 0 {
 			return TypeScheduleBatchFlags
 		}
 	}
@@ -328,9 +357,21 @@ func AppendScheduleBatch(dst []byte, c *ScheduleBatch) []byte {
 			if e.CheckPending {
 				flags |= flagCheckPending
 			}
+			if e.Priority != DefaultPriority {
+				flags |= flagPriority
+			}
+			if e.Window != 0 {
+				flags |= flagWindow
+			}
 			dst = append(dst, flags)
 			if e.CheckPending {
 				dst = binary.AppendUvarint(dst, e.Pending)
+			}
+			if e.Priority != DefaultPriority {
+				dst = append(dst, e.Priority)
+			}
+			if e.Window != 0 {
+				dst = binary.AppendUvarint(dst, uint64(e.Window))
 			}
 		}
 	}
@@ -490,6 +531,7 @@ func (d *decoder) scheduleBatch(flagged bool) *ScheduleBatch {
 		e.Payload = d.bytes("payload")
 		e.Headers = d.headers()
 		e.ContentHash = d.fixed64("contentHash")
+		e.Priority = DefaultPriority
 		if flagged {
 			flags := d.byte1("flags")
 			if flags&^knownFlags != 0 {
@@ -499,9 +541,33 @@ func (d *decoder) scheduleBatch(flagged bool) *ScheduleBatch {
 			if e.CheckPending = flags&flagCheckPending != 0; e.CheckPending {
 				e.Pending = d.uvarint("pending")
 			}
+			if flags&flagPriority != 0 {
+				e.Priority = d.priority()
+			}
+			if flags&flagWindow != 0 {
+				e.Window = d.window()
+			}
 		}
 	}
 	return c
+}
+
+// priority reads an event's priority byte.
+func (d *decoder) priority() uint8 {
+	p := d.byte1("priority")
+	if p > MaxPriority && d.err == nil {
+		d.fail("priority", "priority %d above %d", p, MaxPriority)
+	}
+	return p
+}
+
+// window reads an event's window.
+func (d *decoder) window() int64 {
+	w := d.uvarint("window")
+	if (w == 0 || w > uint64(MaxWindow)) && d.err == nil {
+		d.fail("window", "window %d not in (0, %d]", w, MaxWindow)
+	}
+	return int64(w)
 }
 
 func (d *decoder) update() *Update {

@@ -24,6 +24,12 @@ func sampleCommands() []Command {
 			{ID: "", Due: -5, Topic: "", ContentHash: 0},
 			{ID: strings.Repeat("x", 300), Due: 1<<63 - 1, Topic: "t", Payload: make([]byte, 1000), ContentHash: 1<<64 - 1},
 		}},
+		&ScheduleBatch{ProposedAt: 3, Events: []NewEvent{
+			{ID: "p9", Due: 7, Topic: "t", Policy: Policy{Priority: MaxPriority}},
+			{ID: "w", Due: 7, Topic: "t", Policy: Policy{Priority: DefaultPriority, Window: MaxWindow}},
+			{ID: "both", Due: 7, Topic: "t", Replace: true, CheckPending: true, Pending: 4, Policy: Policy{Priority: 0, Window: 1}},
+			{ID: "default", Due: 7, Topic: "t", Policy: DefaultPolicy},
+		}},
 		&ScheduleBatch{ProposedAt: -1},
 		&Cancel{ProposedAt: 99, IDs: []string{"a", "", "order-42"}},
 		&Cancel{},
@@ -104,6 +110,11 @@ func normalize(c Command) Command {
 
 func TestDecodeCommandErrors(t *testing.T) {
 	valid := AppendScheduleBatch(nil, &ScheduleBatch{ProposedAt: 1, Events: []NewEvent{{ID: "a", Topic: "t", Payload: []byte("p")}}})
+	// An event whose encoding ends in its priority byte, and one whose ends in its window.
+	priority10 := AppendScheduleBatch(nil, &ScheduleBatch{Events: []NewEvent{{ID: "a", Policy: Policy{Priority: MaxPriority}}}})
+	priority10[len(priority10)-1] = MaxPriority + 1
+	window0 := AppendScheduleBatch(nil, &ScheduleBatch{Events: []NewEvent{{ID: "a", Policy: Policy{Priority: DefaultPriority, Window: 1}}}})
+	window0[len(window0)-1] = 0
 	for _, tc := range []struct {
 		name string
 		data []byte
@@ -114,6 +125,8 @@ func TestDecodeCommandErrors(t *testing.T) {
 		{"unknown type", []byte{99, 0, 0}, "unknown command type 99"},
 		{"huge count", []byte{byte(TypeCancel), 0, 0xff, 0xff, 0xff, 0xff, 0x0f}, "ids: count"},
 		{"truncated", valid[:len(valid)-3], "events[0].contentHash"},
+		{"priority above 9", priority10, "events[0].priority: priority 10 above 9"},
+		{"zero window", window0, "events[0].window: window 0 not in"},
 		{"attempts overflow", []byte{byte(TypeMarkFired), 0, 1, 1, 0, 0x80, 0x80, 0x80, 0x80, 0x10}, "entries[0].attempts"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,7 +173,7 @@ func TestContentHash(t *testing.T) {
 		haveDeliver, haveDly bool
 	}
 	h := func(r req) uint64 {
-		return ContentHash(r.topic, r.key, r.payload, r.headers, r.deliverAt, r.delay, r.haveDeliver, r.haveDly)
+		return ContentHash(r.topic, r.key, r.payload, r.headers, r.deliverAt, r.delay, r.haveDeliver, r.haveDly, DefaultPolicy)
 	}
 	base := req{topic: "t", key: []byte("k"), payload: []byte("p"), headers: []Header{{"a", []byte("1")}}, delay: 5e9, haveDly: true}
 	if h(base) != h(base) {

@@ -18,7 +18,7 @@ import (
 // the change has committed, in apply order. Replayed (skipped) entries do not notify.
 type Observer interface {
 	// Scheduled reports a newly created pending event.
-	Scheduled(seq uint64, dueUnixNano int64)
+	Scheduled(seq uint64, dueUnixNano int64, p Policy)
 	// Settled reports that a pending event left the pending state: cancelled, fired or
 	// dead-lettered.
 	Settled(seq uint64)
@@ -29,9 +29,9 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) Scheduled(uint64, int64) {}
-func (nopObserver) Settled(uint64)          {}
-func (nopObserver) Reset()                  {}
+func (nopObserver) Scheduled(uint64, int64, Policy) {}
+func (nopObserver) Settled(uint64)                  {}
+func (nopObserver) Reset()                          {}
 
 // ErrReplayed is the response for a log entry at or below the stored applied index: it was
 // applied before a restart and is skipped, changing nothing and notifying nobody. Only raft's
@@ -408,7 +408,7 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 	}
 	for _, n := range a.notes {
 		if n.scheduled {
-			f.obs.Scheduled(n.seq, n.due)
+			f.obs.Scheduled(n.seq, n.due, n.policy)
 		} else {
 			f.obs.Settled(n.seq)
 		}
@@ -464,9 +464,10 @@ type op struct {
 
 // note is an Observer call held back until the batch commits.
 type note struct {
-	scheduled bool // Scheduled(seq, due) if true, Settled(seq) if false
+	scheduled bool // Scheduled(seq, due, policy) if true, Settled(seq) if false
 	seq       uint64
 	due       int64
+	policy    Policy
 }
 
 func (a *applier) init(f *FSM) {
@@ -902,7 +903,8 @@ func (a *applier) create(e *NewEvent, createdAt int64, version uint64) (seq uint
 	a.val = appendBody(a.val[:0], e, createdAt, version)
 	a.set(a.key, a.val)
 	a.key = appendDueKey(a.key[:0], a.f.shard, e.Due, seq)
-	a.set(a.key, nil)
+	a.val = appendDueValue(a.val[:0], e.Policy)
+	a.set(a.key, a.val)
 	a.f.pending.add(seq)
 	if !a.f.pending.loaded {
 		// Scheduled by this batch, so not in the committed due index that status
@@ -910,7 +912,7 @@ func (a *applier) create(e *NewEvent, createdAt int64, version uint64) (seq uint
 		a.statuses[seq] = status{state: StateScheduled, due: e.Due}
 	}
 	a.m.pending++
-	a.notes = append(a.notes, note{scheduled: true, seq: seq, due: e.Due})
+	a.notes = append(a.notes, note{scheduled: true, seq: seq, due: e.Due, policy: e.Policy})
 	return seq
 }
 

@@ -50,7 +50,7 @@ func TestScheduleCancelMark(t *testing.T) {
 	f.obs = tracingObserver{obs, &trace}
 
 	ev := func(id string, due int64, payload string) NewEvent {
-		return NewEvent{ID: id, Due: due, Topic: "t", Payload: []byte(payload), ContentHash: ContentHash("t", nil, []byte(payload), nil, 0, 0, false, false)}
+		return NewEvent{ID: id, Due: due, Topic: "t", Payload: []byte(payload), ContentHash: ContentHash("t", nil, []byte(payload), nil, 0, 0, false, false, DefaultPolicy)}
 	}
 	got := f.ApplyBatch([]*raft.Log{
 		cmdLog(1, &ScheduleBatch{ProposedAt: 100, Events: []NewEvent{
@@ -97,9 +97,9 @@ type tracingObserver struct {
 	trace *[]string
 }
 
-func (o tracingObserver) Scheduled(seq uint64, due int64) {
+func (o tracingObserver) Scheduled(seq uint64, due int64, p Policy) {
 	*o.trace = append(*o.trace, fmt.Sprintf("Scheduled(%d,%d)", seq, due))
-	o.Observer.Scheduled(seq, due)
+	o.Observer.Scheduled(seq, due, p)
 }
 
 func (o tracingObserver) Settled(seq uint64) {
@@ -547,7 +547,7 @@ func checkRestoring(t *testing.T, f *FSM) {
 	if _, _, err := f.Get("id-1"); !errors.Is(err, ErrRestoring) {
 		t.Fatalf("Get during an unfinished restore: %v, want ErrRestoring", err)
 	}
-	if err := f.ForEachPending(func(uint64, int64) error { return nil }); !errors.Is(err, ErrRestoring) {
+	if err := f.ForEachPending(func(uint64, int64, Policy) error { return nil }); !errors.Is(err, ErrRestoring) {
 		t.Fatalf("ForEachPending during an unfinished restore: %v, want ErrRestoring", err)
 	}
 	if _, err := f.Snapshot(); !errors.Is(err, ErrRestoring) {

@@ -21,9 +21,12 @@ const contentHashDomain = "chime/content/v1\x00"
 // value whose have-flag is false is ignored. Nil and empty byte slices hash the same (the wire
 // cannot tell them apart either). Header order matters, as it does in Kafka.
 //
+// The firing policy is hashed only where it differs from the default (a priority other than
+// DefaultPriority, a window), so an event without one hashes as it did before events had one.
+//
 // Changing this function changes the answer for every stored event: a re-send after an
 // upgrade would be reported as a Conflict. Treat it as a stored format.
-func ContentHash(topic string, key, payload []byte, headers []Header, deliverAtUnixNano int64, delayNanos int64, haveDeliverAt, haveDelay bool) uint64 {
+func ContentHash(topic string, key, payload []byte, headers []Header, deliverAtUnixNano int64, delayNanos int64, haveDeliverAt, haveDelay bool, p Policy) uint64 {
 	var h contentHasher
 	h.d.Reset()
 	_, _ = h.d.WriteString(contentHashDomain)
@@ -42,6 +45,12 @@ func ContentHash(topic string, key, payload []byte, headers []Header, deliverAtU
 	if haveDelay {
 		flags |= 2
 	}
+	if p.Priority != DefaultPriority {
+		flags |= 4
+	}
+	if p.Window != 0 {
+		flags |= 8
+	}
 	h.buf[0] = flags
 	_, _ = h.d.Write(h.buf[:1])
 	if haveDeliverAt {
@@ -49,6 +58,13 @@ func ContentHash(topic string, key, payload []byte, headers []Header, deliverAtU
 	}
 	if haveDelay {
 		h.fixed(uint64(delayNanos))
+	}
+	if p.Priority != DefaultPriority {
+		h.buf[0] = p.Priority
+		_, _ = h.d.Write(h.buf[:1])
+	}
+	if p.Window != 0 {
+		h.fixed(uint64(p.Window))
 	}
 	return h.d.Sum64()
 }
@@ -106,5 +122,6 @@ func DefinitionHash(d *Definition) uint64 {
 		h.str(hd.Key)
 		h.bytes(hd.Value)
 	}
+	h.uvarint(uint64(d.Priority))
 	return h.d.Sum64()
 }

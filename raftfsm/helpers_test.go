@@ -45,7 +45,7 @@ func openTestStore(t testing.TB, dir string, opts StoreOptions) *Store {
 // newTestFSM opens shard on st with a recording observer wired to it.
 func newTestFSM(t testing.TB, st *Store, shard uint32) (*FSM, *pendingObserver) {
 	t.Helper()
-	obs := &pendingObserver{t: t, pending: map[uint64]int64{}}
+	obs := &pendingObserver{t: t, pending: map[uint64]int64{}, policy: map[uint64]Policy{}}
 	f, err := NewFSM(st, shard, obs)
 	if err != nil {
 		t.Fatalf("NewFSM(%d): %v", shard, err)
@@ -65,16 +65,18 @@ type pendingObserver struct {
 	t       testing.TB
 	fsm     *FSM
 	pending map[uint64]int64
+	policy  map[uint64]Policy // of the events in pending
 	calls   int
 	resets  int
 }
 
-func (o *pendingObserver) Scheduled(seq uint64, due int64) {
+func (o *pendingObserver) Scheduled(seq uint64, due int64, p Policy) {
 	o.calls++
 	if _, dup := o.pending[seq]; dup {
 		o.t.Errorf("observer: Scheduled(%d) for an event already pending", seq)
 	}
 	o.pending[seq] = due
+	o.policy[seq] = p
 }
 
 func (o *pendingObserver) Settled(seq uint64) {
@@ -83,13 +85,16 @@ func (o *pendingObserver) Settled(seq uint64) {
 		o.t.Errorf("observer: Settled(%d) for an event not pending", seq)
 	}
 	delete(o.pending, seq)
+	delete(o.policy, seq)
 }
 
 func (o *pendingObserver) Reset() {
 	o.resets++
 	clear(o.pending)
-	if err := o.fsm.ForEachPending(func(seq uint64, due int64) error {
+	clear(o.policy)
+	if err := o.fsm.ForEachPending(func(seq uint64, due int64, p Policy) error {
 		o.pending[seq] = due
+		o.policy[seq] = p
 		return nil
 	}); err != nil {
 		o.t.Errorf("observer: rebuild after Reset: %v", err)
@@ -210,8 +215,15 @@ func (g *gen) event(id string, v int) NewEvent {
 	if v == 2 {
 		e.Headers = []Header{{Key: "chime-test", Value: []byte(id)}, {Key: "empty"}}
 	}
+	e.Policy = DefaultPolicy
+	if v%3 == 0 {
+		e.Priority = uint8(v % (MaxPriority + 1))
+	}
+	if v%4 == 1 {
+		e.Window = int64(v+1) * 1e6
+	}
 	delay := int64(v+1) * 1e9
-	e.ContentHash = ContentHash(e.Topic, e.Key, e.Payload, e.Headers, 0, delay, false, true)
+	e.ContentHash = ContentHash(e.Topic, e.Key, e.Payload, e.Headers, 0, delay, false, true, e.Policy)
 	switch g.rng.IntN(10) {
 	case 0:
 		e.Due = -g.rng.Int64N(1e12) // before 1970: must still order correctly
@@ -456,7 +468,7 @@ func awaitPending(t testing.TB, f *FSM) {
 func wantPendingSet(t testing.TB, f *FSM) {
 	t.Helper()
 	n := 0
-	if err := f.ForEachPending(func(seq uint64, _ int64) error {
+	if err := f.ForEachPending(func(seq uint64, _ int64, _ Policy) error {
 		n++
 		if pending, known := f.pending.has(seq); !pending || !known {
 			t.Fatalf("event %d is in the due index; the pending set has it %v (loaded %v)", seq, pending, known)

@@ -192,7 +192,7 @@ func BenchmarkReadForFire(b *testing.B) {
 		b.Fatal(err)
 	}
 	var order []Ref
-	if err := f.ForEachPending(func(seq uint64, due int64) error { order = append(order, Ref{seq, due}); return nil }); err != nil {
+	if err := f.ForEachPending(func(seq uint64, due int64, _ Policy) error { order = append(order, Ref{seq, due}); return nil }); err != nil {
 		b.Fatal(err)
 	}
 	var recs []Record

@@ -28,6 +28,7 @@ const shardPrefixLen = 4
 const (
 	formatV1 = 1
 	formatV2 = 2
+	formatV3 = 3
 )
 
 // The key layout of a whole shard is named by the meta value's first byte; see doc.go.
@@ -101,6 +102,36 @@ const dueKeyLen = shardPrefixLen + 1 + 8 + 8
 // orderedDue maps int64 to uint64 preserving order (flip the sign bit), so big-endian keys
 // sort by due even before 1970.
 func orderedDue(due int64) uint64 { return uint64(due) ^ 1<<63 }
+
+// appendDueValue encodes the value under a due-index key: the event's policy, so that the
+// firing path learns it without reading the body. Nothing for the default policy (as every
+// event had before events had one); else the priority byte, then the window as a uvarint
+// if there is one.
+func appendDueValue(dst []byte, p Policy) []byte {
+	if p == DefaultPolicy {
+		return dst
+	}
+	dst = append(dst, p.Priority)
+	if p.Window != 0 {
+		dst = binary.AppendUvarint(dst, uint64(p.Window))
+	}
+	return dst
+}
+
+func decodeDueValue(v []byte) (Policy, error) {
+	if len(v) == 0 {
+		return DefaultPolicy, nil
+	}
+	d := decoder{b: v}
+	p := Policy{Priority: d.priority()}
+	if len(d.b) > 0 {
+		p.Window = d.window()
+	}
+	if err := d.finish(); err != nil {
+		return Policy{}, fmt.Errorf("%w: due-index value %x: %v", ErrCorrupt, v, err)
+	}
+	return p, nil
+}
 
 func parseDueKey(k []byte) (due int64, seq uint64, err error) {
 	if len(k) != dueKeyLen || k[shardPrefixLen] != tagDue {
@@ -295,10 +326,15 @@ func decodeStatus(b []byte) (status, error) {
 }
 
 // appendBody encodes the immutable half of an event (shard|'b'|due|seq): format 1 for its
-// first version, format 2 with the version after it for a later one.
+// first version, format 2 with the version after it for a later one, format 3 with the
+// version, the priority (a byte) and the window (a uvarint) after it for an event whose
+// policy is not the default.
 func appendBody(dst []byte, e *NewEvent, createdAt int64, version uint64) []byte {
 	format := byte(formatV1)
-	if version > 1 {
+	switch {
+	case e.Policy != DefaultPolicy:
+		format = formatV3
+	case version > 1:
 		format = formatV2
 	}
 	dst = append(dst, format)
@@ -309,10 +345,46 @@ func appendBody(dst []byte, e *NewEvent, createdAt int64, version uint64) []byte
 	dst = appendBytes(dst, e.Payload)
 	dst = appendHeaders(dst, e.Headers)
 	dst = binary.LittleEndian.AppendUint64(dst, e.ContentHash)
-	if format == formatV2 {
+	if format >= formatV2 {
 		dst = binary.AppendUvarint(dst, version)
 	}
+	if format == formatV3 {
+		dst = append(dst, e.Priority)
+		dst = binary.AppendUvarint(dst, uint64(e.Window))
+	}
 	return dst
+}
+
+// bodyFormat reads a body's format byte.
+func (d *decoder) bodyFormat() byte {
+	format := d.byte1("format")
+	if (format < formatV1 || format > formatV3) && d.err == nil {
+		d.fail("format", "unknown body format %d", format)
+	}
+	return format
+}
+
+// bodyTail reads what follows a body's content hash in format: the version, then the policy.
+func (d *decoder) bodyTail(format byte) (version uint64, p Policy) {
+	version, p = 1, DefaultPolicy
+	if format >= formatV2 {
+		version = d.uvarint("version")
+		if format == formatV2 && version < 2 && d.err == nil {
+			d.fail("version", "version %d in a format 2 body", version)
+		}
+		if version < 1 && d.err == nil {
+			d.fail("version", "version 0")
+		}
+	}
+	if format == formatV3 {
+		p.Priority = d.priority()
+		if w := d.uvarint("window"); w > uint64(MaxWindow) && d.err == nil {
+			d.fail("window", "window %d above %d", w, MaxWindow)
+		} else {
+			p.Window = int64(w)
+		}
+	}
+	return version, p
 }
 
 // body is an event's body, decoded. Its byte slices alias what it was decoded from.
@@ -324,10 +396,7 @@ type body struct {
 
 func decodeBody(b []byte) (body, error) {
 	d := decoder{b: b}
-	format := d.byte1("format")
-	if format != formatV1 && format != formatV2 && d.err == nil {
-		d.fail("format", "unknown body format %d", format)
-	}
+	format := d.bodyFormat()
 	var e body
 	e.ID = d.str("id")
 	e.createdAt = d.varint("createdAt")
@@ -336,12 +405,7 @@ func decodeBody(b []byte) (body, error) {
 	e.Payload = d.bytes("payload")
 	e.Headers = d.headers()
 	e.ContentHash = d.fixed64("contentHash")
-	e.version = 1
-	if format == formatV2 {
-		if e.version = d.uvarint("version"); e.version < 2 && d.err == nil {
-			d.fail("version", "version %d in a format 2 body", e.version)
-		}
-	}
+	e.version, e.Policy = d.bodyTail(format)
 	return e, d.finish()
 }
 
@@ -349,10 +413,7 @@ func decodeBody(b []byte) (body, error) {
 // checks every body a stream holds. FuzzDecodeStored holds the two to the same answer.
 func checkBody(b []byte) error {
 	d := decoder{b: b}
-	format := d.byte1("format")
-	if format != formatV1 && format != formatV2 && d.err == nil {
-		d.fail("format", "unknown body format %d", format)
-	}
+	format := d.bodyFormat()
 	d.bytes("id")
 	d.varint("createdAt")
 	d.bytes("topic")
@@ -363,11 +424,7 @@ func checkBody(b []byte) error {
 		d.bytes("headers.value")
 	}
 	d.fixed64("contentHash")
-	if format == formatV2 {
-		if v := d.uvarint("version"); v < 2 && d.err == nil {
-			d.fail("version", "version %d in a format 2 body", v)
-		}
-	}
+	d.bodyTail(format)
 	return d.finish()
 }
 
@@ -393,6 +450,7 @@ type Record struct {
 	// Version is 1 for the event as first scheduled, and one more for each Update or
 	// REPLACE of it since.
 	Version uint64
+	Policy
 }
 
 // decodeRecord fills rec from an event's body and status. rec keeps body (Key, Payload and
@@ -409,6 +467,7 @@ func decodeRecord(seq uint64, b []byte, s status, rec *Record) error {
 		Headers:         e.Headers,
 		ContentHash:     e.ContentHash,
 		Version:         e.version,
+		Policy:          e.Policy,
 		State:           s.state,
 		Due:             s.due,
 		FiredAt:         s.firedAt,

@@ -120,7 +120,7 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 			r := &Record{
 				Seq: m.nextSeq, ID: e.ID, State: StateScheduled, Due: e.Due, CreatedAt: c.ProposedAt,
 				Topic: e.Topic, Key: e.Key, Payload: e.Payload, Headers: e.Headers, ContentHash: e.ContentHash,
-				Version: version,
+				Version: version, Policy: e.Policy,
 			}
 			m.nextSeq++
 			m.byID[e.ID], m.bySeq[r.Seq] = r, r
@@ -417,15 +417,16 @@ func (h *harness) check() {
 	type pend struct {
 		seq uint64
 		due int64
+		p   Policy
 	}
 	var want []pend
 	for _, seq := range m.pendingSeqs() {
-		want = append(want, pend{seq, m.bySeq[seq].Due})
+		want = append(want, pend{seq, m.bySeq[seq].Due, m.bySeq[seq].Policy})
 	}
 	slices.SortFunc(want, func(a, b pend) int { return cmp.Or(cmp.Compare(a.due, b.due), cmp.Compare(a.seq, b.seq)) })
 	var got []pend
-	if err := f.ForEachPending(func(seq uint64, due int64) error {
-		got = append(got, pend{seq, due})
+	if err := f.ForEachPending(func(seq uint64, due int64, p Policy) error {
+		got = append(got, pend{seq, due, p})
 		return nil
 	}); err != nil {
 		t.Fatalf("ForEachPending: %v", err)
@@ -437,8 +438,8 @@ func (h *harness) check() {
 		t.Fatalf("observer holds %d pending, model %d", len(h.obs.pending), len(want))
 	}
 	for _, p := range want {
-		if due, ok := h.obs.pending[p.seq]; !ok || due != p.due {
-			t.Fatalf("observer: seq %d due %d (present %v), model due %d", p.seq, due, ok, p.due)
+		if due, ok := h.obs.pending[p.seq]; !ok || due != p.due || h.obs.policy[p.seq] != p.p {
+			t.Fatalf("observer: seq %d due %d policy %+v (present %v), model due %d policy %+v", p.seq, due, h.obs.policy[p.seq], ok, p.due, p.p)
 		}
 	}
 

@@ -228,7 +228,7 @@ func (f *FSM) stopPending() {
 // Apply or Restore: call it before raft starts, or from Observer.Reset (which runs on the
 // apply goroutine). fn may be nil. It then starts the scan that completes the id filter
 // (idFilter).
-func (f *FSM) LoadPending(before int64, fn func(seq uint64, due int64) error) error {
+func (f *FSM) LoadPending(before int64, fn func(seq uint64, due int64, p Policy) error) error {
 	f.startPending()
 	if fn != nil {
 		if err := f.ForEachPendingIn(minDue, before, fn); err != nil {

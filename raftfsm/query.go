@@ -77,6 +77,8 @@ type Listed struct {
 	Position
 	Seq   uint64
 	State State
+	// Policy is set by markPending, for a pending event.
+	Policy Policy
 }
 
 // prefixScanLimit is how many id entries List reads under a prefix before it walks the shard
@@ -413,9 +415,7 @@ func (v *listView) scanDue(q Query, after *Position, fn func(Listed, []byte, sta
 // bodyIDTopic reads an event's id and topic from its body without decoding the rest.
 func bodyIDTopic(b []byte) (id, topic []byte, err error) {
 	d := decoder{b: b}
-	if f := d.byte1("format"); f != formatV1 && f != formatV2 && d.err == nil {
-		d.fail("format", "unknown body format %d", f)
-	}
+	d.bodyFormat()
 	id = d.bytes("id")
 	d.varint("createdAt")
 	topic = d.bytes("topic")
@@ -565,7 +565,7 @@ func (f *FSM) PendingUnder(q Query, afterID string, limit int) (out []Listed, er
 	return out, nil
 }
 
-// markPending sets State to Scheduled on those of ls that are pending, reading the due index
+// markPending sets State (and Policy) on those of ls that are pending, reading the due index
 // in due order. An entry with Seq 0 names no event (seqs start at 1) and is left alone.
 func (v *listView) markPending(ls []Listed) error {
 	ix := make([]int, len(ls))
@@ -584,7 +584,11 @@ func (v *listView) markPending(ls []Listed) error {
 		// read, and the keys come in increasing order, which lets Pebble continue each
 		// level's search from the last.
 		if v.due.SeekPrefixGE(v.key) && bytes.Equal(v.due.Key(), v.key) {
-			ls[i].State = StateScheduled
+			p, err := decodeDueValue(v.due.Value())
+			if err != nil {
+				return err
+			}
+			ls[i].State, ls[i].Policy = StateScheduled, p
 		} else if err := v.due.Error(); err != nil {
 			return err
 		}

@@ -36,6 +36,9 @@ func (h *harness) checkQueries() {
 		var want Pending
 		if rec, ok := m.byID[id]; ok {
 			want = Pending{Pending: rec.State == StateScheduled, Seq: rec.Seq, Due: rec.Due}
+			if want.Pending {
+				want.Policy = rec.Policy
+			}
 		}
 		if got[i] != want {
 			t.Fatalf("PendingOf(%q) = %+v, want %+v", id, got[i], want)

@@ -193,7 +193,7 @@ func (w *forwardIter) seekGE(key []byte) bool {
 // ForEachPending calls fn for every pending event in due order (ties by seq), from one
 // consistent view of the shard. It stops at, and returns, the first error fn returns. fn must
 // not block on the apply goroutine.
-func (f *FSM) ForEachPending(fn func(seq uint64, due int64) error) error {
+func (f *FSM) ForEachPending(fn func(seq uint64, due int64, p Policy) error) error {
 	return f.ForEachPendingIn(minDue, maxDue, fn)
 }
 
@@ -209,7 +209,7 @@ const (
 // seq), from one consistent view of the shard, reading only that part of the due index. It
 // stops at, and returns, the first error fn returns. fn must not block on the apply
 // goroutine.
-func (f *FSM) ForEachPendingIn(from, to int64, fn func(seq uint64, due int64) error) (err error) {
+func (f *FSM) ForEachPendingIn(from, to int64, fn func(seq uint64, due int64, p Policy) error) (err error) {
 	if from >= to {
 		return nil
 	}
@@ -228,7 +228,11 @@ func (f *FSM) ForEachPendingIn(from, to int64, fn func(seq uint64, due int64) er
 		if err != nil {
 			return err
 		}
-		if err := fn(seq, due); err != nil {
+		p, err := decodeDueValue(it.Value())
+		if err != nil {
+			return err
+		}
+		if err := fn(seq, due, p); err != nil {
 			return err
 		}
 	}
@@ -294,6 +298,7 @@ type Pending struct {
 	Pending bool
 	Seq     uint64
 	Due     int64
+	Policy  Policy // of a pending one
 }
 
 // PendingOf looks up ids, from one consistent view of the shard, and reports for each (in
@@ -335,7 +340,7 @@ func (f *FSM) PendingOf(ids []string) (_ []Pending, err error) {
 	out := make([]Pending, len(ids))
 	for i, l := range found {
 		if l.Seq != 0 {
-			out[i] = Pending{Pending: l.State == StateScheduled, Seq: l.Seq, Due: l.Due}
+			out[i] = Pending{Pending: l.State == StateScheduled, Seq: l.Seq, Due: l.Due, Policy: l.Policy}
 		}
 	}
 	return out, nil

@@ -82,6 +82,8 @@ type Definition struct {
 	Key     []byte
 	Payload []byte
 	Headers []Header
+	// Priority is each occurrence's (NewEvent.Priority).
+	Priority uint8
 }
 
 // Spec is the rule of d, for recurrence.Parse.
@@ -306,7 +308,8 @@ func appendDefinition(dst []byte, d *Definition) []byte {
 	dst = appendString(dst, d.Topic)
 	dst = appendBytes(dst, d.Key)
 	dst = appendBytes(dst, d.Payload)
-	return appendHeaders(dst, d.Headers)
+	dst = appendHeaders(dst, d.Headers)
+	return append(dst, d.Priority)
 }
 
 func (d *decoder) definition() Definition {
@@ -324,6 +327,7 @@ func (d *decoder) definition() Definition {
 		Key:            d.bytes("key"),
 		Payload:        d.bytes("payload"),
 		Headers:        d.headers(),
+		Priority:       d.priority(),
 	}
 	if d.err == nil && (def.CatchUp < CatchUpLast || def.CatchUp > CatchUpAll) {
 		d.fail("catchUp", "unknown catch-up %d", def.CatchUp)
@@ -781,7 +785,8 @@ func (a *applier) materialise(id string, e *scheduleEntry, now int64) {
 		Headers: append(append(make([]Header, 0, len(e.def.Headers)+2), e.def.Headers...),
 			Header{Key: HeaderRecurringID, Value: []byte(id)}, Header{Key: HeaderOccurrenceUnix, Value: []byte(ms)}),
 	}
-	ev.ContentHash = ContentHash(ev.Topic, ev.Key, ev.Payload, ev.Headers, ev.Due, 0, true, false)
+	ev.Priority = e.def.Priority
+	ev.ContentHash = ContentHash(ev.Topic, ev.Key, ev.Payload, ev.Headers, ev.Due, 0, true, false, ev.Policy)
 	var seq uint64
 	if ref, bound := a.lookupID(ev.ID); bound {
 		// The id of an occurrence a Pause, Delete or Update cancelled, now due again; or an

@@ -88,7 +88,7 @@ func sec(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Sec
 
 func everySecond(catchUp CatchUp) Definition {
 	return Definition{Cron: "* * * * * *", CatchUp: catchUp, MaxCatchUp: 2, Topic: "t", Payload: []byte("p"),
-		Headers: []Header{{Key: "h", Value: []byte("v")}}}
+		Headers: []Header{{Key: "h", Value: []byte("v")}}, Priority: 7}
 }
 
 // TestRecurringWalk walks a schedule's life once, readably: each settled occurrence makes the
@@ -108,10 +108,10 @@ func TestRecurringWalk(t *testing.T) {
 	ms := strconv.FormatInt(sec(1).UnixMilli(), 10)
 	ev := h.event("r@" + ms)
 	wantHeaders := []Header{{Key: "h", Value: []byte("v")}, {Key: HeaderRecurringID, Value: []byte("r")}, {Key: HeaderOccurrenceUnix, Value: []byte(ms)}}
-	if ev.State != StateScheduled || ev.Due != sec(1).UnixNano() || ev.Topic != "t" || string(ev.Payload) != "p" || !reflect.DeepEqual(ev.Headers, wantHeaders) {
+	if ev.State != StateScheduled || ev.Due != sec(1).UnixNano() || ev.Topic != "t" || string(ev.Payload) != "p" || !reflect.DeepEqual(ev.Headers, wantHeaders) || ev.Policy != (Policy{Priority: 7}) {
 		t.Fatalf("the occurrence's event: %+v", ev)
 	}
-	if h.obs.pending[ev.Seq] != ev.Due {
+	if h.obs.pending[ev.Seq] != ev.Due || h.obs.policy[ev.Seq] != ev.Policy {
 		t.Fatalf("the observer was not told of the occurrence: %v", h.obs.pending)
 	}
 

@@ -622,8 +622,8 @@ func checkFrame(key, val []byte) (seq uint64, err error) {
 		return binary.BigEndian.Uint64(k[9:]), nil
 	case tagDue:
 		_, seq, err := parseDueKey(key)
-		if err == nil && len(val) != 0 {
-			err = fmt.Errorf("a due-index entry of %d bytes", len(val))
+		if err == nil {
+			_, err = decodeDueValue(val)
 		}
 		return seq, err
 	case tagSettled:

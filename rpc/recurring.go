@@ -102,6 +102,9 @@ func (s *Server) checkDefinition(r *chimev1.RecurringRule, t *chimev1.RecurringT
 	if err := lim.checkContent(recurringTarget, &chimev1.Event{Key: t.Key, Payload: t.Payload, Headers: t.Headers}); err != nil {
 		return raftfsm.Definition{}, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if _, err := checkPolicy(recurringTarget, t.Priority, nil); err != nil {
+		return raftfsm.Definition{}, status.Error(codes.InvalidArgument, err.Error())
+	}
 	d, err := cluster.Definition(r, t)
 	if err != nil {
 		return raftfsm.Definition{}, invalidArgument("rule", "%v", err)

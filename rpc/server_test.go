@@ -229,6 +229,12 @@ func invalidCases() []struct {
 			ev.Headers[0].Key = "Chime-Due-Unix-Ms"
 			return ev
 		}, `.headers[0].key: the "chime-" prefix is reserved for headers Chime adds`},
+		{"priority above 9", func(ev *chimev1.Event) *chimev1.Event { ev.Priority = proto.Uint32(10); return ev },
+			".priority: 10 is not a priority: 0 (lowest) to 9 (highest), 5 when unset"},
+		{"window negative", func(ev *chimev1.Event) *chimev1.Event { ev.Window = durationpb.New(-time.Second); return ev },
+			".window: must not be negative (got -1s)"},
+		{"window too long", func(ev *chimev1.Event) *chimev1.Event { ev.Window = durationpb.New(25 * time.Hour); return ev },
+			".window: 25h0m0s is longer than 24h0m0s"},
 		{"headers too large", func(ev *chimev1.Event) *chimev1.Event {
 			ev.Headers = []*chimev1.Header{{Key: "a", Value: make([]byte, 40000)}, {Key: "b", Value: make([]byte, 25535)}}
 			return ev
@@ -337,7 +343,8 @@ func TestScheduleSendsTheRequestAsSent(t *testing.T) {
 	want := shard.Request{
 		ID: "order-42", Delay: 2 * time.Second, HasDelay: true, Topic: "orders.reminders",
 		Key: []byte("customer-7"), Payload: []byte(`{"remind":true}`), Headers: hs,
-		ContentHash: raftfsm.ContentHash("orders.reminders", []byte("customer-7"), []byte(`{"remind":true}`), hs, 0, int64(2*time.Second), false, true),
+		ContentHash: raftfsm.ContentHash("orders.reminders", []byte("customer-7"), []byte(`{"remind":true}`), hs, 0, int64(2*time.Second), false, true, raftfsm.DefaultPolicy),
+		Policy:      raftfsm.DefaultPolicy,
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("backend got\n%+v\nwant\n%+v", got, want)
@@ -351,8 +358,25 @@ func TestScheduleSendsTheRequestAsSent(t *testing.T) {
 	}
 	got = e.backend.Calls()[1].Reqs[0]
 	if !got.HasDeliverAt || got.HasDelay || got.DeliverAt != at.UnixNano() ||
-		got.ContentHash != raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false) {
+		got.ContentHash != raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, raftfsm.DefaultPolicy) {
 		t.Fatalf("backend got %+v for deliver_at %v", got, at)
+	}
+
+	// A priority and a window reach the backend, and are part of the
+	// content: the same event with another priority is another request.
+	ev.Id, ev.Priority, ev.Window = "policy", proto.Uint32(9), durationpb.New(time.Minute)
+	if _, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev}); err != nil {
+		t.Fatal(err)
+	}
+	p := raftfsm.Policy{Priority: 9, Window: int64(time.Minute)}
+	got = e.backend.Calls()[2].Reqs[0]
+	if got.Policy != p || got.ContentHash != raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, p) ||
+		got.ContentHash == raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, raftfsm.Policy{Priority: 8, Window: p.Window}) {
+		t.Fatalf("backend got %+v for priority 9, window 1m", got)
+	}
+	g, err := e.client.Get(ctx(t), &chimev1.GetRequest{Id: "policy"})
+	if err != nil || g.Event.GetPriority() != 9 || g.Event.GetWindow().AsDuration() != time.Minute {
+		t.Fatalf("Get(policy) = %v, %v; want priority 9, window 1m", g, err)
 	}
 }
 
@@ -607,6 +631,7 @@ func TestGet(t *testing.T) {
 	event := func(id string) *chimev1.Event {
 		ev := validEvent()
 		ev.Id, ev.Delay, ev.DeliverAt = id, nil, due
+		ev.Priority = proto.Uint32(raftfsm.DefaultPriority) // Get shows it, set or not
 		return ev
 	}
 	for _, want := range []*chimev1.GetResponse{

@@ -84,6 +84,7 @@ func TestUpdate(t *testing.T) {
 	}
 	ev := validEvent()
 	ev.Id, ev.Delay, ev.DeliverAt, ev.Payload, ev.Headers = "pending", nil, due, []byte("later"), nil
+	ev.Priority = proto.Uint32(5) // Get shows the default
 	want := &chimev1.GetResponse{Event: ev, State: chimev1.EventState_EVENT_STATE_SCHEDULED, Due: due, CreatedAt: timestamppb.New(t0), Version: 2}
 	if !proto.Equal(got, want) {
 		t.Fatalf("Get after the update =\n%v\nwant\n%v", got, want)

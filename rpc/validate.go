@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
@@ -100,6 +102,11 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (s
 	if err := lim.checkContent(path, ev); err != nil {
 		return shard.Request{}, err
 	}
+	p, err := checkPolicy(path, ev.Priority, ev.Window)
+	if err != nil {
+		return shard.Request{}, err
+	}
+	req.Policy = p
 
 	req.Key = ev.Key
 	req.Payload = ev.Payload
@@ -110,11 +117,37 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time) (s
 		}
 	}
 	req.ContentHash = raftfsm.ContentHash(req.Topic, req.Key, req.Payload, req.Headers,
-		req.DeliverAt, int64(req.Delay), req.HasDeliverAt, req.HasDelay)
+		req.DeliverAt, int64(req.Delay), req.HasDeliverAt, req.HasDelay, req.Policy)
 	if req.ID == "" {
 		req.ID = newID()
 	}
 	return req, nil
+}
+
+// checkPolicy: a priority from 0 to 9 (DefaultPriority when unset), and a
+// window that is a valid, non-negative Duration of at most MaxWindow.
+func checkPolicy(path eventPath, priority *uint32, window *durationpb.Duration) (raftfsm.Policy, *fieldError) {
+	p := raftfsm.DefaultPolicy
+	if priority != nil {
+		if *priority > raftfsm.MaxPriority {
+			return p, invalid(path.field("priority"), "%d is not a priority: 0 (lowest) to %d (highest), %d when unset", *priority, raftfsm.MaxPriority, raftfsm.DefaultPriority)
+		}
+		p.Priority = uint8(*priority)
+	}
+	if window != nil {
+		if err := window.CheckValid(); err != nil {
+			return p, invalid(path.field("window"), "not a valid Duration: %v", err)
+		}
+		w := window.AsDuration()
+		if w < 0 {
+			return p, invalid(path.field("window"), "must not be negative (got %s)", durationText(window.Seconds, window.Nanos))
+		}
+		if w > time.Duration(raftfsm.MaxWindow) {
+			return p, invalid(path.field("window"), "%s is longer than %s", w, time.Duration(raftfsm.MaxWindow))
+		}
+		p.Window = int64(w)
+	}
+	return p, nil
 }
 
 // checkTopic: the topic is required, must be a valid Kafka topic name, and

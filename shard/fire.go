@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -244,7 +245,7 @@ func (s *Shard) sleep(ctx context.Context, timer *time.Timer, d time.Duration) b
 // the next batch does not wait for this one's MarkFired to commit.
 func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 	start := time.Now()
-	out, err := s.read(b)
+	out, planned, err := s.read(b)
 	start = s.observeStage("read", start)
 	if err != nil {
 		s.logger.Error("reading due events", "err", err, "events", len(b.entries))
@@ -280,28 +281,39 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 	outcomes := s.produce(ctx, deadline, out)
 	start = s.observeStage("produce", start)
 	release()
-	marked := s.mark(out, outcomes, start)
+	marked := s.mark(out, outcomes, planned, start)
 	requeue, delay := s.firing.settleOutcomes(out, outcomes, marked)
 	s.firing.settleBatch(b, requeue, delay)
 }
 
 // read reads the batch's events and returns the records of those still
 // scheduled: an event cancelled (or settled) after it entered the wheel is
-// left out.
-func (s *Shard) read(b *fireBatch) ([]publish.Record, error) {
+// left out. planned holds, for those with a window, the point of it they
+// were to fire at (spreadAt), which their lateness counts from.
+func (s *Shard) read(b *fireBatch) (out []publish.Record, planned map[uint64]int64, err error) {
 	refs := make([]raftfsm.Ref, len(b.entries))
 	for i, e := range b.entries {
 		refs[i] = raftfsm.Ref{Seq: e.Ref, Due: e.Due}
 	}
 	recs, err := s.fsm.ReadForFire(refs, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make([]publish.Record, 0, len(recs))
+	// ReadForFire answers in key order, which is due order; a batch taken
+	// by priority (firing.take) is produced highest priority first, so that
+	// one partition's records of it are in that order too.
+	slices.SortStableFunc(recs, func(a, b raftfsm.Record) int { return int(b.Priority) - int(a.Priority) })
+	out = make([]publish.Record, 0, len(recs))
 	for i := range recs {
 		r := &recs[i]
 		if r.State != raftfsm.StateScheduled {
 			continue
+		}
+		if r.Window > 0 {
+			if planned == nil {
+				planned = make(map[uint64]int64)
+			}
+			planned[r.Seq] = spreadAt(r.Seq, r.Due, r.Window)
 		}
 		out = append(out, publish.Record{
 			Seq: r.Seq, ID: r.ID, Topic: r.Topic, Key: r.Key, Value: r.Payload,
@@ -309,7 +321,7 @@ func (s *Shard) read(b *fireBatch) ([]publish.Record, error) {
 			Version: r.Version,
 		})
 	}
-	return out, nil
+	return out, planned, nil
 }
 
 // hold waits until notBefore (Unix ns) by the clock now: a batch taken out
@@ -342,7 +354,7 @@ func (s *Shard) produce(ctx context.Context, deadline time.Time, out []publish.R
 // and returns the events whose mark committed. The records are in Kafka:
 // the marks are made even if leadership was just lost, to spare the next
 // leader a duplicate, so they are not bound by the firing context.
-func (s *Shard) mark(out []publish.Record, outcomes []publish.Outcome, start time.Time) map[uint64]bool {
+func (s *Shard) mark(out []publish.Record, outcomes []publish.Outcome, planned map[uint64]int64, start time.Time) map[uint64]bool {
 	var (
 		fired []raftfsm.Fired
 		dead  []raftfsm.DeadLettered
@@ -355,7 +367,11 @@ func (s *Shard) mark(out []publish.Record, outcomes []publish.Outcome, start tim
 			s.metrics.DeadLettered.Inc()
 		default:
 			fired = append(fired, raftfsm.Fired{Seq: o.Seq, FiredAt: o.FiredAt, Attempts: o.Attempts, Due: out[i].Due})
-			s.metrics.Lateness.Observe(time.Duration(o.FiredAt - out[i].Due).Seconds())
+			at, ok := planned[o.Seq]
+			if !ok {
+				at = out[i].Due
+			}
+			s.metrics.Lateness.Observe(time.Duration(o.FiredAt - at).Seconds())
 		}
 	}
 	marked := make(map[uint64]bool, len(outcomes))

@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/wheel"
 )
 
@@ -34,6 +36,9 @@ type firing struct {
 	// retry time (settleBatch), by seq. The wheel keeps one time per event,
 	// and the firing path needs the due time: it is half of the body's key.
 	retrying map[uint64]int64
+	// spread holds the due time of every event with a window that the wheel
+	// holds at the point of its window it fires at (see place), by seq.
+	spread map[uint64]int64
 	// unsure holds, with the time it was noted, every event a produce
 	// attempt of which ended without the record being marked fired (a
 	// timeout, a lost leadership): the request may still reach the broker
@@ -77,12 +82,55 @@ type firing struct {
 	gen     uint64
 
 	// pinned holds the pending events this leader is changing (Update, or
-	// a Schedule with Replace), by seq, with their due time. A pinned event
+	// a Schedule with Replace), by seq, with their due time and policy. A pinned event
 	// is in neither the wheel nor a fire batch, so no batch reads the
 	// version the change supersedes; the change names the seq it pinned,
 	// and the FSM refuses it if that is no longer the event's. It leaves
 	// the set when the change is applied (settled) or given up (unpin).
-	pinned map[uint64]int64
+	pinned map[uint64]pinnedEvent
+}
+
+type pinnedEvent struct {
+	due int64
+	p   raftfsm.Policy
+}
+
+// wheelSet is a wheel with what names its events: their handles, and the due
+// times of those it holds later than due.
+type wheelSet struct {
+	wheel   *wheel.Wheel
+	handles handleTable
+	spread  map[uint64]int64
+}
+
+// place adds pending event seq, due at due, to the wheel at the time it
+// fires: its due time, or for an event with a window, a point of
+// [due, due+window) fixed by its seq (the same on every replica, since the
+// log assigns seqs), so that the events of a burst due at one time with a
+// window reach Kafka as an even flow across it rather than at once.
+func (ws *wheelSet) place(seq uint64, due int64, p raftfsm.Policy) {
+	at := spreadAt(seq, due, p.Window)
+	ws.handles.set(seq, ws.wheel.Add(seq, at, p.Priority))
+	if at != due {
+		ws.spread[seq] = due
+	}
+}
+
+// spreadAt is the point of [due, due+window) at which event seq fires.
+func spreadAt(seq uint64, due, window int64) int64 {
+	if window <= 0 {
+		return due
+	}
+	// splitmix64's finaliser: neighbouring seqs land far apart.
+	z := seq + 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	off := int64(z % uint64(window))
+	if due > math.MaxInt64-off {
+		return math.MaxInt64
+	}
+	return due + off
 }
 
 func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
@@ -93,9 +141,9 @@ func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
 	return &firing{
 		now: now, res: int64(t.Resolution), kick: make(chan struct{}, 1),
 		wheel: w, inflight: make(map[uint64]*fireBatch),
-		retrying: make(map[uint64]int64), unsure: make(map[uint64]int64),
+		retrying: make(map[uint64]int64), spread: make(map[uint64]int64), unsure: make(map[uint64]int64),
 		fenceUntil: never, sleepUntil: never, gone: make(map[uint64]struct{}),
-		pinned: make(map[uint64]int64),
+		pinned: make(map[uint64]pinnedEvent),
 		retry: backoff.ExponentialBackOff{
 			InitialInterval: t.RetryDelay, MaxInterval: t.MaxRetryDelay, Multiplier: 2,
 		},
@@ -109,17 +157,31 @@ func (f *firing) wake() {
 	}
 }
 
+// set is the firing's wheel, as a wheelSet; firing.mu must be held while
+// it is used.
+func (f *firing) set() *wheelSet {
+	return &wheelSet{wheel: f.wheel, handles: f.handles, spread: f.spread}
+}
+
+// placeLocked adds pending event seq to the wheel (see place).
+func (f *firing) placeLocked(seq uint64, due int64, p raftfsm.Policy) {
+	ws := f.set()
+	ws.place(seq, due, p)
+	f.handles = ws.handles // a zero table gets its map on first use
+}
+
 // replace swaps in a wheel rebuilt from Pebble, which holds every pending
 // event due before until.
-func (f *firing) replace(w *wheel.Wheel, handles handleTable, until int64) {
+func (f *firing) replace(ws *wheelSet, until int64) {
 	f.mu.Lock()
 	for seq := range f.pinned {
-		if h, ok := handles.get(seq); ok {
-			w.Remove(h)
-			handles.delete(seq)
+		if h, ok := ws.handles.get(seq); ok {
+			ws.wheel.Remove(h)
+			ws.handles.delete(seq)
+			delete(ws.spread, seq)
 		}
 	}
-	f.wheel, f.handles, f.until = w, handles, until
+	f.wheel, f.handles, f.spread, f.until = ws.wheel, ws.handles, ws.spread, until
 	clear(f.retrying)
 	f.gen++
 	f.loading = false
@@ -130,13 +192,13 @@ func (f *firing) replace(w *wheel.Wheel, handles handleTable, until int64) {
 
 // scheduled adds a newly applied event to the wheel if it falls due before
 // the horizon; the loader adds a later one when the horizon reaches it.
-func (f *firing) scheduled(seq uint64, due int64) {
+func (f *firing) scheduled(seq uint64, due int64, p raftfsm.Policy) {
 	f.mu.Lock()
 	if due >= f.until {
 		f.mu.Unlock()
 		return
 	}
-	f.handles.set(seq, f.wheel.Add(seq, due))
+	f.placeLocked(seq, due, p)
 	wake := due < f.sleepUntil
 	f.mu.Unlock()
 	if wake {
@@ -162,7 +224,7 @@ func (f *firing) beginLoad(until int64) (from int64, gen uint64, ok bool) {
 // put them back), those in a fire batch, and those settled since the load
 // began. It reports false if the wheel was rebuilt since, which ends the
 // load.
-func (f *firing) addLoaded(gen uint64, es []wheel.Entry) bool {
+func (f *firing) addLoaded(gen uint64, es []loaded) bool {
 	f.mu.Lock()
 	if gen != f.gen {
 		f.mu.Unlock()
@@ -170,17 +232,17 @@ func (f *firing) addLoaded(gen uint64, es []wheel.Entry) bool {
 	}
 	wake := false
 	for _, e := range es {
-		if _, ok := f.handles.get(e.Ref); ok {
+		if _, ok := f.handles.get(e.seq); ok {
 			continue
 		}
-		if _, ok := f.gone[e.Ref]; ok || f.inflight[e.Ref] != nil {
+		if _, ok := f.gone[e.seq]; ok || f.inflight[e.seq] != nil {
 			continue
 		}
-		if _, ok := f.pinned[e.Ref]; ok {
+		if _, ok := f.pinned[e.seq]; ok {
 			continue
 		}
-		f.handles.set(e.Ref, f.wheel.Add(e.Ref, e.Due))
-		wake = wake || e.Due < f.sleepUntil
+		f.placeLocked(e.seq, e.due, e.p)
+		wake = wake || e.due < f.sleepUntil
 	}
 	f.mu.Unlock()
 	if wake {
@@ -227,6 +289,7 @@ func (f *firing) settled(seq uint64) {
 		f.wheel.Remove(h)
 		f.handles.delete(seq)
 		delete(f.retrying, seq)
+		delete(f.spread, seq)
 		return
 	}
 	if b := f.inflight[seq]; b != nil && !b.sending {
@@ -242,10 +305,10 @@ func (f *firing) settled(seq uint64) {
 	}
 }
 
-// pin takes pending event seq, due at due, out of the wheel for a change
-// (see pinned). It fails with ErrFiring if a fire batch holds the event, and
-// with ErrChanging if another change of it is under way.
-func (f *firing) pin(seq uint64, due int64) error {
+// pin takes pending event seq, due at due with policy p, out of the wheel
+// for a change (see pinned). It fails with ErrFiring if a fire batch holds
+// the event, and with ErrChanging if another change of it is under way.
+func (f *firing) pin(seq uint64, due int64, p raftfsm.Policy) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.inflight[seq] != nil {
@@ -260,8 +323,9 @@ func (f *firing) pin(seq uint64, due int64) error {
 		// A retried event goes back at its due time, not its retry time,
 		// which the wheel does not say: it is then retried at once.
 		delete(f.retrying, seq)
+		delete(f.spread, seq)
 	}
-	f.pinned[seq] = due
+	f.pinned[seq] = pinnedEvent{due, p}
 	return nil
 }
 
@@ -270,13 +334,13 @@ func (f *firing) pin(seq uint64, due int64) error {
 // the event out again through settled).
 func (f *firing) unpin(seq uint64) {
 	f.mu.Lock()
-	due, ok := f.pinned[seq]
+	pe, ok := f.pinned[seq]
 	delete(f.pinned, seq)
-	back := ok && due < f.until
+	back := ok && pe.due < f.until
 	if back {
-		f.handles.set(seq, f.wheel.Add(seq, due))
+		f.placeLocked(seq, pe.due, pe.p)
 	}
-	wake := back && due < f.sleepUntil
+	wake := back && pe.due < f.sleepUntil
 	f.mu.Unlock()
 	if wake {
 		f.wake()
@@ -312,14 +376,25 @@ func (f *firing) producing(seq uint64) *fireBatch {
 	return b
 }
 
-// take advances the wheel to now+lead and turns what fell due into fire
-// batches appended to out (see takeBatchesLocked). It returns them and when
-// the firing loop should next look, by the shard's clock.
+// take turns what the wheel holds due into fire batches appended to out
+// (see takeBatchesLocked), and returns them and when the firing loop should
+// next look, by the shard's clock. What is due by now comes first, at most
+// max events, highest priority first (wheel.Ready): a leader that is behind
+// (after an outage, in a burst, under a rate limit) fires the due events of
+// higher priority before the others, however long they have waited. Only
+// when nothing is due does it advance the wheel to now+lead, to take what
+// falls due within FireLead early, in due order; unless that is a burst (a
+// full take), which it takes tick by tick, by priority (takeBurstLocked).
 func (f *firing) take(now, lead int64, max int, due []wheel.Entry, out []*fireBatch, onTime func(late int64)) ([]wheel.Entry, []*fireBatch, int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.probeLocked(now)
-	due = f.wheel.Advance(now+lead, due[:0], max)
+	if due = f.wheel.Ready(now, due[:0], max); len(due) == 0 {
+		due = f.wheel.Advance(now+lead, due, max)
+		if max > 0 && len(due) >= max {
+			due = f.takeBurstLocked(due, max)
+		}
+	}
 	out = f.takeBatchesLocked(due, now, out, onTime)
 	next := int64(never)
 	switch {
@@ -342,9 +417,27 @@ func (f *firing) take(now, lead int64, max int, due []wheel.Entry, out []*fireBa
 	return due, out, wakeAt
 }
 
-// takeBatchesLocked turns entries just taken out of the wheel (in due
-// order, due by now+FireLead) into fire batches, marks them in flight and
-// appends them to out. Entries due by now make one batch, sent at once. The
+// takeBurstLocked is given a full take of entries not yet due (in due
+// order), more than one batch holds: a burst, whose entries must go by
+// priority once due rather than in due order. It puts them back and takes,
+// by priority, at most max of those due by the tick of the first (all
+// within one tick of each other, so a batch of them is held no longer than
+// one tick beyond its earliest). Those it leaves wait, found due, for the
+// next take (wheel.Ready), which holds them until due as it does these.
+func (f *firing) takeBurstLocked(due []wheel.Entry, max int) []wheel.Entry {
+	for _, e := range due {
+		f.handles.set(e.Ref, f.wheel.Add(e.Ref, e.Due, e.Priority))
+	}
+	tick := int64(math.MaxInt64)
+	if d := due[0].Due; d <= math.MaxInt64-f.res {
+		tick = (d + f.res - 1) / f.res * f.res // the tick boundary at or after it
+	}
+	return f.wheel.Ready(tick, due[:0], max)
+}
+
+// takeBatchesLocked turns entries just taken out of the wheel (all due by
+// now, or in due order and due by now+FireLead) into fire batches, marks
+// them in flight and appends them to out. Entries due by now make one batch, sent at once. The
 // rest are taken early, up to FireLead before they fall due, so that their
 // read, their wait for a firing slot and the firing loop's own wake-up are
 // done before the due time and cannot make them late. They are grouped by
@@ -372,6 +465,9 @@ func (f *firing) takeBatchesLocked(due []wheel.Entry, now int64, out []*fireBatc
 			if d, ok := f.retrying[e.Ref]; ok {
 				b.entries[i].Due = d
 				delete(f.retrying, e.Ref)
+			} else if d, ok := f.spread[e.Ref]; ok {
+				b.entries[i].Due = d
+				delete(f.spread, e.Ref)
 			}
 		}
 		if b.early = b.notBefore > now; !b.early {
@@ -404,7 +500,7 @@ func (f *firing) settleBatch(b *fireBatch, requeue map[uint64]bool, delay time.D
 	for _, e := range b.entries {
 		delete(f.inflight, e.Ref)
 		if requeue[e.Ref] {
-			f.handles.set(e.Ref, f.wheel.Add(e.Ref, max(e.Due, retryAt)))
+			f.handles.set(e.Ref, f.wheel.Add(e.Ref, max(e.Due, retryAt), e.Priority))
 			if retryAt > e.Due {
 				f.retrying[e.Ref] = e.Due
 			}

@@ -70,13 +70,23 @@ func (f *firing) healLocked(now int64) {
 	f.failing, f.healedAt = false, now
 	f.retry.Reset()
 	for seq, due := range f.retrying {
-		if h, ok := f.handles.get(seq); ok {
-			f.wheel.Remove(h)
-			f.handles.set(seq, f.wheel.Add(seq, due))
-		}
+		f.backToDueLocked(seq, due)
 	}
 	clear(f.retrying)
 	f.wake()
+}
+
+// backToDueLocked moves event seq, waiting in the wheel for its retry time,
+// back to its due time.
+func (f *firing) backToDueLocked(seq uint64, due int64) {
+	h, ok := f.handles.get(seq)
+	if !ok {
+		return
+	}
+	if e, ok := f.wheel.Lookup(h); ok {
+		f.wheel.Remove(h)
+		f.handles.set(seq, f.wheel.Add(seq, due, e.Priority))
+	}
 }
 
 // probeLocked, while batches fail and events wait for their retry time,
@@ -87,10 +97,7 @@ func (f *firing) probeLocked(now int64) {
 		return
 	}
 	for seq, due := range f.retrying {
-		if h, ok := f.handles.get(seq); ok {
-			f.wheel.Remove(h)
-			f.handles.set(seq, f.wheel.Add(seq, due))
-		}
+		f.backToDueLocked(seq, due)
 		delete(f.retrying, seq)
 		break
 	}

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/chimehq/chime/wheel"
+	"github.com/chimehq/chime/raftfsm"
 )
 
 // The wheel holds only the events due within the near horizon
@@ -84,11 +84,18 @@ func (s *Shard) loadHorizon(until int64) {
 	}
 }
 
+// loaded is a pending event a load read.
+type loaded struct {
+	seq uint64
+	due int64
+	p   raftfsm.Policy
+}
+
 // load reads the pending events due in [from, until) and adds them to wheel
 // gen. A load that is retried reads its range again: addLoaded leaves out
 // what the first attempt added.
 func (s *Shard) load(from, until int64, gen uint64) error {
-	chunk := make([]wheel.Entry, 0, loadChunk)
+	chunk := make([]loaded, 0, loadChunk)
 	add := func() error {
 		select {
 		case <-s.stop:
@@ -104,8 +111,8 @@ func (s *Shard) load(from, until int64, gen uint64) error {
 		chunk = chunk[:0]
 		return nil
 	}
-	err := s.fsm.ForEachPendingIn(from, until, func(seq uint64, due int64) error {
-		chunk = append(chunk, wheel.Entry{Ref: seq, Due: due})
+	err := s.fsm.ForEachPendingIn(from, until, func(seq uint64, due int64, p raftfsm.Policy) error {
+		chunk = append(chunk, loaded{seq, due, p})
 		if len(chunk) == loadChunk {
 			return add()
 		}

@@ -29,11 +29,11 @@ func TestLoadRacesApply(t *testing.T) {
 	}
 	base := now.UnixNano()
 	w, _ := wheel.New(base, time.Millisecond)
-	f.replace(w, handleTable{}, base+int64(time.Second))
+	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Second))
 
 	ms := func(n int64) int64 { return base + n*int64(time.Millisecond) }
-	f.scheduled(1, ms(500))  // within the horizon: in the wheel
-	f.scheduled(2, ms(1500)) // beyond it: left to the loader
+	f.scheduled(1, ms(500), raftfsm.DefaultPolicy)  // within the horizon: in the wheel
+	f.scheduled(2, ms(1500), raftfsm.DefaultPolicy) // beyond it: left to the loader
 	if n, _ := f.horizon(); n != 1 {
 		t.Fatalf("wheel holds %d events, want 1 (the one beyond the horizon stays on disk)", n)
 	}
@@ -46,14 +46,15 @@ func TestLoadRacesApply(t *testing.T) {
 		t.Fatal("beginLoad moved the horizon backwards")
 	}
 	// Applied while the range is read: the observer adds them now.
-	f.scheduled(3, ms(1600))
-	f.scheduled(4, ms(1700))
+	f.scheduled(3, ms(1600), raftfsm.DefaultPolicy)
+	f.scheduled(4, ms(1700), raftfsm.DefaultPolicy)
 	f.settled(4)                 // and this one settles before the read reaches it
 	f.settled(5)                 // settled before the load saw it, never in the wheel
 	f.inflight[6] = &fireBatch{} // taken out by the firing loop meanwhile
 	// The read saw 2 and 5 (before 5 settled), 3 and 4 (after they were
 	// applied), and 6.
-	read := []wheel.Entry{{Ref: 2, Due: ms(1500)}, {Ref: 3, Due: ms(1600)}, {Ref: 4, Due: ms(1700)}, {Ref: 5, Due: ms(1800)}, {Ref: 6, Due: ms(1900)}}
+	p := raftfsm.DefaultPolicy
+	read := []loaded{{2, ms(1500), p}, {3, ms(1600), p}, {4, ms(1700), p}, {5, ms(1800), p}, {6, ms(1900), p}}
 	if !f.addLoaded(gen, read) {
 		t.Fatal("addLoaded refused the current wheel")
 	}
@@ -74,8 +75,8 @@ func TestLoadRacesApply(t *testing.T) {
 	// A rebuild during a load: what the load read belongs to the old wheel.
 	_, gen, _ = f.beginLoad(ms(4000))
 	w2, _ := wheel.New(ms(3000), time.Millisecond)
-	f.replace(w2, handleTable{}, ms(4000))
-	if f.addLoaded(gen, []wheel.Entry{{Ref: 7, Due: ms(3500)}}) {
+	f.replace(&wheelSet{wheel: w2, spread: map[uint64]int64{}}, ms(4000))
+	if f.addLoaded(gen, []loaded{{7, ms(3500), p}}) {
 		t.Fatal("addLoaded added to a wheel rebuilt since the load began")
 	}
 	if n, _ := f.horizon(); n != 0 {
@@ -108,7 +109,7 @@ func TestHorizonFiresEventsAsItReachesThem(t *testing.T) {
 	var ids []string
 	request := func(id string, delay time.Duration) Request {
 		r := Request{ID: id, Delay: delay, HasDelay: true, Topic: "h", Payload: []byte(id)}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
 		return r
 	}
 	schedule := func(reqs ...Request) {
@@ -230,7 +231,7 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 			for i := range 100 {
 				q := Request{ID: fmt.Sprintf("r%d-%d-%d", round, batch, i), Delay: 200*time.Millisecond + time.Duration(rng.Int64N(int64(2300*time.Millisecond))),
 					HasDelay: true, Topic: "cut", Payload: []byte("p")}
-				q.ContentHash = raftfsm.ContentHash(q.Topic, q.Key, q.Payload, nil, 0, int64(q.Delay), false, true)
+				q.ContentHash = raftfsm.ContentHash(q.Topic, q.Key, q.Payload, nil, 0, int64(q.Delay), false, true, raftfsm.DefaultPolicy)
 				reqs = append(reqs, q)
 			}
 			res, err := s.Schedule(context.Background(), reqs)

@@ -115,7 +115,7 @@ func (s *Shard) pinReplaced(ctx context.Context, reqs []Request) (todo []Request
 			if p.Pending {
 				if s.inDoubt(raftfsm.Record{Seq: p.Seq, Due: p.Due, State: raftfsm.StateScheduled}) {
 					refused[i] = ErrProduceUnknown
-				} else if refused[i] = s.firing.pin(p.Seq, p.Due); refused[i] == nil {
+				} else if refused[i] = s.firing.pin(p.Seq, p.Due, p.Policy); refused[i] == nil {
 					pinned = append(pinned, p.Seq)
 					r.pending = p.Seq
 				}
@@ -249,6 +249,7 @@ func (s *Shard) propose(props []*proposal, n int) {
 				ID: r.ID, Due: due, Topic: r.Topic, Key: r.Key, Payload: r.Payload,
 				Headers: r.Headers, ContentHash: r.ContentHash,
 				Replace: r.Replace, CheckPending: r.Replace, Pending: r.pending,
+				Policy: r.Policy,
 			})
 		}
 	}

@@ -57,7 +57,7 @@ func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring) (*raftfsm.Re
 			case s.inDoubt(rec):
 				return nil, ErrProduceUnknown
 			}
-			if err := s.firing.pin(rec.Seq, rec.Due); err != nil {
+			if err := s.firing.pin(rec.Seq, rec.Due, rec.Policy); err != nil {
 				return nil, err
 			}
 			pinned = rec.Seq

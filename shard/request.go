@@ -27,6 +27,9 @@ type Request struct {
 	// Replace makes the event take the place of the one its id is bound to
 	// (raftfsm.NewEvent.Replace) instead of being compared with it.
 	Replace bool
+	// Policy is the event's priority and window (raftfsm.DefaultPolicy
+	// when the client set neither).
+	Policy raftfsm.Policy
 
 	// pending is the seq of the pending event a Replace supersedes, as the
 	// leader pinned it (0: none was pending); see Shard.pinReplaced.

@@ -433,7 +433,9 @@ func raftErr(err error) error {
 // apply goroutine.
 type observer Shard
 
-func (o *observer) Scheduled(seq uint64, due int64) { o.firing.scheduled(seq, due) }
+func (o *observer) Scheduled(seq uint64, due int64, p raftfsm.Policy) {
+	o.firing.scheduled(seq, due, p)
+}
 
 func (o *observer) Settled(seq uint64) { o.firing.settled(seq) }
 
@@ -457,15 +459,15 @@ func (s *Shard) rebuildWheel() error {
 	if err != nil {
 		return err
 	}
-	var handles handleTable
+	ws := &wheelSet{wheel: w, spread: make(map[uint64]int64)}
 	until := s.horizonUntil(now)
-	err = s.fsm.LoadPending(until, func(seq uint64, due int64) error {
-		handles.set(seq, w.Add(seq, due))
+	err = s.fsm.LoadPending(until, func(seq uint64, due int64, p raftfsm.Policy) error {
+		ws.place(seq, due, p)
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	s.firing.replace(w, handles, until)
+	s.firing.replace(ws, until)
 	return nil
 }

@@ -45,7 +45,7 @@ func (s *Shard) Update(ctx context.Context, ch Change) (raftfsm.ChangeResult, er
 		case s.inDoubt(rec):
 			return raftfsm.ChangeResult{}, ErrProduceUnknown
 		}
-		if err := s.firing.pin(rec.Seq, rec.Due); err != nil {
+		if err := s.firing.pin(rec.Seq, rec.Due, rec.Policy); err != nil {
 			return raftfsm.ChangeResult{}, err
 		}
 		ch.Fields |= raftfsm.ChangeCheckPending

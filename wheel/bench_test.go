@@ -51,7 +51,7 @@ func BenchmarkScheduleCancel(b *testing.B) {
 				rng := xorshift(1)
 				now := w.Now()
 				for i := 0; i < b.N; i++ {
-					h := w.Add(uint64(i), now+int64(rng.next()%uint64(time.Hour)))
+					h := w.Add(uint64(i), now+int64(rng.next()%uint64(time.Hour)), 0)
 					w.Remove(h)
 				}
 			})
@@ -79,7 +79,7 @@ func BenchmarkAdvanceIdle(b *testing.B) {
 	w, _ := New(start, DefaultResolution)
 	rng := xorshift(4)
 	for i := range 1_000_000 {
-		w.Add(uint64(i), start+200*year+int64(rng.next()%uint64(30*year)))
+		w.Add(uint64(i), start+200*year+int64(rng.next()%uint64(30*year)), 0)
 	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -96,7 +96,7 @@ func wheelScheduleFire(b *testing.B, w *Wheel) {
 	fired := 0
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		w.Add(uint64(i), now+int64(rng.next()%uint64(time.Millisecond)))
+		w.Add(uint64(i), now+int64(rng.next()%uint64(time.Millisecond)), 0)
 		now += int64(time.Microsecond)
 		out = w.Advance(now, out[:0], 0)
 		fired += len(out)
@@ -134,7 +134,7 @@ func withPendingWheel(b *testing.B, n int, fn func(w *Wheel, bytesPerEntry float
 	before := heapAfterGC()
 	w, _ := New(start, DefaultResolution)
 	for i := range n {
-		w.Add(uint64(i), start+int64(time.Hour)+int64(rng.next()%uint64(time.Hour)))
+		w.Add(uint64(i), start+int64(time.Hour)+int64(rng.next()%uint64(time.Hour)), 0)
 	}
 	perEntry := float64(heapAfterGC()-before) / float64(n)
 	fn(w, perEntry)

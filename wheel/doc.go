@@ -5,8 +5,9 @@
 // # What it owns and what it must never do
 //
 // A Wheel holds, for each pending entry, a caller-chosen 64-bit reference (in
-// Chime, the event's per-shard sequence number) and its due time in Unix
-// nanoseconds. Payloads and anything else live with the caller.
+// Chime, the event's per-shard sequence number), its due time in Unix
+// nanoseconds and a priority (0 to 15). Payloads and anything else live with
+// the caller.
 //
 // The wheel is a pure data structure. It starts no goroutine, reads no clock,
 // takes no lock and does no I/O: its owner passes the current time to
@@ -29,6 +30,13 @@
 // reaches a slot above level 0, its entries cascade to lower levels; an entry
 // moves at most once per level.
 //
+// [Wheel.Advance] returns what fell due in due order. [Wheel.Ready] is for an
+// owner that is behind, with more due than it takes at once: it moves every
+// entry due by now onto one list per priority and returns the highest
+// priorities first, up to a limit; the rest stay on those lists (still
+// entries of the wheel, with valid handles) for the next call. Each entry
+// moves there once, so a backlog costs no more than draining it.
+//
 // Entries live in slabs of fixed-size, pointer-free structs linked by int32
 // indices (32 bytes each; no allocation per entry and nothing for the garbage
 // collector to scan). Freed entries are reused through a free list. A [Handle]
@@ -49,7 +57,9 @@
 //   - An entry added with a due time at or before the wheel's current tick is
 //     returned by the next Advance.
 //   - Advance returns entries in non-decreasing due order, including across
-//     the ticks of one call.
+//     the ticks of one call, after those a Ready found due and left.
+//   - Ready never returns an entry while one of a higher priority that is
+//     due by the same time is left in the wheel.
 //   - Time never moves backwards: Advance to an earlier time returns nothing
 //     and changes nothing.
 package wheel

@@ -19,8 +19,10 @@ import (
 type modelEntry struct {
 	ref   uint64
 	due   int64
+	prio  uint8
 	h     Handle
 	alive bool
+	ready bool // found due by a Ready that did not return it
 }
 
 type model struct {
@@ -104,11 +106,12 @@ func runProgram(t *testing.T, data []byte) {
 	var out []Entry
 
 	for step := 0; len(s.b) > 0 && step < 5000; step++ {
-		switch op := s.byte() % 12; op {
+		switch op := s.byte() % 14; op {
 		case 0, 1, 2, 3, 4:
 			due := min(pickDue(s, m, now), w.MaxDue())
-			h := w.Add(nextRef, due)
-			m.entries = append(m.entries, modelEntry{ref: nextRef, due: due, h: h, alive: true})
+			prio := s.byte() % (MaxPriority + 2) // MaxPriority+1 is clamped
+			h := w.Add(nextRef, due, prio)
+			m.entries = append(m.entries, modelEntry{ref: nextRef, due: due, prio: min(prio, MaxPriority), h: h, alive: true})
 			nextRef++
 		case 5, 6:
 			if len(m.entries) == 0 {
@@ -140,6 +143,13 @@ func runProgram(t *testing.T, data []byte) {
 			out = checkAdvance(t, step, w, m, now, max, out[:0])
 		case 11:
 			checkNextDue(t, step, w, m)
+		case 12, 13:
+			now = pickNow(s, w, now)
+			max := 0
+			if op == 13 {
+				max = 1 + int(s.upTo(8))
+			}
+			out = checkReady(t, step, w, m, now, max, out[:0])
 		}
 		if w.Len() != m.alive() {
 			t.Fatalf("step %d: Len() = %d, model has %d", step, w.Len(), m.alive())
@@ -236,9 +246,6 @@ func checkAdvance(t *testing.T, step int, w *Wheel, m *model, now int64, max int
 	t.Helper()
 	before := w.Now()
 	out = w.Advance(now, out, max)
-	if len(out) > 0 && m.floorTick(now) < m.floorTick(before) {
-		t.Fatalf("step %d: Advance to %d, before the wheel's time %d, returned %d entries", step, now, before, len(out))
-	}
 	if !slices.IsSortedFunc(out, byDue) {
 		t.Fatalf("step %d: Advance returned entries out of due order", step)
 	}
@@ -261,11 +268,16 @@ func checkAdvance(t *testing.T, step int, w *Wheel, m *model, now int64, max int
 			if due != me.due {
 				t.Fatalf("step %d: ref %d returned with due %d, added with %d", step, me.ref, due, me.due)
 			}
-			if me.due > now {
+			if !me.ready && m.floorTick(now) < m.floorTick(before) {
+				t.Fatalf("step %d: Advance to %d, before the wheel's time %d, returned ref %d, which no Ready found due", step, now, before, me.ref)
+			}
+			if me.due > now && !me.ready {
 				t.Fatalf("step %d: ref %d returned early: due %d, now %d", step, me.ref, me.due, now)
 			}
-			maxTick = max64(maxTick, m.ceilTick(me.due))
-			me.alive = false
+			if !me.ready {
+				maxTick = max64(maxTick, m.ceilTick(me.due))
+			}
+			me.alive, me.ready = false, false
 		}
 	}
 	complete := max <= 0 || len(out) < max
@@ -298,6 +310,72 @@ func checkAdvance(t *testing.T, step int, w *Wheel, m *model, now int64, max int
 	}
 	if w.Now() > now && m.floorTick(now) >= m.floorTick(before) {
 		t.Fatalf("step %d: wheel time %d ran past now %d", step, w.Now(), now)
+	}
+	return out
+}
+
+// checkReady calls Ready and compares what came out with the model: never
+// early, each entry once and with its due time and priority, as many as
+// are due up to max, and highest priority first: no entry left due has a
+// higher priority than one returned, and the returned ones are in
+// non-increasing priority.
+func checkReady(t *testing.T, step int, w *Wheel, m *model, now int64, limit int, out []Entry) []Entry {
+	t.Helper()
+	before := w.Now()
+	out = w.Ready(now, out, limit)
+	target := m.floorTick(now)
+	got := make(map[uint64]Entry, len(out))
+	for i, e := range out {
+		if _, dup := got[e.Ref]; dup {
+			t.Fatalf("step %d: ref %d returned twice in one Ready", step, e.Ref)
+		}
+		got[e.Ref] = e
+		if i > 0 && e.Priority > out[i-1].Priority {
+			t.Fatalf("step %d: Ready returned priority %d after %d", step, e.Priority, out[i-1].Priority)
+		}
+	}
+	lowest := uint8(MaxPriority)
+	for _, e := range out {
+		lowest = min(lowest, e.Priority)
+	}
+	due := 0
+	for i := range m.entries {
+		me := &m.entries[i]
+		if !me.alive {
+			if _, ok := got[me.ref]; ok {
+				t.Fatalf("step %d: ref %d returned but was removed or returned before", step, me.ref)
+			}
+			continue
+		}
+		isDue := me.ready || m.ceilTick(me.due) <= target
+		if e, ok := got[me.ref]; ok {
+			if !isDue {
+				t.Fatalf("step %d: ref %d returned early: due %d, now %d", step, me.ref, me.due, now)
+			}
+			if e.Due != me.due || e.Priority != me.prio {
+				t.Fatalf("step %d: ref %d returned as due %d priority %d, added as %d, %d", step, me.ref, e.Due, e.Priority, me.due, me.prio)
+			}
+			me.alive, me.ready = false, false
+			due++
+			continue
+		}
+		if isDue {
+			due++
+			me.ready = true
+			if len(out) > 0 && me.prio > lowest {
+				t.Fatalf("step %d: Ready left ref %d of priority %d and returned one of %d", step, me.ref, me.prio, lowest)
+			}
+		}
+	}
+	if want := due; limit > 0 && want > limit {
+		if len(out) != limit {
+			t.Fatalf("step %d: Ready(max %d) returned %d of %d due", step, limit, len(out), due)
+		}
+	} else if len(out) != want {
+		t.Fatalf("step %d: Ready returned %d entries, %d were due", step, len(out), want)
+	}
+	if after := int64(target) * m.res; target <= uint64(math.MaxInt64/m.res) && w.Now() != max(before, after) {
+		t.Fatalf("step %d: Ready to %d left the wheel's time at %d (it was %d)", step, now, w.Now(), before)
 	}
 	return out
 }

@@ -17,14 +17,21 @@ const (
 	// added in the past, or cascaded down onto the current tick. The next
 	// Advance returns them first.
 	overdueList = numLevels * numSlots
-	numLists    = overdueList + 1
-	noList      = math.MaxUint16 // entry is free
+	// readyLists: one list per priority of the entries Ready found due and
+	// has not returned yet, lowest priority first.
+	readyLists = overdueList + 1
+	numLists   = readyLists + MaxPriority + 1
+	noList     = math.MaxUint16 // entry is free
 
 	slabBits = 14
 	slabSize = 1 << slabBits // 16384 entries, 512 KiB per slab
 
 	nilIndex int32 = -1
 )
+
+// MaxPriority is the highest priority an entry can have; Add treats a higher
+// one as MaxPriority.
+const MaxPriority = 15
 
 // DefaultResolution is the tick length used when the caller has no reason to
 // choose another: 1 ms, as in Kafka's request purgatory.
@@ -34,11 +41,12 @@ const DefaultResolution = time.Millisecond
 // never valid.
 type Handle uint64
 
-// Entry is an entry that fell due: the reference it was added with and its
-// exact due time in Unix nanoseconds.
+// Entry is an entry that fell due: the reference it was added with, its
+// exact due time in Unix nanoseconds and its priority.
 type Entry struct {
-	Ref uint64
-	Due int64
+	Ref      uint64
+	Due      int64
+	Priority uint8
 }
 
 // entry is the slab element. It holds no pointer, so slabs are allocated as
@@ -50,6 +58,7 @@ type entry struct {
 	prev int32
 	gen  uint32 // bumped when the entry is freed; stale handles no longer match
 	list uint16 // which list the entry is on, or noList when free
+	prio uint8  // 0 to MaxPriority
 }
 
 type list struct{ head, tail int32 }
@@ -67,6 +76,11 @@ type Wheel struct {
 	lists    [numLists]list
 	occupied [numLevels]uint64 // bit s of occupied[L]: slot s of level L is non-empty
 	count    int
+
+	// ready counts the entries on the ready lists; readyAt is the time of
+	// the Ready call that last put one there, by which they are all due.
+	ready   int
+	readyAt int64
 
 	slabs [][]entry
 	used  int32 // entries ever handed out; indices below it are valid
@@ -103,15 +117,16 @@ func (w *Wheel) MaxDue() int64 { return math.MaxInt64 / w.res * w.res }
 // Advance nor removed.
 func (w *Wheel) Len() int { return w.count }
 
-// Add adds an entry due at due (Unix nanoseconds) and returns its handle. An
-// entry due at or before the wheel's current tick is returned by the next
-// Advance. A due time after MaxDue (the last tick boundary an int64 can hold,
-// in the year 2262) is treated as MaxDue.
-func (w *Wheel) Add(ref uint64, due int64) Handle {
+// Add adds an entry due at due (Unix nanoseconds) with a priority (0 to
+// MaxPriority) and returns its handle. An entry due at or before the wheel's
+// current tick is returned by the next Advance. A due time after MaxDue (the
+// last tick boundary an int64 can hold, in the year 2262) is treated as
+// MaxDue.
+func (w *Wheel) Add(ref uint64, due int64, priority uint8) Handle {
 	due = min(due, w.MaxDue())
 	i := w.alloc()
 	e := w.at(i)
-	e.ref, e.due = ref, due
+	e.ref, e.due, e.prio = ref, due, min(priority, MaxPriority)
 	w.place(i, e)
 	w.count++
 	return Handle(uint64(e.gen)<<32 | uint64(uint32(i)))
@@ -128,19 +143,49 @@ func (w *Wheel) Remove(h Handle) bool {
 	if e.list == noList || e.gen != uint32(h>>32) {
 		return false
 	}
+	if e.list >= readyLists {
+		w.ready--
+	}
 	w.unlink(i, e)
 	w.release(i, e)
 	w.count--
 	return true
 }
 
+// Lookup returns the entry with handle h, if it is pending.
+func (w *Wheel) Lookup(h Handle) (Entry, bool) {
+	i := int32(uint32(h))
+	if i < 0 || i >= w.used {
+		return Entry{}, false
+	}
+	e := w.at(i)
+	if e.list == noList || e.gen != uint32(h>>32) {
+		return Entry{}, false
+	}
+	return Entry{Ref: e.ref, Due: e.due, Priority: e.prio}, true
+}
+
 // Advance moves the wheel's time to now (Unix nanoseconds) and appends to out
-// every entry that fell due, in due order. If max > 0 it stops after the
+// every entry that fell due, in due order, after those a Ready found due and
+// left. If max > 0 it stops after the
 // first tick at which out holds at least max entries, leaving the rest for
 // the next call; NextDue then reports a time at or before now. Advancing to a
 // time before the current tick does nothing.
 func (w *Wheel) Advance(now int64, out []Entry, max int) []Entry {
 	target := w.floorTick(now)
+	if w.ready > 0 {
+		// Entries Ready found due and left come first, with the overdue
+		// list: one unit, in due order, at the wheel's current tick.
+		start := len(out)
+		for l := numLists - 1; l >= readyLists; l-- {
+			out = w.drain(l, out)
+		}
+		w.ready = 0
+		if target >= w.tick {
+			out = w.drain(overdueList, out)
+		}
+		sortByDue(out[start:])
+	}
 	if target < w.tick {
 		return out
 	}
@@ -164,6 +209,75 @@ func (w *Wheel) Advance(now int64, out []Entry, max int) []Entry {
 	return out
 }
 
+// Ready moves the wheel's time to now, as Advance does, and returns the
+// entries due by then highest priority first: it puts every entry due by the
+// tick at or before now on the list of its priority, and appends to out at
+// most max of them (every one if max <= 0), emptying the highest priority's
+// list first. Within a priority, entries come in the order they were put on
+// its list: by due tick, and an entry added when it was due already behind
+// those there. The rest wait on their lists, still pending (Remove takes
+// them out), and come first in the next Ready or Advance. Ready to a time
+// before the wheel's current tick leaves the time where it is, but still
+// finds the entries added since that are due by then.
+func (w *Wheel) Ready(now int64, out []Entry, max int) []Entry {
+	target := w.floorTick(now)
+	if target >= w.tick {
+		for {
+			if w.lists[overdueList].head != nilIndex {
+				w.promote(overdueList, target)
+				continue
+			}
+			level, slot, deadline, ok := w.next()
+			if !ok || deadline > target {
+				w.tick = target
+				break
+			}
+			w.tick = deadline
+			if level == 0 {
+				w.promote(slot, target)
+			} else {
+				w.cascade(level*numSlots + slot)
+			}
+		}
+	} else {
+		// The wheel's time is past now (an Advance to a later time took
+		// entries early): only an entry added since, onto the overdue list,
+		// can be due by now.
+		w.promote(overdueList, target)
+	}
+	if w.ready > 0 {
+		w.readyAt = now
+	}
+	for l := numLists - 1; l >= readyLists && w.ready > 0 && (max <= 0 || len(out) < max); l-- {
+		for i := w.lists[l].head; i != nilIndex && (max <= 0 || len(out) < max); {
+			e := w.at(i)
+			next := e.next
+			out = append(out, Entry{Ref: e.ref, Due: e.due, Priority: e.prio})
+			w.unlink(i, e)
+			w.release(i, e)
+			w.count--
+			w.ready--
+			i = next
+		}
+	}
+	return out
+}
+
+// promote moves every entry of list l due by tick target onto the ready
+// list of its priority.
+func (w *Wheel) promote(l int, target uint64) {
+	for i := w.lists[l].head; i != nilIndex; {
+		e := w.at(i)
+		next := e.next
+		if w.ceilTick(e.due) <= target {
+			w.unlink(i, e)
+			w.push(readyLists+int(e.prio), i, e)
+			w.ready++
+		}
+		i = next
+	}
+}
+
 // NextDue returns the earliest time at which an entry can fall due, and false
 // when the wheel is empty. It is a lower bound: when the next entry sits in a
 // coarse slot, NextDue returns the slot's start, and Advance to that time
@@ -172,6 +286,9 @@ func (w *Wheel) Advance(now int64, out []Entry, max int) []Entry {
 func (w *Wheel) NextDue() (int64, bool) {
 	if w.count == 0 {
 		return 0, false
+	}
+	if w.ready > 0 {
+		return min(w.readyAt, w.tickTime(w.tick)), true
 	}
 	if w.lists[overdueList].head != nilIndex {
 		return w.tickTime(w.tick), true
@@ -211,7 +328,7 @@ func (w *Wheel) drain(l int, out []Entry) []Entry {
 	for i := w.lists[l].head; i != nilIndex; {
 		e := w.at(i)
 		next := e.next
-		out = append(out, Entry{Ref: e.ref, Due: e.due})
+		out = append(out, Entry{Ref: e.ref, Due: e.due, Priority: e.prio})
 		w.release(i, e)
 		w.count--
 		i = next

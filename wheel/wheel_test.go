@@ -35,8 +35,8 @@ func TestNewRejectsNonPositiveResolution(t *testing.T) {
 
 func TestNeverEarlyAtMostOneTickLate(t *testing.T) {
 	w := mustNew(t, t0, time.Millisecond)
-	w.Add(1, t0+1_500_000) // 1.5 ms: belongs to the 2 ms boundary
-	w.Add(2, t0+2_000_000) // exactly on a boundary
+	w.Add(1, t0+1_500_000, 0) // 1.5 ms: belongs to the 2 ms boundary
+	w.Add(2, t0+2_000_000, 0) // exactly on a boundary
 	if got := w.Advance(t0+1_999_999, nil, 0); len(got) != 0 {
 		t.Fatalf("returned %v before the 2 ms boundary", got)
 	}
@@ -49,11 +49,11 @@ func TestNeverEarlyAtMostOneTickLate(t *testing.T) {
 func TestPastAndCurrentTickAreDueAtNextAdvance(t *testing.T) {
 	w := mustNew(t, t0, time.Millisecond)
 	w.Advance(t0+10_000_000, nil, 0)
-	w.Add(1, t0)            // well in the past
-	w.Add(2, t0+9_999_999)  // late in the previous tick
-	w.Add(3, t0+10_000_000) // exactly now
-	w.Add(4, -5)            // before 1970
-	w.Add(5, t0+10_000_001) // in the current tick: not due yet
+	w.Add(1, t0, 0)            // well in the past
+	w.Add(2, t0+9_999_999, 0)  // late in the previous tick
+	w.Add(3, t0+10_000_000, 0) // exactly now
+	w.Add(4, -5, 0)            // before 1970
+	w.Add(5, t0+10_000_001, 0) // in the current tick: not due yet
 	got := w.Advance(t0+10_000_000, nil, 0)
 	if fmt.Sprint(refs(got)) != "[4 1 2 3]" {
 		t.Fatalf("got %v, want refs [4 1 2 3] in due order", refs(got))
@@ -65,8 +65,8 @@ func TestPastAndCurrentTickAreDueAtNextAdvance(t *testing.T) {
 
 func TestRemove(t *testing.T) {
 	w := mustNew(t, t0, time.Millisecond)
-	a := w.Add(1, t0+5_000_000)
-	b := w.Add(2, t0+5_000_000)
+	a := w.Add(1, t0+5_000_000, 0)
+	b := w.Add(2, t0+5_000_000, 0)
 	if !w.Remove(a) {
 		t.Fatal("Remove of a pending entry reported false")
 	}
@@ -81,7 +81,7 @@ func TestRemove(t *testing.T) {
 		t.Fatal("Remove after the entry was returned reported true")
 	}
 	// The freed slot is reused; the old handle must not reach the new entry.
-	c := w.Add(3, t0+2*time.Hour.Nanoseconds())
+	c := w.Add(3, t0+2*time.Hour.Nanoseconds(), 0)
 	if w.Remove(a) || w.Remove(b) {
 		t.Fatal("a stale handle removed a reused slot")
 	}
@@ -99,7 +99,7 @@ func TestYearsAheadAtNanosecondResolution(t *testing.T) {
 	w := mustNew(t, t0, time.Nanosecond)
 	tenYears := 10 * 365 * 24 * time.Hour.Nanoseconds()
 	for i := range 100 {
-		w.Add(uint64(i), t0+tenYears-int64(i)*int64(time.Hour))
+		w.Add(uint64(i), t0+tenYears-int64(i)*int64(time.Hour), 0)
 	}
 	wakeups, fired := 0, 0
 	now := t0
@@ -127,7 +127,7 @@ func TestYearsAheadAtNanosecondResolution(t *testing.T) {
 func TestAdvanceLimit(t *testing.T) {
 	w := mustNew(t, t0, time.Millisecond)
 	for i := range 10 {
-		w.Add(uint64(i), t0+int64(i/2+1)*1_000_000) // two entries per tick
+		w.Add(uint64(i), t0+int64(i/2+1)*1_000_000, 0) // two entries per tick
 	}
 	got := w.Advance(t0+time.Second.Nanoseconds(), nil, 3)
 	if fmt.Sprint(refs(got)) != "[0 1 2 3]" {
@@ -145,7 +145,7 @@ func TestAdvanceLimit(t *testing.T) {
 func TestTimeDoesNotGoBackwards(t *testing.T) {
 	w := mustNew(t, t0, time.Millisecond)
 	w.Advance(t0+time.Minute.Nanoseconds(), nil, 0)
-	w.Add(1, t0)
+	w.Add(1, t0, 0)
 	if got := w.Advance(t0, nil, 0); len(got) != 0 {
 		t.Fatalf("Advance to an earlier time returned %v", got)
 	}
@@ -157,9 +157,9 @@ func TestTimeDoesNotGoBackwards(t *testing.T) {
 func ExampleWheel() {
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	w, _ := New(start.UnixNano(), time.Millisecond)
-	w.Add(7, start.Add(250*time.Millisecond).UnixNano())
-	cancel := w.Add(8, start.Add(100*time.Millisecond).UnixNano())
-	w.Add(9, start.Add(time.Hour).UnixNano())
+	w.Add(7, start.Add(250*time.Millisecond).UnixNano(), 0)
+	cancel := w.Add(8, start.Add(100*time.Millisecond).UnixNano(), 0)
+	w.Add(9, start.Add(time.Hour).UnixNano(), 0)
 	w.Remove(cancel)
 
 	// The owner sleeps until NextDue, then advances with its clock. NextDue

@@ -53,15 +53,21 @@ scheduled" with the original due time; the same id with different content
 fails with AlreadyExists. With --replace the event takes the place of the
 one its id is bound to instead (an upsert: a pending one is replaced, so
 that only the latest is produced, a fired or cancelled one is scheduled
-anew) and is its next version. Without --id chimectl picks a random id (26
-characters of base32, like the ids the server generates) and prints it, so
-that a call answered Unavailable (a node restarting, a shard between
-leaders) is sent again, with backoff until --timeout, without ever
+anew) and is its next version. --priority (0 to 9, 5 by default) orders
+the events a shard's leader has due when it is behind (after an outage, in
+a burst, under a topic rate limit): higher first, never before due.
+--window lets the event fire anywhere in [due, due + window]: Chime spreads
+a burst of such events over their window. Without --id chimectl picks a
+random id (26 characters of base32, like the ids the server generates) and
+prints it, so that a call answered Unavailable (a node restarting, a shard
+between leaders) is sent again, with backoff until --timeout, without ever
 scheduling two events; a resent call whose first copy had arrived reports
 "already scheduled".`,
 		example: `  chimectl schedule --topic reminders --in 30m --id order-42-reminder --payload '{"order":42}'
   chimectl schedule --topic billing.retry --at 2030-01-02T09:00:00+01:00 --key customer-7 --header trace=abc
-  chimectl schedule --topic sessions --in 30m --id session-7-expiry --replace`,
+  chimectl schedule --topic sessions --in 30m --id session-7-expiry --replace
+  chimectl schedule --topic alerts --in 5m --priority 9
+  chimectl schedule --topic newsletter --at 2030-01-02T09:00:00Z --window 15m`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			topic := fs.String("topic", "", "Kafka `topic` to produce the record to (required)")
 			in := fs.Duration("in", 0, "produce the record this long from now, a `duration` like 2s, 90m or 36h (set exactly one of --in and --at)")
@@ -73,6 +79,8 @@ scheduling two events; a resent call whose first copy had arrived reports
 			var hdrs multiFlag
 			fs.Var(&hdrs, "header", "add a Kafka record header `name=value`; repeatable, kept in order")
 			replace := fs.Bool("replace", false, "replace the event the id is bound to (pending: its next version; fired or cancelled: scheduled anew)")
+			priority := fs.Uint("priority", 5, "0 (lowest) to 9 (highest): what fires first when more is due than the shard's leader can produce at once")
+			window := fs.Duration("window", 0, "the record may be produced anywhere in [due, due + this `duration`] (at most 24h); Chime spreads a burst over it")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected argument %q", args[0])
@@ -102,6 +110,13 @@ scheduling two events; a resent call whose first copy had arrived reports
 				}
 				if *replace {
 					ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REPLACE
+				}
+				if set["priority"] {
+					p := uint32(*priority)
+					ev.Priority = &p
+				}
+				if set["window"] {
+					ev.Window = durationpb.New(*window)
 				}
 				var resp *chimev1.ScheduleResponse
 				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
@@ -333,6 +348,8 @@ type getJSON struct {
 	LastError       string       `json:"last_error"`
 	DeadLetterTopic string       `json:"dead_letter_topic"`
 	Version         uint64       `json:"version"`
+	Priority        uint32       `json:"priority"`
+	Window          string       `json:"window,omitempty"`
 }
 
 type headerJSON struct {
@@ -356,6 +373,10 @@ func eventJSON(r *chimev1.GetResponse) getJSON {
 		LastError:       r.GetLastError(),
 		DeadLetterTopic: r.GetDeadLetterTopic(),
 		Version:         r.GetVersion(),
+		Priority:        ev.GetPriority(),
+	}
+	if ev.GetWindow() != nil {
+		g.Window = ev.GetWindow().AsDuration().String()
 	}
 	g.Key, g.KeyEncoding = jsonBytes(ev.GetKey())
 	g.Payload, g.PayloadEncoding = jsonBytes(ev.GetPayload())
@@ -390,10 +411,16 @@ func (c *cli) eventBlock(r *chimev1.GetResponse) [][2]string {
 		{"due", fmt.Sprintf("%s (%s)", c.localTime(due), relative(due.Sub(c.now())))},
 		{"created_at", optTime(r.GetCreatedAt())},
 		{"version", fmt.Sprint(r.GetVersion())},
+		{"priority", fmt.Sprint(ev.GetPriority())},
+	}
+	if ev.GetWindow() != nil {
+		rows = append(rows, [2]string{"window", ev.GetWindow().AsDuration().String()})
+	}
+	rows = append(rows, [][2]string{
 		{"topic", ev.GetTopic()},
 		{"key", orNone(showBytes(ev.GetKey(), 0), "(none)")},
 		{"payload", orNone(showBytes(ev.GetPayload(), 512), "(empty)")},
-	}
+	}...)
 	if len(ev.GetHeaders()) == 0 {
 		rows = append(rows, [2]string{"headers", "(none)"})
 	}

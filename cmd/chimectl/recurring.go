@@ -20,8 +20,8 @@ import (
 
 // recurringActions are recurring's sub-commands, and the flags each takes.
 var recurringActions = map[string][]string{
-	"create": {"id", "topic", "cron", "every", "tz", "start", "end", "max", "jitter", "catch-up", "key", "payload", "payload-file", "header"},
-	"update": {"topic", "cron", "every", "tz", "start", "end", "max", "jitter", "catch-up", "key", "payload", "payload-file", "header", "if-version"},
+	"create": {"id", "topic", "cron", "every", "tz", "start", "end", "max", "jitter", "catch-up", "key", "payload", "payload-file", "header", "priority"},
+	"update": {"topic", "cron", "every", "tz", "start", "end", "max", "jitter", "catch-up", "key", "payload", "payload-file", "header", "priority", "if-version"},
 	"delete": {"if-version"},
 	"get":    {"stale"},
 	"list":   {"prefix", "limit", "stale"},
@@ -78,6 +78,7 @@ changing nothing (try again in a moment).`,
 			payloadFile := fs.String("payload-file", "", "read the record value from `path`; - reads standard input")
 			var hdrs multiFlag
 			fs.Var(&hdrs, "header", "a record header `name=value`; repeatable, kept in order")
+			priority := fs.Uint("priority", 5, "each occurrence's priority, 0 (lowest) to 9 (highest)")
 			ifVersion := fs.Uint64("if-version", 0, "change or delete the schedule only while it is at this `version`")
 			prefix := fs.String("prefix", "", "list the schedules whose id starts with this `prefix`")
 			limit := fs.Int("limit", 100, "list at most this many schedules; 0 lists all")
@@ -121,7 +122,7 @@ changing nothing (try again in a moment).`,
 				}
 
 				ruleGiven := set["cron"] || set["every"] || set["tz"] || set["start"] || set["end"] || set["max"] || set["jitter"] || set["catch-up"]
-				targetGiven := set["topic"] || set["key"] || set["payload"] || set["payload-file"] || set["header"]
+				targetGiven := set["topic"] || set["key"] || set["payload"] || set["payload-file"] || set["header"] || set["priority"]
 				var rule *chimev1.RecurringRule
 				var target *chimev1.RecurringTarget
 				if action == "create" || ruleGiven {
@@ -142,6 +143,10 @@ changing nothing (try again in a moment).`,
 					}
 					if t.Headers, err = headerFlags(hdrs); err != nil {
 						return err
+					}
+					if set["priority"] {
+						p := uint32(*priority)
+						t.Priority = &p
 					}
 					target = t
 				}
@@ -315,7 +320,7 @@ func (c *cli) scheduleBlock(s *chimev1.RecurringSchedule) [][2]string {
 	bounds = append(bounds, "catch-up "+strings.ToLower(strings.TrimPrefix(r.GetCatchUp().String(), "CATCH_UP_")))
 	rows = append(rows, [2]string{"", strings.Join(bounds, ", ")})
 	rows = append(rows,
-		[2]string{"target", fmt.Sprintf("topic %s, key %s, payload %s, %d headers", t.GetTopic(), orNone(showBytes(t.GetKey(), 40), "(none)"), orNone(showBytes(t.GetPayload(), 40), "(empty)"), len(t.GetHeaders()))},
+		[2]string{"target", fmt.Sprintf("topic %s, key %s, payload %s, %d headers, priority %d", t.GetTopic(), orNone(showBytes(t.GetKey(), 40), "(none)"), orNone(showBytes(t.GetPayload(), 40), "(empty)"), len(t.GetHeaders()), t.GetPriority())},
 		[2]string{"occurrences", fmt.Sprintf("%d settled", s.Occurrences)})
 	if s.NextOccurrence != nil {
 		next := s.NextOccurrence.AsTime()

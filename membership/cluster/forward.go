@@ -144,7 +144,18 @@ func toEvent(r shard.Request) *chimev1.Event {
 	for _, h := range r.Headers {
 		ev.Headers = append(ev.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
 	}
+	setPolicy(ev, r.Policy)
 	return ev
+}
+
+// setPolicy writes p into ev: the priority always (so that a reader sees
+// it), the window when there is one.
+func setPolicy(ev *chimev1.Event, p raftfsm.Policy) {
+	prio := uint32(p.Priority)
+	ev.Priority = &prio
+	if p.Window != 0 {
+		ev.Window = durationpb.New(time.Duration(p.Window))
+	}
 }
 
 // Cancel implements Backend.
@@ -286,7 +297,13 @@ func fromGetResponse(g *chimev1.GetResponse) raftfsm.Record {
 	rec := raftfsm.Record{
 		Due: ns(g.Due), CreatedAt: ns(g.CreatedAt), CancelledAt: ns(g.CancelledAt),
 		Attempts: g.Attempts, LastError: g.LastError, DeadLetterTopic: g.DeadLetterTopic,
-		Version: g.Version,
+		Version: g.Version, Policy: raftfsm.DefaultPolicy,
+	}
+	if p := g.GetEvent().Priority; p != nil {
+		rec.Priority = uint8(*p)
+	}
+	if w := g.GetEvent().GetWindow(); w != nil {
+		rec.Window = int64(w.AsDuration())
 	}
 	switch g.State {
 	case chimev1.EventState_EVENT_STATE_SCHEDULED:

@@ -134,6 +134,7 @@ func GetResponse(rec *raftfsm.Record) (*chimev1.GetResponse, error) {
 	for _, h := range rec.Headers {
 		resp.Event.Headers = append(resp.Event.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
 	}
+	setPolicy(resp.Event, rec.Policy)
 	return resp, nil
 }
 

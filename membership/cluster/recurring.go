@@ -229,7 +229,8 @@ func RuleProto(d *raftfsm.Definition) *chimev1.RecurringRule {
 
 // TargetProto is d's target as the API writes it.
 func TargetProto(d *raftfsm.Definition) *chimev1.RecurringTarget {
-	t := &chimev1.RecurringTarget{Topic: d.Topic, Key: d.Key, Payload: d.Payload}
+	prio := uint32(d.Priority)
+	t := &chimev1.RecurringTarget{Topic: d.Topic, Key: d.Key, Payload: d.Payload, Priority: &prio}
 	for _, h := range d.Headers {
 		t.Headers = append(t.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
 	}
@@ -305,6 +306,13 @@ func Definition(r *chimev1.RecurringRule, t *chimev1.RecurringTarget) (raftfsm.D
 		Topic:          t.GetTopic(),
 		Key:            t.GetKey(),
 		Payload:        t.GetPayload(),
+		Priority:       raftfsm.DefaultPriority,
+	}
+	if t.Priority != nil {
+		if *t.Priority > raftfsm.MaxPriority {
+			return raftfsm.Definition{}, fmt.Errorf("priority %d above %d", *t.Priority, raftfsm.MaxPriority)
+		}
+		d.Priority = uint8(*t.Priority)
 	}
 	if r.GetEvery() != nil {
 		d.Every = int64(r.GetEvery().AsDuration())

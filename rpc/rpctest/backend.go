@@ -107,6 +107,7 @@ func (b *Backend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.R
 			Payload:     slices.Clone(r.Payload),
 			ContentHash: r.ContentHash,
 			Version:     1,
+			Policy:      r.Policy,
 		}
 		for _, h := range r.Headers {
 			rec.Headers = append(rec.Headers, raftfsm.Header{Key: h.Key, Value: slices.Clone(h.Value)})

@@ -96,7 +96,7 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 
 	req := func(id string, delay time.Duration) shard.Request {
 		r := shard.Request{ID: id, Delay: delay, HasDelay: true, Topic: "orders", Payload: []byte("p-" + id)}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy)
 		return r
 	}
 	// Soon, later (fires after the restart), and one to cancel.
@@ -192,7 +192,7 @@ func TestRequestsWaitForTheFirstLeader(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), LeaderWait)
 	defer cancel()
 	r := shard.Request{ID: "early", Delay: time.Hour, HasDelay: true, Topic: "t", Payload: []byte("p")}
-	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true)
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
 	res, err := n.host.Schedule(ctx, []shard.Request{r})
 	if err != nil || res[0].Outcome != raftfsm.Created {
 		t.Fatalf("schedule before the first election: %+v, %v; want Created", res, err)

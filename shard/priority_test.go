@@ -1,0 +1,216 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/chimehq/chime/publish/publishtest"
+	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/wheel"
+)
+
+// priorityRequest is a Schedule of id at deliverAt with priority p.
+func priorityRequest(id, topic string, at time.Time, p uint8) Request {
+	r := Request{ID: id, DeliverAt: at.UnixNano(), HasDeliverAt: true, Topic: topic, Payload: []byte(id),
+		Policy: raftfsm.Policy{Priority: p}}
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, r.DeliverAt, 0, true, false, r.Policy)
+	return r
+}
+
+// TestBacklogFiresByPriority cuts Kafka while 400 events of random
+// priorities fall due over half a second, on a shard that fires 20 at a
+// time, one batch at a time, into a one-partition topic; then heals it.
+// Once Kafka takes the first record again (the probe that ends the cut, of
+// whatever priority), the backlog must reach Kafka highest priority first,
+// whatever the due times (the offsets give the order), and nothing before
+// its due time.
+func TestBacklogFiresByPriority(t *testing.T) {
+	const events = 400
+	b := publishtest.NewBroker(t, kfake.DefaultNumPartitions(1))
+	brokers := b.Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) {
+		tu.FireBatch, tu.MaxFiring = 20, 1
+		tu.RetryDelay, tu.MaxRetryDelay = 30*time.Second, 30*time.Second
+	})
+	defer n.close()
+	s := n.host.Replica(0)
+	ctx := context.Background()
+	if _, err := s.Schedule(ctx, []Request{priorityRequest("warm", "backlog", time.Now(), 5)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := publishtest.Consume(t, brokers, 1, 30*time.Second, "backlog"); len(got.ByID) != 1 {
+		t.Fatal("the warm-up record did not arrive")
+	}
+
+	b.RefuseProduce(kerr.NotEnoughReplicas.Code)
+	rng := rand.New(rand.NewPCG(1, 2))
+	start := time.Now().Add(100 * time.Millisecond)
+	prio := map[string]uint8{}
+	due := map[string]time.Time{}
+	var reqs []Request
+	for i := range events {
+		id := fmt.Sprintf("e%03d", i)
+		prio[id] = uint8(rng.IntN(raftfsm.MaxPriority + 1))
+		due[id] = start.Add(time.Duration(rng.IntN(500)) * time.Millisecond)
+		reqs = append(reqs, priorityRequest(id, "backlog", due[id], prio[id]))
+	}
+	if _, err := s.Schedule(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() int {
+		s.firing.mu.Lock()
+		defer s.firing.mu.Unlock()
+		return len(s.firing.retrying)
+	}
+	publishtest.WaitFor(t, 30*time.Second, "every event failed and waits for its retry", func() bool { return waiting() == events })
+	b.AcceptProduce()
+
+	got := publishtest.Consume(t, brokers, events+1, 30*time.Second, "backlog")
+	recs := slices.DeleteFunc(slices.Clone(got.Records), func(r publishtest.Record) bool { return r.ID == "warm" })
+	if len(recs) != events || got.Dups != 0 {
+		t.Fatalf("%d records (%d duplicates), want %d once each", len(recs), got.Dups, events)
+	}
+	slices.SortFunc(recs, func(a, b publishtest.Record) int { return int(a.Kafka.Offset - b.Kafka.Offset) })
+	for i, r := range recs {
+		if r.Kafka.Timestamp.Before(due[r.ID].Truncate(time.Millisecond)) {
+			t.Errorf("%s produced at %v, before its due time %v", r.ID, r.Kafka.Timestamp, due[r.ID])
+		}
+		if i > 1 && prio[r.ID] > prio[recs[i-1].ID] {
+			t.Errorf("offset %d: %s of priority %d after %s of priority %d", r.Kafka.Offset, r.ID, prio[r.ID], recs[i-1].ID, prio[recs[i-1].ID])
+		}
+	}
+}
+
+// TestTakeByPriorityAfterOutage drives the firing state alone: events of
+// every priority fell due over a second while the leader fired nothing (an
+// outage), the low ones first. Each take, of at most max, must hand out the
+// highest priority still due, whatever its due time, and nothing that is not
+// due; a take that finds a burst ahead (more than max due within FireLead)
+// takes it by priority too.
+func TestTakeByPriorityAfterOutage(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := now.UnixNano()
+	w, _ := wheel.New(base, time.Millisecond)
+	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Hour))
+	ms := func(n int64) int64 { return base + n*int64(time.Millisecond) }
+	// 100 events, due 10 ms apart, priority rising with the due time: the
+	// oldest are the least urgent.
+	for i := range 100 {
+		f.scheduled(uint64(i+1), ms(int64(i)*10), raftfsm.Policy{Priority: uint8(i / 10)})
+	}
+	// And one due later, not yet due at the takes below.
+	f.scheduled(1000, ms(5000), raftfsm.Policy{Priority: 9})
+
+	now = now.Add(2 * time.Second)
+	var (
+		due  []wheel.Entry
+		out  []*fireBatch
+		seen []uint8
+	)
+	for range 20 {
+		due, out, _ = f.take(now.UnixNano(), int64(20*time.Millisecond), 7, due, out[:0], func(int64) {})
+		for _, b := range out {
+			for _, e := range b.entries {
+				if e.Ref == 1000 {
+					t.Fatal("took an event 3 s before it was due")
+				}
+				seen = append(seen, uint8((e.Ref-1)/10))
+			}
+			f.settleBatch(b, nil, 0)
+		}
+	}
+	if len(seen) != 100 {
+		t.Fatalf("took %d events, want the 100 due", len(seen))
+	}
+	if !slices.IsSortedFunc(seen, func(a, b uint8) int { return int(b) - int(a) }) {
+		t.Fatalf("priorities in the order taken: %v, want highest first", seen)
+	}
+
+	// A burst ahead: 30 events due at one instant 10 ms from now, within
+	// FireLead, more than one take: taken early, by priority, in takes of
+	// 7, each held until the instant.
+	for i := range 30 {
+		f.scheduled(uint64(2000+i), ms(2010), raftfsm.Policy{Priority: uint8(i % 10)})
+	}
+	seen = seen[:0]
+	for range 10 {
+		due, out, _ = f.take(now.UnixNano(), int64(20*time.Millisecond), 7, due, out[:0], func(int64) {})
+		for _, b := range out {
+			if !b.early || b.notBefore != ms(2010) {
+				t.Fatalf("a burst batch early=%v notBefore=%d, want early, held until %d", b.early, b.notBefore, ms(2010))
+			}
+			for _, e := range b.entries {
+				seen = append(seen, uint8((e.Ref-2000)%10))
+			}
+			f.settleBatch(b, nil, 0)
+		}
+	}
+	if len(seen) != 30 || !slices.IsSortedFunc(seen, func(a, b uint8) int { return int(b) - int(a) }) {
+		t.Fatalf("burst taken as %v, want all 30 highest priority first", seen)
+	}
+}
+
+// TestWindowSpreadsABurst: a thousand events due at one instant with a
+// window of a second are held in the wheel at points spread evenly over
+// [due, due+window), fixed by seq; each is taken out no sooner than its
+// point, and its fire batch names its due time (half of its body's key).
+func TestWindowSpreadsABurst(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := now.UnixNano()
+	w, _ := wheel.New(base, time.Millisecond)
+	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Hour))
+	due := base + int64(time.Second)
+	window := int64(time.Second)
+	const events = 1000
+	for seq := uint64(1); seq <= events; seq++ {
+		f.scheduled(seq, due, raftfsm.Policy{Priority: raftfsm.DefaultPriority, Window: window})
+		if at := spreadAt(seq, due, window); at != spreadAt(seq, due, window) || at < due || at >= due+window {
+			t.Fatalf("seq %d fires at %d, outside [%d, %d)", seq, at, due, due+window)
+		}
+	}
+	var buckets [10]int
+	var entries []wheel.Entry
+	var out []*fireBatch
+	taken := 0
+	for step := int64(0); step <= 2000; step++ {
+		now = time.Unix(0, due+step*int64(time.Millisecond))
+		entries, out, _ = f.take(now.UnixNano(), 0, 0, entries, out[:0], func(int64) {})
+		for _, b := range out {
+			for _, e := range b.entries {
+				at := spreadAt(e.Ref, due, window)
+				if e.Due != due {
+					t.Fatalf("seq %d taken with due %d, want its due time %d", e.Ref, e.Due, due)
+				}
+				if now.UnixNano() < at {
+					t.Fatalf("seq %d taken at %d, before its point %d", e.Ref, now.UnixNano(), at)
+				}
+				buckets[(at-due)*10/window]++
+				taken++
+			}
+			f.settleBatch(b, nil, 0)
+		}
+	}
+	if taken != events || len(f.spread) != 0 {
+		t.Fatalf("took %d of %d events, %d still spread", taken, events, len(f.spread))
+	}
+	for i, n := range buckets {
+		if n < 60 || n > 140 { // 100 expected in each tenth of the window
+			t.Errorf("tenth %d of the window holds %d of %d events: %v", i, n, events, buckets)
+		}
+	}
+}
