@@ -214,7 +214,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		if len(h.records) > 0 && h.accepted() {
 			r := h.records[0]
 			due := a.dueNs(h, r)
-			l := float64(r.AppendMs*1e6-max(due, h.createdNs())) / 1e6
+			l := float64(a.latenessNs(h, r)) / 1e6
 			switch a.period(due) {
 			case "faulty":
 				late.faulty = append(late.faulty, l)
@@ -513,7 +513,9 @@ func (a *analysis) recovery() []Recovery {
 				continue
 			}
 			r := h.records[0]
-			if max(a.dueNs(h, r), h.createdNs()) <= w.heal {
+			// Backlog at the heal: events that had to be produced by then, at the end of
+			// their window when they have one.
+			if max(a.dueNs(h, r), h.createdNs())+h.windowNs(r) <= w.heal {
 				last = max(last, r.AppendMs*1e6)
 			}
 		}

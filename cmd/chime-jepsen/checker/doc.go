@@ -275,14 +275,18 @@
 //     the ok schedule that created the event (existing=false), else of the first schedule
 //     that could have: an event accepted after its due time (a deliver_at in the past, a
 //     retry of a request the cluster refused during a fault) fires at acceptance, and is
-//     late only from then. Its period is decided by the event's due: faulty
+//     late only from then. An event with a window (Op.WindowNs, of the id's reference
+//     schedule, or of the upsert that made the record's version) may fire anywhere in [due,
+//     due+window]: its lateness is counted from the window's end, and a record inside the
+//     window is 0 ms late (one before its due stays negative: a window never allows early,
+//     and check 2 ignores windows). Its period is decided by the event's due: faulty
 //     if the due lies in any fault window [start, heal], else after_heal if it is after
 //     FinalHealNs (default: the latest heal), else healthy. Each period reports count, p50,
 //     p99 and max; quantiles are nearest-rank (the value at rank ⌈q·n⌉ of the sorted values),
 //     rounded to the microsecond. Duplicates are left out: they measure retries, not delivery.
 //   - recovery: per fault window, in start order, recovery_ms = max(0, A − heal) / 1e6, where
-//     A is the latest append among the first copies whose due and creation (as for lateness)
-//     are ≤ heal (0 when there is none):
+//     A is the latest append among the first copies whose due and creation (as for lateness),
+//     plus the window of a windowed event, are ≤ heal (0 when there is none):
 //     how long after the heal the backlog took to reach Kafka. Later duplicates are not
 //     backlog and are left out.
 //   - invalid_accepted: ops with f "invalid" (deliberately bad input, invariant 7) that

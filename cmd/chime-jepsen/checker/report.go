@@ -322,7 +322,7 @@ func latenessPlot(a *analysis, bands []latency.Band) latency.Plot {
 		for i, r := range h.records {
 			due := a.dueNs(h, r)
 			at := r.AppendMs * 1e6
-			pt := latency.Point{X: float64(due-a.startNs) / 1e9, Y: float64(at-due) / 1e6}
+			pt := latency.Point{X: float64(due-a.startNs) / 1e9, Y: float64(pastWindow(at-due, h.windowNs(r))) / 1e6}
 			switch {
 			case at < due-int64(a.cfg.EarlyTolerance):
 				early.Points = append(early.Points, pt)

@@ -16,6 +16,13 @@ type Op struct {
 	DelayNs     int64  `json:"delay_ns,omitempty"`      // schedule: exactly one of DelayNs and DeliverAtNs is set
 	DeliverAtNs int64  `json:"deliver_at_ns,omitempty"` // (update: its new due time, the same way)
 
+	// Schedule (and upsert) only: the firing policy it sent. Priority is Event.priority as
+	// the request carried it, nil when unset (the server then uses DefaultPriority; JSON
+	// omits it, so a history from before priorities reads as unset); see EffectivePriority.
+	// WindowNs is Event.window (0: none): the event may fire anywhere in [due, due+window].
+	Priority *uint32 `json:"priority,omitempty"`
+	WindowNs int64   `json:"window_ns,omitempty"`
+
 	// Update only: the expected_version it sent (0: none). Payload is the new payload it
 	// set; every update of a run sets a payload no other op used. Upsert: the update was a
 	// Schedule with on_conflict REPLACE (of an id scheduled less than half the retention
@@ -88,6 +95,18 @@ type Op struct {
 	Kind    string   `json:"kind,omitempty"`
 	Targets []string `json:"targets,omitempty"`
 	SkewNs  int64    `json:"skew_ns,omitempty"`
+}
+
+// DefaultPriority is the priority of an event whose request left it unset.
+const DefaultPriority = 5
+
+// EffectivePriority is the priority the server gives the event op schedules: op.Priority,
+// or DefaultPriority when it is unset.
+func (op *Op) EffectivePriority() int {
+	if op.Priority == nil {
+		return DefaultPriority
+	}
+	return int(*op.Priority)
 }
 
 // Op.F values.
