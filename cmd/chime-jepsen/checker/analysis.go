@@ -68,6 +68,10 @@ type idHistory struct {
 	oks []*Op
 	// ackDueNs is the first non-zero AckDueNs in oks; 0 when no ok schedule carried one.
 	ackDueNs int64
+	// burst is the Op.Burst of a schedule of the id ("" for none): the rate limit of its
+	// topic delays it by design, so lateness and recovery leave it out (check 12 measures
+	// its burst's drain instead).
+	burst string
 }
 
 // read is one look at an event: an ok get, or one entry of an ok list (op is the list).
@@ -195,6 +199,9 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 			if op.ID != "" {
 				h := get(op.ID)
 				h.schedules = append(h.schedules, op)
+				if op.Burst != "" {
+					h.burst = op.Burst
+				}
 			}
 		case FCancel:
 			if op.ID != "" {

@@ -29,6 +29,7 @@ func violations(res Results) map[string]int {
 		"recurring_early":        res.RecurringEarly,
 		"recurring_phantom":      res.RecurringPhantom,
 		"recurring_after_stop":   res.RecurringAfterStop,
+		"priority_violations":    res.PriorityViolations,
 	}
 }
 
@@ -112,6 +113,12 @@ func TestCleanHistoriesPass(t *testing.T) {
 			if l.Healthy.Max > 330 || l.Healthy.P50 > 30 || l.Faulty.Max < 1000 {
 				t.Errorf("lateness healthy p50 %v max %v (want <= 30, 330 ms), faulty max %v (want > 1 s)",
 					l.Healthy.P50, l.Healthy.Max, l.Faulty.Max)
+			}
+			// One burst judged (q1, in priority order within the tolerance), one skipped (q2,
+			// in no order, under the kill); neither in the lateness above.
+			if res.BurstsChecked != 1 || res.BurstsSkipped != 1 || res.Bursts[0].Burst != "burst2" ||
+				!strings.Contains(res.Bursts[0].Skipped, "kill") || res.Bursts[1].Judged != 30 {
+				t.Errorf("bursts %+v", res.Bursts)
 			}
 			if len(res.Recovery) != len(genWindows) {
 				t.Errorf("recovery has %d entries, want %d", len(res.Recovery), len(genWindows))

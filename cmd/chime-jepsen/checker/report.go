@@ -44,11 +44,12 @@ func configFrom(c ConfigUsed) Config {
 		return time.Duration(ns)
 	}
 	return Config{
-		EarlyTolerance:  explicit(c.EarlyToleranceNs),
-		CancelTolerance: time.Duration(c.CancelToleranceNs),
-		DuplicateGrace:  explicit(c.DuplicateGraceNs),
-		FinalHealNs:     c.FinalHealNs,
-		DeadLetterTopic: c.DeadLetterTopic,
+		EarlyTolerance:    explicit(c.EarlyToleranceNs),
+		CancelTolerance:   time.Duration(c.CancelToleranceNs),
+		DuplicateGrace:    explicit(c.DuplicateGraceNs),
+		FinalHealNs:       c.FinalHealNs,
+		DeadLetterTopic:   c.DeadLetterTopic,
+		PriorityTolerance: explicit(c.PriorityToleranceNs),
 	}
 }
 
