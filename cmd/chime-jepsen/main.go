@@ -426,10 +426,12 @@ func summary(r checker.Results) string {
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d\n"+
+		"bursts: %d checked, %d skipped (a fault overlapped them, or nothing of them was acked or read back); priority_violations=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
 		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,
+		r.BurstsChecked, r.BurstsSkipped, r.PriorityViolations,
 		b[checker.TypeOK], b[checker.TypeFail]+b[checker.TypeInfo], r.BackupLost, r.BackupPhantom, r.BackupWrongState, r.BackupInvalid)
 }
