@@ -65,6 +65,11 @@ type workload struct {
 	// and create it anew (legal, but the checker would have to tell the
 	// two events apart).
 	retention time.Duration
+	// Bursts (burst.go): burstSize events every burstEvery on one of the
+	// cluster's shards shards in turn; none when burstSize or burstEvery is 0.
+	shards     int
+	burstSize  int
+	burstEvery time.Duration
 
 	mu     sync.Mutex
 	events []sent // every id ever sent (any outcome)
@@ -108,8 +113,8 @@ func classify(err error) (typ, code string) {
 	return "info", st.Code().String()
 }
 
-// run starts `clients` workers, a canceller and, when ctx has a deadline (the run's end), a
-// recurrer; they stop when ctx ends.
+// run starts `clients` workers, a canceller, when ctx has a deadline (the run's end), a
+// recurrer, and, when bursts are on, a burster; they stop when ctx ends.
 func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 	var wg sync.WaitGroup
 	cancels := make(chan sent, 1024)
@@ -130,6 +135,13 @@ func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 		go func() {
 			defer wg.Done()
 			w.recurrer(ctx, clients+1, rand.New(rand.NewPCG(seed, 0x5c4ed)), end)
+		}()
+	}
+	if w.burstSize > 0 && w.burstEvery > 0 && w.shards > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.burster(ctx, clients+2, rand.New(rand.NewPCG(seed, 0xb0257)))
 		}()
 	}
 	wg.Wait()
