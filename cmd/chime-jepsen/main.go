@@ -52,6 +52,8 @@ type options struct {
 	seed                       uint64
 	secure                     bool
 	nodes, clients, shards     int
+	burstSize, burstRate       int
+	burstEvery                 time.Duration
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -71,28 +73,35 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.wheelHorizon, "wheel-horizon", time.Hour, "chimed --wheel-horizon for every node: events due later wait on disk and are loaded as the\nhorizon reaches them; shorter than --max-delay, the loads run throughout the test")
 	fs.DurationVar(&o.drain, "drain", 30*time.Second, "how long to keep reading after the last event fell due")
 	fs.DurationVar(&o.backupEvery, "backup-every", time.Minute, "take a backup of the live cluster this often, as chimectl backup does, into <out>/backup-NNN\n(0: none); the checker holds each to the history")
+	fs.IntVar(&o.burstSize, "burst-size", 300, "events in each burst: all on one shard (shards in turn), due at once 2 s after they are sent,\nwith priorities 0-9, on topic "+burstTopic+", which the nodes rate-limit; the checker holds the\nleader to producing higher priorities first (0: no bursts, and no --topic-rate-limit)")
+	fs.DurationVar(&o.burstEvery, "burst-every", 15*time.Second, "send a burst this often (the first 3 s into the workload; 0: no bursts)")
+	fs.IntVar(&o.burstRate, "burst-rate", 0, "chimed --topic-rate-limit "+burstTopic+"=N/s for every node: the cluster's rate, of which each\nshard's leader enforces N/--shards (0: --burst-size/2 × --shards, so that a burst takes about 2 s\nto drain)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: chime-jepsen [flags]   (as root)
 
 Runs a Jepsen-style fault test of Chime: --nodes chimed processes in network
 namespaces joined by a bridge, a Kafka-protocol broker on the host side, a
 workload of schedules (delays from 0 to --max-delay, some on tick boundaries),
-re-sends (identical and conflicting, sometimes to two nodes at once), cancels
-(well before, within 50 ms of, and after due), updates, upserts, gets, lists
-and bulk cancels (CancelMatching) by id prefix, and invalid requests, and a
-nemesis that injects one fault about every 10 s. Every --backup-every it takes
-a backup of the live cluster, through the code chimectl backup runs, from a
-node picked at random, into the run's folder. After the final heal and a drain
-it reads every record back and checks: nothing acknowledged lost, nothing
-early, nothing after an acknowledged cancel (or a bulk cancel that certainly
-cancelled it), no phantom record, idempotency, no get or list showing a state
-older than a change acknowledged before it began or leaving out an event it
-had to show, bulk cancel totals that add up,
-retention (no event gone early, none back after it was gone), backups (each
-completed backup holds every event acknowledged before it began, in a state
-the history allows, and no event never sent; a failed one leaves no manifest),
-duplicates by fault, lateness per period, recovery time per fault, and that all
-replicas converged. Exits 0 when the run is valid, 1 when a check failed.
+some with a priority or a window, re-sends (identical and conflicting,
+sometimes to two nodes at once), cancels (well before, within 50 ms of, and
+after due), updates, upserts, gets, lists and bulk cancels (CancelMatching) by
+id prefix, invalid requests, recurring schedules, and every --burst-every a
+burst of --burst-size events due at once on one shard, on a topic the nodes
+rate-limit; and a nemesis that injects one fault about every 10 s. Every
+--backup-every it takes a backup of the live cluster, through the code
+chimectl backup runs, from a node picked at random, into the run's folder.
+After the final heal and a drain it reads every record back and checks:
+nothing acknowledged lost, nothing early, nothing after an acknowledged cancel
+(or a bulk cancel that certainly cancelled it), no phantom record,
+idempotency, no get or list showing a state older than a change acknowledged
+before it began or leaving out an event it had to show, bulk cancel totals
+that add up, retention (no event gone early, none back after it was gone),
+backups (each completed backup holds every event acknowledged before it began,
+in a state the history allows, and no event never sent; a failed one leaves no
+manifest), priority (in each burst clear of faults, no lower-priority event
+produced clearly before a higher-priority one), duplicates by fault, lateness
+per period, recovery time per fault, and that all replicas converged. Exits 0
+when the run is valid, 1 when a check failed.
 
 Flags:
 `)
@@ -102,6 +111,7 @@ Examples:
   sudo go run ./cmd/chime-jepsen --time-limit 10m
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis partition-halves,kill-leader --seed 42
   sudo go run ./cmd/chime-jepsen --time-limit 90s --backup-every 20s --out /tmp/jepsen-backups
+  sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis none --burst-size 600 --burst-every 8s
 `)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -117,6 +127,13 @@ Examples:
 	if o.backupEvery < 0 {
 		fmt.Fprintln(stderr, "chime-jepsen: --backup-every must not be negative (0 takes no backups)")
 		return 2
+	}
+	if o.burstSize < 0 || o.burstEvery < 0 || o.burstRate < 0 {
+		fmt.Fprintln(stderr, "chime-jepsen: --burst-size, --burst-every and --burst-rate must not be negative (--burst-size 0 or --burst-every 0 sends no bursts)")
+		return 2
+	}
+	if o.burstEvery == 0 {
+		o.burstSize = 0
 	}
 	kinds, err := nemesisKinds(o.nemesis)
 	if err != nil {
@@ -172,7 +189,9 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	out, _ := filepath.Abs(o.out)
 	os.WriteFile(filepath.Join(out, "seed"), []byte(fmt.Sprintln(o.seed)), 0o644)
-	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds, "backup-every", o.backupEvery, "secure", o.secure)
+	rateLimit := burstRateLimit(o.burstSize, o.shards, o.burstRate)
+	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds, "backup-every", o.backupEvery, "secure", o.secure,
+		"burst-size", o.burstSize, "burst-every", o.burstEvery, "topic-rate-limit", rateLimit)
 
 	bin, err := buildChimed(out)
 	if err != nil {
@@ -207,7 +226,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	for i := 1; i <= o.nodes; i++ {
 		n := &node{i: i, id: fmt.Sprintf("n%d", i), ip: nodeIP(i), dataDir: filepath.Join(out, fmt.Sprintf("n%d", i)),
 			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards, retention: o.retention,
-			wheelHorizon: o.wheelHorizon, sec: sec}
+			wheelHorizon: o.wheelHorizon, topicRateLimit: rateLimit, sec: sec}
 		if i > 1 {
 			n.join = nodeIP(1) + ":7072"
 		}
@@ -233,7 +252,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 
 	h := &history{}
 	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention,
-		versions: map[string]uint64{}}
+		shards: o.shards, burstSize: o.burstSize, burstEvery: o.burstEvery, versions: map[string]uint64{}}
 	nm := &nemesis{c: c, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.timeLimit)
@@ -299,7 +318,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 // a few seconds pass with nothing new.
 func readRecords(ctx context.Context, brokers []string, appends *appendLog, logger *slog.Logger) ([]checker.Record, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
-		kgo.ConsumeTopics(append(slices.Clone(topics), recurringTopic, publish.DefaultDeadLetterTopic)...),
+		kgo.ConsumeTopics(append(slices.Clone(topics), recurringTopic, burstTopic, publish.DefaultDeadLetterTopic)...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		return nil, err
@@ -426,10 +445,12 @@ func summary(r checker.Results) string {
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d\n"+
+		"bursts: %d checked, %d skipped (a fault overlapped them, or nothing of them was acked or read back); priority_violations=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
 		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,
+		r.BurstsChecked, r.BurstsSkipped, r.PriorityViolations,
 		b[checker.TypeOK], b[checker.TypeFail]+b[checker.TypeInfo], r.BackupLost, r.BackupPhantom, r.BackupWrongState, r.BackupInvalid)
 }

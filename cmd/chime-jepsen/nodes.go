@@ -31,6 +31,8 @@ type node struct {
 	retention time.Duration
 	// wheelHorizon is chimed --wheel-horizon.
 	wheelHorizon time.Duration
+	// topicRateLimit is chimed --topic-rate-limit ("": none).
+	topicRateLimit string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -52,32 +54,15 @@ func (n *node) httpAddr() string { return n.ip + ":7080" }
 func (n *node) start() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	args, err := n.serveArgs()
+	if err != nil {
+		return err
+	}
 	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
-	args := []string{"netns", "exec", nsName(n.i), n.bin, "serve",
-		"--node-id", n.id, "--data-dir", n.dataDir,
-		"--grpc-addr", n.grpcAddr(), "--http-addr", n.httpAddr(),
-		"--raft-addr", n.ip + ":7071", "--gossip-addr", n.ip + ":7072",
-		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
-		"--dead-timeout", "1m", "--retention", n.retention.String(),
-		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info"}
-	if n.sec == nil {
-		// The nodes listen on the test's own bridge, in namespaces it created.
-		args = append(args, "--insecure")
-	} else {
-		sf, err := n.sec.flags(n)
-		if err != nil {
-			logf.Close()
-			return err
-		}
-		args = append(args, sf...)
-	}
-	if n.join != "" {
-		args = append(args, "--join", n.join)
-	}
-	cmd := exec.Command("ip", args...)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", nsName(n.i), n.bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -92,6 +77,34 @@ func (n *node) start() error {
 		close(exited)
 	}()
 	return nil
+}
+
+// serveArgs are the arguments of the node's chimed.
+func (n *node) serveArgs() ([]string, error) {
+	args := []string{"serve",
+		"--node-id", n.id, "--data-dir", n.dataDir,
+		"--grpc-addr", n.grpcAddr(), "--http-addr", n.httpAddr(),
+		"--raft-addr", n.ip + ":7071", "--gossip-addr", n.ip + ":7072",
+		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
+		"--dead-timeout", "1m", "--retention", n.retention.String(),
+		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info"}
+	if n.topicRateLimit != "" {
+		args = append(args, "--topic-rate-limit", n.topicRateLimit)
+	}
+	if n.sec == nil {
+		// The nodes listen on the test's own bridge, in namespaces it created.
+		args = append(args, "--insecure")
+	} else {
+		sf, err := n.sec.flags(n)
+		if err != nil {
+			return nil, err
+		}
+		args = append(args, sf...)
+	}
+	if n.join != "" {
+		args = append(args, "--join", n.join)
+	}
+	return args, nil
 }
 
 func (n *node) alive() bool {

@@ -49,6 +49,10 @@ type sent struct {
 	// upsertable: kept apart for upserts (workload.upsertable), out of what
 	// the other ops pick from. replace: this send is an upsert of it.
 	upsertable, replace bool
+	// The firing policy every send of the id carries (firingPolicy):
+	// priority nil when unset, window 0 when none.
+	priority *uint32
+	window   time.Duration
 }
 
 type workload struct {
@@ -61,6 +65,11 @@ type workload struct {
 	// and create it anew (legal, but the checker would have to tell the
 	// two events apart).
 	retention time.Duration
+	// Bursts (burst.go): burstSize events every burstEvery on one of the
+	// cluster's shards shards in turn; none when burstSize or burstEvery is 0.
+	shards     int
+	burstSize  int
+	burstEvery time.Duration
 
 	mu     sync.Mutex
 	events []sent // every id ever sent (any outcome)
@@ -104,8 +113,8 @@ func classify(err error) (typ, code string) {
 	return "info", st.Code().String()
 }
 
-// run starts `clients` workers, a canceller and, when ctx has a deadline (the run's end), a
-// recurrer; they stop when ctx ends.
+// run starts `clients` workers, a canceller, when ctx has a deadline (the run's end), a
+// recurrer, and, when bursts are on, a burster; they stop when ctx ends.
 func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 	var wg sync.WaitGroup
 	cancels := make(chan sent, 1024)
@@ -126,6 +135,13 @@ func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 		go func() {
 			defer wg.Done()
 			w.recurrer(ctx, clients+1, rand.New(rand.NewPCG(seed, 0x5c4ed)), end)
+		}()
+	}
+	if w.burstSize > 0 && w.burstEvery > 0 && w.shards > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.burster(ctx, clients+2, rand.New(rand.NewPCG(seed, 0xb0257)))
 		}()
 	}
 	wg.Wait()
@@ -251,7 +267,27 @@ func (w *workload) newEvent(r *rand.Rand, shape string) sent {
 	now := time.Now()
 	ev := sent{id: id, topic: topics[r.IntN(len(topics))], payload: "p-" + id, at: now}
 	ev.delay, ev.deliverAt, ev.due = w.dueTime(r, now)
+	ev.priority, ev.window = firingPolicy(r)
 	return ev
+}
+
+// maxWindow is the longest window firingPolicy gives an event.
+const maxWindow = 2 * time.Second
+
+// firingPolicy picks a new event's priority and window: 30% of events get a
+// priority, uniform 0-9 (the others leave it unset, which means 5), and 10%
+// a window of 100 ms to maxWindow (the others none). An event's priority
+// matters only when its shard has a backlog; its window lets it fire
+// anywhere up to that long after its due time, which the checker allows.
+func firingPolicy(r *rand.Rand) (priority *uint32, window time.Duration) {
+	if r.IntN(10) < 3 {
+		p := uint32(r.IntN(10))
+		priority = &p
+	}
+	if r.IntN(10) == 0 {
+		window = 100*time.Millisecond + time.Duration(r.Int64N(int64(maxWindow-100*time.Millisecond)+1))
+	}
+	return priority, window
 }
 
 // dueTime picks when a new or updated event is due: a delay (deliverAt zero)
@@ -337,6 +373,13 @@ func (w *workload) schedule(p int, n *node, ev sent) bool {
 		e.DeliverAt = timestamppb.New(ev.deliverAt)
 		op.DeliverAtNs = ev.deliverAt.UnixNano()
 	}
+	if ev.priority != nil {
+		p := *ev.priority
+		e.Priority, op.Priority = &p, &p
+	}
+	if ev.window > 0 {
+		e.Window, op.WindowNs = durationpb.New(ev.window), int64(ev.window)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
 	defer cancel()
 	op.InvokeNs = time.Now().UnixNano()
@@ -364,6 +407,7 @@ func (w *workload) schedule(p int, n *node, ev sent) bool {
 		if op.AckDueNs != 0 {
 			due = time.Unix(0, op.AckDueNs)
 		}
+		due = due.Add(ev.window) // it may fire that much later
 		if due.After(w.maxDue) {
 			w.maxDue = due
 		}
@@ -532,6 +576,9 @@ func (w *workload) update(p int, n *node, r *rand.Rand, id string) {
 	if op.Type == checker.TypeOK && op.Version > w.versions[id] {
 		w.versions[id] = op.Version
 	}
+	// An update leaves the event's window as it was (UpdateRequest has
+	// none), which this does not know: as if it had the longest.
+	due = due.Add(maxWindow)
 	if due.After(w.maxDue) {
 		w.maxDue = due
 	}

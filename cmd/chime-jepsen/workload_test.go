@@ -33,6 +33,12 @@ type fakeScheduler struct {
 	progress   []*chimev1.CancelMatchingProgress
 	err        error
 	cancels    []*chimev1.CancelMatchingRequest
+	schedules  []*chimev1.ScheduleRequest
+	batches    []*chimev1.BatchScheduleRequest
+	// result answers event i of the batch-th BatchSchedule (1-based); batchErr fails
+	// every call.
+	result   func(batch, i int, e *chimev1.Event) *chimev1.ScheduleResult
+	batchErr error
 }
 
 func (f *fakeScheduler) List(_ context.Context, in *chimev1.ListRequest) (*chimev1.ListResponse, error) {
@@ -54,6 +60,63 @@ func (f *fakeScheduler) List(_ context.Context, in *chimev1.ListRequest) (*chime
 		resp.NextPageToken = fmt.Sprintf("page-%d", page+1)
 	}
 	return resp, nil
+}
+
+func (f *fakeScheduler) Schedule(_ context.Context, in *chimev1.ScheduleRequest) (*chimev1.ScheduleResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.schedules = append(f.schedules, in)
+	due := in.Event.GetDeliverAt()
+	if due == nil {
+		due = timestamppb.New(time.Now().Add(in.Event.GetDelay().AsDuration()))
+	}
+	return &chimev1.ScheduleResponse{Id: in.Event.Id, Due: due, Version: 1}, nil
+}
+
+// BatchSchedule answers each event with result(i, event) (nil: ok, due at its deliver_at),
+// or the whole call with batchErr.
+func (f *fakeScheduler) BatchSchedule(_ context.Context, in *chimev1.BatchScheduleRequest) (*chimev1.BatchScheduleResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.batches = append(f.batches, in)
+	if f.batchErr != nil {
+		return nil, f.batchErr
+	}
+	resp := &chimev1.BatchScheduleResponse{}
+	for i, e := range in.Events {
+		var r *chimev1.ScheduleResult
+		if f.result != nil {
+			r = f.result(len(f.batches), i, e)
+		}
+		if r == nil {
+			r = &chimev1.ScheduleResult{Id: e.Id, Due: e.DeliverAt, Version: 1}
+		}
+		resp.Results = append(resp.Results, r)
+	}
+	return resp, nil
+}
+
+// serveFake serves f as node n, on port 7070 of loopback address ip (node.scheduler dials
+// port 7070 of the node's address), until the test ends; it skips the test when it cannot.
+func serveFake(t *testing.T, f *fakeScheduler, id, ip string) *node {
+	t.Helper()
+	ln, err := net.Listen("tcp", ip+":7070")
+	if err != nil {
+		t.Skipf("cannot serve a fake node on %s:7070: %v", ip, err)
+	}
+	gs := grpc.NewServer()
+	chimev1.RegisterSchedulerServer(gs, f)
+	served := make(chan struct{})
+	go func() { defer close(served); gs.Serve(ln) }()
+	n := &node{id: id, ip: ip}
+	t.Cleanup(func() {
+		if n.conn != nil {
+			n.conn.Close()
+		}
+		gs.Stop()
+		<-served
+	})
+	return n
 }
 
 func (f *fakeScheduler) CancelMatching(in *chimev1.CancelMatchingRequest, stream grpc.ServerStreamingServer[chimev1.CancelMatchingProgress]) error {
@@ -217,5 +280,72 @@ func TestPrefixesSelectADozen(t *testing.T) {
 	}
 	if p, ok := w.pickPrefix(r); ok {
 		t.Errorf("prefix %q with ids of two digits, which would select hundreds later", p)
+	}
+}
+
+// TestFiringPolicyShares: about 30% of new events get a priority, every one of 0-9, and
+// about 10% a window, of 100 ms to 2 s.
+func TestFiringPolicyShares(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	const n = 20000
+	prios, windows := 0, 0
+	seen := map[uint32]bool{}
+	for range n {
+		p, w := firingPolicy(r)
+		if p != nil {
+			prios++
+			if *p > 9 {
+				t.Fatalf("priority %d", *p)
+			}
+			seen[*p] = true
+		}
+		if w != 0 {
+			windows++
+			if w < 100*time.Millisecond || w > maxWindow {
+				t.Fatalf("window %v", w)
+			}
+		}
+	}
+	if prios < n*27/100 || prios > n*33/100 || len(seen) != 10 || windows < n*8/100 || windows > n*12/100 {
+		t.Errorf("%d of %d with a priority (%d values), %d with a window", prios, n, len(seen), windows)
+	}
+}
+
+// TestScheduleSendsTheFiringPolicy: a schedule sends the event's priority and window, and
+// records both in its op; an event without them sends and records none.
+func TestScheduleSendsTheFiringPolicy(t *testing.T) {
+	fake := &fakeScheduler{}
+	n := serveFake(t, fake, "n9", "127.0.0.79")
+	w := &workload{c: &cluster{nodes: []*node{n}}, h: &history{}, opTimeout: 5 * time.Second, versions: map[string]uint64{}}
+	seven := uint32(7)
+	zero := uint32(0)
+	evs := []sent{
+		{id: "e1", topic: "jepsen.a", payload: "p-e1", delay: time.Second, priority: &seven, window: 1500 * time.Millisecond},
+		{id: "e2", topic: "jepsen.a", payload: "p-e2", delay: time.Second, priority: &zero},
+		{id: "e3", topic: "jepsen.a", payload: "p-e3", delay: time.Second},
+	}
+	for _, ev := range evs {
+		ev.due = time.Now().Add(ev.delay)
+		if !w.schedule(1, n, ev) {
+			t.Fatalf("schedule %s failed: %+v", ev.id, w.h.snapshot())
+		}
+	}
+	ops := w.h.snapshot()
+	for i, ev := range evs {
+		e, op := fake.schedules[i].Event, ops[i]
+		if (ev.priority == nil) != (e.Priority == nil) || (ev.priority == nil) != (op.Priority == nil) ||
+			ev.priority != nil && (*e.Priority != *ev.priority || *op.Priority != *ev.priority) {
+			t.Errorf("%s: sent priority %v, recorded %v, want %v", ev.id, e.Priority, op.Priority, ev.priority)
+		}
+		if e.GetWindow().AsDuration() != ev.window || (ev.window == 0) != (e.Window == nil) || op.WindowNs != int64(ev.window) {
+			t.Errorf("%s: sent window %v, recorded %d ns, want %v", ev.id, e.Window, op.WindowNs, ev.window)
+		}
+	}
+	if got := ops[2].EffectivePriority(); got != checker.DefaultPriority {
+		t.Errorf("unset priority reads as %d", got)
+	}
+	// The drain waits for the end of the longest window.
+	if w.maxDue.Before(time.Unix(0, ops[0].AckDueNs).Add(1500 * time.Millisecond)) {
+		t.Errorf("maxDue %v does not cover e1's window", w.maxDue)
 	}
 }

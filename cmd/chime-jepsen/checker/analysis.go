@@ -68,6 +68,10 @@ type idHistory struct {
 	oks []*Op
 	// ackDueNs is the first non-zero AckDueNs in oks; 0 when no ok schedule carried one.
 	ackDueNs int64
+	// burst is the Op.Burst of a schedule of the id ("" for none): the rate limit of its
+	// topic delays it by design, so lateness and recovery leave it out (check 12 measures
+	// its burst's drain instead).
+	burst string
 }
 
 // read is one look at an event: an ok get, or one entry of an ok list (op is the list).
@@ -91,6 +95,42 @@ func (h *idHistory) createdNs() int64 {
 		}
 	}
 	return 0
+}
+
+// windowNs is the firing window of the version of the event record r is (0: none): for a
+// version an upsert made, the upsert's; otherwise the window of the id's reference schedule
+// (its first ok one, else its first ok or info one). An Update keeps the event's window,
+// and the workload re-sends an id with the window it first had.
+func (h *idHistory) windowNs(r *Record) int64 {
+	if u := h.updateMaking(r.Version); r.Version > 1 && u != nil && u.Upsert {
+		return u.WindowNs
+	}
+	if len(h.oks) > 0 {
+		return h.oks[0].WindowNs
+	}
+	for _, op := range h.schedules {
+		if op.Type == TypeOK || op.Type == TypeInfo {
+			return op.WindowNs
+		}
+	}
+	return 0
+}
+
+// latenessNs is how late record r came (doc.go, "What is measured"): its append less the
+// later of its due time and the event's creation, and for an event with a window, less the
+// window too, down to zero: a record anywhere in [due, due+window] came on time. A record
+// before its due stays negative, window or not: the window never allows early.
+func (a *analysis) latenessNs(h *idHistory, r *Record) int64 {
+	return pastWindow(r.AppendMs*1e6-max(a.dueNs(h, r), h.createdNs()), h.windowNs(r))
+}
+
+// pastWindow is lateness l (ns, from the due time) counted from the end of a window of w ns
+// instead: unchanged when negative (early) or w is 0, else max(0, l − w).
+func pastWindow(l, w int64) int64 {
+	if l <= 0 || w <= 0 {
+		return l
+	}
+	return max(0, l-w)
 }
 
 // accepted reports whether any ok or info schedule carried this id: only such an op can
@@ -159,6 +199,9 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 			if op.ID != "" {
 				h := get(op.ID)
 				h.schedules = append(h.schedules, op)
+				if op.Burst != "" {
+					h.burst = op.Burst
+				}
 			}
 		case FCancel:
 			if op.ID != "" {

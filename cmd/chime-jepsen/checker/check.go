@@ -23,12 +23,13 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		Examples:            map[string][]Example{},
 		Records:             len(recs),
 		Config: ConfigUsed{
-			EarlyToleranceNs:  int64(a.cfg.EarlyTolerance),
-			CancelToleranceNs: int64(a.cfg.CancelTolerance),
-			DuplicateGraceNs:  int64(a.cfg.DuplicateGrace),
-			FinalHealNs:       a.cfg.FinalHealNs,
-			DeadLetterTopic:   a.cfg.DeadLetterTopic,
-			RetentionNs:       int64(a.cfg.Retention),
+			EarlyToleranceNs:    int64(a.cfg.EarlyTolerance),
+			CancelToleranceNs:   int64(a.cfg.CancelTolerance),
+			DuplicateGraceNs:    int64(a.cfg.DuplicateGrace),
+			FinalHealNs:         a.cfg.FinalHealNs,
+			DeadLetterTopic:     a.cfg.DeadLetterTopic,
+			RetentionNs:         int64(a.cfg.Retention),
+			PriorityToleranceNs: int64(a.cfg.PriorityTolerance),
 		},
 	}
 	note := func(check, id, format string, args ...any) {
@@ -211,10 +212,10 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		}
 
 		// lateness, of the first copy of every event the history knows
-		if len(h.records) > 0 && h.accepted() {
+		if len(h.records) > 0 && h.accepted() && h.burst == "" {
 			r := h.records[0]
 			due := a.dueNs(h, r)
-			l := float64(r.AppendMs*1e6-max(due, h.createdNs())) / 1e6
+			l := float64(a.latenessNs(h, r)) / 1e6
 			switch a.period(due) {
 			case "faulty":
 				late.faulty = append(late.faulty, l)
@@ -259,6 +260,21 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		note(f.check, f.id, "%s", f.why)
 	}
 
+	// 12. priority under a backlog
+	res.Bursts = []BurstResult{}
+	for _, b := range a.priority(ops) {
+		res.Bursts = append(res.Bursts, b.BurstResult)
+		if b.Skipped != "" {
+			res.BurstsSkipped++
+			continue
+		}
+		res.BurstsChecked++
+		res.PriorityViolations += b.Violations
+		for _, f := range b.findings {
+			note("priority_violations", f.id, "%s", f.why)
+		}
+	}
+
 	// 8. convergence
 	res.ConvergenceProblems = convergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
@@ -267,7 +283,8 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 &&
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
 		res.UpdateViolations == 0 && res.StaleReads == 0 && res.BulkCancelViolations == 0 &&
-		res.RecurringMissing == 0 && res.RecurringEarly == 0 && res.RecurringPhantom == 0 && res.RecurringAfterStop == 0 && res.Converged
+		res.RecurringMissing == 0 && res.RecurringEarly == 0 && res.RecurringPhantom == 0 && res.RecurringAfterStop == 0 &&
+		res.PriorityViolations == 0 && res.Converged
 	return res
 }
 
@@ -509,11 +526,13 @@ func (a *analysis) recovery() []Recovery {
 		var last int64 = math.MinInt64
 		for _, id := range a.order {
 			h := a.ids[id]
-			if len(h.records) == 0 || !h.accepted() {
+			if len(h.records) == 0 || !h.accepted() || h.burst != "" {
 				continue
 			}
 			r := h.records[0]
-			if max(a.dueNs(h, r), h.createdNs()) <= w.heal {
+			// Backlog at the heal: events that had to be produced by then, at the end of
+			// their window when they have one.
+			if max(a.dueNs(h, r), h.createdNs())+h.windowNs(r) <= w.heal {
 				last = max(last, r.AppendMs*1e6)
 			}
 		}

@@ -29,6 +29,7 @@ func violations(res Results) map[string]int {
 		"recurring_early":        res.RecurringEarly,
 		"recurring_phantom":      res.RecurringPhantom,
 		"recurring_after_stop":   res.RecurringAfterStop,
+		"priority_violations":    res.PriorityViolations,
 	}
 }
 
@@ -112,6 +113,12 @@ func TestCleanHistoriesPass(t *testing.T) {
 			if l.Healthy.Max > 330 || l.Healthy.P50 > 30 || l.Faulty.Max < 1000 {
 				t.Errorf("lateness healthy p50 %v max %v (want <= 30, 330 ms), faulty max %v (want > 1 s)",
 					l.Healthy.P50, l.Healthy.Max, l.Faulty.Max)
+			}
+			// One burst judged (q1, in priority order within the tolerance), one skipped (q2,
+			// in no order, under the kill); neither in the lateness above.
+			if res.BurstsChecked != 1 || res.BurstsSkipped != 1 || res.Bursts[0].Burst != "burst2" ||
+				!strings.Contains(res.Bursts[0].Skipped, "kill") || res.Bursts[1].Judged != 30 {
+				t.Errorf("bursts %+v", res.Bursts)
 			}
 			if len(res.Recovery) != len(genWindows) {
 				t.Errorf("recovery has %d entries, want %d", len(res.Recovery), len(genWindows))
@@ -574,6 +581,44 @@ func TestLatenessCountsFromAcceptance(t *testing.T) {
 	if got := res.LatenessMs.Healthy; got.Count != 1 || got.Max != 4 {
 		t.Errorf("lateness of an event accepted after its due = %+v, want 4 ms from acceptance", got)
 	}
+}
+
+// An event with a window may fire anywhere in [due, due+window]: its lateness counts from
+// the window's end (0 inside it), the backlog at a heal leaves out what its window lets
+// fire later, and a record before the due is early all the same.
+func TestLatenessCountsTheWindow(t *testing.T) {
+	windowed := func(id string, due, late time.Duration) (Op, Record) {
+		op, rec := event(id, due, late)
+		op.WindowNs = int64(2 * time.Second)
+		return op, rec
+	}
+	var ops []Op
+	var recs []Record
+	add := func(op Op, rec Record) { ops = append(ops, op); recs = append(recs, rec) }
+	add(windowed("in", 10*time.Second, 1500*time.Millisecond))   // inside: 0
+	add(windowed("edge", 11*time.Second, 2000*time.Millisecond)) // at the window's end: 0
+	add(windowed("past", 12*time.Second, 2300*time.Millisecond)) // 300 ms past it
+	add(event("plain", 13*time.Second, 40*time.Millisecond))     // no window: 40
+	res := Check(ops, recs, cleanCluster(1), Config{})
+	assertClean(t, res)
+	if got, want := res.LatenessMs.Healthy, (Quantiles{Count: 4, P50: 0, P99: 300, Max: 300}); got != want {
+		t.Errorf("lateness = %+v, want %+v", got, want)
+	}
+
+	// A kill healed at 30 s: "late", due at 29 s with a 2 s window, may fire until 31 s and
+	// is no backlog; "due", due at 27 s with a 2 s window, had to fire by the heal.
+	kill := Op{F: FNemesis, Kind: "kill", InvokeNs: at(25 * time.Second), CompleteNs: at(30 * time.Second)}
+	lateOp, lateRec := windowed("late", 29*time.Second, 1900*time.Millisecond) // 30.9 s
+	dueOp, dueRec := windowed("due", 27*time.Second, 3400*time.Millisecond)    // 30.4 s
+	res = Check([]Op{kill, lateOp, dueOp}, []Record{lateRec, dueRec}, cleanCluster(1), Config{})
+	assertClean(t, res)
+	if len(res.Recovery) != 1 || res.Recovery[0].RecoveryMs != 400 {
+		t.Errorf("recovery = %+v, want 400 ms (the window of the event due at 29 s reaches past the heal)", res.Recovery)
+	}
+
+	// Never early, window or not.
+	op, rec := windowed("early", 10*time.Second, -3*time.Millisecond)
+	assertOnly(t, Check([]Op{op}, []Record{rec}, cleanCluster(1), Config{}), "early", "early")
 }
 
 // addGet appends a get of id, invoked at t and answered 2 ms later, that found nothing

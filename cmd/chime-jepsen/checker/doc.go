@@ -79,7 +79,7 @@
 // backup_phantom == 0 && backup_wrong_state == 0 && backup_invalid == 0 &&
 // update_violations == 0 && stale_reads == 0 && bulk_cancel_violations == 0 &&
 // recurring_missing == 0 && recurring_early == 0 && recurring_phantom == 0 &&
-// recurring_after_stop == 0 && converged.
+// recurring_after_stop == 0 && priority_violations == 0 && converged.
 //
 //  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
 //     (existing or not) and no cancel op of type ok or info (a bulk cancel's synthesized
@@ -260,6 +260,46 @@
 //     followed ends the demand at its invocation. The driver waits for the drain past every
 //     schedule's end.
 //
+//  12. priority_violations (counts pairs of events; the firing policy of issue 20: under a
+//     backlog, a shard's leader produces the due events of higher priority first). A burst is
+//     the schedule ops that carry one Op.Burst: the driver schedules them at once, all on one
+//     shard, all due at one time, each with a priority, on a topic whose rate limit makes
+//     the shard's leader produce them over seconds, so that at D every one of them is due and
+//     waiting. D is the latest due (AckDueNs, else DeliverAtNs) of the burst's ok schedules;
+//     A is the latest append of any record of its ids.
+//     A burst is skipped (bursts_skipped, with the reason in bursts), not judged, when none
+//     of its schedules is ok or no record of its ids was read back (nothing to compare), or
+//     when a fault window [start, heal] overlaps [D, A + 1 s]: a leader killed, paused,
+//     partitioned, slowed, skewed or cut off from Kafka while the burst drains hands its
+//     backlog to another leader, which loads it anew, or produces it in retries and
+//     catch-up batches, none of which keeps priority order; the second after A keeps out a
+//     fault that began as the drain ended, whose held-back events, when never produced (a
+//     loss, check 1), do not move A. Every other burst is checked (bursts_checked).
+//     In a checked burst, an id is compared when all of these hold:
+//     (i) an ok schedule of it in the burst completed by D: an event stored after D fires
+//     at its acceptance, and was not waiting with the others at D (that schedule gives its
+//     priority, DefaultPriority when unset);
+//     (ii) that schedule set no window: a windowed event fires at a point of its own in
+//     [due, due+window], not in priority order;
+//     (iii) no cancel or update of it may have happened (ok or info, a bulk cancel's
+//     included): either removes the event from the backlog or moves it;
+//     (iv) it has exactly one record, on the schedule's topic, with chime-attempt 1
+//     (Record.Attempt): a retry's append says when the retry got through, not when the
+//     event's turn came; a second copy comes from a leader change or a produce retry, whose
+//     first copy's time is not the leader's choice either; a dead-letter copy follows
+//     failed attempts. A record without the header (attempt 0) is not compared.
+//     A violation is a pair (L, H) of compared ids of one burst with priority(H) >
+//     priority(L) and append(L) + PriorityTolerance < append(H): a lower-priority event
+//     produced clearly before a higher-priority one that was already due. Strict "<": H
+//     appended exactly the tolerance after L is no violation. The default tolerance, 500 ms,
+//     covers a leader reserving rate-limit slots up to about 250 ms ahead and producing its
+//     batches concurrently, so neighbouring priorities overlap (and the truncation of
+//     AppendMs). Events of two bursts (two shards, two leaders) are never compared. One
+//     example per L, in burst (D) then append order, names the H of the pair appended last
+//     and how many more pairs L is in.
+//     The events of bursts are left out of lateness and recovery (below): the rate limit
+//     delays them by design. Each burst's drain, A − D, is measured in bursts instead.
+//
 // # What is measured, not judged
 //
 //   - duplicates: per id and version (chime-version, 1 when absent), the records beyond the
@@ -275,14 +315,20 @@
 //     the ok schedule that created the event (existing=false), else of the first schedule
 //     that could have: an event accepted after its due time (a deliver_at in the past, a
 //     retry of a request the cluster refused during a fault) fires at acceptance, and is
-//     late only from then. Its period is decided by the event's due: faulty
+//     late only from then. The events of bursts (check 12) are left out. An event with a
+//     window (Op.WindowNs, of the id's reference schedule, or of the upsert that made the
+//     record's version) may fire anywhere in [due, due+window]: its lateness is counted from
+//     the window's end, and a record inside the window is 0 ms late (one before its due stays
+//     negative: a window never allows early, and check 2 ignores windows). Its period is
+//     decided by the event's due: faulty
 //     if the due lies in any fault window [start, heal], else after_heal if it is after
 //     FinalHealNs (default: the latest heal), else healthy. Each period reports count, p50,
 //     p99 and max; quantiles are nearest-rank (the value at rank ⌈q·n⌉ of the sorted values),
 //     rounded to the microsecond. Duplicates are left out: they measure retries, not delivery.
 //   - recovery: per fault window, in start order, recovery_ms = max(0, A − heal) / 1e6, where
-//     A is the latest append among the first copies whose due and creation (as for lateness)
-//     are ≤ heal (0 when there is none):
+//     A is the latest append among the first copies whose due and creation (as for lateness),
+//     plus the window of a windowed event, are ≤ heal, bursts' events aside (0 when there is
+//     none):
 //     how long after the heal the backlog took to reach Kafka. Later duplicates are not
 //     backlog and are left out.
 //   - invalid_accepted: ops with f "invalid" (deliberately bad input, invariant 7) that
@@ -291,9 +337,12 @@
 //   - bulk_cancels: the ok cancel_matching ops that were not dry runs (ops), and the sums of
 //     their matched, cancelled, skipped_fired and skipped_held.
 //   - occurrences: the distinct occurrences of recurring schedules read back.
+//   - bursts: per burst, by D: its tag, D, its ids, the ids compared, A, the drain A − D in
+//     ms, why it was skipped ("" when checked), and its violations.
 //
 // Examples holds, per check (keyed like its count), up to [MaxExamples] findings in id
-// order (backup_invalid's name the backup's directory, in history order), each an id and a
+// order (backup_invalid's name the backup's directory, in history order; priority_violations'
+// are in burst then append order), each an id and a
 // one-line explanation with times relative to the run's start (the
 // first op invocation).
 //
@@ -303,7 +352,10 @@
 //	 "idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
 //	 "backup_wrong_state", "backup_invalid", "update_violations", "stale_reads",
 //	 "bulk_cancel_violations", "recurring_missing", "recurring_early", "recurring_phantom",
-//	 "recurring_after_stop", "occurrences", "duplicates",
+//	 "recurring_after_stop", "priority_violations", "bursts_checked", "bursts_skipped",
+//	 "bursts": [{"burst", "due_ns", "events", "judged", "last_append_ns", "drain_ms",
+//	             "skipped", "violations"}],
+//	 "occurrences", "duplicates",
 //	 "duplicates_by_fault": {kind|"none": n},
 //	 "converged", "convergence_problems": [string],
 //	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},
@@ -313,7 +365,7 @@
 //	 "bulk_cancels": {"ops", "matched", "cancelled", "skipped_fired", "skipped_held"},
 //	 "examples": {check: [{"id", "why"}]},
 //	 "config": {"early_tolerance_ns", "cancel_tolerance_ns", "duplicate_grace_ns",
-//	            "final_heal_ns", "dead_letter_topic", "retention_ns"}}
+//	            "final_heal_ns", "dead_letter_topic", "retention_ns", "priority_tolerance_ns"}}
 //
 // # report.html
 //

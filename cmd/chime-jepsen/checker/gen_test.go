@@ -328,6 +328,46 @@ func genClean(seed uint64, n int) *run {
 				Error: "event.topic: required", InvokeNs: ii, CompleteNs: ii + lat()})
 		}
 	}
+	// Two bursts (check 12) of 30 events "qK-NN" on one topic, due at once and acked in one
+	// batch a second before: q1 at 40 s, clear of every fault, produced in priority order
+	// (unset is 5) over 2 s, each up to 200 ms off its turn; q2 at 12 s, inside the kill,
+	// produced after the heal in no order at all, which a fault excuses (it is skipped).
+	for k, due := range []int64{at(40 * time.Second), at(12 * time.Second)} {
+		tag, heal := fmt.Sprintf("burst%d", k+1), int64(0)
+		if h, ok := inFault(due); ok {
+			heal = h
+		}
+		type ev struct {
+			id   string
+			prio int
+		}
+		var evs []ev
+		invoke := due - int64(time.Second)
+		for i := range 30 {
+			id := fmt.Sprintf("q%d-%02d", k+1, i)
+			op := Op{F: FSchedule, ID: id, Topic: "bursts", Payload: "p-" + id, DeliverAtNs: due, Burst: tag,
+				InvokeNs: invoke, CompleteNs: invoke + lat(), Type: TypeOK, AckDueNs: due}
+			prio := DefaultPriority
+			if r.IntN(5) != 0 {
+				p := uint32(r.IntN(10))
+				op.Priority, prio = &p, int(p)
+			}
+			add(op)
+			g.ids["burst"] = append(g.ids["burst"], id)
+			g.due[id] = due
+			evs = append(evs, ev{id, prio})
+		}
+		if heal == 0 {
+			slices.SortStableFunc(evs, func(x, y ev) int { return y.prio - x.prio })
+		}
+		for rank, e := range evs {
+			appended := due + 5e6 + int64(rank)*int64(2*time.Second)/30 + r.Int64N(int64(400*time.Millisecond)) - int64(200*time.Millisecond)
+			if heal != 0 {
+				appended = heal + r.Int64N(int64(2*time.Second))
+			}
+			record(e.id, "bursts", "p-"+e.id, due, max(appended, due))
+		}
+	}
 	g.addBackups(rand.New(rand.NewPCG(seed, 0xbac)))
 	// History order is invocation order.
 	slices.SortStableFunc(g.ops, func(a, b Op) int { return int(min(max(a.InvokeNs-b.InvokeNs, -1), 1)) })
@@ -478,7 +518,7 @@ func (g *run) addBackups(r *rand.Rand) {
 	}
 	byID := map[string]*idOps{}
 	var ids []string
-	for _, sc := range scenarios {
+	for _, sc := range append(slices.Clone(scenarios), "burst") {
 		for _, id := range g.ids[sc] {
 			byID[id] = &idOps{}
 			ids = append(ids, id)

@@ -44,11 +44,12 @@ func configFrom(c ConfigUsed) Config {
 		return time.Duration(ns)
 	}
 	return Config{
-		EarlyTolerance:  explicit(c.EarlyToleranceNs),
-		CancelTolerance: time.Duration(c.CancelToleranceNs),
-		DuplicateGrace:  explicit(c.DuplicateGraceNs),
-		FinalHealNs:     c.FinalHealNs,
-		DeadLetterTopic: c.DeadLetterTopic,
+		EarlyTolerance:    explicit(c.EarlyToleranceNs),
+		CancelTolerance:   time.Duration(c.CancelToleranceNs),
+		DuplicateGrace:    explicit(c.DuplicateGraceNs),
+		FinalHealNs:       c.FinalHealNs,
+		DeadLetterTopic:   c.DeadLetterTopic,
+		PriorityTolerance: explicit(c.PriorityToleranceNs),
 	}
 }
 
@@ -82,7 +83,7 @@ svg.plot { display: block; margin-bottom: 1.5em; }
 <tr><th class="l">check</th><th>count</th><th class="l">status</th></tr>
 {{range .Checks}}<tr><td class="l{{with .NameClass}} {{.}}{{end}}">{{.Name}}</td><td>{{.Count}}</td><td class="l{{with .Class}} {{.}}{{end}}">{{.Status}}</td></tr>
 {{end}}</table>
-<p>Tolerances: early {{.Tolerances.Early}}, cancel {{.Tolerances.Cancel}}, duplicate grace {{.Tolerances.Grace}}; final heal at {{.Tolerances.FinalHeal}}; dead-letter topic <code>{{.Tolerances.DeadLetter}}</code>.</p>
+<p>Tolerances: early {{.Tolerances.Early}}, cancel {{.Tolerances.Cancel}}, duplicate grace {{.Tolerances.Grace}}, priority {{.Tolerances.Priority}}; final heal at {{.Tolerances.FinalHeal}}; dead-letter topic <code>{{.Tolerances.DeadLetter}}</code>.</p>
 <h2>Lateness of first copies (ms, append time − due)</h2>
 <table>
 <tr><th class="l">period (by due time)</th><th>count</th><th>p50</th><th>p99</th><th>max</th></tr>
@@ -102,6 +103,11 @@ svg.plot { display: block; margin-bottom: 1.5em; }
 <table>
 <tr><th class="l">directory</th><th class="l">node</th><th>invoked (s)</th><th>took (s)</th><th class="l">outcome</th><th>shards</th><th>events</th><th class="l">error</th></tr>
 {{range .Backups}}<tr><td class="l"><code>{{.Dir}}</code></td><td class="l">{{.Node}}</td><td>{{.Invoked}}</td><td>{{.Took}}</td><td class="l{{with .Class}} {{.}}{{end}}">{{.Outcome}}</td><td>{{.Shards}}</td><td>{{.Events}}</td><td class="l">{{.Error}}</td></tr>
+{{end}}</table>
+{{end}}{{if .Bursts}}<h2>Bursts (priority under a backlog)</h2>
+<table>
+<tr><th class="l">burst</th><th>due (s)</th><th>events</th><th>compared</th><th>drain (ms)</th><th class="l">status</th><th>violations</th></tr>
+{{range .Bursts}}<tr><td class="l"><code>{{.Burst}}</code></td><td>{{.Due}}</td><td>{{.Events}}</td><td>{{.Judged}}</td><td>{{.Drain}}</td><td class="l{{with .Class}} {{.}}{{end}}">{{.Status}}</td><td>{{.Violations}}</td></tr>
 {{end}}</table>
 {{end}}<h2>Final state</h2>
 {{if .Problems}}<ul class="bad">
@@ -148,7 +154,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	a := analyze(ops, recs, configFrom(res.Config))
 	kindColor, _ := kindColors(a.windows)
 	bands := faultBands(a.windows, a.startNs, kindColor)
-	type tolerances struct{ Early, Cancel, Grace, FinalHeal, DeadLetter string }
+	type tolerances struct{ Early, Cancel, Grace, Priority, FinalHeal, DeadLetter string }
 	type period struct {
 		Name          string
 		Count         int
@@ -170,6 +176,10 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 		Dir, Node, Invoked, Took, Outcome, Class, Error string
 		Shards, Events                                  int
 	}
+	type burstRow struct {
+		Burst, Due, Drain, Status, Class string
+		Events, Judged, Violations       int
+	}
 	type example struct{ ID, Why string }
 	type exampleGroup struct {
 		Check string
@@ -184,6 +194,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 		Duplicates                   []dup
 		Recovery                     []recovery
 		Backups                      []backupRow
+		Bursts                       []burstRow
 		Problems                     []string
 		OpTypes                      []string
 		OpRows                       []opRow
@@ -229,6 +240,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("recurring_early", res.RecurringEarly, true)
 	row("recurring_phantom", res.RecurringPhantom, true)
 	row("recurring_after_stop", res.RecurringAfterStop, true)
+	row("priority_violations", res.PriorityViolations, true)
 	conv, convClass := "yes", "good"
 	if !res.Converged {
 		conv, convClass = "no", "bad"
@@ -241,12 +253,14 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 		reportCheck{Name: "lists", Count: res.ListSummary()},
 		reportCheck{Name: "bulk cancels", Count: res.BulkCancelSummary()},
 		reportCheck{Name: "recurring occurrences", Count: fmt.Sprint(res.Occurrences), Status: "measured"},
+		reportCheck{Name: "bursts checked / skipped", Count: fmt.Sprintf("%d / %d", res.BurstsChecked, res.BurstsSkipped)},
 		reportCheck{Name: "acked ids / delivered ids", Count: fmt.Sprintf("%d / %d", res.AckedIDs, res.DeliveredIDs)},
 		reportCheck{Name: "records (dead-letter)", Count: fmt.Sprintf("%d (%d)", res.Records, res.DeadLetterRecords)},
 		reportCheck{Name: "valid", Class: v.VerdictClass, Status: fmt.Sprint(res.Valid), NameClass: v.VerdictClass})
 	v.Tolerances = tolerances{
 		Early: time.Duration(res.Config.EarlyToleranceNs).String(), Cancel: time.Duration(res.Config.CancelToleranceNs).String(),
-		Grace: time.Duration(res.Config.DuplicateGraceNs).String(), FinalHeal: relS(a, res.Config.FinalHealNs),
+		Grace: time.Duration(res.Config.DuplicateGraceNs).String(), Priority: time.Duration(res.Config.PriorityToleranceNs).String(),
+		FinalHeal:  relS(a, res.Config.FinalHealNs),
 		DeadLetter: res.Config.DeadLetterTopic,
 	}
 	for _, p := range []struct {
@@ -271,6 +285,22 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 			r.Class = "warn"
 		}
 		v.Backups = append(v.Backups, r)
+	}
+	for _, b := range res.Bursts {
+		r := burstRow{Burst: b.Burst, Due: relS(a, b.DueNs), Drain: latency.Format(b.DrainMs), Status: "checked",
+			Events: b.Events, Judged: b.Judged, Violations: b.Violations}
+		switch {
+		case b.Skipped != "":
+			r.Status, r.Class = "skipped: "+b.Skipped, "warn"
+			if b.LastAppendNs == 0 {
+				r.Drain = "-"
+			}
+		case b.Violations > 0:
+			r.Class = "bad"
+		default:
+			r.Class = "good"
+		}
+		v.Bursts = append(v.Bursts, r)
 	}
 	for _, m := range res.Ops {
 		for t := range m {
@@ -317,12 +347,14 @@ func latenessPlot(a *analysis, bands []latency.Band) latency.Plot {
 	dup := latency.Series{Name: "duplicate", Color: "#ff9800", Radius: 2}
 	phantom := latency.Series{Name: "phantom", Color: "#8e24aa", Radius: 2.5}
 	early := latency.Series{Name: "early", Color: "#d50000", Radius: 3}
+	// The first copies of bursts' events, which a rate limit delays by design (check 12).
+	burst := latency.Series{Name: "burst", Color: "#2e9e6b", Radius: 1.5}
 	for _, id := range a.order {
 		h := a.ids[id]
 		for i, r := range h.records {
 			due := a.dueNs(h, r)
 			at := r.AppendMs * 1e6
-			pt := latency.Point{X: float64(due-a.startNs) / 1e9, Y: float64(at-due) / 1e6}
+			pt := latency.Point{X: float64(due-a.startNs) / 1e9, Y: float64(pastWindow(at-due, h.windowNs(r))) / 1e6}
 			switch {
 			case at < due-int64(a.cfg.EarlyTolerance):
 				early.Points = append(early.Points, pt)
@@ -330,15 +362,21 @@ func latenessPlot(a *analysis, bands []latency.Band) latency.Plot {
 				phantom.Points = append(phantom.Points, pt)
 			case i > 0:
 				dup.Points = append(dup.Points, pt)
+			case h.burst != "":
+				burst.Points = append(burst.Points, pt)
 			default:
 				first.Points = append(first.Points, pt)
 			}
 		}
 	}
+	series := []latency.Series{first, dup, phantom, early}
+	if len(burst.Points) > 0 { // a run without bursts keeps its legend as it was
+		series = slices.Insert(series, 1, burst)
+	}
 	return latency.Plot{
 		ID: "lateness", Title: "Lateness vs due time",
 		XLabel: "due time (s since start)", YLabel: "lateness (ms, symlog)",
-		Series: []latency.Series{first, dup, phantom, early},
+		Series: series,
 		Bands:  bands, AnnotateMax: true,
 	}
 }

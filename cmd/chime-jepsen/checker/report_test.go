@@ -55,6 +55,7 @@ func TestWriteReport(t *testing.T) {
 	for _, k := range []string{"valid", "lost", "early", "early_under_skew", "cancel_violations", "phantom",
 		"idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
 		"backup_wrong_state", "backup_invalid", "update_violations", "stale_reads", "bulk_cancel_violations", "bulk_cancels",
+		"priority_violations", "bursts_checked", "bursts_skipped", "bursts",
 		"duplicates", "duplicates_by_fault", "converged", "convergence_problems",
 		"lateness_ms", "recovery", "ops", "examples"} {
 		if _, ok := keys[k]; !ok {
@@ -110,7 +111,7 @@ func TestWriteReport(t *testing.T) {
 	for _, want := range []string{
 		`<span class="bad">INVALID</span>`,
 		`id="lateness"`, `id="latency"`, "Lateness vs due time", "Latency over time",
-		`data-series="first copy"`, `data-series="duplicate"`, `data-series="early"`, `data-series="phantom"`,
+		`data-series="first copy"`, `data-series="duplicate"`, `data-series="early"`, `data-series="phantom"`, `data-series="burst"`,
 		`data-series="ok"`, `data-series="info"`, `data-series="fail"`,
 		"ghost&lt;&amp;&gt;", "max ",
 	} {
@@ -138,6 +139,16 @@ func TestWriteReport(t *testing.T) {
 		!regexp.MustCompile(`<td class="l">backup_lost</td><td>0</td><td class="l good">`).MatchString(page) ||
 		!regexp.MustCompile(`<td class="l">bulk_cancel_violations</td><td>0</td><td class="l good">`).MatchString(page) {
 		t.Errorf("summary rows are not highlighted as expected")
+	}
+	// Bursts: a row for the rule, one for how many were judged, and a table, the skipped one
+	// flagged with its reason.
+	if !regexp.MustCompile(`<td class="l">priority_violations</td><td>0</td><td class="l good">`).MatchString(page) ||
+		!strings.Contains(page, `<td class="l">bursts checked / skipped</td><td>1 / 1</td>`) ||
+		!strings.Contains(page, "<h2>Bursts (priority under a backlog)</h2>") ||
+		!regexp.MustCompile(`<td class="l"><code>burst2</code></td>.*<td class="l warn">skipped: fault window kill `).MatchString(page) ||
+		!regexp.MustCompile(`<td class="l"><code>burst1</code></td><td>[\d.]+</td><td>30</td><td>30</td><td>[\d.]+</td><td class="l good">checked</td><td>0</td>`).MatchString(page) ||
+		!strings.Contains(page, "priority 500ms") {
+		t.Errorf("report.html lacks the burst rows and table")
 	}
 	// Lists and bulk cancels are summed up.
 	if want := `<td class="l">lists</td><td>` + res.ListSummary() + `</td>`; !strings.Contains(page, want) ||

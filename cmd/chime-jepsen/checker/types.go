@@ -16,6 +16,17 @@ type Op struct {
 	DelayNs     int64  `json:"delay_ns,omitempty"`      // schedule: exactly one of DelayNs and DeliverAtNs is set
 	DeliverAtNs int64  `json:"deliver_at_ns,omitempty"` // (update: its new due time, the same way)
 
+	// Schedule (and upsert) only: the firing policy it sent. Priority is Event.priority as
+	// the request carried it, nil when unset (the server then uses DefaultPriority; JSON
+	// omits it, so a history from before priorities reads as unset); see EffectivePriority.
+	// WindowNs is Event.window (0: none): the event may fire anywhere in [due, due+window].
+	Priority *uint32 `json:"priority,omitempty"`
+	WindowNs int64   `json:"window_ns,omitempty"`
+	// Burst: the burst the event belongs to, "" for any other (check 12). A burst is
+	// scheduled at once on one shard, every event of it due at the same time, on a topic
+	// whose rate limit makes it drain over seconds.
+	Burst string `json:"burst,omitempty"`
+
 	// Update only: the expected_version it sent (0: none). Payload is the new payload it
 	// set; every update of a run sets a payload no other op used. Upsert: the update was a
 	// Schedule with on_conflict REPLACE (of an id scheduled less than half the retention
@@ -88,6 +99,18 @@ type Op struct {
 	Kind    string   `json:"kind,omitempty"`
 	Targets []string `json:"targets,omitempty"`
 	SkewNs  int64    `json:"skew_ns,omitempty"`
+}
+
+// DefaultPriority is the priority of an event whose request left it unset.
+const DefaultPriority = 5
+
+// EffectivePriority is the priority the server gives the event op schedules: op.Priority,
+// or DefaultPriority when it is unset.
+func (op *Op) EffectivePriority() int {
+	if op.Priority == nil {
+		return DefaultPriority
+	}
+	return int(*op.Priority)
 }
 
 // Op.F values.
@@ -197,7 +220,7 @@ type ReplicaState struct {
 }
 
 // Config holds the tolerances of the checks. Zero fields take the defaults below; a negative
-// EarlyTolerance or DuplicateGrace means zero.
+// EarlyTolerance, DuplicateGrace or PriorityTolerance means zero.
 type Config struct {
 	// EarlyTolerance: a record is early only if it was appended more than this before its
 	// due time. Default 2 ms: AppendMs is truncated to the millisecond (up to 1 ms lost) and
@@ -221,13 +244,19 @@ type Config struct {
 	// Retention is the cluster's --retention: a settled event may be removed this long after
 	// it settled, and not before. Zero means settled events are kept forever.
 	Retention time.Duration
+	// PriorityTolerance: within a burst, a lower-priority event appended up to this long
+	// before a higher-priority one is no priority violation (check 12). Default 500 ms: the
+	// leader reserves rate-limit slots up to about 250 ms ahead, and produces batches
+	// concurrently, so neighbouring priorities overlap by that much.
+	PriorityTolerance time.Duration
 }
 
 // Defaults of Config.
 const (
-	DefaultEarlyTolerance  = 2 * time.Millisecond
-	DefaultDuplicateGrace  = 10 * time.Second
-	DefaultDeadLetterTopic = "chime.deadletter"
+	DefaultEarlyTolerance    = 2 * time.Millisecond
+	DefaultDuplicateGrace    = 10 * time.Second
+	DefaultDeadLetterTopic   = "chime.deadletter"
+	DefaultPriorityTolerance = 500 * time.Millisecond
 )
 
 func (c Config) withDefaults(ops []Op) Config {
@@ -243,6 +272,11 @@ func (c Config) withDefaults(ops []Op) Config {
 		c.DuplicateGrace = DefaultDuplicateGrace
 	} else if c.DuplicateGrace < 0 {
 		c.DuplicateGrace = 0
+	}
+	if c.PriorityTolerance == 0 {
+		c.PriorityTolerance = DefaultPriorityTolerance
+	} else if c.PriorityTolerance < 0 {
+		c.PriorityTolerance = 0
 	}
 	if c.DeadLetterTopic == "" {
 		c.DeadLetterTopic = DefaultDeadLetterTopic
@@ -261,8 +295,8 @@ func (c Config) withDefaults(ops []Op) Config {
 type Results struct {
 	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly,
 	// Resurrected, the four Backup counts, UpdateViolations, StaleReads,
-	// BulkCancelViolations and the four Recurring counts are all zero and the final state
-	// converged.
+	// BulkCancelViolations, the four Recurring counts and PriorityViolations are all zero
+	// and the final state converged.
 	Valid bool `json:"valid"`
 
 	Lost                  int `json:"lost"`                   // ids
@@ -284,6 +318,14 @@ type Results struct {
 	RecurringEarly        int `json:"recurring_early"`        // records
 	RecurringPhantom      int `json:"recurring_phantom"`      // records
 	RecurringAfterStop    int `json:"recurring_after_stop"`   // occurrences
+	PriorityViolations    int `json:"priority_violations"`    // (lower, higher) pairs within a burst
+
+	// BurstsChecked and BurstsSkipped count the bursts check 12 judged and those it left
+	// out (a fault window overlapped them, or nothing of them was acked or read back);
+	// Bursts has one entry per burst, by due time.
+	BurstsChecked int           `json:"bursts_checked"`
+	BurstsSkipped int           `json:"bursts_skipped"`
+	Bursts        []BurstResult `json:"bursts"`
 
 	// Occurrences counts the distinct occurrences read back (measured, not judged).
 	Occurrences int `json:"occurrences"`
@@ -326,6 +368,23 @@ type BulkTotals struct {
 	SkippedHeld  uint64 `json:"skipped_held"`
 }
 
+// BurstResult is one burst as check 12 saw it.
+type BurstResult struct {
+	Burst string `json:"burst"`  // Op.Burst
+	DueNs int64  `json:"due_ns"` // D: when every event of it fell due
+	// Events: the ids of the burst; Judged: those whose record the rule compared.
+	Events int `json:"events"`
+	Judged int `json:"judged"`
+	// LastAppendNs: the last append of a record of the burst (0: none); DrainMs: how long
+	// after D that was, in ms (measured, not judged).
+	LastAppendNs int64   `json:"last_append_ns"`
+	DrainMs      float64 `json:"drain_ms"`
+	// Skipped says why the burst was not judged ("" when it was); Violations counts its
+	// (lower, higher) pairs.
+	Skipped    string `json:"skipped,omitempty"`
+	Violations int    `json:"violations"`
+}
+
 // MaxExamples bounds Results.Examples per check.
 const MaxExamples = 10
 
@@ -361,10 +420,11 @@ type Recovery struct {
 
 // ConfigUsed is the Config Check ran with, defaults applied.
 type ConfigUsed struct {
-	EarlyToleranceNs  int64  `json:"early_tolerance_ns"`
-	CancelToleranceNs int64  `json:"cancel_tolerance_ns"`
-	DuplicateGraceNs  int64  `json:"duplicate_grace_ns"`
-	FinalHealNs       int64  `json:"final_heal_ns"`
-	DeadLetterTopic   string `json:"dead_letter_topic"`
-	RetentionNs       int64  `json:"retention_ns"`
+	EarlyToleranceNs    int64  `json:"early_tolerance_ns"`
+	CancelToleranceNs   int64  `json:"cancel_tolerance_ns"`
+	DuplicateGraceNs    int64  `json:"duplicate_grace_ns"`
+	FinalHealNs         int64  `json:"final_heal_ns"`
+	DeadLetterTopic     string `json:"dead_letter_topic"`
+	RetentionNs         int64  `json:"retention_ns"`
+	PriorityToleranceNs int64  `json:"priority_tolerance_ns"`
 }
