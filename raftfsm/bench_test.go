@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -90,4 +91,76 @@ func BenchmarkApplyMarkFired(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "events/s")
+}
+
+// fifoObserver queues the events apply schedules, in the order it schedules them.
+type fifoObserver struct{ queue []Ref }
+
+func (o *fifoObserver) Scheduled(seq uint64, due int64) {
+	o.queue = append(o.queue, Ref{Seq: seq, Due: due})
+}
+func (*fifoObserver) Settled(uint64) {}
+func (*fifoObserver) Reset()         {}
+
+// benchSchedules is how many recurring schedules BenchmarkApplyMarkFiredRecurring cycles
+// through, as in BENCHMARKS.md's recurring run (per cluster there; one shard here).
+const benchSchedules = 10_000
+
+// BenchmarkApplyMarkFiredRecurring: 10,000 schedules every second, their phases spread over
+// the second, and per iteration one MarkFired entry of the 256 earliest pending occurrences,
+// as a leader marks them. Each settled occurrence makes apply move its schedule's cursor and
+// create the next occurrence (applier.occurred), which is what this measures on top of
+// BenchmarkApplyMarkFired.
+func BenchmarkApplyMarkFiredRecurring(b *testing.B) {
+	st := openTestStore(b, b.TempDir(), StoreOptions{})
+	obs := &fifoObserver{}
+	f, err := NewFSM(st, 1, obs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		f.Close()
+		st.Close()
+	})
+	index := uint64(0)
+	var logs []*raft.Log
+	flush := func() {
+		f.ApplyBatch(logs)
+		logs = logs[:0]
+	}
+	payload := make([]byte, 200)
+	for i := range benchSchedules {
+		d := Definition{Every: int64(time.Second), Start: t0.Add(time.Second + time.Duration(i%1000)*time.Millisecond).UnixNano(),
+			CatchUp: CatchUpLast, Topic: "reminders", Key: []byte(fmt.Sprintf("key-%d", i)), Payload: payload,
+			Headers: []Header{{Key: "source", Value: []byte("bench")}}}
+		index++
+		logs = append(logs, &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: AppendRecurring(nil, &Recurring{
+			Op: RecurringCreate, ProposedAt: t0.UnixNano(), ID: fmt.Sprintf("sched-%06d", i), Hash: DefinitionHash(&d), Def: d})})
+		if len(logs) == benchBatch {
+			flush()
+		}
+	}
+	flush()
+	if len(obs.queue) != benchSchedules {
+		b.Fatalf("%d occurrences pending, want %d", len(obs.queue), benchSchedules)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		c := &MarkFired{DueKnown: true, Entries: make([]Fired, benchBatch)}
+		for j, r := range obs.queue[:benchBatch] {
+			c.Entries[j] = Fired{Seq: r.Seq, FiredAt: r.Due + 1e6, Attempts: 1, Due: r.Due}
+			c.ProposedAt = max(c.ProposedAt, r.Due+1e6)
+		}
+		obs.queue = append(obs.queue[:0], obs.queue[benchBatch:]...)
+		index++
+		logs := []*raft.Log{{Index: index, Term: 1, Type: raft.LogCommand, Data: AppendMarkFired(nil, c)}}
+		b.StartTimer()
+		res := f.ApplyBatch(logs)[0].(*MarkBatchResult)
+		if res.Outcomes[0] != Marked || res.Outcomes[benchBatch-1] != Marked {
+			b.Fatalf("entry %d: %v", index, res.Outcomes)
+		}
+	}
+	b.ReportMetric(float64(b.N*benchBatch)/b.Elapsed().Seconds(), "occurrences/s")
 }

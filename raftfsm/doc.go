@@ -98,7 +98,10 @@
 //     that breaks this). Each settled occurrence moves its cursor on in the same batch, so
 //     a replayed log, a reopened replica and a restored one make the same next occurrence
 //     (TestRecurringWalk, TestRecurringAcrossRestartAndSnapshot,
-//     TestRestoreRefusesBrokenSchedules).
+//     TestRestoreRefusesBrokenSchedules). The FSM's in-memory schedules hold exactly the
+//     cursors and definitions Pebble holds after every commit (a definition's target only
+//     when small), so that settling an occurrence reads neither: a batch's changes reach
+//     them only once it commits (TestRecurringRandomHistories).
 //
 // # Concurrency
 //

@@ -399,6 +399,7 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 	if err := a.batch.Commit(pebble.NoSync); err != nil {
 		panic(fmt.Sprintf("raftfsm: shard %d: commit entries through %d: %v", f.shard, a.m.appliedIndex, err))
 	}
+	f.publishSchedules(a.scheds)
 	f.mu.Lock()
 	f.meta = a.m
 	f.reclaimed += a.reclaimed

@@ -1,20 +1,29 @@
 package raftfsm
 
 import (
+	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/hashicorp/raft"
+
+	"github.com/chimehq/chime/raftfsm/recurrence"
 )
 
 // TestRecurringRandomHistories applies random histories of recurring operations, fires,
 // cancels and updates of occurrences to two replicas: one applying each entry alone, the
-// other in batches of random sizes and reopened now and then. After every step the first
-// holds the schedule invariants (doc.go, invariant 9: an active schedule, and only one, has
-// a pending occurrence, which is the event its id names and the one the in-memory map
-// names), and at the end both hold byte-identical key spaces.
+// other in batches of random sizes, reopened now and then, restored now and then from a
+// snapshot the first took earlier (then given the log after it), and handed now and then a
+// batch that panics part way. After every step the first holds the schedule invariants
+// (doc.go, invariant 9: an active schedule, and only one, has a pending occurrence, which is
+// the event its id names and the one the in-memory map names; that event holds the
+// definition's target), both hold in memory exactly the schedules their Pebble holds
+// (scheduleCacheMismatch), and at the end both hold byte-identical key spaces.
 func TestRecurringRandomHistories(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	for round := range 8 {
@@ -34,6 +43,13 @@ func recurringHistory(t *testing.T, seed uint64) {
 	stB := openTestStore(t, dirB, StoreOptions{})
 	b, _ := newTestFSM(t, stB, 1)
 	defer func() { b.Close(); stB.Close() }()
+	// Some definitions have a target too large to keep in memory (maxCachedTarget).
+	payload := func(id string) []byte {
+		if rng.IntN(3) == 0 {
+			return bytes.Repeat([]byte(id), maxCachedTarget)
+		}
+		return []byte(id)
+	}
 
 	ids := []string{"s0", "s1", "s2", "s3"}
 	rules := []Definition{
@@ -45,6 +61,12 @@ func recurringHistory(t *testing.T, seed uint64) {
 	}
 	now := t0.UnixNano()
 	var index uint64
+	var logs []*raft.Log // logs[i] is index i+1
+	type snapshot struct {
+		index uint64
+		data  []byte
+	}
+	var snaps []snapshot // of a, taken now and then
 	var pendingB []*raft.Log
 	flushB := func() {
 		if len(pendingB) > 0 {
@@ -55,6 +77,7 @@ func recurringHistory(t *testing.T, seed uint64) {
 	apply := func(c Command) interface{} {
 		index++
 		l := cmdLog(index, c)
+		logs = append(logs, l)
 		res := a.Apply(l)
 		pendingB = append(pendingB, cmdLog(index, c))
 		if rng.IntN(3) == 0 {
@@ -72,12 +95,15 @@ func recurringHistory(t *testing.T, seed uint64) {
 		switch x := rng.IntN(100); {
 		case x < 15:
 			d := rules[rng.IntN(len(rules))]
-			d.Topic, d.Payload = "t", []byte(id)
+			d.Topic, d.Key, d.Payload = "t", []byte("k-"+id), payload(id)
+			if rng.IntN(2) == 0 {
+				d.Headers = []Header{{Key: "h", Value: []byte(id)}}
+			}
 			apply(&Recurring{Op: RecurringCreate, ProposedAt: now, ID: id, Hash: DefinitionHash(&d), Def: d})
 			return "create " + id
 		case x < 22:
 			d := rules[rng.IntN(len(rules))]
-			d.Topic = "t2"
+			d.Topic, d.Payload = "t2", payload(id+"-2")
 			apply(&Recurring{Op: RecurringUpdate, ProposedAt: now, ID: id, Hash: DefinitionHash(&d), Def: d, CheckPending: rng.IntN(2) == 0, Pending: s.NextSeq})
 			return "update " + id
 		case x < 26:
@@ -114,13 +140,62 @@ func recurringHistory(t *testing.T, seed uint64) {
 		if why := scheduleInvariants(a, ids); why != "" {
 			t.Fatalf("seed %d, step %d (%v): %s", seed, i, trace[max(0, len(trace)-5):], why)
 		}
-		if rng.IntN(40) == 0 {
+		switch rng.IntN(30) {
+		case 0:
 			flushB()
 			b.Close()
 			var err error
 			if b, err = NewFSM(stB, 1, nil); err != nil {
 				t.Fatal(err)
 			}
+		case 1:
+			snaps = append(snaps, snapshot{index, snapshotBytes(t, a)})
+		case 4, 5:
+			// Restored from a snapshot of a, maybe an old one, then the log after it.
+			if len(snaps) == 0 {
+				break
+			}
+			flushB()
+			s := snaps[rng.IntN(len(snaps))]
+			if err := restore(b, s.data); err != nil {
+				t.Fatal(err)
+			}
+			trace = append(trace, fmt.Sprintf("restore at %d of %d", s.index, index))
+			if why := scheduleCacheMismatch(t, b); why != "" {
+				t.Fatalf("seed %d, step %d (%v), the batched replica: %s", seed, i, trace[max(0, len(trace)-5):], why)
+			}
+			pendingB = slices.Clone(logs[s.index:])
+		case 2, 3:
+			// The batch so far, then an entry that does not decode: apply panics, and
+			// nothing of the batch commits. Raft would stop here; the test takes the
+			// batch again, replayed entries and all, as after a restart.
+			if len(pendingB) > 0 {
+				bad := &raft.Log{Index: index + 1, Term: 1, Type: raft.LogCommand, Data: []byte{0xee}}
+				if msg := panicMessage(func() { b.ApplyBatch(append(slices.Clone(pendingB), bad)) }); msg == "" {
+					t.Fatal("a batch with an entry that does not decode did not panic")
+				}
+				trace = append(trace, "abandoned batch")
+				if why := scheduleCacheMismatch(t, b); why != "" {
+					t.Fatalf("seed %d, step %d (%v), the batched replica: %s", seed, i, trace[max(0, len(trace)-5):], why)
+				}
+				b.Close()
+				var err error
+				if b, err = NewFSM(stB, 1, nil); err != nil {
+					t.Fatal(err)
+				}
+				// Some of the batch, then all of it: the first ones are then replayed
+				// (ErrReplayed) and must change nothing.
+				if n := rng.IntN(len(pendingB) + 1); n > 0 {
+					b.ApplyBatch(slices.Clone(pendingB[:n]))
+				}
+				flushB()
+			}
+		}
+		if why := scheduleCacheMismatch(t, a); why != "" {
+			t.Fatalf("seed %d, step %d (%v): %s", seed, i, trace[max(0, len(trace)-5):], why)
+		}
+		if why := scheduleCacheMismatch(t, b); why != "" {
+			t.Fatalf("seed %d, step %d (%v), the batched replica: %s", seed, i, trace[max(0, len(trace)-5):], why)
 		}
 	}
 	flushB()
@@ -155,6 +230,15 @@ func scheduleInvariants(f *FSM, ids []string) string {
 		case !ok || ev.Seq != s.NextSeq || ev.State != StateScheduled || ev.Due != s.NextDue:
 			return fmt.Sprintf("schedule %s names occurrence %d due %d; its event is %v seq %d %v due %d", id, s.NextSeq, s.NextDue, ok, ev.Seq, ev.State, ev.Due)
 		}
+		// Its target is the definition's (the payload unless an Update of the occurrence's
+		// id moved it), then the two recurring headers.
+		d := &s.Definition
+		if ev.Topic != d.Topic || !bytes.Equal(ev.Key, d.Key) || !bytes.Equal(ev.Payload, d.Payload) && string(ev.Payload) != "moved" ||
+			len(ev.Headers) != len(d.Headers)+2 || !reflect.DeepEqual(ev.Headers[:len(d.Headers)], d.Headers) && len(d.Headers) > 0 ||
+			ev.Headers[len(d.Headers)].Key != HeaderRecurringID || string(ev.Headers[len(d.Headers)].Value) != id {
+			return fmt.Sprintf("schedule %s's occurrence %d holds topic %q key %q payload %.20q… headers %d; its definition %q %q %.20q… %d",
+				id, ev.Seq, ev.Topic, ev.Key, ev.Payload, len(ev.Headers), d.Topic, d.Key, d.Payload, len(d.Headers))
+		}
 	}
 	if len(want) != len(f.occ.bySeq) {
 		return fmt.Sprintf("the occurrence map holds %v, the cursors %v", f.occ.bySeq, want)
@@ -165,4 +249,69 @@ func scheduleInvariants(f *FSM, ids []string) string {
 		}
 	}
 	return ""
+}
+
+// scheduleCacheMismatch says how f's in-memory schedules (occurrences.scheds) differ from
+// the cursors and definitions in its Pebble, or "": each schedule is there with its cursor
+// and definition, the definition's target only if small enough, and its parsed rule, if it
+// has one yet, is its definition's; and no other schedule is there.
+func scheduleCacheMismatch(t testing.TB, f *FSM) string {
+	t.Helper()
+	stored := map[string]scheduleEntry{}
+	it, err := f.db.NewIter(&pebble.IterOptions{LowerBound: appendShardTag(nil, f.shard, tagCursor), UpperBound: appendShardTag(nil, f.shard, tagCursor+1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Close()
+	for valid := it.First(); valid; valid = it.Next() {
+		id := string(it.Key()[shardPrefixLen+1:])
+		c, err := decodeCursor(it.Value())
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, closer, err := f.db.Get(appendDefinitionKey(nil, f.shard, id))
+		if err != nil {
+			t.Fatalf("schedule %q: definition: %v", id, err)
+		}
+		d, err := decodeStoredDefinition(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := scheduleEntry{cur: c}
+		e.setDefinition(d)
+		closer.Close()
+		stored[id] = e
+	}
+	if err := it.Error(); err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != len(f.occ.scheds) {
+		return fmt.Sprintf("%d schedules in memory, %d in Pebble", len(f.occ.scheds), len(stored))
+	}
+	for id, want := range stored {
+		got := f.occ.scheds[id]
+		switch {
+		case got == nil:
+			return fmt.Sprintf("schedule %q is in Pebble, not in memory", id)
+		case got.cur != want.cur:
+			return fmt.Sprintf("schedule %q's cursor: %+v in memory, %+v in Pebble", id, got.cur, want.cur)
+		case got.target != want.target || !reflect.DeepEqual(got.def, want.def):
+			return fmt.Sprintf("schedule %q's definition: %s in memory, %s in Pebble", id, defSummary(got), defSummary(&want))
+		case got.gone:
+			return fmt.Sprintf("schedule %q is gone in memory", id)
+		}
+		if got.rule != nil {
+			r, err := recurrence.Parse(want.def.Spec())
+			if err != nil || !reflect.DeepEqual(got.rule, r) {
+				return fmt.Sprintf("schedule %q's rule in memory is not its definition's (%v)", id, err)
+			}
+		}
+	}
+	return ""
+}
+
+func defSummary(e *scheduleEntry) string {
+	d := e.def
+	return fmt.Sprintf("{%q %v %q %v..%v %v %v %v/%v topic %q key %q payload %d bytes %q… headers %v; target %v}", d.Cron, d.Every, d.TimeZone,
+		d.Start, d.End, d.Jitter, d.MaxOccurrences, d.CatchUp, d.MaxCatchUp, d.Topic, d.Key, len(d.Payload), d.Payload[:min(len(d.Payload), 8)], d.Headers, e.target)
 }

@@ -327,6 +327,9 @@ func (f *FSM) restoreFrom(r *snapReader, index, term uint64) error {
 	// Verified: from here the old state goes. Its in-memory mirrors go with it.
 	f.stopPending() // rebuilt from the restored state by LoadPending or the next apply
 	f.stopIDFilter()
+	// Until loadOccurrences rebuilds them, apply reads schedules from Pebble, whichever
+	// state a failure below leaves there.
+	clear(f.occ.scheds)
 	if err := f.st.install(st, f.spanStart, f.spanEnd); err != nil {
 		return err
 	}
