@@ -96,7 +96,7 @@ func BenchmarkApplyMarkFired(b *testing.B) {
 // fifoObserver queues the events apply schedules, in the order it schedules them.
 type fifoObserver struct{ queue []Ref }
 
-func (o *fifoObserver) Scheduled(seq uint64, due int64) {
+func (o *fifoObserver) Scheduled(seq uint64, due int64, _ Policy) {
 	o.queue = append(o.queue, Ref{Seq: seq, Due: due})
 }
 func (*fifoObserver) Settled(uint64) {}
