@@ -22,6 +22,7 @@ import (
 	"github.com/chimehq/chime/membership/cluster"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/topiclimit"
 )
 
 // Admin implements chime.v1.Admin over a cluster.Cluster. Calls about another
@@ -32,16 +33,21 @@ import (
 type Admin struct {
 	chimev1.UnimplementedAdminServer
 	c      *cluster.Cluster
+	limits *topiclimit.Table
 	logger *slog.Logger
 }
 
-// RegisterAdmin registers the Admin service for c on gs. logger receives the
-// errors reported as INTERNAL (nil: slog.Default()).
-func RegisterAdmin(gs *grpc.Server, c *cluster.Cluster, logger *slog.Logger) {
+// RegisterAdmin registers the Admin service for c on gs; limits are the
+// node's topic rate limits, which SetTopicRateLimits changes. logger
+// receives the errors reported as INTERNAL (nil: slog.Default()).
+func RegisterAdmin(gs *grpc.Server, c *cluster.Cluster, limits *topiclimit.Table, logger *slog.Logger) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	chimev1.RegisterAdminServer(gs, &Admin{c: c, logger: logger})
+	if limits == nil {
+		limits = topiclimit.NewTable(nil)
+	}
+	chimev1.RegisterAdminServer(gs, &Admin{c: c, limits: limits, logger: logger})
 }
 
 // transferWait bounds how long TransferLeader waits for the old leader's

@@ -10,6 +10,7 @@ import (
 
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard/topiclimit"
 	"github.com/chimehq/chime/wheel"
 )
 
@@ -52,10 +53,15 @@ type Config struct {
 	// the node's replicas so that together they stay within the rate; nil
 	// gives the replica its own.
 	Installs *rate.Limiter
-	Tuning   Tuning
-	Now      func() time.Time
-	Logger   *slog.Logger
-	Metrics  *Metrics
+	// TopicLimits are the node's per-topic fire rate limits, of which the
+	// shard's leader enforces a share, one of Shares (the cluster's shard
+	// count); nil: none.
+	TopicLimits *topiclimit.Table
+	Shares      int
+	Tuning      Tuning
+	Now         func() time.Time
+	Logger      *slog.Logger
+	Metrics     *Metrics
 }
 
 // Tuning holds the knobs. A zero field takes the default in fill, where

@@ -42,6 +42,10 @@ type fireBatch struct {
 	// was in flight; one that is still held is not produced. Guarded by
 	// firing.mu.
 	cancelled map[uint64]bool
+	// limited holds the entries a topic rate limit held back before, each
+	// with whether it holds a slot of the limit now (it goes without
+	// asking again). Set when the batch is taken.
+	limited map[uint64]bool
 	// early is set when the batch was taken before notBefore.
 	early bool
 	// sending is set once the batch has dropped its cancelled entries and
@@ -263,6 +267,7 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 			s.metrics.FireStage.WithLabelValues("wake").Observe(time.Duration(max(start.UnixNano()-b.notBefore, 0)).Seconds())
 		}
 		out = s.firing.dropCancelled(b, out)
+		out = s.limit(b, out)
 	}
 	if len(out) == 0 {
 		s.firing.settleBatch(b, nil, 0)
@@ -281,9 +286,43 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 	outcomes := s.produce(ctx, deadline, out)
 	start = s.observeStage("produce", start)
 	release()
-	marked := s.mark(out, outcomes, planned, start)
+	marked := s.mark(b, out, outcomes, planned, start)
 	requeue, delay := s.firing.settleOutcomes(out, outcomes, marked)
 	s.firing.settleBatch(b, requeue, delay)
+}
+
+// limit holds back the records of out that a topic rate limit does not let
+// go now: they go back into the wheel for when they may (see
+// topiclimit.Limiter.Admit), and the rest are returned. Records are asked
+// in the batch's order, which is priority order, so a backlog over a limit
+// is let through highest priority first.
+func (s *Shard) limit(b *fireBatch, out []publish.Record) []publish.Record {
+	if len(s.limits.Rules()) == 0 {
+		return out
+	}
+	now := s.cfg.Now()
+	var held []deferral
+	kept := out[:0]
+	for _, r := range out {
+		if b.limited[r.Seq] {
+			kept = append(kept, r) // it holds a slot now
+			continue
+		}
+		d := s.limits.Admit(now, r.Topic)
+		if !d.Later(now) {
+			kept = append(kept, r)
+			continue
+		}
+		held = append(held, deferral{seq: r.Seq, at: d.At.UnixNano(), reserved: d.Reserved})
+		s.metrics.RateLimited.WithLabelValues(d.Rule).Inc()
+	}
+	if len(held) > 0 {
+		s.firing.mu.Lock()
+		s.firing.deferLocked(b, held)
+		s.firing.mu.Unlock()
+		s.firing.wake()
+	}
+	return kept
 }
 
 // read reads the batch's events and returns the records of those still
@@ -354,7 +393,7 @@ func (s *Shard) produce(ctx context.Context, deadline time.Time, out []publish.R
 // and returns the events whose mark committed. The records are in Kafka:
 // the marks are made even if leadership was just lost, to spare the next
 // leader a duplicate, so they are not bound by the firing context.
-func (s *Shard) mark(out []publish.Record, outcomes []publish.Outcome, planned map[uint64]int64, start time.Time) map[uint64]bool {
+func (s *Shard) mark(b *fireBatch, out []publish.Record, outcomes []publish.Outcome, planned map[uint64]int64, start time.Time) map[uint64]bool {
 	var (
 		fired []raftfsm.Fired
 		dead  []raftfsm.DeadLettered
@@ -371,7 +410,12 @@ func (s *Shard) mark(out []publish.Record, outcomes []publish.Outcome, planned m
 			if !ok {
 				at = out[i].Due
 			}
-			s.metrics.Lateness.Observe(time.Duration(o.FiredAt - at).Seconds())
+			late := time.Duration(o.FiredAt - at).Seconds()
+			if _, limited := b.limited[o.Seq]; limited {
+				s.metrics.RateLimitedLateness.Observe(late)
+			} else {
+				s.metrics.Lateness.Observe(late)
+			}
 		}
 	}
 	marked := make(map[uint64]bool, len(outcomes))

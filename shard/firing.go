@@ -39,6 +39,10 @@ type firing struct {
 	// spread holds the due time of every event with a window that the wheel
 	// holds at the point of its window it fires at (see place), by seq.
 	spread map[uint64]int64
+	// limited holds every event a topic rate limit put back into the wheel
+	// (deferLocked), by seq: its due time, and whether it holds a slot of
+	// the limit at the time the wheel holds it for.
+	limited map[uint64]limitedEvent
 	// unsure holds, with the time it was noted, every event a produce
 	// attempt of which ended without the record being marked fired (a
 	// timeout, a lost leadership): the request may still reach the broker
@@ -95,6 +99,11 @@ type pinnedEvent struct {
 	p   raftfsm.Policy
 }
 
+type limitedEvent struct {
+	due      int64
+	reserved bool
+}
+
 // wheelSet is a wheel with what names its events: their handles, and the due
 // times of those it holds later than due.
 type wheelSet struct {
@@ -142,7 +151,8 @@ func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
 		now: now, res: int64(t.Resolution), kick: make(chan struct{}, 1),
 		wheel: w, inflight: make(map[uint64]*fireBatch),
 		retrying: make(map[uint64]int64), spread: make(map[uint64]int64), unsure: make(map[uint64]int64),
-		fenceUntil: never, sleepUntil: never, gone: make(map[uint64]struct{}),
+		limited: make(map[uint64]limitedEvent), gone: make(map[uint64]struct{}),
+		fenceUntil: never, sleepUntil: never,
 		pinned: make(map[uint64]pinnedEvent),
 		retry: backoff.ExponentialBackOff{
 			InitialInterval: t.RetryDelay, MaxInterval: t.MaxRetryDelay, Multiplier: 2,
@@ -183,6 +193,7 @@ func (f *firing) replace(ws *wheelSet, until int64) {
 	}
 	f.wheel, f.handles, f.spread, f.until = ws.wheel, ws.handles, ws.spread, until
 	clear(f.retrying)
+	clear(f.limited)
 	f.gen++
 	f.loading = false
 	clear(f.gone)
@@ -290,6 +301,7 @@ func (f *firing) settled(seq uint64) {
 		f.handles.delete(seq)
 		delete(f.retrying, seq)
 		delete(f.spread, seq)
+		delete(f.limited, seq)
 		return
 	}
 	if b := f.inflight[seq]; b != nil && !b.sending {
@@ -324,6 +336,7 @@ func (f *firing) pin(seq uint64, due int64, p raftfsm.Policy) error {
 		// which the wheel does not say: it is then retried at once.
 		delete(f.retrying, seq)
 		delete(f.spread, seq)
+		delete(f.limited, seq)
 	}
 	f.pinned[seq] = pinnedEvent{due, p}
 	return nil
@@ -468,6 +481,13 @@ func (f *firing) takeBatchesLocked(due []wheel.Entry, now int64, out []*fireBatc
 			} else if d, ok := f.spread[e.Ref]; ok {
 				b.entries[i].Due = d
 				delete(f.spread, e.Ref)
+			} else if l, ok := f.limited[e.Ref]; ok {
+				b.entries[i].Due = l.due
+				delete(f.limited, e.Ref)
+				if b.limited == nil {
+					b.limited = make(map[uint64]bool)
+				}
+				b.limited[e.Ref] = l.reserved
 			}
 		}
 		if b.early = b.notBefore > now; !b.early {
@@ -477,6 +497,37 @@ func (f *firing) takeBatchesLocked(due []wheel.Entry, now int64, out []*fireBatc
 		due = due[n:]
 	}
 	return out
+}
+
+// deferral is a record a topic rate limit holds back: it goes back into the
+// wheel until at, holding a slot of the limit then if reserved.
+type deferral struct {
+	seq      uint64
+	at       int64
+	reserved bool
+}
+
+// deferLocked takes the deferred events out of batch b, which is producing
+// the rest, and puts them back into the wheel at their time, with their
+// priority; they keep their place in the horizon and stay pending.
+func (f *firing) deferLocked(b *fireBatch, ds []deferral) {
+	at := make(map[uint64]deferral, len(ds))
+	for _, d := range ds {
+		at[d.seq] = d
+	}
+	kept := b.entries[:0]
+	for _, e := range b.entries {
+		d, ok := at[e.Ref]
+		if !ok {
+			kept = append(kept, e)
+			continue
+		}
+		delete(f.inflight, e.Ref)
+		f.handles.set(e.Ref, f.wheel.Add(e.Ref, max(d.at, e.Due), e.Priority))
+		f.limited[e.Ref] = limitedEvent{due: e.Due, reserved: d.reserved}
+	}
+	clear(b.entries[len(kept):])
+	b.entries = kept
 }
 
 // dropCancelled marks b as producing and removes from out the events whose

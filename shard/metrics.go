@@ -5,7 +5,13 @@ import "github.com/prometheus/client_golang/prometheus"
 // Metrics are the node-wide instruments the shards update. Per-shard state
 // (pending, leader, applied index) is read on scrape by the host's collector.
 type Metrics struct {
+	// Lateness is of the events no topic rate limit held back;
+	// RateLimitedLateness of those one did, and RateLimited counts, by
+	// rule, the records a limit held back (one record may be counted more
+	// than once).
 	Lateness            prometheus.Histogram
+	RateLimitedLateness prometheus.Histogram
+	RateLimited         *prometheus.CounterVec
 	Fired               prometheus.Counter
 	DeadLettered        prometheus.Counter
 	ScheduleBatchEvents prometheus.Histogram
@@ -26,9 +32,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "chime_fire_lateness_seconds",
-			Help:    "Time from an event's due time to Kafka acknowledging its record.",
+			Help:    "Time from an event's due time (or, with a window, the point of it it was to fire at) to Kafka acknowledging its record; events a topic rate limit held back are in chime_fire_rate_limited_lateness_seconds instead.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}),
+		RateLimitedLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "chime_fire_rate_limited_lateness_seconds",
+			Help:    "Time from an event's due time to Kafka acknowledging its record, for events a topic rate limit (--topic-rate-limit) held back: lateness the limit caused.",
+			Buckets: []float64{.001, .01, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600},
+		}),
+		RateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "chime_fire_rate_limited_total",
+			Help: "Records a topic rate limit held back, by rule (the rule's topic pattern); a record held back twice counts twice.",
+		}, []string{"rule"}),
 		Fired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "chime_fired_total",
 			Help: "Events produced to Kafka and marked fired by this node as leader.",
@@ -53,7 +68,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"stage"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Lateness, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.LeaderChanges, m.FireStage)
+		reg.MustRegister(m.Lateness, m.RateLimitedLateness, m.RateLimited, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.LeaderChanges, m.FireStage)
 	}
 	return m
 }

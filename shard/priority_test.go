@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/chimehq/chime/publish/publishtest"
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard/topiclimit"
 	"github.com/chimehq/chime/wheel"
 )
 
@@ -212,5 +214,101 @@ func TestWindowSpreadsABurst(t *testing.T) {
 		if n < 60 || n > 140 { // 100 expected in each tenth of the window
 			t.Errorf("tenth %d of the window holds %d of %d events: %v", i, n, events, buckets)
 		}
+	}
+}
+
+// TestTopicRateLimit: with a limit of 100 records a second on one topic, a
+// burst of 300 of its events due at once, with random priorities, reaches
+// Kafka at the limit (no second holds more than the rate and the burst of a
+// tenth of a second; the whole takes about 3 s) highest priority first,
+// while 50 events of another topic due at the same time go at once; and
+// chime_fire_rate_limited_lateness_seconds, not chime_fire_lateness_seconds,
+// counts the events the limit held back.
+func TestTopicRateLimit(t *testing.T) {
+	const (
+		limited = 300
+		free    = 50
+		rate    = 100.0
+	)
+	b := publishtest.NewBroker(t, kfake.DefaultNumPartitions(1))
+	brokers := b.Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1)
+	defer n.close()
+	s := n.host.Replica(0)
+	rules, err := topiclimit.Parse("limited=100/s,other.*=1/h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.limits = topiclimit.NewLimiter(topiclimit.NewTable(rules), 1)
+	ctx := context.Background()
+	if _, err := s.Schedule(ctx, []Request{priorityRequest("warm", "free", time.Now(), 5)}); err != nil {
+		t.Fatal(err)
+	}
+	if got := publishtest.Consume(t, brokers, 1, 30*time.Second, "free"); len(got.ByID) != 1 {
+		t.Fatal("the warm-up record did not arrive")
+	}
+
+	rng := rand.New(rand.NewPCG(3, 4))
+	at := time.Now().Add(500 * time.Millisecond)
+	prio := map[string]uint8{}
+	var reqs []Request
+	for i := range limited {
+		id := fmt.Sprintf("l%03d", i)
+		prio[id] = uint8(rng.IntN(raftfsm.MaxPriority + 1))
+		reqs = append(reqs, priorityRequest(id, "limited", at, prio[id]))
+	}
+	for i := range free {
+		reqs = append(reqs, priorityRequest(fmt.Sprintf("f%03d", i), "free", at, 5))
+	}
+	if _, err := s.Schedule(ctx, reqs); err != nil {
+		t.Fatal(err)
+	}
+	got := publishtest.Consume(t, brokers, limited+free+1, 30*time.Second, "limited", "free")
+	if len(got.ByID) != limited+free+1 || got.Dups != 0 {
+		t.Fatalf("%d records (%d duplicates), want %d once each", len(got.ByID), got.Dups, limited+free+1)
+	}
+	var lim []publishtest.Record
+	var lastFree time.Time
+	for _, r := range got.Records {
+		switch {
+		case r.Kafka.Topic == "limited":
+			lim = append(lim, r)
+		case r.ID != "warm" && r.Kafka.Timestamp.After(lastFree):
+			lastFree = r.Kafka.Timestamp
+		}
+	}
+	if d := lastFree.Sub(at); d > time.Second {
+		t.Errorf("the unlimited topic's events were held: the last went %v after they were due", d)
+	}
+	slices.SortFunc(lim, func(a, b publishtest.Record) int { return int(a.Kafka.Offset - b.Kafka.Offset) })
+	first, last := lim[0].Kafka.Timestamp, lim[len(lim)-1].Kafka.Timestamp
+	// 300 at 100/s after a burst of 10: 2.9 s at the least.
+	if span := last.Sub(first); span < 2800*time.Millisecond {
+		t.Errorf("300 records at 100/s went out over %v, faster than the limit", span)
+	}
+	for i, r := range lim {
+		if r.Kafka.Timestamp.Before(at.Truncate(time.Millisecond)) {
+			t.Errorf("%s produced before it was due", r.ID)
+		}
+		within := 0
+		for _, q := range lim[i:] {
+			if q.Kafka.Timestamp.Sub(r.Kafka.Timestamp) < time.Second {
+				within++
+			}
+		}
+		if within > 100+10+1 {
+			t.Errorf("%d records within the second from %v: more than the rate and its burst", within, r.Kafka.Timestamp)
+			break
+		}
+		if i > 0 && prio[r.ID] > prio[lim[i-1].ID] {
+			t.Errorf("offset %d: %s of priority %d after %s of priority %d", r.Kafka.Offset, r.ID, prio[r.ID], lim[i-1].ID, prio[lim[i-1].ID])
+		}
+	}
+	var m dto.Metric
+	if err := n.metrics.RateLimitedLateness.Write(&m); err != nil || m.GetHistogram().GetSampleCount() < limited-20 {
+		t.Errorf("chime_fire_rate_limited_lateness_seconds counted %d events, want the ~%d the limit held back", m.GetHistogram().GetSampleCount(), limited-10)
+	}
+	if err := n.metrics.Lateness.Write(&m); err != nil || m.GetHistogram().GetSampleCount() > free+1+20 {
+		t.Errorf("chime_fire_lateness_seconds counted %d events, want about the %d unlimited ones and the few the burst let through", m.GetHistogram().GetSampleCount(), free+1)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard/topiclimit"
 	"github.com/chimehq/chime/wheel"
 )
 
@@ -43,6 +44,8 @@ type Shard struct {
 	firing *firing
 	// lease is the leader's firing lease, under its own mutex.
 	lease *lease
+	// limits is this shard's share of the node's topic rate limits.
+	limits *topiclimit.Limiter
 	// keepLog keeps raft's log while a full snapshot is sent (expanding).
 	keepLog logKeeper
 
@@ -93,6 +96,7 @@ func Open(cfg Config) (*Shard, error) {
 		stop:      make(chan struct{}),
 	}
 	var err error
+	s.limits = topiclimit.NewLimiter(cfg.TopicLimits, cfg.Shares)
 	if s.firing, err = newFiring(cfg.Now, &s.tune); err != nil {
 		return nil, err
 	}

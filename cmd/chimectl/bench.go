@@ -108,6 +108,7 @@ The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 			fs.DurationVar(&o.recurringFor, "recurring-for", time.Minute, "with --recurring, how long each schedule occurs")
 			fs.BoolVar(&o.recurringAligned, "recurring-aligned", false, "with --recurring, every schedule occurs at the same instant, each whole second (cron\n\"* * * * * *\"); without it, each is an interval of 1s whose phase is spread over the second")
 			fs.DurationVar(&o.recurringLead, "recurring-lead", 15*time.Second, "with --recurring, the first occurrence is this long after the bench starts (time enough to\ncreate every schedule)")
+			fs.BoolVar(&o.priorities, "priorities", false, "give event n the priority n mod 10 and report the lateness of each priority")
 			fs.IntVar(&o.updateBatch, "update-batch", 1, "with --update, update `n` events per call: 1 is one Update call each, more is BatchSchedule calls of upserts (on_conflict REPLACE)")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -134,6 +135,7 @@ type benchOptions struct {
 	topic, brokers, metrics, svg    string
 	prefix                          string
 	noConsume, route, update        bool
+	priorities                      bool
 	wait                            time.Duration
 	// --recurring: schedules to create, how long each occurs, and when the
 	// first occurrence is.
@@ -192,6 +194,7 @@ type benchRun struct {
 	secs                  []benchSecond
 	seen                  []bool // per event number: a record was consumed
 	late, lag             []float64
+	lateByPriority        [10][]float64 // --priorities
 	early, dups           int
 	consumed              int
 	lastDue               int64
@@ -447,6 +450,10 @@ func (r *benchRun) call(ctx context.Context, next *atomic.Int64, route benchRout
 		var order []chimev1.SchedulerClient
 		for n := from; n < to; n++ {
 			ev := &chimev1.Event{Id: r.prefix + strconv.Itoa(n), Topic: o.topic, Payload: payload}
+			if o.priorities {
+				p := uint32(n % 10)
+				ev.Priority = &p
+			}
 			if o.dueAt > 0 {
 				at := r.start.Add(o.dueAt)
 				if o.spread > 0 {
@@ -696,6 +703,9 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 		r.early++
 	}
 	r.late = append(r.late, late)
+	if r.o.priorities {
+		r.lateByPriority[n%10] = append(r.lateByPriority[n%10], late)
+	}
 	if len(r.late) == 1 || due/1e6 < r.firstDueMs {
 		r.firstDueMs = due / 1e6
 	}
@@ -875,7 +885,18 @@ type benchSummary struct {
 	UpdatesPerSec float64  `json:"updates_per_second,omitempty"`
 	UpdateP50Ms   float64  `json:"update_p50_ms,omitempty"`
 	UpdateP99Ms   float64  `json:"update_p99_ms,omitempty"`
+	// ByPriority is, with --priorities, the lateness of each priority,
+	// highest first.
+	ByPriority    []priorityLateness `json:"by_priority,omitempty"`
 	consumeActive bool
+}
+
+type priorityLateness struct {
+	Priority  int     `json:"priority"`
+	Records   int     `json:"records"`
+	LateP50Ms float64 `json:"late_p50_ms"`
+	LateP99Ms float64 `json:"late_p99_ms"`
+	LateMaxMs float64 `json:"late_max_ms"`
 }
 
 func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary {
@@ -938,6 +959,13 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 	if s.Acked > 0 {
 		s.CPUPer1000 = cpu / float64(s.Acked) * 1000
 	}
+	if r.o.priorities {
+		for p := 9; p >= 0; p-- {
+			l := r.lateByPriority[p]
+			s.ByPriority = append(s.ByPriority, priorityLateness{Priority: p, Records: len(l),
+				LateP50Ms: latency.Quantile(l, 0.5), LateP99Ms: latency.Quantile(l, 0.99), LateMaxMs: latency.Quantile(l, 1)})
+		}
+	}
 	return s
 }
 
@@ -958,6 +986,9 @@ func (s benchSummary) print(c *cli) {
 		fmt.Fprintf(w, "drain      %d records out %.3f s after the first fell due: %.0f events/s (first due to last chime-fired)\n", s.DrainFired, s.DrainSeconds, s.DrainPerSec)
 		fmt.Fprintf(w, "lateness   p50 %.0f ms, p99 %.0f ms, p99.9 %.0f ms, max %.0f ms (chime-fired − due, 1 ms resolution)\n", s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs)
 		fmt.Fprintf(w, "lag        p50 %.1f ms, p99 %.1f ms, max %.1f ms (received by this consumer − due)\n", s.LagP50Ms, s.LagP99Ms, s.LagMaxMs)
+		for _, p := range s.ByPriority {
+			fmt.Fprintf(w, "priority %d %d records: lateness p50 %.0f ms, p99 %.0f ms, max %.0f ms\n", p.Priority, p.Records, p.LateP50Ms, p.LateP99Ms, p.LateMaxMs)
+		}
 	}
 	if len(s.Processes) > 0 {
 		fmt.Fprintf(w, "cost       %d chimed processes: %.1f CPU s, %.3f CPU s per 1000 events, peak RSS %s\n", len(s.Processes), s.CPUSeconds, s.CPUPer1000, mib(s.PeakRSSBytes))

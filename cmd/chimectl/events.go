@@ -64,10 +64,8 @@ between leaders) is sent again, with backoff until --timeout, without ever
 scheduling two events; a resent call whose first copy had arrived reports
 "already scheduled".`,
 		example: `  chimectl schedule --topic reminders --in 30m --id order-42-reminder --payload '{"order":42}'
-  chimectl schedule --topic billing.retry --at 2030-01-02T09:00:00+01:00 --key customer-7 --header trace=abc
-  chimectl schedule --topic sessions --in 30m --id session-7-expiry --replace
-  chimectl schedule --topic alerts --in 5m --priority 9
-  chimectl schedule --topic newsletter --at 2030-01-02T09:00:00Z --window 15m`,
+  chimectl schedule --topic billing.retry --at 2030-01-02T09:00:00+01:00 --key customer-7 --header trace=abc --priority 9
+  chimectl schedule --topic sessions --in 30m --id session-7-expiry --replace --window 1m`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			topic := fs.String("topic", "", "Kafka `topic` to produce the record to (required)")
 			in := fs.Duration("in", 0, "produce the record this long from now, a `duration` like 2s, 90m or 36h (set exactly one of --in and --at)")

@@ -77,7 +77,7 @@ type command struct {
 func commands() []*command {
 	return []*command{
 		scheduleCommand(), updateCommand(), cancelCommand(), getCommand(), listCommand(), countCommand(), recurringCommand(), tailCommand(), benchCommand(),
-		statusCommand(), drainCommand(), transferLeaderCommand(), removeCommand(), clusterMapCommand(), backupCommand(),
+		statusCommand(), drainCommand(), transferLeaderCommand(), removeCommand(), clusterMapCommand(), rateLimitCommand(), backupCommand(),
 	}
 }
 

@@ -271,6 +271,7 @@ state       scheduled
 due         2026-03-01T13:00:02+01:00 (in 2s)
 created_at  2026-03-01T13:00:00+01:00
 version     1
+priority    5
 topic       orders
 key         customer-7
 payload     {"remind":true}
@@ -300,6 +301,7 @@ state       fired
 due         2026-03-01T13:00:01+01:00 (in 1s)
 created_at  2026-03-01T13:00:00+01:00
 version     1
+priority    5
 topic       bin
 key         (none)
 payload     base64:/wAQ
@@ -340,7 +342,7 @@ func TestGetJSON(t *testing.T) {
 	want := `{"id":"order-42","state":"scheduled","due":"2026-03-01T12:00:02Z","created_at":"2026-03-01T12:00:00Z",` +
 		`"topic":"orders","key":"customer-7","key_encoding":"utf8","payload":"/wAQ","payload_encoding":"base64",` +
 		`"headers":[{"key":"trace","value":"abc","value_encoding":"utf8"}],"fired_at":null,"cancelled_at":null,` +
-		`"attempts":0,"last_error":"","dead_letter_topic":"","version":1}` + "\n"
+		`"attempts":0,"last_error":"","dead_letter_topic":"","version":1,"priority":5}` + "\n"
 	chimectl(t, nil, "", "--addr", addr, "--json", "get", "order-42").want(t, 0, want, "")
 
 	b.Fire("order-42", t0.Add(2*time.Second+5*time.Millisecond), 1)
@@ -353,6 +355,38 @@ func TestGetJSON(t *testing.T) {
 		"fired_at": "2026-03-01T12:00:02.005Z", "attempts": 1.0} {
 		if got[k] != v {
 			t.Errorf("get --json: %s = %v, want %v", k, got[k], v)
+		}
+	}
+}
+
+// TestSchedulePriorityAndWindow: --priority and --window reach the event,
+// and get shows them; a priority out of range is refused by the server,
+// naming the field.
+func TestSchedulePriorityAndWindow(t *testing.T) {
+	addr, _ := startChime(t)
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "alerts", "--in", "2s", "--id", "a1",
+		"--priority", "9", "--window", "1m").want(t, 0, "scheduled a1 due 2026-03-01T13:00:02+01:00 (in 2s)\n", "")
+	r := chimectl(t, nil, "", "--addr", addr, "--json", "get", "a1")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("get --json printed %q: %v", r.stdout, err)
+	}
+	if got["priority"] != 9.0 || got["window"] != "1m0s" {
+		t.Fatalf("get --json: priority %v, window %v; want 9 and 1m0s", got["priority"], got["window"])
+	}
+	r = chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "alerts", "--in", "2s", "--priority", "10")
+	if r.code == 0 || !strings.Contains(r.stderr, "event.priority: 10 is not a priority") {
+		t.Fatalf("--priority 10: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+// TestRateLimitRefusesBadRules: rules that do not parse are a usage error
+// before any call.
+func TestRateLimitRefusesBadRules(t *testing.T) {
+	for _, args := range [][]string{{"rate-limit", "set", "reports=5000"}, {"rate-limit", "set"}, {"rate-limit", "frob"}} {
+		r := chimectl(t, nil, "", append([]string{"--addr", "127.0.0.1:1"}, args...)...)
+		if r.code != 2 {
+			t.Errorf("%v: exit %d (stderr %q), want 2", args, r.code, r.stderr)
 		}
 	}
 }

@@ -227,3 +227,19 @@ func TestKafkaSecurityFlagsAtStart(t *testing.T) {
 		}
 	}
 }
+
+// TestTopicRateLimitFlag: a --topic-rate-limit that does not parse stops
+// chimed before it opens anything, with the rule's problem and exit 2.
+func TestTopicRateLimitFlag(t *testing.T) {
+	for _, tc := range []struct{ flag, want string }{
+		{"reports=5000", "--topic-rate-limit: \"reports=5000\": the rate \"5000\" has no unit"},
+		{"reports=0/s", "not a positive number"},
+		{"a[=1/s", "not a valid pattern"},
+	} {
+		var out, errOut strings.Builder
+		code := run([]string{"dev", "--data-dir", t.TempDir(), "--topic-rate-limit", tc.flag}, &out, &errOut)
+		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("--topic-rate-limit %q: exit %d, stderr %q; want 2 and %q", tc.flag, code, errOut.String(), tc.want)
+		}
+	}
+}

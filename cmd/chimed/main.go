@@ -33,6 +33,7 @@ import (
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/rpc/certs"
 	"github.com/chimehq/chime/shard"
+	"github.com/chimehq/chime/shard/topiclimit"
 	"github.com/chimehq/chime/wheel"
 )
 
@@ -102,7 +103,7 @@ type flags struct {
 	raftAddr, kafkaAddr, brokers, logLevel        string
 	deadLetter, gossipAddr, join, gossipKeyFile   string
 	tlsCert, tlsKey, tlsCA, tlsClientCA           string
-	authFile, auditLog                            string
+	authFile, auditLog, topicRateLimit            string
 	allowTopics                                   []string
 	debugEndpoints, insecure                      bool
 	shards, maxPayload, maxInFlight, maxCatchUp   int
@@ -149,6 +150,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.DurationVar(&f.deadTimeout, "dead-timeout", 2*time.Minute, "how long a member may be dead before its replicas move to other nodes")
 	fs.IntVar(&f.maxPayload, "max-payload", rpc.DefaultLimits().MaxPayloadBytes, "largest accepted event payload, in bytes")
 	fs.DurationVar(&f.maxHorizon, "max-horizon", rpc.DefaultLimits().MaxHorizon, "furthest ahead an event may be due")
+	fs.StringVar(&f.topicRateLimit, "topic-rate-limit", "", "per-topic fire rate limits: comma-separated `TOPIC=N/s` (or N/m, N/h), TOPIC a name or a glob\n(billing.*), e.g. reports=5000/s,billing.*=1000/s; a topic takes the first rule that matches\nit, and its records share the rate across the cluster. Each shard's leader enforces its share\n(the rate divided by --shards); records over it wait, highest priority first. chimectl\nrate-limit set changes them while the cluster runs")
 	fs.IntVar(&f.maxCatchUp, "max-catch-up", rpc.DefaultLimits().MaxCatchUp, "most missed occurrences a recurring schedule with catch-up ALL produces in a row (after an\noutage or a pause) before it goes on with the future ones; stored with each schedule as it is\ncreated or updated")
 	fs.DurationVar(&f.resolution, "resolution", wheel.DefaultResolution, "timing wheel tick: events fire at most one tick after they are due")
 	fs.DurationVar(&f.wheelHorizon, "wheel-horizon", time.Hour, "how far ahead the in-memory timing wheel holds events (at least 1s); later ones stay on disk in\nthe due index and are loaded as the horizon reaches them, so memory follows the events due\nwithin it, not all the node holds. Each node sets its own")
@@ -388,6 +390,11 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
+	topicLimits, err := topiclimit.Parse(f.topicRateLimit)
+	if err != nil {
+		fmt.Fprintf(stderr, "chimed: --topic-rate-limit: %v\n", err)
+		return 2
+	}
 	var audit io.Writer
 	if f.auditLog != "" {
 		af, err := os.OpenFile(f.auditLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
@@ -447,7 +454,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	base := node.Config{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
-		RaftAddr: f.raftAddr, Brokers: brokers, KafkaSecurity: kafkaSec, Shards: f.shards, Limits: lim,
+		RaftAddr: f.raftAddr, Brokers: brokers, KafkaSecurity: kafkaSec, Shards: f.shards, Limits: lim, TopicLimits: topicLimits,
 		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
 			WheelHorizon: f.wheelHorizon},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,

@@ -20,6 +20,7 @@ import (
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/raftmux"
+	"github.com/chimehq/chime/shard/topiclimit"
 	"golang.org/x/time/rate"
 )
 
@@ -48,10 +49,13 @@ type Config struct {
 	// Directory is the cluster as the shards see it. Nil means a fixed
 	// single-node host: no placement, no reconciliation.
 	Directory shard.Directory
-	Tuning    shard.Tuning
-	Now       func() time.Time
-	Logger    *slog.Logger
-	Metrics   *shard.Metrics
+	// TopicLimits are the node's per-topic fire rate limits, of which each
+	// shard's leader enforces a share (nil: none).
+	TopicLimits *topiclimit.Table
+	Tuning      shard.Tuning
+	Now         func() time.Time
+	Logger      *slog.Logger
+	Metrics     *shard.Metrics
 }
 
 // Host owns the shard replicas of one node and the Raft port they share,
@@ -174,6 +178,7 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 		ID: id, NodeID: cfg.NodeID, Dir: h.shardDir(id),
 		Store: cfg.Store, Layer: layer, InstallLayer: installs, Transport: transport, Publisher: cfg.Publisher, Bootstrap: voters,
 		Directory: cfg.Directory, Installs: h.installs, Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
+		TopicLimits: cfg.TopicLimits, Shares: cfg.Shards,
 	})
 	if err != nil {
 		if layer != nil {

@@ -37,6 +37,7 @@ import (
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/host"
 	"github.com/chimehq/chime/shard/raftmux"
+	"github.com/chimehq/chime/shard/topiclimit"
 )
 
 // Config is everything one node needs: chimed fills it from flags, tests
@@ -51,6 +52,9 @@ type Config struct {
 	Shards   int
 	Limits   rpc.Limits
 	Tuning   shard.Tuning
+	// TopicLimits are the node's per-topic fire rate limits at start; the
+	// Admin API changes them while it runs.
+	TopicLimits topiclimit.Rules
 
 	// KafkaSecurity is TLS and SASL for every connection to Brokers
 	// (chimed's --kafka-tls* and --kafka-sasl-* flags).
@@ -120,8 +124,11 @@ type Node struct {
 	keys    *keyWatcher // nil without GossipKeyFile
 	cluster *controlplane.Cluster
 	host    *host.Host
-	grpc    *grpc.Server
-	http    *http.Server
+	// topicLimits are the fire rate limits its shard leaders enforce a
+	// share of; the Admin API changes them.
+	topicLimits *topiclimit.Table
+	grpc        *grpc.Server
+	http        *http.Server
 
 	grpcAddr, httpAddr net.Addr
 	raftAddr           string
@@ -223,7 +230,7 @@ func listen(flag, addr string) (net.Listener, error) {
 // the directory is new. It does not wait for shard leaders (see WaitReady):
 // requests that arrive before them wait within host.LeaderWait.
 func Start(cfg Config) (_ *Node, err error) {
-	n := &Node{cfg: cfg, serveErr: make(chan error, 2)}
+	n := &Node{cfg: cfg, serveErr: make(chan error, 2), topicLimits: topiclimit.NewTable(cfg.TopicLimits)}
 	var lns []net.Listener // closed on failure until a server owns them
 	defer func() {
 		if err != nil {
@@ -326,7 +333,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, RaftAdvertise: cfg.RaftAdvertise, Transport: cfg.RaftTransport, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
-		RaftTLS: raftTLS(cfg.TLS),
+		RaftTLS: raftTLS(cfg.TLS), TopicLimits: n.topicLimits,
 		// Only the node that creates the cluster starts shards alone, and
 		// only then: a restarted node must never found a second group.
 		Bootstrap: !existed && len(cfg.Join) == 0,
@@ -395,7 +402,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	n.grpc = grpc.NewServer(opts...)
 	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc")))
-	rpc.RegisterAdmin(n.grpc, n.cluster, cfg.Logger.With("component", "admin"))
+	rpc.RegisterAdmin(n.grpc, n.cluster, n.topicLimits, cfg.Logger.With("component", "admin"))
 	controlplane.RegisterPeer(n.grpc, n.cluster)
 	go func() { n.serveErr <- n.grpc.Serve(grpcLn) }()
 	lns = lns[1:]

@@ -27,6 +27,252 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// TopicRateLimit limits the records produced to the topics it matches,
+// together.
+type TopicRateLimit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A topic name, or a glob of topic names: * matches any run of
+	// characters, ? one, [a-z] one of a class.
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Records per second across the cluster. Must be positive.
+	PerSecond     float64 `protobuf:"fixed64,2,opt,name=per_second,json=perSecond,proto3" json:"per_second,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopicRateLimit) Reset() {
+	*x = TopicRateLimit{}
+	mi := &file_chime_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopicRateLimit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopicRateLimit) ProtoMessage() {}
+
+func (x *TopicRateLimit) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopicRateLimit.ProtoReflect.Descriptor instead.
+func (*TopicRateLimit) Descriptor() ([]byte, []int) {
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *TopicRateLimit) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TopicRateLimit) GetPerSecond() float64 {
+	if x != nil {
+		return x.PerSecond
+	}
+	return 0
+}
+
+type GetTopicRateLimitsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTopicRateLimitsRequest) Reset() {
+	*x = GetTopicRateLimitsRequest{}
+	mi := &file_chime_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTopicRateLimitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTopicRateLimitsRequest) ProtoMessage() {}
+
+func (x *GetTopicRateLimitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTopicRateLimitsRequest.ProtoReflect.Descriptor instead.
+func (*GetTopicRateLimitsRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+type SetTopicRateLimitsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rules, in order: a topic takes the first that matches it. Empty
+	// removes every limit.
+	Limits        []*TopicRateLimit `protobuf:"bytes,1,rep,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTopicRateLimitsRequest) Reset() {
+	*x = SetTopicRateLimitsRequest{}
+	mi := &file_chime_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTopicRateLimitsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTopicRateLimitsRequest) ProtoMessage() {}
+
+func (x *SetTopicRateLimitsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTopicRateLimitsRequest.ProtoReflect.Descriptor instead.
+func (*SetTopicRateLimitsRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SetTopicRateLimitsRequest) GetLimits() []*TopicRateLimit {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+type TopicRateLimitsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per live node, in node id order.
+	Nodes         []*NodeTopicRateLimits `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopicRateLimitsResponse) Reset() {
+	*x = TopicRateLimitsResponse{}
+	mi := &file_chime_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopicRateLimitsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopicRateLimitsResponse) ProtoMessage() {}
+
+func (x *TopicRateLimitsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopicRateLimitsResponse.ProtoReflect.Descriptor instead.
+func (*TopicRateLimitsResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TopicRateLimitsResponse) GetNodes() []*NodeTopicRateLimits {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type NodeTopicRateLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The rules the node enforces.
+	Limits []*TopicRateLimit `protobuf:"bytes,2,rep,name=limits,proto3" json:"limits,omitempty"`
+	// Set when the node could not be asked; it keeps its limits.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeTopicRateLimits) Reset() {
+	*x = NodeTopicRateLimits{}
+	mi := &file_chime_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeTopicRateLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeTopicRateLimits) ProtoMessage() {}
+
+func (x *NodeTopicRateLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeTopicRateLimits.ProtoReflect.Descriptor instead.
+func (*NodeTopicRateLimits) Descriptor() ([]byte, []int) {
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *NodeTopicRateLimits) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *NodeTopicRateLimits) GetLimits() []*TopicRateLimit {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *NodeTopicRateLimits) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 // Member is one node as the answering node's gossip sees it.
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -46,7 +292,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_chime_v1_admin_proto_msgTypes[0]
+	mi := &file_chime_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -58,7 +304,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[0]
+	mi := &file_chime_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -71,7 +317,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Member) GetId() string {
@@ -151,7 +397,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_chime_v1_admin_proto_msgTypes[1]
+	mi := &file_chime_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -163,7 +409,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[1]
+	mi := &file_chime_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -176,7 +422,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Shard) GetId() uint32 {
@@ -264,7 +510,7 @@ type GetClusterMapRequest struct {
 
 func (x *GetClusterMapRequest) Reset() {
 	*x = GetClusterMapRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[2]
+	mi := &file_chime_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -276,7 +522,7 @@ func (x *GetClusterMapRequest) String() string {
 func (*GetClusterMapRequest) ProtoMessage() {}
 
 func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[2]
+	mi := &file_chime_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -289,7 +535,7 @@ func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterMapRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterMapRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 type ClusterMap struct {
@@ -308,7 +554,7 @@ type ClusterMap struct {
 
 func (x *ClusterMap) Reset() {
 	*x = ClusterMap{}
-	mi := &file_chime_v1_admin_proto_msgTypes[3]
+	mi := &file_chime_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -320,7 +566,7 @@ func (x *ClusterMap) String() string {
 func (*ClusterMap) ProtoMessage() {}
 
 func (x *ClusterMap) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[3]
+	mi := &file_chime_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -333,7 +579,7 @@ func (x *ClusterMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMap.ProtoReflect.Descriptor instead.
 func (*ClusterMap) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ClusterMap) GetShardCount() uint32 {
@@ -379,7 +625,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[4]
+	mi := &file_chime_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -391,7 +637,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[4]
+	mi := &file_chime_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -404,7 +650,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 type StatusResponse struct {
@@ -419,7 +665,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[5]
+	mi := &file_chime_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -431,7 +677,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[5]
+	mi := &file_chime_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -444,7 +690,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StatusResponse) GetShardCount() uint32 {
@@ -486,7 +732,7 @@ type NodeStatusRequest struct {
 
 func (x *NodeStatusRequest) Reset() {
 	*x = NodeStatusRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[6]
+	mi := &file_chime_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +744,7 @@ func (x *NodeStatusRequest) String() string {
 func (*NodeStatusRequest) ProtoMessage() {}
 
 func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[6]
+	mi := &file_chime_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +757,7 @@ func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeStatusRequest) GetDigest() bool {
@@ -550,7 +796,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_chime_v1_admin_proto_msgTypes[7]
+	mi := &file_chime_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +808,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[7]
+	mi := &file_chime_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +821,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Replica) GetShard() uint32 {
@@ -701,7 +947,7 @@ type NodeStatusResponse struct {
 
 func (x *NodeStatusResponse) Reset() {
 	*x = NodeStatusResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[8]
+	mi := &file_chime_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +959,7 @@ func (x *NodeStatusResponse) String() string {
 func (*NodeStatusResponse) ProtoMessage() {}
 
 func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[8]
+	mi := &file_chime_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +972,7 @@ func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeStatusResponse) GetNodeId() string {
@@ -760,7 +1006,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[9]
+	mi := &file_chime_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +1018,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[9]
+	mi := &file_chime_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +1031,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -811,7 +1057,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[10]
+	mi := &file_chime_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -823,7 +1069,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[10]
+	mi := &file_chime_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -836,7 +1082,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DrainResponse) GetNode() string {
@@ -878,7 +1124,7 @@ type TransferLeaderRequest struct {
 
 func (x *TransferLeaderRequest) Reset() {
 	*x = TransferLeaderRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[11]
+	mi := &file_chime_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +1136,7 @@ func (x *TransferLeaderRequest) String() string {
 func (*TransferLeaderRequest) ProtoMessage() {}
 
 func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[11]
+	mi := &file_chime_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +1149,7 @@ func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaderRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaderRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TransferLeaderRequest) GetShard() uint32 {
@@ -930,7 +1176,7 @@ type TransferLeaderResponse struct {
 
 func (x *TransferLeaderResponse) Reset() {
 	*x = TransferLeaderResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[12]
+	mi := &file_chime_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1188,7 @@ func (x *TransferLeaderResponse) String() string {
 func (*TransferLeaderResponse) ProtoMessage() {}
 
 func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[12]
+	mi := &file_chime_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1201,7 @@ func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaderResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaderResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TransferLeaderResponse) GetLeader() string {
@@ -974,7 +1220,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[13]
+	mi := &file_chime_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1232,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[13]
+	mi := &file_chime_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1245,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RemoveNodeRequest) GetNode() string {
@@ -1019,7 +1265,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[14]
+	mi := &file_chime_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1277,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[14]
+	mi := &file_chime_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1290,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RemoveNodeResponse) GetShardsChanged() uint32 {
@@ -1064,7 +1310,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[15]
+	mi := &file_chime_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1076,7 +1322,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[15]
+	mi := &file_chime_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1089,7 +1335,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BackupRequest) GetShard() uint32 {
@@ -1114,7 +1360,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_chime_v1_admin_proto_msgTypes[16]
+	mi := &file_chime_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1372,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[16]
+	mi := &file_chime_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1385,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -1174,7 +1420,7 @@ type BackupSummary struct {
 
 func (x *BackupSummary) Reset() {
 	*x = BackupSummary{}
-	mi := &file_chime_v1_admin_proto_msgTypes[17]
+	mi := &file_chime_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1432,7 @@ func (x *BackupSummary) String() string {
 func (*BackupSummary) ProtoMessage() {}
 
 func (x *BackupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[17]
+	mi := &file_chime_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1445,7 @@ func (x *BackupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupSummary.ProtoReflect.Descriptor instead.
 func (*BackupSummary) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BackupSummary) GetShard() uint32 {
@@ -1248,7 +1494,20 @@ var File_chime_v1_admin_proto protoreflect.FileDescriptor
 
 const file_chime_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x14chime/v1/admin.proto\x12\bchime.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd8\x01\n" +
+	"\x14chime/v1/admin.proto\x12\bchime.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"E\n" +
+	"\x0eTopicRateLimit\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1d\n" +
+	"\n" +
+	"per_second\x18\x02 \x01(\x01R\tperSecond\"\x1b\n" +
+	"\x19GetTopicRateLimitsRequest\"M\n" +
+	"\x19SetTopicRateLimitsRequest\x120\n" +
+	"\x06limits\x18\x01 \x03(\v2\x18.chime.v1.TopicRateLimitR\x06limits\"N\n" +
+	"\x17TopicRateLimitsResponse\x123\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1d.chime.v1.NodeTopicRateLimitsR\x05nodes\"q\n" +
+	"\x13NodeTopicRateLimits\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x120\n" +
+	"\x06limits\x18\x02 \x03(\v2\x18.chime.v1.TopicRateLimitR\x06limits\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\xd8\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -1340,7 +1599,7 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\fapplied_term\x18\x03 \x01(\x04R\vappliedTerm\x12\x12\n" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x16\n" +
 	"\x06sha256\x18\x05 \x01(\fR\x06sha256\x12\x12\n" +
-	"\x04node\x18\x06 \x01(\tR\x04node2\xe8\x03\n" +
+	"\x04node\x18\x06 \x01(\tR\x04node2\xa4\x05\n" +
 	"\x05Admin\x12E\n" +
 	"\rGetClusterMap\x12\x1e.chime.v1.GetClusterMapRequest\x1a\x14.chime.v1.ClusterMap\x12;\n" +
 	"\x06Status\x12\x17.chime.v1.StatusRequest\x1a\x18.chime.v1.StatusResponse\x12G\n" +
@@ -1350,7 +1609,9 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\x0eTransferLeader\x12\x1f.chime.v1.TransferLeaderRequest\x1a .chime.v1.TransferLeaderResponse\x12G\n" +
 	"\n" +
 	"RemoveNode\x12\x1b.chime.v1.RemoveNodeRequest\x1a\x1c.chime.v1.RemoveNodeResponse\x12:\n" +
-	"\x06Backup\x12\x17.chime.v1.BackupRequest\x1a\x15.chime.v1.BackupChunk0\x01B1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
+	"\x06Backup\x12\x17.chime.v1.BackupRequest\x1a\x15.chime.v1.BackupChunk0\x01\x12\\\n" +
+	"\x12GetTopicRateLimits\x12#.chime.v1.GetTopicRateLimitsRequest\x1a!.chime.v1.TopicRateLimitsResponse\x12\\\n" +
+	"\x12SetTopicRateLimits\x12#.chime.v1.SetTopicRateLimitsRequest\x1a!.chime.v1.TopicRateLimitsResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
 
 var (
 	file_chime_v1_admin_proto_rawDescOnce sync.Once
@@ -1364,57 +1625,69 @@ func file_chime_v1_admin_proto_rawDescGZIP() []byte {
 	return file_chime_v1_admin_proto_rawDescData
 }
 
-var file_chime_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_chime_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_chime_v1_admin_proto_goTypes = []any{
-	(*Member)(nil),                 // 0: chime.v1.Member
-	(*Shard)(nil),                  // 1: chime.v1.Shard
-	(*GetClusterMapRequest)(nil),   // 2: chime.v1.GetClusterMapRequest
-	(*ClusterMap)(nil),             // 3: chime.v1.ClusterMap
-	(*StatusRequest)(nil),          // 4: chime.v1.StatusRequest
-	(*StatusResponse)(nil),         // 5: chime.v1.StatusResponse
-	(*NodeStatusRequest)(nil),      // 6: chime.v1.NodeStatusRequest
-	(*Replica)(nil),                // 7: chime.v1.Replica
-	(*NodeStatusResponse)(nil),     // 8: chime.v1.NodeStatusResponse
-	(*DrainRequest)(nil),           // 9: chime.v1.DrainRequest
-	(*DrainResponse)(nil),          // 10: chime.v1.DrainResponse
-	(*TransferLeaderRequest)(nil),  // 11: chime.v1.TransferLeaderRequest
-	(*TransferLeaderResponse)(nil), // 12: chime.v1.TransferLeaderResponse
-	(*RemoveNodeRequest)(nil),      // 13: chime.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),     // 14: chime.v1.RemoveNodeResponse
-	(*BackupRequest)(nil),          // 15: chime.v1.BackupRequest
-	(*BackupChunk)(nil),            // 16: chime.v1.BackupChunk
-	(*BackupSummary)(nil),          // 17: chime.v1.BackupSummary
-	(*timestamppb.Timestamp)(nil),  // 18: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 19: google.protobuf.Duration
+	(*TopicRateLimit)(nil),            // 0: chime.v1.TopicRateLimit
+	(*GetTopicRateLimitsRequest)(nil), // 1: chime.v1.GetTopicRateLimitsRequest
+	(*SetTopicRateLimitsRequest)(nil), // 2: chime.v1.SetTopicRateLimitsRequest
+	(*TopicRateLimitsResponse)(nil),   // 3: chime.v1.TopicRateLimitsResponse
+	(*NodeTopicRateLimits)(nil),       // 4: chime.v1.NodeTopicRateLimits
+	(*Member)(nil),                    // 5: chime.v1.Member
+	(*Shard)(nil),                     // 6: chime.v1.Shard
+	(*GetClusterMapRequest)(nil),      // 7: chime.v1.GetClusterMapRequest
+	(*ClusterMap)(nil),                // 8: chime.v1.ClusterMap
+	(*StatusRequest)(nil),             // 9: chime.v1.StatusRequest
+	(*StatusResponse)(nil),            // 10: chime.v1.StatusResponse
+	(*NodeStatusRequest)(nil),         // 11: chime.v1.NodeStatusRequest
+	(*Replica)(nil),                   // 12: chime.v1.Replica
+	(*NodeStatusResponse)(nil),        // 13: chime.v1.NodeStatusResponse
+	(*DrainRequest)(nil),              // 14: chime.v1.DrainRequest
+	(*DrainResponse)(nil),             // 15: chime.v1.DrainResponse
+	(*TransferLeaderRequest)(nil),     // 16: chime.v1.TransferLeaderRequest
+	(*TransferLeaderResponse)(nil),    // 17: chime.v1.TransferLeaderResponse
+	(*RemoveNodeRequest)(nil),         // 18: chime.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),        // 19: chime.v1.RemoveNodeResponse
+	(*BackupRequest)(nil),             // 20: chime.v1.BackupRequest
+	(*BackupChunk)(nil),               // 21: chime.v1.BackupChunk
+	(*BackupSummary)(nil),             // 22: chime.v1.BackupSummary
+	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 24: google.protobuf.Duration
 }
 var file_chime_v1_admin_proto_depIdxs = []int32{
-	18, // 0: chime.v1.Member.since:type_name -> google.protobuf.Timestamp
-	0,  // 1: chime.v1.ClusterMap.members:type_name -> chime.v1.Member
-	1,  // 2: chime.v1.ClusterMap.shards:type_name -> chime.v1.Shard
-	19, // 3: chime.v1.ClusterMap.retention:type_name -> google.protobuf.Duration
-	0,  // 4: chime.v1.StatusResponse.members:type_name -> chime.v1.Member
-	1,  // 5: chime.v1.StatusResponse.shards:type_name -> chime.v1.Shard
-	7,  // 6: chime.v1.NodeStatusResponse.replicas:type_name -> chime.v1.Replica
-	17, // 7: chime.v1.BackupChunk.summary:type_name -> chime.v1.BackupSummary
-	2,  // 8: chime.v1.Admin.GetClusterMap:input_type -> chime.v1.GetClusterMapRequest
-	4,  // 9: chime.v1.Admin.Status:input_type -> chime.v1.StatusRequest
-	6,  // 10: chime.v1.Admin.NodeStatus:input_type -> chime.v1.NodeStatusRequest
-	9,  // 11: chime.v1.Admin.Drain:input_type -> chime.v1.DrainRequest
-	11, // 12: chime.v1.Admin.TransferLeader:input_type -> chime.v1.TransferLeaderRequest
-	13, // 13: chime.v1.Admin.RemoveNode:input_type -> chime.v1.RemoveNodeRequest
-	15, // 14: chime.v1.Admin.Backup:input_type -> chime.v1.BackupRequest
-	3,  // 15: chime.v1.Admin.GetClusterMap:output_type -> chime.v1.ClusterMap
-	5,  // 16: chime.v1.Admin.Status:output_type -> chime.v1.StatusResponse
-	8,  // 17: chime.v1.Admin.NodeStatus:output_type -> chime.v1.NodeStatusResponse
-	10, // 18: chime.v1.Admin.Drain:output_type -> chime.v1.DrainResponse
-	12, // 19: chime.v1.Admin.TransferLeader:output_type -> chime.v1.TransferLeaderResponse
-	14, // 20: chime.v1.Admin.RemoveNode:output_type -> chime.v1.RemoveNodeResponse
-	16, // 21: chime.v1.Admin.Backup:output_type -> chime.v1.BackupChunk
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	0,  // 0: chime.v1.SetTopicRateLimitsRequest.limits:type_name -> chime.v1.TopicRateLimit
+	4,  // 1: chime.v1.TopicRateLimitsResponse.nodes:type_name -> chime.v1.NodeTopicRateLimits
+	0,  // 2: chime.v1.NodeTopicRateLimits.limits:type_name -> chime.v1.TopicRateLimit
+	23, // 3: chime.v1.Member.since:type_name -> google.protobuf.Timestamp
+	5,  // 4: chime.v1.ClusterMap.members:type_name -> chime.v1.Member
+	6,  // 5: chime.v1.ClusterMap.shards:type_name -> chime.v1.Shard
+	24, // 6: chime.v1.ClusterMap.retention:type_name -> google.protobuf.Duration
+	5,  // 7: chime.v1.StatusResponse.members:type_name -> chime.v1.Member
+	6,  // 8: chime.v1.StatusResponse.shards:type_name -> chime.v1.Shard
+	12, // 9: chime.v1.NodeStatusResponse.replicas:type_name -> chime.v1.Replica
+	22, // 10: chime.v1.BackupChunk.summary:type_name -> chime.v1.BackupSummary
+	7,  // 11: chime.v1.Admin.GetClusterMap:input_type -> chime.v1.GetClusterMapRequest
+	9,  // 12: chime.v1.Admin.Status:input_type -> chime.v1.StatusRequest
+	11, // 13: chime.v1.Admin.NodeStatus:input_type -> chime.v1.NodeStatusRequest
+	14, // 14: chime.v1.Admin.Drain:input_type -> chime.v1.DrainRequest
+	16, // 15: chime.v1.Admin.TransferLeader:input_type -> chime.v1.TransferLeaderRequest
+	18, // 16: chime.v1.Admin.RemoveNode:input_type -> chime.v1.RemoveNodeRequest
+	20, // 17: chime.v1.Admin.Backup:input_type -> chime.v1.BackupRequest
+	1,  // 18: chime.v1.Admin.GetTopicRateLimits:input_type -> chime.v1.GetTopicRateLimitsRequest
+	2,  // 19: chime.v1.Admin.SetTopicRateLimits:input_type -> chime.v1.SetTopicRateLimitsRequest
+	8,  // 20: chime.v1.Admin.GetClusterMap:output_type -> chime.v1.ClusterMap
+	10, // 21: chime.v1.Admin.Status:output_type -> chime.v1.StatusResponse
+	13, // 22: chime.v1.Admin.NodeStatus:output_type -> chime.v1.NodeStatusResponse
+	15, // 23: chime.v1.Admin.Drain:output_type -> chime.v1.DrainResponse
+	17, // 24: chime.v1.Admin.TransferLeader:output_type -> chime.v1.TransferLeaderResponse
+	19, // 25: chime.v1.Admin.RemoveNode:output_type -> chime.v1.RemoveNodeResponse
+	21, // 26: chime.v1.Admin.Backup:output_type -> chime.v1.BackupChunk
+	3,  // 27: chime.v1.Admin.GetTopicRateLimits:output_type -> chime.v1.TopicRateLimitsResponse
+	3,  // 28: chime.v1.Admin.SetTopicRateLimits:output_type -> chime.v1.TopicRateLimitsResponse
+	20, // [20:29] is the sub-list for method output_type
+	11, // [11:20] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_admin_proto_init() }
@@ -1428,7 +1701,7 @@ func file_chime_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_admin_proto_rawDesc), len(file_chime_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,13 +23,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_GetClusterMap_FullMethodName  = "/chime.v1.Admin/GetClusterMap"
-	Admin_Status_FullMethodName         = "/chime.v1.Admin/Status"
-	Admin_NodeStatus_FullMethodName     = "/chime.v1.Admin/NodeStatus"
-	Admin_Drain_FullMethodName          = "/chime.v1.Admin/Drain"
-	Admin_TransferLeader_FullMethodName = "/chime.v1.Admin/TransferLeader"
-	Admin_RemoveNode_FullMethodName     = "/chime.v1.Admin/RemoveNode"
-	Admin_Backup_FullMethodName         = "/chime.v1.Admin/Backup"
+	Admin_GetClusterMap_FullMethodName      = "/chime.v1.Admin/GetClusterMap"
+	Admin_Status_FullMethodName             = "/chime.v1.Admin/Status"
+	Admin_NodeStatus_FullMethodName         = "/chime.v1.Admin/NodeStatus"
+	Admin_Drain_FullMethodName              = "/chime.v1.Admin/Drain"
+	Admin_TransferLeader_FullMethodName     = "/chime.v1.Admin/TransferLeader"
+	Admin_RemoveNode_FullMethodName         = "/chime.v1.Admin/RemoveNode"
+	Admin_Backup_FullMethodName             = "/chime.v1.Admin/Backup"
+	Admin_GetTopicRateLimits_FullMethodName = "/chime.v1.Admin/GetTopicRateLimits"
+	Admin_SetTopicRateLimits_FullMethodName = "/chime.v1.Admin/SetTopicRateLimits"
 )
 
 // AdminClient is the client API for Admin service.
@@ -73,6 +75,20 @@ type AdminClient interface {
 	// size and SHA-256 and the applied index. A shard without a leader answers
 	// UNAVAILABLE; a shard out of range, INVALID_ARGUMENT.
 	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error)
+	// GetTopicRateLimits reports the per-topic fire rate limits each live
+	// node enforces (chimed --topic-rate-limit, or the last
+	// SetTopicRateLimits).
+	GetTopicRateLimits(ctx context.Context, in *GetTopicRateLimitsRequest, opts ...grpc.CallOption) (*TopicRateLimitsResponse, error)
+	// SetTopicRateLimits replaces the per-topic fire rate limits of every
+	// live node, at once, until the node restarts (then its
+	// --topic-rate-limit applies: change that too to keep them). Each shard's
+	// leader produces at most its share, the limit divided by the shard
+	// count, of records a second to the topics a rule matches; the rest wait
+	// in the wheel, highest priority first, and their lateness is reported in
+	// chime_fire_rate_limited_lateness_seconds. A rule that does not parse is
+	// INVALID_ARGUMENT and changes nothing; a node that cannot be reached is
+	// reported in its entry of the response and keeps its limits.
+	SetTopicRateLimits(ctx context.Context, in *SetTopicRateLimitsRequest, opts ...grpc.CallOption) (*TopicRateLimitsResponse, error)
 }
 
 type adminClient struct {
@@ -162,6 +178,26 @@ func (c *adminClient) Backup(ctx context.Context, in *BackupRequest, opts ...grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Admin_BackupClient = grpc.ServerStreamingClient[BackupChunk]
 
+func (c *adminClient) GetTopicRateLimits(ctx context.Context, in *GetTopicRateLimitsRequest, opts ...grpc.CallOption) (*TopicRateLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TopicRateLimitsResponse)
+	err := c.cc.Invoke(ctx, Admin_GetTopicRateLimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) SetTopicRateLimits(ctx context.Context, in *SetTopicRateLimitsRequest, opts ...grpc.CallOption) (*TopicRateLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TopicRateLimitsResponse)
+	err := c.cc.Invoke(ctx, Admin_SetTopicRateLimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -203,6 +239,20 @@ type AdminServer interface {
 	// size and SHA-256 and the applied index. A shard without a leader answers
 	// UNAVAILABLE; a shard out of range, INVALID_ARGUMENT.
 	Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error
+	// GetTopicRateLimits reports the per-topic fire rate limits each live
+	// node enforces (chimed --topic-rate-limit, or the last
+	// SetTopicRateLimits).
+	GetTopicRateLimits(context.Context, *GetTopicRateLimitsRequest) (*TopicRateLimitsResponse, error)
+	// SetTopicRateLimits replaces the per-topic fire rate limits of every
+	// live node, at once, until the node restarts (then its
+	// --topic-rate-limit applies: change that too to keep them). Each shard's
+	// leader produces at most its share, the limit divided by the shard
+	// count, of records a second to the topics a rule matches; the rest wait
+	// in the wheel, highest priority first, and their lateness is reported in
+	// chime_fire_rate_limited_lateness_seconds. A rule that does not parse is
+	// INVALID_ARGUMENT and changes nothing; a node that cannot be reached is
+	// reported in its entry of the response and keeps its limits.
+	SetTopicRateLimits(context.Context, *SetTopicRateLimitsRequest) (*TopicRateLimitsResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -233,6 +283,12 @@ func (UnimplementedAdminServer) RemoveNode(context.Context, *RemoveNodeRequest) 
 }
 func (UnimplementedAdminServer) Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error {
 	return status.Error(codes.Unimplemented, "method Backup not implemented")
+}
+func (UnimplementedAdminServer) GetTopicRateLimits(context.Context, *GetTopicRateLimitsRequest) (*TopicRateLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetTopicRateLimits not implemented")
+}
+func (UnimplementedAdminServer) SetTopicRateLimits(context.Context, *SetTopicRateLimitsRequest) (*TopicRateLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetTopicRateLimits not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -374,6 +430,42 @@ func _Admin_Backup_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Admin_BackupServer = grpc.ServerStreamingServer[BackupChunk]
 
+func _Admin_GetTopicRateLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTopicRateLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetTopicRateLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetTopicRateLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetTopicRateLimits(ctx, req.(*GetTopicRateLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_SetTopicRateLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetTopicRateLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).SetTopicRateLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_SetTopicRateLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).SetTopicRateLimits(ctx, req.(*SetTopicRateLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -404,6 +496,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveNode",
 			Handler:    _Admin_RemoveNode_Handler,
+		},
+		{
+			MethodName: "GetTopicRateLimits",
+			Handler:    _Admin_GetTopicRateLimits_Handler,
+		},
+		{
+			MethodName: "SetTopicRateLimits",
+			Handler:    _Admin_SetTopicRateLimits_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
