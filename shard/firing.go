@@ -54,6 +54,8 @@ type firing struct {
 	// by an earlier leader (see Tuning.ClockSkewBound). It is the end of
 	// time until the firing loop has passed its barrier.
 	fenceUntil int64
+	// lastLimited is the limitedDone of the batch taken last (fireBatch).
+	lastLimited chan struct{}
 	// retry sets how long events of a failed batch wait (Tuning.RetryDelay,
 	// doubling to MaxRetryDelay, no jitter); failing is set from the first
 	// failed batch until heal.
@@ -468,7 +470,9 @@ func (f *firing) takeBatchesLocked(due []wheel.Entry, now int64, out []*fireBatc
 				n++
 			}
 		}
-		b := &fireBatch{entries: slices.Clone(due[:n]), done: make(chan struct{})}
+		b := &fireBatch{entries: slices.Clone(due[:n]), done: make(chan struct{}),
+			afterLimited: f.lastLimited, limitedDone: make(chan struct{})}
+		f.lastLimited = b.limitedDone
 		earliest := due[0].Due
 		for i, e := range b.entries {
 			earliest = min(earliest, e.Due)
