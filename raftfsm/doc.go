@@ -127,8 +127,12 @@
 //	                                 refired, fired after cancel, expired, replaced, renewed)
 //	shard|'i'|id                     seq (8 BE) | content hash (8 BE) | due (8 BE)
 //	shard|'b'|due(8)|seq(8 BE)       body: id, createdAt, topic, key, payload, headers, hash,
-//	                                 and in format 2 (a version after the first) the version
-//	shard|'d'|due(8)|seq(8 BE)       empty; present only while the event is pending
+//	                                 and in format 2 (a version after the first) the version,
+//	                                 in format 3 (a policy other than the default) the
+//	                                 version, the priority and the window
+//	shard|'d'|due(8)|seq(8 BE)       the event's policy: empty for the default (priority 5,
+//	                                 no window), else the priority and, if any, the window;
+//	                                 present only while the event is pending
 //	shard|'s'|seq(8 BE)              status: state, due, fired/cancelled/dead-lettered at,
 //	                                 attempts, last error, dead-letter topic; written once,
 //	                                 when the event leaves Scheduled
@@ -176,7 +180,11 @@
 // Body and status values start with a format byte so that a change can be recognised:
 // statuses and first-version bodies are format 1, a later version's body is format 2, which
 // appends the version (almost every event keeps its first version, and spends no byte on
-// it). The id entry is a fixed 24 bytes and the due index's entries are empty. Layout 3 is
+// it), and the body of an event with a priority or a window is format 3, which appends the
+// version, the priority and the window. The id entry is a fixed 24 bytes. The due index's
+// entries carry the policy the firing path orders and places events by, so that neither a
+// load of the horizon nor a rebuild of the wheel reads a body; an event of the default
+// policy (every event stored before events had one) has an empty entry. Layout 3 is
 // layout 4 without the replaced and renewed counters (and so without format 2 bodies): it is
 // read as layout 4 with both at zero, and its meta rewritten in layout 4 by the next apply.
 // Layout 2 was layout 3 without the settled-time index and the expired counter: a shard in it

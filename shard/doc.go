@@ -41,10 +41,16 @@
 //     (proposeLoop, applyWaitLoop), and the marks of many fire batches one
 //     MarkFired entry (markLoop).
 //   - Firing, on the leader only, under a lease (fire.go, firing*.go,
-//     lease.go): after a barrier, take what falls due out of the wheel, read
-//     it, hold an early batch until it is due, drop what was cancelled
-//     meanwhile, take the lease, produce through the Publisher, mark the
-//     outcome through Raft, and settle the batch.
+//     lease.go): after a barrier, take what falls due out of the wheel,
+//     highest priority first when more is due than a batch holds, read it,
+//     ask the topic rate limits, hold an early batch until it is due, drop
+//     what was cancelled meanwhile, take the lease, produce through the
+//     Publisher, mark the outcome through Raft, and settle the batch.
+//   - The firing policy's place in the wheel: an event with a window is
+//     held at the point of it its seq fixes (place, spreadAt); a record a
+//     topic rate limit holds back goes back in for its slot (deferLocked).
+//     The rules and buckets belong to shard/topiclimit, which this package
+//     asks and never the other way.
 //   - Re-firing: events a Publish call did not complete go back into the
 //     wheel at a retry time (Tuning.RetryDelay doubling to MaxRetryDelay,
 //     one backoff.ExponentialBackOff per replica). While batches fail, one
