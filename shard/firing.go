@@ -513,7 +513,9 @@ type deferral struct {
 
 // deferLocked takes the deferred events out of batch b, which is producing
 // the rest, and puts them back into the wheel at their time, with their
-// priority; they keep their place in the horizon and stay pending.
+// priority; they keep their place in the horizon and stay pending. One
+// whose cancel was applied while b held it stays in b, which produces it
+// no more than the others it dropped, and settles it.
 func (f *firing) deferLocked(b *fireBatch, ds []deferral) {
 	at := make(map[uint64]deferral, len(ds))
 	for _, d := range ds {
@@ -522,7 +524,7 @@ func (f *firing) deferLocked(b *fireBatch, ds []deferral) {
 	kept := b.entries[:0]
 	for _, e := range b.entries {
 		d, ok := at[e.Ref]
-		if !ok {
+		if !ok || b.cancelled[e.Ref] {
 			kept = append(kept, e)
 			continue
 		}

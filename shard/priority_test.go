@@ -317,3 +317,42 @@ func TestTopicRateLimit(t *testing.T) {
 		t.Errorf("chime_fire_lateness_seconds counted %d events, want about the %d unlimited ones and the few the burst let through", m.GetHistogram().GetSampleCount(), free+1)
 	}
 }
+
+// TestDeferKeepsCancelledInTheBatch: a record a rate limit holds back goes
+// back into the wheel, still pending, with its due time remembered; one
+// whose cancel landed while the batch held it stays in the batch, which
+// settles it, and is not put back.
+func TestDeferKeepsCancelledInTheBatch(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := now.UnixNano()
+	w, _ := wheel.New(base, time.Millisecond)
+	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Hour))
+	f.scheduled(1, base, raftfsm.Policy{Priority: 7})
+	f.scheduled(2, base, raftfsm.Policy{Priority: 7})
+	_, out, _ := f.take(base, 0, 10, nil, nil, func(int64) {})
+	if len(out) != 1 || len(out[0].entries) != 2 {
+		t.Fatalf("took %v, want one batch of both events", out)
+	}
+	b := out[0]
+	f.settled(2) // its cancel is applied while the batch reads it
+	later := base + int64(time.Second)
+	f.mu.Lock()
+	f.deferLocked(b, []deferral{{seq: 1, at: later, reserved: true}, {seq: 2, at: later}})
+	f.mu.Unlock()
+	if len(b.entries) != 1 || b.entries[0].Ref != 2 {
+		t.Fatalf("the batch holds %v, want only the cancelled event 2", b.entries)
+	}
+	if f.inflight[1] != nil || f.limited[1] != (limitedEvent{due: base, reserved: true}) || f.limited[2] != (limitedEvent{}) {
+		t.Fatalf("inflight[1] %v, limited %v; want 1 back in the wheel, due %d, with its slot", f.inflight[1], f.limited, base)
+	}
+	f.settleBatch(b, nil, 0)
+	now = time.Unix(0, later)
+	_, out, _ = f.take(later, 0, 10, nil, nil, func(int64) {})
+	if len(out) != 1 || len(out[0].entries) != 1 || out[0].entries[0] != (wheel.Entry{Ref: 1, Due: base, Priority: 7}) || !out[0].limited[1] {
+		t.Fatalf("at its slot the wheel gave %+v, want event 1 with its due time, priority and slot", out)
+	}
+}
