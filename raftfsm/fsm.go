@@ -27,6 +27,15 @@ type Observer interface {
 	Reset()
 }
 
+// BatchObserver is an Observer told where the calls for one applied batch of entries begin
+// and end, so that it can take them in at once: what it serves then never sees part of a
+// batch (a burst of events already due, half of them scheduled).
+type BatchObserver interface {
+	Observer
+	BeginNotes()
+	EndNotes()
+}
+
 type nopObserver struct{}
 
 func (nopObserver) Scheduled(uint64, int64, Policy) {}
@@ -406,6 +415,11 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 	f.mu.Unlock()
 	if a.idfNext != nil {
 		f.scan(a.idfNext)
+	}
+	bo, batched := f.obs.(BatchObserver)
+	if batched && len(a.notes) > 0 {
+		bo.BeginNotes()
+		defer bo.EndNotes()
 	}
 	for _, n := range a.notes {
 		if n.scheduled {

@@ -737,3 +737,34 @@ func TestOldLayoutRefused(t *testing.T) {
 		t.Fatalf("NewFSM over a layout 1 shard: %v, want ErrOldLayout", err)
 	}
 }
+
+// batchTracer is a BatchObserver that records the order of its calls.
+type batchTracer struct {
+	tracingObserver
+}
+
+func (o batchTracer) BeginNotes() { *o.trace = append(*o.trace, "Begin") }
+func (o batchTracer) EndNotes()   { *o.trace = append(*o.trace, "End") }
+
+// TestBatchObserverBracketsEachApply: a BatchObserver hears BeginNotes and
+// EndNotes around the calls of each applied batch, and neither for a batch
+// that makes none.
+func TestBatchObserverBracketsEachApply(t *testing.T) {
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, obs := newTestFSM(t, st, 1)
+	defer f.Close()
+	var trace []string
+	f.obs = batchTracer{tracingObserver{obs, &trace}}
+	ev := func(id string, due int64) NewEvent {
+		return NewEvent{ID: id, Due: due, Topic: "t", Policy: DefaultPolicy, ContentHash: ContentHash("t", nil, nil, nil, 0, 0, false, false, DefaultPolicy)}
+	}
+	f.ApplyBatch([]*raft.Log{
+		cmdLog(1, &ScheduleBatch{ProposedAt: 1, Events: []NewEvent{ev("a", 10), ev("b", 20)}}),
+		cmdLog(2, &Cancel{ProposedAt: 2, IDs: []string{"a"}}),
+	})
+	f.ApplyBatch([]*raft.Log{cmdLog(3, &Cancel{ProposedAt: 3, IDs: []string{"nope"}})})
+	if want := []string{"Begin", "Scheduled(1,10)", "Scheduled(2,20)", "Settled(1)", "End"}; !slices.Equal(trace, want) {
+		t.Fatalf("observer calls %v, want %v", trace, want)
+	}
+}

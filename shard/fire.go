@@ -331,14 +331,19 @@ func (s *Shard) limit(ctx context.Context, b *fireBatch, out []publish.Record) [
 		}
 	}
 	now := s.cfg.Now()
+	priorities := make(map[uint64]uint8, len(b.entries))
+	for _, e := range b.entries {
+		priorities[e.Ref] = e.Priority
+	}
 	var held []deferral
 	kept := out[:0]
 	for _, r := range out {
-		if b.limited[r.Seq] {
+		reserved, again := b.limited[r.Seq]
+		if reserved {
 			kept = append(kept, r) // it holds a slot now
 			continue
 		}
-		d := s.limits.Admit(now, r.Topic)
+		d := s.limits.Admit(now, r.Topic, priorities[r.Seq], again)
 		if !d.Later(now) {
 			kept = append(kept, r)
 			continue

@@ -207,16 +207,21 @@ func (f *firing) replace(ws *wheelSet, until int64) {
 // the horizon; the loader adds a later one when the horizon reaches it.
 func (f *firing) scheduled(seq uint64, due int64, p raftfsm.Policy) {
 	f.mu.Lock()
-	if due >= f.until {
-		f.mu.Unlock()
-		return
-	}
-	f.placeLocked(seq, due, p)
-	wake := due < f.sleepUntil
+	wake := f.scheduledLocked(seq, due, p)
 	f.mu.Unlock()
 	if wake {
 		f.wake()
 	}
+}
+
+// scheduledLocked is scheduled with f.mu held; it reports whether the
+// firing loop must wake.
+func (f *firing) scheduledLocked(seq uint64, due int64, p raftfsm.Policy) (wake bool) {
+	if due >= f.until {
+		return false
+	}
+	f.placeLocked(seq, due, p)
+	return due < f.sleepUntil
 }
 
 // beginLoad moves the horizon to until and returns where the load must
@@ -294,6 +299,11 @@ func (f *firing) horizon() (events int, until int64) {
 func (f *firing) settled(seq uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.settledLocked(seq)
+}
+
+// settledLocked is settled with f.mu held.
+func (f *firing) settledLocked(seq uint64) {
 	delete(f.pinned, seq)
 	if f.loading {
 		f.gone[seq] = struct{}{}

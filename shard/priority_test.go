@@ -220,9 +220,12 @@ func TestWindowSpreadsABurst(t *testing.T) {
 // TestTopicRateLimit: with a limit of 100 records a second on one topic, a
 // burst of 300 of its events due at once, with random priorities, reaches
 // Kafka at the limit (no second holds more than the rate and the burst of a
-// tenth of a second; the whole takes about 3 s) highest priority first,
-// although the leader takes it in 15 batches of 20 whose reads overlap (the
-// batches ask the limit in the order they were taken), while 50 events of
+// tenth of a second; the whole takes about 3 s) highest priority first: no
+// record goes much more than topiclimit.ReserveAhead after one of lower
+// priority (records booked while it was told to ask again), although the leader
+// takes the burst in 15 batches of 20 whose reads overlap (the batches ask
+// the limit in the order they were taken) and it is due as it is applied;
+// while 50 events of
 // another topic due at the same time go at once; and
 // chime_fire_rate_limited_lateness_seconds, not chime_fire_lateness_seconds,
 // counts the events the limit held back.
@@ -251,7 +254,10 @@ func TestTopicRateLimit(t *testing.T) {
 	}
 
 	rng := rand.New(rand.NewPCG(3, 4))
-	at := time.Now().Add(500 * time.Millisecond)
+	// Due as they are applied: the whole burst reaches the wheel in one
+	// apply (BatchObserver), or a take between its events would go by the
+	// order they arrive in.
+	at := time.Now()
 	prio := map[string]uint8{}
 	var reqs []Request
 	for i := range limited {
@@ -298,15 +304,23 @@ func TestTopicRateLimit(t *testing.T) {
 				within++
 			}
 		}
-		// The rate, its burst, and what falls due within FireLead (20 ms,
-		// 2 records): a batch taken early asks the limit when it is taken
-		// and waits for its due time to produce.
-		if within > 100+10+2+1 {
-			t.Errorf("%d records within the second from %v: more than the rate, its burst and FireLead's worth", within, r.Kafka.Timestamp)
+		// The limit holds when records are let go; Kafka's timestamps are
+		// when they were produced, and a loaded machine (the race
+		// detector) produces some late, bunched with the next: a fifth
+		// more than the rate, plus its burst, in any one second. Without
+		// the limit all 300 go in one.
+		if within > 120+10 {
+			t.Errorf("%d records within the second from %v: more than a fifth over the rate and its burst", within, r.Kafka.Timestamp)
 			break
 		}
-		if i > 0 && prio[r.ID] > prio[lim[i-1].ID] {
-			t.Errorf("offset %d: %s of priority %d after %s of priority %d", r.Kafka.Offset, r.ID, prio[r.ID], lim[i-1].ID, prio[lim[i-1].ID])
+		for _, q := range lim[:i] {
+			// ReserveAhead, the 20 ms a batch is taken early, and a few slots
+			// (10 ms each) a loaded machine adds between the promised time
+			// and the asking again.
+			if prio[q.ID] < prio[r.ID] && r.Kafka.Timestamp.Sub(q.Kafka.Timestamp) > topiclimit.ReserveAhead+100*time.Millisecond {
+				t.Errorf("%s of priority %d went %v after %s of priority %d", r.ID, prio[r.ID], r.Kafka.Timestamp.Sub(q.Kafka.Timestamp), q.ID, prio[q.ID])
+				break
+			}
 		}
 	}
 	var m dto.Metric
@@ -354,5 +368,40 @@ func TestDeferKeepsCancelledInTheBatch(t *testing.T) {
 	_, out, _ = f.take(later, 0, 10, nil, nil, func(int64) {})
 	if len(out) != 1 || len(out[0].entries) != 1 || out[0].entries[0] != (wheel.Entry{Ref: 1, Due: base, Priority: 7}) || !out[0].limited[1] {
 		t.Fatalf("at its slot the wheel gave %+v, want event 1 with its due time, priority and slot", out)
+	}
+}
+
+// TestNotesOfOneApplyArriveTogether: the firing loop never sees part of an
+// applied batch. A take that starts while the observer is between the
+// calls of one batch waits for the last, and then finds the batch's highest
+// priority, though it arrived after a lower one.
+func TestNotesOfOneApplyArriveTogether(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := now.UnixNano()
+	w, _ := wheel.New(base, time.Millisecond)
+	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Hour))
+	o := (*observer)(&Shard{firing: f})
+
+	o.BeginNotes()
+	o.Scheduled(1, base, raftfsm.Policy{Priority: 0})
+	took := make(chan []*fireBatch, 1)
+	go func() {
+		_, out, _ := f.take(base, 0, 1, nil, nil, func(int64) {})
+		took <- out
+	}()
+	select {
+	case out := <-took:
+		t.Fatalf("a take went on between the calls of one applied batch: %v", out[0].entries)
+	case <-time.After(50 * time.Millisecond):
+	}
+	o.Scheduled(2, base, raftfsm.Policy{Priority: 9})
+	o.EndNotes()
+	out := <-took
+	if len(out) != 1 || len(out[0].entries) != 1 || out[0].entries[0].Ref != 2 {
+		t.Fatalf("the take after the batch gave %+v, want event 2, of priority 9", out)
 	}
 }

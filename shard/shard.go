@@ -46,6 +46,10 @@ type Shard struct {
 	lease *lease
 	// limits is this shard's share of the node's topic rate limits.
 	limits *topiclimit.Limiter
+	// notesOpen is set between the observer's BeginNotes and EndNotes, and
+	// notesWake when a call between them must wake the firing loop; the
+	// apply goroutine alone touches them.
+	notesOpen, notesWake bool
 	// keepLog keeps raft's log while a full snapshot is sent (expanding).
 	keepLog logKeeper
 
@@ -437,11 +441,41 @@ func raftErr(err error) error {
 // apply goroutine.
 type observer Shard
 
+// The calls of one applied batch come between BeginNotes and EndNotes, under
+// firing.mu held throughout: the firing loop sees all of a batch's events or
+// none, so a burst applied after its due time is taken by priority as a
+// whole, not in the order the calls arrive. notesOpen and notesWake are
+// touched only by the apply goroutine.
+func (o *observer) BeginNotes() {
+	o.firing.mu.Lock()
+	o.notesOpen = true
+}
+
+func (o *observer) EndNotes() {
+	o.notesOpen = false
+	wake := o.notesWake
+	o.notesWake = false
+	o.firing.mu.Unlock()
+	if wake {
+		o.firing.wake()
+	}
+}
+
 func (o *observer) Scheduled(seq uint64, due int64, p raftfsm.Policy) {
+	if o.notesOpen {
+		o.notesWake = o.firing.scheduledLocked(seq, due, p) || o.notesWake
+		return
+	}
 	o.firing.scheduled(seq, due, p)
 }
 
-func (o *observer) Settled(seq uint64) { o.firing.settled(seq) }
+func (o *observer) Settled(seq uint64) {
+	if o.notesOpen {
+		o.firing.settledLocked(seq)
+		return
+	}
+	o.firing.settled(seq)
+}
 
 func (o *observer) Reset() {
 	s := (*Shard)(o)

@@ -92,8 +92,8 @@ func TestTopicRateLimitAcrossProcesses(t *testing.T) {
 	// 40/s over 8 shards: 5/s each, a burst of one each.
 	span, peak := burst("slow")
 	t.Logf("at 40/s: 200 records over %v, at most %d in a second", span, peak)
-	if span < 4*time.Second || peak > 40+8+4 {
-		t.Errorf("at 40/s: 200 records over %v, at most %d in a second; want about 5 s, at most 48 a second", span, peak)
+	if span < 4*time.Second || peak > 48+8 { // a fifth over the rate, and the leaders' bursts: see TestTopicRateLimit
+		t.Errorf("at 40/s: 200 records over %v, at most %d in a second; want about 5 s, at most 56 a second", span, peak)
 	}
 
 	if _, err := c.admin("n1").SetTopicRateLimits(ctx, &chimev1.SetTopicRateLimitsRequest{

@@ -132,12 +132,25 @@ func (t *Table) Set(rs Rules) {
 func (t *Table) Rules() Rules { return t.v.Load().rules }
 
 // ReserveAhead is how far ahead a Limiter books a record's slot: a record
-// over the limit whose slot is at most this far off holds it (it goes then,
-// whatever falls due meanwhile); a later one is only told when to ask again,
-// so that a record of higher priority that falls due meanwhile may go
-// before it. It bounds how long a record of lower priority may go before an
-// already-due one of higher priority under a limit.
+// over the limit whose slot is at most this far off, and with no record of
+// its priority or higher told to ask again before it, holds it (it goes
+// then, whatever falls due meanwhile). Any other is told when to ask again:
+// after the slots of those of its priority or higher already waiting, so
+// that a record of higher priority that falls due meanwhile goes before
+// it. Asking again, a record books whatever slot is free (Admit's again),
+// so it is never sent back twice. A record of lower priority may go before
+// one of higher priority for at most this long (the slots booked before
+// the latter fell due).
 const ReserveAhead = 250 * time.Millisecond
+
+// numPriorities bounds the priorities a Limiter tells apart; a higher one
+// counts as the highest.
+const numPriorities = 16
+
+// waitAfter is how long after the latest time it gave a priority's records
+// to ask again a Limiter forgets them: by then they asked again, or went
+// elsewhere (cancelled, or their leader lost its place).
+const waitAfter = time.Second
 
 // Limiter is one shard leader's share of a Table's rules. It is safe for
 // concurrent use.
@@ -149,11 +162,32 @@ type Limiter struct {
 	version uint64
 	rules   Rules
 	buckets []*rate.Limiter
-	// next is, per rule, the earliest time at which Admit tells a record
-	// that holds no slot to ask again: later by one slot for each such
-	// record, so that a backlog comes back at the rate, not all at once.
-	next   []time.Time
-	topics map[string]int // each topic's rule, for the rules of version
+	// waiting is, per rule and priority, how many records were told to ask
+	// again and have not yet, and the latest time one was told: a record
+	// is told to ask again after the slots of those of its priority or
+	// higher, so that a backlog comes back at the rate, highest first.
+	waiting []waiting
+	topics  map[string]int // each topic's rule, for the rules of version
+}
+
+type waiting struct {
+	n    [numPriorities]int
+	last [numPriorities]time.Time
+}
+
+// ahead counts the records of priority p or higher told to ask again and
+// not yet back, forgetting those told to ask long ago.
+func (w *waiting) ahead(now time.Time, p int) int {
+	n := 0
+	for q := range numPriorities {
+		if w.n[q] > 0 && now.After(w.last[q].Add(waitAfter)) {
+			w.n[q] = 0
+		}
+		if q >= p {
+			n += w.n[q]
+		}
+	}
+	return n
 }
 
 // NewLimiter returns the share of t's limits of one of shares shard
@@ -176,8 +210,10 @@ type Decision struct {
 // Later reports whether the record must wait.
 func (d Decision) Later(now time.Time) bool { return d.At.After(now) }
 
-// Admit decides for one record of topic that is to be produced at now.
-func (l *Limiter) Admit(now time.Time, topic string) Decision {
+// Admit decides for one record of topic and priority that is to be
+// produced at now; again says it was told to ask again before, and books
+// its slot however far off it is.
+func (l *Limiter) Admit(now time.Time, topic string, priority uint8, again bool) Decision {
 	if l == nil || l.table == nil {
 		return Decision{At: now}
 	}
@@ -195,21 +231,26 @@ func (l *Limiter) Admit(now time.Time, topic string) Decision {
 	if i < 0 {
 		return Decision{At: now}
 	}
-	rule, b := l.rules[i].Pattern, l.buckets[i]
+	rule, b, w := l.rules[i].Pattern, l.buckets[i], &l.waiting[i]
+	p := int(min(priority, numPriorities-1))
+	if again && w.n[p] > 0 {
+		w.n[p]--
+	}
 	if b.AllowN(now, 1) {
 		return Decision{Rule: rule, At: now}
 	}
+	ahead := w.ahead(now, p)
 	r := b.ReserveN(now, 1)
 	d := r.DelayFrom(now)
-	if d <= ReserveAhead {
+	if again || (d <= ReserveAhead && ahead == 0) {
 		return Decision{Rule: rule, At: now.Add(d), Reserved: true}
 	}
 	r.CancelAt(now)
-	at := now.Add(d)
-	if l.next[i].After(at) {
-		at = l.next[i]
+	at := now.Add(d + time.Duration(float64(ahead)*float64(time.Second)/float64(b.Limit())))
+	w.n[p]++
+	if at.After(w.last[p]) {
+		w.last[p] = at
 	}
-	l.next[i] = at.Add(time.Duration(float64(time.Second) / float64(b.Limit())))
 	return Decision{Rule: rule, At: at}
 }
 
@@ -233,20 +274,20 @@ func (l *Limiter) refresh(now time.Time) {
 		old[r.Pattern] = i
 	}
 	buckets := make([]*rate.Limiter, len(v.rules))
-	next := make([]time.Time, len(v.rules))
+	waits := make([]waiting, len(v.rules))
 	for i, r := range v.rules {
 		share := r.PerSecond / l.shares
 		// A burst of a tenth of a second of the share, at least one: the
 		// most a bucket lets through at once after it was idle.
 		burst := max(1, int(share/10))
 		if j, ok := old[r.Pattern]; ok {
-			buckets[i], next[i] = l.buckets[j], l.next[j]
+			buckets[i], waits[i] = l.buckets[j], l.waiting[j]
 			buckets[i].SetLimitAt(now, rate.Limit(share))
 			buckets[i].SetBurstAt(now, burst)
 			continue
 		}
 		buckets[i] = rate.NewLimiter(rate.Limit(share), burst)
 	}
-	l.version, l.rules, l.buckets, l.next = v.n, v.rules, buckets, next
+	l.version, l.rules, l.buckets, l.waiting = v.n, v.rules, buckets, waits
 	l.topics = make(map[string]int)
 }

@@ -76,7 +76,7 @@ func TestAdmitHoldsTheShare(t *testing.T) {
 		// Records offered: those due now (100 per step) plus, each at its
 		// time, those told to ask again.
 		for range 100 {
-			d := l.Admit(now, "reports")
+			d := l.Admit(now, "reports", 5, false)
 			if d.Rule != "reports" {
 				t.Fatalf("Admit(reports) names rule %q", d.Rule)
 			}
@@ -84,7 +84,7 @@ func TestAdmitHoldsTheShare(t *testing.T) {
 				goes = append(goes, d.At)
 			}
 		}
-		if d := l.Admit(now, "other"); d.Rule != "" || d.Later(now) {
+		if d := l.Admit(now, "other", 5, false); d.Rule != "" || d.Later(now) {
 			t.Fatalf("a topic no rule matches was held: %+v", d)
 		}
 	}
@@ -124,20 +124,20 @@ func TestAdmitReservesOnlyNearSlots(t *testing.T) {
 	rs, _ := Parse("t=10/s")
 	l := NewLimiter(NewTable(rs), 1)
 	now := time.Unix(1_000_000, 0)
-	if d := l.Admit(now, "t"); d.Later(now) {
+	if d := l.Admit(now, "t", 5, false); d.Later(now) {
 		t.Fatalf("the first record waits: %+v", d) // the burst of 1
 	}
-	d := l.Admit(now, "t")
+	d := l.Admit(now, "t", 5, false)
 	if !d.Reserved || d.At.Sub(now) != 100*time.Millisecond {
 		t.Fatalf("the second record: %+v, want a slot reserved 100ms on", d)
 	}
-	d = l.Admit(now, "t")
+	d = l.Admit(now, "t", 5, false)
 	if !d.Reserved || d.At.Sub(now) != 200*time.Millisecond {
 		t.Fatalf("the third record: %+v, want a slot reserved 200ms on", d)
 	}
 	var last time.Time
 	for i := range 5 {
-		d = l.Admit(now, "t")
+		d = l.Admit(now, "t", 5, false)
 		if d.Reserved || d.At.Sub(now) < ReserveAhead {
 			t.Fatalf("record %d: %+v, want no reservation, asked again after %v", i+4, d, ReserveAhead)
 		}
@@ -145,6 +145,10 @@ func TestAdmitReservesOnlyNearSlots(t *testing.T) {
 			t.Fatalf("record %d asks again at %v, %v after the one before; want one slot (100ms) apart", i+4, d.At, d.At.Sub(last))
 		}
 		last = d.At
+	}
+	// Asking again, a record books the next free slot, however far.
+	if d = l.Admit(now, "t", 5, true); !d.Reserved || d.At.Sub(now) != 300*time.Millisecond {
+		t.Fatalf("a record asking again: %+v, want the slot 300ms on booked", d)
 	}
 }
 
@@ -155,24 +159,61 @@ func TestSetChangesTheLimitsOfEveryLimiter(t *testing.T) {
 	table := NewTable(rs)
 	l := NewLimiter(table, 1)
 	now := time.Unix(1_000_000, 0)
-	l.Admit(now, "t")
-	if d := l.Admit(now, "t"); !d.Later(now) {
+	l.Admit(now, "t", 5, false)
+	if d := l.Admit(now, "t", 5, false); !d.Later(now) {
 		t.Fatal("1/s let two records go at once")
 	}
 	rs, _ = Parse("t=1000/s")
 	table.Set(rs)
 	now = now.Add(time.Second)
-	l.Admit(now, "t") // takes the token the old rate gave; from here the new rate fills
+	l.Admit(now, "t", 5, false) // takes the token the old rate gave; from here the new rate fills
 	now = now.Add(100 * time.Millisecond)
 	for i := range 50 {
-		if d := l.Admit(now, "t"); d.Later(now) {
+		if d := l.Admit(now, "t", 5, false); d.Later(now) {
 			t.Fatalf("record %d held after the limit rose to 1000/s (burst 100): %+v", i, d)
 		}
 	}
 	table.Set(nil)
 	for range 1000 {
-		if d := l.Admit(now, "t"); d.Later(now) || d.Rule != "" {
+		if d := l.Admit(now, "t", 5, false); d.Later(now) || d.Rule != "" {
 			t.Fatalf("held by a removed rule: %+v", d)
 		}
+	}
+}
+
+// TestAdmitPutsHigherPrioritiesFirst: records told to ask again are told
+// times after those of their priority or higher already waiting, so one of
+// higher priority that comes later is told an earlier time than the ones
+// of lower priority waiting; and a record does not book a near slot ahead
+// of waiting records of its priority or higher. Waiting records that never
+// ask again are forgotten after a while.
+func TestAdmitPutsHigherPrioritiesFirst(t *testing.T) {
+	rs, _ := Parse("t=10/s")
+	l := NewLimiter(NewTable(rs), 1)
+	now := time.Unix(1_000_000, 0)
+	l.Admit(now, "t", 3, false) // the burst of one
+	l.Admit(now, "t", 3, false) // booked at 100 ms
+	l.Admit(now, "t", 3, false) // booked at 200 ms
+	low := []Decision{l.Admit(now, "t", 3, false), l.Admit(now, "t", 3, false)}
+	for i, d := range low {
+		if d.Reserved {
+			t.Fatalf("low %d: %+v, want told to ask again", i, d)
+		}
+	}
+	high := l.Admit(now, "t", 8, false)
+	if high.Reserved || !high.At.Before(low[1].At) {
+		t.Fatalf("a later record of priority 8 is told %v, the priority 3 ones %v and %v; want before the second", high.At, low[0].At, low[1].At)
+	}
+	// 250 ms on, a slot is near, but two of priority 3 wait: another of
+	// priority 3 is told to ask again behind them, not booked ahead.
+	now = now.Add(250 * time.Millisecond)
+	if d := l.Admit(now, "t", 3, false); d.Reserved || !d.At.After(low[1].At) {
+		t.Fatalf("a priority 3 record with two waiting: %+v, want told a time after %v", d, low[1].At)
+	}
+	// Long after, the waiting ones that never came back are forgotten.
+	now = now.Add(10 * time.Second)
+	l.Admit(now, "t", 3, false)
+	if d := l.Admit(now, "t", 3, false); !d.Reserved {
+		t.Fatalf("10 s later: %+v, want the near slot booked", d)
 	}
 }
