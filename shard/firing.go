@@ -29,16 +29,14 @@ type firing struct {
 
 	mu sync.Mutex // guards every field below
 
-	wheel    *wheel.Wheel
-	handles  handleTable           // pending events in the wheel, by seq
+	// wheelSet is the wheel, the handles of its events by seq, and the due
+	// times of those it holds at the point of their window (spread).
+	wheelSet
 	inflight map[uint64]*fireBatch // events taken out of the wheel and not yet settled here
 	// retrying holds the due time of every event the wheel holds at a later
 	// retry time (settleBatch), by seq. The wheel keeps one time per event,
 	// and the firing path needs the due time: it is half of the body's key.
 	retrying map[uint64]int64
-	// spread holds the due time of every event with a window that the wheel
-	// holds at the point of its window it fires at (see place), by seq.
-	spread map[uint64]int64
 	// limited holds every event a topic rate limit put back into the wheel
 	// (deferLocked), by seq: its due time, and whether it holds a slot of
 	// the limit at the time the wheel holds it for.
@@ -110,8 +108,15 @@ type limitedEvent struct {
 // times of those it holds later than due.
 type wheelSet struct {
 	wheel   *wheel.Wheel
-	handles handleTable
-	spread  map[uint64]int64
+	handles handleTable // pending events in the wheel, by seq
+	// spread holds the due time of every event with a window that the wheel
+	// holds at the point of its window it fires at (see place), by seq.
+	spread map[uint64]int64
+}
+
+// newWheelSet returns an empty wheel set around w.
+func newWheelSet(w *wheel.Wheel) *wheelSet {
+	return &wheelSet{wheel: w, spread: make(map[uint64]int64)}
 }
 
 // place adds pending event seq, due at due, to the wheel at the time it
@@ -151,8 +156,8 @@ func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
 	}
 	return &firing{
 		now: now, res: int64(t.Resolution), kick: make(chan struct{}, 1),
-		wheel: w, inflight: make(map[uint64]*fireBatch),
-		retrying: make(map[uint64]int64), spread: make(map[uint64]int64), unsure: make(map[uint64]int64),
+		wheelSet: *newWheelSet(w), inflight: make(map[uint64]*fireBatch),
+		retrying: make(map[uint64]int64), unsure: make(map[uint64]int64),
 		limited: make(map[uint64]limitedEvent), gone: make(map[uint64]struct{}),
 		fenceUntil: never, sleepUntil: never,
 		pinned: make(map[uint64]pinnedEvent),
@@ -169,19 +174,6 @@ func (f *firing) wake() {
 	}
 }
 
-// set is the firing's wheel, as a wheelSet; firing.mu must be held while
-// it is used.
-func (f *firing) set() *wheelSet {
-	return &wheelSet{wheel: f.wheel, handles: f.handles, spread: f.spread}
-}
-
-// placeLocked adds pending event seq to the wheel (see place).
-func (f *firing) placeLocked(seq uint64, due int64, p raftfsm.Policy) {
-	ws := f.set()
-	ws.place(seq, due, p)
-	f.handles = ws.handles // a zero table gets its map on first use
-}
-
 // replace swaps in a wheel rebuilt from Pebble, which holds every pending
 // event due before until.
 func (f *firing) replace(ws *wheelSet, until int64) {
@@ -193,7 +185,7 @@ func (f *firing) replace(ws *wheelSet, until int64) {
 			delete(ws.spread, seq)
 		}
 	}
-	f.wheel, f.handles, f.spread, f.until = ws.wheel, ws.handles, ws.spread, until
+	f.wheelSet, f.until = *ws, until
 	clear(f.retrying)
 	clear(f.limited)
 	f.gen++
@@ -220,7 +212,7 @@ func (f *firing) scheduledLocked(seq uint64, due int64, p raftfsm.Policy) (wake 
 	if due >= f.until {
 		return false
 	}
-	f.placeLocked(seq, due, p)
+	f.place(seq, due, p)
 	return due < f.sleepUntil
 }
 
@@ -259,7 +251,7 @@ func (f *firing) addLoaded(gen uint64, es []loaded) bool {
 		if _, ok := f.pinned[e.seq]; ok {
 			continue
 		}
-		f.placeLocked(e.seq, e.due, e.p)
+		f.place(e.seq, e.due, e.p)
 		wake = wake || e.due < f.sleepUntil
 	}
 	f.mu.Unlock()
@@ -363,7 +355,7 @@ func (f *firing) unpin(seq uint64) {
 	delete(f.pinned, seq)
 	back := ok && pe.due < f.until
 	if back {
-		f.placeLocked(seq, pe.due, pe.p)
+		f.place(seq, pe.due, pe.p)
 	}
 	wake := back && pe.due < f.sleepUntil
 	f.mu.Unlock()

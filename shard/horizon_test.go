@@ -23,13 +23,7 @@ import (
 // adds nothing.
 func TestLoadRacesApply(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := now.UnixNano()
-	w, _ := wheel.New(base, time.Millisecond)
-	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Second))
+	f, base := testFiring(t, &now, time.Second)
 
 	ms := func(n int64) int64 { return base + n*int64(time.Millisecond) }
 	f.scheduled(1, ms(500), raftfsm.DefaultPolicy)  // within the horizon: in the wheel
@@ -75,7 +69,7 @@ func TestLoadRacesApply(t *testing.T) {
 	// A rebuild during a load: what the load read belongs to the old wheel.
 	_, gen, _ = f.beginLoad(ms(4000))
 	w2, _ := wheel.New(ms(3000), time.Millisecond)
-	f.replace(&wheelSet{wheel: w2, spread: map[uint64]int64{}}, ms(4000))
+	f.replace(newWheelSet(w2), ms(4000))
 	if f.addLoaded(gen, []loaded{{7, ms(3500), p}}) {
 		t.Fatal("addLoaded added to a wheel rebuilt since the load began")
 	}

@@ -18,6 +18,24 @@ import (
 	"github.com/chimehq/chime/wheel"
 )
 
+// testFiring is a replica's firing state alone, with an empty 1 ms wheel
+// that holds every event due within horizon of *now, its clock, which the
+// test moves; base is *now in Unix ns.
+func testFiring(t *testing.T, now *time.Time, horizon time.Duration) (f *firing, base int64) {
+	t.Helper()
+	f, err := newFiring(func() time.Time { return *now }, &Tuning{Resolution: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base = now.UnixNano()
+	w, err := wheel.New(base, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.replace(newWheelSet(w), base+int64(horizon))
+	return f, base
+}
+
 // priorityRequest is a Schedule of id at deliverAt with priority p.
 func priorityRequest(id, topic string, at time.Time, p uint8) Request {
 	r := Request{ID: id, DeliverAt: at.UnixNano(), HasDeliverAt: true, Topic: topic, Payload: []byte(id),
@@ -98,13 +116,7 @@ func TestBacklogFiresByPriority(t *testing.T) {
 // takes it by priority too.
 func TestTakeByPriorityAfterOutage(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := now.UnixNano()
-	w, _ := wheel.New(base, time.Millisecond)
-	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Hour))
+	f, base := testFiring(t, &now, time.Hour)
 	ms := func(n int64) int64 { return base + n*int64(time.Millisecond) }
 	// 100 events, due 10 ms apart, priority rising with the due time: the
 	// oldest are the least urgent.
@@ -169,13 +181,7 @@ func TestTakeByPriorityAfterOutage(t *testing.T) {
 // point, and its fire batch names its due time (half of its body's key).
 func TestWindowSpreadsABurst(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := now.UnixNano()
-	w, _ := wheel.New(base, time.Millisecond)
-	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Hour))
+	f, base := testFiring(t, &now, time.Hour)
 	due := base + int64(time.Second)
 	window := int64(time.Second)
 	const events = 1000
@@ -338,13 +344,7 @@ func TestTopicRateLimit(t *testing.T) {
 // settles it, and is not put back.
 func TestDeferKeepsCancelledInTheBatch(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := now.UnixNano()
-	w, _ := wheel.New(base, time.Millisecond)
-	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Hour))
+	f, base := testFiring(t, &now, time.Hour)
 	f.scheduled(1, base, raftfsm.Policy{Priority: 7})
 	f.scheduled(2, base, raftfsm.Policy{Priority: 7})
 	_, out, _ := f.take(base, 0, 10, nil, nil, func(int64) {})
@@ -377,13 +377,7 @@ func TestDeferKeepsCancelledInTheBatch(t *testing.T) {
 // priority, though it arrived after a lower one.
 func TestNotesOfOneApplyArriveTogether(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	f, err := newFiring(func() time.Time { return now }, &Tuning{Resolution: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	base := now.UnixNano()
-	w, _ := wheel.New(base, time.Millisecond)
-	f.replace(&wheelSet{wheel: w, spread: map[uint64]int64{}}, base+int64(time.Hour))
+	f, base := testFiring(t, &now, time.Hour)
 	o := (*observer)(&Shard{firing: f})
 
 	o.BeginNotes()

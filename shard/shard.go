@@ -497,7 +497,7 @@ func (s *Shard) rebuildWheel() error {
 	if err != nil {
 		return err
 	}
-	ws := &wheelSet{wheel: w, spread: make(map[uint64]int64)}
+	ws := newWheelSet(w)
 	until := s.horizonUntil(now)
 	err = s.fsm.LoadPending(until, func(seq uint64, due int64, p raftfsm.Policy) error {
 		ws.place(seq, due, p)
