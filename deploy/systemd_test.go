@@ -1,0 +1,171 @@
+package deploy
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+const (
+	unitPath    = "systemd/chimed.service"
+	envFilePath = "systemd/chimed.env"
+)
+
+// unit is a systemd unit file: section -> key -> the values in order.
+type unit map[string]map[string][]string
+
+func parseUnit(data string) (unit, error) {
+	u := unit{}
+	section := ""
+	for i, line := range strings.Split(data, "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
+		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
+			section = line[1 : len(line)-1]
+			u[section] = map[string][]string{}
+		case section == "":
+			return nil, fmt.Errorf("line %d: %q outside a section", i+1, line)
+		default:
+			k, v, ok := strings.Cut(line, "=")
+			if !ok {
+				return nil, fmt.Errorf("line %d: %q is not KEY=VALUE", i+1, line)
+			}
+			u[section][k] = append(u[section][k], v)
+		}
+	}
+	return u, nil
+}
+
+func (u unit) get(section, key string) (string, bool) {
+	v := u[section][key]
+	if len(v) == 0 {
+		return "", false
+	}
+	return v[len(v)-1], true
+}
+
+// checkUnit checks the hardening and the stop sequence the issue asks of
+// chimed.service.
+func checkUnit(data string) error {
+	u, err := parseUnit(data)
+	if err != nil {
+		return err
+	}
+	var errs []string
+	for key, want := range map[string]string{
+		"User":                  "chime",
+		"EnvironmentFile":       "/etc/chime/chimed.env",
+		"ProtectSystem":         "strict",
+		"ReadWritePaths":        "/var/lib/chime",
+		"StateDirectory":        "chime",
+		"NoNewPrivileges":       "yes",
+		"PrivateTmp":            "yes",
+		"ProtectHome":           "yes",
+		"CapabilityBoundingSet": "",
+		"LimitNOFILE":           "65536",
+		"Restart":               "on-failure",
+		"ExecStart":             "/usr/local/bin/chimed serve",
+	} {
+		if got, ok := u.get("Service", key); !ok || got != want {
+			errs = append(errs, fmt.Sprintf("[Service] %s=%q (set %v), want %q", key, got, ok, want))
+		}
+	}
+	stop, _ := u.get("Service", "ExecStop")
+	m := regexp.MustCompile(`^-?/usr/local/bin/chimectl .* drain --timeout-drain ([0-9]+)s$`).FindStringSubmatch(stop)
+	if m == nil {
+		errs = append(errs, fmt.Sprintf("ExecStop %q does not run chimectl ... drain --timeout-drain Ns (no NODE: the node --addr reaches)", stop))
+	} else {
+		drain, _ := strconv.Atoi(m[1])
+		timeout, _ := u.get("Service", "TimeoutStopSec")
+		secs, err := strconv.Atoi(timeout)
+		// chimed's own graceful shutdown takes up to 30 s after the drain.
+		if err != nil || secs < drain+30 {
+			errs = append(errs, fmt.Sprintf("TimeoutStopSec=%q does not cover the %d s drain plus chimed's 30 s shutdown", timeout, drain))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "\n"))
+	}
+	return nil
+}
+
+func TestSystemdUnit(t *testing.T) {
+	if err := checkUnit(string(readFile(t, unitPath))); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestCheckUnitRejects(t *testing.T) {
+	good := string(readFile(t, unitPath))
+	for name, bad := range map[string]string{
+		"root":                     strings.Replace(good, "User=chime", "User=root", 1),
+		"a writable system":        strings.Replace(good, "ProtectSystem=strict", "ProtectSystem=full", 1),
+		"capabilities kept":        strings.Replace(good, "CapabilityBoundingSet=\n", "CapabilityBoundingSet=CAP_NET_ADMIN\n", 1),
+		"a drain of one node":      strings.Replace(good, "drain --timeout-drain 240s", "drain node-1 --timeout-drain 240s", 1),
+		"too short a stop":         strings.Replace(good, "TimeoutStopSec=300", "TimeoutStopSec=90", 1),
+		"no file limit":            strings.Replace(good, "LimitNOFILE=65536", "", 1),
+		"a line outside a section": "ExecStart=/bin/true\n" + good,
+	} {
+		if bad == good {
+			t.Fatalf("%s: the planted change did not apply", name)
+		}
+		if err := checkUnit(bad); err == nil {
+			t.Errorf("%s: checkUnit accepted it", name)
+		}
+	}
+}
+
+// systemdVerify runs systemd-analyze verify on a copy of the unit whose
+// /usr/local/bin/chimed and chimectl are the binaries built for the test
+// (verify refuses a unit whose commands do not exist). It returns what
+// verify printed: an unknown key, a value it cannot parse, a bad command.
+func systemdVerify(t *testing.T, data string) string {
+	t.Helper()
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed")
+	}
+	chimed, chimectl := builtBinaries(t)
+	data = strings.ReplaceAll(data, "/usr/local/bin/chimectl", chimectl)
+	data = strings.ReplaceAll(data, "/usr/local/bin/chimed", chimed)
+	path := filepath.Join(t.TempDir(), "chimed.service")
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := exec.Command(analyze, "verify", path).CombinedOutput()
+	return strings.TrimSpace(string(out))
+}
+
+func TestSystemdAnalyzeVerify(t *testing.T) {
+	if out := systemdVerify(t, string(readFile(t, unitPath))); out != "" {
+		t.Errorf("systemd-analyze verify chimed.service:\n%s", out)
+	}
+	bad := strings.Replace(string(readFile(t, unitPath)), "ProtectHome=yes", "ProtectHom=yes", 1)
+	if out := systemdVerify(t, bad); !strings.Contains(out, "ProtectHom") {
+		t.Errorf("systemd-analyze verify did not report an unknown key: %q", out)
+	}
+}
+
+// envFile parses a systemd EnvironmentFile. Commented-out assignments
+// (#CHIME_X=...) are returned too, apart: they are choices the file offers,
+// and must name real flags as much as the set ones.
+func envFile(data string) (set, commented map[string]string) {
+	set, commented = map[string]string{}, map[string]string{}
+	assign := regexp.MustCompile(`^(#?)([A-Z][A-Z0-9_]*)=(.*)$`)
+	for _, line := range strings.Split(data, "\n") {
+		if m := assign.FindStringSubmatch(strings.TrimSpace(line)); m != nil {
+			if m[1] == "#" {
+				commented[m[2]] = m[3]
+			} else {
+				set[m[2]] = m[3]
+			}
+		}
+	}
+	return set, commented
+}
