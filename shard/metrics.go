@@ -15,7 +15,11 @@ type Metrics struct {
 	Fired               prometheus.Counter
 	DeadLettered        prometheus.Counter
 	ScheduleBatchEvents prometheus.Histogram
-	LeaderChanges       prometheus.Counter
+	// Ingest is the time a Schedule call waits on its shard's leader for
+	// its events to be committed and applied: the group commit's gathering,
+	// the Raft round trip with its fsyncs, and the apply.
+	Ingest        prometheus.Histogram
+	LeaderChanges prometheus.Counter
 	// FireStage splits a fire batch's time by stage: wake (how late after
 	// its due time the batch went on: taken out of the wheel, or, for a
 	// batch taken early (Tuning.FireLead), let go by its hold), slot
@@ -57,6 +61,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Events per ScheduleBatch Raft entry (group commit).",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 7),
 		}),
+		Ingest: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "chime_ingest_seconds",
+			Help:    "Time from a Schedule call reaching its shard's leader to its events being committed by Raft and applied: how long an ingest waits to be durable.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
 		LeaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "chime_shard_leadership_gained_total",
 			Help: "Times a shard replica on this node became leader and started firing.",
@@ -68,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"stage"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Lateness, m.RateLimitedLateness, m.RateLimited, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.LeaderChanges, m.FireStage)
+		reg.MustRegister(m.Lateness, m.RateLimitedLateness, m.RateLimited, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.Ingest, m.LeaderChanges, m.FireStage)
 	}
 	return m
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -131,6 +132,7 @@ func (s *Shard) pinReplaced(ctx context.Context, reqs []Request) (todo []Request
 
 // schedule proposes reqs, group-committed with other calls.
 func (s *Shard) schedule(ctx context.Context, reqs []Request) ([]Result, error) {
+	start := time.Now()
 	props := s.proposalsFor(ctx, reqs)
 	for _, p := range props {
 		select {
@@ -155,6 +157,7 @@ func (s *Shard) schedule(ctx context.Context, reqs []Request) ([]Result, error) 
 			return nil, ctx.Err()
 		}
 	}
+	s.metrics.Ingest.Observe(time.Since(start).Seconds())
 	return out, nil
 }
 

@@ -335,7 +335,7 @@ func drainCommand() *command {
 	return &command{
 		name:    "drain",
 		summary: "move every replica and leadership off a node so it can be stopped safely",
-		args:    "NODE",
+		args:    "[NODE]",
 		about: `Drain marks node NODE as draining: the placement stops choosing it, every
 shard moves its voter on NODE to another node, and NODE hands over the
 shards it leads. Use it before stopping a node for maintenance or for good,
@@ -350,8 +350,11 @@ When fewer other nodes remain than the replication factor, shards carry on
 with fewer voters (status counts the shards that have their full set), so
 one more failure can cost a shard its quorum. --json prints only the last
 progress, {"node", "replicas_remaining", "leaders_remaining",
-"safe_to_stop"}; progress lines then go to standard error.`,
+"safe_to_stop"}; progress lines then go to standard error. Without NODE,
+drain drains the node --addr reaches (asking it its id): what a node's own
+stop hook runs, with --addr on loopback.`,
 		example: `  chimectl drain node-2 && ssh node-2 systemctl stop chimed
+  chimectl --addr 127.0.0.1:7070 drain --timeout-drain 90s   # a preStop or ExecStop hook
   chimectl drain node-2 --no-wait
   chimectl drain node-2 --timeout-drain 15m --interval 5s --json`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
@@ -360,9 +363,12 @@ progress, {"node", "replicas_remaining", "leaders_remaining",
 			timeout := fs.Duration("timeout-drain", 5*time.Minute, "with --wait, give up and exit 1 after this `duration`; 0 waits without limit")
 			interval := fs.Duration("interval", time.Second, "with --wait, ask for progress this often (a `duration`)")
 			return func(ctx context.Context, args []string) error {
-				node, err := oneNode(args)
-				if err != nil {
-					return err
+				node := "" // the node --addr reaches
+				if len(args) > 0 {
+					var err error
+					if node, err = oneNode(args); err != nil {
+						return err
+					}
 				}
 				set := map[string]bool{}
 				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -397,6 +403,15 @@ func (c *cli) drain(ctx context.Context, node string, wait bool, limit, interval
 		return err
 	}
 	defer closeConn()
+	if node == "" {
+		rctx, cancel := c.requestCtx(ctx)
+		st, err := ac.NodeStatus(rctx, &chimev1.NodeStatusRequest{})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("asking %s which node it is: %w", c.addr, err)
+		}
+		node = st.GetNodeId()
+	}
 	ask := func() (*chimev1.DrainResponse, error) {
 		ctx, cancel := c.requestCtx(ctx)
 		defer cancel()

@@ -87,6 +87,12 @@ func (f *fakeAdmin) Drain(_ context.Context, req *chimev1.DrainRequest) (*chimev
 	return &chimev1.DrainResponse{Node: req.GetNode(), ReplicasRemaining: s.replicas, LeadersRemaining: s.leaders, SafeToStop: s.safe}, nil
 }
 
+// NodeStatus answers as node-2, the node a drain without a node id asks.
+func (f *fakeAdmin) NodeStatus(context.Context, *chimev1.NodeStatusRequest) (*chimev1.NodeStatusResponse, error) {
+	f.record("NodeStatus")
+	return &chimev1.NodeStatusResponse{NodeId: "node-2"}, nil
+}
+
 func (f *fakeAdmin) TransferLeader(_ context.Context, req *chimev1.TransferLeaderRequest) (*chimev1.TransferLeaderResponse, error) {
 	f.record("TransferLeader " + uitoa(req.GetShard()) + " " + req.GetNode())
 	if f.transferErr != nil {
@@ -351,6 +357,19 @@ func TestStatusOfAnEmptyClusterPrintsEmptyLists(t *testing.T) {
 	}
 }
 
+// TestDrainWithoutNodeDrainsTheNodeAsked: with no node id, drain asks the
+// node at --addr which node it is and drains that one, as a stop hook on
+// the node itself does.
+func TestDrainWithoutNodeDrainsTheNodeAsked(t *testing.T) {
+	f := &fakeAdmin{drain: []drainStep{{replicas: 1}, {safe: true}}}
+	addr := startAdmin(t, f)
+	chimectlAt(t, &fakeClock{t: t0}, "--addr", addr, "drain", "--interval", "1s").want(t, 0,
+		"node-2: 1 replica remaining, 0 leaderships (0s)\nnode-2 holds no replica: safe to stop\n", "")
+	if got := f.Calls(); !slices.Equal(got, []string{"NodeStatus", "Drain node-2", "Drain node-2"}) {
+		t.Errorf("calls %q", got)
+	}
+}
+
 func TestDrainWaitsUntilSafeToStop(t *testing.T) {
 	f := &fakeAdmin{drain: []drainStep{{replicas: 5, leaders: 1}, {replicas: 3}, {safe: true}}}
 	addr := startAdmin(t, f)
@@ -501,7 +520,6 @@ func TestAdminUsageErrorsExit2(t *testing.T) {
 		{[]string{"transfer-leader", "4294967296", "node-1"}, `SHARD "4294967296" is not a shard number (a non-negative integer)`},
 		{[]string{"transfer-leader", "3"}, "want SHARD and NODE, got 1 arguments"},
 		{[]string{"transfer-leader", "3", ""}, "the node id must not be empty"},
-		{[]string{"drain"}, "want exactly one node id, got 0 arguments"},
 		{[]string{"drain", "a", "b"}, "want exactly one node id, got 2 arguments"},
 		{[]string{"drain", "a", "--interval", "0s"}, "--interval must be positive"},
 		{[]string{"drain", "a", "--timeout-drain", "-1s"}, "--timeout-drain must not be negative"},
@@ -598,7 +616,7 @@ func TestOperatorHelp(t *testing.T) {
 	}
 	for cmd, wants := range map[string][]string{
 		"status": {"chimectl status [flags]\n", "(none besides the global flags)", "--json", "--addr", "flagged with !"},
-		"drain": {"chimectl drain [flags] NODE\n", "  --wait\n", "  --no-wait\n", "  --timeout-drain duration\n", "(default 5m)",
+		"drain": {"chimectl drain [flags] [NODE]\n", "  --wait\n", "  --no-wait\n", "  --timeout-drain duration\n", "(default 5m)",
 			"  --interval duration\n", "(default 1s)", "safe to stop", "exits 1"},
 		"transfer-leader": {"chimectl transfer-leader [flags] SHARD NODE\n", "must be one of its\nvoters"},
 		"remove": {"chimectl remove [flags] NODE\n", "will NOT come back", "A node that is still alive",

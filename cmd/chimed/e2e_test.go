@@ -74,9 +74,12 @@ type daemon struct {
 	gossipAddr                 string
 	join                       []string
 	extra                      []string // more flags
-	brokers                    string
-	stderr                     *lockedBuffer // read while the process writes it
-	exited                     chan struct{}
+	// env, when set, configures the node as a container does: chimed
+	// serve with these CHIME_ variables (and extra) instead of the flags.
+	env     []string
+	brokers string
+	stderr  *lockedBuffer // read while the process writes it
+	exited  chan struct{}
 	// With TLS (secure): what its clients dial with, and the HTTP client
 	// and scheme of its HTTP port.
 	creds      credentials.TransportCredentials
@@ -118,7 +121,13 @@ func (d *daemon) launch() {
 	if len(d.join) > 0 {
 		args = append(args, "--join", strings.Join(d.join, ","))
 	}
+	if d.env != nil {
+		args = []string{"serve"}
+	}
 	d.cmd = exec.Command(chimedBin, append(args, d.extra...)...)
+	if d.env != nil {
+		d.cmd.Env = append(os.Environ(), d.env...)
+	}
 	d.cmd.Stderr = d.stderr
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)

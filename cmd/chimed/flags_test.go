@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/base64"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -72,7 +73,7 @@ func TestRestoreUsage(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "no manifest.json: not a backup, or one that did not finish") {
 		t.Errorf("a directory that is not a backup: exit %d, stderr %q", code, stderr)
 	}
-	if got, err := raftAdvertise("localhost:7071"); err != nil || !strings.HasSuffix(got, ":7071") || strings.HasPrefix(got, "localhost") {
+	if got, err := raftAdvertise("localhost:7071", ""); err != nil || !strings.HasSuffix(got, ":7071") || strings.HasPrefix(got, "localhost") {
 		t.Errorf("localhost:7071 advertises as %q (%v), want the IP the listener reports", got, err)
 	}
 }
@@ -241,5 +242,61 @@ func TestTopicRateLimitFlag(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut.String(), tc.want) {
 			t.Errorf("--topic-rate-limit %q: exit %d, stderr %q; want 2 and %q", tc.flag, code, errOut.String(), tc.want)
 		}
+	}
+}
+
+// TestFlagsFromEnvironment: a CHIME_ variable sets the flag it names unless
+// the command line set it, a repeatable flag takes a list, a value the flag
+// refuses names the variable, and variables naming no flag are returned
+// (the documented non-flag ones aside).
+func TestFlagsFromEnvironment(t *testing.T) {
+	f := newFlags("serve", io.Discard)
+	if err := f.fs.Parse([]string{"--shards", "4"}); err != nil {
+		t.Fatal(err)
+	}
+	unknown, err := setFromEnv(f.fs, []string{"allow-topic"}, []string{
+		"CHIME_SHARDS=16", "CHIME_KAFKA_BROKERS=k1:9092,k2:9092", "CHIME_INSECURE=true",
+		"CHIME_ALLOW_TOPIC=__consumer_offsets, chime.deadletter", "CHIME_WHEEL_HORIZON=90s",
+		"CHIME_KAFKA_BROKER=typo:9092", "CHIME_TOKEN=t", "CHIME_ADDR=a:1", "CHIME_KAFKA_SASL_PASSWORD=p",
+		"HOME=/root", "CHIME_ADVERTISE_HOST=chime-0.chime-headless",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.shards != 4 {
+		t.Errorf("--shards 4 on the command line and CHIME_SHARDS=16: got %d, want the command line's", f.shards)
+	}
+	if f.brokers != "k1:9092,k2:9092" || !f.insecure || f.wheelHorizon != 90*time.Second || f.advertiseHost != "chime-0.chime-headless" {
+		t.Errorf("from the environment: brokers %q insecure %v wheel horizon %v advertise %q", f.brokers, f.insecure, f.wheelHorizon, f.advertiseHost)
+	}
+	if !slices.Equal(f.allowTopics, []string{"__consumer_offsets", "chime.deadletter"}) {
+		t.Errorf("CHIME_ALLOW_TOPIC gave %q", f.allowTopics)
+	}
+	if !slices.Equal(unknown, []string{"CHIME_KAFKA_BROKER"}) {
+		t.Errorf("unknown variables %q, want only the misspelt CHIME_KAFKA_BROKER", unknown)
+	}
+	f = newFlags("serve", io.Discard)
+	f.fs.Parse(nil)
+	if _, err := setFromEnv(f.fs, nil, []string{"CHIME_RETENTION=a week"}); err == nil || !strings.Contains(err.Error(), `CHIME_RETENTION="a week": invalid value for --retention`) {
+		t.Errorf("a bad value: %v", err)
+	}
+	var help strings.Builder
+	newFlags("serve", &help).fs.Usage()
+	if !strings.Contains(help.String(), "CHIME_KAFKA_BROKERS") || !strings.Contains(help.String(), "-advertise-host host") {
+		t.Errorf("serve --help does not teach the variables and --advertise-host:\n%s", help.String())
+	}
+}
+
+// TestHealthCommand: chimed health fails, naming the address, when no node
+// answers there, and refuses a malformed address as a usage error.
+func TestHealthCommand(t *testing.T) {
+	var out, errOut strings.Builder
+	addr := freeAddr(t) // closed again: nothing listens
+	if code := run([]string{"health", "--http-addr", addr, "--timeout", "2s"}, &out, &errOut); code != 1 || !strings.Contains(errOut.String(), addr+"/healthz") {
+		t.Errorf("no node: exit %d, stderr %q", code, errOut.String())
+	}
+	errOut.Reset()
+	if code := run([]string{"health", "--http-addr", "7080"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), `--http-addr "7080"`) {
+		t.Errorf("malformed address: exit %d, stderr %q", code, errOut.String())
 	}
 }

@@ -44,6 +44,7 @@ Usage:
   chimed dev     [flags]   one node with an embedded Kafka-protocol broker
   chimed serve   [flags]   one node against an external Kafka (--kafka-brokers)
   chimed restore [flags]   a new cluster's first node from a backup (chimectl backup)
+  chimed health  [flags]   exit 0 if the node on this machine answers /healthz (or /readyz)
 
 Run 'chimed <command> --help' for the flags of each command.
 
@@ -87,6 +88,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runNode(args[0], args[1:], stdout, stderr)
 	case "restore":
 		return runRestore(args[1:], stdout, stderr)
+	case "health":
+		return runHealth(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -104,6 +107,7 @@ type flags struct {
 	deadLetter, gossipAddr, join, gossipKeyFile   string
 	tlsCert, tlsKey, tlsCA, tlsClientCA           string
 	authFile, auditLog, topicRateLimit            string
+	advertiseHost                                 string
 	allowTopics                                   []string
 	debugEndpoints, insecure                      bool
 	shards, maxPayload, maxInFlight, maxCatchUp   int
@@ -140,7 +144,8 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 		fs.IntVar(&f.nodes, "nodes", 1, "run a local cluster of this many nodes in one process; node i (from 0) uses\nthe ports above plus 100*i and --data-dir/node-i")
 	} else {
 		fs.StringVar(&f.brokers, "kafka-brokers", "", "comma-separated Kafka bootstrap brokers (required)")
-		fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses of existing members; empty creates a new cluster")
+		fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses of existing members; empty creates a new cluster. An\nentry naming this node itself is skipped, so every node can be given the same list: the\nnode it names creates the cluster, the others join it")
+		fs.StringVar(&f.advertiseHost, "advertise-host", "", "the `host` name or IP the other nodes and clients reach this node by; it is advertised with\nthe ports of --raft-addr, --grpc-addr and --http-addr, and is required when they listen on\nevery interface (0.0.0.0:7071). Give a name that survives the node's IP changing (a\nKubernetes pod's DNS name): Raft configurations keep it")
 	}
 	f.kafka = kafkaflag.Register(fs, "Chime's producer")
 	fs.IntVar(&f.shards, "shards", 8, "number of shards, fixed when the cluster is created")
@@ -193,6 +198,7 @@ every other node is started with --join naming one or more members`
 		}
 		fmt.Fprintf(stderr, "Usage: chimed %s [flags]\n\nRuns %s.\nSIGINT or SIGTERM shut it down gracefully.\n\nFlags:\n", cmd, what)
 		fs.PrintDefaults()
+		fmt.Fprint(stderr, envHelp())
 		if cmd == "dev" {
 			fmt.Fprint(stderr, "\nExamples:\n  chimed dev\n  chimed dev --nodes 3\n  chimed dev --data-dir /tmp/chime --kafka-addr 127.0.0.1:19092\n")
 		} else {
@@ -329,6 +335,11 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	unknownEnv, err := setFromEnv(f.fs, []string{"allow-topic"}, os.Environ())
+	if err != nil {
+		fmt.Fprintf(stderr, "chimed %s: %v\n", cmd, err)
+		return 2
+	}
 	if cmd == "dev" {
 		if err := f.followGRPC(); err != nil {
 			fmt.Fprintf(stderr, "chimed dev: %v\n", err)
@@ -354,6 +365,9 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if len(unknownEnv) > 0 {
+		logger.Warn("ignoring environment variables that name no flag of chimed "+cmd, "vars", unknownEnv)
+	}
 	var tlsSource *certs.Source
 	if f.tlsCert != "" || f.tlsKey != "" || f.tlsCA != "" || f.tlsClientCA != "" {
 		var err error
@@ -458,7 +472,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
 			WheelHorizon: f.wheelHorizon},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
-		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr,
+		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr, AdvertiseHost: f.advertiseHost,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
 	}

@@ -58,10 +58,12 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	dataDir := fs.String("data-dir", "./chime-data", "the new node's data directory; must be new or empty")
 	nodeID := fs.String("node-id", defNode, "the id the node will run with (chimed serve --node-id)")
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7071", "the Raft address the node will run with (chimed serve --raft-addr), which the other nodes reach it at")
+	advertiseHost := fs.String("advertise-host", "", "the `host` the node will run with (chimed serve --advertise-host): with it, the Raft address is this\nhost with --raft-addr's port, kept as a name")
 	replication := fs.Int("replication", 0, "replicas per shard of the new cluster; 0 keeps the backed-up cluster's")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, restoreAbout)
 		fs.PrintDefaults()
+		fmt.Fprint(stderr, envHelp())
 		fmt.Fprint(stderr, restoreExamples)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -74,6 +76,11 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chimed restore: "+format+"\nRun 'chimed restore --help' for usage.\n", a...)
 		return 2
 	}
+	// The variables of chimed serve that restore has no flag for (a
+	// container's environment sets them all) are not mistakes here.
+	if _, err := setFromEnv(fs, nil, os.Environ()); err != nil {
+		return usage("%v", err)
+	}
 	switch {
 	case fs.NArg() > 0:
 		return usage("unexpected argument %q", fs.Arg(0))
@@ -84,7 +91,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	case *replication < 0:
 		return usage("--replication must not be negative")
 	}
-	advertised, err := raftAdvertise(*raftAddr)
+	advertised, err := raftAdvertise(*raftAddr, *advertiseHost)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -121,11 +128,19 @@ Other nodes join it with --join <its --gossip-addr>.
 }
 
 // raftAdvertise is the Raft address a node started with --raft-addr addr
-// advertises: its listener's, an IP and a port. The restored shards'
-// configurations must name exactly it, so a host name is resolved as the
-// listener would resolve it, and an address the other nodes cannot dial
-// (no port, an unspecified IP) is refused.
-func raftAdvertise(addr string) (string, error) {
+// (and --advertise-host) advertises. The restored shards' configurations
+// must name exactly it: with an advertise host, that host (kept as a name)
+// and addr's port; without, the listener's address, so a host name is
+// resolved as the listener would resolve it, and an address the other
+// nodes cannot dial (no port, an unspecified IP) is refused.
+func raftAdvertise(addr, advertiseHost string) (string, error) {
+	if advertiseHost != "" {
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil || port == "0" {
+			return "", fmt.Errorf("--raft-addr %q: give the address chimed serve will listen on, with its port", addr)
+		}
+		return net.JoinHostPort(advertiseHost, port), nil
+	}
 	ta, err := net.ResolveTCPAddr("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("--raft-addr %q: %v", addr, err)

@@ -469,6 +469,7 @@ var (
 	descRefired = prometheus.NewDesc("chime_shard_refired_total", "MarkFired entries for events already fired: duplicate deliveries around leader changes.", []string{"shard"}, nil)
 	descApplied = prometheus.NewDesc("chime_shard_applied_index", "Last Raft log index applied to Pebble.", []string{"shard"}, nil)
 	descLeader  = prometheus.NewDesc("chime_shard_is_leader", "1 when this node leads the shard.", []string{"shard"}, nil)
+	descVoters  = prometheus.NewDesc("chime_shard_voters", "Voters in the shard's Raft configuration, reported by the shard's leader only (fewer than the replication factor while a replica is missing).", []string{"shard"}, nil)
 
 	descRetained   = prometheus.NewDesc("chime_shard_settled_retained_events", "Settled (fired, cancelled, dead-lettered) events still stored: their ids stay idempotency keys until the retention removes them.", []string{"shard"}, nil)
 	descExpired    = prometheus.NewDesc("chime_shard_expired_total", "Settled events removed after the retention.", []string{"shard"}, nil)
@@ -483,7 +484,7 @@ var (
 )
 
 func (c hostCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descEvents, descRefired, descApplied, descLeader,
+	for _, d := range []*prometheus.Desc{descPending, descEvents, descRefired, descApplied, descLeader, descVoters,
 		descRetained, descExpired, descReclaimed, descCleanupLag, descWheelEvents, descWheelHorizon, descInstallsSent, descInstallBytes} {
 		ch <- d
 	}
@@ -511,6 +512,11 @@ func (c hostCollector) Collect(ch chan<- prometheus.Metric) {
 		leader := 0.0
 		if s.IsLeader() {
 			leader = 1
+			// Only the leader's configuration is the one in force; a
+			// follower's may lag a change behind.
+			if voters, _, err := s.Configuration(); err == nil {
+				ch <- prometheus.MustNewConstMetric(descVoters, prometheus.GaugeValue, float64(len(voters)), shard)
+			}
 		}
 		ch <- prometheus.MustNewConstMetric(descLeader, prometheus.GaugeValue, leader, shard)
 	}

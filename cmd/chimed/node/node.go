@@ -70,8 +70,18 @@ type Config struct {
 	// Cluster mode: gossip with memberlist, replicate each shard on
 	// Replication nodes, forward requests to shard leaders. Without it the
 	// node is a fixed single node (chimed dev).
-	Cluster     bool
-	GossipAddr  string
+	Cluster    bool
+	GossipAddr string
+	// AdvertiseHost is the host name or IP the other nodes (and clients
+	// reading the cluster map) reach this node by; the node advertises it
+	// with the ports of its listeners. Empty advertises each listener's own
+	// address, which a node listening on every interface cannot do. A name
+	// is kept as it is, not resolved: Raft configurations hold it, and it
+	// outlives the IP (a rescheduled pod keeps its name, not its IP).
+	AdvertiseHost string
+	// Join lists gossip addresses of members. An entry naming this node's
+	// own gossip address is dropped, so that every node of a cluster can be
+	// given the same list: the one it names creates the cluster.
 	Join        []string
 	Replication int
 	DeadTimeout time.Duration
@@ -131,8 +141,9 @@ type Node struct {
 	http        *http.Server
 
 	grpcAddr, httpAddr net.Addr
-	raftAddr           string
-	serveErr           chan error
+	// What the node advertises: the listeners' ports at cfg.AdvertiseHost.
+	raftAddr, grpcAdvertised, httpAdvertised string
+	serveErr                                 chan error
 }
 
 // clusterMeta is written once, when the data directory is created, so that a
@@ -260,7 +271,9 @@ func Start(cfg Config) (_ *Node, err error) {
 			return nil, err
 		}
 		lns = append(lns, raftLn)
-		n.raftAddr = raftLn.Addr().String()
+		if n.raftAddr, err = advertised(cfg, "raft-addr", cfg.RaftAddr, raftLn.Addr()); err != nil {
+			return nil, err
+		}
 	} else {
 		n.raftAddr = cfg.RaftAdvertise
 	}
@@ -275,6 +288,13 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	lns = append(lns, httpLn)
 	n.grpcAddr, n.httpAddr = grpcLn.Addr(), httpLn.Addr()
+	if n.grpcAdvertised, err = advertised(cfg, "grpc-addr", cfg.GRPCAddr, n.grpcAddr); err != nil {
+		return nil, err
+	}
+	if n.httpAdvertised, err = advertised(cfg, "http-addr", cfg.HTTPAddr, n.httpAddr); err != nil {
+		return nil, err
+	}
+	cfg.Join = withoutSelf(cfg.Join, cfg.GossipAddr, cfg.AdvertiseHost)
 
 	if _, err := os.Stat(filepath.Join(cfg.DataDir, restoringName)); err == nil {
 		return nil, fmt.Errorf("%s: a chimed restore into this directory did not finish (%s is there): delete the directory's contents and run chimed restore again",
@@ -325,7 +345,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(n.pub.Collector())
+	reg.MustRegister(n.pub.Collector(), nodeCollector{replication: cfg.Replication, dataDir: cfg.DataDir})
 	if n.keys != nil {
 		reg.MustRegister(keysCollector{ml: n.ml, watcher: n.keys})
 	}
@@ -345,7 +365,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		DialCredentials: dialCredentials(cfg.TLS),
 		// Without gossip (chimed dev) the cluster is this node alone: the
 		// Admin API answers for it, and the host has no Directory.
-		Self: membership.Meta{NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr, HTTPAddr: n.httpAddr.String()},
+		Self: membership.Meta{NodeID: cfg.NodeID, GRPCAddr: n.grpcAdvertised, RaftAddr: n.raftAddr, HTTPAddr: n.httpAdvertised},
 	}
 	if n.ml != nil {
 		cc.Membership = n.ml
@@ -499,10 +519,10 @@ func (n *Node) joinCluster(cfg Config, meta clusterMeta, existed bool) (clusterM
 	var err error
 	n.ml, err = membership.Start(membership.Config{
 		Meta: membership.Meta{
-			NodeID: cfg.NodeID, GRPCAddr: n.grpcAddr.String(), RaftAddr: n.raftAddr, HTTPAddr: n.httpAddr.String(),
+			NodeID: cfg.NodeID, GRPCAddr: n.grpcAdvertised, RaftAddr: n.raftAddr, HTTPAddr: n.httpAdvertised,
 			ClusterID: params.ClusterID, Shards: params.Shards, Replication: params.Replication, Retention: params.Retention,
 		},
-		BindAddr: cfg.GossipAddr, Transport: cfg.GossipTransport, Join: join, Peers: peers, Keys: keys, Logger: cfg.Logger.With("component", "membership"),
+		BindAddr: cfg.GossipAddr, AdvertiseAddr: gossipAdvertise(cfg.GossipAddr, cfg.AdvertiseHost), Transport: cfg.GossipTransport, Join: join, Peers: peers, Keys: keys, Logger: cfg.Logger.With("component", "membership"),
 	})
 	if err != nil {
 		return meta, err
