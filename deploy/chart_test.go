@@ -189,6 +189,9 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 	}
 
 	pod := sts.Spec.Template.Spec
+	if pod.EnableServiceLinks == nil || *pod.EnableServiceLinks {
+		t.Error("enableServiceLinks is not false: the client Service's link variables (CHIME_SERVICE_HOST, ...) would reach chimed as CHIME_* settings")
+	}
 	if len(pod.Containers) != 1 {
 		t.Fatalf("%d containers, want 1", len(pod.Containers))
 	}
@@ -261,7 +264,9 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 		fmt.Sscan(m2[1], &n)
 		var shutdown int64
 		fmt.Sscan(strings.TrimSuffix(args["--shutdown-timeout"], "s"), &shutdown)
-		if grace := *pod.TerminationGracePeriodSeconds; n+shutdown >= grace {
+		if pod.TerminationGracePeriodSeconds == nil {
+			t.Error("no terminationGracePeriodSeconds")
+		} else if grace := *pod.TerminationGracePeriodSeconds; n+shutdown >= grace {
 			t.Errorf("drain %d s plus shutdown %d s do not fit terminationGracePeriodSeconds %d", n, shutdown, grace)
 		}
 	}
