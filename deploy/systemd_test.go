@@ -169,3 +169,48 @@ func envFile(data string) (set, commented map[string]string) {
 	}
 	return set, commented
 }
+
+var unitVar = regexp.MustCompile(`\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?`)
+
+// unsetVariables returns the variables the unit's Exec lines expand that
+// the environment file does not set: systemd expands an unset one to
+// nothing, which would leave ExecStop's --addr without its value.
+func unsetVariables(unitData, envData string) ([]string, error) {
+	u, err := parseUnit(unitData)
+	if err != nil {
+		return nil, err
+	}
+	set, _ := envFile(envData)
+	var unset []string
+	for key, lines := range u["Service"] {
+		if !strings.HasPrefix(key, "Exec") {
+			continue
+		}
+		for _, line := range lines {
+			for _, m := range unitVar.FindAllStringSubmatch(line, -1) {
+				if _, ok := set[m[1]]; !ok {
+					unset = append(unset, key+": "+m[1])
+				}
+			}
+		}
+	}
+	return unset, nil
+}
+
+func TestUnitVariablesSet(t *testing.T) {
+	unitData, envData := string(readFile(t, unitPath)), string(readFile(t, envFilePath))
+	unset, err := unsetVariables(unitData, envData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(unset) > 0 {
+		t.Errorf("chimed.service expands variables chimed.env does not set: %v", unset)
+	}
+	planted := strings.Replace(envData, "\nCHIME_GRPC_ADDR=", "\n#CHIME_GRPC_ADDR=", 1)
+	if planted == envData {
+		t.Fatal("the planted change did not apply")
+	}
+	if unset, _ := unsetVariables(unitData, planted); len(unset) != 1 || !strings.Contains(unset[0], "CHIME_GRPC_ADDR") {
+		t.Errorf("with CHIME_GRPC_ADDR commented out, unsetVariables = %v", unset)
+	}
+}
