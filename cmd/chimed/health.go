@@ -19,7 +19,8 @@ import (
 const healthAbout = `Usage: chimed health [flags]
 
 Asks the chimed running on this machine whether it is alive (GET /healthz) or,
-with --ready, whether every shard it holds has a leader (GET /readyz), and exits
+with --ready, whether every shard it holds has a leader (GET /readyz) and, with
+--voter, whether it is a voter of every shard the placement gives it, and exits
 0 if it answers 200, 1 otherwise, printing the answer. It is for container
 health checks on an image without curl: it reads the node's own CHIME_*
 variables, so it finds the port of CHIME_HTTP_ADDR, on loopback when the node
@@ -35,6 +36,7 @@ func runHealth(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	httpAddr := fs.String("http-addr", "127.0.0.1:7080", "the node's --http-addr; a host of 0.0.0.0, :: or none is asked on loopback")
 	ready := fs.Bool("ready", false, "ask /readyz (every shard has a leader) instead of /healthz (the process serves)")
+	voter := fs.Bool("voter", false, "ask /readyz?voter=1: --ready, and the node is a voter of every shard the placement gives it\n(what a rolling restart waits for before stopping the next node)")
 	timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for the answer")
 	tlsCert := fs.String("tls-cert", "", "the node's --tls-cert: the port is HTTPS, and this certificate is presented")
 	tlsKey := fs.String("tls-key", "", "the node's --tls-key")
@@ -83,7 +85,10 @@ func runHealth(args []string, stdout, stderr io.Writer) int {
 		scheme = "https"
 	}
 	path := "/healthz"
-	if *ready {
+	switch {
+	case *voter:
+		path = "/readyz?voter=1"
+	case *ready:
 		path = "/readyz"
 	}
 	url := scheme + "://" + net.JoinHostPort(host, port) + path

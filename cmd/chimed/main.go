@@ -642,7 +642,7 @@ func printBanner(w io.Writer, cmd string, nodes []*node.Node, brokers, kafkaArgs
 	}
 	fmt.Fprintf(w, `
 Try it:
-  go run ./cmd/chimectl tail --brokers %[2]s%[3]s --topic demo &
+  go run ./cmd/chimectl tail --brokers %[2]s%[3]s --topic demo --from-beginning &
   go run ./cmd/chimectl --addr %[1]s schedule --topic demo --in 2s --payload hello
   grpcurl -plaintext -d '{"event":{"topic":"demo","delay":"2s","payload":"aGVsbG8="}}' %[1]s chime.v1.Scheduler/Schedule
 `, first.GRPCAddr(), brokers[0], tailArgs)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os/exec"
@@ -148,6 +149,35 @@ func TestContainerStyleCluster(t *testing.T) {
 		}
 		return st != nil, "status from n1"
 	})
+
+	// Restarted, the drained node is a candidate again: /readyz?voter=1 (the
+	// chart's readiness) answers 503 until the shards have taken it back as
+	// a voter, which a rolling restart must wait for, then 200.
+	n3 := nodes["n3"]
+	n3.stop()
+	n3.launch()
+	var refused string
+	nodetest.WaitFor(t, 60*time.Second, func() (bool, string) {
+		resp, err := http.Get("http://" + n3.httpAddr + "/readyz?voter=1")
+		if err != nil {
+			return false, err.Error()
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			refused = string(body)
+		}
+		return resp.StatusCode == http.StatusOK, fmt.Sprintf("/readyz?voter=1: %s %s", resp.Status, body)
+	})
+	if !strings.Contains(refused, "not ready: not yet a voter of shards") {
+		t.Errorf("/readyz?voter=1 never refused while n3 was taken back (last refusal %q)", refused)
+	}
+	cmd := exec.Command(chimedBin, "health", "--voter")
+	cmd.Env = n3.cmd.Env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("chimed health --voter: %v\n%s", err, out)
+	}
+	c.waitConverged(60 * time.Second)
 }
 
 // TestServeRefusesAnUnadvertisableAddress: a node listening on every

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -306,6 +307,34 @@ func (h *Host) Ready() bool {
 		}
 	}
 	return true
+}
+
+// MissingVoters returns the shards the placement gives this node that do
+// not yet count it among their voters: a node that has just started or
+// joined is added to each as a non-voter, catches up, and is promoted.
+// Until that is done for every one, stopping another replica of such a
+// shard can cost it its quorum, so a rolling restart waits for none to be
+// missing before it stops the next node. Nil without a Directory.
+func (h *Host) MissingVoters() []uint32 {
+	dir := h.cfg.Directory
+	if dir == nil {
+		return nil
+	}
+	var missing []uint32
+	for id := range uint32(h.cfg.Shards) {
+		if !slices.Contains(dir.Desired(id), h.cfg.NodeID) {
+			continue
+		}
+		s := h.Replica(id)
+		if s == nil {
+			missing = append(missing, id)
+			continue
+		}
+		if voters, _, err := s.Configuration(); err != nil || !slices.Contains(voters, h.cfg.NodeID) {
+			missing = append(missing, id)
+		}
+	}
+	return missing
 }
 
 // Schedule routes each request to its shard and proposes it there. A shard

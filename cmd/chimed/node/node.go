@@ -429,10 +429,20 @@ func Start(cfg Config) (_ *Node, err error) {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	// /readyz?voter=1 also waits until the node is a voter of every shard
+	// the placement gives it: what a rolling restart must wait for before
+	// it stops the next node, or a shard whose replica there was just
+	// drained could lose its quorum.
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !n.host.Ready() {
 			http.Error(w, "not ready: a shard has no leader yet", http.StatusServiceUnavailable)
 			return
+		}
+		if r.URL.Query().Has("voter") {
+			if missing := n.host.MissingVoters(); len(missing) > 0 {
+				http.Error(w, fmt.Sprintf("not ready: not yet a voter of shards %v, which the placement gives this node", missing), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		io.WriteString(w, "ready\n")
 	})
