@@ -238,7 +238,7 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 	for name, p := range map[string]struct {
 		probe *corev1.Probe
 		path  string
-	}{"readiness": {c.ReadinessProbe, "/readyz"}, "liveness": {c.LivenessProbe, "/healthz"}, "startup": {c.StartupProbe, "/healthz"}} {
+	}{"readiness": {c.ReadinessProbe, "/readyz?voter=1"}, "liveness": {c.LivenessProbe, "/healthz"}, "startup": {c.StartupProbe, "/healthz"}} {
 		if p.probe == nil || p.probe.HTTPGet == nil {
 			t.Errorf("no %s httpGet probe", name)
 			continue
