@@ -161,8 +161,8 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 	secure := set == "secure"
 	headless := sts.Name + "-headless"
 
-	if sts.Spec.PodManagementPolicy != appsv1.OrderedReadyPodManagement {
-		t.Errorf("podManagementPolicy %q, want OrderedReady", sts.Spec.PodManagementPolicy)
+	if sts.Spec.PodManagementPolicy != appsv1.ParallelPodManagement {
+		t.Errorf("podManagementPolicy %q, want Parallel: with OrderedReady a cluster that lost every pod at once never comes back", sts.Spec.PodManagementPolicy)
 	}
 	if sts.Spec.ServiceName != headless {
 		t.Errorf("serviceName %q, want %q", sts.Spec.ServiceName, headless)
