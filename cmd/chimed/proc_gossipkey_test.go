@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
@@ -220,16 +217,7 @@ func keyInfo(keys ...[]byte) []string {
 // chime_gossip_key_file_errors_total from its /metrics.
 func gossipKeyMetrics(t *testing.T, d *daemon) (keys []string, errors float64) {
 	t.Helper()
-	resp, err := http.Get("http://" + d.httpAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("%s/metrics: %v", d.httpAddr, err)
-	}
+	fams := scrape(t, d)
 	for _, m := range fams["chime_gossip_key_info"].GetMetric() {
 		labels := map[string]string{}
 		for _, l := range m.GetLabel() {
