@@ -87,14 +87,59 @@ type daemon struct {
 	scheme     string
 }
 
+// freeAddr returns a loopback address whose port is free for TCP and UDP
+// (gossip takes both) for chimed to bind later. The port comes from below
+// the kernel's ephemeral range: a port the kernel hands out (":0") is in
+// that range, where every outgoing connection of every test takes its
+// local port too, so one could take it between this check and chimed's
+// bind ("address already in use"). Below the range only another listener
+// can, and no port is handed out twice in one test binary.
 func freeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	low := ephemeralLow()
+	for range 1000 {
+		port := low - 1 - rand.IntN(low-1024)
+		if portsGiven[port] {
+			continue
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		pc, err := net.ListenPacket("udp", addr)
+		ln.Close()
+		if err != nil {
+			continue
+		}
+		pc.Close()
+		portsGiven[port] = true
+		return addr
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatalf("no free port below %d after 1000 tries", low)
+	return ""
+}
+
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[int]bool{}
+)
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768
+// when it cannot be read), kept at least 10,000 above the ports freeAddr
+// may pick from.
+func ephemeralLow() int {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	return max(low, 11024)
 }
 
 func newDaemon(t testing.TB, brokers []string) *daemon {
