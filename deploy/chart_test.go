@@ -56,6 +56,21 @@ var valueSets = []string{"insecure", "secure"}
 
 func valuesFile(name string) string { return filepath.Join(chartDir, "ci", name+"-values.yaml") }
 
+// renderSet renders the chart with value set name and decodes every
+// manifest strictly, failing the test if either step fails.
+func renderSet(t *testing.T, name string) *manifests {
+	t.Helper()
+	out, err := render(t, "-f", valuesFile(name))
+	if err != nil {
+		t.Fatalf("helm template -f %s: %v\n%s", valuesFile(name), err, out)
+	}
+	m, err := decodeManifests(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 // manifests is a rendered chart decoded into the Kubernetes API types.
 type manifests struct {
 	statefulSets []*appsv1.StatefulSet
@@ -138,15 +153,7 @@ func TestDecodeManifestsIsStrict(t *testing.T) {
 func TestChartRenders(t *testing.T) {
 	for _, set := range valueSets {
 		t.Run(set, func(t *testing.T) {
-			out, err := render(t, "-f", valuesFile(set))
-			if err != nil {
-				t.Fatalf("helm template -f %s: %v\n%s", valuesFile(set), err, out)
-			}
-			m, err := decodeManifests(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkRendered(t, set, m)
+			checkRendered(t, set, renderSet(t, set))
 		})
 	}
 }

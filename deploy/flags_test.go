@@ -158,14 +158,7 @@ func deployUses(t *testing.T) []use {
 	// The chart, rendered with each value set: the container's arguments
 	// and environment, and the preStop hook.
 	for _, set := range valueSets {
-		out, err := render(t, "-f", valuesFile(set))
-		if err != nil {
-			t.Fatalf("helm template -f %s: %v\n%s", valuesFile(set), err, out)
-		}
-		m, err := decodeManifests(out)
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := renderSet(t, set)
 		for _, sts := range m.statefulSets {
 			for _, c := range sts.Spec.Template.Spec.Containers {
 				where := fmt.Sprintf("chart (%s values), container %s", set, c.Name)
