@@ -190,7 +190,12 @@ var ErrClusterParamsFixed = errors.New("membership: cluster parameters are fixed
 
 // Membership is a running gossip member. Its methods are safe for concurrent use.
 type Membership struct {
-	list             *memberlist.Memberlist
+	list *memberlist.Memberlist
+	// localAddr is the gossip address this node advertises, read from
+	// memberlist once at start. Memberlist's LocalNode cannot be asked later:
+	// after a leave it forgets the local node like any other dead one
+	// (GossipToTheDeadTime on) and LocalNode then dereferences nil.
+	localAddr        string
 	now              func() time.Time
 	log              *slog.Logger
 	broadcastTimeout time.Duration
@@ -270,7 +275,7 @@ func Start(cfg Config) (*Membership, error) {
 	if err != nil {
 		return nil, fmt.Errorf("membership: start gossip on %s: %w", cfg.BindAddr, err)
 	}
-	m.list = list
+	m.list, m.localAddr = list, list.LocalNode().Address()
 	if len(cfg.Join) > 0 {
 		if err := m.join(cfg.Join, cfg.JoinTimeout); err != nil {
 			_ = list.Shutdown()
@@ -368,6 +373,8 @@ func (m *Membership) reconnectLoop() {
 			return
 		case <-t.C:
 		}
+		// A node that left rejoins nobody: the others have seen it go, and
+		// a join would bring it back as alive until its shutdown.
 		targets := m.absentPeers()
 		if len(targets) == 0 {
 			continue
@@ -390,6 +397,9 @@ func (m *Membership) reconnectLoop() {
 func (m *Membership) absentPeers() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.left {
+		return nil
+	}
 	live := map[string]bool{}
 	self := ""
 	for _, mem := range m.members {
@@ -404,7 +414,7 @@ func (m *Membership) absentPeers() []string {
 	}
 	var out []string
 	for _, p := range m.peers {
-		if !live[p] && p != self && p != m.list.LocalNode().Address() && !slices.Contains(out, p) {
+		if !live[p] && p != self && p != m.localAddr && !slices.Contains(out, p) {
 			out = append(out, p)
 		}
 	}
@@ -447,7 +457,7 @@ func (m *Membership) join(seeds []string, timeout time.Duration) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.Multiplier, b.MaxInterval, b.RandomizationFactor = 100*time.Millisecond, 2, 2*time.Second, 0
 	var lastErr error
-	var conflict string
+	var conflict, self string
 	attempt := 0
 	_, err := backoff.Retry(context.Background(), func() (int, error) {
 		attempt++
@@ -458,7 +468,7 @@ func (m *Membership) join(seeds []string, timeout time.Duration) error {
 		// returning, so a conflict on our id is already reported when it returns.
 		n, err := m.list.Join(seeds)
 		m.mu.Lock()
-		conflict = m.conflict
+		conflict, self = m.conflict, m.meta.NodeID
 		m.mu.Unlock()
 		switch {
 		case err != nil:
@@ -485,7 +495,7 @@ func (m *Membership) join(seeds []string, timeout time.Duration) error {
 	}
 	if conflict != "" {
 		return fmt.Errorf("%w: node id %q is used by the live node at %s (this node is at %s); still so after %s of retries: give each node its own id",
-			ErrNodeIDConflict, m.list.LocalNode().Name, conflict, m.LocalAddr(), timeout)
+			ErrNodeIDConflict, self, conflict, m.LocalAddr(), timeout)
 	}
 	hint := keyMismatchHint(lastErr)
 	if hint != "" {
@@ -535,7 +545,7 @@ func (m *Membership) Changes() <-chan struct{} { return m.changes }
 // LocalAddr returns the gossip "ip:port" this node advertises: the bound
 // address, with the port actually bound when BindAddr asked for port 0, or
 // AdvertiseAddr when set. It is what other nodes should list in Join.
-func (m *Membership) LocalAddr() string { return m.list.LocalNode().Address() }
+func (m *Membership) LocalAddr() string { return m.localAddr }
 
 // SetDraining sets the local Draining flag and gossips it (memberlist
 // UpdateNode). The local view changes at once. An error means memberlist had

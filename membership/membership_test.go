@@ -467,3 +467,40 @@ func TestRestartedNodeWithoutSeedsIsFoundAgain(t *testing.T) {
 	waitView(t, a2, 10*time.Second, "the restarted a sees b again", hasMember("b", Alive, cfgB.Meta))
 	waitView(t, b, 10*time.Second, "b sees a alive again", hasMember("a", Alive, cfgA.Meta))
 }
+
+// A node that has left goes on running until its shutdown, which may be long (a drain, a
+// slow disk). Memberlist forgets the left local node GossipToTheDeadTime after the leave
+// like any dead one; the reconnect loop must neither ask memberlist for it then (that
+// dereferenced nil and crashed the process) nor rejoin the members it left.
+func TestLeftNodeOutlivesForgettingItself(t *testing.T) {
+	defer checkGoroutines(t)()
+	cfgA := fastConfig("a")
+	a := start(t, cfgA)
+	cfgB := fastConfig("b", a.LocalAddr())
+	cfgB.ReconnectInterval = 20 * time.Millisecond
+	cfgB.GossipToTheDeadTime = 200 * time.Millisecond
+	b := start(t, cfgB)
+	waitView(t, a, 20*time.Second, "see b", hasMember("b", Alive, cfgB.Meta))
+	addrB := b.LocalAddr()
+	if err := b.Leave(0); err != nil {
+		t.Fatal(err)
+	}
+	waitView(t, a, 10*time.Second, "see b leave", func(v View) string {
+		if st := v.Members["b"].State; st != Left {
+			return "b is " + st.String()
+		}
+		return ""
+	})
+	// a shuts down, so that b's reconnect loop has an absent peer to consider, for
+	// many rounds after memberlist has forgotten b.
+	if err := a.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10*cfgB.GossipToTheDeadTime + 20*cfgB.ProbeInterval)
+	if got := b.LocalAddr(); got != addrB {
+		t.Errorf("LocalAddr after the leave = %q, want %q", got, addrB)
+	}
+	if err := b.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+}
