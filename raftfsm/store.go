@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -34,6 +35,16 @@ type StoreOptions struct {
 	// size: twice the flushes and the compactions of Pebble's own pace in an ingest run.
 	// While Persist waits, raft keeps the log entries the snapshot would let it discard.
 	SnapshotFlushWait time.Duration
+	// Failed is called once, from one of Pebble's goroutines, when the store can no longer
+	// make its state durable: Pebble's flushes and compactions have failed for FailAfter
+	// without one succeeding, or one disk operation has been under way for FailAfter. The
+	// caller is expected to stop the process, without closing the store (Close would wait
+	// for a flush that cannot happen): what the memtables held is in the Raft log, and the
+	// node's shards are led by replicas whose disks work. nil: only the log says so.
+	Failed func(error)
+	// FailAfter is how long a failing or stalled disk is tolerated; 0 means
+	// DefaultFailAfter.
+	FailAfter time.Duration
 }
 
 // ErrShardOpen is returned by NewFSM when the shard already has an open FSM in this Store:
@@ -68,6 +79,9 @@ type Store struct {
 	flushMu   sync.Mutex
 	flushes   chan struct{}
 	flushWait time.Duration // StoreOptions.SnapshotFlushWait
+
+	// fsCloser stops the disk health checks' goroutine.
+	fsCloser io.Closer
 }
 
 // OpenStore opens (creating if needed) the Pebble database in dir.
@@ -116,15 +130,32 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		// could re-create it (doc.go, invariant 4).
 		DisableWAL: true,
 	}
-	po.EventListener = &pebble.EventListener{FlushEnd: s.flushEnded}
+	watch := newDiskWatch(opts.FailAfter, opts.Failed, nil)
+	po.EventListener = &pebble.EventListener{
+		FlushEnd: func(info pebble.FlushInfo) {
+			watch.flushEnded(info)
+			s.flushEnded(info)
+		},
+		CompactionEnd:   watch.compactionEnded,
+		BackgroundError: watch.backgroundError,
+		DiskSlow:        watch.diskSlow,
+	}
 	po.Experimental.SpanPolicyFunc = regionSpans
 	// Every created event first checks that its id is new, a Get that misses. Without
 	// filters a miss searches every level; with them it is answered from memory. (Deeper
 	// levels inherit L0's policy.)
 	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
 	po.EnsureDefaults()
+	watch.log = po.Logger
+	// Pebble times every write, sync and file operation and reports one that takes longer
+	// than the threshold, again every few seconds while it lasts (EventListener.DiskSlow).
+	if po.FS == nil {
+		po.FS = vfs.Default
+	}
+	po.FS, s.fsCloser = vfs.WithDiskHealthChecks(po.FS, min(diskSlowThreshold, watch.failAfter/2), nil, po.EventListener.DiskSlow)
 	db, err := pebble.Open(dir, po)
 	if err != nil {
+		_ = s.fsCloser.Close()
 		return nil, fmt.Errorf("raftfsm: open pebble in %s: %w", dir, err)
 	}
 	s.db, s.opts, s.fs, s.dir = db, po, po.FS, dir
@@ -183,7 +214,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() { close(s.closing) })
 	s.scans.Wait()
 	err := s.flush()
-	return errors.Join(err, s.db.Close())
+	return errors.Join(err, s.db.Close(), s.fsCloser.Close())
 }
 
 func (s *Store) flushEnded(pebble.FlushInfo) {
