@@ -30,6 +30,7 @@ import (
 	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	"github.com/chimehq/chime/membership"
 	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/rpc/certs"
 	"github.com/chimehq/chime/shard"
@@ -115,7 +116,7 @@ type flags struct {
 	maxHorizon, resolution, timeout, maxClockSkew time.Duration
 	wheelHorizon                                  time.Duration
 	retention                                     daysDuration
-	deadTimeout, startupWait                      time.Duration
+	deadTimeout, startupWait, diskFailure         time.Duration
 	kafka                                         *kafkaflag.Flags
 }
 
@@ -186,6 +187,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 		f.allowTopics = append(f.allowTopics, v)
 		return nil
 	})
+	fs.DurationVar(&f.diskFailure, "disk-failure-timeout", raftfsm.DefaultFailAfter, "how long --data-dir may fail writes (Pebble's flushes failing, or one write stalled) before\nchimed exits with status 1, so that replicas on working disks lead its shards: a node that cannot\nwrite applies nothing and fires nothing. What it had not flushed is in the Raft log")
 	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced")
 	fs.DurationVar(&f.startupWait, "startup-wait", time.Minute, "how long to wait for shard leaders before printing the startup banner (the node serves either way)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -474,7 +476,8 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr, AdvertiseHost: f.advertiseHost,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
-		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
+		DiskFailureTimeout: f.diskFailure,
+		HTTPHandlers:       registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
 	}
 	if cmd == "serve" {
 		f.nodes = 1

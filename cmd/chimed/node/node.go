@@ -85,6 +85,10 @@ type Config struct {
 	Join        []string
 	Replication int
 	DeadTimeout time.Duration
+	// DiskFailureTimeout is how long the data directory may fail writes
+	// before the process exits (raftfsm.StoreOptions.FailAfter); 0 means
+	// raftfsm.DefaultFailAfter.
+	DiskFailureTimeout time.Duration
 	// GossipKeyFile, when set, encrypts the gossip with the keys in this
 	// file (membership.ParseKeyFile: base64, one per line, the primary
 	// first). The node re-reads it when it changes and applies the new keys
@@ -333,7 +337,9 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	n.cfg = cfg
 
-	if n.store, err = raftfsm.OpenStore(filepath.Join(cfg.DataDir, "pebble"), raftfsm.StoreOptions{Logger: pebbleLogger{cfg.Logger}}); err != nil {
+	if n.store, err = raftfsm.OpenStore(filepath.Join(cfg.DataDir, "pebble"), raftfsm.StoreOptions{
+		Logger: pebbleLogger{cfg.Logger}, FailAfter: cfg.DiskFailureTimeout, Failed: diskFailed(cfg.Logger),
+	}); err != nil {
 		return nil, fmt.Errorf("opening Pebble: %w", err)
 	}
 	if n.pub, err = publish.New(publish.Config{
@@ -668,6 +674,16 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
 	os.Exit(1)
+}
+
+// diskFailed is the store's StoreOptions.Failed: the process stops at once, not through
+// Close, which would wait for a flush that cannot happen. Its shards' other replicas elect
+// leaders once its heartbeats stop; a restart replays from the Raft log what Pebble lost.
+func diskFailed(log *slog.Logger) func(error) {
+	return func(err error) {
+		log.Error("the data directory cannot be written: exiting so that other replicas lead this node's shards", "err", err)
+		os.Exit(1)
+	}
 }
 
 // Config returns the node's configuration, with the shard count and
