@@ -62,6 +62,10 @@ type Config struct {
 	Now         func() time.Time
 	Logger      *slog.Logger
 	Metrics     *Metrics
+	// DiskFailed, when set, is called when a write to the shard's Raft log
+	// or stable store has been under way for Tuning.DiskFailAfter (see
+	// watchedLog); the node stops its process on it. nil: not watched.
+	DiskFailed func(error)
 }
 
 // Tuning holds the knobs. A zero field takes the default in fill, where
@@ -71,6 +75,9 @@ type Tuning struct {
 	// Resolution is the timing wheel's tick: the most an event fires late
 	// beyond the leader's own scheduling delay.
 	Resolution time.Duration
+	// DiskFailAfter is how long one write to the Raft log may be under way
+	// before Config.DiskFailed is called.
+	DiskFailAfter time.Duration
 	// ProposeBatch is how many events an entry gathers before it is
 	// proposed (one Schedule call is never split for it, so an entry may
 	// hold more); ProposeBytes bounds an entry's encoded events: a call
@@ -209,6 +216,7 @@ func (t *Tuning) fill() {
 		}
 	}
 	setDur(&t.Resolution, wheel.DefaultResolution)
+	setDur(&t.DiskFailAfter, raftfsm.DefaultFailAfter)
 	setInt(&t.ProposeBatch, 1024)
 	// 1 MiB: an entry is written to the Raft log, sent to each follower
 	// (up to 64 entries per AppendEntries) and held in the log cache

@@ -180,11 +180,19 @@ func (s *Shard) startRaft() error {
 			s.trans = newInstallTransport(nt, cfg.InstallLayer, cfg.Dir, logs.LastIndex, s.logger)
 		}
 	}
-	cache, err := raft.NewLogCache(logCacheEntries, logs)
+	var (
+		logStore raft.LogStore    = logs
+		stable   raft.StableStore = logs
+	)
+	if cfg.DiskFailed != nil {
+		w := &watchedLog{LogStore: logs, stable: logs, shard: cfg.ID, after: s.tune.DiskFailAfter, failed: cfg.DiskFailed}
+		logStore, stable = w, w
+	}
+	cache, err := raft.NewLogCache(logCacheEntries, logStore)
 	if err != nil {
 		return err
 	}
-	r, err := s.newRaft(rc, keepSnapshotEntry{cache}, snaps)
+	r, err := s.newRaft(rc, keepSnapshotEntry{cache}, stable, snaps)
 	if err != nil {
 		s.closeTransport()
 		logs.Close()
@@ -195,17 +203,17 @@ func (s *Shard) startRaft() error {
 }
 
 // newRaft bootstraps the group if this node founds it, then starts raft.
-func (s *Shard) newRaft(rc *raft.Config, cache raft.LogStore, snaps raft.SnapshotStore) (*raft.Raft, error) {
-	existing, err := raft.HasExistingState(cache, s.logs, snaps)
+func (s *Shard) newRaft(rc *raft.Config, cache raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore) (*raft.Raft, error) {
+	existing, err := raft.HasExistingState(cache, stable, snaps)
 	if err != nil {
 		return nil, err
 	}
 	if !existing && len(s.cfg.Bootstrap) > 0 {
-		if err := raft.BootstrapCluster(rc, cache, s.logs, snaps, s.trans, raft.Configuration{Servers: s.cfg.Bootstrap}); err != nil {
+		if err := raft.BootstrapCluster(rc, cache, stable, snaps, s.trans, raft.Configuration{Servers: s.cfg.Bootstrap}); err != nil {
 			return nil, fmt.Errorf("shard %d: bootstrap: %w", s.id, err)
 		}
 	}
-	r, err := raft.NewRaft(rc, s.fsm, cache, s.logs, snaps, s.trans)
+	r, err := raft.NewRaft(rc, s.fsm, cache, stable, snaps, s.trans)
 	if err != nil {
 		return nil, fmt.Errorf("shard %d: raft: %w", s.id, err)
 	}

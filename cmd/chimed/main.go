@@ -187,7 +187,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 		f.allowTopics = append(f.allowTopics, v)
 		return nil
 	})
-	fs.DurationVar(&f.diskFailure, "disk-failure-timeout", raftfsm.DefaultFailAfter, "how long --data-dir may fail writes (Pebble's flushes failing, or one write stalled) before\nchimed exits with status 1, so that replicas on working disks lead its shards: a node that cannot\nwrite applies nothing and fires nothing. What it had not flushed is in the Raft log")
+	fs.DurationVar(&f.diskFailure, "disk-failure-timeout", raftfsm.DefaultFailAfter, "how long --data-dir may fail writes (Pebble's flushes failing, or one write to Pebble or a\nRaft log stalled) before chimed exits with status 1, so that replicas on working disks lead\nits shards: a node that cannot write applies and fires nothing. What Pebble had not flushed\nis in the Raft log")
 	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced")
 	fs.DurationVar(&f.startupWait, "startup-wait", time.Minute, "how long to wait for shard leaders before printing the startup banner (the node serves either way)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -472,12 +472,11 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RaftAddr: f.raftAddr, Brokers: brokers, KafkaSecurity: kafkaSec, Shards: f.shards, Limits: lim, TopicLimits: topicLimits,
 		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
-			WheelHorizon: f.wheelHorizon},
+			WheelHorizon: f.wheelHorizon, DiskFailAfter: f.diskFailure},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr, AdvertiseHost: f.advertiseHost,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
-		DiskFailureTimeout: f.diskFailure,
-		HTTPHandlers:       registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
+		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
 	}
 	if cmd == "serve" {
 		f.nodes = 1

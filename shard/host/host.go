@@ -43,6 +43,8 @@ type Config struct {
 	Transport func(shard uint32) (raft.Transport, error)
 	Store     *raftfsm.Store
 	Publisher *publish.Publisher
+	// DiskFailed is every replica's shard.Config.DiskFailed.
+	DiskFailed func(error)
 	// Bootstrap creates every shard that has no Raft state yet with this
 	// node as its only voter: the first node of a new cluster, or a single
 	// node. Other nodes start empty and receive replicas from the leaders.
@@ -179,7 +181,7 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 		ID: id, NodeID: cfg.NodeID, Dir: h.shardDir(id),
 		Store: cfg.Store, Layer: layer, InstallLayer: installs, Transport: transport, Publisher: cfg.Publisher, Bootstrap: voters,
 		Directory: cfg.Directory, Installs: h.installs, Tuning: cfg.Tuning, Now: cfg.Now, Logger: cfg.Logger, Metrics: cfg.Metrics,
-		TopicLimits: cfg.TopicLimits, Shares: cfg.Shards,
+		TopicLimits: cfg.TopicLimits, Shares: cfg.Shards, DiskFailed: cfg.DiskFailed,
 	})
 	if err != nil {
 		if layer != nil {

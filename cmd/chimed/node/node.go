@@ -85,10 +85,6 @@ type Config struct {
 	Join        []string
 	Replication int
 	DeadTimeout time.Duration
-	// DiskFailureTimeout is how long the data directory may fail writes
-	// before the process exits (raftfsm.StoreOptions.FailAfter); 0 means
-	// raftfsm.DefaultFailAfter.
-	DiskFailureTimeout time.Duration
 	// GossipKeyFile, when set, encrypts the gossip with the keys in this
 	// file (membership.ParseKeyFile: base64, one per line, the primary
 	// first). The node re-reads it when it changes and applies the new keys
@@ -338,7 +334,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.cfg = cfg
 
 	if n.store, err = raftfsm.OpenStore(filepath.Join(cfg.DataDir, "pebble"), raftfsm.StoreOptions{
-		Logger: pebbleLogger{cfg.Logger}, FailAfter: cfg.DiskFailureTimeout, Failed: diskFailed(cfg.Logger),
+		Logger: pebbleLogger{cfg.Logger}, FailAfter: cfg.Tuning.DiskFailAfter, Failed: n.diskFailed,
 	}); err != nil {
 		return nil, fmt.Errorf("opening Pebble: %w", err)
 	}
@@ -359,7 +355,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, RaftAdvertise: cfg.RaftAdvertise, Transport: cfg.RaftTransport, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
-		RaftTLS: raftTLS(cfg.TLS), TopicLimits: n.topicLimits,
+		RaftTLS: raftTLS(cfg.TLS), TopicLimits: n.topicLimits, DiskFailed: n.diskFailed,
 		// Only the node that creates the cluster starts shards alone, and
 		// only then: a restarted node must never found a second group.
 		Bootstrap: !existed && len(cfg.Join) == 0,
@@ -676,14 +672,13 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	os.Exit(1)
 }
 
-// diskFailed is the store's StoreOptions.Failed: the process stops at once, not through
+// diskFailed is the store's StoreOptions.Failed and every replica's
+// shard.Config.DiskFailed: the process stops at once, not through
 // Close, which would wait for a flush that cannot happen. Its shards' other replicas elect
 // leaders once its heartbeats stop; a restart replays from the Raft log what Pebble lost.
-func diskFailed(log *slog.Logger) func(error) {
-	return func(err error) {
-		log.Error("the data directory cannot be written: exiting so that other replicas lead this node's shards", "err", err)
-		os.Exit(1)
-	}
+func (n *Node) diskFailed(err error) {
+	n.cfg.Logger.Error("the data directory cannot be written: exiting so that other replicas lead this node's shards", "err", err)
+	os.Exit(1)
 }
 
 // Config returns the node's configuration, with the shard count and
