@@ -56,7 +56,10 @@
 //     for after StoreOptions.SnapshotFlushWait or Stopping); raft truncates only entries at
 //     or below a snapshot's index.
 //     Restore flushes too, after the swap, because raft drops its log behind an installed
-//     snapshot, and so does DropShard, which no log re-creates.
+//     snapshot, and so does DropShard, which no log re-creates. Since a write is durable
+//     only once flushed, a store that cannot flush (Pebble retries a failed flush forever)
+//     or whose disk hangs says so through StoreOptions.Failed after FailAfter, and its
+//     owner stops the process rather than go on leading shards it cannot apply to.
 //  5. A pending event (state Scheduled) has exactly one due-index key and no status key; every
 //     other stored event has a status key, one settled-index key at the time it settled, and
 //     no due-index key. An expired event has no key at all. The in-memory counters equal the
@@ -114,7 +117,8 @@
 // a half-loaded shard. The Observer is called on the apply goroutine, after the batch is
 // committed, in apply order; it must be cheap (the wheel insert/remove is). Each FSM also runs
 // one background goroutine after it opens and after each Restore: the scan that completes its
-// id filter (idFilter), which Close, Restore and Store.Close stop and wait for.
+// id filter (idFilter), which Close, Restore and Store.Close stop and wait for. Pebble's disk
+// health checks run one goroutine per Store, which Store.Close stops.
 //
 // # Key layout
 //
