@@ -12,10 +12,6 @@ import (
 // DefaultFailAfter is StoreOptions.FailAfter's default.
 const DefaultFailAfter = 20 * time.Second
 
-// diskSlowThreshold is how long a disk operation may take before it is logged as slow (at
-// most half of FailAfter): Pebble's own default.
-const diskSlowThreshold = 5 * time.Second
-
 // errorLogEvery spaces the log lines of repeated background errors: Pebble retries a failed
 // flush at once, and a data directory removed under a running node logged 50,000 identical
 // lines a second.

@@ -117,8 +117,7 @@
 // a half-loaded shard. The Observer is called on the apply goroutine, after the batch is
 // committed, in apply order; it must be cheap (the wheel insert/remove is). Each FSM also runs
 // one background goroutine after it opens and after each Restore: the scan that completes its
-// id filter (idFilter), which Close, Restore and Store.Close stop and wait for. Pebble's disk
-// health checks run one goroutine per Store, which Store.Close stops.
+// id filter (idFilter), which Close, Restore and Store.Close stop and wait for.
 //
 // # Key layout
 //

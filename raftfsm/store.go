@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"slices"
 	"strings"
@@ -43,7 +42,9 @@ type StoreOptions struct {
 	// node's shards are led by replicas whose disks work. nil: only the log says so.
 	Failed func(error)
 	// FailAfter is how long a failing or stalled disk is tolerated; 0 means
-	// DefaultFailAfter.
+	// DefaultFailAfter. A stalled operation is reported from 5 s on (Pebble's disk health
+	// checks, which run on the OS's filesystem only: FS nil), so a stall is noticed after
+	// max(FailAfter, 5 s) or up to 2 s later.
 	FailAfter time.Duration
 }
 
@@ -79,9 +80,6 @@ type Store struct {
 	flushMu   sync.Mutex
 	flushes   chan struct{}
 	flushWait time.Duration // StoreOptions.SnapshotFlushWait
-
-	// fsCloser stops the disk health checks' goroutine.
-	fsCloser io.Closer
 }
 
 // OpenStore opens (creating if needed) the Pebble database in dir.
@@ -96,6 +94,9 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		flushes: make(chan struct{}), flushWait: opts.SnapshotFlushWait}
 	if s.flushWait <= 0 {
 		s.flushWait = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = pebble.DefaultLogger
 	}
 	po := &pebble.Options{
 		FS:     opts.FS,
@@ -130,7 +131,7 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 		// could re-create it (doc.go, invariant 4).
 		DisableWAL: true,
 	}
-	watch := newDiskWatch(opts.FailAfter, opts.Failed, nil)
+	watch := newDiskWatch(opts.FailAfter, opts.Failed, po.Logger)
 	po.EventListener = &pebble.EventListener{
 		FlushEnd: func(info pebble.FlushInfo) {
 			watch.flushEnded(info)
@@ -145,17 +146,13 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	// filters a miss searches every level; with them it is answered from memory. (Deeper
 	// levels inherit L0's policy.)
 	po.Levels[0].FilterPolicy = bloom.FilterPolicy(10)
+	// On the OS's filesystem (FS nil), EnsureDefaults wraps it in Pebble's disk health
+	// checks, which time every write, sync and file operation and report one under way for
+	// 5 s, again every 2 s while it lasts, to EventListener.DiskSlow; closing the database
+	// stops them.
 	po.EnsureDefaults()
-	watch.log = po.Logger
-	// Pebble times every write, sync and file operation and reports one that takes longer
-	// than the threshold, again every few seconds while it lasts (EventListener.DiskSlow).
-	if po.FS == nil {
-		po.FS = vfs.Default
-	}
-	po.FS, s.fsCloser = vfs.WithDiskHealthChecks(po.FS, min(diskSlowThreshold, watch.failAfter/2), nil, po.EventListener.DiskSlow)
 	db, err := pebble.Open(dir, po)
 	if err != nil {
-		_ = s.fsCloser.Close()
 		return nil, fmt.Errorf("raftfsm: open pebble in %s: %w", dir, err)
 	}
 	s.db, s.opts, s.fs, s.dir = db, po, po.FS, dir
@@ -214,7 +211,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() { close(s.closing) })
 	s.scans.Wait()
 	err := s.flush()
-	return errors.Join(err, s.db.Close(), s.fsCloser.Close())
+	return errors.Join(err, s.db.Close())
 }
 
 func (s *Store) flushEnded(pebble.FlushInfo) {
