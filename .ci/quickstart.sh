@@ -10,6 +10,10 @@ bin=$work/bin
 mkdir -p "$bin"
 go build -o "$bin/chimed" ./cmd/chimed
 go build -o "$bin/chimectl" ./cmd/chimectl
+# grpcurl is a Go tool: built here at a pinned version rather than expected on
+# the PATH.
+GOBIN=$bin go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
+grpcurl() { "$bin/grpcurl" "$@"; }
 
 # Ports of our own, so a developer's running dev node does not interfere.
 grpc=127.0.0.1:17070 http=127.0.0.1:17080 raft=127.0.0.1:17071 kafka=127.0.0.1:19092

@@ -24,15 +24,17 @@ import (
 // subcommands and metrics of what the image ships.
 var binaries struct {
 	once             sync.Once
-	dir              string
 	chimed, chimectl string
 	err              error
+	// cleanup lists the directories TestMain removes: the binaries' and a
+	// built helm's.
+	cleanup []string
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binaries.dir != "" {
-		os.RemoveAll(binaries.dir)
+	for _, dir := range binaries.cleanup {
+		os.RemoveAll(dir)
 	}
 	os.Exit(code)
 }
@@ -47,7 +49,7 @@ func builtBinaries(t *testing.T) (chimed, chimectl string) {
 			binaries.err = err
 			return
 		}
-		binaries.dir = dir
+		binaries.cleanup = append(binaries.cleanup, dir)
 		// The Dockerfile's build command, run from deploy/.
 		cmd := exec.Command("go", "build", "-trimpath", "-o", dir+string(filepath.Separator), "../cmd/chimed", "../cmd/chimectl")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
