@@ -206,6 +206,9 @@ type benchRun struct {
 	// Schedule s's occurrence k is event number s*perSchedule+k.
 	first       time.Time
 	perSchedule int
+	// unacked holds the records consumed before their event's ack, by
+	// event number, until the ack tells their due time.
+	unacked map[int]unackedRecord
 }
 
 type benchSecond struct {
@@ -588,9 +591,14 @@ func (r *benchRun) send(ctx context.Context, cl chimev1.SchedulerClient, p *benc
 	r.ackLat = append(r.ackLat, a.lat)
 	for i, due := range a.dues {
 		if due != 0 {
-			r.dues[p.nums[i]] = due
+			n := p.nums[i]
+			r.dues[n] = due
 			r.lastDue = max(r.lastDue, due)
 			accepted++
+			if e, ok := r.unacked[n]; ok {
+				delete(r.unacked, n)
+				r.fired(n, due, e.fired, e.consumed)
+			}
 		}
 	}
 	r.second(now).acked += accepted
@@ -692,11 +700,28 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 	r.seen[n] = true
 	r.consumed++
 	r.second(now).consumed++
-	due := r.dues[n]
-	if due == 0 || h.Fired.IsZero() {
-		return // the ack is still on its way back, or no chime-fired: lateness unknown
+	if h.Fired.IsZero() {
+		return // no chime-fired: lateness unknown
 	}
-	fired := h.Fired.UnixMilli()
+	if r.dues[n] == 0 {
+		// Consumed before its ack came back (a short delay on a busy
+		// machine): its lateness is known once the ack tells its due time.
+		if r.unacked == nil {
+			r.unacked = map[int]unackedRecord{}
+		}
+		r.unacked[n] = unackedRecord{h.Fired, now}
+		return
+	}
+	r.fired(n, r.dues[n], h.Fired, now)
+}
+
+// unackedRecord is a record consumed before the ack of its event.
+type unackedRecord struct{ fired, consumed time.Time }
+
+// fired accounts for the lateness of event n, due at due (unix ns), fired
+// at firedAt (chime-fired) and consumed at now; r.mu is held.
+func (r *benchRun) fired(n int, due int64, firedAt, now time.Time) {
+	fired := firedAt.UnixMilli()
 	// chime-fired has millisecond resolution: compare at that resolution.
 	late := float64(fired - due/1e6)
 	if fired < due/1e6 {
