@@ -187,7 +187,7 @@ func (a *Admin) Drain(ctx context.Context, req *chimev1.DrainRequest) (*chimev1.
 		if err != nil {
 			return nil, err
 		}
-		return cl.Drain(cluster.ForwardContext(ctx), req)
+		return cl.Drain(cluster.ForwardContext(ctx, nil), req)
 	}
 	if err := a.c.Drain(); err != nil {
 		return nil, status.Errorf(codes.Internal, "%v", err)
@@ -257,7 +257,7 @@ func (a *Admin) TransferLeader(ctx context.Context, req *chimev1.TransferLeaderR
 	if err != nil {
 		return nil, err
 	}
-	return cl.TransferLeader(cluster.ForwardContext(ctx), req)
+	return cl.TransferLeader(cluster.ForwardContext(ctx, nil), req)
 }
 
 var errNoLeaderYet = errors.New("no leader known yet")
@@ -334,7 +334,7 @@ func (a *Admin) Backup(req *chimev1.BackupRequest, stream chimev1.Admin_BackupSe
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	in, err := cl.Backup(cluster.ForwardContext(ctx), req)
+	in, err := cl.Backup(cluster.ForwardContext(ctx, nil), req)
 	if err != nil {
 		return err
 	}

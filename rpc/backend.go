@@ -17,8 +17,9 @@ type Backend interface {
 	// request, in order. An error means none of the results are known.
 	Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error)
 	// Cancel cancels one event; it returns only once no record of it can be
-	// produced any more.
-	Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error)
+	// produced any more. An event outside scope (nil: anything) is refused
+	// with a *shard.NotPermittedError.
+	Cancel(ctx context.Context, id string, scope shard.Scope) (raftfsm.CancelResult, error)
 	// Get reads one event; found is false for an unknown id.
 	Get(ctx context.Context, id string) (rec raftfsm.Record, found bool, err error)
 	// Update changes one pending event as its next version; once it reports

@@ -85,7 +85,7 @@ func (a *Admin) eachNode(ctx context.Context, local func() *chimev1.TopicRateLim
 			cl, err := a.adminClient(id)
 			if err == nil {
 				var resp *chimev1.TopicRateLimitsResponse
-				if resp, err = remote(cluster.ForwardContext(ctx), cl); err == nil && len(resp.Nodes) == 1 {
+				if resp, err = remote(cluster.ForwardContext(ctx, nil), cl); err == nil && len(resp.Nodes) == 1 {
 					out[i] = resp.Nodes[0]
 					return
 				}

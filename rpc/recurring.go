@@ -16,6 +16,7 @@ import (
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/raftfsm/recurrence"
+	"github.com/chimehq/chime/shard"
 )
 
 // RecurringServer implements chimev1.RecurringServer on a Server's backend,
@@ -149,6 +150,9 @@ func (rs *RecurringServer) Create(ctx context.Context, in *chimev1.CreateRecurri
 		p.Existing = res.Outcome == raftfsm.RecurringExisting
 		return p, nil
 	case raftfsm.RecurringConflict:
+		if err := rs.permitted(ctx, in.Id, &res.Schedule); err != nil {
+			return nil, err
+		}
 		return nil, status.Errorf(codes.AlreadyExists, "recurring schedule %q exists with another rule or target (version %d); Update changes it", in.Id, res.Schedule.Version)
 	}
 	return nil, rs.outcomeStatus("Create", in.Id, 0, res)
@@ -162,31 +166,29 @@ const updateAttempts = 3
 // Update replaces a schedule's rule, target, or both.
 func (rs *RecurringServer) Update(ctx context.Context, in *chimev1.UpdateRecurringRequest) (*chimev1.RecurringSchedule, error) {
 	s := rs.s
-	if in.GetId() == "" {
-		return nil, invalidArgument("id", "required")
+	if err := s.checkScheduleID(in.GetId()); err != nil {
+		return nil, err
 	}
 	if in.Rule == nil && in.Target == nil {
 		return nil, invalidArgument("request", "set rule, target or both: an update with neither changes nothing")
 	}
 	for attempt := 1; ; attempt++ {
+		cur, err := rs.current(ctx, "Update", in.Id)
+		if err != nil {
+			return nil, err
+		}
+		if in.ExpectedVersion != 0 && in.ExpectedVersion != cur.Version {
+			return nil, rs.outcomeStatus("Update", in.Id, in.ExpectedVersion, &raftfsm.RecurringResult{Outcome: raftfsm.RecurringVersionMismatch, Schedule: cur})
+		}
 		rule, target, ifVersion := in.Rule, in.Target, in.ExpectedVersion
-		if rule == nil || target == nil {
-			cur, found, err := s.backend.GetSchedule(ctx, in.Id, false)
-			if err != nil {
-				return nil, s.backendStatus("Update", err)
-			}
-			if !found {
-				return nil, status.Errorf(codes.NotFound, "no recurring schedule %q", in.Id)
-			}
-			if rule == nil {
-				rule = cluster.RuleProto(&cur.Definition)
-			}
-			if target == nil {
-				target = cluster.TargetProto(&cur.Definition)
-			}
-			if ifVersion == 0 {
-				ifVersion = cur.Version
-			}
+		if rule == nil {
+			rule = cluster.RuleProto(&cur.Definition)
+		}
+		if target == nil {
+			target = cluster.TargetProto(&cur.Definition)
+		}
+		if ifVersion == 0 {
+			ifVersion = cur.Version
 		}
 		d, err := s.checkDefinition(rule, target, s.now())
 		if err != nil {
@@ -208,7 +210,13 @@ func (rs *RecurringServer) Update(ctx context.Context, in *chimev1.UpdateRecurri
 
 // Delete removes a schedule.
 func (rs *RecurringServer) Delete(ctx context.Context, in *chimev1.DeleteRecurringRequest) (*chimev1.DeleteRecurringResponse, error) {
-	if _, err := rs.op(ctx, "Delete", raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: in.GetId(), IfVersion: in.GetExpectedVersion()}, raftfsm.RecurringDeleted); err != nil {
+	rc := raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: in.GetId(), IfVersion: in.GetExpectedVersion()}
+	if _, err := rs.op(ctx, "Delete", rc, raftfsm.RecurringDeleted, func(cur *raftfsm.Schedule) raftfsm.RecurringOutcome {
+		if rc.IfVersion != 0 && rc.IfVersion != cur.Version {
+			return raftfsm.RecurringVersionMismatch
+		}
+		return 0
+	}); err != nil {
 		return nil, err
 	}
 	return &chimev1.DeleteRecurringResponse{}, nil
@@ -216,7 +224,12 @@ func (rs *RecurringServer) Delete(ctx context.Context, in *chimev1.DeleteRecurri
 
 // Pause stops a schedule's occurrences until Resume.
 func (rs *RecurringServer) Pause(ctx context.Context, in *chimev1.PauseRecurringRequest) (*chimev1.RecurringSchedule, error) {
-	res, err := rs.op(ctx, "Pause", raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: in.GetId()}, raftfsm.RecurringPaused)
+	res, err := rs.op(ctx, "Pause", raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: in.GetId()}, raftfsm.RecurringPaused, func(cur *raftfsm.Schedule) raftfsm.RecurringOutcome {
+		if cur.State == raftfsm.SchedulePaused {
+			return raftfsm.RecurringPaused // what the state machine answers too, changing nothing
+		}
+		return 0
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -225,17 +238,64 @@ func (rs *RecurringServer) Pause(ctx context.Context, in *chimev1.PauseRecurring
 
 // Resume makes a paused schedule occur again.
 func (rs *RecurringServer) Resume(ctx context.Context, in *chimev1.ResumeRecurringRequest) (*chimev1.RecurringSchedule, error) {
-	res, err := rs.op(ctx, "Resume", raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: in.GetId()}, raftfsm.RecurringResumed)
+	res, err := rs.op(ctx, "Resume", raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: in.GetId()}, raftfsm.RecurringResumed, func(cur *raftfsm.Schedule) raftfsm.RecurringOutcome {
+		if cur.State != raftfsm.SchedulePaused {
+			return raftfsm.RecurringNotPaused
+		}
+		return 0
+	})
 	if err != nil {
 		return nil, err
 	}
 	return cluster.ScheduleProto(&res.Schedule), nil
 }
 
-// op applies rc, which succeeds with want.
-func (rs *RecurringServer) op(ctx context.Context, name string, rc raftfsm.Recurring, want raftfsm.RecurringOutcome) (*raftfsm.RecurringResult, error) {
-	if rc.ID == "" {
-		return nil, invalidArgument("id", "required")
+// current reads schedule id as its shard's leader has it, before a change
+// is proposed: a request for a schedule that does not exist, or is not the
+// caller's, is answered from that read and writes nothing to the Raft log.
+func (rs *RecurringServer) current(ctx context.Context, name, id string) (raftfsm.Schedule, error) {
+	cur, found, err := rs.s.backend.GetSchedule(ctx, id, false)
+	if err != nil {
+		return raftfsm.Schedule{}, rs.s.backendStatus(name, err)
+	}
+	if !found {
+		return raftfsm.Schedule{}, status.Errorf(codes.NotFound, "no recurring schedule %q", id)
+	}
+	if err := rs.permitted(ctx, id, &cur); err != nil {
+		return raftfsm.Schedule{}, err
+	}
+	return cur, nil
+}
+
+// permitted refuses sched, as stored, to a caller whose credential's scope
+// does not hold it: the same refusal whether or not the id exists.
+func (rs *RecurringServer) permitted(ctx context.Context, id string, sched *raftfsm.Schedule) error {
+	if scope := scopeOf(ctx); scope != nil && !scope.Permits(id, sched.Definition.Topic) {
+		return rs.s.backendStatus("Recurring", shard.Refuse(scope, id))
+	}
+	return nil
+}
+
+// op applies rc, which succeeds with want. It validates the id as Create
+// does and reads the schedule first; refuse says, from that read, the
+// outcome the state machine would give without changing anything (0: none),
+// which is answered without proposing. The state machine still decides what
+// a proposal does: a change committed between the read and the proposal is
+// seen there.
+func (rs *RecurringServer) op(ctx context.Context, name string, rc raftfsm.Recurring, want raftfsm.RecurringOutcome, refuse func(*raftfsm.Schedule) raftfsm.RecurringOutcome) (*raftfsm.RecurringResult, error) {
+	if err := rs.s.checkScheduleID(rc.ID); err != nil {
+		return nil, err
+	}
+	cur, err := rs.current(ctx, name, rc.ID)
+	if err != nil {
+		return nil, err
+	}
+	if o := refuse(&cur); o != 0 {
+		res := &raftfsm.RecurringResult{Outcome: o, Schedule: cur}
+		if o == want {
+			return res, nil
+		}
+		return nil, rs.outcomeStatus(name, rc.ID, rc.IfVersion, res)
 	}
 	res, err := rs.s.backend.Recurring(ctx, rc)
 	if err != nil {
@@ -270,8 +330,8 @@ func (rs *RecurringServer) outcomeStatus(op, id string, expected uint64, res *ra
 // Get returns one schedule and its next occurrence times.
 func (rs *RecurringServer) Get(ctx context.Context, in *chimev1.GetRecurringRequest) (*chimev1.RecurringSchedule, error) {
 	s := rs.s
-	if in.GetId() == "" {
-		return nil, invalidArgument("id", "required")
+	if err := s.checkScheduleID(in.GetId()); err != nil {
+		return nil, err
 	}
 	sched, found, err := s.backend.GetSchedule(ctx, in.Id, in.StaleOk)
 	if err != nil {
@@ -279,6 +339,9 @@ func (rs *RecurringServer) Get(ctx context.Context, in *chimev1.GetRecurringRequ
 	}
 	if !found {
 		return nil, status.Errorf(codes.NotFound, "no recurring schedule %q", in.Id)
+	}
+	if err := rs.permitted(ctx, in.Id, &sched); err != nil {
+		return nil, err
 	}
 	p := cluster.ScheduleProto(&sched)
 	p.Upcoming = upcoming(&sched, s.now())
@@ -352,17 +415,23 @@ func (rs *RecurringServer) List(ctx context.Context, in *chimev1.ListRecurringRe
 		return nil, s.backendStatus("List", err)
 	}
 	resp := &chimev1.ListRecurringResponse{}
-	size := 0
+	size, last := 0, ""
+	scope := scopeOf(ctx)
 	for i := range scheds {
+		if scope != nil && !scope.Permits(scheds[i].ID, scheds[i].Definition.Topic) {
+			// Another credential's: left out, and the page goes on past it.
+			last = scheds[i].ID
+			continue
+		}
 		p := cluster.ScheduleProto(&scheds[i])
-		if size += proto.Size(p); size > maxPageBytes && i > 0 {
+		if size += proto.Size(p); size > maxPageBytes && len(resp.Schedules) > 0 {
 			more = true
 			break
 		}
 		resp.Schedules = append(resp.Schedules, p)
+		last = p.Id
 	}
-	if more && len(resp.Schedules) > 0 {
-		last := resp.Schedules[len(resp.Schedules)-1].Id
+	if more && last != "" {
 		resp.NextPageToken = base64.RawURLEncoding.EncodeToString(append([]byte{scheduleTokenVersion}, last...))
 	}
 	return resp, nil

@@ -13,6 +13,7 @@ import (
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/rpctest"
 )
 
 func validRecurring() *chimev1.CreateRecurringRequest {
@@ -183,4 +184,77 @@ func TestRecurringLifecycle(t *testing.T) {
 	if _, err := rc.Delete(ctx(t), &chimev1.DeleteRecurringRequest{Id: req.Id}); status.Code(err) != codes.NotFound {
 		t.Fatalf("Delete again: %v", err)
 	}
+}
+
+// TestRecurringRefusalsProposeNothing: a Recurring call that is refused,
+// for its id or for what the schedule as stored already says, is answered
+// before anything is proposed: no Recurring command reaches the backend,
+// which is what would go through Raft.
+func TestRecurringRefusalsProposeNothing(t *testing.T) {
+	e := start(t, rpc.Limits{MaxIDBytes: 40}, nil)
+	rc := chimev1.NewRecurringClient(e.conn)
+	req := validRecurring()
+	if _, err := rc.Create(ctx(t), req); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 100)
+	for _, c := range []struct {
+		name string
+		call func() error
+		code codes.Code
+	}{
+		{"Resume of an unknown id", func() error { _, err := rc.Resume(ctx(t), &chimev1.ResumeRecurringRequest{Id: "nope"}); return err }, codes.NotFound},
+		{"Resume of an over-long id", func() error { _, err := rc.Resume(ctx(t), &chimev1.ResumeRecurringRequest{Id: long}); return err }, codes.InvalidArgument},
+		{"Resume of an active schedule", func() error { _, err := rc.Resume(ctx(t), &chimev1.ResumeRecurringRequest{Id: req.Id}); return err }, codes.FailedPrecondition},
+		{"Pause of an unknown id", func() error { _, err := rc.Pause(ctx(t), &chimev1.PauseRecurringRequest{Id: "nope"}); return err }, codes.NotFound},
+		{"Pause of an id with @", func() error { _, err := rc.Pause(ctx(t), &chimev1.PauseRecurringRequest{Id: "a@1"}); return err }, codes.InvalidArgument},
+		{"Delete of an unknown id", func() error { _, err := rc.Delete(ctx(t), &chimev1.DeleteRecurringRequest{Id: "nope"}); return err }, codes.NotFound},
+		{"Delete at another version", func() error {
+			_, err := rc.Delete(ctx(t), &chimev1.DeleteRecurringRequest{Id: req.Id, ExpectedVersion: 7})
+			return err
+		}, codes.FailedPrecondition},
+		{"Update of an unknown id", func() error {
+			_, err := rc.Update(ctx(t), &chimev1.UpdateRecurringRequest{Id: "nope", Rule: req.Rule, Target: req.Target})
+			return err
+		}, codes.NotFound},
+		{"Update of an over-long id", func() error {
+			_, err := rc.Update(ctx(t), &chimev1.UpdateRecurringRequest{Id: long, Target: req.Target})
+			return err
+		}, codes.InvalidArgument},
+		{"Update at another version", func() error {
+			_, err := rc.Update(ctx(t), &chimev1.UpdateRecurringRequest{Id: req.Id, Rule: req.Rule, Target: req.Target, ExpectedVersion: 7})
+			return err
+		}, codes.FailedPrecondition},
+		{"Get of an over-long id", func() error { _, err := rc.Get(ctx(t), &chimev1.GetRecurringRequest{Id: long}); return err }, codes.InvalidArgument},
+	} {
+		before := proposals(e.backend.Calls())
+		if err := c.call(); status.Code(err) != c.code {
+			t.Errorf("%s: %v, want %v", c.name, err, c.code)
+		}
+		if after := proposals(e.backend.Calls()); after != before {
+			t.Errorf("%s: proposed a Recurring command", c.name)
+		}
+	}
+	// A Pause of a paused schedule changes nothing, and is answered so.
+	if _, err := rc.Pause(ctx(t), &chimev1.PauseRecurringRequest{Id: req.Id}); err != nil {
+		t.Fatal(err)
+	}
+	before := proposals(e.backend.Calls())
+	if p, err := rc.Pause(ctx(t), &chimev1.PauseRecurringRequest{Id: req.Id}); err != nil || p.State != chimev1.RecurringState_RECURRING_STATE_PAUSED {
+		t.Fatalf("second Pause: %v, %v", p, err)
+	}
+	if after := proposals(e.backend.Calls()); after != before {
+		t.Error("a Pause of a paused schedule proposed a command")
+	}
+}
+
+// proposals counts the Recurring commands among calls.
+func proposals(calls []rpctest.Call) int {
+	n := 0
+	for _, c := range calls {
+		if c.Method == "Recurring" {
+			n++
+		}
+	}
+	return n
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/chimehq/chime/membership/cluster"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/rpc/auth"
 	"github.com/chimehq/chime/shard"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -67,6 +68,7 @@ func (s *Server) Schedule(ctx context.Context, in *chimev1.ScheduleRequest) (*ch
 	if ferr != nil {
 		return nil, status.Error(codes.InvalidArgument, ferr.Error())
 	}
+	req.Scope = scopeOf(ctx)
 	results, err := s.backend.Schedule(ctx, []shard.Request{req})
 	if err != nil {
 		return nil, s.backendStatus("Schedule", err)
@@ -93,7 +95,7 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 		return nil, status.Errorf(codes.InvalidArgument, "events: %d events, at most %d allowed", n, s.limits.MaxBatch)
 	}
 
-	now := s.now()
+	now, scope := s.now(), scopeOf(ctx)
 	out := make([]*chimev1.ScheduleResult, len(events))
 	reqs := make([]shard.Request, 0, len(events))
 	at := make([]int, 0, len(events)) // at[j] is the index in events of reqs[j]
@@ -103,6 +105,7 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 			out[i] = &chimev1.ScheduleResult{Id: ev.GetId(), Code: int32(codes.InvalidArgument), Message: ferr.Error()}
 			continue
 		}
+		req.Scope = scope
 		reqs = append(reqs, req)
 		at = append(at, i)
 	}
@@ -154,7 +157,7 @@ func (s *Server) Cancel(ctx context.Context, in *chimev1.CancelRequest) (*chimev
 	if ferr := s.checkID(id); ferr != nil {
 		return nil, status.Error(codes.InvalidArgument, ferr.Error())
 	}
-	res, err := s.backend.Cancel(ctx, id)
+	res, err := s.backend.Cancel(ctx, id, scopeOf(ctx))
 	if err != nil {
 		return nil, s.backendStatus("Cancel", err)
 	}
@@ -213,11 +216,23 @@ func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetR
 	if !found {
 		return nil, notFound(id)
 	}
+	if scope := scopeOf(ctx); scope != nil && !scope.Permits(rec.ID, rec.Topic) {
+		return nil, s.backendStatus("Get", shard.Refuse(scope, id))
+	}
 	resp, err := cluster.GetResponse(&rec)
 	if err != nil {
 		return nil, s.backendStatus("Get", err)
 	}
 	return resp, nil
+}
+
+// scopeOf is the shard.Scope of the caller of ctx: its credential's grant
+// when one limits it, else nil.
+func scopeOf(ctx context.Context) shard.Scope {
+	if g := auth.Scope(ctx); g != nil {
+		return g
+	}
+	return nil
 }
 
 // checkID validates the id of a Cancel or Get.

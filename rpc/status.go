@@ -23,6 +23,8 @@ import (
 //     that it fired). ErrCancelUnsure: ABORTED, and the message says the
 //     cancel is recorded. ErrChangeUnknown: UNKNOWN, the outcome of a change
 //     that is not idempotent, so not to be retried blindly.
+//   - *shard.NotPermittedError: PERMISSION_DENIED, in its own words, which
+//     are the same whether or not the id exists.
 //   - context.DeadlineExceeded / context.Canceled: DEADLINE_EXCEEDED /
 //     CANCELED. The outcome is unknown: the proposal may still commit.
 //   - An error that already carries a gRPC status (a call the Backend
@@ -50,6 +52,8 @@ func statusOf(logger *slog.Logger, op string, err error) error {
 		return status.Errorf(codes.Aborted, "%v; the cancel is recorded (Get shows CANCELLED)", err)
 	case errors.Is(err, shard.ErrUnknownShard):
 		return status.Errorf(codes.Unavailable, "%v (the cluster is moving replicas); retry in a moment or on another node", err)
+	case errors.As(err, new(*shard.NotPermittedError)):
+		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Errorf(codes.DeadlineExceeded, "%s: %v (a Schedule or Cancel may still take effect; retrying it with the same id is safe)", op, err)
 	case errors.Is(err, context.Canceled):

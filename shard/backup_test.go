@@ -23,7 +23,7 @@ func TestBackupPlantedFoundsTheShardAgain(t *testing.T) {
 	s := r.mustOpen(true)
 	r.schedule(s, 0, 30)
 	for _, id := range []string{"e3", "e7"} {
-		if res, err := s.Cancel(ctx, id); err != nil || res.Outcome != raftfsm.Cancelled {
+		if res, err := s.Cancel(ctx, id, nil); err != nil || res.Outcome != raftfsm.Cancelled {
 			t.Fatalf("cancel %s: %+v, %v", id, res, err)
 		}
 	}

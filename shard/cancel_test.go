@@ -70,11 +70,11 @@ func TestCancelWhileProduceUnanswered(t *testing.T) {
 				time.Sleep(time.Until(start.Add(at)))
 				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 				defer cancel()
-				res, err := n.host.Cancel(cctx, r.ID)
+				res, err := n.host.Cancel(cctx, r.ID, nil)
 				answers <- answer{r.ID, res.Outcome, err}
 				// A later cancel must not forget what an earlier one said.
 				time.Sleep(300 * time.Millisecond)
-				res, err = n.host.Cancel(cctx, r.ID)
+				res, err = n.host.Cancel(cctx, r.ID, nil)
 				answers <- answer{r.ID, res.Outcome, err}
 			})
 		}
@@ -207,7 +207,7 @@ func TestEarlyBatchHeldAndCancellable(t *testing.T) {
 	if left := time.Until(due); left < lead/4 {
 		t.Fatalf("taken %v before its due time, want about %v", left, lead)
 	}
-	c, err := s.Cancel(context.Background(), "cancelled")
+	c, err := s.Cancel(context.Background(), "cancelled", nil)
 	if err != nil || c.Outcome != raftfsm.Cancelled {
 		t.Fatalf("Cancel of an event held in an early batch: %v %+v", err, c)
 	}

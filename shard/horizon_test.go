@@ -126,7 +126,7 @@ func TestHorizonFiresEventsAsItReachesThem(t *testing.T) {
 			if e.cancelled || time.Until(time.Unix(0, e.due)) < 300*time.Millisecond {
 				continue // leave the firing loop's way alone: cancels of due events are tested elsewhere
 			}
-			r, err := n.host.Cancel(context.Background(), id)
+			r, err := n.host.Cancel(context.Background(), id, nil)
 			if err != nil || r.Outcome != raftfsm.Cancelled {
 				t.Fatalf("Cancel %s (due in %v): %v %+v", id, time.Until(time.Unix(0, e.due)), err, r)
 			}
@@ -239,10 +239,10 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 				}
 				// Until a new leader has passed its barrier it cannot tell what
 				// its predecessor produced, and refuses cancels.
-				cr, err := s.Cancel(context.Background(), q.ID)
+				cr, err := s.Cancel(context.Background(), q.ID, nil)
 				for deadline := time.Now().Add(5 * time.Second); errors.Is(err, ErrProduceUnknown) && time.Now().Before(deadline); {
 					time.Sleep(10 * time.Millisecond)
-					cr, err = s.Cancel(context.Background(), q.ID)
+					cr, err = s.Cancel(context.Background(), q.ID, nil)
 				}
 				if err != nil || cr.Outcome != raftfsm.Cancelled {
 					t.Fatalf("Cancel %s: %v %+v", q.ID, err, cr)

@@ -46,13 +46,19 @@ type pendingApply struct {
 //
 // A Replace request is refused on its own (Result.Err, nothing changed)
 // when the pending event it would replace is being fired, or another change
-// of it is under way; see pinReplaced.
+// of it is under way; see pinReplaced. A request whose id is bound to an
+// event outside its Scope is refused with a *NotPermittedError, whether it
+// replaces or collides.
 func (s *Shard) Schedule(ctx context.Context, reqs []Request) ([]Result, error) {
 	if !s.IsLeader() {
 		return nil, ErrNotLeader
 	}
 	if !slices.ContainsFunc(reqs, func(r Request) bool { return r.Replace }) {
-		return s.schedule(ctx, reqs)
+		out, err := s.schedule(ctx, reqs)
+		if err != nil {
+			return nil, err
+		}
+		return s.refuseHidden(reqs, out)
 	}
 	todo, refused, pinned, err := s.pinReplaced(ctx, reqs)
 	defer func() {
@@ -80,6 +86,27 @@ func (s *Shard) Schedule(ctx context.Context, reqs []Request) ([]Result, error) 
 			// Another change superseded the pinned event before this one
 			// committed: nothing changed.
 			out[i] = Result{Err: ErrChanging}
+		}
+	}
+	return s.refuseHidden(reqs, out)
+}
+
+// refuseHidden turns each Conflict of a scoped request whose id is bound to
+// an event outside the caller's scope into the refusal any other operation
+// on that id gets: ALREADY_EXISTS would tell the caller that someone else's
+// id exists. A conflict changed nothing, so this is decided after the entry,
+// on the event as this leader has it.
+func (s *Shard) refuseHidden(reqs []Request, out []Result) ([]Result, error) {
+	for i := range out {
+		if out[i].Outcome != raftfsm.Conflict || reqs[i].Scope == nil {
+			continue
+		}
+		rec, ok, err := s.fsm.Get(reqs[i].ID)
+		if err != nil {
+			return nil, err
+		}
+		if ok && !permits(reqs[i].Scope, &rec) {
+			out[i] = Result{Err: Refuse(reqs[i].Scope, reqs[i].ID)}
 		}
 	}
 	return out, nil
@@ -113,6 +140,20 @@ func (s *Shard) pinReplaced(ctx context.Context, reqs []Request) (todo []Request
 		if r.Replace {
 			p := found[0]
 			found = found[1:]
+			if r.Scope != nil {
+				// The event the id is bound to, pending or settled, must
+				// be the caller's to replace. If another is created once
+				// this read is done, the entry's pin (none pending) makes
+				// the FSM refuse it as Moved.
+				rec, ok, err := s.fsm.Get(r.ID)
+				if err != nil {
+					return nil, nil, nil, err
+				}
+				if ok && !permits(r.Scope, &rec) {
+					refused[i] = Refuse(r.Scope, r.ID)
+					continue
+				}
+			}
 			if p.Pending {
 				if s.inDoubt(raftfsm.Record{Seq: p.Seq, Due: p.Due, State: raftfsm.StateScheduled}) {
 					refused[i] = ErrProduceUnknown

@@ -128,8 +128,8 @@ func (h *testHost) Schedule(ctx context.Context, reqs []Request) ([]Result, erro
 	return out, nil
 }
 
-func (h *testHost) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
-	return h.shardFor(id).Cancel(ctx, id)
+func (h *testHost) Cancel(ctx context.Context, id string, scope Scope) (raftfsm.CancelResult, error) {
+	return h.shardFor(id).Cancel(ctx, id, scope)
 }
 
 func (h *testHost) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {

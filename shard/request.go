@@ -2,6 +2,7 @@ package shard
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
@@ -30,6 +31,10 @@ type Request struct {
 	// Policy is the event's priority and window (raftfsm.DefaultPolicy
 	// when the client set neither).
 	Policy raftfsm.Policy
+	// Scope is what the caller's credential may act on (nil: anything).
+	// The event the id is bound to must be in it for a Replace, and for a
+	// create that collides with it to be told ALREADY_EXISTS.
+	Scope Scope
 
 	// pending is the seq of the pending event a Replace supersedes, as the
 	// leader pinned it (0: none was pending); see Shard.pinReplaced.
@@ -44,6 +49,42 @@ type Change struct {
 	raftfsm.Change
 	Delay    time.Duration
 	HasDelay bool
+	// Scope is what the caller's credential may act on (nil: anything);
+	// the event as stored must be in it.
+	Scope Scope
+}
+
+// Scope is what one credential may see and change. The shard leader checks
+// it against the event as stored, in the read it does for the operation
+// anyway, so that a credential can never act on another's event by naming
+// its id, whatever the request itself says.
+type Scope interface {
+	// Permits reports whether the credential may act on the event or
+	// schedule id whose topic is topic.
+	Permits(id, topic string) bool
+	// Credential names the credential in refusals.
+	Credential() string
+}
+
+// NotPermittedError refuses an operation on an id outside the caller's
+// Scope. It reads the same whether or not the id exists, and names neither
+// the stored event's topic nor anything else about it.
+type NotPermittedError struct {
+	ID, Credential string
+}
+
+func (e *NotPermittedError) Error() string {
+	return fmt.Sprintf("id %q: not permitted for credential %q", e.ID, e.Credential)
+}
+
+// Refuse is the NotPermittedError of scope for id.
+func Refuse(scope Scope, id string) error {
+	return &NotPermittedError{ID: id, Credential: scope.Credential()}
+}
+
+// permits reports whether scope (nil: anything) may act on rec.
+func permits(scope Scope, rec *raftfsm.Record) bool {
+	return scope == nil || scope.Permits(rec.ID, rec.Topic)
 }
 
 // Result is what scheduling one Request did.

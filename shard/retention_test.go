@@ -33,7 +33,7 @@ func TestRetentionRemovesSettledEvents(t *testing.T) {
 	if _, err := n.host.Schedule(ctx, reqs); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := n.host.Cancel(ctx, "cancel-me"); err != nil || r.Outcome != raftfsm.Cancelled {
+	if r, err := n.host.Cancel(ctx, "cancel-me", nil); err != nil || r.Outcome != raftfsm.Cancelled {
 		t.Fatalf("Cancel: %+v, %v", r, err)
 	}
 	publishtest.Consume(t, brokers, 20, 30*time.Second, "ret")

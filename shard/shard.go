@@ -305,10 +305,29 @@ var testHookLeaseConfirm func() error
 //
 // When a record may still land (ErrProduceUnknown, ErrCancelUnsure) it says
 // so instead, and keeps saying so for as long as that holds: a repeated
-// cancel cannot be told less than the first one.
-func (s *Shard) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+// cancel cannot be told less than the first one. An event outside scope
+// (nil: anything) is refused with a *NotPermittedError.
+func (s *Shard) Cancel(ctx context.Context, id string, scope Scope) (raftfsm.CancelResult, error) {
 	if !s.IsLeader() {
 		return raftfsm.CancelResult{}, ErrNotLeader
+	}
+	if scope != nil {
+		// A scoped cancel is decided on the event as this leader has it
+		// under its lease: one outside the scope is refused, and an unknown
+		// id is answered without an entry, so that no cancel proposed for
+		// one credential can meet an event another created meanwhile.
+		if err := s.readable(ctx); err != nil {
+			return raftfsm.CancelResult{}, err
+		}
+		rec, ok, err := s.fsm.Get(id)
+		switch {
+		case err != nil:
+			return raftfsm.CancelResult{}, err
+		case !ok:
+			return raftfsm.CancelResult{Outcome: raftfsm.NotFound}, nil
+		case !permits(scope, &rec):
+			return raftfsm.CancelResult{}, Refuse(scope, id)
+		}
 	}
 	if rec, ok, err := s.fsm.Get(id); err == nil && ok && s.inDoubt(rec) {
 		switch rec.State {

@@ -22,7 +22,7 @@ const changeAttempts = 3
 //
 // A settled, unknown or differently versioned event is answered from this
 // leader's state under its lease, without an entry; so is a refused
-// condition.
+// condition, and an event outside ch.Scope (a *NotPermittedError).
 func (s *Shard) Update(ctx context.Context, ch Change) (raftfsm.ChangeResult, error) {
 	for attempt := 1; ; attempt++ {
 		if err := s.readable(ctx); err != nil {
@@ -36,6 +36,8 @@ func (s *Shard) Update(ctx context.Context, ch Change) (raftfsm.ChangeResult, er
 		switch {
 		case !found:
 			return raftfsm.ChangeResult{Outcome: raftfsm.UpdateNotFound}, nil
+		case !permits(ch.Scope, &rec):
+			return raftfsm.ChangeResult{}, Refuse(ch.Scope, ch.ID)
 		case rec.State != raftfsm.StateScheduled:
 			now.Outcome = raftfsm.UpdateNotPending
 			return now, nil

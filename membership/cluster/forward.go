@@ -25,19 +25,21 @@ import (
 // does not forward again (a request that reaches a stale leader fails with
 // UNAVAILABLE and the client retries, idempotently by id).
 
-// forwardedKey marks a request forwarded by another node.
-const forwardedKey = "chime-forwarded"
-
 // Forwarded reports a request another node forwarded to this one: it must
 // not be forwarded again.
 func Forwarded(ctx context.Context) bool {
 	md, _ := metadata.FromIncomingContext(ctx)
-	return len(md.Get(forwardedKey)) > 0
+	return len(md.Get(chimev1.ForwardedMetadata)) > 0
 }
 
-// ForwardContext marks an outgoing call as forwarded.
-func ForwardContext(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(ctx, forwardedKey, "1")
+// ForwardContext marks an outgoing call as forwarded on behalf of scope's
+// credential (nil: a caller whose credential limits nothing), whose grant
+// the leader then checks the operation against.
+func ForwardContext(ctx context.Context, scope shard.Scope) context.Context {
+	if scope != nil {
+		return metadata.AppendToOutgoingContext(ctx, chimev1.ForwardedMetadata, "1", chimev1.CredentialMetadata, scope.Credential())
+	}
+	return metadata.AppendToOutgoingContext(ctx, chimev1.ForwardedMetadata, "1")
 }
 
 func (c *Cluster) schedulerClient(ctx context.Context, s uint32) (chimev1.SchedulerClient, error) {
@@ -99,7 +101,8 @@ func (c *Cluster) scheduleOnce(ctx context.Context, s uint32, reqs []shard.Reque
 	for i, r := range reqs {
 		req.Events[i] = toEvent(r)
 	}
-	resp, err := cl.BatchSchedule(ForwardContext(ctx), req)
+	// One call's events, all with the scope of its caller's credential.
+	resp, err := cl.BatchSchedule(ForwardContext(ctx, reqs[0].Scope), req)
 	if err != nil {
 		return nil, err
 	}
@@ -119,10 +122,10 @@ func (c *Cluster) scheduleOnce(ctx context.Context, s uint32, reqs []shard.Reque
 			}
 		case codes.AlreadyExists:
 			out[i] = shard.Result{Outcome: raftfsm.Conflict}
-		case codes.Aborted:
-			// A Replace the leader refused, changing nothing: this event's
-			// answer, not the call's.
-			out[i] = shard.Result{Err: status.Error(codes.Aborted, r.Message)}
+		case codes.Aborted, codes.PermissionDenied:
+			// A Replace the leader refused, or an id outside the caller's
+			// scope, changing nothing: this event's answer, not the call's.
+			out[i] = shard.Result{Err: status.Error(codes.Code(r.Code), r.Message)}
 		default:
 			return nil, status.Error(codes.Code(r.Code), r.Message)
 		}
@@ -159,17 +162,17 @@ func setPolicy(ev *chimev1.Event, p raftfsm.Policy) {
 }
 
 // Cancel implements Backend.
-func (c *Cluster) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+func (c *Cluster) Cancel(ctx context.Context, id string, scope shard.Scope) (raftfsm.CancelResult, error) {
 	if Forwarded(ctx) {
-		return c.cancelOnce(ctx, id)
+		return c.cancelOnce(ctx, id, scope)
 	}
-	return host.AwaitLeader(ctx, leaderMissing, func() (raftfsm.CancelResult, error) { return c.cancelOnce(ctx, id) })
+	return host.AwaitLeader(ctx, leaderMissing, func() (raftfsm.CancelResult, error) { return c.cancelOnce(ctx, id, scope) })
 }
 
-func (c *Cluster) cancelOnce(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+func (c *Cluster) cancelOnce(ctx context.Context, id string, scope shard.Scope) (raftfsm.CancelResult, error) {
 	s := shard.For(id, c.shards)
 	if r := c.LocalLeader(s); r != nil {
-		res, err := r.Cancel(ctx, id)
+		res, err := r.Cancel(ctx, id, scope)
 		if !errors.Is(err, shard.ErrNotLeader) {
 			return res, err
 		}
@@ -179,7 +182,7 @@ func (c *Cluster) cancelOnce(ctx context.Context, id string) (raftfsm.CancelResu
 		return raftfsm.CancelResult{}, err
 	}
 	// The leader's answer, error codes and messages included, is the answer.
-	if _, err := cl.Cancel(ForwardContext(ctx), &chimev1.CancelRequest{Id: id}); err != nil {
+	if _, err := cl.Cancel(ForwardContext(ctx, scope), &chimev1.CancelRequest{Id: id}); err != nil {
 		return raftfsm.CancelResult{}, err
 	}
 	return raftfsm.CancelResult{Outcome: raftfsm.Cancelled}, nil
@@ -207,7 +210,7 @@ func (c *Cluster) updateOnce(ctx context.Context, ch shard.Change) (raftfsm.Chan
 		return raftfsm.ChangeResult{}, err
 	}
 	// The leader's answer, error codes and messages included, is the answer.
-	resp, err := cl.Update(ForwardContext(ctx), toUpdateRequest(ch))
+	resp, err := cl.Update(ForwardContext(ctx, ch.Scope), toUpdateRequest(ch))
 	if err != nil {
 		return raftfsm.ChangeResult{}, err
 	}
@@ -277,7 +280,7 @@ func (c *Cluster) getOnce(ctx context.Context, id string) (raftfsm.Record, bool,
 	if err != nil {
 		return raftfsm.Record{}, false, err
 	}
-	resp, err := cl.Get(ForwardContext(ctx), &chimev1.GetRequest{Id: id})
+	resp, err := cl.Get(ForwardContext(ctx, nil), &chimev1.GetRequest{Id: id})
 	if status.Code(err) == codes.NotFound {
 		return raftfsm.Record{}, false, nil
 	}

@@ -44,7 +44,7 @@ func (c *Cluster) recurringOnce(ctx context.Context, rc raftfsm.Recurring) (*raf
 		return nil, err
 	}
 	// The leader's answer, error codes and messages included, is the answer.
-	cl, fctx := chimev1.NewRecurringClient(cc), ForwardContext(ctx)
+	cl, fctx := chimev1.NewRecurringClient(cc), ForwardContext(ctx, nil)
 	var resp *chimev1.RecurringSchedule
 	var outcome raftfsm.RecurringOutcome
 	switch rc.Op {

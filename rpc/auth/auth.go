@@ -44,10 +44,14 @@ const (
 
 // Grant is one credential's role and limits.
 type Grant struct {
-	Name       string
-	Role       Role
-	Topics     []string // path.Match patterns; a scheduler's only
-	IDPrefixes []string // empty: any id; a scheduler's only
+	Name string
+	Role Role
+	// Topics are path.Match patterns of the topics whose events and
+	// schedules the credential may see and change; a scheduler names at
+	// least one, a reader none for every topic.
+	Topics []string
+	// IDPrefixes, when set, are the only ids it may see and change.
+	IDPrefixes []string
 	// Rate bounds the events scheduled plus the other calls made a second
 	// (0: no bound), with bursts of up to Burst.
 	Rate  float64
@@ -71,14 +75,20 @@ type entry struct {
 }
 
 type file struct {
-	Tokens       []entry `json:"tokens"`
-	Certificates []entry `json:"certificates"`
+	// RequireIDPrefixes makes every scheduler carry id_prefixes that no
+	// other scheduler's overlap: each tenant's ids are its own, so that no
+	// id it asks about, or takes, can be another's.
+	RequireIDPrefixes bool    `json:"require_id_prefixes,omitempty"`
+	Tokens            []entry `json:"tokens"`
+	Certificates      []entry `json:"certificates"`
 }
 
 // Table is a parsed auth file.
 type Table struct {
 	tokens map[[32]byte]*Grant
 	certs  map[string]*Grant
+	// byName finds the grant a forwarded call names (CredentialMetadata).
+	byName map[string]*Grant
 }
 
 // Parse reads an auth file:
@@ -88,7 +98,10 @@ type Table struct {
 //	             "topics": ["billing.*"], "id_prefixes": ["inv-"]}],
 //	 "certificates": [{"name": "dashboard", "common_name": "dash-1", "role": "reader"}]}
 //
-// Errors name the field and the rule.
+// With "require_id_prefixes": true, every scheduler must have id_prefixes,
+// and no two schedulers' prefixes may overlap (one a prefix of the other).
+// Readers may share a scheduler's prefixes: a tenant's dashboard reads the
+// ids its scheduler writes. Errors name the field and the rule.
 func Parse(b []byte) (*Table, error) {
 	var f file
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -99,8 +112,10 @@ func Parse(b []byte) (*Table, error) {
 	if dec.More() {
 		return nil, errors.New("not an auth file: more than one JSON value")
 	}
-	t := &Table{tokens: map[[32]byte]*Grant{}, certs: map[string]*Grant{}}
+	t := &Table{tokens: map[[32]byte]*Grant{}, certs: map[string]*Grant{}, byName: map[string]*Grant{}}
 	names := map[string]string{}
+	type owned struct{ prefix, at string }
+	var prefixes []owned // the schedulers', with require_id_prefixes
 	for _, list := range []struct {
 		field   string
 		entries []entry
@@ -115,6 +130,21 @@ func Parse(b []byte) (*Table, error) {
 				return nil, fmt.Errorf("%s.name: %q is also %s's name; names must be unique (the audit log tells callers by them)", at, e.Name, prev)
 			}
 			names[e.Name] = at
+			t.byName[e.Name] = g
+			if f.RequireIDPrefixes && g.Role == RoleScheduler {
+				if len(g.IDPrefixes) == 0 {
+					return nil, fmt.Errorf("%s.id_prefixes: required: require_id_prefixes is set, so every scheduler's ids are its own", at)
+				}
+				for j, p := range g.IDPrefixes {
+					here := fmt.Sprintf("%s.id_prefixes[%d]", at, j)
+					for _, o := range prefixes {
+						if strings.HasPrefix(p, o.prefix) || strings.HasPrefix(o.prefix, p) {
+							return nil, fmt.Errorf("%s: %q overlaps %s %q; with require_id_prefixes no two schedulers may share ids", here, p, o.at, o.prefix)
+						}
+					}
+					prefixes = append(prefixes, owned{p, here})
+				}
+			}
 			if list.field == "tokens" {
 				if e.CommonName != "" {
 					return nil, fmt.Errorf("%s.common_name: a token has none (certificates go under \"certificates\")", at)
@@ -150,10 +180,12 @@ func (e entry) grant(at string) (*Grant, error) {
 		return nil, fmt.Errorf("%s.name: required", at)
 	}
 	switch e.Role {
-	case RoleAdmin, RoleReader:
+	case RoleAdmin:
 		if len(e.Topics) > 0 || len(e.IDPrefixes) > 0 {
-			return nil, fmt.Errorf("%s: only a scheduler has topics and id_prefixes (an %s's calls are not limited by them)", at, e.Role)
+			return nil, fmt.Errorf("%s: an admin has no topics or id_prefixes (its calls are not limited by them)", at)
 		}
+	case RoleReader:
+		// Without topics, a reader reads every topic.
 	case RoleScheduler:
 		if len(e.Topics) == 0 {
 			return nil, fmt.Errorf("%s.topics: a scheduler needs at least one topic pattern (\"*\" for every topic)", at)
@@ -188,6 +220,45 @@ func (e entry) grant(at string) (*Grant, error) {
 	return g, nil
 }
 
+// Permits reports whether the credential may see and change the event or
+// schedule id whose topic is topic.
+func (g *Grant) Permits(id, topic string) bool {
+	return g.idAllowed(id) && (g.everyTopic() || g.topicAllowed(topic))
+}
+
+// Credential is the grant's name, which refusals and the audit log use.
+func (g *Grant) Credential() string { return g.Name }
+
+// limited reports whether the grant limits what its holder sees: an admin,
+// or a grant with every topic and every id, is not limited.
+func (g *Grant) limited() bool {
+	return g.Role != RoleAdmin && (len(g.IDPrefixes) > 0 || !g.everyTopic())
+}
+
+// refuse is the refusal of an operation on id: the same words whether or
+// not the id exists, naming nothing but the id and the caller's credential.
+func (g *Grant) refuse(id string) error {
+	return status.Errorf(codes.PermissionDenied, "id %q: not permitted for credential %q", id, g.Name)
+}
+
+type scopeKey struct{}
+
+// Scope returns the grant that limits the call whose context is ctx, or nil
+// when nothing limits it (no auth file, an admin, a node acting for itself,
+// a grant of every topic and id). The operation is checked against it where
+// it acts on the stored event: see shard.Scope.
+func Scope(ctx context.Context) *Grant {
+	g, _ := ctx.Value(scopeKey{}).(*Grant)
+	return g
+}
+
+func withScope(ctx context.Context, c caller) context.Context {
+	if c.grant == nil || !c.grant.limited() {
+		return ctx
+	}
+	return context.WithValue(ctx, scopeKey{}, c.grant)
+}
+
 func (g *Grant) topicAllowed(topic string) bool {
 	for _, p := range g.Topics {
 		if ok, _ := path.Match(p, topic); ok {
@@ -198,6 +269,9 @@ func (g *Grant) topicAllowed(topic string) bool {
 }
 
 func (g *Grant) everyTopic() bool {
+	if len(g.Topics) == 0 {
+		return g.Role != RoleScheduler // a reader without topics reads them all
+	}
 	for _, p := range g.Topics {
 		if p == "*" {
 			return true
@@ -226,12 +300,6 @@ type Options struct {
 	// Audit receives the audit log, one JSON object per line; nil writes it
 	// to Logger.
 	Audit io.Writer
-	// TopicOf returns the topic of the event id names, for checking a
-	// scheduler's calls that name an event by id only.
-	TopicOf func(ctx context.Context, id string) (topic string, found bool, err error)
-	// ScheduleTopicOf returns the target topic of the recurring schedule id
-	// names, for checking a scheduler's calls that change it.
-	ScheduleTopicOf func(ctx context.Context, id string) (topic string, found bool, err error)
 	// Identify classifies a client certificate on the HTTP port (the gRPC
 	// port's connections carry it in certs.AuthInfo); nil without TLS.
 	Identify func([]*x509.Certificate) (certs.Identity, error)
@@ -345,11 +413,13 @@ func (a *Authorizer) table() *Table {
 	return a.t
 }
 
-// caller is who is calling: a node, or a grant.
+// caller is who is calling: a node, or a grant. A node that forwards
+// another's call carries that call's grant too.
 type caller struct {
-	node  bool
-	grant *Grant
-	name  string // for the audit log
+	node      bool
+	forwarded bool // a node forwarding a client's call
+	grant     *Grant
+	name      string // for the audit log
 }
 
 func (a *Authorizer) lookupToken(tok string) *Grant {
@@ -402,7 +472,20 @@ func (a *Authorizer) callerOf(ctx context.Context) (caller, error) {
 	if err != nil {
 		return caller{name: "malformed authorization"}, err
 	}
-	return a.identify(tok, has, id)
+	c, err := a.identify(tok, has, id)
+	if err != nil || !c.node {
+		return c, err
+	}
+	// Only a node's word is taken for whose call it forwards.
+	c.forwarded = len(md.Get(chimev1.ForwardedMetadata)) > 0
+	if names := md.Get(chimev1.CredentialMetadata); c.forwarded && len(names) > 0 {
+		g := a.table().byName[names[0]]
+		if g == nil {
+			return c, status.Errorf(codes.Unauthenticated, "%s forwarded a call of credential %q, which this node's auth file does not list (the nodes' auth files differ)", c.name, names[0])
+		}
+		c.grant, c.name = g, g.Name+" (forwarded by "+c.name+")"
+	}
+	return c, nil
 }
 
 // Service method kinds.
@@ -422,7 +505,7 @@ var readMethods = map[string]bool{
 // authorize checks that c may call method; req is the request, or nil for a
 // stream whose request is checked by check on arrival.
 func (a *Authorizer) authorize(c caller, method string) error {
-	if c.node {
+	if c.node && c.grant == nil {
 		return nil
 	}
 	g := c.grant
@@ -453,12 +536,16 @@ func (a *Authorizer) authorize(c caller, method string) error {
 	return status.Errorf(codes.PermissionDenied, "%s: only an admin may call it", method)
 }
 
-// check checks a scheduler's request against its topics and id prefixes.
-func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
-	if c.node || c.grant.Role != RoleScheduler {
+// check checks a request against the caller's topics and id prefixes, as
+// far as the request itself tells: the id it names, the topic of what it
+// creates, the filter of a query. Whether the event or schedule an id names
+// is the caller's is decided where the operation reads it (shard.Scope), so
+// a refusal of an id reads the same whether or not the id exists.
+func (a *Authorizer) check(c caller, req any) error {
+	g := c.grant
+	if g == nil || !g.limited() {
 		return nil
 	}
-	g := c.grant
 	every := g.everyTopic()
 	event := func(at string, e *chimev1.Event) error {
 		if !every && !g.topicAllowed(e.GetTopic()) {
@@ -469,25 +556,12 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 		}
 		return nil
 	}
-	// owned checks an id against the prefixes, and the topic of what it names (topicOf
-	// finds it; what says it in the error, "event %q is on" or the like) against the topics.
-	owned := func(id string, topicOf func(context.Context, string) (string, bool, error), what string) error {
+	byID := func(id string) error {
 		if !g.idAllowed(id) {
-			return status.Errorf(codes.PermissionDenied, "id: %q does not start with one of %q's id prefixes %v", id, g.Name, g.IDPrefixes)
-		}
-		if every || topicOf == nil || id == "" {
-			return nil
-		}
-		topic, found, err := topicOf(ctx, id)
-		if err != nil {
-			return err
-		}
-		if found && !g.topicAllowed(topic) {
-			return status.Errorf(codes.PermissionDenied, "id: "+what+" topic %q, outside %q's topics %v", id, topic, g.Name, g.Topics)
+			return g.refuse(id)
 		}
 		return nil
 	}
-	byID := func(id string) error { return owned(id, a.o.TopicOf, "event %q is on") }
 	filter := func(f *chimev1.EventFilter) error {
 		if !every && !g.topicAllowed(f.GetTopic()) {
 			return status.Errorf(codes.PermissionDenied, "filter.topic: %q's queries must name one of its topics %v, got %q", g.Name, g.Topics, f.GetTopic())
@@ -505,26 +579,31 @@ func (a *Authorizer) check(ctx context.Context, c caller, req any) error {
 		}
 		return nil
 	}
-	bySchedule := func(id string) error { return owned(id, a.o.ScheduleTopicOf, "recurring schedule %q targets") }
 	switch r := req.(type) {
 	case *chimev1.CreateRecurringRequest:
 		if err := target(r.GetTarget()); err != nil {
 			return err
 		}
-		return bySchedule(r.GetId())
+		return byID(r.GetId())
 	case *chimev1.UpdateRecurringRequest:
 		if r.GetTarget() != nil {
 			if err := target(r.GetTarget()); err != nil {
 				return err
 			}
 		}
-		return bySchedule(r.GetId())
+		return byID(r.GetId())
 	case *chimev1.DeleteRecurringRequest:
-		return bySchedule(r.GetId())
+		return byID(r.GetId())
 	case *chimev1.PauseRecurringRequest:
-		return bySchedule(r.GetId())
+		return byID(r.GetId())
 	case *chimev1.ResumeRecurringRequest:
-		return bySchedule(r.GetId())
+		return byID(r.GetId())
+	case *chimev1.GetRecurringRequest:
+		return byID(r.GetId())
+	case *chimev1.ListRecurringRequest:
+		if len(g.IDPrefixes) > 0 && !g.idAllowed(r.GetIdPrefix()) {
+			return status.Errorf(codes.PermissionDenied, "id_prefix: %q's queries must stay within its id prefixes %v, got %q", g.Name, g.IDPrefixes, r.GetIdPrefix())
+		}
 	case *chimev1.ScheduleRequest:
 		return event("event", r.GetEvent())
 	case *chimev1.BatchScheduleRequest:
@@ -651,7 +730,7 @@ func (a *Authorizer) UnaryInterceptor(ctx context.Context, req any, info *grpc.U
 		err = a.authorize(c, info.FullMethod)
 	}
 	if err == nil {
-		err = a.check(ctx, c, req)
+		err = a.check(c, req)
 	}
 	if err == nil {
 		err = a.limit(ctx, c, req)
@@ -660,11 +739,21 @@ func (a *Authorizer) UnaryInterceptor(ctx context.Context, req any, info *grpc.U
 		a.audit(ctx, c, info.FullMethod, err)
 		return nil, err
 	}
-	resp, err := handler(ctx, req)
-	if !c.node && strings.HasPrefix(info.FullMethod, adminPrefix) {
+	resp, err := handler(withScope(ctx, c), req)
+	if a.audited(c, info.FullMethod) {
 		a.audit(ctx, c, info.FullMethod, err)
 	}
 	return resp, err
+}
+
+// audited reports whether a call that got through is written to the audit
+// log: an admin's Admin calls, and every call a node certificate makes on
+// its own behalf to the client APIs, which no role or topic limits.
+func (a *Authorizer) audited(c caller, method string) bool {
+	if c.node {
+		return !c.forwarded && !strings.HasPrefix(method, peerPrefix) && !strings.HasPrefix(method, reflectionPrefix)
+	}
+	return strings.HasPrefix(method, adminPrefix)
 }
 
 // StreamInterceptor authorizes every streaming call; a scheduler's request
@@ -679,8 +768,8 @@ func (a *Authorizer) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc
 		a.audit(ctx, c, info.FullMethod, err)
 		return err
 	}
-	err = handler(srv, &checkedStream{ServerStream: ss, a: a, c: c, method: info.FullMethod})
-	if !c.node && strings.HasPrefix(info.FullMethod, adminPrefix) {
+	err = handler(srv, &checkedStream{ServerStream: ss, ctx: withScope(ctx, c), a: a, c: c, method: info.FullMethod})
+	if a.audited(c, info.FullMethod) {
 		a.audit(ctx, c, info.FullMethod, err)
 	}
 	return err
@@ -688,16 +777,19 @@ func (a *Authorizer) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc
 
 type checkedStream struct {
 	grpc.ServerStream
+	ctx    context.Context // the stream's, with the caller's Scope
 	a      *Authorizer
 	c      caller
 	method string
 }
 
+func (s *checkedStream) Context() context.Context { return s.ctx }
+
 func (s *checkedStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	err := s.a.check(s.Context(), s.c, m)
+	err := s.a.check(s.c, m)
 	if err == nil {
 		err = s.a.limit(s.Context(), s.c, m)
 	}

@@ -37,7 +37,8 @@ const testFile = `{
     {"name": "ops", "sha256": "%s", "role": "admin"},
     {"name": "billing", "sha256": "%s", "role": "scheduler", "topics": ["billing.*"], "id_prefixes": ["inv-"]},
     {"name": "any-topic", "sha256": "%s", "role": "scheduler", "topics": ["*"]},
-    {"name": "dash", "sha256": "%s", "role": "reader"}
+    {"name": "dash", "sha256": "%s", "role": "reader"},
+    {"name": "billing-dash", "sha256": "%s", "role": "reader", "topics": ["billing.*"], "id_prefixes": ["inv-"]}
   ],
   "certificates": [
     {"name": "app", "common_name": "app-1", "role": "scheduler", "topics": ["reminders"]}
@@ -64,17 +65,8 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	f := &fixture{audit: &bytes.Buffer{}, now: time.Unix(1e9, 0), path: filepath.Join(t.TempDir(), "auth.json")}
-	writeFile(t, f.path, fmt.Sprintf(testFile, hash("ops-token"), hash("billing-token"), hash("any-token"), hash("dash-token")))
-	topics := map[string]string{"inv-1": "billing.invoices", "inv-2": "payroll", "r-1": "reminders"}
-	a, err := New(Options{Path: f.path, Audit: f.audit, Now: func() time.Time { return f.now },
-		TopicOf: func(_ context.Context, id string) (string, bool, error) {
-			topic, ok := topics[id]
-			return topic, ok, nil
-		},
-		ScheduleTopicOf: func(_ context.Context, id string) (string, bool, error) {
-			topic, ok := map[string]string{"inv-r1": "billing.invoices", "inv-r2": "payroll"}[id]
-			return topic, ok, nil
-		}})
+	writeFile(t, f.path, fmt.Sprintf(testFile, hash("ops-token"), hash("billing-token"), hash("any-token"), hash("dash-token"), hash("bdash-token")))
+	a, err := New(Options{Path: f.path, Audit: f.audit, Now: func() time.Time { return f.now }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,8 +85,18 @@ func callCtx(token string, id certs.Identity) context.Context {
 }
 
 func (f *fixture) call(ctx context.Context, method string, req any) error {
-	_, err := f.a.UnaryInterceptor(ctx, req, &grpc.UnaryServerInfo{FullMethod: method}, func(context.Context, any) (any, error) { return "ok", nil })
+	_, err := f.scopedCall(ctx, method, req)
 	return err
+}
+
+// scopedCall makes a call and returns the Scope its handler saw.
+func (f *fixture) scopedCall(ctx context.Context, method string, req any) (*Grant, error) {
+	var scope *Grant
+	_, err := f.a.UnaryInterceptor(ctx, req, &grpc.UnaryServerInfo{FullMethod: method}, func(ctx context.Context, _ any) (any, error) {
+		scope = Scope(ctx)
+		return "ok", nil
+	})
+	return scope, err
 }
 
 func TestRoles(t *testing.T) {
@@ -125,7 +127,18 @@ func TestRoles(t *testing.T) {
 		{"scheduler batch, one outside", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_BatchSchedule_FullMethodName,
 			&chimev1.BatchScheduleRequest{Events: []*chimev1.Event{{Topic: "billing.a", Id: "inv-5"}, {Topic: "hr", Id: "inv-6"}}}, codes.PermissionDenied, "events[1].topic"},
 		{"scheduler cancels its event", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-1"}, codes.OK, ""},
-		{"scheduler cancels another topic's event", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-2"}, codes.PermissionDenied, `on topic "payroll"`},
+		{"scheduler cancels outside its id prefixes", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "order-2"}, codes.PermissionDenied, `id "order-2": not permitted for credential "billing"`},
+		{"scheduler gets outside its id prefixes", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "order-2"}, codes.PermissionDenied, `id "order-2": not permitted for credential "billing"`},
+		{"scoped reader gets outside its id prefixes", callCtx("bdash-token", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "order-2"}, codes.PermissionDenied, `not permitted for credential "billing-dash"`},
+		{"scoped reader lists another topic", callCtx("bdash-token", certs.Identity{}), chimev1.Scheduler_List_FullMethodName,
+			&chimev1.ListRequest{Filter: &chimev1.EventFilter{Topic: "payroll", IdPrefix: "inv-"}}, codes.PermissionDenied, "filter.topic"},
+		{"scoped reader lists its own", callCtx("bdash-token", certs.Identity{}), chimev1.Scheduler_List_FullMethodName,
+			&chimev1.ListRequest{Filter: &chimev1.EventFilter{Topic: "billing.a", IdPrefix: "inv-"}}, codes.OK, ""},
+		{"scoped reader lists schedules outside its prefixes", callCtx("bdash-token", certs.Identity{}), chimev1.Recurring_List_FullMethodName,
+			&chimev1.ListRecurringRequest{IdPrefix: "rep-"}, codes.PermissionDenied, "id_prefix"},
+		{"scoped reader gets a schedule outside its prefixes", callCtx("bdash-token", certs.Identity{}), chimev1.Recurring_Get_FullMethodName,
+			&chimev1.GetRecurringRequest{Id: "rep-1"}, codes.PermissionDenied, `id "rep-1": not permitted`},
+		{"scoped reader cancels", callCtx("bdash-token", certs.Identity{}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-1"}, codes.PermissionDenied, "needs the scheduler or admin role"},
 		{"scheduler updates a missing event", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Update_FullMethodName, &chimev1.UpdateRequest{Id: "inv-404"}, codes.OK, ""},
 		{"scheduler lists without its topic", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_List_FullMethodName, &chimev1.ListRequest{}, codes.PermissionDenied, "filter.topic"},
 		{"scheduler lists its topic outside its prefixes", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Count_FullMethodName,
@@ -140,7 +153,6 @@ func TestRoles(t *testing.T) {
 		{"admin schedules anywhere", callCtx("ops-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, sched("payroll", ""), codes.OK, ""},
 		{"admin cannot call Peer", callCtx("ops-token", certs.Identity{}), chimev1.Peer_Replicas_FullMethodName, &chimev1.ReplicasRequest{}, codes.PermissionDenied, "for nodes"},
 		{"certificate scheduler", callCtx("", certs.Identity{Cert: true, Name: "app-1"}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "r-1"}, codes.OK, ""},
-		{"certificate scheduler, other topic", callCtx("", certs.Identity{Cert: true, Name: "app-1"}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-1"}, codes.PermissionDenied, "outside"},
 		{"a token beats the certificate", callCtx("dash-token", certs.Identity{Cert: true, Name: "app-1"}), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "r-1"}, codes.PermissionDenied, "dash"},
 		{"node calls Peer", callCtx("", node), chimev1.Peer_Forget_FullMethodName, &chimev1.ForgetRequest{}, codes.OK, ""},
 		{"node relays anything", callCtx("", node), chimev1.Scheduler_Schedule_FullMethodName, sched("payroll", "x"), codes.OK, ""},
@@ -152,10 +164,10 @@ func TestRoles(t *testing.T) {
 		{"scheduler creates a schedule outside its topics", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Create_FullMethodName,
 			&chimev1.CreateRecurringRequest{Id: "inv-r3", Target: &chimev1.RecurringTarget{Topic: "payroll"}}, codes.PermissionDenied, "target.topic"},
 		{"scheduler creates a schedule outside its id prefixes", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Create_FullMethodName,
-			&chimev1.CreateRecurringRequest{Id: "rep-1", Target: &chimev1.RecurringTarget{Topic: "billing.x"}}, codes.PermissionDenied, "id:"},
+			&chimev1.CreateRecurringRequest{Id: "rep-1", Target: &chimev1.RecurringTarget{Topic: "billing.x"}}, codes.PermissionDenied, `id "rep-1": not permitted for credential "billing"`},
 		{"scheduler deletes its schedule", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Delete_FullMethodName, &chimev1.DeleteRecurringRequest{Id: "inv-r1"}, codes.OK, ""},
-		{"scheduler pauses another topic's schedule", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Pause_FullMethodName,
-			&chimev1.PauseRecurringRequest{Id: "inv-r2"}, codes.PermissionDenied, `targets topic "payroll"`},
+		{"scheduler pauses outside its prefixes", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Pause_FullMethodName,
+			&chimev1.PauseRecurringRequest{Id: "rep-2"}, codes.PermissionDenied, `id "rep-2": not permitted`},
 		{"scheduler moves its schedule to another topic", callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Update_FullMethodName,
 			&chimev1.UpdateRecurringRequest{Id: "inv-r1", Target: &chimev1.RecurringTarget{Topic: "payroll"}}, codes.PermissionDenied, "target.topic"},
 		{"unknown method", callCtx("billing-token", certs.Identity{}), "/other.v1.X/Y", nil, codes.PermissionDenied, "only an admin"},
@@ -172,6 +184,8 @@ func TestAuditLog(t *testing.T) {
 	f := newFixture(t)
 	f.call(callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{})
 	f.call(callCtx("", certs.Identity{Node: true, Name: "n2"}), chimev1.Admin_NodeStatus_FullMethodName, &chimev1.NodeStatusRequest{})
+	f.call(metadata.NewIncomingContext(callCtx("", certs.Identity{Node: true, Name: "n3"}), metadata.Pairs(chimev1.ForwardedMetadata, "1")),
+		chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
 	f.call(callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{Topic: "billing.a", Id: "inv-1"}})
 	f.call(callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{}})
 	f.call(callCtx("", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{})
@@ -183,10 +197,12 @@ func TestAuditLog(t *testing.T) {
 		}
 		lines = append(lines, al)
 	}
-	// The admin's Drain, the reader's refused Schedule and the anonymous
-	// Get; not the node's relayed NodeStatus nor the allowed Schedule.
+	// The admin's Drain, the node's NodeStatus on its own behalf (a node
+	// certificate skips every role), the reader's refused Schedule and the
+	// anonymous Get; not a call a node forwarded, nor the allowed Schedule.
 	want := []struct{ who, method, result string }{
 		{"ops", chimev1.Admin_Drain_FullMethodName, "OK"},
+		{"node n2", chimev1.Admin_NodeStatus_FullMethodName, "OK"},
 		{"dash", chimev1.Scheduler_Schedule_FullMethodName, "PermissionDenied"},
 		{"anonymous", chimev1.Scheduler_Get_FullMethodName, "Unauthenticated"},
 	}
@@ -202,6 +218,61 @@ func TestAuditLog(t *testing.T) {
 	for _, tok := range []string{"ops-token", "billing-token", "dash-token"} {
 		if strings.Contains(f.audit.String(), tok) {
 			t.Errorf("token %s reached the audit log:\n%s", tok, f.audit)
+		}
+	}
+}
+
+// TestScopeTravelsWithTheCall: the handler sees the grant that limits the
+// caller, also when a node forwards the call for it; nothing limits an
+// admin, a grant of every topic and id, or a node acting for itself.
+func TestScopeTravelsWithTheCall(t *testing.T) {
+	f := newFixture(t)
+	node := certs.Identity{Node: true, Name: "n2"}
+	forwarded := func(cred string) context.Context {
+		md := metadata.Pairs(chimev1.ForwardedMetadata, "1")
+		if cred != "" {
+			md.Append(chimev1.CredentialMetadata, cred)
+		}
+		return metadata.NewIncomingContext(callCtx("", node), md)
+	}
+	get := &chimev1.GetRequest{Id: "inv-1"}
+	for _, tc := range []struct {
+		name  string
+		ctx   context.Context
+		scope string // the grant's name, "" for none
+		code  codes.Code
+	}{
+		{"scheduler", callCtx("billing-token", certs.Identity{}), "billing", codes.OK},
+		{"topic-limited certificate", callCtx("", certs.Identity{Cert: true, Name: "app-1"}), "app", codes.OK},
+		{"scoped reader", callCtx("bdash-token", certs.Identity{}), "billing-dash", codes.OK},
+		{"reader of everything", callCtx("dash-token", certs.Identity{}), "", codes.OK},
+		{"every topic and id", callCtx("any-token", certs.Identity{}), "", codes.OK},
+		{"admin", callCtx("ops-token", certs.Identity{}), "", codes.OK},
+		{"node for itself", callCtx("", node), "", codes.OK},
+		{"node forwarding billing's call", forwarded("billing"), "billing", codes.OK},
+		{"node forwarding an unscoped call", forwarded(""), "", codes.OK},
+		{"node forwarding an unknown credential", forwarded("nobody"), "", codes.Unauthenticated},
+		{"a client claiming a credential", metadata.NewIncomingContext(callCtx("any-token", certs.Identity{}),
+			metadata.Pairs("authorization", "Bearer any-token", chimev1.ForwardedMetadata, "1", chimev1.CredentialMetadata, "billing")), "", codes.OK},
+	} {
+		scope, err := f.scopedCall(tc.ctx, chimev1.Scheduler_Get_FullMethodName, get)
+		name := ""
+		if scope != nil {
+			name = scope.Name
+		}
+		if status.Code(err) != tc.code || name != tc.scope {
+			t.Errorf("%s: scope %q, %v; want %q, %v", tc.name, name, err, tc.scope, tc.code)
+		}
+	}
+
+	// What a scope permits: its id prefixes and its topics.
+	g := f.a.table().byName["billing"]
+	for _, c := range []struct {
+		id, topic string
+		want      bool
+	}{{"inv-1", "billing.a", true}, {"inv-1", "payroll", false}, {"order-1", "billing.a", false}} {
+		if got := g.Permits(c.id, c.topic); got != c.want {
+			t.Errorf("billing permits (%q, %q) = %v", c.id, c.topic, got)
 		}
 	}
 }
@@ -239,7 +310,10 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "root"}]}`, `tokens[0].role: "root" is not a role`},
 		{`{"tokens": [{"sha256": "` + h + `", "role": "admin"}]}`, "tokens[0].name: required"},
 		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler"}]}`, "tokens[0].topics: a scheduler needs"},
-		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "reader", "topics": ["x"]}]}`, "only a scheduler has topics"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin", "topics": ["x"]}]}`, "an admin has no topics"},
+		{`{"require_id_prefixes": true, "tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["*"]}]}`, "tokens[0].id_prefixes: required"},
+		{`{"require_id_prefixes": true, "tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["*"], "id_prefixes": ["a-"]},
+		   {"name": "b", "sha256": "` + hash("u") + `", "role": "scheduler", "topics": ["*"], "id_prefixes": ["b-", "a-1"]}]}`, `tokens[1].id_prefixes[1]: "a-1" overlaps tokens[0].id_prefixes[0] "a-"`},
 		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["[x"]}]}`, "tokens[0].topics[0]"},
 		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin"}, {"name": "a", "sha256": "` + hash("u") + `", "role": "admin"}]}`, "tokens[1].name"},
 		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin"}, {"name": "b", "sha256": "` + h + `", "role": "admin"}]}`, "listed twice"},
@@ -277,7 +351,7 @@ func TestAdminHTTP(t *testing.T) {
 }
 
 func FuzzParse(f *testing.F) {
-	f.Add([]byte(fmt.Sprintf(testFile, hash("a"), hash("b"), hash("c"), hash("d"))))
+	f.Add([]byte(fmt.Sprintf(testFile, hash("a"), hash("b"), hash("c"), hash("d"), hash("e"))))
 	f.Add([]byte(`{"tokens": [{"name": "a", "sha256": "00", "role": "admin"}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		tab, err := Parse(b)

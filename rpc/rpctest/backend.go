@@ -83,6 +83,10 @@ func (b *Backend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.R
 	out := make([]shard.Result, len(reqs))
 	for i, r := range reqs {
 		old, ok := b.events[r.ID]
+		if ok && r.Scope != nil && !r.Scope.Permits(old.ID, old.Topic) && (r.Replace || old.ContentHash != r.ContentHash) {
+			out[i] = shard.Result{Err: shard.Refuse(r.Scope, r.ID)}
+			continue
+		}
 		if ok && !r.Replace {
 			rec := old
 			o := raftfsm.Existing
@@ -127,7 +131,7 @@ func (b *Backend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.R
 }
 
 // Cancel implements rpc.Backend.
-func (b *Backend) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+func (b *Backend) Cancel(ctx context.Context, id string, scope shard.Scope) (raftfsm.CancelResult, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.calls = append(b.calls, Call{Method: "Cancel", ID: id})
@@ -137,6 +141,9 @@ func (b *Backend) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, 
 	rec, ok := b.events[id]
 	if !ok {
 		return raftfsm.CancelResult{Outcome: raftfsm.NotFound}, nil
+	}
+	if scope != nil && !scope.Permits(rec.ID, rec.Topic) {
+		return raftfsm.CancelResult{}, shard.Refuse(scope, id)
 	}
 	res := raftfsm.CancelResult{Seq: rec.Seq}
 	switch rec.State {
@@ -181,6 +188,9 @@ func (b *Backend) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeRe
 	rec, ok := b.events[ch.ID]
 	if !ok {
 		return raftfsm.ChangeResult{Outcome: raftfsm.UpdateNotFound}, nil
+	}
+	if ch.Scope != nil && !ch.Scope.Permits(rec.ID, rec.Topic) {
+		return raftfsm.ChangeResult{}, shard.Refuse(ch.Scope, ch.ID)
 	}
 	res := raftfsm.ChangeResult{State: rec.State, Seq: rec.Seq, Due: rec.Due, Version: rec.Version}
 	switch {

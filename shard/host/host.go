@@ -437,13 +437,13 @@ func ScheduleByShard(ctx context.Context, reqs []shard.Request, shards int,
 }
 
 // Cancel cancels id on its shard, waiting for a leader as Schedule does.
-func (h *Host) Cancel(ctx context.Context, id string) (raftfsm.CancelResult, error) {
+func (h *Host) Cancel(ctx context.Context, id string, scope shard.Scope) (raftfsm.CancelResult, error) {
 	return AwaitLeader(ctx, leaderless, func() (raftfsm.CancelResult, error) {
 		s, err := h.shardFor(id)
 		if err != nil {
 			return raftfsm.CancelResult{}, err
 		}
-		return s.Cancel(ctx, id)
+		return s.Cancel(ctx, id, scope)
 	})
 }
 

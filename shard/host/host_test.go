@@ -122,11 +122,11 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 	if err != nil || again[0].Outcome != raftfsm.Existing || again[0].Due != res[0].Due {
 		t.Fatalf("re-send: %+v, %v; want Existing with due %d", again, err, res[0].Due)
 	}
-	cr, err := n.host.Cancel(ctx, "cancel-me")
+	cr, err := n.host.Cancel(ctx, "cancel-me", nil)
 	if err != nil || cr.Outcome != raftfsm.Cancelled {
 		t.Fatalf("cancel: %+v, %v", cr, err)
 	}
-	if cr, _ := n.host.Cancel(ctx, "nope"); cr.Outcome != raftfsm.NotFound {
+	if cr, _ := n.host.Cancel(ctx, "nope", nil); cr.Outcome != raftfsm.NotFound {
 		t.Fatalf("cancel of an unknown id: %v", cr.Outcome)
 	}
 
@@ -200,7 +200,7 @@ func TestRequestsWaitForTheFirstLeader(t *testing.T) {
 	if _, found, err := n.host.Get(ctx, "early"); err != nil || !found {
 		t.Fatalf("get: found %v, %v", found, err)
 	}
-	if cr, err := n.host.Cancel(ctx, "early"); err != nil || cr.Outcome != raftfsm.Cancelled {
+	if cr, err := n.host.Cancel(ctx, "early", nil); err != nil || cr.Outcome != raftfsm.Cancelled {
 		t.Fatalf("cancel: %+v, %v", cr, err)
 	}
 }

@@ -401,14 +401,6 @@ func Start(cfg Config) (_ *Node, err error) {
 	var authz *auth.Authorizer
 	if cfg.AuthFile != "" {
 		ao := auth.Options{Path: cfg.AuthFile, Logger: cfg.Logger.With("component", "auth"), Audit: cfg.Audit, Now: cfg.Now,
-			TopicOf: func(ctx context.Context, id string) (string, bool, error) {
-				rec, found, err := backend.Get(ctx, id)
-				return rec.Topic, found, err
-			},
-			ScheduleTopicOf: func(ctx context.Context, id string) (string, bool, error) {
-				s, found, err := backend.GetSchedule(ctx, id, false)
-				return s.Definition.Topic, found, err
-			},
 			// Any replica's count will do for a quota, which is checked
 			// against a count up to a second old anyway.
 			CountPending: func(ctx context.Context, prefix string) (uint64, error) {

@@ -1,0 +1,16 @@
+package chimev1
+
+// gRPC metadata that nodes send each other when one forwards a client's call
+// to the shard's leader through the public API. A node honours them only on
+// a call made with a node certificate.
+//
+// This file is written by hand; the generated code lives next to it.
+const (
+	// ForwardedMetadata marks a call forwarded by another node: the
+	// receiving node must not forward it again.
+	ForwardedMetadata = "chime-forwarded"
+	// CredentialMetadata names the credential (its name in the auth file)
+	// whose call was forwarded: the leader checks the operation against
+	// that credential's grant, as the node that received the call would.
+	CredentialMetadata = "chime-credential"
+)
