@@ -141,6 +141,15 @@ func (rs *RecurringServer) Create(ctx context.Context, in *chimev1.CreateRecurri
 		return nil, err
 	}
 	res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringCreate, ID: in.Id, Hash: raftfsm.DefinitionHash(&d), Def: d})
+	if status.Code(err) == codes.AlreadyExists {
+		// The leader a Create was forwarded to found the id taken: whether
+		// the caller may be told so depends on whose schedule it is.
+		if cur, found, gerr := s.backend.GetSchedule(ctx, in.Id, false); gerr == nil && found {
+			if perr := rs.permitted(ctx, in.Id, &cur); perr != nil {
+				return nil, perr
+			}
+		}
+	}
 	if err != nil {
 		return nil, s.backendStatus("Create", err)
 	}

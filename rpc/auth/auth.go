@@ -551,8 +551,11 @@ func (a *Authorizer) check(c caller, req any) error {
 		if !every && !g.topicAllowed(e.GetTopic()) {
 			return status.Errorf(codes.PermissionDenied, "%s.topic: %q is outside %q's topics %v", at, e.GetTopic(), g.Name, g.Topics)
 		}
-		if !g.idAllowed(e.GetId()) {
-			return status.Errorf(codes.PermissionDenied, "%s.id: %q does not start with one of %q's id prefixes %v (an id is required: a generated one would not)", at, e.GetId(), g.Name, g.IDPrefixes)
+		switch {
+		case e.GetId() == "" && len(g.IDPrefixes) > 0:
+			return status.Errorf(codes.PermissionDenied, "%s.id: required for %q, whose ids must start with one of %v (a generated one would not)", at, g.Name, g.IDPrefixes)
+		case !g.idAllowed(e.GetId()):
+			return g.refuse(e.GetId())
 		}
 		return nil
 	}
