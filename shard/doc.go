@@ -26,6 +26,11 @@
 //     out of the wheel (firing.pin) and proposes the change naming the
 //     pinned seq, so that no fire batch reads the version the change
 //     replaces.
+//   - Whose event an operation acts on: a caller's Scope (its credential's
+//     topics and id prefixes) is checked against the event as the leader
+//     reads it for the operation (pinReplaced, Update, a scoped Cancel, a
+//     create's Conflict), so that naming another credential's id gets a
+//     NotPermittedError, the same whether or not the id exists.
 //   - Changes of recurring schedules (recurring.go): an Update, Delete or
 //     Pause removes the schedule's pending occurrence, so it is pinned and
 //     named in the entry as an event Update's is; Create and Resume remove
