@@ -102,22 +102,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // flags binds the flags shared by dev and serve.
 type flags struct {
-	fs                                            *flag.FlagSet
-	nodeID, dataDir, grpcAddr, httpAddr           string
-	raftAddr, kafkaAddr, brokers, logLevel        string
-	deadLetter, gossipAddr, join, gossipKeyFile   string
-	tlsCert, tlsKey, tlsCA, tlsClientCA           string
-	authFile, auditLog, topicRateLimit            string
-	advertiseHost                                 string
-	allowTopics                                   []string
-	debugEndpoints, insecure                      bool
-	shards, maxPayload, maxInFlight, maxCatchUp   int
-	maxAttempts, replication, nodes               int
-	maxHorizon, resolution, timeout, maxClockSkew time.Duration
-	wheelHorizon                                  time.Duration
-	retention                                     daysDuration
-	deadTimeout, startupWait, diskFailure         time.Duration
-	kafka                                         *kafkaflag.Flags
+	fs                                              *flag.FlagSet
+	nodeID, dataDir, grpcAddr, httpAddr             string
+	raftAddr, kafkaAddr, brokers, logLevel          string
+	deadLetter, gossipAddr, join, gossipKeyFile     string
+	tlsCert, tlsKey, tlsCA, tlsClientCA             string
+	authFile, auditLog, topicRateLimit              string
+	advertiseHost                                   string
+	allowTopics                                     []string
+	debugEndpoints, insecure                        bool
+	shards, maxPayload, maxInFlight, maxCatchUp     int
+	maxAttempts, replication, nodes, maxConnections int
+	maxHorizon, resolution, timeout, maxClockSkew   time.Duration
+	wheelHorizon                                    time.Duration
+	retention                                       daysDuration
+	deadTimeout, startupWait, diskFailure           time.Duration
+	kafka                                           *kafkaflag.Flags
 }
 
 func newFlags(cmd string, stderr io.Writer) *flags {
@@ -182,6 +182,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 		"gossip is encrypted and authenticated and a member without the cluster's keys cannot join;\n"+
 		gossips+". Re-read when it changes: to rotate, add the new key as a second line\n"+
 		"everywhere, then move it first everywhere, then remove the old one (docs/operations.md)")
+	fs.IntVar(&f.maxConnections, "max-connections", node.DefaultMaxConnections, "most client connections the gRPC port holds at once; one more waits in the kernel's\naccept queue until another closes")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
 		f.allowTopics = append(f.allowTopics, v)
@@ -473,7 +474,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		RaftAddr: f.raftAddr, Brokers: brokers, KafkaSecurity: kafkaSec, Shards: f.shards, Limits: lim, TopicLimits: topicLimits,
 		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
 			WheelHorizon: f.wheelHorizon, DiskFailAfter: f.diskFailure},
-		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints,
+		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints, MaxConnections: f.maxConnections,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr, AdvertiseHost: f.advertiseHost,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,

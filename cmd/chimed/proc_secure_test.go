@@ -35,7 +35,7 @@ type securePKI struct {
 	nodes, clients, bad *certstest.CA
 }
 
-func newSecurePKI(t *testing.T) *securePKI {
+func newSecurePKI(t testing.TB) *securePKI {
 	t.Helper()
 	p := &securePKI{dir: t.TempDir()}
 	var err error
@@ -52,7 +52,7 @@ func newSecurePKI(t *testing.T) *securePKI {
 
 // clientSource loads a client's TLS material: pair may be zero (no
 // certificate).
-func clientSource(t *testing.T, pair certstest.Pair, ca string) *certs.Source {
+func clientSource(t testing.TB, pair certstest.Pair, ca string) *certs.Source {
 	t.Helper()
 	s, err := certs.Load(certs.Files{Cert: pair.Cert, Key: pair.Key, CA: ca}, nil)
 	if err != nil {

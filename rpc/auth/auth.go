@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
@@ -726,12 +727,43 @@ func retryLater(d time.Duration, format string, args ...any) error {
 	return st.Err()
 }
 
-// UnaryInterceptor authorizes every unary call.
-func (a *Authorizer) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+type callerKey struct{}
+
+// Tap identifies the caller of a call from its headers and its connection,
+// and refuses one without a valid credential or outside its role before
+// gRPC reads the request's body: an unauthenticated caller costs a node the
+// headers of its calls, not the (up to MaxRecvMsgSize) bodies. It is
+// grpc.InTapHandle's handle, run on the connection's reader goroutine, so
+// it only looks things up in memory. The interceptors find the caller it
+// identified in the call's context.
+func (a *Authorizer) Tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	c, err := a.callerOf(ctx)
 	if err == nil {
-		err = a.authorize(c, info.FullMethod)
+		err = a.authorize(c, info.FullMethodName)
 	}
+	if err != nil {
+		a.audit(ctx, c, info.FullMethodName, err)
+		return ctx, err
+	}
+	return context.WithValue(ctx, callerKey{}, c), nil
+}
+
+// caller returns the caller Tap identified, or identifies and authorizes
+// it now (a server without the tap handle).
+func (a *Authorizer) caller(ctx context.Context, method string) (caller, error) {
+	if c, ok := ctx.Value(callerKey{}).(caller); ok {
+		return c, nil
+	}
+	c, err := a.callerOf(ctx)
+	if err == nil {
+		err = a.authorize(c, method)
+	}
+	return c, err
+}
+
+// UnaryInterceptor authorizes every unary call.
+func (a *Authorizer) UnaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	c, err := a.caller(ctx, info.FullMethod)
 	if err == nil {
 		err = a.check(c, req)
 	}
@@ -763,10 +795,7 @@ func (a *Authorizer) audited(c caller, method string) bool {
 // is checked when it arrives.
 func (a *Authorizer) StreamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := ss.Context()
-	c, err := a.callerOf(ctx)
-	if err == nil {
-		err = a.authorize(c, info.FullMethod)
-	}
+	c, err := a.caller(ctx, info.FullMethod)
 	if err != nil {
 		a.audit(ctx, c, info.FullMethod, err)
 		return err

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc/certs"
@@ -435,5 +436,43 @@ func TestRateAndPendingQuota(t *testing.T) {
 	}
 	if err := f.call(callCtx("quota-token", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "q-1"}); err != nil {
 		t.Fatalf("a Get is not held to the quota: %v", err)
+	}
+}
+
+// TestTapRefusesBeforeTheBody: the tap handle, which runs on a call's
+// headers before its body is read, refuses a caller without credentials
+// or outside its role and audits it, and hands the caller it identified
+// on to the interceptor, which then does not identify it again.
+func TestTapRefusesBeforeTheBody(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct {
+		name   string
+		ctx    context.Context
+		method string
+		code   codes.Code
+	}{
+		{"no credentials", callCtx("", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, codes.Unauthenticated},
+		{"unknown token", callCtx("guess", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, codes.Unauthenticated},
+		{"a reader scheduling", callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, codes.PermissionDenied},
+		{"a scheduler", callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, codes.OK},
+	} {
+		f.audit.Reset()
+		ctx, err := f.a.Tap(tc.ctx, &tap.Info{FullMethodName: tc.method})
+		if status.Code(err) != tc.code {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.code)
+		}
+		if audited := f.audit.Len() > 0; audited != (err != nil) {
+			t.Errorf("%s: audited %v with error %v", tc.name, audited, err)
+		}
+		if err != nil {
+			continue
+		}
+		// The token is gone from the context the interceptor gets: it
+		// still knows the caller.
+		ctx = metadata.NewIncomingContext(ctx, metadata.MD{})
+		scope, err := f.scopedCall(ctx, tc.method, &chimev1.ScheduleRequest{Event: &chimev1.Event{Topic: "billing.a", Id: "inv-9"}})
+		if err != nil || scope == nil || scope.Name != "billing" {
+			t.Errorf("%s: after the tap, the interceptor saw scope %v, %v", tc.name, scope, err)
+		}
 	}
 }

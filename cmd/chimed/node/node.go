@@ -24,8 +24,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/chimehq/chime/membership"
 	controlplane "github.com/chimehq/chime/membership/cluster"
@@ -106,6 +108,9 @@ type Config struct {
 	// node it is taken on and the LSM report tells an outsider how much it
 	// holds, so they are for an operator who asks for them.
 	DebugEndpoints bool
+	// MaxConnections bounds the gRPC port's connections held at once
+	// (chimed --max-connections; 0: DefaultMaxConnections).
+	MaxConnections int
 	// TLS, when set, puts every port of the node under TLS: gRPC and HTTP
 	// (client certificates as the Source's ServerConfig says), the Raft port
 	// (mutual, nodes only), and the node's own calls to other nodes (it
@@ -394,7 +399,10 @@ func Start(cfg Config) (_ *Node, err error) {
 
 	// A request is bounded by the event limits (MaxRequestBytes), and so
 	// are the requests one connection can have in flight at once.
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.Limits.MaxRequestBytes()), grpc.MaxConcurrentStreams(maxStreamsPerConn)}
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.Limits.MaxRequestBytes()), grpc.MaxConcurrentStreams(maxStreamsPerConn),
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true})}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(cfg.TLS.ServerCredentials()))
 	}
@@ -412,13 +420,18 @@ func Start(cfg Config) (_ *Node, err error) {
 		if authz, err = auth.New(ao); err != nil {
 			return nil, err
 		}
-		opts = append(opts, grpc.ChainUnaryInterceptor(authz.UnaryInterceptor), grpc.ChainStreamInterceptor(authz.StreamInterceptor))
+		opts = append(opts, grpc.InTapHandle(authz.Tap),
+			grpc.ChainUnaryInterceptor(authz.UnaryInterceptor), grpc.ChainStreamInterceptor(authz.StreamInterceptor))
 	}
 	n.grpc = grpc.NewServer(opts...)
 	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc")))
 	rpc.RegisterAdmin(n.grpc, n.cluster, n.topicLimits, cfg.Logger.With("component", "admin"))
 	controlplane.RegisterPeer(n.grpc, n.cluster)
-	go func() { n.serveErr <- n.grpc.Serve(grpcLn) }()
+	maxConns := cfg.MaxConnections
+	if maxConns == 0 {
+		maxConns = DefaultMaxConnections
+	}
+	go func() { n.serveErr <- n.grpc.Serve(netutil.LimitListener(grpcLn, maxConns)) }()
 	lns = lns[1:]
 
 	mux := http.NewServeMux()
@@ -477,6 +490,31 @@ func Start(cfg Config) (_ *Node, err error) {
 // limits in --auth-file bound how fast they come). The 16 callers of
 // chimectl bench share one connection per node.
 const maxStreamsPerConn = 128
+
+// DefaultMaxConnections bounds the client connections a node's gRPC port
+// holds at once (chimed --max-connections); one more waits in the kernel's
+// accept queue until another closes. Each holds a reader goroutine and its
+// HTTP/2 buffers; 4096 is far more than the clients and nodes of a cluster
+// open (one connection per client process per node), and bounds what a
+// flood of connections can hold.
+const DefaultMaxConnections = 4096
+
+const (
+	// handshakeTimeout bounds a connection's TLS and HTTP/2 handshake: a
+	// peer that opens a connection and says nothing holds a slot of
+	// --max-connections for no longer.
+	handshakeTimeout = 10 * time.Second
+	// keepaliveTime and keepaliveTimeout: a connection quiet for
+	// keepaliveTime is pinged, and closed if no answer comes within
+	// keepaliveTimeout, so that connections of vanished clients do not
+	// pile up.
+	keepaliveTime    = time.Minute
+	keepaliveTimeout = 20 * time.Second
+	// keepaliveMinTime is the shortest ping interval a client may use (a
+	// client pinging more often is sent GOAWAY): pings are cheap, but a
+	// flood of them is not.
+	keepaliveMinTime = 5 * time.Second
+)
 
 func raftTLS(src *certs.Source) *raftmux.TLS {
 	if src == nil {
