@@ -86,14 +86,31 @@ func TestQueriesAndBulkCancelAcrossProcesses(t *testing.T) {
 	col := collect(t, c.brokers, "proc.bulk", "proc.keep")
 
 	start := time.Now()
-	fireAt := start.Add(25 * time.Second)
+	scheduleMany(t, cl, "kill/", "proc.bulk", 60_000, func(int) time.Time { return start.Add(time.Hour) })
+	// keep/ and bulk/ fall due together, 30 s after they are scheduled,
+	// and bulk/ is cancelled at once: the time it has to beat is what
+	// scheduling and cancelling 100,000 events take, whatever the machine
+	// did before.
+	fireAt := time.Now().Add(30 * time.Second)
 	// keep/ is due over one second, three events per millisecond step, so
 	// that due times tie and the order falls to the ids.
 	keepDue := func(i int) time.Time { return fireAt.Add(time.Duration(i/3) * time.Millisecond) }
 	scheduleMany(t, cl, "keep/", "proc.keep", 1000, keepDue)
 	scheduleMany(t, cl, "bulk/", "proc.bulk", 100_000, func(int) time.Time { return fireAt })
-	scheduleMany(t, cl, "kill/", "proc.bulk", 60_000, func(int) time.Time { return start.Add(time.Hour) })
 	t.Logf("scheduled 161,000 events in %v", time.Since(start).Round(time.Millisecond))
+
+	cancelStart := time.Now()
+	got, err := cancelMatching(cl, "bulk/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Done || got.Matched != 100_000 || got.Cancelled != 100_000 || got.SkippedFired != 0 || got.SkippedHeld != 0 {
+		t.Fatalf("bulk cancel of 100,000, %v before they fall due: %v", time.Until(fireAt).Round(time.Millisecond), got)
+	}
+	t.Logf("bulk cancel of 100,000 in %v", time.Since(cancelStart).Round(time.Millisecond))
+	if n := count(t, cl, "bulk/", chimev1.EventState_EVENT_STATE_CANCELLED); n != 100_000 {
+		t.Fatalf("%d bulk/ events cancelled, want 100,000", n)
+	}
 
 	// The list, from another node, in pages of 70.
 	var listed []string
@@ -149,19 +166,6 @@ func TestQueriesAndBulkCancelAcrossProcesses(t *testing.T) {
 	}
 	if len(bigs) != 40 || !slices.IsSorted(bigs) || pages < 10 {
 		t.Fatalf("listed %d big/ events in %d pages (%v), want all 40 in order over at least 10 pages", len(bigs), pages, bigs)
-	}
-
-	cancelStart := time.Now()
-	got, err := cancelMatching(cl, "bulk/", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !got.Done || got.Matched != 100_000 || got.Cancelled != 100_000 || got.SkippedFired != 0 || got.SkippedHeld != 0 {
-		t.Fatalf("bulk cancel of 100,000: %v", got)
-	}
-	t.Logf("bulk cancel of 100,000 in %v", time.Since(cancelStart).Round(time.Millisecond))
-	if n := count(t, cl, "bulk/", chimev1.EventState_EVENT_STATE_CANCELLED); n != 100_000 {
-		t.Fatalf("%d bulk/ events cancelled, want 100,000", n)
 	}
 
 	// Kill a node that leads shards, not the one running the cancel, once
