@@ -52,10 +52,22 @@ func (s *Server) checkScheduleID(id string) error {
 	return nil
 }
 
+// intervalLimited is a caller's shard.Scope that also bounds how often its
+// recurring schedules may occur (auth.Grant's min_interval).
+type intervalLimited interface {
+	ShortestInterval() time.Duration
+}
+
+// intervalSamples is how many consecutive occurrences a rule is checked
+// over for the caller's shortest interval: a cron rule's gaps repeat within
+// its own cycle, and its closest pair comes early in the first ones.
+const intervalSamples = 64
+
 // checkDefinition validates a rule and a target and returns the definition
 // they write. The rule must have an occurrence after now: a schedule whose
-// end is past would never produce anything.
-func (s *Server) checkDefinition(r *chimev1.RecurringRule, t *chimev1.RecurringTarget, now time.Time) (raftfsm.Definition, error) {
+// end is past would never produce anything. A caller whose scope bounds
+// how often its schedules occur is held to that.
+func (s *Server) checkDefinition(ctx context.Context, r *chimev1.RecurringRule, t *chimev1.RecurringTarget, now time.Time) (raftfsm.Definition, error) {
 	if r == nil {
 		return raftfsm.Definition{}, invalidArgument("rule", "required")
 	}
@@ -124,8 +136,27 @@ func (s *Server) checkDefinition(r *chimev1.RecurringRule, t *chimev1.RecurringT
 	if err != nil {
 		return raftfsm.Definition{}, invalidArgument("rule", "%v", err)
 	}
-	if _, ok := rule.Next(now); !ok {
+	first, ok := rule.Next(now)
+	if !ok {
 		return raftfsm.Definition{}, invalidArgument("rule", "has no occurrence after now (%s): its end, or its calendar, is past", now.UTC().Format(time.RFC3339))
+	}
+	if il, ok := scopeOf(ctx).(intervalLimited); ok {
+		var gap time.Duration
+		var at, then time.Time
+		for prev, i := first, 0; i < intervalSamples; i++ {
+			next, ok := rule.Next(prev)
+			if !ok {
+				break
+			}
+			if g := next.Sub(prev); gap == 0 || g < gap {
+				gap, at, then = g, prev, next
+			}
+			prev = next
+		}
+		if least := il.ShortestInterval(); gap != 0 && gap < least {
+			return raftfsm.Definition{}, status.Errorf(codes.PermissionDenied, "rule: occurs %v apart (%s, then %s), more often than credential %q's min_interval of %v",
+				gap, at.UTC().Format(time.RFC3339), then.UTC().Format(time.RFC3339), scopeOf(ctx).Credential(), least)
+		}
 	}
 	return d, nil
 }
@@ -136,7 +167,7 @@ func (rs *RecurringServer) Create(ctx context.Context, in *chimev1.CreateRecurri
 	if err := s.checkScheduleID(in.GetId()); err != nil {
 		return nil, err
 	}
-	d, err := s.checkDefinition(in.GetRule(), in.GetTarget(), s.now())
+	d, err := s.checkDefinition(ctx, in.GetRule(), in.GetTarget(), s.now())
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +230,7 @@ func (rs *RecurringServer) Update(ctx context.Context, in *chimev1.UpdateRecurri
 		if ifVersion == 0 {
 			ifVersion = cur.Version
 		}
-		d, err := s.checkDefinition(rule, target, s.now())
+		d, err := s.checkDefinition(ctx, rule, target, s.now())
 		if err != nil {
 			return nil, err
 		}

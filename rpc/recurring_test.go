@@ -1,9 +1,16 @@
 package rpc_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -13,6 +20,7 @@ import (
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/auth"
 	"github.com/chimehq/chime/rpc/rpctest"
 )
 
@@ -257,4 +265,58 @@ func proposals(calls []rpctest.Call) int {
 		}
 	}
 	return n
+}
+
+// TestRecurringMinInterval: a credential with a min_interval cannot create
+// or update a schedule whose occurrences come closer together, cron or
+// every; the refusal names the gap, the credential and its bound.
+func TestRecurringMinInterval(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auth.json")
+	sum := sha256.Sum256([]byte("hourly-token"))
+	if err := os.WriteFile(path, []byte(`{"tokens": [{"name": "hourly", "sha256": "`+hex.EncodeToString(sum[:])+
+		`", "role": "scheduler", "topics": ["*"], "min_interval": "1h"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a, err := auth.New(auth.Options{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := start(t, rpc.Limits{}, nil, grpc.ChainUnaryInterceptor(a.UnaryInterceptor))
+	rc := chimev1.NewRecurringClient(e.conn)
+	call := metadata.AppendToOutgoingContext(ctx(t), "authorization", "Bearer hourly-token")
+	for _, c := range []struct {
+		rule *chimev1.RecurringRule
+		want string // "" when allowed
+	}{
+		{&chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Every{Every: durationpb.New(time.Minute)}}, `rule: occurs 1m0s apart`},
+		{&chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Cron{Cron: "*/30 * * * *"}}, `rule: occurs 30m0s apart`},
+		// Twice an hour, but 5 minutes apart each time.
+		{&chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Cron{Cron: "0,5 * * * *"}}, `rule: occurs 5m0s apart`},
+		{&chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Cron{Cron: "0 * * * *"}}, ""},
+		{&chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Every{Every: durationpb.New(2 * time.Hour)}}, ""},
+	} {
+		req := validRecurring()
+		req.Id, req.Rule = "hourly-"+strings.NewReplacer(" ", "", "*", "x", "/", "-", ",", "-").Replace(c.rule.String()), c.rule
+		_, err := rc.Create(call, req)
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("%v: %v", c.rule, err)
+			}
+			continue
+		}
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), `credential "hourly"'s min_interval of 1h0m0s`) {
+			t.Errorf("%v: %v; want PERMISSION_DENIED %q", c.rule, err, c.want)
+		}
+	}
+	// An update to a finer rule is held to it too.
+	req := validRecurring()
+	req.Id = "hourly-update"
+	req.Rule = &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Cron{Cron: "0 * * * *"}}
+	if _, err := rc.Create(call, req); err != nil {
+		t.Fatal(err)
+	}
+	_, err = rc.Update(call, &chimev1.UpdateRecurringRequest{Id: req.Id, Rule: &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Every{Every: durationpb.New(time.Second)}}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("an update to every second: %v", err)
+	}
 }

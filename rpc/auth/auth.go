@@ -58,21 +58,36 @@ type Grant struct {
 	Rate  float64
 	Burst int
 	// MaxPending bounds the pending events under the grant's id prefixes
-	// (0: no bound); a scheduler with id prefixes only.
+	// (0: no bound); a scheduler with id prefixes only. A recurring
+	// schedule's pending occurrence is one of them, so creating a schedule
+	// takes one.
 	MaxPending uint64
+	// MaxSchedules bounds the recurring schedules under the grant's id
+	// prefixes (0: no bound); a scheduler with id prefixes only.
+	MaxSchedules uint64
+	// MinInterval is the shortest time a recurring schedule of the grant's
+	// may leave between two occurrences (DefaultMinInterval when the file
+	// names none).
+	MinInterval time.Duration
 }
+
+// DefaultMinInterval is a grant's MinInterval when its entry names none:
+// the finest a rule can be anyway (cron's seconds, every's smallest).
+const DefaultMinInterval = time.Second
 
 // entry is one credential as the file spells it.
 type entry struct {
-	Name       string   `json:"name"`
-	SHA256     string   `json:"sha256,omitempty"`
-	CommonName string   `json:"common_name,omitempty"`
-	Role       Role     `json:"role"`
-	Topics     []string `json:"topics,omitempty"`
-	IDPrefixes []string `json:"id_prefixes,omitempty"`
-	Rate       float64  `json:"rate_per_second,omitempty"`
-	Burst      int      `json:"burst,omitempty"`
-	MaxPending uint64   `json:"max_pending,omitempty"`
+	Name         string   `json:"name"`
+	SHA256       string   `json:"sha256,omitempty"`
+	CommonName   string   `json:"common_name,omitempty"`
+	Role         Role     `json:"role"`
+	Topics       []string `json:"topics,omitempty"`
+	IDPrefixes   []string `json:"id_prefixes,omitempty"`
+	Rate         float64  `json:"rate_per_second,omitempty"`
+	Burst        int      `json:"burst,omitempty"`
+	MaxPending   uint64   `json:"max_pending,omitempty"`
+	MaxSchedules uint64   `json:"max_schedules,omitempty"`
+	MinInterval  string   `json:"min_interval,omitempty"`
 }
 
 type file struct {
@@ -213,8 +228,18 @@ func (e entry) grant(at string) (*Grant, error) {
 		return nil, fmt.Errorf("%s.burst: a burst bounds nothing without rate_per_second", at)
 	case e.MaxPending > 0 && len(e.IDPrefixes) == 0:
 		return nil, fmt.Errorf("%s.max_pending: needs id_prefixes: a node counts a credential's pending events by its id prefixes", at)
+	case e.MaxSchedules > 0 && len(e.IDPrefixes) == 0:
+		return nil, fmt.Errorf("%s.max_schedules: needs id_prefixes: a node counts a credential's recurring schedules by its id prefixes", at)
 	}
-	g := &Grant{Name: e.Name, Role: e.Role, Topics: e.Topics, IDPrefixes: e.IDPrefixes, Rate: e.Rate, Burst: e.Burst, MaxPending: e.MaxPending}
+	g := &Grant{Name: e.Name, Role: e.Role, Topics: e.Topics, IDPrefixes: e.IDPrefixes, Rate: e.Rate, Burst: e.Burst,
+		MaxPending: e.MaxPending, MaxSchedules: e.MaxSchedules, MinInterval: DefaultMinInterval}
+	if e.MinInterval != "" {
+		d, err := time.ParseDuration(e.MinInterval)
+		if err != nil || d < DefaultMinInterval {
+			return nil, fmt.Errorf("%s.min_interval: %q; must be a duration of at least %v (\"1m\", \"90s\")", at, e.MinInterval, DefaultMinInterval)
+		}
+		g.MinInterval = d
+	}
 	if g.Rate > 0 && g.Burst == 0 {
 		g.Burst = max(1, int(math.Ceil(g.Rate))) // a second's worth
 	}
@@ -229,6 +254,10 @@ func (g *Grant) Permits(id, topic string) bool {
 
 // Credential is the grant's name, which refusals and the audit log use.
 func (g *Grant) Credential() string { return g.Name }
+
+// ShortestInterval is the least time a recurring schedule of the grant's
+// may leave between two occurrences (its min_interval).
+func (g *Grant) ShortestInterval() time.Duration { return g.MinInterval }
 
 // limited reports whether the grant limits what its holder sees: an admin,
 // or a grant with every topic and every id, is not limited.
@@ -246,7 +275,7 @@ type scopeKey struct{}
 
 // Scope returns the grant that limits the call whose context is ctx, or nil
 // when nothing limits it (no auth file, an admin, a node acting for itself,
-// a grant of every topic and id). The operation is checked against it where
+// a grant of every topic and id, and of the default min_interval). The operation is checked against it where
 // it acts on the stored event: see shard.Scope.
 func Scope(ctx context.Context) *Grant {
 	g, _ := ctx.Value(scopeKey{}).(*Grant)
@@ -254,7 +283,7 @@ func Scope(ctx context.Context) *Grant {
 }
 
 func withScope(ctx context.Context, c caller) context.Context {
-	if c.grant == nil || !c.grant.limited() {
+	if c.grant == nil || (!c.grant.limited() && c.grant.MinInterval <= DefaultMinInterval) {
 		return ctx
 	}
 	return context.WithValue(ctx, scopeKey{}, c.grant)
@@ -307,7 +336,14 @@ type Options struct {
 	// CountPending counts the pending events whose id starts with prefix,
 	// for max_pending.
 	CountPending func(ctx context.Context, prefix string) (uint64, error)
-	Now          func() time.Time
+	// CountSchedules counts the recurring schedules whose id starts with
+	// prefix, for max_schedules; it may stop counting past limit.
+	CountSchedules func(ctx context.Context, prefix string, limit uint64) (uint64, error)
+	Now            func() time.Time
+	// RefusalWindow is how often, at most, a caller refused again and
+	// again from one address gets a line in the audit log after its first
+	// (0: DefaultRefusalWindow).
+	RefusalWindow time.Duration
 }
 
 // Authorizer checks every call against the auth file.
@@ -320,7 +356,8 @@ type Authorizer struct {
 	checked time.Time
 	failed  stamp
 
-	auditMu sync.Mutex
+	auditMu  sync.Mutex
+	refusals *refusalLog
 
 	// Per grant name: its rate limiter and its pending count, each made
 	// again when the grant's bounds change in the file.
@@ -362,7 +399,11 @@ func New(o Options) (*Authorizer, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.RefusalWindow == 0 {
+		o.RefusalWindow = DefaultRefusalWindow
+	}
 	a := &Authorizer{o: o, limiters: map[string]*limiter{}, pending: map[string]*pendingCount{}}
+	a.refusals = newRefusalLog(o.RefusalWindow, a.write)
 	st, t, err := a.read()
 	if err != nil {
 		return nil, err
@@ -652,6 +693,12 @@ func (a *Authorizer) limit(ctx context.Context, c caller, req any) error {
 			return err
 		}
 	}
+	_, creates := req.(*chimev1.CreateRecurringRequest)
+	if creates && g.MaxSchedules > 0 && a.o.CountSchedules != nil {
+		if err := a.checkSchedules(ctx, g); err != nil {
+			return err
+		}
+	}
 	if g.MaxPending > 0 && a.o.CountPending != nil {
 		n := 0
 		switch r := req.(type) {
@@ -659,10 +706,30 @@ func (a *Authorizer) limit(ctx context.Context, c caller, req any) error {
 			n = 1
 		case *chimev1.BatchScheduleRequest:
 			n = len(r.GetEvents())
+		case *chimev1.CreateRecurringRequest:
+			n = 1 // its pending occurrence
 		}
 		if n > 0 {
 			return a.takePending(ctx, g, uint64(n))
 		}
+	}
+	return nil
+}
+
+// checkSchedules refuses a Create of g's when g has MaxSchedules already.
+// The count is the cluster's at the call: two Creates at once may both
+// pass it, so the bound can be passed by the calls in flight.
+func (a *Authorizer) checkSchedules(ctx context.Context, g *Grant) error {
+	var total uint64
+	for _, p := range g.IDPrefixes {
+		n, err := a.o.CountSchedules(ctx, p, g.MaxSchedules)
+		if err != nil {
+			return err
+		}
+		total += n
+	}
+	if total >= g.MaxSchedules {
+		return status.Errorf(codes.ResourceExhausted, "%q has %d recurring schedules and may have at most %d (max_schedules): delete one first", g.Name, total, g.MaxSchedules)
 	}
 	return nil
 }
@@ -839,6 +906,10 @@ type auditLine struct {
 	Method string `json:"method"`
 	Result string `json:"result"`
 	Detail string `json:"detail,omitempty"`
+	// Repeated, on a refusal, counts the refusals of the same caller from
+	// the same host since the line before, this one included; the line
+	// is the latest of them.
+	Repeated int `json:"repeated,omitempty"`
 }
 
 func (a *Authorizer) audit(ctx context.Context, c caller, method string, err error) {
@@ -849,8 +920,16 @@ func (a *Authorizer) audit(ctx context.Context, c caller, method string, err err
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		l.Peer = p.Addr.String()
 	}
+	if err != nil {
+		a.refusals.add(l)
+		return
+	}
 	a.write(l)
 }
+
+// Close writes what the audit log held back of repeated refusals, and
+// stops the timers that would.
+func (a *Authorizer) Close() { a.refusals.close() }
 
 func (a *Authorizer) write(l auditLine) {
 	if a.o.Audit == nil {
@@ -886,7 +965,7 @@ func (a *Authorizer) AdminHTTP(next http.Handler) http.Handler {
 			err = status.Errorf(codes.PermissionDenied, "%s needs the admin role; %q is a %s", r.URL.Path, c.grant.Name, c.grant.Role)
 		}
 		if err != nil {
-			a.write(auditLine{Time: a.o.Now().UTC().Format(time.RFC3339Nano), Who: c.name, Peer: r.RemoteAddr, Method: "HTTP " + r.URL.Path,
+			a.refusals.add(auditLine{Time: a.o.Now().UTC().Format(time.RFC3339Nano), Who: c.name, Peer: r.RemoteAddr, Method: "HTTP " + r.URL.Path,
 				Result: status.Code(err).String(), Detail: status.Convert(err).Message()})
 			code := http.StatusForbidden
 			if status.Code(err) == codes.Unauthenticated {

@@ -323,6 +323,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{`{} {}`, "more than one JSON value"},
 		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["*"], "max_pending": 5}]}`, "max_pending: needs id_prefixes"},
 		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin", "burst": 5}]}`, "burst: a burst bounds nothing"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["*"], "max_schedules": 5}]}`, "max_schedules: needs id_prefixes"},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["*"], "min_interval": "100ms"}]}`, `tokens[0].min_interval: "100ms"; must be a duration of at least 1s`},
+		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "scheduler", "topics": ["*"], "min_interval": "hourly"}]}`, `tokens[0].min_interval: "hourly"`},
 		{`{"tokens": [{"name": "a", "sha256": "` + h + `", "role": "admin", "rate_per_second": -1}]}`, "rate_per_second"},
 	} {
 		_, err := Parse([]byte(tc.file))
@@ -436,6 +439,57 @@ func TestRateAndPendingQuota(t *testing.T) {
 	}
 	if err := f.call(callCtx("quota-token", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "q-1"}); err != nil {
 		t.Fatalf("a Get is not held to the quota: %v", err)
+	}
+}
+
+// TestRecurringQuotas: a scheduler's recurring schedules are held to its
+// max_schedules, counted over its prefixes, and each Create takes one of
+// its max_pending for the occurrence it makes pending; min_interval travels
+// with the call (the rpc layer checks the rule against it), defaulting to
+// a second.
+func TestRecurringQuotas(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auth.json")
+	writeFile(t, path, fmt.Sprintf(`{"tokens": [
+  {"name": "crons", "sha256": "%s", "role": "scheduler", "topics": ["*"], "id_prefixes": ["c-"],
+   "max_schedules": 3, "max_pending": 5, "min_interval": "1m"},
+  {"name": "plain", "sha256": "%s", "role": "scheduler", "topics": ["*"]}]}`, hash("crons-token"), hash("plain-token")))
+	schedules, pending := uint64(2), uint64(3)
+	a, err := New(Options{Path: path, Now: func() time.Time { return time.Unix(1e9, 0) },
+		CountSchedules: func(_ context.Context, prefix string, limit uint64) (uint64, error) {
+			if prefix != "c-" || limit != 3 {
+				t.Errorf("CountSchedules(%q, %d)", prefix, limit)
+			}
+			return schedules, nil
+		},
+		CountPending: func(context.Context, string) (uint64, error) { return pending, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{a: a}
+	create := func(token string) (*Grant, error) {
+		return f.scopedCall(callCtx(token, certs.Identity{}), chimev1.Recurring_Create_FullMethodName,
+			&chimev1.CreateRecurringRequest{Id: "c-1", Target: &chimev1.RecurringTarget{Topic: "t"}})
+	}
+	scope, err := create("crons-token")
+	if err != nil || scope == nil || scope.ShortestInterval() != time.Minute {
+		t.Fatalf("2 of 3 schedules: scope %v, %v; want through, with a min_interval of 1m", scope, err)
+	}
+	schedules = 3
+	if _, err := create("crons-token"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), `"crons" has 3 recurring schedules and may have at most 3 (max_schedules)`) {
+		t.Fatalf("at max_schedules: %v", err)
+	}
+	schedules = 0
+	if _, err := create("crons-token"); err != nil { // 3 pending + 1 + this one: 5 of 5
+		t.Fatalf("4 pending of 5: %v", err)
+	}
+	if _, err := create("crons-token"); status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "(max_pending)") {
+		t.Fatalf("a schedule's occurrence over max_pending: %v", err)
+	}
+	if scope, err := create("plain-token"); err != nil || scope != nil {
+		t.Fatalf("a grant of every topic and id, and the default min_interval: scope %v, %v", scope, err)
+	}
+	if g := a.table().byName["plain"]; g.ShortestInterval() != DefaultMinInterval {
+		t.Fatalf("default min_interval %v", g.ShortestInterval())
 	}
 }
 

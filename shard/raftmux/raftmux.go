@@ -36,6 +36,20 @@ type Mux struct {
 	closed bool
 
 	done chan struct{} // closed when the accept loop has returned
+
+	refusedMu sync.Mutex
+	refusedBy map[string]*refusedHost // by remote host
+}
+
+// refusedLogEvery is how often, at most, the refusals of one remote host
+// take a log line after its first: a peer retrying in a loop (a node with
+// the wrong certificate, a scanner) cannot flood the log.
+const refusedLogEvery = 10 * time.Second
+
+// refusedHost is what the mux keeps of the refusals of one remote host.
+type refusedHost struct {
+	logged time.Time // the last line written
+	more   int       // refusals since then
 }
 
 // ErrClosed is returned by Layer once the Mux is closed.
@@ -100,6 +114,44 @@ func (m *Mux) Close() error {
 	return err
 }
 
+// refused logs a connection refused from remote: a host's first refusal,
+// then at most one line every refusedLogEvery, written by the refusal that
+// comes after a window has passed and counting the window's ("more").
+func (m *Mux) refused(msg string, remote net.Addr, err error) {
+	host := remote.String()
+	if h, _, serr := net.SplitHostPort(host); serr == nil {
+		host = h
+	}
+	now := time.Now()
+	m.refusedMu.Lock()
+	r := m.refusedBy[host]
+	switch {
+	case r == nil || (r.more == 0 && now.Sub(r.logged) >= refusedLogEvery):
+		if m.refusedBy == nil || len(m.refusedBy) > 1024 {
+			for h, r := range m.refusedBy { // forget the quiet hosts
+				if now.Sub(r.logged) >= refusedLogEvery {
+					delete(m.refusedBy, h)
+				}
+			}
+			if m.refusedBy == nil {
+				m.refusedBy = map[string]*refusedHost{}
+			}
+		}
+		m.refusedBy[host] = &refusedHost{logged: now}
+		m.refusedMu.Unlock()
+		m.logger.Warn(msg, "remote", remote, "err", err)
+		return
+	case now.Sub(r.logged) < refusedLogEvery:
+		r.more++
+		m.refusedMu.Unlock()
+		return
+	}
+	more := r.more + 1
+	r.logged, r.more = now, 0
+	m.refusedMu.Unlock()
+	m.logger.Warn(msg, "remote", remote, "err", err, "more", more, "since", refusedLogEvery)
+}
+
 func (m *Mux) acceptLoop() {
 	defer close(m.done)
 	var wg sync.WaitGroup
@@ -135,7 +187,7 @@ func (m *Mux) route(c net.Conn) {
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
-			m.logger.Warn("raft mux: TLS handshake refused", "remote", c.RemoteAddr(), "err", err)
+			m.refused("raft mux: TLS handshake refused", c.RemoteAddr(), err)
 			c.Close()
 			return
 		}
@@ -147,7 +199,7 @@ func (m *Mux) route(c net.Conn) {
 	}
 	c.SetDeadline(time.Time{})
 	if string(hdr[:len(muxMagic)]) != muxMagic || hdr[len(muxMagic)] != muxVersion {
-		m.logger.Warn("raft mux: connection without a Chime header", "remote", c.RemoteAddr())
+		m.refused("raft mux: connection without a Chime header", c.RemoteAddr(), nil)
 		c.Close()
 		return
 	}

@@ -1,13 +1,16 @@
 package raftmux
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -213,4 +216,29 @@ func TestTLS(t *testing.T) {
 		t.Fatal("a refused connection reached the layer")
 	default:
 	}
+}
+
+// TestRefusalsCannotFloodTheLog: a host refused in a loop gets its first
+// refusal logged, then one line a window counting the others; another host
+// is its own.
+func TestRefusalsCannotFloodTheLog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf bytes.Buffer
+		m := &Mux{logger: slog.New(slog.NewTextHandler(&buf, nil))}
+		a := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 9), Port: 1000}
+		for i := range 500 {
+			a.Port = 1000 + i // a new connection each time
+			m.refused("raft mux: connection without a Chime header", a, nil)
+		}
+		m.refused("raft mux: connection without a Chime header", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 8), Port: 1}, nil)
+		if n := strings.Count(buf.String(), "\n"); n != 2 {
+			t.Fatalf("%d lines for 500 refusals of one host and one of another:\n%s", n, &buf)
+		}
+		time.Sleep(refusedLogEvery)
+		m.refused("raft mux: connection without a Chime header", a, nil)
+		lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+		if len(lines) != 3 || !strings.Contains(lines[2], "more=500") {
+			t.Fatalf("a window later: %q; want a third line counting 500", lines)
+		}
+	})
 }
