@@ -369,6 +369,8 @@ func TestChartRefuses(t *testing.T) {
 			[]string{"refusing to render", "missing: tls.secretName, auth.secretName, gossip.secretName", "node.chime", "insecure=true"}},
 		"TLS and auth without gossip keys": {[]string{"--set", "kafka.brokers=k:9092", "--set", "tls.secretName=t", "--set", "auth.secretName=a"},
 			[]string{"refusing to render", "missing: gossip.secretName"}},
+		"TLS, and Kafka in plaintext": {[]string{"--set", "kafka.brokers=k:9092", "--set", "tls.secretName=t", "--set", "auth.secretName=a", "--set", "gossip.secretName=g"},
+			[]string{"produce to Kafka in plaintext", "kafka.tls.enabled=true", "kafka.insecure=true"}},
 		"auth without TLS": {[]string{"--set", "kafka.brokers=k:9092", "--set", "insecure=true", "--set", "auth.secretName=a"},
 			[]string{"auth.secretName needs tls.secretName"}},
 		"no brokers": {[]string{"--set", "insecure=true"},

@@ -162,6 +162,13 @@ type Config struct {
 	// path that drops everything; such a request fails as not known to be
 	// in Kafka, and the shard fires its events again.
 	UnackedTimeout time.Duration
+	// ExistingTopicsOnly produces only to topics that exist: a record for
+	// one the brokers do not know fails (UNKNOWN_TOPIC_OR_PARTITION), is
+	// retried and in the end dead-lettered, instead of the brokers creating
+	// the topic as its metadata is asked for (when auto.create.topics.enable
+	// lets them). The dead-letter topic is asked for with creation allowed
+	// either way: it is Chime's own.
+	ExistingTopicsOnly bool
 	// ClientID is sent to the brokers.
 	ClientID string
 	// Security is TLS and SASL for every connection to the brokers (the
@@ -770,7 +777,7 @@ func (p *Publisher) partitions(ctx context.Context, topic string) (int, error) {
 	defer cancel()
 	r, err := p.transport.RoundTrip(ctx, p.client.Addr, &metadata.Request{
 		TopicNames:             []string{topic},
-		AllowAutoTopicCreation: true,
+		AllowAutoTopicCreation: !p.cfg.ExistingTopicsOnly || topic == p.cfg.DeadLetterTopic,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("publish: partitions of %s: %w", topic, ExplainClosed(err))

@@ -578,3 +578,32 @@ func TestValidTopic(t *testing.T) {
 		}
 	}
 }
+
+// TestExistingTopicsOnly: with ExistingTopicsOnly, a record for a topic
+// the brokers do not have is not the occasion to create it, although the
+// brokers would: it fails its attempts and goes to the dead-letter topic,
+// which is created. A topic that exists is produced to as ever.
+func TestExistingTopicsOnly(t *testing.T) {
+	c := publishtest.NewBroker(t)
+	existing := newPublisher(t, c, publish.Config{})
+	if out := existing.Publish(t.Context(), []publish.Record{{Seq: 1, ID: "first", Topic: "known", Value: []byte("x")}}); !out[0].Done || out[0].DeadLettered {
+		t.Fatalf("creating the topic with auto-creation on: %+v", out[0])
+	}
+	p := newPublisher(t, c, fastRetries(publish.Config{MaxAttempts: 2, ExistingTopicsOnly: true}))
+	out := p.Publish(t.Context(), []publish.Record{
+		{Seq: 2, ID: "typo", Topic: "knwon", Value: []byte("y")},
+		{Seq: 3, ID: "ok", Topic: "known", Value: []byte("z")},
+	})
+	if o := out[0]; !o.Done || !o.DeadLettered || !strings.Contains(o.Err, "Unknown Topic") {
+		t.Errorf("a record for a topic that does not exist: %+v, want dead-lettered as an unknown topic", o)
+	}
+	if o := out[1]; !o.Done || o.DeadLettered {
+		t.Errorf("a record for a topic that exists: %+v", o)
+	}
+	if got := consume(t, c, 1, publish.DefaultDeadLetterTopic); got["typo"].Topic != "knwon" {
+		t.Errorf("dead letters: %+v", got)
+	}
+	if got := consume(t, c, 2, "known"); len(got) != 2 {
+		t.Errorf("known: %+v", got)
+	}
+}

@@ -34,7 +34,7 @@ type staging struct {
 // are removed by OpenStore.
 func (s *Store) newStaging(shard uint32) (*staging, error) {
 	dir := s.fs.PathJoin(s.dir, fmt.Sprintf("%s%d-%d", stagingPrefix, shard, stagingSeq.Add(1)))
-	if err := s.fs.MkdirAll(dir, 0o755); err != nil {
+	if err := s.fs.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("raftfsm: staging a restore: %w", err)
 	}
 	return &staging{fs: s.fs, dir: dir, opts: s.opts.MakeWriterOptions(0, s.db.TableFormat())}, nil

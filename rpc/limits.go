@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -42,10 +43,10 @@ type Limits struct {
 	// MaxBatch bounds the number of events in one BatchSchedule. Default
 	// 10,000.
 	MaxBatch int
-	// ReservedTopics are topics no event may target, besides Kafka's
-	// internal ones (every name starting with "__", always reserved):
-	// chimed passes its own, the dead-letter topic, so that a client cannot
-	// forge what looks like a dead-lettered record.
+	// ReservedTopics are path.Match patterns of topics no event may target
+	// (chimed --reserved-topics, plus its dead-letter topic, so that a
+	// client cannot forge what looks like a dead-lettered record), besides
+	// Kafka's internal ones: a name starting with "__" is always reserved.
 	ReservedTopics []string
 	// AllowTopics are reserved topics events may target all the same
 	// (chimed --allow-topic), for the rare client that must.
@@ -57,6 +58,11 @@ type Limits struct {
 	MaxCatchUp int
 }
 
+// DefaultReservedTopics are the topics chimed --reserved-topics reserves
+// by default: Kafka's internal topics, the Schema Registry's and Kafka
+// Connect's, and Chime's own namespace.
+var DefaultReservedTopics = []string{"__*", "_schemas", "connect-*", "chime.*"}
+
 // reservedTopic says why topic may not be a target, or "" when it may be.
 func (l *Limits) reservedTopic(topic string) string {
 	if slices.Contains(l.AllowTopics, topic) {
@@ -66,9 +72,28 @@ func (l *Limits) reservedTopic(topic string) string {
 	case strings.HasPrefix(topic, "__"):
 		return "names starting with \"__\" are Kafka's internal topics"
 	case slices.Contains(l.ReservedTopics, topic):
-		return "it is one of Chime's own topics"
+		if why, ok := reservedBecause[topic]; ok {
+			return why
+		}
+		return "it is one of Chime's own topics" // the dead-letter topic, or one the operator named
+	}
+	for _, p := range l.ReservedTopics {
+		if ok, _ := path.Match(p, topic); ok {
+			if why, ok := reservedBecause[p]; ok {
+				return why
+			}
+			return fmt.Sprintf("it matches the reserved pattern %q", p)
+		}
 	}
 	return ""
+}
+
+// reservedBecause says why each of DefaultReservedTopics is reserved.
+var reservedBecause = map[string]string{
+	"__*":       "names starting with \"__\" are Kafka's internal topics",
+	"_schemas":  "it is the Schema Registry's topic",
+	"connect-*": "names starting with \"connect-\" are Kafka Connect's topics",
+	"chime.*":   "names starting with \"chime.\" are Chime's own topics",
 }
 
 // year is the year MaxHorizon is counted and printed in: 365 days.
@@ -84,7 +109,7 @@ func DefaultLimits() Limits {
 		MaxHeaders:      64,
 		MaxHeaderBytes:  64 << 10,
 		MaxBatch:        10000,
-		ReservedTopics:  []string{publish.DefaultDeadLetterTopic},
+		ReservedTopics:  append(slices.Clone(DefaultReservedTopics), publish.DefaultDeadLetterTopic),
 		MaxCatchUp:      1000,
 	}
 }
@@ -106,6 +131,11 @@ func (l Limits) Validate() error {
 	check("MaxHeaderBytes", int64(l.MaxHeaderBytes))
 	check("MaxBatch", int64(l.MaxBatch))
 	check("MaxCatchUp (--max-catch-up)", int64(l.MaxCatchUp))
+	for _, p := range l.ReservedTopics {
+		if _, err := path.Match(p, ""); err != nil || p == "" {
+			errs = append(errs, fmt.Errorf("rpc: Limits.ReservedTopics (--reserved-topics): %q is not a topic pattern (path.Match syntax: * ? [a-z])", p))
+		}
+	}
 	if l.MaxCatchUp > math.MaxUint32 {
 		errs = append(errs, fmt.Errorf("rpc: Limits.MaxCatchUp (--max-catch-up) must be at most %d (got %d)", uint32(math.MaxUint32), l.MaxCatchUp))
 	}

@@ -80,7 +80,7 @@ type env struct {
 
 // start serves a real gRPC server with the rpc.Server over b (a fresh
 // rpctest.Backend when nil) on a loopback port, and returns a client for it.
-func start(t *testing.T, lim rpc.Limits, b rpc.Backend) *env {
+func start(t *testing.T, lim rpc.Limits, b rpc.Backend, opts ...grpc.ServerOption) *env {
 	t.Helper()
 	e := &env{clock: &clock{now: t0}, log: &syncBuffer{}}
 	e.backend = rpctest.New(e.clock.Now)
@@ -94,7 +94,7 @@ func start(t *testing.T, lim rpc.Limits, b rpc.Backend) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(opts...)
 	rpc.Register(gs, srv)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(ln) }()
@@ -790,6 +790,43 @@ func TestAllowTopicLetsAReservedTopicThrough(t *testing.T) {
 		_, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev})
 		if (err == nil) != ok {
 			t.Errorf("topic %s: %v, want accepted %v", topic, err, ok)
+		}
+	}
+}
+
+// TestDefaultReservedTopics: by default no event may target Kafka's
+// internal topics, the Schema Registry's, Kafka Connect's or Chime's own,
+// each refusal saying which rule; other names pass.
+func TestDefaultReservedTopics(t *testing.T) {
+	e := start(t, rpc.Limits{}, nil)
+	// An operator's own pattern says so.
+	custom := start(t, rpc.Limits{ReservedTopics: []string{"legacy.*"}}, nil)
+	ev := validEvent()
+	ev.Topic = "legacy.orders"
+	if _, err := custom.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev}); !strings.Contains(fmt.Sprint(err), `it matches the reserved pattern "legacy.*"`) {
+		t.Errorf("an operator's pattern: %v", err)
+	}
+	for topic, want := range map[string]string{
+		"__consumer_offsets": `names starting with "__" are Kafka's internal topics`,
+		"_schemas":           `it is the Schema Registry's topic`,
+		"connect-configs":    `names starting with "connect-" are Kafka Connect's topics`,
+		"chime.audit":        `names starting with "chime." are Chime's own topics`,
+		"chime.deadletter":   `it is one of Chime's own topics`,
+		"orders":             "",
+		"chime-bench":        "",
+		"schemas":            "",
+	} {
+		ev := validEvent()
+		ev.Id, ev.Topic = "to-"+topic, topic
+		_, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev})
+		if want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", topic, err)
+			}
+			continue
+		}
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want INVALID_ARGUMENT saying %q", topic, err, want)
 		}
 	}
 }

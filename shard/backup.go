@@ -82,7 +82,7 @@ func PlantSnapshot(dir string, self raft.Server, h raftfsm.SnapshotHeader, strea
 		}
 		return fmt.Errorf("shard %d: %s: %w", h.Shard, dir, err)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
 	files, err := raft.NewFileSnapshotStoreWithLogger(dir, 2, hclog.NewNullLogger())

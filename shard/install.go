@@ -253,7 +253,7 @@ func (t *installTransport) receive(c net.Conn) error {
 	if err := removeReceived(t.dir, part); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(part, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	f, err := os.OpenFile(part, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}

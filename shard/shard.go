@@ -87,7 +87,7 @@ func Open(cfg Config) (*Shard, error) {
 	if err := prepareReplica(cfg.Store, cfg.ID, cfg.Dir); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, err
 	}
 	s := &Shard{

@@ -87,7 +87,10 @@ func (n *node) serveArgs() ([]string, error) {
 		"--raft-addr", n.ip + ":7071", "--gossip-addr", n.ip + ":7072",
 		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
 		"--dead-timeout", "1m", "--retention", n.retention.String(),
-		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info"}
+		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info",
+		// The embedded broker creates the workload's topics as they come,
+		// and serves plaintext on the test's own bridge.
+		"--kafka-auto-create-topics", "--kafka-insecure"}
 	if n.topicRateLimit != "" {
 		args = append(args, "--topic-rate-limit", n.topicRateLimit)
 	}

@@ -80,7 +80,7 @@ func (c *cli) backup(ctx context.Context, out string, retries int) error {
 		}
 		return fmt.Errorf("--out %s is not empty (it holds %s%s): back up into a new or empty directory", out, strings.Join(names, ", "), more)
 	}
-	if err := os.MkdirAll(out, 0o755); err != nil {
+	if err := os.MkdirAll(out, 0o700); err != nil {
 		return fmt.Errorf("--out %s: %w", out, err)
 	}
 	ac, closeConn, err := c.dialAdmin()

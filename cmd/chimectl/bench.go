@@ -93,7 +93,7 @@ The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 			fs.DurationVar(&o.delayMax, "delay-max", 0, "if set, delays are drawn uniformly from --delay to this")
 			fs.DurationVar(&o.dueAt, "due-at", 0, "if set, every event is due this long after the bench starts (see --spread), instead of --delay")
 			fs.DurationVar(&o.spread, "spread", 0, "with --due-at, due times are spread uniformly over this window")
-			fs.StringVar(&o.topic, "topic", "chime.bench", "Kafka `topic` the events are produced to")
+			fs.StringVar(&o.topic, "topic", "chime-bench", "Kafka `topic` the events are produced to")
 			fs.StringVar(&o.brokers, "brokers", "127.0.0.1:9092", "comma-separated Kafka bootstrap `addresses` for the consumer")
 			fs.BoolVar(&o.noConsume, "no-consume", false, "do not read the records back (ingest only)")
 			fs.IntVar(&o.payload, "payload-size", 64, "payload `bytes` per event")
@@ -356,7 +356,7 @@ type benchRoute func(id string) chimev1.SchedulerClient
 // derives from --addr.
 func (c *cli) benchRoutes(ctx context.Context, route bool) (_ benchRoute, httpAddrs []string, _ func(), _ error) {
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		opts, err := c.tls.dialOptions()
+		opts, err := c.tls.dialOptions(addr)
 		if err != nil {
 			return nil, err
 		}

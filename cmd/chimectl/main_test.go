@@ -501,3 +501,29 @@ func TestListCountAndBulkCancel(t *testing.T) {
 		want(t, 0, `{"dry_run":false,"matched":0,"cancelled":0,"skipped_fired":0,"skipped_held":0}`+"\n", "")
 	chimectl(t, nil, "", "--addr", addr, "count", "--state", "cancelled").want(t, 0, "3\n", "")
 }
+
+// TestTokenNeverInPlaintextBeyondLoopback: chimectl refuses to send a
+// bearer token without TLS to an address beyond this machine, from the flag
+// or the environment, naming what to add; to loopback it sends it (chimed
+// dev). The refusal comes before any connection is attempted.
+func TestTokenNeverInPlaintextBeyondLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+		sent bool // passes the check (and then fails to connect)
+	}{
+		{nil, []string{"--addr", "10.0.0.9:7070", "--token", "secret", "get", "x"}, false},
+		{map[string]string{"CHIME_TOKEN": "secret"}, []string{"--addr", "chime.example:7070", "get", "x"}, false},
+		{nil, []string{"--addr", "127.0.0.1:1", "--token", "secret", "--timeout", "1s", "get", "x"}, true},
+		{nil, []string{"--addr", "localhost:1", "--token", "secret", "--timeout", "1s", "get", "x"}, true},
+	} {
+		r := chimectl(t, tc.env, "", tc.args...)
+		refused := strings.Contains(r.stderr, "refusing to send the bearer token (--token or CHIME_TOKEN) in plaintext to ")
+		if refused == tc.sent || r.code == 0 {
+			t.Errorf("%v %v: exit %d, stderr %q; want the token refused: %v", tc.env, tc.args, r.code, r.stderr, !tc.sent)
+		}
+		if strings.Contains(r.stderr, "secret") {
+			t.Errorf("%v: the token is in the error: %q", tc.args, r.stderr)
+		}
+	}
+}

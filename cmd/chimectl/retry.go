@@ -17,7 +17,7 @@ import (
 // the first call), in TLS if the --tls flags ask for it, with
 // retryUnavailable on every unary call.
 func (c *cli) dial(addr string) (*grpc.ClientConn, error) {
-	opts, err := c.tls.dialOptions()
+	opts, err := c.tls.dialOptions(addr)
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/tls"
 	"flag"
+	"fmt"
+	"net"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -34,20 +36,37 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 }
 
 // RequireTransportSecurity is false so that a token works with chimed dev
-// on loopback; chimed serve refuses auth without TLS beyond loopback.
+// on loopback; dialOptions refuses a token in plaintext to any other
+// address.
 func (bearer) RequireTransportSecurity() bool { return false }
 
-// dialOptions are the credentials of a gRPC connection to Chime.
-func (t *tlsFlags) dialOptions() ([]grpc.DialOption, error) {
+// dialOptions are the credentials of a gRPC connection to Chime at addr. A
+// token is sent in plaintext only to a loopback address: anyone on the
+// path to another could read it and act as its holder.
+func (t *tlsFlags) dialOptions(addr string) ([]grpc.DialOption, error) {
 	creds, err := t.credentials()
 	if err != nil {
 		return nil, err
 	}
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
 	if tok := cmp.Or(t.token, t.envToken); tok != "" {
+		if !t.on() && !loopback(addr) {
+			return nil, fmt.Errorf("refusing to send the bearer token (--token or %s) in plaintext to %s, beyond this machine: add --tls, or --tls-ca for a node whose CA the system does not trust", tokenEnv, addr)
+		}
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer(tok)))
 	}
 	return opts, nil
+}
+
+// loopback reports whether addr (host:port) names this machine: a loopback
+// IP or "localhost".
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
 func (t *tlsFlags) register(fs *flag.FlagSet) {

@@ -162,7 +162,10 @@ func (d *daemon) launch() {
 	d.stderr = &lockedBuffer{}
 	args := []string{"serve", "--node-id", d.nodeID, "--data-dir", d.dataDir,
 		"--grpc-addr", d.grpcAddr, "--http-addr", d.httpAddr, "--raft-addr", d.raftAd,
-		"--gossip-addr", d.gossipAddr, "--kafka-brokers", d.brokers, "--shards", "4", "--log-level", "warn"}
+		"--gossip-addr", d.gossipAddr, "--kafka-brokers", d.brokers, "--shards", "4", "--log-level", "warn",
+		// The test broker creates the tests' topics as they come, and
+		// serves plaintext on loopback.
+		"--kafka-auto-create-topics", "--kafka-insecure"}
 	if len(d.join) > 0 {
 		args = append(args, "--join", strings.Join(d.join, ","))
 	}

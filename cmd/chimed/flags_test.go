@@ -152,6 +152,32 @@ func TestServeRefusesToListenBeyondLoopbackInTheClear(t *testing.T) {
 	}
 }
 
+// TestServeWithTLSRefusesPlaintextKafka: a node serving TLS stops at once
+// rather than produce to Kafka in plaintext, unless --kafka-insecure says
+// the brokers' network is trusted.
+func TestServeWithTLSRefusesPlaintextKafka(t *testing.T) {
+	ca, err := certstest.NewCA(t.TempDir(), "cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Node("n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"serve", "--data-dir", t.TempDir(), "--kafka-brokers", "127.0.0.1:9092", "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", ca.File,
+		"--grpc-addr", "127.0.0.1:1", "--http-addr", "127.0.0.1:1", "--raft-addr", "127.0.0.1:1", "--gossip-addr", "127.0.0.1:1"}
+	var out, errOut strings.Builder
+	want := "chimed serve: this node serves TLS (--tls-cert) but would produce to Kafka in plaintext: give --kafka-tls (or --kafka-tls-ca), or --kafka-insecure if the brokers are on a network you trust\n"
+	if code := run(args, &out, &errOut); code != 2 || errOut.String() != want {
+		t.Errorf("exit %d, stderr %q; want exit 2 and %q", code, errOut.String(), want)
+	}
+	errOut.Reset()
+	// With --kafka-insecure it goes on, to listening (port 1 is refused).
+	if code := run(append(args, "--kafka-insecure"), &out, &errOut); strings.Contains(errOut.String(), "in plaintext") {
+		t.Errorf("--kafka-insecure: exit %d, stderr %q", code, errOut.String())
+	}
+}
+
 // TestGossipKeyFileFlag: a key file that does not load stops chimed at once,
 // naming the flag, the file, the line and the rule; and dev refuses the flag
 // when it does not gossip.
@@ -178,6 +204,11 @@ func TestGossipKeyFileFlag(t *testing.T) {
 		{[]string{"dev", "--nodes", "3", "--gossip-key-file", short}, "chimed dev: --gossip-key-file " + short + ": line 2"},
 		// A good file passes, to the next check.
 		{[]string{"serve", "--gossip-key-file", good}, "--kafka-brokers is required"},
+		// chimed dev serves its embedded broker to whoever reaches it:
+		// beyond loopback only when told, whatever else is set.
+		{[]string{"dev", "--grpc-addr", "0.0.0.0:7070"}, "chimed dev: --grpc-addr 0.0.0.0:7070 is reachable beyond this machine, and chimed dev serves its embedded Kafka broker"},
+		{[]string{"dev", "--kafka-addr", "10.0.0.1:9092"}, "chimed dev: --kafka-addr 10.0.0.1:9092 is reachable beyond this machine"},
+		{[]string{"dev", "--reserved-topics", "a,[b"}, `--reserved-topics): "[b" is not a topic pattern`},
 	} {
 		var out, errOut strings.Builder
 		code := run(append(tc.args, "--data-dir", t.TempDir()), &out, &errOut)

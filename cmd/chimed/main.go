@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,6 +33,7 @@ import (
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/auth"
 	"github.com/chimehq/chime/rpc/certs"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/topiclimit"
@@ -111,8 +113,11 @@ type flags struct {
 	advertiseHost                                   string
 	allowTopics                                     []string
 	debugEndpoints, insecure                        bool
+	autoCreateTopics, kafkaInsecure                 bool
+	reservedTopics                                  []string
 	shards, maxPayload, maxInFlight, maxCatchUp     int
 	maxAttempts, replication, nodes, maxConnections int
+	auditLogMaxSize, auditLogMaxFiles               int
 	maxHorizon, resolution, timeout, maxClockSkew   time.Duration
 	wheelHorizon                                    time.Duration
 	retention                                       daysDuration
@@ -143,7 +148,10 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	if cmd == "dev" {
 		fs.StringVar(&f.kafkaAddr, "kafka-addr", "127.0.0.1:9092", "address of the embedded Kafka-protocol broker")
 		fs.IntVar(&f.nodes, "nodes", 1, "run a local cluster of this many nodes in one process; node i (from 0) uses\nthe ports above plus 100*i and --data-dir/node-i")
+		fs.BoolVar(&f.autoCreateTopics, "kafka-auto-create-topics", true, "let the broker create an event's topic when its first record is produced (on in dev)")
 	} else {
+		fs.BoolVar(&f.autoCreateTopics, "kafka-auto-create-topics", false, "let the brokers create an event's topic when its first record is produced, if they allow it\n(auto.create.topics.enable). Off, an event whose topic does not exist is retried, then\ndead-lettered: a mistyped topic does not become a new one. The dead-letter topic is\ncreated either way if the brokers allow it")
+		fs.BoolVar(&f.kafkaInsecure, "kafka-insecure", false, "talk to Kafka without TLS although this node serves TLS (refused otherwise: the records, and\nthe SASL password, would cross the network in the clear)")
 		fs.StringVar(&f.brokers, "kafka-brokers", "", "comma-separated Kafka bootstrap brokers (required)")
 		fs.StringVar(&f.join, "join", "", "comma-separated gossip addresses of existing members; empty creates a new cluster. An\nentry naming this node itself is skipped, so every node can be given the same list: the\nnode it names creates the cluster, the others join it")
 		fs.StringVar(&f.advertiseHost, "advertise-host", "", "the `host` name or IP the other nodes and clients reach this node by; it is advertised with\nthe ports of --raft-addr, --grpc-addr and --http-addr, and is required when they listen on\nevery interface (0.0.0.0:7071). Give a name that survives the node's IP changing (a\nKubernetes pod's DNS name): Raft configurations keep it")
@@ -166,13 +174,17 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.StringVar(&f.deadLetter, "dead-letter-topic", publish.DefaultDeadLetterTopic, "topic for records whose last produce attempt failed")
 	if cmd == "serve" {
 		fs.BoolVar(&f.insecure, "insecure", false, "serve on addresses beyond loopback without all of TLS, --auth-file and --gossip-key-file\n(refused otherwise: anyone who reaches such a node could use it)")
+	} else {
+		fs.BoolVar(&f.insecure, "insecure", false, "serve on addresses beyond loopback (refused otherwise: the embedded broker has no TLS and\nno authentication, so anyone who reaches it reads and writes every topic)")
 	}
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM `file` of this node's certificate (and chain): turns TLS on for every port. It must\nname "+certs.NodeName+" (a DNS subject alternative name) besides the names clients dial,\nand be signed by --tls-ca. Files are reloaded when they change")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM `file` of --tls-cert's private key")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM `file` of the CA that signed the nodes' certificates: the Raft port and the nodes'\ncalls to each other are mutual TLS, accepting only certificates it signed that name "+certs.NodeName)
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CA that signs clients' certificates: set, the gRPC and HTTP ports require a\nclient certificate it signed (or a node's)")
 	fs.StringVar(&f.authFile, "auth-file", "", "JSON `file` of the bearer tokens (as SHA-256 hashes) and client certificates allowed to call\nthe node, each with a role (admin, scheduler with its topics and id prefixes, reader); every\ncall must then authenticate. Reloaded when it changes. In a cluster it needs TLS")
-	fs.StringVar(&f.auditLog, "audit-log", "", "`file` to append the audit log to, one JSON line per Admin call and per refused call\n(default: the node's log)")
+	fs.StringVar(&f.auditLog, "audit-log", "", "`file` to append the audit log to, one JSON line per Admin call, per call a node\ncertificate makes for itself, and per refused call (a caller refused again and again from\none address: its first refusal, then one line every 10 s with the count) (default: the\nnode's log)")
+	fs.IntVar(&f.auditLogMaxSize, "audit-log-max-size", 100, "`MiB` the --audit-log file may reach before it is rotated (to FILE.1, FILE.2, ...; 0 never)")
+	fs.IntVar(&f.auditLogMaxFiles, "audit-log-max-files", 10, "rotated --audit-log files kept; the oldest beyond are removed")
 	gossips := "every node needs it"
 	if cmd == "dev" {
 		gossips = "the nodes of --nodes share it"
@@ -184,6 +196,10 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 		"everywhere, then move it first everywhere, then remove the old one (docs/operations.md)")
 	fs.IntVar(&f.maxConnections, "max-connections", node.DefaultMaxConnections, "most client connections the gRPC port holds at once; one more waits in the kernel's\naccept queue until another closes")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
+	fs.Func("reserved-topics", "comma-separated topic `patterns` (path.Match: * ? [a-z]) no event may target, besides the\ndead-letter topic (default \""+strings.Join(rpc.DefaultReservedTopics, ",")+"\": Kafka's internal topics, the Schema\nRegistry's, Kafka Connect's and Chime's own). Names starting with \"__\" are always reserved", func(v string) error {
+		f.reservedTopics = strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' })
+		return nil
+	})
 	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
 		f.allowTopics = append(f.allowTopics, v)
 		return nil
@@ -267,9 +283,13 @@ func (f *flags) followGRPC() error {
 // loopback (a host that is not a loopback IP, "localhost", or empty, which
 // listens on every interface), with its flag; "" when all are loopback.
 func exposed(f *flags) (flag, addr string) {
-	for _, a := range []struct{ flag, addr string }{
+	addrs := []struct{ flag, addr string }{
 		{"grpc-addr", f.grpcAddr}, {"http-addr", f.httpAddr}, {"raft-addr", f.raftAddr}, {"gossip-addr", f.gossipAddr},
-	} {
+	}
+	if f.kafkaAddr != "" {
+		addrs = append(addrs, struct{ flag, addr string }{"kafka-addr", f.kafkaAddr})
+	}
+	for _, a := range addrs {
 		host, _, err := net.SplitHostPort(a.addr)
 		if err != nil {
 			return a.flag, a.addr // refused later, with the parse error
@@ -312,11 +332,11 @@ func missingProtection(tls, auth, gossipKey bool) string {
 // once with an error naming it, instead of failing later on a lock inside
 // Pebble, bbolt or the embedded broker (or sharing the broker's files).
 func lockDataDir(dataDir string) (*os.File, error) {
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("--data-dir %s: %w", dataDir, err)
 	}
 	path := filepath.Join(dataDir, "chimed.lock")
-	lf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	lf, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("--data-dir %s: %w", dataDir, err)
 	}
@@ -399,6 +419,12 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
+	if cmd == "dev" && !f.insecure {
+		if flag, addr := exposed(f); flag != "" {
+			fmt.Fprintf(stderr, "chimed dev: --%s %s is reachable beyond this machine, and chimed dev serves its embedded Kafka broker there without TLS or authentication, to anyone; pass --insecure to serve on a network you trust anyway\n", flag, addr)
+			return 2
+		}
+	}
 	if cmd == "serve" && !f.insecure {
 		if flag, addr := exposed(f); flag != "" {
 			if why := missingProtection(tlsSource != nil, f.authFile != "", f.gossipKeyFile != ""); why != "" {
@@ -412,9 +438,13 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chimed: --topic-rate-limit: %v\n", err)
 		return 2
 	}
+	if f.auditLogMaxSize < 0 || f.auditLogMaxFiles < 0 {
+		fmt.Fprintf(stderr, "chimed: --audit-log-max-size %d, --audit-log-max-files %d: must not be negative\n", f.auditLogMaxSize, f.auditLogMaxFiles)
+		return 2
+	}
 	var audit io.Writer
 	if f.auditLog != "" {
-		af, err := os.OpenFile(f.auditLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		af, err := auth.OpenRotatingFile(f.auditLog, int64(f.auditLogMaxSize)<<20, f.auditLogMaxFiles)
 		if err != nil {
 			fmt.Fprintf(stderr, "chimed: --audit-log: %v\n", err)
 			return 2
@@ -447,6 +477,10 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "chimed serve: --kafka-brokers is required (for example --kafka-brokers localhost:9092)")
 			return 2
 		}
+		if tlsSource != nil && kafkaSec.TLS == nil && !f.kafkaInsecure {
+			fmt.Fprintln(stderr, "chimed serve: this node serves TLS (--tls-cert) but would produce to Kafka in plaintext: give --kafka-tls (or --kafka-tls-ca), or --kafka-insecure if the brokers are on a network you trust")
+			return 2
+		}
 		if s := kafkaSec.SASL; s != nil && s.Mechanism == publish.SASLPlain && kafkaSec.TLS == nil {
 			logger.Warn("--kafka-sasl-mechanism PLAIN without --kafka-tls sends the Kafka password in the clear")
 		}
@@ -463,7 +497,11 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	lim.MaxCatchUp = f.maxCatchUp
-	lim.ReservedTopics = []string{f.deadLetter}
+	reserved := rpc.DefaultReservedTopics
+	if f.reservedTopics != nil {
+		reserved = f.reservedTopics
+	}
+	lim.ReservedTopics = append(slices.Clone(reserved), f.deadLetter)
 	lim.AllowTopics = f.allowTopics
 	if err := lim.Validate(); err != nil {
 		fmt.Fprintf(stderr, "chimed: %v\n", err)
@@ -471,7 +509,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	base := node.Config{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
-		RaftAddr: f.raftAddr, Brokers: brokers, KafkaSecurity: kafkaSec, Shards: f.shards, Limits: lim, TopicLimits: topicLimits,
+		RaftAddr: f.raftAddr, Brokers: brokers, KafkaSecurity: kafkaSec, KafkaExistingTopicsOnly: !f.autoCreateTopics, Shards: f.shards, Limits: lim, TopicLimits: topicLimits,
 		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
 			WheelHorizon: f.wheelHorizon, DiskFailAfter: f.diskFailure},
 		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints, MaxConnections: f.maxConnections,

@@ -43,7 +43,7 @@ func TestContainerStyleCluster(t *testing.T) {
 			"CHIME_NODE_ID=" + id, "CHIME_DATA_DIR=" + d.dataDir, "CHIME_KAFKA_BROKERS=" + strings.Join(brokers, ","),
 			"CHIME_GRPC_ADDR=0.0.0.0:" + grpcP, "CHIME_HTTP_ADDR=0.0.0.0:" + httpP,
 			"CHIME_RAFT_ADDR=0.0.0.0:" + raftP, "CHIME_GOSSIP_ADDR=0.0.0.0:" + gossipP,
-			"CHIME_ADVERTISE_HOST=" + host, "CHIME_JOIN=" + firstGossip, "CHIME_INSECURE=true",
+			"CHIME_ADVERTISE_HOST=" + host, "CHIME_JOIN=" + firstGossip, "CHIME_INSECURE=true", "CHIME_KAFKA_AUTO_CREATE_TOPICS=true",
 			fmt.Sprintf("CHIME_SHARDS=%d", clusterShards), "CHIME_DEAD_TIMEOUT=4s", "CHIME_LOG_LEVEL=warn",
 		}
 	}

@@ -199,7 +199,7 @@ func (c *Cluster) savePeers() {
 	}
 	b, _ := json.Marshal(c.gossip.Peers())
 	tmp := c.peersPath + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err == nil {
+	if err := os.WriteFile(tmp, b, 0o600); err == nil {
 		os.Rename(tmp, c.peersPath)
 	}
 }
@@ -321,7 +321,7 @@ func (c *Cluster) Remove(node string) error {
 	b := encodeRemoved(c.removed)
 	c.mu.Unlock()
 	tmp := c.removedPath + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, c.removedPath); err != nil {

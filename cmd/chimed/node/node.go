@@ -61,6 +61,10 @@ type Config struct {
 	// KafkaSecurity is TLS and SASL for every connection to Brokers
 	// (chimed's --kafka-tls* and --kafka-sasl-* flags).
 	KafkaSecurity publish.Security
+	// KafkaExistingTopicsOnly produces only to topics that exist
+	// (publish.Config.ExistingTopicsOnly; chimed serve's default, unless
+	// --kafka-auto-create-topics).
+	KafkaExistingTopicsOnly bool
 
 	MaxInFlight int
 	MaxAttempts int
@@ -144,6 +148,7 @@ type Node struct {
 	topicLimits *topiclimit.Table
 	grpc        *grpc.Server
 	http        *http.Server
+	authz       *auth.Authorizer // nil without AuthFile
 
 	grpcAddr, httpAddr net.Addr
 	// What the node advertises: the listeners' ports at cfg.AdvertiseHost.
@@ -212,7 +217,7 @@ func decodeMeta(b []byte) (clusterMeta, error) {
 func saveMeta(dataDir string, m clusterMeta) error {
 	b, _ := json.MarshalIndent(m, "", "  ")
 	tmp := metaPath(dataDir) + ".tmp"
-	f, err := os.Create(tmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
@@ -256,7 +261,13 @@ func Start(cfg Config) (_ *Node, err error) {
 			n.Close(context.Background())
 		}
 	}()
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+	// The data directory holds every event's payload and the cluster's
+	// state: its owner's alone. One made by an older chimed (0755) is
+	// closed up too.
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
 	if cfg.TLS != nil {
@@ -344,7 +355,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("opening Pebble: %w", err)
 	}
 	if n.pub, err = publish.New(publish.Config{
-		Brokers: cfg.Brokers, Security: cfg.KafkaSecurity, MaxInFlight: cfg.MaxInFlight,
+		Brokers: cfg.Brokers, Security: cfg.KafkaSecurity, ExistingTopicsOnly: cfg.KafkaExistingTopicsOnly, MaxInFlight: cfg.MaxInFlight,
 		MaxAttempts: cfg.MaxAttempts, DeadLetterTopic: cfg.DeadLetter,
 		ClientID: "chimed-" + cfg.NodeID, Logger: cfg.Logger.With("component", "publish"), Now: cfg.Now,
 	}); err != nil {
@@ -413,6 +424,21 @@ func Start(cfg Config) (_ *Node, err error) {
 			// against a count up to a second old anyway.
 			CountPending: func(ctx context.Context, prefix string) (uint64, error) {
 				return backend.Count(ctx, raftfsm.Query{Prefix: prefix, States: raftfsm.StatesOf(raftfsm.StateScheduled)}, true)
+			},
+			CountSchedules: func(ctx context.Context, prefix string, limit uint64) (uint64, error) {
+				var n uint64
+				for after := ""; n < limit; {
+					scheds, more, err := backend.ListSchedules(ctx, prefix, after, int(min(limit-n, 1000)), true)
+					if err != nil {
+						return 0, err
+					}
+					n += uint64(len(scheds))
+					if !more || len(scheds) == 0 {
+						break
+					}
+					after = scheds[len(scheds)-1].ID
+				}
+				return n, nil
 			}}
 		if cfg.TLS != nil {
 			ao.Identify = cfg.TLS.Identify
@@ -420,6 +446,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		if authz, err = auth.New(ao); err != nil {
 			return nil, err
 		}
+		n.authz = authz
 		opts = append(opts, grpc.InTapHandle(authz.Tap),
 			grpc.ChainUnaryInterceptor(authz.UnaryInterceptor), grpc.ChainStreamInterceptor(authz.StreamInterceptor))
 	}
@@ -662,6 +689,9 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	if n.http != nil {
 		n.http.Shutdown(ctx)
+	}
+	if n.authz != nil {
+		n.authz.Close() // no call is left to refuse
 	}
 	if n.host != nil {
 		errs = append(errs, n.host.Close())

@@ -91,7 +91,7 @@ func Restore(cfg RestoreConfig) (*backup.Manifest, error) {
 
 	marker := filepath.Join(cfg.DataDir, restoringName)
 	note := fmt.Sprintf("chimed restore --from %s began laying out this directory and did not finish.\nDelete everything here and run it again.\n", cfg.From)
-	if err := os.WriteFile(marker, []byte(note), 0o644); err != nil {
+	if err := os.WriteFile(marker, []byte(note), 0o600); err != nil {
 		return nil, err
 	}
 	if err := syncDir(cfg.DataDir); err != nil {
@@ -168,7 +168,7 @@ func checkStream(r io.Reader, s backup.Shard) error {
 func checkEmpty(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return os.MkdirAll(dir, 0o755)
+		return os.MkdirAll(dir, 0o700)
 	}
 	if err != nil {
 		return err

@@ -169,6 +169,13 @@ func TestRestoreFoundsANodeThatFiresWhatFellDue(t *testing.T) {
 	if got := n.Config(); got.Shards != testShards || got.Tuning.Retention != testRetention {
 		t.Fatalf("the node runs %d shards with retention %v", got.Shards, got.Tuning.Retention)
 	}
+	// The data directory, which holds every payload, and the files the node
+	// writes in it are its owner's alone.
+	for path, want := range map[string]os.FileMode{dataDir: 0o700, metaPath(dataDir): 0o600} {
+		if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != want {
+			t.Errorf("%s: %v, %v; want mode %v", path, fi.Mode().Perm(), err, want)
+		}
+	}
 	got := col.WaitIDs(len(ev.pastDue), 30*time.Second)
 	for _, id := range ev.pastDue {
 		if r, ok := got.ByID[id]; !ok || r.Value() != "payload-"+id {

@@ -71,7 +71,7 @@ const errIncomplete = "%s has no manifest.json, so it is not a usable backup: de
 // the error says so; a shard file that was not completely written is
 // never left under its name.
 func Take(ctx context.Context, ac chimev1.AdminClient, dir string, o Options) (*Manifest, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, &Error{Dir: dir, Err: err}
 	}
 	mctx, cancel := o.requestCtx(ctx)

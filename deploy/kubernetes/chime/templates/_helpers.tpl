@@ -81,6 +81,9 @@ Or set insecure=true to run in the clear without authentication, on a network on
 {{- if and .Values.auth.secretName (not .Values.tls.secretName) -}}
 {{- fail "\n\nchime: auth.secretName needs tls.secretName: nodes know each other by their certificates, so an auth file in a cluster needs TLS (chimed refuses it otherwise).\n" -}}
 {{- end -}}
+{{- if and .Values.tls.secretName (not .Values.kafka.tls.enabled) (not .Values.kafka.insecure) -}}
+{{- fail "\n\nchime: tls.secretName puts the nodes under TLS, but they would produce to Kafka in plaintext: set kafka.tls.enabled=true (with kafka.tls.secretName for a CA of your own), or kafka.insecure=true if the brokers are on a network only you can reach (chimed refuses it otherwise).\n" -}}
+{{- end -}}
 {{- if not (has .Values.antiAffinity (list "preferred" "required")) -}}
 {{- fail (printf "\n\nchime: antiAffinity is %q: give preferred (spread the pods over nodes when the scheduler can) or required (never two on one node: with fewer nodes than replicas, some pods stay Pending).\n" (toString .Values.antiAffinity)) -}}
 {{- end -}}
