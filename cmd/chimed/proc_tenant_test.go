@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -162,9 +163,11 @@ func TestTenantsCannotTouchEachOther(t *testing.T) {
 	}
 	ctx, cancel = call("token-b")
 	defer cancel()
-	if g, err := n1.client().Get(ctx, &chimev1.GetRequest{Id: "b-1"}); err != nil || g.State != chimev1.EventState_EVENT_STATE_FIRED {
-		t.Errorf("tenant B's own Get: %v, %v", g, err)
-	}
+	// The record is in Kafka; its MarkFired commits just after.
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		g, err := n1.client().Get(ctx, &chimev1.GetRequest{Id: "b-1"})
+		return err == nil && g.State == chimev1.EventState_EVENT_STATE_FIRED, fmt.Sprintf("tenant B's own Get shows b-1 fired: %v, %v", g, err)
+	})
 	if s, err := n1.recurring().Get(ctx, &chimev1.GetRecurringRequest{Id: "b-beat"}); err != nil || s.State != chimev1.RecurringState_RECURRING_STATE_ACTIVE || s.Version != 1 {
 		t.Errorf("tenant B's schedule after the attacks: %v, %v", s, err)
 	}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 )
@@ -15,10 +16,12 @@ import (
 const DefaultRefusalWindow = 10 * time.Second
 
 // refusalLog writes refused calls to the audit log: the first refusal of a
-// caller (its credential, or how it failed to show one) from one host,
-// then at most one line a window, the latest refusal with how many came
-// since the line before (auditLine.Repeated). A caller that stops being
-// refused is forgotten a window later.
+// caller (its credential, or how it failed to show one) from one host for
+// one method, then at most one line a window, the latest refusal with how
+// many came since the line before (auditLine.Repeated). A caller that
+// stops being refused is forgotten a window later. Methods are Chime's,
+// so a caller has at most as many lines a window as there are methods:
+// any other name counts as one.
 type refusalLog struct {
 	window time.Duration
 	write  func(auditLine)
@@ -44,7 +47,11 @@ func (r *refusalLog) add(l auditLine) {
 	if h, _, err := net.SplitHostPort(l.Peer); err == nil {
 		host = h // a caller's connections differ by port only
 	}
-	key := l.Who + "\x00" + host
+	method := l.Method
+	if !strings.HasPrefix(method, "/chime.v1.") && !strings.HasPrefix(method, reflectionPrefix) && !strings.HasPrefix(method, "HTTP ") {
+		method = "another method"
+	}
+	key := l.Who + "\x00" + host + "\x00" + method
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e := r.byKey[key]; e != nil {
