@@ -319,17 +319,16 @@ func (s *Shard) Cancel(ctx context.Context, id string, scope Scope) (raftfsm.Can
 		if err := s.readable(ctx); err != nil {
 			return raftfsm.CancelResult{}, err
 		}
-		rec, ok, err := s.fsm.Get(id)
-		switch {
-		case err != nil:
-			return raftfsm.CancelResult{}, err
-		case !ok:
-			return raftfsm.CancelResult{Outcome: raftfsm.NotFound}, nil
-		case !permits(scope, &rec):
-			return raftfsm.CancelResult{}, Refuse(scope, id)
-		}
 	}
-	if rec, ok, err := s.fsm.Get(id); err == nil && ok && s.inDoubt(rec) {
+	rec, ok, err := s.fsm.Get(id)
+	switch {
+	case err != nil && scope != nil:
+		return raftfsm.CancelResult{}, err
+	case !ok && scope != nil:
+		return raftfsm.CancelResult{Outcome: raftfsm.NotFound}, nil
+	case ok && !permits(scope, &rec):
+		return raftfsm.CancelResult{}, Refuse(scope, id)
+	case err == nil && ok && s.inDoubt(rec):
 		switch rec.State {
 		case raftfsm.StateScheduled:
 			return raftfsm.CancelResult{}, ErrProduceUnknown
