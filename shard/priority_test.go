@@ -295,10 +295,13 @@ func TestTopicRateLimit(t *testing.T) {
 		t.Errorf("the unlimited topic's events were held: the last went %v after they were due", d)
 	}
 	slices.SortFunc(lim, func(a, b publishtest.Record) int { return int(a.Kafka.Offset - b.Kafka.Offset) })
-	first, last := lim[0].Kafka.Timestamp, lim[len(lim)-1].Kafka.Timestamp
-	// 300 at 100/s after a burst of 10: 2.9 s at the least.
-	if span := last.Sub(first); span < 2800*time.Millisecond {
-		t.Errorf("300 records at 100/s went out over %v, faster than the limit", span)
+	// 300 at 100/s after a burst of 10: the last is let go 2.9 s after they
+	// fell due at the earliest, and produced after that. (The span between
+	// the first and the last produced says less: a loaded machine produces
+	// the first late.)
+	last := lim[len(lim)-1].Kafka.Timestamp
+	if span := last.Sub(at.Truncate(time.Millisecond)); span < 2900*time.Millisecond {
+		t.Errorf("300 records at 100/s went out %v after they fell due, faster than the limit", span)
 	}
 	for i, r := range lim {
 		if r.Kafka.Timestamp.Before(at.Truncate(time.Millisecond)) {
@@ -320,10 +323,13 @@ func TestTopicRateLimit(t *testing.T) {
 			break
 		}
 		for _, q := range lim[:i] {
-			// ReserveAhead, the 20 ms a batch is taken early, and a few slots
-			// (10 ms each) a loaded machine adds between the promised time
-			// and the asking again.
-			if prio[q.ID] < prio[r.ID] && r.Kafka.Timestamp.Sub(q.Kafka.Timestamp) > topiclimit.ReserveAhead+100*time.Millisecond {
+			// ReserveAhead, then what a loaded machine (the race detector,
+			// other packages' tests) adds between a record's release and its
+			// produce: the tick slots between the promised time and the
+			// asking again, and a produce held back behind a slow one, up to
+			// 300 ms seen. Without priorities a record of the highest waits
+			// up to 3 s behind lower ones.
+			if prio[q.ID] < prio[r.ID] && r.Kafka.Timestamp.Sub(q.Kafka.Timestamp) > topiclimit.ReserveAhead+400*time.Millisecond {
 				t.Errorf("%s of priority %d went %v after %s of priority %d", r.ID, prio[r.ID], r.Kafka.Timestamp.Sub(q.Kafka.Timestamp), q.ID, prio[q.ID])
 				break
 			}
