@@ -97,7 +97,7 @@ func (a *Admin) GetClusterMap(ctx context.Context, _ *chimev1.GetClusterMapReque
 		return nil, err
 	}
 	m := &chimev1.ClusterMap{ShardCount: st.ShardCount, Replication: st.Replication, Members: st.Members,
-		Retention: durationpb.New(a.c.Retention())}
+		Retention: durationpb.New(a.c.Retention()), ClusterId: a.c.ID()}
 	for _, s := range st.Shards {
 		m.Shards = append(m.Shards, &chimev1.Shard{Id: s.Id, Leader: s.Leader, Voters: s.Voters, Nonvoters: s.Nonvoters, Desired: s.Desired})
 	}

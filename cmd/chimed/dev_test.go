@@ -64,7 +64,7 @@ func TestDevServesAdminAndWaitsForLeaders(t *testing.T) {
 			t.Errorf("shard %d: leader %q voters %v desired %v; want dev everywhere", s.Id, s.Leader, s.Voters, s.Desired)
 		}
 	}
-	if m, err := admin.GetClusterMap(ctx, &chimev1.GetClusterMapRequest{}); err != nil || len(m.Shards) != 2 {
+	if m, err := admin.GetClusterMap(ctx, &chimev1.GetClusterMapRequest{}); err != nil || len(m.Shards) != 2 || len(m.ClusterId) != 16 {
 		t.Fatalf("cluster map: %v, %v", m, err)
 	}
 	ns, err := admin.NodeStatus(ctx, &chimev1.NodeStatusRequest{Digest: true})

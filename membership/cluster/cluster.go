@@ -40,6 +40,7 @@ var ErrAlone = errors.New("this node runs alone, without gossip (chimed dev)")
 // other nodes (the Scheduler server's Backend).
 type Cluster struct {
 	self        string
+	clusterID   string
 	gossip      Gossip // nil when alone
 	shards      int
 	replication int
@@ -71,7 +72,9 @@ type Config struct {
 	// is this node, and Drain and node removal fail with ErrAlone.
 	Membership Gossip
 	// Self is this node's metadata when Membership is nil.
-	Self        membership.Meta
+	Self membership.Meta
+	// ClusterID is the id the cluster was given when it was created.
+	ClusterID   string
 	Shards      int
 	Replication int
 	// Retention is how long the cluster keeps settled events (fixed at its
@@ -100,7 +103,7 @@ func New(cfg Config) (*Cluster, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	c := &Cluster{
-		gossip: cfg.Membership, shards: cfg.Shards, retention: cfg.Retention,
+		gossip: cfg.Membership, clusterID: cfg.ClusterID, shards: cfg.Shards, retention: cfg.Retention,
 		replication: cfg.Replication, deadTimeout: cfg.DeadTimeout, removedPath: cfg.RemovedPath, peersPath: cfg.PeersPath,
 		logger: cfg.Logger, removed: map[string]bool{}, conns: map[string]*grpc.ClientConn{}, dialCreds: cfg.DialCredentials,
 		changes: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
@@ -267,6 +270,10 @@ func (c *Cluster) Replication() int { return c.replication }
 
 // Retention is how long the cluster keeps settled events; 0 keeps them.
 func (c *Cluster) Retention() time.Duration { return c.retention }
+
+// ID returns the id the cluster was given when it was created; empty for a
+// data directory older than cluster ids.
+func (c *Cluster) ID() string { return c.clusterID }
 
 // Changes implements shard.Directory.
 func (c *Cluster) Changes() <-chan struct{} { return c.changes }

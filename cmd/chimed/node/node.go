@@ -331,6 +331,10 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	if !existed {
 		meta = clusterMeta{Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, NodeID: cfg.NodeID, Created: time.Now().UTC()}
+		if !cfg.Cluster {
+			// A node alone is a cluster of its own: a backup of it names it.
+			meta.ClusterID = newClusterID()
+		}
 	}
 	if cfg.Cluster {
 		if meta, err = n.joinCluster(cfg, meta, existed); err != nil {
@@ -377,7 +381,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		Bootstrap: !existed && len(cfg.Join) == 0,
 	}
 	cc := controlplane.Config{
-		Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, DeadTimeout: cfg.DeadTimeout,
+		ClusterID: meta.ClusterID, Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, DeadTimeout: cfg.DeadTimeout,
 		RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), PeersPath: peersPath(cfg.DataDir),
 		Logger:          cfg.Logger.With("component", "cluster"),
 		DialCredentials: dialCredentials(cfg.TLS),

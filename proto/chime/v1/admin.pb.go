@@ -547,7 +547,10 @@ type ClusterMap struct {
 	// How long a settled (fired, cancelled or dead-lettered) event is kept, as
 	// fixed when the cluster was created (chimed --retention); zero or absent
 	// keeps settled events forever.
-	Retention     *durationpb.Duration `protobuf:"bytes,5,opt,name=retention,proto3" json:"retention,omitempty"`
+	Retention *durationpb.Duration `protobuf:"bytes,5,opt,name=retention,proto3" json:"retention,omitempty"`
+	// The id the cluster was given when it was created; a backup's manifest
+	// names it, and a restore reports it.
+	ClusterId     string `protobuf:"bytes,6,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -615,6 +618,13 @@ func (x *ClusterMap) GetRetention() *durationpb.Duration {
 		return x.Retention
 	}
 	return nil
+}
+
+func (x *ClusterMap) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 type StatusRequest struct {
@@ -999,7 +1009,10 @@ func (x *NodeStatusResponse) GetReplicas() []*Replica {
 type DrainRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Node id to drain.
-	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Drain even when a shard would be left with fewer voters than the
+	// replication factor because no other node can take its replica.
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1039,6 +1052,13 @@ func (x *DrainRequest) GetNode() string {
 		return x.Node
 	}
 	return ""
+}
+
+func (x *DrainRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type DrainResponse struct {
@@ -1212,8 +1232,10 @@ func (x *TransferLeaderResponse) GetLeader() string {
 }
 
 type RemoveNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Remove a node seen alive within the dead timeout (chimed --dead-timeout).
+	Force         bool `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1253,6 +1275,13 @@ func (x *RemoveNodeRequest) GetNode() string {
 		return x.Node
 	}
 	return ""
+}
+
+func (x *RemoveNodeRequest) GetForce() bool {
+	if x != nil {
+		return x.Force
+	}
+	return false
 }
 
 type RemoveNodeResponse struct {
@@ -1530,7 +1559,7 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\rdead_lettered\x18\n" +
 	" \x01(\x04R\fdeadLettered\x12\x18\n" +
 	"\arefired\x18\v \x01(\x04R\arefired\"\x16\n" +
-	"\x14GetClusterMapRequest\"\xdd\x01\n" +
+	"\x14GetClusterMapRequest\"\xfc\x01\n" +
 	"\n" +
 	"ClusterMap\x12\x1f\n" +
 	"\vshard_count\x18\x01 \x01(\rR\n" +
@@ -1538,7 +1567,9 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\vreplication\x18\x02 \x01(\rR\vreplication\x12*\n" +
 	"\amembers\x18\x03 \x03(\v2\x10.chime.v1.MemberR\amembers\x12'\n" +
 	"\x06shards\x18\x04 \x03(\v2\x0f.chime.v1.ShardR\x06shards\x127\n" +
-	"\tretention\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\tretention\"\x0f\n" +
+	"\tretention\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\tretention\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\x0f\n" +
 	"\rStatusRequest\"\xa8\x01\n" +
 	"\x0eStatusResponse\x12\x1f\n" +
 	"\vshard_count\x18\x01 \x01(\rR\n" +
@@ -1570,9 +1601,10 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\x12NodeStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bdraining\x18\x02 \x01(\bR\bdraining\x12-\n" +
-	"\breplicas\x18\x03 \x03(\v2\x11.chime.v1.ReplicaR\breplicas\"\"\n" +
+	"\breplicas\x18\x03 \x03(\v2\x11.chime.v1.ReplicaR\breplicas\"8\n" +
 	"\fDrainRequest\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\"\xa1\x01\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\"\xa1\x01\n" +
 	"\rDrainResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12-\n" +
 	"\x12replicas_remaining\x18\x02 \x01(\rR\x11replicasRemaining\x12+\n" +
@@ -1583,9 +1615,10 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\"0\n" +
 	"\x16TransferLeaderResponse\x12\x16\n" +
-	"\x06leader\x18\x01 \x01(\tR\x06leader\"'\n" +
+	"\x06leader\x18\x01 \x01(\tR\x06leader\"=\n" +
 	"\x11RemoveNodeRequest\x12\x12\n" +
-	"\x04node\x18\x01 \x01(\tR\x04node\";\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\";\n" +
 	"\x12RemoveNodeResponse\x12%\n" +
 	"\x0eshards_changed\x18\x01 \x01(\rR\rshardsChanged\"%\n" +
 	"\rBackupRequest\x12\x14\n" +
