@@ -64,7 +64,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.nemesis, "nemesis", "mixed", "faults to inject: mixed, none, or a comma-separated list of "+strings.Join(faultKinds, ", "))
 	fs.StringVar(&o.out, "out", "", "directory for the run's history, records, results.json and report.html (default jepsen-out/<time>)")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed for the workload and the nemesis (default: from the clock; printed and saved)")
-	fs.BoolVar(&o.secure, "secure", false, "run the cluster secured: TLS on every port with client certificates (CAs made for the run, in\n<out>/pki), an auth file, the workload with a scheduler token and the driver with an admin\ncertificate")
+	fs.BoolVar(&o.secure, "secure", false, "run the cluster secured: TLS on every port with client certificates (CAs made for the run, in\n<out>/pki), an auth file, the workload with a scheduler token and the driver with an admin\ncertificate, and two tenants: tenant A's own events, and a client with A's token that keeps trying the\nworkload's ids and schedules (checker: tenant_violations)")
 	fs.IntVar(&o.nodes, "nodes", 5, "chimed processes, one per network namespace")
 	fs.IntVar(&o.clients, "clients", 8, "concurrent client workers")
 	fs.IntVar(&o.shards, "shards", 8, "shards of the cluster under test")
@@ -252,7 +252,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 
 	h := &history{}
 	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention,
-		shards: o.shards, burstSize: o.burstSize, burstEvery: o.burstEvery, versions: map[string]uint64{}}
+		shards: o.shards, burstSize: o.burstSize, burstEvery: o.burstEvery, tenants: o.secure, versions: map[string]uint64{}}
 	nm := &nemesis{c: c, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.timeLimit)
@@ -318,7 +318,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 // a few seconds pass with nothing new.
 func readRecords(ctx context.Context, brokers []string, appends *appendLog, logger *slog.Logger) ([]checker.Record, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
-		kgo.ConsumeTopics(append(slices.Clone(topics), recurringTopic, burstTopic, publish.DefaultDeadLetterTopic)...),
+		kgo.ConsumeTopics(append(slices.Clone(topics), recurringTopic, burstTopic, tenantTopic, publish.DefaultDeadLetterTopic)...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		return nil, err
@@ -441,16 +441,19 @@ func summary(r checker.Results) string {
 	b := r.Ops[checker.FBackup]
 	u := r.Ops[checker.FUpdate]
 	rc := r.Ops[checker.FRecurring]
+	tp := r.Ops[checker.FTenantProbe]
 	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v\n"+
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d\n"+
 		"bursts: %d checked, %d skipped (a fault overlapped them, or nothing of them was acked or read back); priority_violations=%d\n"+
+		"tenants: %d probes refused, %d let through, %d unanswered; tenant_violations=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
 		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,
 		r.BurstsChecked, r.BurstsSkipped, r.PriorityViolations,
+		tp[checker.TypeFail], tp[checker.TypeOK], tp[checker.TypeInfo], r.TenantViolations,
 		b[checker.TypeOK], b[checker.TypeFail]+b[checker.TypeInfo], r.BackupLost, r.BackupPhantom, r.BackupWrongState, r.BackupInvalid)
 }

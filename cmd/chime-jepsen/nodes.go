@@ -42,8 +42,9 @@ type node struct {
 	// sec, with --secure, secures the node and the driver's calls to it.
 	sec *security
 
-	conn      *grpc.ClientConn // the driver's: admin with --secure
-	schedConn *grpc.ClientConn // the workload's: the scheduler token with --secure
+	conn       *grpc.ClientConn // the driver's: admin with --secure
+	schedConn  *grpc.ClientConn // the workload's: the scheduler token with --secure
+	tenantConn *grpc.ClientConn // tenant A's, with --secure (tenants.go)
 }
 
 func (n *node) grpcAddr() string { return n.ip + ":7070" }
@@ -147,12 +148,12 @@ func (n *node) signal(sig syscall.Signal) {
 }
 
 func (n *node) client() (*grpc.ClientConn, error) {
-	return n.dial(&n.conn, false)
+	return n.dial(&n.conn, "")
 }
 
 // dial opens *conn once: plaintext, or with --secure the driver's
-// certificate, and the workload's token if token.
-func (n *node) dial(conn **grpc.ClientConn, token bool) (*grpc.ClientConn, error) {
+// certificate, and token as its bearer token unless empty.
+func (n *node) dial(conn **grpc.ClientConn, token string) (*grpc.ClientConn, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if *conn == nil {
@@ -181,7 +182,16 @@ func (n *node) workload() *grpc.ClientConn {
 		cc, _ := n.client()
 		return cc
 	}
-	cc, _ := n.dial(&n.schedConn, true)
+	cc, _ := n.dial(&n.schedConn, n.sec.token)
+	return cc
+}
+
+// tenant is tenant A's connection (tenants.go); nil without --secure.
+func (n *node) tenant() *grpc.ClientConn {
+	if n.sec == nil {
+		return nil
+	}
+	cc, _ := n.dial(&n.tenantConn, n.sec.tenantToken)
 	return cc
 }
 

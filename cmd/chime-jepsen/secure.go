@@ -22,9 +22,10 @@ import (
 // security is what --secure runs the cluster with: a node CA and a client
 // CA made for the run, TLS on every port with client certificates required,
 // an auth file in which the driver's certificate is an admin (the
-// nemesis, backups, status) and the workload's bearer token a scheduler of
+// nemesis, backups, status), the workload's bearer token a scheduler of
 // every topic (so its invalid operations still meet the input rules, not
-// the role's), and a gossip key.
+// the role's), and tenant A's a scheduler of its own topics and ids only
+// (tenants.go), and a gossip key.
 type security struct {
 	dir              string
 	nodeCA, clientCA *certstest.CA
@@ -32,6 +33,7 @@ type security struct {
 	gossipKeys       string
 	driver           *certs.Source
 	token            string
+	tenantToken      string
 }
 
 func newSecurity(out string) (*security, error) {
@@ -59,16 +61,27 @@ func newSecurity(out string) (*security, error) {
 	if err := os.WriteFile(s.gossipKeys, []byte(base64.StdEncoding.EncodeToString(key[:])+"\n"), 0o600); err != nil {
 		return nil, err
 	}
-	var tok [32]byte
-	rand.Read(tok[:])
-	s.token = hex.EncodeToString(tok[:])
-	sum := sha256.Sum256([]byte(s.token))
+	s.token, s.tenantToken = newToken(), newToken()
 	s.authFile = filepath.Join(s.dir, "auth.json")
 	return s, os.WriteFile(s.authFile, fmt.Appendf(nil, `{
-  "tokens": [{"name": "workload", "sha256": %q, "role": "scheduler", "topics": ["*"]}],
+  "tokens": [
+    {"name": "workload", "sha256": %q, "role": "scheduler", "topics": ["*"]},
+    {"name": %q, "sha256": %q, "role": "scheduler", "topics": [%q], "id_prefixes": [%q]}
+  ],
   "certificates": [{"name": "driver", "common_name": "chime-jepsen", "role": "admin"}]
 }
-`, hex.EncodeToString(sum[:])), 0o600)
+`, tokenSum(s.token), tenantName, tokenSum(s.tenantToken), tenantTopicGrant, tenantIDPrefix), 0o600)
+}
+
+func newToken() string {
+	var tok [32]byte
+	rand.Read(tok[:])
+	return hex.EncodeToString(tok[:])
+}
+
+func tokenSum(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
 }
 
 // flags are a node's security flags, its certificate made on first use.
@@ -81,13 +94,14 @@ func (s *security) flags(n *node) ([]string, error) {
 		"--auth-file", s.authFile, "--audit-log", filepath.Join(filepath.Dir(n.logPath), n.id+"-audit.log"), "--gossip-key-file", s.gossipKeys}, nil
 }
 
-// dialOptions are the driver's (admin) connection options; with token, the
-// workload's (scheduler). Nodes are verified by the name every node
-// certificate carries, whatever IP the driver dials.
-func (s *security) dialOptions(token bool) []grpc.DialOption {
+// dialOptions are the driver's (admin) connection options, with token as
+// the bearer token unless empty (the workload's or tenant A's). Nodes are
+// verified by the name every node certificate carries, whatever IP the
+// driver dials.
+func (s *security) dialOptions(token string) []grpc.DialOption {
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(s.driver.ClientConfig(certs.NodeName)))}
-	if token {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(s.token)))
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(token)))
 	}
 	return opts
 }

@@ -49,6 +49,9 @@ type sent struct {
 	// upsertable: kept apart for upserts (workload.upsertable), out of what
 	// the other ops pick from. replace: this send is an upsert of it.
 	upsertable, replace bool
+	// tenant: tenant A's event (tenants.go), sent with A's token and kept
+	// out of what the workload's other ops pick from.
+	tenant bool
 	// The firing policy every send of the id carries (firingPolicy):
 	// priority nil when unset, window 0 when none.
 	priority *uint32
@@ -70,6 +73,9 @@ type workload struct {
 	shards     int
 	burstSize  int
 	burstEvery time.Duration
+	// tenants: run tenant A's events and the prober (tenants.go); needs
+	// --secure, which makes A's token.
+	tenants bool
 
 	mu     sync.Mutex
 	events []sent // every id ever sent (any outcome)
@@ -114,7 +120,8 @@ func classify(err error) (typ, code string) {
 }
 
 // run starts `clients` workers, a canceller, when ctx has a deadline (the run's end), a
-// recurrer, and, when bursts are on, a burster; they stop when ctx ends.
+// recurrer, when bursts are on, a burster, and with tenants tenant A's scheduler and the
+// prober; they stop when ctx ends.
 func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 	var wg sync.WaitGroup
 	cancels := make(chan sent, 1024)
@@ -135,6 +142,17 @@ func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 		go func() {
 			defer wg.Done()
 			w.recurrer(ctx, clients+1, rand.New(rand.NewPCG(seed, 0x5c4ed)), end)
+		}()
+	}
+	if w.tenants {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			w.tenanter(ctx, clients+3, rand.New(rand.NewPCG(seed, 0x7e4a)))
+		}()
+		go func() {
+			defer wg.Done()
+			w.prober(ctx, clients+4, rand.New(rand.NewPCG(seed, 0x960be)))
 		}()
 	}
 	if w.burstSize > 0 && w.burstEvery > 0 && w.shards > 0 {
@@ -383,7 +401,11 @@ func (w *workload) schedule(p int, n *node, ev sent) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
 	defer cancel()
 	op.InvokeNs = time.Now().UnixNano()
-	resp, err := n.scheduler().Schedule(ctx, &chimev1.ScheduleRequest{Event: e})
+	sc := n.scheduler()
+	if ev.tenant {
+		sc = chimev1.NewSchedulerClient(n.tenant())
+	}
+	resp, err := sc.Schedule(ctx, &chimev1.ScheduleRequest{Event: e})
 	op.CompleteNs = time.Now().UnixNano()
 	op.Type, op.Code = classify(err)
 	if ev.replace && status.Code(err) == codes.Aborted { // the event was being fired: nothing changed
@@ -400,7 +422,7 @@ func (w *workload) schedule(p int, n *node, ev sent) bool {
 	w.record(op)
 	if op.Type != "fail" {
 		w.mu.Lock()
-		if !ev.upsertable {
+		if !ev.upsertable && !ev.tenant {
 			w.events = append(w.events, ev)
 		}
 		due := ev.due

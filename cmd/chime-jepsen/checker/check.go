@@ -275,6 +275,12 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		}
 	}
 
+	// 13. tenants
+	for _, f := range tenantViolations(ops, recs) {
+		res.TenantViolations++
+		note(f.check, f.id, "%s", f.why)
+	}
+
 	// 8. convergence
 	res.ConvergenceProblems = convergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
@@ -284,7 +290,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
 		res.UpdateViolations == 0 && res.StaleReads == 0 && res.BulkCancelViolations == 0 &&
 		res.RecurringMissing == 0 && res.RecurringEarly == 0 && res.RecurringPhantom == 0 && res.RecurringAfterStop == 0 &&
-		res.PriorityViolations == 0 && res.Converged
+		res.PriorityViolations == 0 && res.TenantViolations == 0 && res.Converged
 	return res
 }
 

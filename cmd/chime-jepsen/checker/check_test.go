@@ -30,6 +30,7 @@ func violations(res Results) map[string]int {
 		"recurring_phantom":      res.RecurringPhantom,
 		"recurring_after_stop":   res.RecurringAfterStop,
 		"priority_violations":    res.PriorityViolations,
+		"tenant_violations":      res.TenantViolations,
 	}
 }
 

@@ -79,7 +79,8 @@
 // backup_phantom == 0 && backup_wrong_state == 0 && backup_invalid == 0 &&
 // update_violations == 0 && stale_reads == 0 && bulk_cancel_violations == 0 &&
 // recurring_missing == 0 && recurring_early == 0 && recurring_phantom == 0 &&
-// recurring_after_stop == 0 && priority_violations == 0 && converged.
+// recurring_after_stop == 0 && priority_violations == 0 && tenant_violations == 0 &&
+// converged.
 //
 //  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
 //     (existing or not) and no cancel op of type ok or info (a bulk cancel's synthesized
@@ -299,6 +300,19 @@
 //     and how many more pairs L is in.
 //     The events of bursts are left out of lateness and recovery (below): the rate limit
 //     delays them by design. Each burst's drain, A − D, is measured in bursts instead.
+//
+//  13. tenant_violations (counts tenant_probe ops and records). A tenant_probe op is one
+//     call made with a tenant's credential (Op.Credential) on an id outside its scope:
+//     another tenant's event (upsert, update, cancel, get), another tenant's recurring
+//     schedule (get, pause), or an id nobody has. Its only allowed answers are none (info:
+//     unavailable, timed out) and PERMISSION_DENIED with exactly the words of NotPermitted:
+//     the same whether or not the id exists, naming neither the event's topic nor its
+//     owner. A violation is a probe of type ok (it changed or read what it may not), one
+//     refused with another code (NOT_FOUND or ALREADY_EXISTS tell that an id exists) or
+//     other words, and a record whose payload begins with ProbePayloadPrefix (a probe's
+//     write reached Kafka). A probe whose answer was lost but which took effect shows all
+//     the same: an upsert's or update's record carries its payload, and a cancel leaves
+//     the owner's event with no record and no cancel of the owner's (lost, 1).
 //
 // # What is measured, not judged
 //

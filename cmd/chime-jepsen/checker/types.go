@@ -95,6 +95,10 @@ type Op struct {
 	EndNs    int64  `json:"end_ns,omitempty"`
 	CatchUp  string `json:"catch_up,omitempty"` // skip, last or all
 
+	// Tenant_probe only (check 13): the credential the probe called with; Action is the call
+	// (Probe*), and Error the answer's status message.
+	Credential string `json:"credential,omitempty"`
+
 	// Nemesis only: InvokeNs is the fault's start, CompleteNs its heal.
 	Kind    string   `json:"kind,omitempty"`
 	Targets []string `json:"targets,omitempty"`
@@ -295,8 +299,8 @@ func (c Config) withDefaults(ops []Op) Config {
 type Results struct {
 	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly,
 	// Resurrected, the four Backup counts, UpdateViolations, StaleReads,
-	// BulkCancelViolations, the four Recurring counts and PriorityViolations are all zero
-	// and the final state converged.
+	// BulkCancelViolations, the four Recurring counts, PriorityViolations and
+	// TenantViolations are all zero and the final state converged.
 	Valid bool `json:"valid"`
 
 	Lost                  int `json:"lost"`                   // ids
@@ -319,6 +323,7 @@ type Results struct {
 	RecurringPhantom      int `json:"recurring_phantom"`      // records
 	RecurringAfterStop    int `json:"recurring_after_stop"`   // occurrences
 	PriorityViolations    int `json:"priority_violations"`    // (lower, higher) pairs within a burst
+	TenantViolations      int `json:"tenant_violations"`      // tenant_probe ops and records
 
 	// BurstsChecked and BurstsSkipped count the bursts check 12 judged and those it left
 	// out (a fault window overlapped them, or nothing of them was acked or read back);
