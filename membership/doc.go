@@ -110,12 +110,16 @@
 //     declared Dead (the suspicion time is part of the detection time above).
 //   - By default a dead node's name cannot return from another address until
 //     memberlist forgets it (GossipToTheDeadTime, 30 s). Config.
-//     DeadNodeReclaimTime defaults to 1 ns instead, so a node restarted with
-//     a new IP is accepted as soon as its old address is declared dead. If it
-//     comes back before that, memberlist reports a name conflict on every
-//     node; Start keeps retrying until JoinTimeout, so a quick restart waits
-//     out failure detection while a real duplicate id fails with
-//     ErrNodeIDConflict.
+//     DeadNodeReclaimTime sets how long instead (1 ns by default; chimed
+//     passes --dead-timeout, so a crashed node's id is not taken over from
+//     elsewhere before its replicas would be replaced anyway). A node that
+//     left gracefully may return from a new address at once. One that
+//     gossips a dead node's id from another address earlier is not heard
+//     as that node: the others report a conflict and keep the dead one at
+//     its old address until the time has passed, then take the newcomer.
+//     A live node's id is never taken: Start keeps retrying until
+//     JoinTimeout, so a quick restart waits out failure detection while a
+//     real duplicate id fails with ErrNodeIDConflict.
 //   - A node that rejoins after a restart starts again at incarnation 1,
 //     below what the others remember; it gets back in by refuting the
 //     dead/left state the seeds send it on join, not by its first alive

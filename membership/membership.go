@@ -46,13 +46,12 @@ const (
 	DefaultGossipToTheDeadTime = 30 * time.Second
 	// DefaultDeadNodeReclaimTime: memberlist's default (0) never lets a dead
 	// node's id come back from another address until memberlist forgets it
-	// (GossipToTheDeadTime plus a probe round). Chime lets it come back as
-	// soon as the old address is declared dead, so a node restarted with a
-	// new IP (a rescheduled pod) rejoins at once: the failure detector has
-	// already decided the old address is gone. What a longer wait would
-	// refuse is a second process with the same id while the first is wrongly
-	// declared dead, an operator error that Start's conflict check catches
-	// whenever the first is seen alive.
+	// (GossipToTheDeadTime plus a probe round). This default lets it come
+	// back as soon as the old address is declared dead. chimed sets the
+	// dead timeout instead (--dead-timeout): whoever holds the gossip key
+	// could otherwise take a crashed node's id over from anywhere at once.
+	// A node that left (a graceful stop) may come back from a new address at
+	// once whatever this is: memberlist always lets a left node's name go.
 	DefaultDeadNodeReclaimTime = time.Nanosecond
 	// DefaultTCPTimeout bounds each push/pull (including each join attempt
 	// per seed address): memberlist's LAN default.
@@ -108,6 +107,12 @@ type Config struct {
 	DeadNodeReclaimTime time.Duration
 	TCPTimeout          time.Duration
 	BroadcastTimeout    time.Duration
+
+	// Label, when set, prefixes every gossip packet and stream (memberlist's
+	// Label; with Keys it is authenticated data): a member with another
+	// label, or none, is not heard, so that two gossip systems on one
+	// network (another cluster, another product on memberlist) never merge.
+	Label string
 
 	// Keys, when set, encrypt and authenticate all gossip (memberlist's
 	// keyring, AES-GCM): Keys[0], the primary, encrypts everything this node
@@ -173,9 +178,10 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// ErrNodeIDConflict is returned by Start when another live node already
-// gossips under this node's id from another address.
-var ErrNodeIDConflict = errors.New("membership: node id already used by another live node")
+// ErrNodeIDConflict is returned by Start when the cluster holds this node's
+// id at another address: a live node, or a dead one whose id may not be
+// reclaimed yet (Config.DeadNodeReclaimTime).
+var ErrNodeIDConflict = errors.New("membership: node id already used by another node")
 
 // ErrShutdown is returned by methods called after Shutdown.
 var ErrShutdown = errors.New("membership: shut down")
@@ -277,7 +283,7 @@ func Start(cfg Config) (*Membership, error) {
 	}
 	m.list, m.localAddr = list, list.LocalNode().Address()
 	if len(cfg.Join) > 0 {
-		if err := m.join(cfg.Join, cfg.JoinTimeout); err != nil {
+		if err := m.join(cfg.Join, cfg.JoinTimeout, cfg.DeadNodeReclaimTime); err != nil {
 			_ = list.Shutdown()
 			return nil, err
 		}
@@ -334,6 +340,7 @@ func memberlistConfig(cfg Config, m *Membership) (*memberlist.Config, error) {
 	mc.PushPullInterval = cfg.PushPullInterval
 	mc.GossipToTheDeadTime = cfg.GossipToTheDeadTime
 	mc.DeadNodeReclaimTime = cfg.DeadNodeReclaimTime
+	mc.Label = cfg.Label
 	mc.TCPTimeout = cfg.TCPTimeout
 	if len(cfg.Keys) > 0 {
 		keys := make([][]byte, len(cfg.Keys))
@@ -453,7 +460,7 @@ func (u untilDeadline) NextBackOff() time.Duration {
 
 // join contacts the seeds until one answers without reporting that our id is
 // taken, backing off between attempts, within timeout.
-func (m *Membership) join(seeds []string, timeout time.Duration) error {
+func (m *Membership) join(seeds []string, timeout, reclaim time.Duration) error {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval, b.Multiplier, b.MaxInterval, b.RandomizationFactor = 100*time.Millisecond, 2, 2*time.Second, 0
 	var lastErr error
@@ -494,8 +501,8 @@ func (m *Membership) join(seeds []string, timeout time.Duration) error {
 		return nil
 	}
 	if conflict != "" {
-		return fmt.Errorf("%w: node id %q is used by the live node at %s (this node is at %s); still so after %s of retries: give each node its own id",
-			ErrNodeIDConflict, self, conflict, m.LocalAddr(), timeout)
+		return fmt.Errorf("%w: node id %q is held by the node at %s (this node is at %s); still so after %s of retries: give each node its own id, or, if that node is gone, wait until it has been dead for %s, after which its id may be taken from another address",
+			ErrNodeIDConflict, self, conflict, m.LocalAddr(), timeout, reclaim)
 	}
 	hint := keyMismatchHint(lastErr)
 	if hint != "" {

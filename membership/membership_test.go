@@ -504,3 +504,80 @@ func TestLeftNodeOutlivesForgettingItself(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDeadNodeIDReclaimedOnlyAfterReclaimTime: once a node crashed (no
+// leave), a process that gossips its id from another address is not taken
+// for it before DeadNodeReclaimTime: the others keep the dead node at its
+// old address, and take the newcomer once the time has passed.
+func TestDeadNodeIDReclaimedOnlyAfterReclaimTime(t *testing.T) {
+	defer checkGoroutines(t)()
+	const reclaim = 4 * time.Second
+	cfg := func(id string, join ...string) Config {
+		c := fastConfig(id, join...)
+		c.DeadNodeReclaimTime = reclaim
+		return c
+	}
+	a := start(t, cfg("a"))
+	defer a.Shutdown()
+	b := start(t, cfg("b", a.LocalAddr()))
+	oldAddr := b.LocalAddr()
+	waitView(t, a, 20*time.Second, "see b", hasMember("b", Alive, fastConfig("b").Meta))
+	if err := b.Shutdown(); err != nil { // a crash: no leave
+		t.Fatal(err)
+	}
+	waitView(t, a, 20*time.Second, "see b dead", func(v View) string {
+		if st := v.Members["b"].State; st != Dead {
+			return "b is " + st.String()
+		}
+		return ""
+	})
+	deadAt := time.Now()
+	b2 := start(t, cfg("b", a.LocalAddr()))
+	defer b2.Shutdown()
+	if b2.LocalAddr() == oldAddr {
+		t.Skipf("b restarted on its old port %s by chance", oldAddr)
+	}
+	for time.Since(deadAt) < reclaim-time.Second {
+		if mem := a.View().Members["b"]; mem.State != Dead || mem.GossipAddr != oldAddr {
+			t.Fatalf("%s after b died, a sees b %s at %s: its id was taken from another address before the reclaim time %s",
+				time.Since(deadAt).Round(time.Millisecond), mem.State, mem.GossipAddr, reclaim)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	waitView(t, a, 20*time.Second, "see b back at its new address after the reclaim time", func(v View) string {
+		if mem := v.Members["b"]; mem.State != Alive || mem.GossipAddr != b2.LocalAddr() {
+			return fmt.Sprintf("b is %s at %s", mem.State, mem.GossipAddr)
+		}
+		return ""
+	})
+	if d := time.Since(deadAt); d < reclaim {
+		t.Fatalf("b's id was taken from another address %s after it died, before the reclaim time %s", d, reclaim)
+	}
+}
+
+// TestLabelSeparatesClusters: a member whose gossip carries another label
+// (or none) is not heard: its join finds no seed that answers, and the
+// labelled cluster never sees it.
+func TestLabelSeparatesClusters(t *testing.T) {
+	defer checkGoroutines(t)()
+	labelled := func(id, label string, join ...string) Config {
+		c := fastConfig(id, join...)
+		c.Label = label
+		c.JoinTimeout = time.Second
+		return c
+	}
+	a := start(t, labelled("a", "chime"))
+	defer a.Shutdown()
+	b := start(t, labelled("b", "chime", a.LocalAddr()))
+	defer b.Shutdown()
+	waitView(t, a, 20*time.Second, "see b", hasMember("b", Alive, fastConfig("b").Meta))
+	for _, label := range []string{"consul", ""} {
+		if m, err := Start(labelled("x", label, a.LocalAddr())); err == nil {
+			m.Shutdown()
+			t.Fatalf("a member labelled %q joined a cluster labelled chime", label)
+		}
+	}
+	if _, ok := a.View().Members["x"]; ok {
+		t.Fatal("the labelled cluster lists a member of another label")
+	}
+}

@@ -129,7 +129,7 @@ func TestServeRefusesToListenBeyondLoopbackInTheClear(t *testing.T) {
 	if err := os.WriteFile(keys, []byte("qmq1KX6rpRsSdIlnYyt8gOjzeGUrjuhfKlVWE+pHu3U=\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tlsFlags := []string{"--grpc-addr", "10.0.0.1:7070", "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", ca.File}
+	tlsFlags := []string{"--grpc-addr", "10.0.0.1:7070", "--node-id", "n1", "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", ca.File}
 	for _, tc := range []struct {
 		args    []string
 		missing string // "" when the gate lets it through
@@ -164,7 +164,7 @@ func TestServeWithTLSRefusesPlaintextKafka(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"serve", "--data-dir", t.TempDir(), "--kafka-brokers", "127.0.0.1:9092", "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", ca.File,
+	args := []string{"serve", "--data-dir", t.TempDir(), "--node-id", "n1", "--kafka-brokers", "127.0.0.1:9092", "--tls-cert", pair.Cert, "--tls-key", pair.Key, "--tls-ca", ca.File,
 		"--grpc-addr", "127.0.0.1:1", "--http-addr", "127.0.0.1:1", "--raft-addr", "127.0.0.1:1", "--gossip-addr", "127.0.0.1:1"}
 	var out, errOut strings.Builder
 	want := "chimed serve: this node serves TLS (--tls-cert) but would produce to Kafka in plaintext: give --kafka-tls (or --kafka-tls-ca), or --kafka-insecure if the brokers are on a network you trust\n"

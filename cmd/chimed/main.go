@@ -395,7 +395,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	if f.tlsCert != "" || f.tlsKey != "" || f.tlsCA != "" || f.tlsClientCA != "" {
 		var err error
 		if tlsSource, err = certs.Load(certs.Files{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientCA: f.tlsClientCA}, logger.With("component", "tls")); err == nil {
-			err = tlsSource.CheckNode()
+			err = tlsSource.CheckNode(f.nodeID)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "chimed %s: %v\n", cmd, err)

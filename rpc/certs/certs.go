@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,6 +18,26 @@ import (
 // NodeName is the DNS subject alternative name that marks a certificate as a
 // node's. Node certificates carry it besides the names clients dial them by.
 const NodeName = "node.chime"
+
+// NodeIDName is the DNS subject alternative name that ties a node
+// certificate to one node id: "<id>.node.chime". A certificate names exactly
+// one, so that the holder of n2's key cannot speak as n3.
+func NodeIDName(id string) string { return id + "." + NodeName }
+
+// nodeID is the node id leaf's DNS names give it (NodeIDName), "" when they
+// name none or more than one.
+func nodeID(leaf *x509.Certificate) string {
+	id := ""
+	for _, n := range leaf.DNSNames {
+		if rest, ok := strings.CutSuffix(n, "."+NodeName); ok && rest != "" && !strings.Contains(rest, ".") {
+			if id != "" && id != rest {
+				return ""
+			}
+			id = rest
+		}
+	}
+	return id
+}
 
 // Files names the PEM files, with the flags that gave them, for errors.
 type Files struct {
@@ -173,9 +194,10 @@ func (s *Source) current() material {
 }
 
 // CheckNode verifies that the node's own certificate is one the other nodes
-// accept: signed by the node CA, naming NodeName, usable for both ends of a
+// accept as node id: signed by the node CA, naming NodeName and
+// NodeIDName(id) (and no other node id), usable for both ends of a
 // connection.
-func (s *Source) CheckNode() error {
+func (s *Source) CheckNode(id string) error {
 	m := s.current()
 	fl := s.flags()
 	if m.cert == nil {
@@ -193,6 +215,14 @@ func (s *Source) CheckNode() error {
 	}
 	if _, err := verifyNode(leaf, intermediates(m.cert.Certificate[1:]), m.ca, x509.ExtKeyUsageClientAuth); err != nil {
 		return fmt.Errorf("%s %s cannot be presented as a client certificate to other nodes: %w", fl[0], s.files.Cert, err)
+	}
+	if got := nodeID(leaf); got != id {
+		named := "names no node id"
+		if got != "" {
+			named = fmt.Sprintf("is node %q's", got)
+		}
+		return fmt.Errorf("%s %s %s: the certificate of node %q must name %q (and no other <id>.%s) as a DNS name, so that the other nodes know which node holds it",
+			fl[0], s.files.Cert, named, id, NodeIDName(id), NodeName)
 	}
 	return nil
 }
@@ -230,7 +260,7 @@ func (m material) classify(certs []*x509.Certificate, usage x509.ExtKeyUsage) (I
 		inter.AddCert(c)
 	}
 	if _, err := verifyNode(leaf, inter, m.ca, usage); err == nil {
-		return Identity{Node: true, Name: leaf.Subject.CommonName}, nil
+		return Identity{Node: true, NodeID: nodeID(leaf), Name: leaf.Subject.CommonName}, nil
 	}
 	if m.clientCA == nil {
 		return Identity{}, errors.New("the certificate is not a node's, and no client CA (--tls-client-ca) is configured")
@@ -251,6 +281,9 @@ func (s *Source) Identify(chain []*x509.Certificate) (Identity, error) {
 type Identity struct {
 	// Node: the certificate is a node's (chains to the node CA, names NodeName).
 	Node bool
+	// NodeID is the node id a node's certificate names (NodeIDName); ""
+	// for a client, or a node certificate that names none.
+	NodeID string
 	// Cert: a client certificate, signed by the client CA.
 	Cert bool
 	// Name is the certificate's subject common name ("" without one).

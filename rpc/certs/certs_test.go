@@ -111,8 +111,27 @@ func dial(t *testing.T, addr string, cfg *tls.Config, results <-chan error) (cli
 func TestRaftPortAcceptsOnlyNodes(t *testing.T) {
 	p := newPKI(t)
 	srv := load(t, Files{Cert: p.node.Cert, Key: p.node.Key, CA: p.ca.File})
-	if err := srv.CheckNode(); err != nil {
+	if err := srv.CheckNode("node-1"); err != nil {
 		t.Fatal(err)
+	}
+	// node-1's certificate is not node-2's, and one that names no node id
+	// (node.chime alone, as before node ids) is nobody's.
+	if err := srv.CheckNode("node-2"); err == nil || !strings.Contains(err.Error(), `is node "node-1"'s: the certificate of node "node-2" must name "node-2.node.chime"`) {
+		t.Errorf("CheckNode(node-2) with node-1's certificate: %v", err)
+	}
+	anon, err := p.ca.Issue("old", []string{NodeName}, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := load(t, Files{Cert: anon.Cert, Key: anon.Key, CA: p.ca.File}).CheckNode("old"); err == nil || !strings.Contains(err.Error(), `names no node id: the certificate of node "old" must name "old.node.chime"`) {
+		t.Errorf("CheckNode of a certificate without a node id: %v", err)
+	}
+	two, err := p.ca.Issue("two", []string{NodeName, NodeIDName("n2"), NodeIDName("n3")}, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := load(t, Files{Cert: two.Cert, Key: two.Key, CA: p.ca.File}).CheckNode("n2"); err == nil || !strings.Contains(err.Error(), "names no node id") {
+		t.Errorf("CheckNode of a certificate naming two node ids: %v", err)
 	}
 	addr, results := serve(t, srv.PeerServerConfig())
 	for _, tc := range []struct {
@@ -185,7 +204,7 @@ func TestAPIPortIdentities(t *testing.T) {
 		want Identity
 	}{
 		{p.client, Identity{Cert: true, Name: "app-1"}},
-		{p.node2, Identity{Node: true, Name: "node-2"}},
+		{p.node2, Identity{Node: true, NodeID: "node-2", Name: "node-2"}},
 	} {
 		cert, err := tls.LoadX509KeyPair(tc.pair.Cert, tc.pair.Key)
 		if err != nil {
@@ -280,7 +299,7 @@ func TestLoadErrorsNameTheFlag(t *testing.T) {
 		{Files{Cert: p.foreignNode.Cert, Key: p.foreignNode.Key, CA: p.ca.File}, "is not a node certificate"},
 		{Files{Cert: p.node.Cert, Key: p.node.Key}, "--tls-ca is required"},
 	} {
-		err := load(t, tc.files).CheckNode()
+		err := load(t, tc.files).CheckNode("node-1")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("CheckNode(%+v) = %v, want %q", tc.files, err, tc.want)
 		}

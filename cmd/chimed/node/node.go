@@ -271,7 +271,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	if cfg.TLS != nil {
-		if err := cfg.TLS.CheckNode(); err != nil {
+		if err := cfg.TLS.CheckNode(cfg.NodeID); err != nil {
 			return nil, err
 		}
 	}
@@ -596,6 +596,10 @@ func (n *Node) joinCluster(cfg Config, meta clusterMeta, existed bool) (clusterM
 			ClusterID: params.ClusterID, Shards: params.Shards, Replication: params.Replication, Retention: params.Retention,
 		},
 		BindAddr: cfg.GossipAddr, AdvertiseAddr: gossipAdvertise(cfg.GossipAddr, cfg.AdvertiseHost), Transport: cfg.GossipTransport, Join: join, Peers: peers, Keys: keys, Logger: cfg.Logger.With("component", "membership"),
+		// A crashed node's id is not taken over from another address before
+		// its replicas would be replaced anyway; one that left is at once.
+		DeadNodeReclaimTime: cfg.DeadTimeout,
+		Label:               GossipLabel,
 	})
 	if err != nil {
 		return meta, err
@@ -649,6 +653,13 @@ func decodePeers(b []byte) []string {
 	}
 	return slices.DeleteFunc(peers, func(p string) bool { return p == "" })
 }
+
+// GossipLabel prefixes every gossip packet and stream of a Chime node: a
+// node hears no gossip without it, so a Chime cluster never merges with
+// another memberlist user (Consul, Nomad, Serf) on the same network. Nodes
+// of a release without the label do not hear ones with it: a cluster
+// upgrades across it with every node stopped before any starts again.
+const GossipLabel = "chime"
 
 func newClusterID() string {
 	var b [8]byte

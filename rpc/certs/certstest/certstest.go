@@ -58,11 +58,18 @@ func NewCA(dir, name string) (*CA, error) {
 // use it); certs' tests check that Node's certificates pass its CheckNode.
 const NodeName = "node.chime"
 
-// Node issues a node certificate for name: it names NodeName, localhost and
-// 127.0.0.1, for both server and client use.
-func (ca *CA) Node(name string) (Pair, error) {
-	return ca.issue(name, []string{NodeName, "localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)},
+// Node issues the certificate of node id: it names NodeName,
+// id.NodeName, localhost and 127.0.0.1, for both server and client use.
+func (ca *CA) Node(id string) (Pair, error) {
+	return ca.issue(id, []string{NodeName, id + "." + NodeName, "localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)},
 		[]x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth})
+}
+
+// Issue issues a certificate with common name cn, the DNS names dns and the
+// extended key usages usage: for tests of certificates Node and Client do
+// not make.
+func (ca *CA) Issue(cn string, dns []string, usage ...x509.ExtKeyUsage) (Pair, error) {
+	return ca.issue(cn, dns, nil, usage)
 }
 
 // Client issues a client certificate with common name cn.
