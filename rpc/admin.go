@@ -189,7 +189,12 @@ func (a *Admin) Drain(ctx context.Context, req *chimev1.DrainRequest) (*chimev1.
 		}
 		return cl.Drain(cluster.ForwardContext(ctx, nil), req)
 	}
-	if err := a.c.Drain(); err != nil {
+	// The node that drains checks, with its own view, that the others can
+	// take its replicas; a forwarded request carries Force along.
+	if err := a.c.Drain(req.Force); err != nil {
+		if tooFew := (*cluster.TooFewNodesError)(nil); errors.As(err, &tooFew) {
+			return nil, status.Error(codes.FailedPrecondition, tooFew.Error())
+		}
 		return nil, status.Errorf(codes.Internal, "%v", err)
 	}
 	st, err := a.Status(ctx, &chimev1.StatusRequest{})
@@ -277,8 +282,19 @@ func (a *Admin) RemoveNode(ctx context.Context, req *chimev1.RemoveNodeRequest) 
 	if !ok && !c.Removed(req.Node) {
 		return nil, status.Errorf(codes.NotFound, "node: %q is not a known member", req.Node)
 	}
+	// Force never removes a live node: the other members would refuse to
+	// forget it, and its replicas would be dropped while it still serves.
 	if ok && m.State.Live() {
 		return nil, status.Errorf(codes.FailedPrecondition, "node: %q is %s; drain it instead (chimectl drain %s), or stop it first", req.Node, m.State, req.Node)
+	}
+	// Within the dead timeout the placement keeps a dead node's replicas in
+	// case it comes back (a restart, a network partition); removing it then
+	// drops them for good.
+	if ago, ok := c.SinceAlive(req.Node); ok && ago < c.DeadTimeout() && !req.Force {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"node: %q was seen alive %s ago, within the dead timeout (chimed --dead-timeout %s): it may still come back with its data, "+
+				"and the placement keeps its replicas until then; remove it in %s, or now with force (chimectl remove --force) if it will not come back",
+			req.Node, ago.Round(time.Second), c.DeadTimeout(), (c.DeadTimeout() - ago).Round(time.Second))
 	}
 	resp := &chimev1.RemoveNodeResponse{}
 	if st, err := a.Status(ctx, &chimev1.StatusRequest{}); err == nil {
@@ -288,10 +304,12 @@ func (a *Admin) RemoveNode(ctx context.Context, req *chimev1.RemoveNodeRequest) 
 			}
 		}
 	}
-	c.ForgetEverywhere(ctx, req.Node)
+	// On disk here first: whatever the other members answer, this node
+	// keeps telling them until each has recorded it.
 	if err := c.Remove(req.Node); err != nil {
 		return nil, status.Errorf(codes.Internal, "recording the removal: %v", err)
 	}
+	c.ForgetEverywhere(ctx, req.Node)
 	return resp, nil
 }
 

@@ -39,6 +39,12 @@
 //     counts gathered from every live member), NodeStatus (this node's
 //     replicas, with a state digest on request), TransferLeader, Drain,
 //     RemoveNode and Backup, validated and answered in the operator's words.
+//     Drain and RemoveNode have guard rails, FAILED_PRECONDITION unless the
+//     request sets force: Drain, checked on the node that drains, when fewer
+//     other nodes than the replication factor could take its replicas;
+//     RemoveNode when the node was seen alive within the dead timeout
+//     (chimed --dead-timeout). A node seen live now is never removed, force
+//     or not: drain it instead.
 //     Calls about another node or shard are forwarded to it through the Admin
 //     API; a Backup stream from the shard's leader is relayed a message at a
 //     time (at most 1 MiB of data each, with its size and SHA-256 in the last

@@ -346,22 +346,32 @@ replica: safe to stop" and exits 0. After --timeout-drain it exits 1 with
 what remains; the node stays draining, and running drain again continues to
 follow it. With --no-wait it asks once and prints the progress. Draining
 lasts until NODE restarts, which makes it a candidate for replicas again.
-When fewer other nodes remain than the replication factor, shards carry on
-with fewer voters (status counts the shards that have their full set), so
-one more failure can cost a shard its quorum. --json prints only the last
+Drain refuses (FailedPrecondition, changing nothing) when fewer other nodes
+than the replication factor can take NODE's replicas (live, not draining,
+not removed), 3 nodes at replication 3 for example: draining would leave
+every shard on NODE with fewer voters, so one more failure could cost a
+shard its quorum, and every replica is copied back whole when NODE
+returns. Add a node first; to restart NODE briefly, move its leaderships
+with transfer-leader instead and let it keep its replicas. --force drains
+anyway: right when NODE must go for good and no node can replace it, or
+when you accept shards short of voters until it returns (status flags
+them). A stop hook that drains without --force on such a cluster fails at
+once and the node stops undrained: its shards elect new leaders, and it
+keeps its replicas through the restart. --json prints only the last
 progress, {"node", "replicas_remaining", "leaders_remaining",
 "safe_to_stop"}; progress lines then go to standard error. Without NODE,
 drain drains the node --addr reaches (asking it its id): what a node's own
 stop hook runs, with --addr on loopback.`,
 		example: `  chimectl drain node-2 && ssh node-2 systemctl stop chimed
   chimectl --addr 127.0.0.1:7070 drain --timeout-drain 90s   # a preStop or ExecStop hook
-  chimectl drain node-2 --no-wait
-  chimectl drain node-2 --timeout-drain 15m --interval 5s --json`,
+  chimectl drain node-2 --timeout-drain 15m --interval 5s --json
+  chimectl drain node-2 --force --no-wait   # 3 nodes at replication 3: shards go on with 2 voters`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			wait := fs.Bool("wait", true, "wait until the node is safe to stop, printing progress")
 			noWait := fs.Bool("no-wait", false, "ask once, print the progress and return without waiting")
 			timeout := fs.Duration("timeout-drain", 5*time.Minute, "with --wait, give up and exit 1 after this `duration`; 0 waits without limit")
 			interval := fs.Duration("interval", time.Second, "with --wait, ask for progress this often (a `duration`)")
+			force := fs.Bool("force", false, "drain even when its shards would be left with fewer voters than the replication factor")
 			return func(ctx context.Context, args []string) error {
 				node := "" // the node --addr reaches
 				if len(args) > 0 {
@@ -384,7 +394,7 @@ stop hook runs, with --addr on loopback.`,
 				if *timeout < 0 {
 					return usagef("--timeout-drain must not be negative")
 				}
-				return c.drain(ctx, node, *wait, *timeout, *interval)
+				return c.drain(ctx, node, *wait, *force, *timeout, *interval)
 			}
 		},
 	}
@@ -397,7 +407,7 @@ type drainJSON struct {
 	SafeToStop        bool   `json:"safe_to_stop"`
 }
 
-func (c *cli) drain(ctx context.Context, node string, wait bool, limit, interval time.Duration) error {
+func (c *cli) drain(ctx context.Context, node string, wait, force bool, limit, interval time.Duration) error {
 	ac, closeConn, err := c.dialAdmin()
 	if err != nil {
 		return err
@@ -415,7 +425,7 @@ func (c *cli) drain(ctx context.Context, node string, wait bool, limit, interval
 	ask := func() (*chimev1.DrainResponse, error) {
 		ctx, cancel := c.requestCtx(ctx)
 		defer cancel()
-		return ac.Drain(ctx, &chimev1.DrainRequest{Node: node})
+		return ac.Drain(ctx, &chimev1.DrainRequest{Node: node, Force: force})
 	}
 	// Progress lines are the output in text mode; with --json they are
 	// commentary, so they go to standard error and stdout stays one object.
@@ -563,16 +573,25 @@ func removeCommand() *command {
 every shard that has NODE as a voter drops it at once and places a
 replacement replica on another node, so the shard is back to full
 replication. A node that is still alive (alive, suspect or draining) is
-refused with FailedPrecondition: to take a live node out, drain it instead
-(chimectl drain NODE), then stop it. Removal cannot be undone: every node
-remembers NODE as removed and never places a replica on it again. To bring
-that machine back, wipe its data dir (chimed --data-dir) and start it with
-a new --node-id, so it joins as a new, empty node. It prints how many
-shards dropped the node.`,
+refused with FailedPrecondition, --force or not: to take a live node out,
+drain it instead (chimectl drain NODE), then stop it. A node seen alive
+within the dead timeout (chimed --dead-timeout, 2m by default) is refused
+too: it may be restarting or cut off for a moment, and it would come back
+with its data and keep its replicas, while removing it drops them for good.
+Wait until the timeout has passed (the message says how long), or pass
+--force when you know the node will not come back (its machine or disk is
+gone), to place the replacements now. Removal cannot be undone: every node
+records NODE as removed on its disk, a node that was down at the time
+learns it from the others when it returns, and none places a replica on
+NODE again. To bring that machine back, wipe its data dir (chimed
+--data-dir) and start it with a new --node-id, so it joins as a new, empty
+node. It prints how many shards dropped the node.`,
 		example: `  chimectl status    # node-3 is dead and its machine is gone
   chimectl remove node-3
+  chimectl remove node-3 --force   # dead for less than --dead-timeout, its disk is lost
   chimectl remove node-3 --addr chime-0:7070 --json`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
+			force := fs.Bool("force", false, "remove NODE even though it was seen alive within the dead timeout (never a live node)")
 			return func(ctx context.Context, args []string) error {
 				node, err := oneNode(args)
 				if err != nil {
@@ -580,7 +599,7 @@ shards dropped the node.`,
 				}
 				var resp *chimev1.RemoveNodeResponse
 				err = c.callAdmin(ctx, func(ctx context.Context, ac chimev1.AdminClient) error {
-					resp, err = ac.RemoveNode(ctx, &chimev1.RemoveNodeRequest{Node: node})
+					resp, err = ac.RemoveNode(ctx, &chimev1.RemoveNodeRequest{Node: node, Force: *force})
 					return err
 				})
 				if err != nil {

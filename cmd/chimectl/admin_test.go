@@ -73,7 +73,11 @@ func (f *fakeAdmin) GetClusterMap(context.Context, *chimev1.GetClusterMapRequest
 func (f *fakeAdmin) Drain(_ context.Context, req *chimev1.DrainRequest) (*chimev1.DrainResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.calls = append(f.calls, "Drain "+req.GetNode())
+	call := "Drain " + req.GetNode()
+	if req.GetForce() {
+		call += " --force"
+	}
+	f.calls = append(f.calls, call)
 	n := 0
 	for _, c := range f.calls {
 		if strings.HasPrefix(c, "Drain ") {
@@ -106,7 +110,11 @@ func (f *fakeAdmin) TransferLeader(_ context.Context, req *chimev1.TransferLeade
 }
 
 func (f *fakeAdmin) RemoveNode(_ context.Context, req *chimev1.RemoveNodeRequest) (*chimev1.RemoveNodeResponse, error) {
-	f.record("RemoveNode " + req.GetNode())
+	call := "RemoveNode " + req.GetNode()
+	if req.GetForce() {
+		call += " --force"
+	}
+	f.record(call)
 	if f.removeErr != nil {
 		return nil, f.removeErr
 	}
@@ -560,6 +568,44 @@ func TestRemove(t *testing.T) {
 	}
 }
 
+// --force reaches the server on every call of a drain (the first, which
+// the guard rail checks, and those that follow it), and only when given.
+func TestDrainSendsForce(t *testing.T) {
+	f := &fakeAdmin{drain: []drainStep{{replicas: 1}, {safe: true}}}
+	addr := startAdmin(t, f)
+	chimectlAt(t, &fakeClock{t: t0}, "--addr", addr, "drain", "node-2", "--force").want(t, 0,
+		"node-2: 1 replica remaining, 0 leaderships (0s)\nnode-2 holds no replica: safe to stop\n", "")
+	chimectlAt(t, &fakeClock{t: t0}, "--addr", addr, "drain", "node-2", "--no-wait").want(t, 0,
+		"node-2 holds no replica: safe to stop\n", "")
+	want := []string{"Drain node-2 --force", "Drain node-2 --force", "Drain node-2"}
+	if got := f.Calls(); !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+
+	refused := `node: "node-2" cannot be drained without leaving its shards with fewer voters than the replication factor 3: ` +
+		`2 other nodes can take replicas (node-0, node-1), and one more failure could then cost a shard its quorum; ` +
+		`start another node first, or drain with force (chimectl drain --force) to accept that`
+	f = &fakeAdmin{drain: []drainStep{{err: status.Error(codes.FailedPrecondition, refused)}}}
+	addr = startAdmin(t, f)
+	chimectlAt(t, &fakeClock{t: t0}, "--addr", addr, "drain", "node-2").
+		want(t, 1, "", "chimectl: FailedPrecondition: "+refused+"\n")
+	if n := len(f.Calls()); n != 1 {
+		t.Errorf("%d calls after a refusal, want 1", n)
+	}
+}
+
+func TestRemoveSendsForce(t *testing.T) {
+	f := &fakeAdmin{removeChanged: 2}
+	addr := startAdmin(t, f)
+	chimectl(t, nil, "", "--addr", addr, "remove", "node-3", "--force").
+		want(t, 0, "node-3 removed; 2 shards dropped it and will place a replacement\n", "")
+	chimectl(t, nil, "", "--addr", addr, "remove", "--force=false", "node-3").
+		want(t, 0, "node-3 removed; 2 shards dropped it and will place a replacement\n", "")
+	if got, want := f.Calls(), []string{"RemoveNode node-3 --force", "RemoveNode node-3"}; !slices.Equal(got, want) {
+		t.Errorf("calls %q, want %q", got, want)
+	}
+}
+
 func TestClusterMap(t *testing.T) {
 	m := &chimev1.ClusterMap{ShardCount: 3, Replication: 3,
 		Members: []*chimev1.Member{member("node-1", "alive", time.Minute), member("node-0", "alive", time.Minute)},
@@ -617,10 +663,12 @@ func TestOperatorHelp(t *testing.T) {
 	for cmd, wants := range map[string][]string{
 		"status": {"chimectl status [flags]\n", "(none besides the global flags)", "--json", "--addr", "flagged with !"},
 		"drain": {"chimectl drain [flags] [NODE]\n", "  --wait\n", "  --no-wait\n", "  --timeout-drain duration\n", "(default 5m)",
-			"  --interval duration\n", "(default 1s)", "safe to stop", "exits 1"},
+			"  --interval duration\n", "(default 1s)", "safe to stop", "exits 1",
+			"  --force\n", "fewer other nodes\nthan the replication factor", "transfer-leader"},
 		"transfer-leader": {"chimectl transfer-leader [flags] SHARD NODE\n", "must be one of its\nvoters"},
 		"remove": {"chimectl remove [flags] NODE\n", "will NOT come back", "A node that is still alive",
-			"refused", "drain it instead", "Removal cannot be undone", "wipe its data dir"},
+			"refused", "drain it instead", "Removal cannot be undone", "wipe its data dir",
+			"  --force\n", "--force or not", "chimed --dead-timeout", "will not come back"},
 		"cluster-map": {"chimectl cluster-map [flags]\n", "fnv1a64(id)"},
 	} {
 		r := chimectl(t, nil, "", cmd, "--help")

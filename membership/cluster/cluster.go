@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,8 +58,24 @@ type Cluster struct {
 	mu      sync.RWMutex
 	view    membership.View
 	desired [][]string // by shard, preferred leader first
+	// removed is replaced, never changed in place, so a copy read under mu
+	// stays valid after mu is released.
 	removed map[string]bool
-	conns   map[string]*grpc.ClientConn // by gRPC address
+	// removedGen counts the changes of removed; told holds, by live member,
+	// the removedGen that member confirmed it records (see tellRemoved).
+	removedGen uint64
+	told       map[string]uint64
+	telling    map[string]bool             // a tell in flight, by member
+	tellFails  map[string]int              // consecutive failed tells, by member
+	conns      map[string]*grpc.ClientConn // by gRPC address
+
+	// removeMu orders Removes, so that each one's write of removed.json
+	// includes every removal recorded before it.
+	removeMu sync.Mutex
+
+	tellCtx    context.Context // cancelled by Close
+	cancelTell context.CancelFunc
+	tellWG     sync.WaitGroup
 
 	epoch   atomic.Uint64
 	changes chan struct{}
@@ -106,8 +124,10 @@ func New(cfg Config) (*Cluster, error) {
 		gossip: cfg.Membership, clusterID: cfg.ClusterID, shards: cfg.Shards, retention: cfg.Retention,
 		replication: cfg.Replication, deadTimeout: cfg.DeadTimeout, removedPath: cfg.RemovedPath, peersPath: cfg.PeersPath,
 		logger: cfg.Logger, removed: map[string]bool{}, conns: map[string]*grpc.ClientConn{}, dialCreds: cfg.DialCredentials,
+		removedGen: 1, told: map[string]uint64{}, telling: map[string]bool{}, tellFails: map[string]int{},
 		changes: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
+	c.tellCtx, c.cancelTell = context.WithCancel(context.Background())
 	if c.gossip == nil {
 		c.self, c.replication = cfg.Self.NodeID, 1
 		c.view = membership.View{Self: c.self, Members: map[string]membership.Member{
@@ -136,14 +156,21 @@ func (c *Cluster) SetHost(h *host.Host) { c.host.Store(h) }
 // Host returns the node's shard host, nil until SetHost.
 func (c *Cluster) Host() *host.Host { return c.host.Load() }
 
-// Close stops following membership and closes connections to other nodes.
+// Close stops following membership, waits for the tells of removed nodes
+// in flight, and closes connections to other nodes.
 func (c *Cluster) Close() {
+	c.mu.Lock()
 	select {
 	case <-c.stop:
 	default:
 		close(c.stop)
 	}
+	c.mu.Unlock()
 	<-c.done
+	// tellRemoved starts a tell only under mu with stop still open, so none
+	// starts after the close above.
+	c.cancelTell()
+	c.tellWG.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, cc := range c.conns {
@@ -192,6 +219,79 @@ func (c *Cluster) refresh() {
 		default:
 		}
 	}
+	c.tellRemoved(view)
+}
+
+// tellRemoved starts telling each live member that has not confirmed it
+// records every node this one records as removed, through the Peer
+// service's Forget. A member confirms again after every new removal, and
+// after it was seen not live: a node that was down (or had not joined yet)
+// when an operator removed a node learns it when it comes back, since the
+// operator's fan-out reached only the members live then. A member that
+// fails is asked again on the next refresh (every second), which also
+// covers a node whose gossip is up before its gRPC port serves.
+func (c *Cluster) tellRemoved(view membership.View) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.stop:
+		return
+	default:
+	}
+	for _, id := range slices.Concat(slices.Collect(maps.Keys(c.told)), slices.Collect(maps.Keys(c.tellFails))) {
+		if m, ok := view.Members[id]; !ok || !m.State.Live() {
+			delete(c.told, id)
+			delete(c.tellFails, id)
+		}
+	}
+	if len(c.removed) == 0 {
+		return
+	}
+	for _, id := range view.Live() {
+		if id == c.self || c.removed[id] || c.telling[id] || c.told[id] == c.removedGen {
+			continue
+		}
+		// A member refuses to forget a node it sees live, and so would
+		// every member that sees it as this one does; the node itself
+		// is not told to forget itself.
+		var nodes []string
+		for _, r := range slices.Sorted(maps.Keys(c.removed)) {
+			if m, ok := view.Members[r]; r != id && (!ok || !m.State.Live()) {
+				nodes = append(nodes, r)
+			}
+		}
+		c.telling[id] = true
+		c.tellWG.Add(1)
+		go c.tell(id, nodes, c.removedGen)
+	}
+}
+
+// tell asks member to forget nodes and records that it confirmed gen.
+func (c *Cluster) tell(member string, nodes []string, gen uint64) {
+	defer c.tellWG.Done()
+	var err error
+	for _, n := range nodes {
+		if err = c.forget(c.tellCtx, member, n); err != nil {
+			break
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.telling, member)
+	if err != nil {
+		c.tellFails[member]++
+		// The first failures are usual: a node joins gossip before its
+		// gRPC port serves.
+		level := slog.LevelDebug
+		if c.tellFails[member] == 5 {
+			level = slog.LevelWarn
+		}
+		c.logger.Log(c.tellCtx, level, "telling a member about removed nodes; retrying every second",
+			"member", member, "removed", nodes, "failures", c.tellFails[member], "err", err)
+		return
+	}
+	delete(c.tellFails, member)
+	c.told[member] = max(c.told[member], gen)
 }
 
 // savePeers records the members' gossip addresses (best effort: a node that
@@ -304,11 +404,43 @@ func (c *Cluster) Members(ctx context.Context, s uint32) (voters, nonvoters []st
 	return r.Voters, r.Nonvoters, nil
 }
 
+// TooFewNodesError is Drain's refusal when fewer other nodes than the
+// replication factor could take the node's replicas.
+type TooFewNodesError struct {
+	Node        string
+	Replication int
+	// Takers are the other nodes that could take replicas.
+	Takers []string
+}
+
+func (e *TooFewNodesError) Error() string {
+	takers := "none"
+	if len(e.Takers) > 0 {
+		takers = strings.Join(e.Takers, ", ")
+	}
+	return fmt.Sprintf("node: %q cannot be drained without leaving its shards with fewer voters than the replication factor %d: "+
+		"%d other %s can take replicas (%s), and one more failure could then cost a shard its quorum; "+
+		"start another node first, or drain with force (chimectl drain --force) to accept that",
+		e.Node, e.Replication, len(e.Takers), nodesWord(len(e.Takers)), takers)
+}
+
 // Drain gossips that this node is draining and recomputes the placement:
 // every shard leader then moves its replicas and leaderships elsewhere.
-func (c *Cluster) Drain() error {
+//
+// Unless force, Drain first checks that at least Replication other nodes
+// could take the replicas (Takers). The placement puts each shard on
+// min(Replication, candidates) nodes, so with fewer, every shard on this
+// node would go on with fewer voters than Replication; Drain then returns a
+// *TooFewNodesError and changes nothing. A node already draining is not
+// checked again: asking again follows the drain under way.
+func (c *Cluster) Drain(force bool) error {
 	if c.gossip == nil {
 		return fmt.Errorf("%w: there is no other node to move its replicas to", ErrAlone)
+	}
+	if self, ok := c.Member(c.self); !force && !(ok && self.Meta.Draining) {
+		if takers := c.Takers(); len(takers) < c.replication {
+			return &TooFewNodesError{Node: c.self, Replication: c.replication, Takers: takers}
+		}
 	}
 	if err := c.gossip.SetDraining(true); err != nil {
 		return fmt.Errorf("gossiping the draining state: %w", err)
@@ -317,25 +449,104 @@ func (c *Cluster) Drain() error {
 	return nil
 }
 
-// Remove forgets node for good on this node (persisted) and recomputes the
-// placement.
+func nodesWord(n int) string {
+	if n == 1 {
+		return "node"
+	}
+	return "nodes"
+}
+
+// Takers returns the nodes other than this one that could take replicas
+// now, sorted: the placement's candidates that are live.
+func (c *Cluster) Takers() []string {
+	c.mu.RLock()
+	view, removed := c.view, c.removed
+	c.mu.RUnlock()
+	var out []string
+	for _, id := range view.Candidates(time.Now(), c.deadTimeout, removed) {
+		if id != c.self && view.Members[id].State.Live() {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// DeadTimeout is how long a member may be dead before the placement
+// replaces its replicas (chimed --dead-timeout).
+func (c *Cluster) DeadTimeout() time.Duration { return c.deadTimeout }
+
+// SinceAlive returns how long ago this node last saw node alive: zero while
+// node is live, otherwise the time since this node saw it die or leave
+// (membership.Member.Since, by this node's clock). ok is false for a node
+// this node does not know. The placement keeps node's replicas while
+// SinceAlive is under DeadTimeout, in case it comes back.
+func (c *Cluster) SinceAlive(node string) (ago time.Duration, ok bool) {
+	m, ok := c.Member(node)
+	if !ok || m.State.Live() {
+		return 0, ok
+	}
+	return max(time.Since(m.Since), 0), true
+}
+
+// Remove forgets node for good on this node and recomputes the placement.
+// The removal is on disk before Remove returns and before the placement
+// changes: removed.json is replaced through a synced temporary file and a
+// synced directory, so a node that restarts, even after a power loss,
+// still knows it. Removing a node already removed changes nothing. The
+// live members learn it through tellRemoved.
 func (c *Cluster) Remove(node string) error {
 	if c.gossip == nil {
 		return fmt.Errorf("%w: there is no other node to remove", ErrAlone)
 	}
+	c.removeMu.Lock()
+	defer c.removeMu.Unlock()
+	c.mu.RLock()
+	next := maps.Clone(c.removed)
+	c.mu.RUnlock()
+	if next[node] {
+		return nil
+	}
+	next[node] = true
+	if err := writeFileDurable(c.removedPath, encodeRemoved(next)); err != nil {
+		return fmt.Errorf("writing %s: %w", c.removedPath, err)
+	}
 	c.mu.Lock()
-	c.removed[node] = true
-	b := encodeRemoved(c.removed)
+	c.removed = next
+	c.removedGen++
 	c.mu.Unlock()
-	tmp := c.removedPath + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, c.removedPath); err != nil {
-		return err
-	}
 	c.refresh()
 	return nil
+}
+
+// writeFileDurable replaces path with b so that after a crash path holds
+// either its old content or b, and b once it returns nil: b goes to a
+// temporary file, synced before it is renamed over path, and then path's
+// directory is synced, since the rename is a change of the directory.
+func writeFileDurable(path string, b []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if serr := f.Sync(); err == nil {
+		err = serr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	return errors.Join(d.Sync(), d.Close())
 }
 
 // encodeRemoved is the removed.json of the nodes in removed: their ids, sorted.

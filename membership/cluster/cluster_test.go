@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -48,10 +49,20 @@ func (g *fakeGossip) SetDraining(d bool) error {
 	return nil
 }
 
+// setState changes how g sees member id.
+func (g *fakeGossip) setState(id string, st membership.State, since time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	m := g.view.Members[id]
+	m.State, m.Since = st, since
+	g.view.Members[id] = m
+}
+
 // node is a Cluster serving the Peer service on loopback.
 type node struct {
-	c  *Cluster
-	gs *grpc.Server
+	c      *Cluster
+	gs     *grpc.Server
+	gossip *fakeGossip
 }
 
 func startNodes(t *testing.T, ids ...string) map[string]*node {
@@ -69,7 +80,7 @@ func startNodes(t *testing.T, ids ...string) map[string]*node {
 	members["gone"] = membership.Member{Meta: membership.Meta{NodeID: "gone"}, State: membership.Dead}
 	out := map[string]*node{}
 	for _, id := range ids {
-		g := &fakeGossip{view: membership.View{Self: id, Members: members}, changes: make(chan struct{})}
+		g := &fakeGossip{view: membership.View{Self: id, Members: maps.Clone(members)}, changes: make(chan struct{})}
 		c, err := New(Config{Membership: g, Shards: 4, Replication: 2, DeadTimeout: time.Hour,
 			RemovedPath: filepath.Join(t.TempDir(), "removed.json")})
 		if err != nil {
@@ -80,7 +91,7 @@ func startNodes(t *testing.T, ids ...string) map[string]*node {
 		done := make(chan struct{})
 		go func() { defer close(done); gs.Serve(lns[id]) }()
 		t.Cleanup(func() { gs.Stop(); <-done; c.Close() })
-		out[id] = &node{c: c, gs: gs}
+		out[id] = &node{c: c, gs: gs, gossip: g}
 	}
 	return out
 }
@@ -162,7 +173,7 @@ func TestAlone(t *testing.T) {
 	if v := c.View(); len(v.Live()) != 1 {
 		t.Errorf("live members %v", v.Live())
 	}
-	if err := c.Drain(); !errors.Is(err, ErrAlone) {
+	if err := c.Drain(false); !errors.Is(err, ErrAlone) {
 		t.Errorf("Drain: %v, want ErrAlone", err)
 	}
 	if err := c.Remove("x"); !errors.Is(err, ErrAlone) {

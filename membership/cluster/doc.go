@@ -9,9 +9,19 @@
 //     change (and every second, as dead members age past DeadTimeout) it
 //     computes membership.Placement over the view's candidates and signals
 //     the host (Changes) and the shard leaders (Epoch).
-//   - The nodes an operator removed (RemovedPath, JSON, persisted before the
-//     placement changes) and the gossip addresses of every member seen
-//     (PeersPath, best effort, for a restart without --join).
+//   - The nodes an operator removed (RemovedPath, JSON, written through a
+//     synced temporary file, renamed, then the directory synced, before the
+//     placement changes; read at start) and the gossip addresses of every
+//     member seen (PeersPath, best effort, for a restart without --join).
+//     A removal reaches every member: the operator's fan-out (Forget) tells
+//     the live ones, and every node that records a removal tells each live
+//     member again until it confirms, after each new removal and whenever
+//     the member comes back from not live, so a node that was down or not
+//     yet serving when a node was removed records it too.
+//   - The guard rails of Drain and removal: Drain refuses, unless forced,
+//     when fewer other nodes than the replication factor could take the
+//     node's replicas (Takers); SinceAlive and DeadTimeout tell the Admin
+//     API whether a node it is asked to remove may still come back.
 //   - A pool of gRPC client connections to the other members, by address,
 //     closed by Close.
 //   - The chime.v1.Peer service (RegisterPeer) and its client side: a
@@ -53,6 +63,9 @@
 //     Conn fails afterwards.
 //   - AllReplicas asks the live members in parallel and waits for every
 //     answer, each bounded by 2 s.
+//   - Telling the live members about removed nodes: at most one goroutine
+//     per member at a time, started by the refresh, each call bounded by
+//     2 s; Close cancels them and waits for them.
 //   - host.ScheduleByShard, used by Schedule, runs one goroutine per shard
 //     of a batch and waits for all of them; host.EachShard, used by List,
 //     Count and CancelMatching, one per shard, cancelled together at the

@@ -89,23 +89,31 @@ func (c *Cluster) AllReplicas(ctx context.Context) map[string]*chimev1.ReplicasR
 }
 
 // ForgetEverywhere tells every other live member to forget node, so that
-// whichever leads a shard drops it; a member that misses this keeps the node
-// until it is told again.
+// whichever leads a shard drops it, and waits for their answers (each
+// bounded by peerWait). Each member records the removal on its disk before
+// it answers. A member that misses this, or was not live then, is told
+// again by every member that records the removal (Cluster.tellRemoved).
 func (c *Cluster) ForgetEverywhere(ctx context.Context, node string) {
 	for _, id := range c.liveMembers() {
 		if id == c.self {
 			continue
 		}
-		cc, err := c.Conn(id)
-		if err != nil {
-			continue
-		}
-		fctx, cancel := context.WithTimeout(ctx, peerWait)
-		if _, err := chimev1.NewPeerClient(cc).Forget(fctx, &chimev1.ForgetRequest{Node: node}); err != nil {
+		if err := c.forget(ctx, id, node); err != nil {
 			c.logger.Warn("telling a member to forget a removed node", "member", id, "node", node, "err", err)
 		}
-		cancel()
 	}
+}
+
+// forget asks member's Peer service to forget node, for at most peerWait.
+func (c *Cluster) forget(ctx context.Context, member, node string) error {
+	cc, err := c.Conn(member)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, peerWait)
+	defer cancel()
+	_, err = chimev1.NewPeerClient(cc).Forget(ctx, &chimev1.ForgetRequest{Node: node})
+	return err
 }
 
 // LocalReplicas describes this node's replicas of shards, or all of them.
