@@ -753,7 +753,10 @@ func (a *applier) recurring(c *Recurring) *RecurringResult {
 		a.putCursor(c.ID, e)
 		return report(RecurringPaused)
 	case RecurringResume:
-		e.cur.state, e.cur.pausedAt, e.cur.run = ScheduleActive, 0, 0
+		// run is kept: a schedule paused and resumed part way through a catch-up goes on
+		// counting the same run, so that pausing again and again never replays more than
+		// MaxCatchUp of one stretch of missed occurrences.
+		e.cur.state, e.cur.pausedAt = ScheduleActive, 0
 		a.materialise(c.ID, e, now)
 		a.putCursor(c.ID, e)
 		return report(RecurringResumed)

@@ -262,6 +262,32 @@ func TestRecurringCatchUp(t *testing.T) {
 	}
 }
 
+// TestRecurringPauseResumeKeepsTheCatchUpRun: pausing and resuming part way through a
+// catch-up does not start the run again, so a schedule replays at most MaxCatchUp of one
+// stretch of missed occurrences however often it is paused.
+func TestRecurringPauseResumeKeepsTheCatchUpRun(t *testing.T) {
+	h := newRecurringHarness(t)
+	h.rec(&Recurring{Op: RecurringCreate, ProposedAt: sec(0.5).UnixNano(), ID: "r", Hash: 1, Def: everySecond(CatchUpAll)})
+	h.rec(&Recurring{Op: RecurringPause, ProposedAt: sec(0.6).UnixNano(), ID: "r"})
+	h.rec(&Recurring{Op: RecurringResume, ProposedAt: sec(20.2).UnixNano(), ID: "r"})
+	// MaxCatchUp 2: 1 and 2 of the twenty missed, then the future, however the resumes fall.
+	var replayed []time.Time
+	at := 20.3
+	for h.next("r").Before(sec(20)) {
+		replayed = append(replayed, h.next("r"))
+		h.fire("r", sec(at))
+		h.rec(&Recurring{Op: RecurringPause, ProposedAt: sec(at + 0.01).UnixNano(), ID: "r"})
+		h.rec(&Recurring{Op: RecurringResume, ProposedAt: sec(at + 0.02).UnixNano(), ID: "r"})
+		at += 0.1
+		if len(replayed) > 2 {
+			t.Fatalf("replayed %v: more than MaxCatchUp 2 of one stretch of missed occurrences", replayed)
+		}
+	}
+	if got := h.next("r"); !got.Equal(sec(21)) {
+		t.Fatalf("after the catch-up: next %v, want %v", got, sec(21))
+	}
+}
+
 // TestRecurringCompletes checks that a schedule stops at MaxOccurrences and at End, and that
 // an Update can give it occurrences again.
 func TestRecurringCompletes(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -189,6 +190,45 @@ func TestSecuredClusterRefusesWhatItMust(t *testing.T) {
 		return tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", n1.raftAd, clientSource(t, app, p.nodes.File).PeerClientConfig())
 	})
 	raftRefused("plaintext", func() (net.Conn, error) { return net.DialTimeout("tcp", n1.raftAd, 5*time.Second) })
+	// Of the cluster's CA, a node certificate speaks Raft only for a member:
+	// n8 is none, and a certificate naming no node id is nobody's. n2's
+	// own key (a second certificate for n2) is let through, and raft keeps
+	// its connection open waiting for a message.
+	nodeSource := func(pair certstest.Pair) *certs.Source {
+		src, err := certs.Load(certs.Files{Cert: pair.Cert, Key: pair.Key, CA: p.nodes.File}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return src
+	}
+	nonMember, err := p.nodes.Node("n8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raftRefused("a node certificate of the cluster's CA for a node that is not a member", func() (net.Conn, error) {
+		return tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", n1.raftAd, nodeSource(nonMember).PeerClientConfig())
+	})
+	anonymous, err := p.nodes.Issue("old-style", []string{certs.NodeName}, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raftRefused("a node certificate naming no node id", func() (net.Conn, error) {
+		return tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", n1.raftAd, nodeSource(anonymous).PeerClientConfig())
+	})
+	member, err := p.nodes.Node("n2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", n1.raftAd, nodeSource(member).PeerClientConfig()); err != nil {
+		t.Errorf("a member's certificate was refused in the handshake: %v", err)
+	} else {
+		conn.Write([]byte("CHRM\x01\x00\x00\x00\x00"))
+		conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := conn.Read(make([]byte, 1)); !os.IsTimeout(err) {
+			t.Errorf("a member's Raft connection was closed: read %v", err)
+		}
+		conn.Close()
+	}
 
 	// Authentication and roles.
 	other, err := p.clients.Client("other-app")

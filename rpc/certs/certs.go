@@ -24,6 +24,16 @@ const NodeName = "node.chime"
 // one, so that the holder of n2's key cannot speak as n3.
 func NodeIDName(id string) string { return id + "." + NodeName }
 
+// PeerNodeID is the node id named by the certificate the other end of cs
+// presented (NodeIDName), "" when it named none or presented none. It reads
+// what the handshake verified; it verifies nothing itself.
+func PeerNodeID(cs tls.ConnectionState) string {
+	if len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	return nodeID(cs.PeerCertificates[0])
+}
+
 // nodeID is the node id leaf's DNS names give it (NodeIDName), "" when they
 // name none or more than one.
 func nodeID(leaf *x509.Certificate) string {

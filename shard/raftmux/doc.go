@@ -8,6 +8,9 @@
 // header is the first thing sent inside a TLS connection, after a mutual
 // handshake whose configurations accept only nodes of the cluster; a
 // connection whose handshake fails is closed before anything is routed.
+// Which of those nodes may speak is the caller's to say: TLS.Admit sees each
+// accepted connection's layer and handshake before it is routed, and
+// TLS.Dialled each dialled one's before raft gets it.
 //
 // # What it owns
 //

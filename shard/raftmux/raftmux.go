@@ -58,9 +58,18 @@ var ErrClosed = errors.New("raftmux: closed")
 // TLS makes every connection of the mux TLS, both ways: Server for the
 // connections it accepts, Client for those its layers dial. Both should
 // verify the other end as a node of the cluster (the Raft port is for nodes
-// only); the mux only runs the handshakes.
+// only); the mux only runs the handshakes, and asks Admit and Dialled,
+// when set, whether the node at the other end may speak.
 type TLS struct {
 	Server, Client *tls.Config
+	// Admit is asked about each accepted connection once its handshake is
+	// done and its header read (layer is the id the header names); an error
+	// refuses it: the connection is closed and the refusal logged.
+	Admit func(layer uint32, cs tls.ConnectionState) error
+	// Dialled is asked about each connection a layer dials, once its
+	// handshake is done (addr is the address dialled); an error fails the
+	// dial.
+	Dialled func(addr string, cs tls.ConnectionState) error
 }
 
 // New serves Raft connections on ln until Close, in TLS if tlsConf is not
@@ -204,6 +213,13 @@ func (m *Mux) route(c net.Conn) {
 		return
 	}
 	id := binary.BigEndian.Uint32(hdr[len(muxMagic)+1:])
+	if tc, ok := c.(*tls.Conn); ok && m.tls.Admit != nil {
+		if err := m.tls.Admit(id, tc.ConnectionState()); err != nil {
+			m.refused("raft mux: peer refused", c.RemoteAddr(), err)
+			c.Close()
+			return
+		}
+	}
 	m.mu.Lock()
 	l := m.layers[id]
 	m.mu.Unlock()
@@ -288,6 +304,12 @@ func (l *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		if err != nil {
 			c.Close()
 			return nil, fmt.Errorf("raft TLS handshake with %s: %w", addr, err)
+		}
+		if l.mux.tls.Dialled != nil {
+			if err := l.mux.tls.Dialled(string(addr), tc.ConnectionState()); err != nil {
+				c.Close()
+				return nil, fmt.Errorf("raft connection to %s: %w", addr, err)
+			}
 		}
 		c = tc
 	}

@@ -2,8 +2,10 @@ package raftmux
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -215,6 +217,105 @@ func TestTLS(t *testing.T) {
 		c.Close()
 		t.Fatal("a refused connection reached the layer")
 	default:
+	}
+}
+
+// TestAdmitAndDialled: the mux asks Admit about every accepted connection,
+// with the layer its header names and the handshake's peer, and closes the
+// ones it refuses before they reach the layer; a layer's Dial asks Dialled
+// about the node it reached, and fails when that refuses.
+func TestAdmitAndDialled(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := certstest.NewCA(dir, "cluster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := func(node string) *certs.Source {
+		pair, err := ca.Node(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := certs.Load(certs.Files{Cert: pair.Cert, Key: pair.Key, CA: ca.File}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	type asked struct {
+		layer uint32
+		node  string
+	}
+	admitted := make(chan asked, 4)
+	n1 := source("n1")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(ln, &TLS{Server: n1.PeerServerConfig(), Client: n1.PeerClientConfig(), Admit: func(layer uint32, cs tls.ConnectionState) error {
+		node := certs.PeerNodeID(cs)
+		admitted <- asked{layer, node}
+		if node != "n2" {
+			return fmt.Errorf("node %q may not speak", node)
+		}
+		return nil
+	}}, nil)
+	defer m.Close()
+	l7, err := m.Layer(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := raft.ServerAddress(ln.Addr().String())
+	dial := func(node string, dialled func(string, tls.ConnectionState) error) (net.Conn, error) {
+		s := source(node)
+		return (&streamLayer{mux: &Mux{tls: &TLS{Server: s.PeerServerConfig(), Client: s.PeerClientConfig(), Dialled: dialled}}, id: 7}).Dial(addr, 5*time.Second)
+	}
+
+	c, err := dial("n2", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got, err := l7.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Close()
+	if a := <-admitted; a != (asked{7, "n2"}) {
+		t.Fatalf("Admit was asked about %+v, want layer 7 and node n2", a)
+	}
+
+	c3, err := dial("n3", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	if a := <-admitted; a != (asked{7, "n3"}) {
+		t.Fatalf("Admit was asked about %+v, want layer 7 and node n3", a)
+	}
+	c3.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c3.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("a connection Admit refused was left open: read %v", err)
+	}
+	select {
+	case c := <-l7.(*streamLayer).conns:
+		c.Close()
+		t.Fatal("a refused connection reached the layer")
+	default:
+	}
+
+	// The dialling side: the node reached at addr is n1; a Dialled that
+	// wants another refuses it, and the dial fails naming why.
+	_, err = dial("n2", func(a string, cs tls.ConnectionState) error {
+		if a != string(addr) {
+			t.Errorf("Dialled was asked about %s, want %s", a, addr)
+		}
+		if got := certs.PeerNodeID(cs); got != "n4" {
+			return fmt.Errorf("%s is node %q's address, not n4's", a, got)
+		}
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), `is node "n1"'s address, not n4's`) {
+		t.Fatalf("Dial to n1's address expecting n4: %v", err)
 	}
 }
 

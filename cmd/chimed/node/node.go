@@ -375,7 +375,7 @@ func Start(cfg Config) (_ *Node, err error) {
 		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
 		RaftListener: raftLn, RaftAdvertise: cfg.RaftAdvertise, Transport: cfg.RaftTransport, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
 		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
-		RaftTLS: raftTLS(cfg.TLS), TopicLimits: n.topicLimits, DiskFailed: n.diskFailed,
+		RaftTLS: n.raftTLS(cfg.TLS), TopicLimits: n.topicLimits, DiskFailed: n.diskFailed,
 		// Only the node that creates the cluster starts shards alone, and
 		// only then: a restarted node must never found a second group.
 		Bootstrap: !existed && len(cfg.Join) == 0,
@@ -547,11 +547,42 @@ const (
 	keepaliveMinTime = 5 * time.Second
 )
 
-func raftTLS(src *certs.Source) *raftmux.TLS {
+// raftTLS secures the Raft port with the node's certificate. The
+// handshakes accept nodes of the cluster's CA only; beyond that, a node
+// speaks Raft with this one only as a member no operator removed, named by
+// its certificate, and a dialled address must be held by the node that
+// advertises it: the key of a removed node, or of one node holding another's
+// address, carries no Raft traffic.
+func (n *Node) raftTLS(src *certs.Source) *raftmux.TLS {
 	if src == nil {
 		return nil
 	}
-	return &raftmux.TLS{Server: src.PeerServerConfig(), Client: src.PeerClientConfig()}
+	return &raftmux.TLS{Server: src.PeerServerConfig(), Client: src.PeerClientConfig(),
+		Admit: func(_ uint32, cs tls.ConnectionState) error { return n.raftPeer(certs.PeerNodeID(cs)) },
+		Dialled: func(addr string, cs tls.ConnectionState) error {
+			id := certs.PeerNodeID(cs)
+			for owner, m := range n.cluster.View().Members {
+				if m.Meta.RaftAddr == addr && owner != id {
+					return fmt.Errorf("%s is node %q's Raft address, but the certificate there is node %q's", addr, owner, id)
+				}
+			}
+			return n.raftPeer(id)
+		}}
+}
+
+// raftPeer says why node id may not speak Raft with this node, if it may
+// not: n.cluster is set before the host opens the Raft port.
+func (n *Node) raftPeer(id string) error {
+	if id == "" {
+		return fmt.Errorf("its certificate names no node id (%s)", certs.NodeIDName("<id>"))
+	}
+	if n.cluster.Removed(id) {
+		return fmt.Errorf("node %q was removed from the cluster", id)
+	}
+	if _, ok := n.cluster.Member(id); !ok {
+		return fmt.Errorf("node %q is not a member of the cluster", id)
+	}
+	return nil
 }
 
 func dialCredentials(src *certs.Source) credentials.TransportCredentials {
