@@ -2,13 +2,17 @@ package deploy
 
 import (
 	"bytes"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/chimehq/chime/rpc/certs"
+	"github.com/chimehq/chime/rpc/certs/certstest"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -261,12 +265,20 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 	if got := strings.Contains(drain, "--tls-server-name node.chime"); got != secure {
 		t.Errorf("preStop %q: TLS flags present %v, want %v", drain, got, secure)
 	}
+	for _, problem := range checkDrain(c, secure) {
+		t.Error(problem)
+	}
+	if secure {
+		for _, problem := range checkNodeTLS(t.TempDir(), sts) {
+			t.Error(problem)
+		}
+	}
 	if _, insecure := args["--insecure"]; insecure == secure {
 		t.Errorf("--insecure given %v with the %s values", insecure, set)
 	}
 
-	// Every file a flag names is on a mounted volume: a Secret, or the data
-	// volume.
+	// Every file a flag names is on a mounted volume: a Secret, the pod's
+	// own certificate from the csi-driver, or the data volume.
 	mounts := map[string]string{}
 	for _, vm := range c.VolumeMounts {
 		mounts[vm.MountPath] = vm.Name
@@ -288,8 +300,8 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 		name, ok := mounts[filepath.Dir(f)]
 		if !ok {
 			t.Errorf("%s is on no volume mount", f)
-		} else if v := volumes[name]; v.Secret == nil {
-			t.Errorf("%s is on volume %s, which is not a Secret", f, name)
+		} else if v := volumes[name]; v.Secret == nil && v.CSI == nil {
+			t.Errorf("%s is on volume %s, which is neither a Secret nor the csi-driver's certificate", f, name)
 		}
 	}
 	var secrets []string
@@ -298,7 +310,8 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 			secrets = append(secrets, v.Secret.SecretName)
 		}
 	}
-	wantSecrets := map[string]string{"insecure": "", "secure": "chime-tls chime-auth chime-gossip chime-kafka-tls"}[set]
+	// No TLS Secret: each pod's certificate is its own, from the csi-driver.
+	wantSecrets := map[string]string{"insecure": "", "secure": "chime-auth chime-gossip chime-kafka-tls"}[set]
 	if strings.Join(secrets, " ") != wantSecrets {
 		t.Errorf("Secret volumes %v, want %q", secrets, wantSecrets)
 	}
@@ -339,6 +352,261 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 	}
 }
 
+// csiDriver is cert-manager's csi-driver, which issues each pod a
+// certificate of its own.
+const csiDriver = "csi.cert-manager.io"
+
+// checkDrain checks the preStop drain's credentials and returns what is
+// wrong: it never presents the node's certificate (or any), verifies the
+// node as node.chime when TLS is on, and with the secure values (an auth
+// file) sends the drain's own admin token, from its Secret, as CHIME_TOKEN
+// (never on the command line, which ps shows).
+func checkDrain(c corev1.Container, secure bool) []string {
+	var problems []string
+	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Exec == nil {
+		return []string{"no preStop exec hook"}
+	}
+	cmd := c.Lifecycle.PreStop.Exec.Command
+	drain := " " + strings.Join(cmd, " ") + " "
+	for _, f := range flagsIn(cmd) {
+		if f == "tls-cert" || f == "tls-key" || f == "token" {
+			problems = append(problems, fmt.Sprintf("preStop %q passes --%s: the drain presents no certificate (the node's key is its identity to its peers) and its token comes from CHIME_TOKEN", drain, f))
+		}
+	}
+	if strings.Contains(drain, "tls.key") || strings.Contains(drain, "tls.crt") {
+		problems = append(problems, fmt.Sprintf("preStop %q names the node's certificate or key", drain))
+	}
+	if secure && !strings.Contains(drain, " --tls-ca /etc/chime/tls/ca.crt ") {
+		problems = append(problems, fmt.Sprintf("preStop %q does not verify the node against the node CA (--tls-ca /etc/chime/tls/ca.crt)", drain))
+	}
+	var token *corev1.EnvVar
+	for i, e := range c.Env {
+		if e.Name == "CHIME_TOKEN" {
+			token = &c.Env[i]
+		}
+	}
+	switch {
+	case !secure && token != nil:
+		problems = append(problems, "CHIME_TOKEN is set without an auth file")
+	case secure && token == nil:
+		problems = append(problems, "no CHIME_TOKEN: with an auth file the preStop drain has no credential of its own")
+	case secure && (token.ValueFrom == nil || token.ValueFrom.SecretKeyRef == nil || token.Value != ""):
+		problems = append(problems, fmt.Sprintf("CHIME_TOKEN %+v does not come from a Secret", *token))
+	case secure:
+		if ref := token.ValueFrom.SecretKeyRef; ref.Name != "chime-drain" || ref.Key != "token" {
+			problems = append(problems, fmt.Sprintf("CHIME_TOKEN comes from Secret %s key %s, want the drain credential chime-drain key token", ref.Name, ref.Key))
+		}
+	}
+	return problems
+}
+
+// checkNodeTLS checks, for the secure values, that every pod of sts gets a
+// certificate of its own that chimed accepts for its --node-id and for no
+// other pod's, and that no Secret shared by the pods carries node TLS. For
+// each pod it expands the csi-driver's attributes as the driver does
+// (${POD_NAME}, ${POD_NAMESPACE}), issues a certificate with those DNS names
+// and key usages from a throwaway CA in dir, and runs chimed's own check on
+// it (certs.CheckNode). It returns what is wrong.
+func checkNodeTLS(dir string, sts *appsv1.StatefulSet) []string {
+	var problems []string
+	pod := sts.Spec.Template.Spec
+	if len(pod.Containers) != 1 {
+		return []string{fmt.Sprintf("%d containers, want 1", len(pod.Containers))}
+	}
+	c := pod.Containers[0]
+	args := map[string]string{}
+	for _, a := range c.Args {
+		name, value, _ := strings.Cut(a, "=")
+		args[name] = value
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = v
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m
+	}
+	// The files of --tls-cert, --tls-key and --tls-ca are on the one CSI
+	// volume.
+	var csi *corev1.CSIVolumeSource
+	for _, flag := range []string{"--tls-cert", "--tls-key", "--tls-ca"} {
+		f, ok := args[flag]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("no %s", flag))
+			continue
+		}
+		m, ok := mounts[filepath.Dir(f)]
+		if !ok {
+			problems = append(problems, fmt.Sprintf("%s=%s is on no volume mount", flag, f))
+			continue
+		}
+		v := volumes[m.Name]
+		if v.Secret != nil || v.CSI == nil || v.CSI.Driver != csiDriver {
+			problems = append(problems, fmt.Sprintf("%s=%s is on volume %s, which is not the %s volume of the pod's own certificate (%+v)", flag, f, m.Name, csiDriver, v.VolumeSource))
+			continue
+		}
+		if !m.ReadOnly || v.CSI.ReadOnly == nil || !*v.CSI.ReadOnly {
+			problems = append(problems, fmt.Sprintf("the certificate volume %s is not mounted read-only", m.Name))
+		}
+		csi = v.CSI
+	}
+	if csi == nil {
+		return problems
+	}
+	attr := csi.VolumeAttributes
+	for key, want := range map[string]string{
+		"csi.cert-manager.io/issuer-name":  "chime-nodes",
+		"csi.cert-manager.io/issuer-kind":  "Issuer",
+		"csi.cert-manager.io/issuer-group": "cert-manager.io",
+		"csi.cert-manager.io/duration":     "2160h",
+	} {
+		if attr[key] != want {
+			problems = append(problems, fmt.Sprintf("volume attribute %s=%q, want %q", key, attr[key], want))
+		}
+	}
+	// The driver writes the files 0440, owned by root and by the group
+	// fs-group names: chimed's group must be it.
+	if sc := pod.SecurityContext; sc == nil || sc.RunAsGroup == nil || attr["csi.cert-manager.io/fs-group"] != fmt.Sprint(*sc.RunAsGroup) {
+		problems = append(problems, fmt.Sprintf("csi.cert-manager.io/fs-group=%q is not the group chimed runs as: it could not read its key", attr["csi.cert-manager.io/fs-group"]))
+	}
+	var usages []x509.ExtKeyUsage
+	for _, u := range strings.Split(attr["csi.cert-manager.io/key-usages"], ",") {
+		switch strings.TrimSpace(u) {
+		case "server auth":
+			usages = append(usages, x509.ExtKeyUsageServerAuth)
+		case "client auth":
+			usages = append(usages, x509.ExtKeyUsageClientAuth)
+		}
+	}
+
+	ca, err := certstest.NewCA(dir, "nodes")
+	if err != nil {
+		return append(problems, err.Error())
+	}
+	replicas := 1
+	if sts.Spec.Replicas != nil {
+		replicas = int(*sts.Spec.Replicas)
+	}
+	for i := 0; i < replicas; i++ {
+		podName := fmt.Sprintf("%s-%d", sts.Name, i)
+		// The kubelet expands $(VAR) in args; the csi-driver ${VAR} (os.Expand).
+		kubelet := strings.NewReplacer("$(POD_NAME)", podName, "$(POD_NAMESPACE)", namespace)
+		var unknown []string
+		expand := func(s string) string {
+			return os.Expand(s, func(v string) string {
+				switch v {
+				case "POD_NAME":
+					return podName
+				case "POD_NAMESPACE":
+					return namespace
+				}
+				unknown = append(unknown, v)
+				return ""
+			})
+		}
+		dns := strings.Split(expand(attr["csi.cert-manager.io/dns-names"]), ",")
+		if len(unknown) > 0 {
+			problems = append(problems, fmt.Sprintf("dns-names expand variables the csi-driver does not set: %v", unknown))
+		}
+		id := kubelet.Replace(args["--node-id"])
+		if id != podName {
+			problems = append(problems, fmt.Sprintf("pod %s: --node-id is %q, not the pod's name", podName, id))
+		}
+		for _, want := range []string{"node.chime", podName + ".node.chime", kubelet.Replace(args["--advertise-host"]), "chime.example.com"} {
+			if !slices.Contains(dns, want) {
+				problems = append(problems, fmt.Sprintf("pod %s: the certificate's DNS names %v lack %s", podName, dns, want))
+			}
+		}
+		pair, err := ca.Issue(expand(attr["csi.cert-manager.io/common-name"]), dns, usages...)
+		if err != nil {
+			return append(problems, err.Error())
+		}
+		src, err := certs.Load(certs.Files{Cert: pair.Cert, Key: pair.Key, CA: ca.File}, nil)
+		if err != nil {
+			return append(problems, err.Error())
+		}
+		if err := src.CheckNode(id); err != nil {
+			problems = append(problems, fmt.Sprintf("pod %s: chimed would refuse its certificate: %v", podName, err))
+		}
+		// The certificate speaks for this pod alone.
+		other := fmt.Sprintf("%s-%d", sts.Name, (i+1)%max(replicas, 2))
+		if err := src.CheckNode(other); err == nil {
+			problems = append(problems, fmt.Sprintf("pod %s: its certificate would also start node %s", podName, other))
+		}
+	}
+	return problems
+}
+
+// TestChartChecksCatch: checkDrain and checkNodeTLS find what they are for,
+// planted in the secure render: a drain that uses the node's key or has no
+// token, certificates that name another node or are shared, a key chimed
+// cannot read.
+func TestChartChecksCatch(t *testing.T) {
+	good := renderSet(t, "secure").statefulSets[0]
+	if p := append(checkDrain(good.Spec.Template.Spec.Containers[0], true), checkNodeTLS(t.TempDir(), good)...); len(p) > 0 {
+		t.Fatalf("the secure render itself fails the checks: %v", p)
+	}
+	tlsVolume := func(s *appsv1.StatefulSet) *corev1.Volume {
+		for i, v := range s.Spec.Template.Spec.Volumes {
+			if v.Name == "tls" {
+				return &s.Spec.Template.Spec.Volumes[i]
+			}
+		}
+		t.Fatal("no tls volume")
+		return nil
+	}
+	setDNS := func(f func(string) string) func(*appsv1.StatefulSet) {
+		return func(s *appsv1.StatefulSet) {
+			a := tlsVolume(s).CSI.VolumeAttributes
+			a["csi.cert-manager.io/dns-names"] = f(a["csi.cert-manager.io/dns-names"])
+		}
+	}
+	for name, c := range map[string]struct {
+		plant func(*appsv1.StatefulSet)
+		drain bool // checkDrain must catch it, else checkNodeTLS
+	}{
+		"the drain presents the node's certificate": {func(s *appsv1.StatefulSet) {
+			pre := s.Spec.Template.Spec.Containers[0].Lifecycle.PreStop.Exec
+			pre.Command = append([]string{pre.Command[0], "--tls-cert", "/etc/chime/tls/tls.crt", "--tls-key", "/etc/chime/tls/tls.key"}, pre.Command[1:]...)
+		}, true},
+		"the drain has no token": {func(s *appsv1.StatefulSet) {
+			c := &s.Spec.Template.Spec.Containers[0]
+			c.Env = slices.DeleteFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "CHIME_TOKEN" })
+		}, true},
+		"the drain's token on its command line": {func(s *appsv1.StatefulSet) {
+			pre := s.Spec.Template.Spec.Containers[0].Lifecycle.PreStop.Exec
+			pre.Command = append([]string{pre.Command[0], "--token", "secret"}, pre.Command[1:]...)
+		}, true},
+		"every pod's certificate names pod 0": {setDNS(func(d string) string {
+			return strings.Replace(d, "${POD_NAME}.node.chime", "chime-0.node.chime", 1)
+		}), false},
+		"certificates name a second node id": {setDNS(func(d string) string { return d + ",chime-1.node.chime" }), false},
+		"certificates lack node.chime":       {setDNS(func(d string) string { return strings.Replace(d, ",node.chime,", ",", 1) }), false},
+		"certificates without client use": {func(s *appsv1.StatefulSet) {
+			tlsVolume(s).CSI.VolumeAttributes["csi.cert-manager.io/key-usages"] = "server auth,digital signature,key encipherment"
+		}, false},
+		"a key chimed's group cannot read": {func(s *appsv1.StatefulSet) {
+			delete(tlsVolume(s).CSI.VolumeAttributes, "csi.cert-manager.io/fs-group")
+		}, false},
+		"one TLS Secret shared by every pod": {func(s *appsv1.StatefulSet) {
+			tlsVolume(s).VolumeSource = corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "chime-tls"}}
+		}, false},
+	} {
+		s := good.DeepCopy()
+		c.plant(s)
+		var problems []string
+		if c.drain {
+			problems = checkDrain(s.Spec.Template.Spec.Containers[0], true)
+		} else {
+			problems = checkNodeTLS(t.TempDir(), s)
+		}
+		if len(problems) == 0 {
+			t.Errorf("%s: the checks found nothing", name)
+		}
+	}
+}
+
 func checkPorts(t *testing.T, s *corev1.Service, want ...string) {
 	t.Helper()
 	var got []string
@@ -366,13 +634,24 @@ func TestChartRefuses(t *testing.T) {
 		want  []string
 	}{
 		"no security and not insecure": {[]string{"--set", "kafka.brokers=k:9092"},
-			[]string{"refusing to render", "missing: tls.secretName, auth.secretName, gossip.secretName", "node.chime", "insecure=true"}},
-		"TLS and auth without gossip keys": {[]string{"--set", "kafka.brokers=k:9092", "--set", "tls.secretName=t", "--set", "auth.secretName=a"},
+			[]string{"refusing to render", "missing: tls.certManagerCSI.issuerName, auth.secretName, gossip.secretName", "node.chime", "POD.node.chime", "insecure=true"}},
+		"TLS and auth without gossip keys": {[]string{"--set", "kafka.brokers=k:9092", "--set", "tls.certManagerCSI.issuerName=i", "--set", "auth.secretName=a"},
 			[]string{"refusing to render", "missing: gossip.secretName"}},
-		"TLS, and Kafka in plaintext": {[]string{"--set", "kafka.brokers=k:9092", "--set", "tls.secretName=t", "--set", "auth.secretName=a", "--set", "gossip.secretName=g"},
+		"TLS, and Kafka in plaintext": {[]string{"--set", "kafka.brokers=k:9092", "--set", "tls.certManagerCSI.issuerName=i", "--set", "auth.secretName=a", "--set", "gossip.secretName=g", "--set", "drain.credential.secretName=d"},
 			[]string{"produce to Kafka in plaintext", "kafka.tls.enabled=true", "kafka.insecure=true"}},
 		"auth without TLS": {[]string{"--set", "kafka.brokers=k:9092", "--set", "insecure=true", "--set", "auth.secretName=a"},
-			[]string{"auth.secretName needs tls.secretName"}},
+			[]string{"auth.secretName needs TLS (tls.certManagerCSI.issuerName)"}},
+		// One Secret in every pod: no certificate can name each pod's node
+		// id, and any pod's key would speak as any other.
+		"a TLS Secret shared by every pod": {[]string{"-f", valuesFile("secure"), "--set", "tls.secretName=chime-tls"},
+			[]string{"refusing to render tls.secretName=chime-tls", "<node-id>.node.chime", "chime-0.node.chime", "tls.certManagerCSI.issuerName", "csi.cert-manager.io"}},
+		"only the shared TLS Secret of old": {[]string{"--set", "kafka.brokers=k:9092", "--set", "tls.secretName=chime-tls", "--set", "auth.secretName=a", "--set", "gossip.secretName=g"},
+			[]string{"refusing to render tls.secretName=chime-tls", "tls.certManagerCSI.issuerName"}},
+		"per-pod Secrets by prefix": {[]string{"-f", valuesFile("secure"), "--set", "tls.perPodSecretPrefix=chime-tls"},
+			[]string{"tls.perPodSecretPrefix is not a value of this chart", "tls.certManagerCSI"}},
+		// The preStop drain must authenticate, and not with the node's key.
+		"secured without a drain credential": {[]string{"-f", valuesFile("secure"), "--set", "drain.credential.secretName="},
+			[]string{"drain.credential.secretName is empty", "does not use the node's key", "role admin", "chime-auth"}},
 		"no brokers": {[]string{"--set", "insecure=true"},
 			[]string{"kafka.brokers is required"}},
 		"grace shorter than the drain": {[]string{"-f", valuesFile("insecure"), "--set", "terminationGracePeriodSeconds=60"},

@@ -214,3 +214,86 @@ func TestUnitVariablesSet(t *testing.T) {
 		t.Errorf("with CHIME_GRPC_ADDR commented out, unsetVariables = %v", unset)
 	}
 }
+
+// checkDrainCredential checks what chimed.env gives the unit's ExecStop
+// drain: with TLS it verifies the node against the node CA as node.chime and
+// authenticates with an admin credential of its own, never the node's
+// certificate; with a client CA (which makes the node demand a client
+// certificate) that credential is a client certificate; a token never goes
+// on the command line (ps and the journal show it). The file must also say
+// which names the node's certificate needs: node.chime and
+// <node-id>.node.chime.
+func checkDrainCredential(envData string) error {
+	set, commented := envFile(envData)
+	var errs []string
+	flags := map[string]string{}
+	words := strings.Fields(set["CHIMECTL_FLAGS"])
+	for i := 0; i < len(words); i++ {
+		name, value, ok := strings.Cut(strings.TrimLeft(words[i], "-"), "=")
+		if !ok && i+1 < len(words) && !strings.HasPrefix(words[i+1], "-") {
+			i++
+			value = words[i]
+		}
+		flags[name] = value
+	}
+	if _, ok := flags["token"]; ok {
+		errs = append(errs, "CHIMECTL_FLAGS passes --token: ps and the journal show it; set CHIME_TOKEN instead")
+	}
+	for flag, node := range map[string]string{"tls-cert": "CHIME_TLS_CERT", "tls-key": "CHIME_TLS_KEY"} {
+		if v, ok := flags[flag]; ok && set[node] != "" && v == set[node] {
+			errs = append(errs, fmt.Sprintf("CHIMECTL_FLAGS --%s %s is the node's own (%s): the drain must use an admin credential of its own", flag, v, node))
+		}
+	}
+	if set["CHIME_TLS_CERT"] != "" {
+		if flags["tls-ca"] != set["CHIME_TLS_CA"] || flags["tls-server-name"] != "node.chime" {
+			errs = append(errs, fmt.Sprintf("CHIMECTL_FLAGS %q does not verify the node against CHIME_TLS_CA (%s) as node.chime", set["CHIMECTL_FLAGS"], set["CHIME_TLS_CA"]))
+		}
+		_, cert := flags["tls-cert"]
+		_, key := flags["tls-key"]
+		switch {
+		case cert != key:
+			errs = append(errs, "CHIMECTL_FLAGS gives one of --tls-cert and --tls-key without the other")
+		case set["CHIME_TLS_CLIENT_CA"] != "" && !cert:
+			errs = append(errs, "with CHIME_TLS_CLIENT_CA the node demands a client certificate, and CHIMECTL_FLAGS gives the drain none (--tls-cert, --tls-key)")
+		case !cert && set["CHIME_AUTH_FILE"] != "" && set["CHIME_TOKEN"] == "":
+			errs = append(errs, "the drain has no credential: neither a client certificate in CHIMECTL_FLAGS nor CHIME_TOKEN")
+		}
+	}
+	if _, ok := commented["CHIME_TOKEN"]; !ok && set["CHIME_TOKEN"] == "" {
+		errs = append(errs, "chimed.env does not show the token alternative (#CHIME_TOKEN=) for nodes without a client CA")
+	}
+	for _, name := range []string{"node.chime", "<node-id>.node.chime"} {
+		if !strings.Contains(envData, name+" ") && !strings.Contains(envData, name+"\n") {
+			errs = append(errs, fmt.Sprintf("chimed.env does not say that the node's certificate must name %s", name))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s", strings.Join(errs, "\n"))
+	}
+	return nil
+}
+
+func TestSystemdDrainCredential(t *testing.T) {
+	good := string(readFile(t, envFilePath))
+	if err := checkDrainCredential(good); err != nil {
+		t.Fatal(err)
+	}
+	set, _ := envFile(good)
+	flags := set["CHIMECTL_FLAGS"]
+	nodeFlags := "--tls-ca " + set["CHIME_TLS_CA"] + " --tls-cert " + set["CHIME_TLS_CERT"] + " --tls-key " + set["CHIME_TLS_KEY"] + " --tls-server-name node.chime"
+	for name, bad := range map[string]string{
+		"the drain uses the node's certificate": strings.Replace(good, "CHIMECTL_FLAGS="+flags, "CHIMECTL_FLAGS="+nodeFlags, 1),
+		"no client certificate with a client CA": strings.Replace(good, "CHIMECTL_FLAGS="+flags,
+			"CHIMECTL_FLAGS=--tls-ca "+set["CHIME_TLS_CA"]+" --tls-server-name node.chime", 1),
+		"a token on the command line":     strings.Replace(good, "CHIMECTL_FLAGS="+flags, "CHIMECTL_FLAGS="+flags+" --token secret", 1),
+		"the node verified by address":    strings.Replace(good, "CHIMECTL_FLAGS="+flags, "CHIMECTL_FLAGS="+strings.Replace(flags, " --tls-server-name node.chime", "", 1), 1),
+		"no word of <node-id>.node.chime": strings.ReplaceAll(good, "<node-id>.node.chime", "its id"),
+	} {
+		if bad == good {
+			t.Fatalf("%s: the planted change did not apply", name)
+		}
+		if err := checkDrainCredential(bad); err == nil {
+			t.Errorf("%s: checkDrainCredential accepted it", name)
+		}
+	}
+}

@@ -48,10 +48,46 @@ from the peers it stored.
 {{- end -}}
 
 {{/*
+tls is "true" when the nodes serve TLS: each pod is issued a certificate of
+its own by cert-manager's csi-driver (tls.certManagerCSI).
+*/}}
+{{- define "chime.tls" -}}
+{{- if .Values.tls.certManagerCSI.issuerName -}}true{{- end -}}
+{{- end -}}
+
+{{/*
 Whether the node is secured: TLS, an auth file and gossip keys all given.
 */}}
 {{- define "chime.secured" -}}
-{{- if and .Values.tls.secretName .Values.auth.secretName .Values.gossip.secretName -}}true{{- end -}}
+{{- if and (include "chime.tls" .) .Values.auth.secretName .Values.gossip.secretName -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+gid is the group chimed runs as (distroless's nonroot), which the pod's
+securityContext sets and which must be able to read the certificate files
+the csi-driver writes (0440, root-owned, group set by its fs-group).
+*/}}
+{{- define "chime.gid" -}}65532{{- end -}}
+
+{{/*
+dnsNames are the DNS names of a pod's certificate, as the csi-driver's
+csi.cert-manager.io/dns-names attribute: it expands ${POD_NAME} and
+${POD_NAMESPACE} for each pod. POD.node.chime and node.chime are what chimed
+demands (CheckNode: node.chime, and <node-id>.node.chime for its own
+--node-id, which is the pod's name, and no other); the pod's stable name under
+the headless Service is its advertised address; the client Service's names are
+what clients dial.
+*/}}
+{{- define "chime.dnsNames" -}}
+{{- $fullname := include "chime.fullname" . -}}
+{{- $names := list "${POD_NAME}.node.chime" "node.chime" -}}
+{{- $names = append $names (printf "${POD_NAME}.%s.${POD_NAMESPACE}.svc.%s" (include "chime.headless" .) .Values.clusterDomain) -}}
+{{- $names = append $names (printf "%s.${POD_NAMESPACE}.svc.%s" $fullname .Values.clusterDomain) -}}
+{{- $names = append $names (printf "%s.${POD_NAMESPACE}.svc" $fullname) -}}
+{{- range .Values.tls.certManagerCSI.extraDNSNames -}}
+{{- $names = append $names (toString .) -}}
+{{- end -}}
+{{- join "," $names -}}
 {{- end -}}
 
 {{/*
@@ -59,30 +95,66 @@ validate fails the render, saying what to change, when the values would make
 a node chimed refuses to start, or one that anyone reaching it could use.
 */}}
 {{- define "chime.validate" -}}
+{{- /* get, not .Values.tls.secretName: the key is no longer in values.yaml, and helm lint --strict refuses a reference to a missing one. */ -}}
+{{- if get .Values.tls "secretName" -}}
+{{- fail (printf `
+
+chime: refusing to render tls.secretName=%s: one Secret shared by every pod cannot work, and is no longer accepted.
+Each node's certificate must name node.chime and <node-id>.node.chime for its own --node-id (the pod's name,
+e.g. %s-0.node.chime) and no other node's: chimed refuses to start with a certificate that names another node,
+or none, so that one node's key cannot speak as another. A StatefulSet cannot mount a different Secret in each pod.
+Let cert-manager's csi-driver (csi.cert-manager.io) issue each pod its own certificate instead:
+  tls.certManagerCSI.issuerName    an Issuer (or ClusterIssuer) that signs the node certificates and returns its
+                                   CA (a cert-manager CA issuer, or Vault); its CA is what every node trusts as a
+                                   node, so give Chime a CA of its own, not one other workloads can get certificates from.
+  tls.certManagerCSI.issuerKind    Issuer (default) or ClusterIssuer
+  tls.certManagerCSI.issuerGroup   cert-manager.io (default), or an external issuer's group
+e.g. --set tls.certManagerCSI.issuerName=chime-nodes (install the csi-driver first:
+helm upgrade -i -n cert-manager cert-manager-csi-driver jetstack/cert-manager-csi-driver).
+` (get .Values.tls "secretName") (include "chime.fullname" .)) -}}
+{{- end -}}
+{{- range $k, $v := .Values.tls -}}
+{{- if and (ne $k "certManagerCSI") (ne $k "secretName") -}}
+{{- fail (printf "\n\nchime: tls.%s is not a value of this chart: nodes get their certificates from cert-manager's csi-driver (tls.certManagerCSI), one per pod; a StatefulSet cannot mount a Secret of its own in each pod.\n" $k) -}}
+{{- end -}}
+{{- end -}}
 {{- if not (or (include "chime.secured" .) .Values.insecure) -}}
 {{- $missing := list -}}
-{{- if not .Values.tls.secretName }}{{ $missing = append $missing "tls.secretName" }}{{ end -}}
+{{- if not (include "chime.tls" .) }}{{ $missing = append $missing "tls.certManagerCSI.issuerName" }}{{ end -}}
 {{- if not .Values.auth.secretName }}{{ $missing = append $missing "auth.secretName" }}{{ end -}}
 {{- if not .Values.gossip.secretName }}{{ $missing = append $missing "gossip.secretName" }}{{ end -}}
 {{- fail (printf `
 
 chime: refusing to render nodes that anyone who reaches their ports could use (missing: %s).
 Pods listen on every interface, and chimed serves there only with TLS, an auth file and gossip keys:
-  tls.secretName     a Secret with tls.crt, tls.key and ca.crt: the node certificate, its key, and the CA
-                     that signed every node's certificate. The certificate must name node.chime
-                     (a DNS subject alternative name) besides the names clients dial, and allow
-                     server and client use.
-  auth.secretName    a Secret with auth.json: the tokens and client certificates allowed to call, each with
-                     a role (the --auth-file format in docs/operations.md).
-  gossip.secretName  a Secret with gossip.keys: base64 keys, one per line (head -c 32 /dev/urandom | base64).
+  tls.certManagerCSI.issuerName  the cert-manager Issuer that signs each pod's own certificate, which cert-manager's
+                                 csi-driver requests when the pod starts: it names node.chime and POD.node.chime
+                                 (POD: the pod's name, its --node-id) besides the names clients dial, and allows
+                                 server and client use. The issuer must return its CA (a CA or Vault issuer).
+  auth.secretName                a Secret with auth.json: the tokens and client certificates allowed to call, each
+                                 with a role (the --auth-file format in docs/operations.md).
+  gossip.secretName              a Secret with gossip.keys: base64 keys, one per line (head -c 32 /dev/urandom | base64).
+  drain.credential.secretName    (with auth.secretName) a Secret with the admin token the preStop drain sends.
 Or set insecure=true to run in the clear without authentication, on a network only you can reach.
 ` (join ", " $missing)) -}}
 {{- end -}}
-{{- if and .Values.auth.secretName (not .Values.tls.secretName) -}}
-{{- fail "\n\nchime: auth.secretName needs tls.secretName: nodes know each other by their certificates, so an auth file in a cluster needs TLS (chimed refuses it otherwise).\n" -}}
+{{- if and .Values.auth.secretName (not (include "chime.tls" .)) -}}
+{{- fail "\n\nchime: auth.secretName needs TLS (tls.certManagerCSI.issuerName): nodes know each other by their certificates, so an auth file in a cluster needs TLS (chimed refuses it otherwise).\n" -}}
 {{- end -}}
-{{- if and .Values.tls.secretName (not .Values.kafka.tls.enabled) (not .Values.kafka.insecure) -}}
-{{- fail "\n\nchime: tls.secretName puts the nodes under TLS, but they would produce to Kafka in plaintext: set kafka.tls.enabled=true (with kafka.tls.secretName for a CA of your own), or kafka.insecure=true if the brokers are on a network only you can reach (chimed refuses it otherwise).\n" -}}
+{{- if and (include "chime.tls" .) (not .Values.kafka.tls.enabled) (not .Values.kafka.insecure) -}}
+{{- fail "\n\nchime: tls.certManagerCSI puts the nodes under TLS, but they would produce to Kafka in plaintext: set kafka.tls.enabled=true (with kafka.tls.secretName for a CA of your own), or kafka.insecure=true if the brokers are on a network only you can reach (chimed refuses it otherwise).\n" -}}
+{{- end -}}
+{{- if and .Values.auth.secretName (not .Values.drain.credential.secretName) -}}
+{{- fail (printf `
+
+chime: refusing to render a preStop drain without a credential of its own (drain.credential.secretName is empty).
+With an auth file, chimectl drain must authenticate as an admin, and it does not use the node's key: that
+certificate is the node's identity to its peers, not an operator's credential. Give the drain an admin token:
+  drain.credential.secretName  a Secret holding the token (kubectl create secret generic chime-drain
+                               --from-literal=token="$(head -c 32 /dev/urandom | base64)")
+  drain.credential.key         its key in the Secret (default: token)
+and grant it role admin in the auth file (Secret %s): {"name": "drain", "sha256": "<sha256 of the token, hex>", "role": "admin"}.
+` .Values.auth.secretName) -}}
 {{- end -}}
 {{- if not (has .Values.antiAffinity (list "preferred" "required")) -}}
 {{- fail (printf "\n\nchime: antiAffinity is %q: give preferred (spread the pods over nodes when the scheduler can) or required (never two on one node: with fewer nodes than replicas, some pods stay Pending).\n" (toString .Values.antiAffinity)) -}}
@@ -130,5 +202,5 @@ scheme of the HTTP port: with --tls-cert chimed serves /healthz, /readyz and
 /metrics over HTTPS (kubelet's probes do not verify the certificate).
 */}}
 {{- define "chime.httpScheme" -}}
-{{- if .Values.tls.secretName -}}HTTPS{{- else -}}HTTP{{- end -}}
+{{- if include "chime.tls" . -}}HTTPS{{- else -}}HTTP{{- end -}}
 {{- end -}}
