@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/chimehq/chime/membership"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/host"
 )
@@ -50,7 +51,7 @@ type Cluster struct {
 	deadTimeout time.Duration
 	removedPath string
 	peersPath   string
-	dialCreds   credentials.TransportCredentials // nil: plaintext
+	dialCreds   func(node string) credentials.TransportCredentials // nil: plaintext
 	logger      *slog.Logger
 
 	host atomic.Pointer[host.Host] // set once the host is open
@@ -73,9 +74,19 @@ type Cluster struct {
 	// includes every removal recorded before it.
 	removeMu sync.Mutex
 
-	tellCtx    context.Context // cancelled by Close
-	cancelTell context.CancelFunc
-	tellWG     sync.WaitGroup
+	// proven holds the members whose id a call through credentials pinned
+	// to it proved (DialCredentials), proving those whose proof is under
+	// way, and proveFails the consecutive failures, by member.
+	proven     map[string]bool
+	proving    map[string]bool
+	proveFails map[string]int
+	wake       chan struct{} // a proof succeeded: refresh the placement
+
+	// The calls tellRemoved and prove start in the background: bgCtx is
+	// cancelled by Close, which waits for bgWG.
+	bgCtx    context.Context
+	cancelBG context.CancelFunc
+	bgWG     sync.WaitGroup
 
 	epoch   atomic.Uint64
 	changes chan struct{}
@@ -107,10 +118,14 @@ type Config struct {
 	// addresses of every member seen, for the node to find them again
 	// after a restart.
 	PeersPath string
-	// DialCredentials secure the node's gRPC calls to other nodes (the Peer
-	// service, forwarded requests, Admin calls about another node); nil
-	// dials in plaintext.
-	DialCredentials credentials.TransportCredentials
+	// DialCredentials secure the node's gRPC calls to node (the Peer
+	// service, forwarded requests, Admin calls about another node), and
+	// must fail the handshake unless the other end proves to be node (its
+	// certificate names it). With them, a member is a placement candidate
+	// only once a call to it went through: holding the gossip key is not
+	// enough to be given replicas under a node's name. Nil dials in
+	// plaintext, and every member is a candidate.
+	DialCredentials func(node string) credentials.TransportCredentials
 	Logger          *slog.Logger
 }
 
@@ -125,9 +140,10 @@ func New(cfg Config) (*Cluster, error) {
 		replication: cfg.Replication, deadTimeout: cfg.DeadTimeout, removedPath: cfg.RemovedPath, peersPath: cfg.PeersPath,
 		logger: cfg.Logger, removed: map[string]bool{}, conns: map[string]*grpc.ClientConn{}, dialCreds: cfg.DialCredentials,
 		removedGen: 1, told: map[string]uint64{}, telling: map[string]bool{}, tellFails: map[string]int{},
+		proven: map[string]bool{}, proving: map[string]bool{}, proveFails: map[string]int{}, wake: make(chan struct{}, 1),
 		changes: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 	}
-	c.tellCtx, c.cancelTell = context.WithCancel(context.Background())
+	c.bgCtx, c.cancelBG = context.WithCancel(context.Background())
 	if c.gossip == nil {
 		c.self, c.replication = cfg.Self.NodeID, 1
 		c.view = membership.View{Self: c.self, Members: map[string]membership.Member{
@@ -145,9 +161,106 @@ func New(cfg Config) (*Cluster, error) {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
+	c.proveAll()
 	c.refresh()
 	go c.loop()
 	return c, nil
+}
+
+// proveAll proves, in parallel and for at most peerWait, every live member
+// before the first placement, so that a restarted node does not start from
+// a placement of itself alone while its proofs are on their way. A member
+// that does not answer in time is proven by a later refresh.
+func (c *Cluster) proveAll() {
+	if c.dialCreds == nil {
+		return
+	}
+	view := c.gossip.View()
+	c.mu.Lock()
+	c.view = view // Conn finds the members' addresses there
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, id := range view.Live() {
+		if id != c.self {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.prove(id)
+			}()
+		}
+	}
+	wg.Wait()
+}
+
+// prove asks member, through credentials pinned to it, for its replicas: a
+// call that goes through proves that the node at its gRPC address holds
+// member's key, and makes it a placement candidate.
+func (c *Cluster) prove(member string) {
+	err := func() error {
+		cc, err := c.Conn(member)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(c.bgCtx, peerWait)
+		defer cancel()
+		resp, err := chimev1.NewPeerClient(cc).Replicas(ctx, &chimev1.ReplicasRequest{})
+		if err == nil && resp.NodeId != member {
+			err = fmt.Errorf("it answered as node %q", resp.NodeId)
+		}
+		return err
+	}()
+	c.mu.Lock()
+	delete(c.proving, member)
+	if err == nil {
+		c.proven[member] = true
+		delete(c.proveFails, member)
+		c.mu.Unlock()
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+		return
+	}
+	c.proveFails[member]++
+	fails := c.proveFails[member]
+	c.mu.Unlock()
+	if c.bgCtx.Err() != nil {
+		return // closing
+	}
+	// The first failures are usual: a node joins gossip before its gRPC
+	// port serves.
+	level := slog.LevelDebug
+	if fails == 5 {
+		level = slog.LevelWarn
+	}
+	c.logger.Log(context.Background(), level, "a member has not proved its id; it is no placement candidate until it does (retrying every second)",
+		"member", member, "failures", fails, "err", err)
+}
+
+// candidates filters the placement candidates to those proven (all of them
+// without DialCredentials), and starts proving the live members that are
+// not.
+func (c *Cluster) candidates(view membership.View, all []string) []string {
+	if c.dialCreds == nil {
+		return all
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	select {
+	case <-c.stop:
+	default:
+		for _, id := range view.Live() {
+			if id != c.self && !c.proven[id] && !c.proving[id] {
+				c.proving[id] = true
+				c.bgWG.Add(1)
+				go func() {
+					defer c.bgWG.Done()
+					c.prove(id)
+				}()
+			}
+		}
+	}
+	return slices.DeleteFunc(all, func(id string) bool { return id != c.self && !c.proven[id] })
 }
 
 // SetHost gives the cluster the node's shard host, once it is open.
@@ -169,8 +282,8 @@ func (c *Cluster) Close() {
 	<-c.done
 	// tellRemoved starts a tell only under mu with stop still open, so none
 	// starts after the close above.
-	c.cancelTell()
-	c.tellWG.Wait()
+	c.cancelBG()
+	c.bgWG.Wait()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, cc := range c.conns {
@@ -190,6 +303,7 @@ func (c *Cluster) loop() {
 		case <-c.stop:
 			return
 		case <-c.gossip.Changes():
+		case <-c.wake:
 		case <-t.C:
 		}
 		c.refresh()
@@ -206,7 +320,7 @@ func (c *Cluster) refresh() {
 	c.mu.RLock()
 	removed := c.removed
 	c.mu.RUnlock()
-	desired := membership.Placement(view.Candidates(time.Now(), c.deadTimeout, removed), c.shards, c.replication)
+	desired := membership.Placement(c.candidates(view, view.Candidates(time.Now(), c.deadTimeout, removed)), c.shards, c.replication)
 	c.mu.Lock()
 	changed := !slices.EqualFunc(desired, c.desired, slices.Equal[[]string]) || !sameMembers(view, c.view)
 	c.view, c.desired = view, desired
@@ -261,17 +375,17 @@ func (c *Cluster) tellRemoved(view membership.View) {
 			}
 		}
 		c.telling[id] = true
-		c.tellWG.Add(1)
+		c.bgWG.Add(1)
 		go c.tell(id, nodes, c.removedGen)
 	}
 }
 
 // tell asks member to forget nodes and records that it confirmed gen.
 func (c *Cluster) tell(member string, nodes []string, gen uint64) {
-	defer c.tellWG.Done()
+	defer c.bgWG.Done()
 	var err error
 	for _, n := range nodes {
-		if err = c.forget(c.tellCtx, member, n); err != nil {
+		if err = c.forget(c.bgCtx, member, n); err != nil {
 			break
 		}
 	}
@@ -286,7 +400,7 @@ func (c *Cluster) tell(member string, nodes []string, gen uint64) {
 		if c.tellFails[member] == 5 {
 			level = slog.LevelWarn
 		}
-		c.logger.Log(c.tellCtx, level, "telling a member about removed nodes; retrying every second",
+		c.logger.Log(c.bgCtx, level, "telling a member about removed nodes; retrying every second",
 			"member", member, "removed", nodes, "failures", c.tellFails[member], "err", err)
 		return
 	}
@@ -457,14 +571,13 @@ func nodesWord(n int) string {
 }
 
 // Takers returns the nodes other than this one that could take replicas
-// now, sorted: the placement's candidates that are live.
+// now, sorted: the placement's candidates that are live and proven.
 func (c *Cluster) Takers() []string {
 	c.mu.RLock()
-	view, removed := c.view, c.removed
-	c.mu.RUnlock()
+	defer c.mu.RUnlock()
 	var out []string
-	for _, id := range view.Candidates(time.Now(), c.deadTimeout, removed) {
-		if id != c.self && view.Members[id].State.Live() {
+	for _, id := range c.view.Candidates(time.Now(), c.deadTimeout, c.removed) {
+		if id != c.self && c.view.Members[id].State.Live() && (c.dialCreds == nil || c.proven[id]) {
 			out = append(out, id)
 		}
 	}
@@ -599,17 +712,20 @@ func (c *Cluster) Conn(node string) (*grpc.ClientConn, error) {
 		return nil, fmt.Errorf("%w: the cluster view is closed", shard.ErrStopped)
 	default:
 	}
-	if cc := c.conns[addr]; cc != nil {
+	// By node and address: a connection's credentials accept only the
+	// node it was dialled for.
+	key := node + "@" + addr
+	if cc := c.conns[key]; cc != nil {
 		return cc, nil
 	}
-	creds := c.dialCreds
-	if creds == nil {
-		creds = insecure.NewCredentials()
+	creds := insecure.NewCredentials()
+	if c.dialCreds != nil {
+		creds = c.dialCreds(node)
 	}
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return nil, err
 	}
-	c.conns[addr] = cc
+	c.conns[key] = cc
 	return cc, nil
 }

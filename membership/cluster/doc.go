@@ -22,8 +22,13 @@
 //     when fewer other nodes than the replication factor could take the
 //     node's replicas (Takers); SinceAlive and DeadTimeout tell the Admin
 //     API whether a node it is asked to remove may still come back.
-//   - A pool of gRPC client connections to the other members, by address,
-//     closed by Close.
+//   - A pool of gRPC client connections to the other members, by node and
+//     address, closed by Close. With DialCredentials (TLS) a connection's
+//     handshake accepts only the node it was dialled for, and a member is a
+//     placement candidate only once a Peer call to it through such a
+//     connection went through (prove): the gossip key alone does not get a
+//     process replicas under a node's name. New proves the live members
+//     before its first placement; the others are tried on every refresh.
 //   - The chime.v1.Peer service (RegisterPeer) and its client side: a
 //     replica's typed Raft status (LogIndex for promoting a non-voter,
 //     Members for releasing a replica, the Admin API's Status fan-out) and

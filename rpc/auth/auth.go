@@ -339,7 +339,11 @@ type Options struct {
 	// CountSchedules counts the recurring schedules whose id starts with
 	// prefix, for max_schedules; it may stop counting past limit.
 	CountSchedules func(ctx context.Context, prefix string, limit uint64) (uint64, error)
-	Now            func() time.Time
+	// Node says why the node a node certificate names (certs.Identity.
+	// NodeID, "" when it names none) may not call, if it may not: not a
+	// member, or removed. Nil takes every node certificate.
+	Node func(id string) error
+	Now  func() time.Time
 	// RefusalWindow is how often, at most, a caller refused again and
 	// again from one address gets a line in the audit log after its first
 	// (0: DefaultRefusalWindow).
@@ -473,7 +477,16 @@ func (a *Authorizer) lookupToken(tok string) *Grant {
 // identify finds the caller from a token or a certificate identity.
 func (a *Authorizer) identify(tok string, hasTok bool, id certs.Identity) (caller, error) {
 	if id.Node {
-		return caller{node: true, name: "node " + id.Name}, nil
+		c := caller{node: true, name: "node " + id.Name}
+		if id.NodeID != "" {
+			c.name = "node " + id.NodeID
+		}
+		if a.o.Node != nil {
+			if err := a.o.Node(id.NodeID); err != nil {
+				return c, status.Errorf(codes.PermissionDenied, "node certificate %q: %v", id.Name, err)
+			}
+		}
+		return c, nil
 	}
 	if hasTok {
 		if g := a.lookupToken(tok); g != nil {

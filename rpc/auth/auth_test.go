@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -528,5 +529,33 @@ func TestTapRefusesBeforeTheBody(t *testing.T) {
 		if err != nil || scope == nil || scope.Name != "billing" {
 			t.Errorf("%s: after the tap, the interceptor saw scope %v, %v", tc.name, scope, err)
 		}
+	}
+}
+
+// TestNodeCertificateMustNameAMember: Options.Node is asked about the node id
+// a node certificate names on every call, and a refusal is PERMISSION_DENIED
+// with its reason; a member's certificate calls as a node.
+func TestNodeCertificateMustNameAMember(t *testing.T) {
+	f := newFixture(t)
+	var asked []string
+	f.a.o.Node = func(id string) error {
+		asked = append(asked, id)
+		if id != "n2" {
+			return fmt.Errorf("node %q is not a member of the cluster", id)
+		}
+		return nil
+	}
+	method := chimev1.Admin_NodeStatus_FullMethodName
+	if err := f.call(callCtx("", certs.Identity{Node: true, NodeID: "n2", Name: "n2"}), method, &chimev1.NodeStatusRequest{}); err != nil {
+		t.Fatalf("a member's node certificate was refused: %v", err)
+	}
+	for _, id := range []certs.Identity{{Node: true, NodeID: "n9", Name: "n9"}, {Node: true, Name: "old-style"}} {
+		err := f.call(callCtx("", id), method, &chimev1.NodeStatusRequest{})
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), fmt.Sprintf(`node %q is not a member`, id.NodeID)) {
+			t.Errorf("%+v: %v; want PERMISSION_DENIED naming the reason", id, err)
+		}
+	}
+	if !slices.Equal(asked, []string{"n2", "n9", ""}) {
+		t.Errorf("Node was asked about %q, want n2, n9 and the certificate naming none", asked)
 	}
 }

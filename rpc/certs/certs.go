@@ -452,3 +452,21 @@ func (c *serverCreds) Clone() credentials.TransportCredentials {
 func (s *Source) PeerCredentials() credentials.TransportCredentials {
 	return credentials.NewTLS(s.PeerClientConfig())
 }
+
+// PeerCredentialsFor is PeerCredentials for calls to node id alone: the
+// handshake also fails unless the certificate at the other end names id
+// (NodeIDName), so a connection dialled for one node never reaches another.
+func (s *Source) PeerCredentialsFor(id string) credentials.TransportCredentials {
+	cfg := s.PeerClientConfig()
+	verify := cfg.VerifyConnection
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if err := verify(cs); err != nil {
+			return err
+		}
+		if got := PeerNodeID(cs); got != id {
+			return fmt.Errorf("dialled node %q, but the certificate there is node %q's", id, got)
+		}
+		return nil
+	}
+	return credentials.NewTLS(cfg)
+}

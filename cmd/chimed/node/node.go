@@ -429,6 +429,7 @@ func Start(cfg Config) (_ *Node, err error) {
 			CountPending: func(ctx context.Context, prefix string) (uint64, error) {
 				return backend.Count(ctx, raftfsm.Query{Prefix: prefix, States: raftfsm.StatesOf(raftfsm.StateScheduled)}, true)
 			},
+			Node: n.peerRefusal,
 			CountSchedules: func(ctx context.Context, prefix string, limit uint64) (uint64, error) {
 				var n uint64
 				for after := ""; n < limit; {
@@ -558,7 +559,7 @@ func (n *Node) raftTLS(src *certs.Source) *raftmux.TLS {
 		return nil
 	}
 	return &raftmux.TLS{Server: src.PeerServerConfig(), Client: src.PeerClientConfig(),
-		Admit: func(_ uint32, cs tls.ConnectionState) error { return n.raftPeer(certs.PeerNodeID(cs)) },
+		Admit: func(_ uint32, cs tls.ConnectionState) error { return n.peerRefusal(certs.PeerNodeID(cs)) },
 		Dialled: func(addr string, cs tls.ConnectionState) error {
 			id := certs.PeerNodeID(cs)
 			for owner, m := range n.cluster.View().Members {
@@ -566,13 +567,15 @@ func (n *Node) raftTLS(src *certs.Source) *raftmux.TLS {
 					return fmt.Errorf("%s is node %q's Raft address, but the certificate there is node %q's", addr, owner, id)
 				}
 			}
-			return n.raftPeer(id)
+			return n.peerRefusal(id)
 		}}
 }
 
-// raftPeer says why node id may not speak Raft with this node, if it may
-// not: n.cluster is set before the host opens the Raft port.
-func (n *Node) raftPeer(id string) error {
+// peerRefusal says why node id may not speak Raft with this node, or call
+// it with a node certificate, if it may not: it must be a member no
+// operator removed. n.cluster is set before the host opens the Raft port
+// and before the gRPC port serves.
+func (n *Node) peerRefusal(id string) error {
 	if id == "" {
 		return fmt.Errorf("its certificate names no node id (%s)", certs.NodeIDName("<id>"))
 	}
@@ -585,11 +588,11 @@ func (n *Node) raftPeer(id string) error {
 	return nil
 }
 
-func dialCredentials(src *certs.Source) credentials.TransportCredentials {
+func dialCredentials(src *certs.Source) func(node string) credentials.TransportCredentials {
 	if src == nil {
 		return nil
 	}
-	return src.PeerCredentials()
+	return src.PeerCredentialsFor
 }
 
 // joinCluster starts gossip and settles the cluster parameters: a new node
