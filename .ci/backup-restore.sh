@@ -74,16 +74,18 @@ echo "acknowledged $acked in $(took "$t")"
 "$chimectl" --addr "127.0.0.1:$OLD_PORT" status | tail -n 2
 
 echo "== backup"
+# The backup key: chimectl backup signs the manifest with it, chimed restore checks it.
+(umask 077; head -c 32 /dev/urandom | base64 >"$WORK/backup.key")
 t=$(secs)
-"$chimectl" --addr "127.0.0.1:$OLD_PORT" backup --out "$WORK/backup"
+"$chimectl" --addr "127.0.0.1:$OLD_PORT" backup --out "$WORK/backup" --backup-key-file "$WORK/backup.key"
 echo "backup took $(took "$t"): $(du -sh "$WORK/backup" | cut -f1)"
 stop_dev
 echo "old cluster stopped"
 
 echo "== restore into node-0 of a new cluster"
 t=$(secs)
-"$chimed" restore --from "$WORK/backup" --data-dir "$WORK/new/node-0" --node-id node-0 \
-	--raft-addr "127.0.0.1:$((NEW_PORT + 1))" | tail -n 4
+"$chimed" restore --from "$WORK/backup" --backup-key-file "$WORK/backup.key" --data-dir "$WORK/new/node-0" \
+	--node-id node-0 --raft-addr "127.0.0.1:$((NEW_PORT + 1))" | tail -n 4
 echo "restore took $(took "$t")"
 t=$(secs)
 start_dev "$WORK/new" "$NEW_PORT" "$NEW_KAFKA" "$WORK/new.log"

@@ -233,7 +233,11 @@
 // full stream through the same checks and reports the events it holds (id, seq, due, state),
 // checking too that each event's keys agree with its body; it reports nothing of a stream
 // that does not verify (it holds every event's id and state until the trailer), so that a
-// backup's contents can be read, by chime-jepsen for one, without a Pebble to restore into. The restoring marker (shard|'r') is written by no
+// backup's contents can be read, by chime-jepsen for one, without a Pebble to restore into.
+// VerifySnapshotTargets makes VerifySnapshot's checks and, in the same pass, reports the topic
+// of every event and every recurring schedule's definition as it reads them (before the
+// trailer verifies), so that chimed restore refuses a backup targeting a reserved topic
+// without reading it twice. The restoring marker (shard|'r') is written by no
 // version since; one left by an interrupted restore of the version before, which wiped the
 // shard first, still makes NeedsRestore report true and Apply refuse to run, until a restore
 // replaces the span it lies in.

@@ -94,9 +94,10 @@ func FuzzDecodeStored(f *testing.F) {
 }
 
 // FuzzSnapshotStream: a snapshot stream, as a peer sends it and a backup stores it, is
-// verified, read event by event and its header read, and none of these panics on any bytes;
-// each refuses with ErrBadSnapshot, a stream ForEachSnapshotEvent reads verifies, and the
-// three agree on the header of a stream that verifies. The seeds are real streams of a small
+// verified, verified with its topics read, read event by event and its header read, and none
+// of these panics on any bytes; each refuses with ErrBadSnapshot, VerifySnapshotTargets
+// refuses exactly what VerifySnapshot refuses, a stream ForEachSnapshotEvent reads verifies,
+// and all agree on the header of a stream that verifies. The seeds are real streams of a small
 // shard, so mutations reach every part of the format.
 func FuzzSnapshotStream(f *testing.F) {
 	// The seeds are made before fuzzing starts, and the Store closed: Pebble's background
@@ -122,7 +123,11 @@ func FuzzSnapshotStream(f *testing.F) {
 		vh, verr := VerifySnapshot(bytes.NewReader(b), 1)
 		fh, ferr := ForEachSnapshotEvent(bytes.NewReader(b), 1, func(SnapshotEvent) error { return nil })
 		rh, rerr := ReadSnapshotHeader(bytes.NewReader(b))
-		for _, err := range []error{verr, ferr, rerr} {
+		th, terr := VerifySnapshotTargets(bytes.NewReader(b), 1, func(SnapshotTarget) error { return nil })
+		if (terr == nil) != (verr == nil) || terr == nil && th != vh {
+			t.Fatalf("VerifySnapshotTargets says %v (header %+v), VerifySnapshot %v (header %+v)", terr, th, verr, vh)
+		}
+		for _, err := range []error{verr, ferr, rerr, terr} {
 			if err != nil && !errors.Is(err, ErrBadSnapshot) {
 				t.Fatalf("error not ErrBadSnapshot: %v", err)
 			}

@@ -357,6 +357,54 @@ func VerifySnapshot(r io.Reader, shard uint32) (SnapshotHeader, error) {
 	return h, stageFrames(&sr, discardFrames{}, shard, h.AppliedIndex, h.AppliedTerm)
 }
 
+// SnapshotTarget is the topic an event or a recurring schedule of a full snapshot stream
+// produces to, as VerifySnapshotTargets reports it.
+type SnapshotTarget struct {
+	// ID is the event's id or, when Schedule is set, the recurring schedule's: its
+	// definition's topic is the one each occurrence it makes will have.
+	ID       string
+	Schedule bool
+	Topic    string
+}
+
+// VerifySnapshotTargets checks the full snapshot stream of shard in r as VerifySnapshot does
+// and, in the same pass, calls fn with the topic of each event (settled or pending) and of
+// each recurring schedule's definition, in stream order, as it reads them: a restore checks
+// them against the topics events may target without reading the stream twice. fn is called
+// before the trailer is checked, so what it is told belongs to a stream that may yet be
+// refused: it must act on nothing until VerifySnapshotTargets returns nil. An error from fn
+// ends the read and is returned as it is. Memory stays bounded by the largest frame.
+func VerifySnapshotTargets(r io.Reader, shard uint32, fn func(SnapshotTarget) error) (SnapshotHeader, error) {
+	sr := snapReader{br: bufio.NewReaderSize(r, 256<<10)}
+	h, err := sr.header(shard)
+	if err != nil {
+		return h, err
+	}
+	return h, stageFrames(&sr, targetFrames{fn}, shard, h.AppliedIndex, h.AppliedTerm)
+}
+
+// targetFrames hands each body's and definition's topic to fn. stageFrames checks a frame
+// (checkFrame) before it gets here, so both decode.
+type targetFrames struct{ fn func(SnapshotTarget) error }
+
+func (t targetFrames) set(key, val []byte) error {
+	switch k := key[shardPrefixLen:]; k[0] {
+	case tagBody:
+		id, topic, err := bodyIDTopic(val)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+		}
+		return t.fn(SnapshotTarget{ID: string(id), Topic: string(topic)})
+	case tagDefinition:
+		d, err := decodeStoredDefinition(val)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadSnapshot, err)
+		}
+		return t.fn(SnapshotTarget{ID: string(k[1:]), Schedule: true, Topic: d.Topic})
+	}
+	return nil
+}
+
 // SnapshotEvent is one event a full snapshot stream holds, as ForEachSnapshotEvent reports it.
 type SnapshotEvent struct {
 	ID    string
@@ -399,7 +447,8 @@ func ForEachSnapshotEvent(r io.Reader, shard uint32, fn func(SnapshotEvent) erro
 }
 
 // frameSink takes the frames of a stream being checked: a staging directory for Restore,
-// nothing for VerifySnapshot, an index of its events for ForEachSnapshotEvent.
+// nothing for VerifySnapshot, each topic for VerifySnapshotTargets, an index of its events
+// for ForEachSnapshotEvent.
 type frameSink interface {
 	set(key, val []byte) error
 }

@@ -63,8 +63,12 @@ type Limits struct {
 // Connect's, and Chime's own namespace.
 var DefaultReservedTopics = []string{"__*", "_schemas", "connect-*", "chime.*"}
 
-// reservedTopic says why topic may not be a target, or "" when it may be.
-func (l *Limits) reservedTopic(topic string) string {
+// ReservedTopic says why topic may not be a target (a name starting with
+// "__", one of ReservedTopics or a topic one of them matches, and not one of
+// AllowTopics), or "" when it may be. Every event a client schedules is
+// checked with it, and chimed restore checks every event of a backup with
+// it too, so that a backup cannot bring in what the API refuses.
+func (l *Limits) ReservedTopic(topic string) string {
 	if slices.Contains(l.AllowTopics, topic) {
 		return ""
 	}

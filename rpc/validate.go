@@ -161,7 +161,7 @@ func (l *Limits) checkTopic(path eventPath, topic string) *fieldError {
 	case publish.ValidTopic(topic) != nil:
 		return invalid(path.field("topic"), "%q is not a valid Kafka topic name (%s)", topic, topicRule)
 	}
-	if why := l.reservedTopic(topic); why != "" {
+	if why := l.ReservedTopic(topic); why != "" {
 		return invalid(path.field("topic"), "%q is reserved: %s (chimed --allow-topic %s lets events target it)", topic, why, topic)
 	}
 	return nil

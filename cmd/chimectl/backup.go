@@ -30,8 +30,9 @@ standard error: a line per shard (size, applied index, the leader it came
 from) and, for a shard that takes longer, its bytes so far every second.
 
 The directory then holds shard-NNN.snap per shard and manifest.json, written
-last: the format version, the cluster's shard count, replication and
-retention, and each file's applied index, size and SHA-256. A backup that
+last: the format version, the cluster's id, shard count, replication and
+retention, each file's applied index, size and SHA-256, and, with
+--backup-key-file, an HMAC-SHA256 over all of it. A backup that
 fails or is interrupted leaves no manifest.json, which chimed restore refuses;
 delete it and run backup again. A shard whose copy breaks off (a leader
 change, a node restarting) is copied again from the start, up to --retries
@@ -40,14 +41,24 @@ part of a shard's copy, not the whole copy, which takes as long as the shard
 is large: a leader writes it at most at 32 MiB/s of compressed data (about
 100 MiB/s of events), the rate it sends snapshots to followers at.
 
+--backup-key-file signs the manifest with the key in that file (its content
+with surrounding whitespace trimmed, at least 32 bytes, readable by its
+owner only), so that chimed restore --backup-key-file with the same file
+refuses a backup whose manifest, or any file's size or SHA-256 in it, was
+changed since. Make the key once and keep it apart from the backups:
+  (umask 077; head -c 32 /dev/urandom | base64 > /etc/chime/backup.key)
+Without it the manifest is unsigned, which backup says on standard error,
+and chimed restore takes it only with --allow-unsigned.
+
 chimed restore --from DIR creates a new cluster's first node from the
 backup; see docs/operations.md. --json prints the manifest when it is done.`,
-		example: `  chimectl backup --out /backups/chime-2026-03-01
-  chimectl --addr chime-2:7070 backup --out "/backups/$(date -u +%Y%m%dT%H%M%SZ)" --json
+		example: `  chimectl backup --out /backups/chime-2026-03-01 --backup-key-file /etc/chime/backup.key
+  chimectl --addr chime-2:7070 backup --out "/backups/$(date -u +%Y%m%dT%H%M%SZ)" --backup-key-file backup.key --json
   chimectl backup --out /backups/b1 --retries 10 --timeout 1m`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			out := fs.String("out", "", "new or empty `directory` to write the backup into (required)")
 			retries := fs.Int("retries", 5, "copy a shard again up to `n` times when its copy breaks off (UNAVAILABLE, or no data for --timeout)")
+			keyFile := fs.String("backup-key-file", "", "`file` of the key that signs the manifest (HMAC-SHA256), which chimed restore --backup-key-file\nchecks: at least 32 bytes, surrounding whitespace trimmed, readable by its owner only.\nWithout it the backup is unsigned, and restoring it needs chimed restore --allow-unsigned")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected argument %q", args[0])
@@ -58,13 +69,20 @@ backup; see docs/operations.md. --json prints the manifest when it is done.`,
 				if *retries < 0 {
 					return usagef("--retries must not be negative")
 				}
-				return c.backup(ctx, *out, *retries)
+				var key []byte
+				if *keyFile != "" {
+					var err error
+					if key, err = backup.ReadKeyFile(*keyFile); err != nil {
+						return usagef("%v", err)
+					}
+				}
+				return c.backup(ctx, *out, *retries, key)
 			}
 		},
 	}
 }
 
-func (c *cli) backup(ctx context.Context, out string, retries int) error {
+func (c *cli) backup(ctx context.Context, out string, retries int, key []byte) error {
 	switch entries, err := os.ReadDir(out); {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -91,10 +109,15 @@ func (c *cli) backup(ctx context.Context, out string, retries int) error {
 	start := c.now()
 	man, err := backup.Take(ctx, ac, out, backup.Options{
 		Source: c.addr, Retries: retries, Timeout: c.timeout, TimeoutName: "--timeout",
-		Progress: c.backupProgress, Now: c.now, Sleep: c.sleep,
+		Key: key, Progress: c.backupProgress, Now: c.now, Sleep: c.sleep,
 	})
 	if err != nil {
 		return err
+	}
+	keyFlag := "--backup-key-file KEYFILE"
+	if key == nil {
+		keyFlag = "--allow-unsigned"
+		fmt.Fprintf(c.stderr, "the backup's manifest is unsigned (no --backup-key-file): restoring it will need chimed restore --allow-unsigned\n")
 	}
 	if c.json {
 		return c.printJSON(man)
@@ -103,9 +126,18 @@ func (c *cli) backup(ctx context.Context, out string, retries int) error {
 	for _, s := range man.Shards {
 		total += s.Size
 	}
-	_, err = fmt.Fprintf(c.stdout, "backed up %d shards (%s) to %s in %s\nrestore with: chimed restore --from %s --data-dir DIR --node-id ID --raft-addr HOST:PORT\n",
-		len(man.Shards), byteSize(total), out, humanDuration(c.now().Sub(start)), out)
+	_, err = fmt.Fprintf(c.stdout, "backed up %d shards (%s) of %s to %s in %s\nrestore with: chimed restore --from %s %s --data-dir DIR --node-id ID --raft-addr HOST:PORT\n",
+		len(man.Shards), byteSize(total), clusterName(man.ClusterID), out, humanDuration(c.now().Sub(start)), out, keyFlag)
 	return err
+}
+
+// clusterName names a backed-up cluster by its id; a cluster created before
+// clusters had ids has none.
+func clusterName(id string) string {
+	if id == "" {
+		return "a cluster with no id"
+	}
+	return "cluster " + id
 }
 
 // backupProgress prints backup.Take's progress to standard error: a line

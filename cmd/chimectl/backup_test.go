@@ -78,7 +78,7 @@ func (f *fakeBackups) Backup(req *chimev1.BackupRequest, stream chimev1.Admin_Ba
 
 func newFakeBackups(sizes ...int) *fakeBackups {
 	f := &fakeBackups{breakOff: map[uint32]int{}, noSum: map[uint32]int{}, stall: map[uint32]int{}, lie: map[uint32]bool{}}
-	f.clusterMap = &chimev1.ClusterMap{ShardCount: uint32(len(sizes)), Replication: 3, Retention: durationpb.New(36 * time.Hour)}
+	f.clusterMap = &chimev1.ClusterMap{ShardCount: uint32(len(sizes)), Replication: 3, Retention: durationpb.New(36 * time.Hour), ClusterId: "c-live"}
 	r := rand.New(rand.NewPCG(1, 2))
 	for _, n := range sizes {
 		b := make([]byte, n)
@@ -104,8 +104,13 @@ func TestBackupWritesEveryShardThenTheManifest(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
-	if want := fmt.Sprintf("backed up 3 shards (2.0 MiB) to %s in 0s\nrestore with: chimed restore --from %s --data-dir DIR --node-id ID --raft-addr HOST:PORT\n", out, out); r.stdout != want {
+	if want := fmt.Sprintf("backed up 3 shards (2.0 MiB) of cluster c-live to %s in 0s\nrestore with: chimed restore --from %s --allow-unsigned --data-dir DIR --node-id ID --raft-addr HOST:PORT\n", out, out); r.stdout != want {
 		t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)
+	}
+	// Without --backup-key-file the manifest is unsigned, and backup says
+	// so in one line, last.
+	if !strings.HasSuffix(r.stderr, "\nthe backup's manifest is unsigned (no --backup-key-file): restoring it will need chimed restore --allow-unsigned\n") {
+		t.Errorf("stderr does not end saying the backup is unsigned:\n%s", r.stderr)
 	}
 	for _, want := range []string{
 		"shard 0/3: 1000 B at applied index 1000, from node-0 (0s)\n",
@@ -120,7 +125,8 @@ func TestBackupWritesEveryShardThenTheManifest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.ShardCount != 3 || m.Replication != 3 || m.Retention != 36*time.Hour || m.Source != addr || !m.Created.Equal(t0) {
+	if m.ShardCount != 3 || m.Replication != 3 || m.Retention != 36*time.Hour || m.Source != addr || !m.Created.Equal(t0) ||
+		m.ClusterID != "c-live" || m.HMAC != "" {
 		t.Errorf("manifest %+v", m)
 	}
 	for i, s := range m.Shards {
@@ -139,6 +145,69 @@ func TestBackupWritesEveryShardThenTheManifest(t *testing.T) {
 	var got backup.Manifest
 	if err := json.Unmarshal([]byte(r.stdout), &got); r.code != 0 || err != nil || len(got.Shards) != 3 || got.Format != backup.Format {
 		t.Fatalf("--json: exit %d, %v:\n%s", r.code, err, r.stdout)
+	}
+}
+
+// TestBackupWithAKeySignsTheManifest: with --backup-key-file the manifest
+// names the cluster and carries an HMAC that verifies with the key, as
+// chimed restore checks it, and with no other; a key file that is too
+// short or that others may read is refused before anything is copied.
+func TestBackupWithAKeySignsTheManifest(t *testing.T) {
+	f := newFakeBackups(1000, 2<<20+5, 0)
+	addr := startAdmin(t, f)
+	dir := t.TempDir()
+	keyFile := filepath.Join(dir, "backup.key")
+	key := "bGV0IHRoaXMgYmUgYSBrZXkgb2YgdGhpcnR5LXR3byBieXRlcw=="
+	if err := os.WriteFile(keyFile, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "b1")
+	r := chimectl(t, nil, "", "--addr", addr, "backup", "--out", out, "--backup-key-file", keyFile)
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if want := fmt.Sprintf("backed up 3 shards (2.0 MiB) of cluster c-live to %s in 0s\nrestore with: chimed restore --from %s --backup-key-file KEYFILE --data-dir DIR --node-id ID --raft-addr HOST:PORT\n", out, out); r.stdout != want {
+		t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)
+	}
+	if strings.Contains(r.stderr, "unsigned") {
+		t.Errorf("a signed backup is said to be unsigned:\n%s", r.stderr)
+	}
+	m, err := backup.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.ClusterID != "c-live" || len(m.HMAC) != 64 {
+		t.Fatalf("manifest %+v", m)
+	}
+	if err := backup.Authenticate(out, m, []byte(key), false); err != nil {
+		t.Fatalf("the manifest does not verify with the key of --backup-key-file: %v", err)
+	}
+	if err := backup.Authenticate(out, m, []byte(key+"x"), false); err == nil {
+		t.Fatal("the manifest verifies with another key")
+	}
+	if err := backup.Authenticate(out, m, nil, false); err == nil || !strings.Contains(err.Error(), "signed (hmac_sha256), and no key to check it with") {
+		t.Fatalf("a restore without the key: %v", err)
+	}
+
+	asked := len(f.asked)
+	short := filepath.Join(dir, "short.key")
+	os.WriteFile(short, []byte("0123456789\n"), 0o600)
+	r = chimectl(t, nil, "", "--addr", addr, "backup", "--out", filepath.Join(dir, "b2"), "--backup-key-file", short)
+	r.want(t, 2, "", "chimectl backup: backup key file "+short+": a key of 10 bytes (surrounding whitespace trimmed), and a key must be at least 32: make one with head -c 32 /dev/urandom | base64 > "+short+"\nRun 'chimectl backup --help' for usage.\n")
+	open := filepath.Join(dir, "open.key")
+	os.WriteFile(open, []byte(key), 0o600)
+	os.Chmod(open, 0o644)
+	r = chimectl(t, nil, "", "--addr", addr, "backup", "--out", filepath.Join(dir, "b3"), "--backup-key-file", open)
+	if r.code != 2 || !strings.Contains(r.stderr, "backup key file "+open+": mode 0644 lets its group or others read or change it") {
+		t.Errorf("a key file others may read: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if len(f.asked) != asked {
+		t.Errorf("shards copied with a key refused: %v", f.asked[asked:])
+	}
+	for _, d := range []string{"b2", "b3"} {
+		if _, err := os.Stat(filepath.Join(dir, d)); !os.IsNotExist(err) {
+			t.Errorf("%s was created for a backup refused: %v", d, err)
+		}
 	}
 }
 

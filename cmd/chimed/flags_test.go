@@ -52,6 +52,19 @@ func TestRestoreUsage(t *testing.T) {
 		!strings.Contains(help, "sha256 mismatch") || !strings.Contains(help, "Examples:") {
 		t.Errorf("--help: exit %d\n%s", code, help)
 	}
+	_, _, help := restore("--help")
+	for _, want := range []string{"  -backup-key-file file", "  -allow-unsigned", "  -reserved-topics patterns", "  -allow-topic topic", "  -dead-letter-topic topic",
+		"head -c 32 /dev/urandom | base64", "--backup-key-file /etc/chime/backup.key", "restore --from /backups/b1 --allow-unsigned"} {
+		if !strings.Contains(help, want) {
+			t.Errorf("--help lacks %q:\n%s", want, help)
+		}
+	}
+	dir := t.TempDir()
+	shortKey := filepath.Join(dir, "short.key")
+	os.WriteFile(shortKey, []byte("too short\n"), 0o600)
+	openKey := filepath.Join(dir, "open.key")
+	os.WriteFile(openKey, []byte(strings.Repeat("k", 44)), 0o600)
+	os.Chmod(openKey, 0o644)
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -62,6 +75,11 @@ func TestRestoreUsage(t *testing.T) {
 		{[]string{"--from", "b", "--raft-addr", "127.0.0.1"}, `--raft-addr "127.0.0.1": `},
 		{[]string{"--from", "b", "--node-id", ""}, "--node-id must not be empty"},
 		{[]string{"--from", "b", "extra"}, `unexpected argument "extra"`},
+		{[]string{"--from", "b", "--backup-key-file", shortKey, "--allow-unsigned"}, "give --backup-key-file or --allow-unsigned, not both"},
+		{[]string{"--from", "b", "--backup-key-file", shortKey}, "backup key file " + shortKey + ": a key of 9 bytes (surrounding whitespace trimmed), and a key must be at least 32"},
+		{[]string{"--from", "b", "--backup-key-file", openKey}, "backup key file " + openKey + ": mode 0644 lets its group or others read or change it"},
+		{[]string{"--from", "b", "--backup-key-file", filepath.Join(dir, "none")}, "backup key file: open " + filepath.Join(dir, "none") + ": no such file or directory"},
+		{[]string{"--from", "b", "--allow-unsigned", "--reserved-topics", "a,[b"}, `--reserved-topics): "[b" is not a topic pattern`},
 	} {
 		code, _, stderr := restore(tc.args...)
 		if code != 2 || !strings.Contains(stderr, tc.want) || !strings.Contains(stderr, "Run 'chimed restore --help' for usage.") {
@@ -209,6 +227,9 @@ func TestGossipKeyFileFlag(t *testing.T) {
 		{[]string{"dev", "--grpc-addr", "0.0.0.0:7070"}, "chimed dev: --grpc-addr 0.0.0.0:7070 is reachable beyond this machine, and chimed dev serves its embedded Kafka broker"},
 		{[]string{"dev", "--kafka-addr", "10.0.0.1:9092"}, "chimed dev: --kafka-addr 10.0.0.1:9092 is reachable beyond this machine"},
 		{[]string{"dev", "--reserved-topics", "a,[b"}, `--reserved-topics): "[b" is not a topic pattern`},
+		// A dev cluster's nodes each need their own certificate.
+		{[]string{"dev", "--nodes", "3", "--tls-cert", good, "--tls-key", good}, "chimed dev: --nodes 3 with TLS: each node needs a certificate of its own, naming <node-id>.node.chime: put {node} in --tls-cert and --tls-key"},
+		{[]string{"dev", "--nodes", "2", "--tls-cert", filepath.Join(dir, "n-{node}.pem"), "--tls-key", filepath.Join(dir, "n-{node}-key.pem")}, "--tls-cert " + filepath.Join(dir, "n-node-0.pem")},
 	} {
 		var out, errOut strings.Builder
 		code := run(append(tc.args, "--data-dir", t.TempDir()), &out, &errOut)

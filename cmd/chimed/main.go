@@ -19,7 +19,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -177,7 +176,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	} else {
 		fs.BoolVar(&f.insecure, "insecure", false, "serve on addresses beyond loopback (refused otherwise: the embedded broker has no TLS and\nno authentication, so anyone who reaches it reads and writes every topic)")
 	}
-	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM `file` of this node's certificate (and chain): turns TLS on for every port. It must\nname "+certs.NodeName+" (a DNS subject alternative name) besides the names clients dial,\nand be signed by --tls-ca. Files are reloaded when they change")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM `file` of this node's certificate (and chain): turns TLS on for every port. It must\nname "+certs.NodeName+" and "+certs.NodeIDName("<node-id>")+" (DNS subject alternative names) besides\nthe names clients dial, and be signed by --tls-ca. With dev --nodes, put {node} where each\nnode's id goes (in --tls-key too). Files are reloaded when they change")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM `file` of --tls-cert's private key")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "PEM `file` of the CA that signed the nodes' certificates: the Raft port and the nodes'\ncalls to each other are mutual TLS, accepting only certificates it signed that name "+certs.NodeName)
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CA that signs clients' certificates: set, the gRPC and HTTP ports require a\nclient certificate it signed (or a node's)")
@@ -196,14 +195,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 		"everywhere, then move it first everywhere, then remove the old one (docs/operations.md)")
 	fs.IntVar(&f.maxConnections, "max-connections", node.DefaultMaxConnections, "most client connections the gRPC port holds at once; one more waits in the kernel's\naccept queue until another closes")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
-	fs.Func("reserved-topics", "comma-separated topic `patterns` (path.Match: * ? [a-z]) no event may target, besides the\ndead-letter topic (default \""+strings.Join(rpc.DefaultReservedTopics, ",")+"\": Kafka's internal topics, the Schema\nRegistry's, Kafka Connect's and Chime's own). Names starting with \"__\" are always reserved", func(v string) error {
-		f.reservedTopics = strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' })
-		return nil
-	})
-	fs.Func("allow-topic", "let events target this reserved `topic` (Kafka's internal topics, named \"__...\", and the\ndead-letter topic are refused otherwise); repeatable", func(v string) error {
-		f.allowTopics = append(f.allowTopics, v)
-		return nil
-	})
+	registerTopicFlags(fs, &f.reservedTopics, &f.allowTopics)
 	fs.DurationVar(&f.diskFailure, "disk-failure-timeout", raftfsm.DefaultFailAfter, "how long --data-dir may fail writes (Pebble's flushes failing, or one write to Pebble or a\nRaft log stalled) before chimed exits with status 1, so that replicas on working disks lead\nits shards: a node that cannot write applies and fires nothing. What Pebble had not flushed\nis in the Raft log")
 	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced")
 	fs.DurationVar(&f.startupWait, "startup-wait", time.Minute, "how long to wait for shard leaders before printing the startup banner (the node serves either way)")
@@ -391,11 +383,34 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	if len(unknownEnv) > 0 {
 		logger.Warn("ignoring environment variables that name no flag of chimed "+cmd, "vars", unknownEnv)
 	}
+	// tlsFor loads the TLS files of node id, whose name in --tls-cert and
+	// --tls-key a dev cluster's {node} stands for.
+	tlsFor := func(id string) (*certs.Source, error) {
+		files := certs.Files{Cert: strings.ReplaceAll(f.tlsCert, nodePlaceholder, id), Key: strings.ReplaceAll(f.tlsKey, nodePlaceholder, id),
+			CA: f.tlsCA, ClientCA: f.tlsClientCA}
+		src, err := certs.Load(files, logger.With("component", "tls"))
+		if err == nil {
+			err = src.CheckNode(id)
+		}
+		return src, err
+	}
 	var tlsSource *certs.Source
 	if f.tlsCert != "" || f.tlsKey != "" || f.tlsCA != "" || f.tlsClientCA != "" {
 		var err error
-		if tlsSource, err = certs.Load(certs.Files{Cert: f.tlsCert, Key: f.tlsKey, CA: f.tlsCA, ClientCA: f.tlsClientCA}, logger.With("component", "tls")); err == nil {
-			err = tlsSource.CheckNode(f.nodeID)
+		switch devCluster := cmd == "dev" && f.nodes > 1; {
+		case devCluster && (!strings.Contains(f.tlsCert, nodePlaceholder) || !strings.Contains(f.tlsKey, nodePlaceholder)):
+			err = fmt.Errorf("--nodes %d with TLS: each node needs a certificate of its own, naming %s: put %s in --tls-cert and --tls-key where its id goes (node-0, node-1, ...), e.g. --tls-cert 'node-%s.pem' --tls-key 'node-%s-key.pem'",
+				f.nodes, certs.NodeIDName("<node-id>"), nodePlaceholder, nodePlaceholder, nodePlaceholder)
+		case devCluster:
+			// Every node's files are checked before any starts; each node
+			// loads its own (see the loop that starts them).
+			for i := range f.nodes {
+				if tlsSource, err = tlsFor(devNode(node.Config{Logger: logger}, i).NodeID); err != nil {
+					break
+				}
+			}
+		default:
+			tlsSource, err = tlsFor(f.nodeID)
 		}
 		if err != nil {
 			fmt.Fprintf(stderr, "chimed %s: %v\n", cmd, err)
@@ -497,12 +512,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	lim.MaxCatchUp = f.maxCatchUp
-	reserved := rpc.DefaultReservedTopics
-	if f.reservedTopics != nil {
-		reserved = f.reservedTopics
-	}
-	lim.ReservedTopics = append(slices.Clone(reserved), f.deadLetter)
-	lim.AllowTopics = f.allowTopics
+	setTopicLimits(&lim, f.reservedTopics, f.deadLetter, f.allowTopics)
 	if err := lim.Validate(); err != nil {
 		fmt.Fprintf(stderr, "chimed: %v\n", err)
 		return 2
@@ -541,6 +551,14 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			cfg = devNode(base, i)
 			if i > 0 {
 				cfg.Join = []string{nodes[0].GossipAddr()}
+			}
+			if cfg.TLS != nil {
+				src, err := tlsFor(cfg.NodeID)
+				if err != nil {
+					closeAll(context.Background())
+					return fail(err)
+				}
+				cfg.TLS = src
 			}
 		}
 		n, err := node.Start(cfg)
@@ -600,6 +618,10 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 
 // devNode derives node i of a local cluster: its own data directory, ports
 // shifted by 100*i, and the node id node-i.
+// nodePlaceholder in a dev cluster's --tls-cert and --tls-key stands for
+// each node's id: every node has a certificate of its own.
+const nodePlaceholder = "{node}"
+
 func devNode(base node.Config, i int) node.Config {
 	cfg := base
 	cfg.NodeID = fmt.Sprintf("node-%d", i)

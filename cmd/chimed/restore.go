@@ -9,16 +9,21 @@ import (
 	"os"
 
 	"github.com/chimehq/chime/cmd/chimed/node"
+	"github.com/chimehq/chime/cmd/internal/backup"
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/rpc"
 )
 
-const restoreAbout = `Usage: chimed restore --from DIR [flags]
+const restoreAbout = `Usage: chimed restore --from DIR --backup-key-file FILE [flags]
 
 Creates the data directory of a new cluster's first node from a backup that
 chimectl backup wrote to DIR. It checks the whole backup before it writes
-anything: the manifest's format version, then every shard file's size and
-SHA-256 against the manifest, and its stream as a restore will (the shard and
-applied index it names, every frame, its checksum and counters). A corrupt,
-incomplete or mismatched backup is refused with the file and the rule, e.g.
+anything: the manifest's format version and its signature, then every shard
+file's size and SHA-256 against the manifest, and its stream as a restore
+will (the shard and applied index it names, every frame, its checksum and
+counters), and the topic of every event and recurring schedule in it. A
+corrupt, incomplete, forged or mismatched backup is refused with the file
+and the rule, e.g.
 "backup DIR: shard-002.snap: sha256 mismatch (manifest says ..., file has ...)",
 and --data-dir is left empty. --data-dir must be new or empty.
 
@@ -35,18 +40,37 @@ backup are not produced again, and events the old cluster fired after the
 backup was taken are produced again (with the same chime-id), since the
 backup holds them as pending.
 
+The manifest is signed with the backup key (an HMAC-SHA256 over every field,
+so over each shard file's size and SHA-256 and the source cluster's id) when
+chimectl backup was given --backup-key-file. Give the same file here: a
+manifest that does not verify with it, or carries no signature, is refused.
+The key is the file's content with surrounding whitespace trimmed, at least
+32 bytes, in a file only its owner may read or write:
+  (umask 077; head -c 32 /dev/urandom | base64 > /etc/chime/backup.key)
+Without --backup-key-file the backup is refused unless --allow-unsigned is
+given, which restores a backup taken without a key (or by a chimectl before
+backups were signed) and checks no signature.
+
+An event or recurring schedule whose topic is reserved (--reserved-topics,
+--dead-letter-topic, with the meaning chimed serve gives them; --allow-topic
+exempts a topic) is refused with its shard, id and topic: the API would
+refuse to schedule it, and a restored node fires what it holds without the
+checks the API makes.
+
 Flags:
 `
 
 const restoreExamples = `
 Examples:
-  # the backup of a cluster, then its restore onto a new machine
-  chimectl --addr 10.0.0.1:7070 backup --out /backups/b1
-  chimed restore --from /backups/b1 --data-dir /var/lib/chime --node-id a --raft-addr 10.0.1.1:7071
+  # the signed backup of a cluster, then its restore onto a new machine
+  chimectl --addr 10.0.0.1:7070 backup --out /backups/b1 --backup-key-file /etc/chime/backup.key
+  chimed restore --from /backups/b1 --backup-key-file /etc/chime/backup.key \
+      --data-dir /var/lib/chime --node-id a --raft-addr 10.0.1.1:7071
   chimed serve --node-id a --data-dir /var/lib/chime --raft-addr 10.0.1.1:7071 --kafka-brokers kafka:9092 \
       --grpc-addr 10.0.1.1:7070 --gossip-addr 10.0.1.1:7072
-  # the first node of chimed dev --nodes 3 (node-0, Raft on 7071; node-1 and node-2 join it)
-  chimed restore --from /backups/b1 --data-dir ./chime-data/node-0 --node-id node-0 --raft-addr 127.0.0.1:7071
+  # the first node of chimed dev --nodes 3 (node-0, Raft on 7071; node-1 and node-2 join it),
+  # from a backup taken without a key
+  chimed restore --from /backups/b1 --allow-unsigned --data-dir ./chime-data/node-0 --node-id node-0 --raft-addr 127.0.0.1:7071
   chimed dev --nodes 3
 `
 
@@ -60,6 +84,11 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	raftAddr := fs.String("raft-addr", "127.0.0.1:7071", "the Raft address the node will run with (chimed serve --raft-addr), which the other nodes reach it at")
 	advertiseHost := fs.String("advertise-host", "", "the `host` the node will run with (chimed serve --advertise-host): with it, the Raft address is this\nhost with --raft-addr's port, kept as a name")
 	replication := fs.Int("replication", 0, "replicas per shard of the new cluster; 0 keeps the backed-up cluster's")
+	keyFile := fs.String("backup-key-file", "", "`file` of the backup key chimectl backup --backup-key-file signed the manifest with: the\nmanifest must verify with it. At least 32 bytes, surrounding whitespace trimmed, readable by\nits owner only")
+	allowUnsigned := fs.Bool("allow-unsigned", false, "restore without --backup-key-file: a backup taken without a key, or a signed one without\nchecking its signature")
+	deadLetter := fs.String("dead-letter-topic", publish.DefaultDeadLetterTopic, "the dead-letter `topic` the node will run with (chimed serve --dead-letter-topic), which no\nevent may target")
+	var reservedTopics, allowTopics []string
+	registerTopicFlags(fs, &reservedTopics, &allowTopics)
 	fs.Usage = func() {
 		fmt.Fprint(stderr, restoreAbout)
 		fs.PrintDefaults()
@@ -78,7 +107,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	}
 	// The variables of chimed serve that restore has no flag for (a
 	// container's environment sets them all) are not mistakes here.
-	if _, err := setFromEnv(fs, nil, os.Environ()); err != nil {
+	if _, err := setFromEnv(fs, []string{"allow-topic"}, os.Environ()); err != nil {
 		return usage("%v", err)
 	}
 	switch {
@@ -90,6 +119,20 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 		return usage("--node-id must not be empty")
 	case *replication < 0:
 		return usage("--replication must not be negative")
+	case *keyFile != "" && *allowUnsigned:
+		return usage("give --backup-key-file or --allow-unsigned, not both: with the key, a backup must be signed with it")
+	}
+	var key []byte
+	if *keyFile != "" {
+		var err error
+		if key, err = backup.ReadKeyFile(*keyFile); err != nil {
+			return usage("%v", err)
+		}
+	}
+	var lim rpc.Limits
+	setTopicLimits(&lim, reservedTopics, *deadLetter, allowTopics)
+	if err := lim.Validate(); err != nil {
+		return usage("%v", err)
 	}
 	advertised, err := raftAdvertise(*raftAddr, *advertiseHost)
 	if err != nil {
@@ -106,6 +149,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	defer lock.Close()
 	m, err := node.Restore(node.RestoreConfig{
 		From: *from, DataDir: *dataDir, NodeID: *nodeID, RaftAddr: advertised, Replication: *replication,
+		Key: key, AllowUnsigned: *allowUnsigned, Limits: lim,
 		Progress: func(msg string) { fmt.Fprintln(stdout, msg) },
 	})
 	if err != nil {
@@ -119,11 +163,15 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	if r := daysDuration(m.Retention); r > 0 {
 		ret = "settled events kept " + r.String()
 	}
-	fmt.Fprintf(stdout, `restored %d shards into %s as node %q (replication %d, %s), from the backup of %s
+	source := "cluster " + m.ClusterID
+	if m.ClusterID == "" {
+		source = "a cluster with no id"
+	}
+	fmt.Fprintf(stdout, `restored %d shards into %s as node %q (replication %d, %s), from the backup of %s taken %s
 Start it with the same --node-id, --data-dir and --raft-addr, and no --join:
   chimed serve --node-id %s --data-dir %s --raft-addr %s --kafka-brokers HOST:PORT ...
 Other nodes join it with --join <its --gossip-addr>.
-`, m.ShardCount, *dataDir, *nodeID, rep, ret, m.Created.Format("2006-01-02T15:04:05Z07:00"), *nodeID, *dataDir, advertised)
+`, m.ShardCount, *dataDir, *nodeID, rep, ret, source, m.Created.Format("2006-01-02T15:04:05Z07:00"), *nodeID, *dataDir, advertised)
 	return 0
 }
 

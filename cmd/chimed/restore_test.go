@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -34,7 +35,10 @@ import (
 //
 // and a second node joins the restored one and serves its shards. Every
 // shard holds events of each kind, so a restore that lost a shard, or
-// planted one at the wrong index, fails it.
+// planted one at the wrong index, fails it. The backup is signed
+// (--backup-key-file); before the real restore, chimed restore refuses it
+// without the key, with its manifest changed, stripped of its signature,
+// and against reserved topics that its events target.
 func TestBackupRestoreIntoANewCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process cluster, backs it up and restores it into a new one; skipped with -short")
@@ -112,10 +116,15 @@ func TestBackupRestoreIntoANewCluster(t *testing.T) {
 		return true, ""
 	})
 
-	// The backup, through n1, which relays the shards it does not lead.
+	// The backup, through n1, which relays the shards it does not lead,
+	// signed with a key of the operator's.
 	dir := filepath.Join(t.TempDir(), "backup")
+	keyFile := filepath.Join(t.TempDir(), "backup.key")
+	if err := os.WriteFile(keyFile, []byte("dGhlIGJhY2t1cCBrZXkgb2YgdGhlIHJlc3RvcmUgdGVzdA==\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	var stdout, stderr bytes.Buffer
-	bc := exec.Command(chimectlBin, "--addr", c.nodes["n1"].grpcAddr, "backup", "--out", dir, "--json")
+	bc := exec.Command(chimectlBin, "--addr", c.nodes["n1"].grpcAddr, "backup", "--out", dir, "--json", "--backup-key-file", keyFile)
 	bc.Stdout, bc.Stderr = &stdout, &stderr
 	if err := bc.Run(); err != nil {
 		t.Fatalf("chimectl backup: %v\n%s", err, stderr.String())
@@ -132,6 +141,9 @@ func TestBackupRestoreIntoANewCluster(t *testing.T) {
 	if m.ShardCount != clusterShards || m.Retention != 36*time.Hour || !slices.Contains(from, "n1") || !slices.ContainsFunc(from, func(n string) bool { return n != "n1" }) {
 		t.Fatalf("manifest: %d shards, retention %v, copied from %v (want some from n1 and some relayed)\n%s", m.ShardCount, m.Retention, from, stderr.String())
 	}
+	if m.ClusterID == "" || len(m.HMAC) != 64 || strings.Contains(stderr.String(), "unsigned") {
+		t.Fatalf("manifest: cluster id %q, hmac %q: want the cluster named and the manifest signed\n%s", m.ClusterID, m.HMAC, stderr.String())
+	}
 	if !strings.Contains(stderr.String(), fmt.Sprintf("shard %d/%d: ", clusterShards-1, clusterShards)) {
 		t.Errorf("no progress on stderr:\n%s", stderr.String())
 	}
@@ -143,6 +155,47 @@ func TestBackupRestoreIntoANewCluster(t *testing.T) {
 		c.nodes[id].stop()
 	}
 
+	// While the outage goes on: what chimed restore refuses, by name, each
+	// time leaving its data directory as it found it.
+	refused := func(want string, args ...string) {
+		t.Helper()
+		data := filepath.Join(t.TempDir(), "data")
+		var out bytes.Buffer
+		rc := exec.Command(chimedBin, append([]string{"restore", "--data-dir", data, "--node-id", "x", "--raft-addr", "127.0.0.1:7999"}, args...)...)
+		rc.Stdout, rc.Stderr = &out, &out
+		err := rc.Run()
+		if rc.ProcessState.ExitCode() != 1 || !strings.Contains(out.String(), want) {
+			t.Errorf("chimed restore %q: %v\n%s\nwant exit 1 saying %q", args, err, out.String(), want)
+		}
+		if left, _ := os.ReadDir(data); len(left) > 1 || len(left) == 1 && left[0].Name() != "chimed.lock" {
+			t.Errorf("chimed restore %q, refused, left %v in its data directory", args, left)
+		}
+	}
+	copyWith := func(name string, edit func(m map[string]any)) string {
+		d := filepath.Join(t.TempDir(), name)
+		if err := os.CopyFS(d, os.DirFS(dir)); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(d, backup.ManifestName)
+		raw, _ := os.ReadFile(path)
+		var man map[string]any
+		if err := json.Unmarshal(raw, &man); err != nil {
+			t.Fatal(err)
+		}
+		edit(man)
+		raw, _ = json.Marshal(man)
+		os.WriteFile(path, raw, 0o644)
+		return d
+	}
+	tampered := copyWith("tampered", func(m map[string]any) { m["cluster_id"] = "c-forged" })
+	unsigned := copyWith("unsigned", func(m map[string]any) { delete(m, "hmac_sha256") })
+	refused("chimed restore: backup "+dir+": manifest.json: signed (hmac_sha256), and no key to check it with: pass --backup-key-file", "--from", dir)
+	refused("chimed restore: backup "+unsigned+": manifest.json: unsigned (no hmac_sha256): pass --backup-key-file to restore a signed backup, or --allow-unsigned", "--from", unsigned)
+	refused("chimed restore: backup "+unsigned+": manifest.json: unsigned (no hmac_sha256), and a restore with --backup-key-file takes only a signed backup", "--from", unsigned, "--backup-key-file", keyFile)
+	refused("chimed restore: backup "+tampered+": manifest.json: hmac_sha256 does not verify with the backup key", "--from", tampered, "--backup-key-file", keyFile)
+	refused(`targets the reserved topic "restore.events": it matches the reserved pattern "restore.*" (--allow-topic restore.events restores it all the same)`,
+		"--from", dir, "--backup-key-file", keyFile, "--reserved-topics", "restore.*")
+
 	// The outage: the outage events fall due while no node runs.
 	time.Sleep(time.Until(start.Add(outageDue + time.Second + 100*time.Millisecond)))
 	brokers := broker(t)
@@ -150,13 +203,19 @@ func TestBackupRestoreIntoANewCluster(t *testing.T) {
 	r1.nodeID = "r1"
 	r1.extra = []string{"--dead-timeout", "4s"}
 	var out bytes.Buffer
-	rc := exec.Command(chimedBin, "restore", "--from", dir, "--data-dir", r1.dataDir, "--node-id", "r1", "--raft-addr", r1.raftAd)
+	rc := exec.Command(chimedBin, "restore", "--from", dir, "--backup-key-file", keyFile, "--data-dir", r1.dataDir, "--node-id", "r1", "--raft-addr", r1.raftAd)
 	rc.Stdout, rc.Stderr = &out, &out
 	if err := rc.Run(); err != nil {
 		t.Fatalf("chimed restore: %v\n%s", err, out.String())
 	}
-	if !strings.Contains(out.String(), fmt.Sprintf("restored %d shards into %s as node \"r1\" (replication 3, settled events kept 36h0m0s)", clusterShards, r1.dataDir)) {
-		t.Errorf("chimed restore said:\n%s", out.String())
+	for _, want := range []string{
+		fmt.Sprintf("backup of cluster %s: %d shards, taken ", m.ClusterID, clusterShards),
+		"; manifest signed, and its HMAC verified with the backup key\n",
+		fmt.Sprintf("restored %d shards into %s as node \"r1\" (replication 3, settled events kept 36h0m0s), from the backup of cluster %s taken ", clusterShards, r1.dataDir, m.ClusterID),
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("chimed restore does not say %q:\n%s", want, out.String())
+		}
 	}
 	col2 := collect(t, brokers, topic)
 	launched := time.Now()

@@ -11,7 +11,12 @@
 //     writes (no node id, a shard count outside 1..membership.MaxShards, a
 //     negative replication or retention) fails Start, naming the field.
 //   - Restoring (Restore): a backup directory (cmd/internal/backup), checked
-//     whole first, laid out as a new cluster's first node: each shard's
+//     whole first (its manifest's HMAC with the backup key, or, told to
+//     take an unsigned backup, none; every shard file and stream; and the
+//     topic of every event and recurring schedule it holds against the
+//     reserved topics the node will run with, since a restored node fires
+//     what it holds without the API's checks), laid out as a new cluster's
+//     first node: each shard's
 //     stream planted as its replica's one Raft snapshot (shard.PlantSnapshot)
 //     and cluster.json with the backup's parameters, a new cluster id and the
 //     Raft address the shards' configurations name. A directory a restore
@@ -45,7 +50,10 @@
 //     (A restored node starts its shards from their planted snapshots: raft
 //     finds state and does not bootstrap.)
 //   - Restore into a data directory that holds anything, or lay out
-//     anything before the whole backup has been checked.
+//     anything before the whole backup has been checked; restore a backup
+//     whose manifest does not verify with the key it was given, or any
+//     backup without a key unless told to take it unsigned, or one holding
+//     an event or schedule whose topic is reserved.
 //   - Wait for shard leaders in Start: a node whose peers are down must still
 //     start and serve, as it is part of what brings their quorum back.
 //

@@ -15,6 +15,7 @@ import (
 
 	"github.com/chimehq/chime/cmd/internal/backup"
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/host"
 )
@@ -33,6 +34,19 @@ type RestoreConfig struct {
 	// Replication, when positive, is the new cluster's replication instead
 	// of the backed-up cluster's.
 	Replication int
+	// Key is the backup key (chimed restore --backup-key-file): the
+	// manifest must carry an HMAC that verifies with it, even with
+	// AllowUnsigned. Without a key the backup is restored only with
+	// AllowUnsigned (--allow-unsigned), signed or not, and an HMAC it
+	// carries goes unchecked (backup.Authenticate).
+	Key           []byte
+	AllowUnsigned bool
+	// Limits are the limits the node will run with, of which Restore uses
+	// ReservedTopics (nil: DefaultLimits's) and AllowTopics: every event
+	// and recurring schedule of the backup must target a topic they let
+	// events target, because the node fires what it restores without the
+	// checks the API makes.
+	Limits rpc.Limits
 	// Progress, when set, is told about each shard verified and laid out.
 	Progress func(msg string)
 	// Now stamps cluster.json's creation time (nil: time.Now).
@@ -49,14 +63,17 @@ const restoringName = "restore.incomplete"
 
 // Restore makes cfg.DataDir the data directory of a new cluster's first node
 // holding the backup in cfg.From. It first checks the whole backup: the
-// manifest (format, shard count), then every shard file's size and SHA-256
-// against it and its stream as a restore would (raftfsm.VerifySnapshot: the
-// shard, the applied index and term the manifest records, every frame, the
-// checksum, the counters), so a corrupt or mismatched backup is refused
-// before anything is written. It then plants each shard's stream as the one
-// Raft snapshot of the node's replica (shard.PlantSnapshot: this node the
-// only voter), and writes cluster.json with the backup's shard count,
-// replication and retention and a new cluster id.
+// manifest (format, shard count) and its HMAC (cfg.Key, cfg.AllowUnsigned),
+// then every shard file's size and SHA-256 against it and its stream as a
+// restore would (raftfsm.VerifySnapshotTargets: the shard, the applied
+// index and term the manifest records, every frame, the checksum, the
+// counters), and in the same pass every event's and recurring schedule's
+// topic against the reserved topics of cfg.Limits, so a corrupt, forged,
+// mismatched or forbidden backup is refused before anything is written. It
+// then plants each shard's stream as the one Raft snapshot of the node's
+// replica (shard.PlantSnapshot: this node the only voter), and writes
+// cluster.json with the backup's shard count, replication and retention
+// and a new cluster id.
 //
 // Started on the directory (Start, like any node with data), the node
 // restores each shard into Pebble as its replica opens, elects itself, and
@@ -82,8 +99,16 @@ func Restore(cfg RestoreConfig) (*backup.Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := backup.Authenticate(cfg.From, m, cfg.Key, cfg.AllowUnsigned); err != nil {
+		return nil, err
+	}
+	progress(describeBackup(m, cfg.Key != nil))
+	lim := cfg.Limits
+	if lim.ReservedTopics == nil {
+		lim.ReservedTopics = rpc.DefaultLimits().ReservedTopics
+	}
 	for _, s := range m.Shards {
-		if err := backup.VerifyFile(cfg.From, s, func(r io.Reader) error { return checkStream(r, s) }); err != nil {
+		if err := backup.VerifyFile(cfg.From, s, func(r io.Reader) error { return checkStream(r, s, &lim) }); err != nil {
 			return nil, err
 		}
 		progress(fmt.Sprintf("verified %s: shard %d at applied index %d, %d bytes", s.File, s.Shard, s.AppliedIndex, s.Size))
@@ -148,10 +173,42 @@ func layOut(cfg RestoreConfig, m *backup.Manifest, progress func(string)) error 
 	})
 }
 
-// checkStream checks one shard's stream as a restore will, and that its
-// header says what the manifest does.
-func checkStream(r io.Reader, s backup.Shard) error {
-	h, err := raftfsm.VerifySnapshot(r, s.Shard)
+// describeBackup is the line a restore starts with: which cluster the
+// backup is of, when it was taken, and how far its manifest was checked.
+func describeBackup(m *backup.Manifest, keyed bool) string {
+	cluster := "cluster " + m.ClusterID
+	if m.ClusterID == "" {
+		cluster = "a cluster with no id (a backup of format 1, or of a cluster created before clusters had ids)"
+	}
+	signed := "unsigned, restored with --allow-unsigned"
+	switch {
+	case keyed:
+		signed = "signed, and its HMAC verified with the backup key"
+	case m.HMAC != "":
+		signed = "signed, and its HMAC not checked (--allow-unsigned, no --backup-key-file)"
+	}
+	return fmt.Sprintf("backup of %s: %d shards, taken %s; manifest %s", cluster, m.ShardCount, m.Created.Format(time.RFC3339), signed)
+}
+
+// checkStream checks one shard's stream as a restore will, that its header
+// says what the manifest does, and that every event and recurring schedule
+// in it targets a topic lim lets events target. A stream that does not
+// verify is refused for that first, and a forbidden topic is named only
+// once the whole stream has verified: the first one, and how many more.
+func checkStream(r io.Reader, s backup.Shard, lim *rpc.Limits) error {
+	var first raftfsm.SnapshotTarget
+	var why string
+	more := 0
+	h, err := raftfsm.VerifySnapshotTargets(r, s.Shard, func(t raftfsm.SnapshotTarget) error {
+		if w := lim.ReservedTopic(t.Topic); w != "" {
+			if why == "" {
+				first, why = t, w
+			} else {
+				more++
+			}
+		}
+		return nil
+	})
 	switch {
 	case err != nil && h.Format != 0 && !h.Reference && h.Shard != s.Shard:
 		return fmt.Errorf("holds a copy of shard %d, not of shard %d", h.Shard, s.Shard)
@@ -159,6 +216,17 @@ func checkStream(r io.Reader, s backup.Shard) error {
 		return err
 	case h.AppliedIndex != s.AppliedIndex || h.AppliedTerm != s.AppliedTerm:
 		return fmt.Errorf("the copy is at applied index %d (term %d), the manifest says %d (term %d)", h.AppliedIndex, h.AppliedTerm, s.AppliedIndex, s.AppliedTerm)
+	case why != "":
+		what := "event"
+		if first.Schedule {
+			what = "recurring schedule"
+		}
+		others := ""
+		if more > 0 {
+			others = fmt.Sprintf("; %d more events or schedules of the shard target reserved topics", more)
+		}
+		return fmt.Errorf("shard %d: %s %q targets the reserved topic %q: %s (--allow-topic %s restores it all the same)%s",
+			s.Shard, what, first.ID, first.Topic, why, first.Topic, others)
 	}
 	return nil
 }

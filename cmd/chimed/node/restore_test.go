@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,10 +36,30 @@ type testEvents struct {
 	pastDue, later, cancelled []string
 }
 
-// makeBackup writes a backup of a 3-shard cluster as chimectl backup does:
-// each shard's state (built by applying entries to an FSM, as a leader
-// would) as a full snapshot stream, and the manifest last.
+// testKey is the backup key makeBackup signs with.
+var testKey = []byte("restore-test-key-0123456789abcdefghijk")
+
+// backupSpec says what makeBackupOf writes besides the events of
+// testEvents.
+type backupSpec struct {
+	// topic is each event's topic (nil: "restored").
+	topic func(id string) string
+	// schedules are recurring schedules to create in shard 0, id → topic.
+	schedules map[string]string
+	// key signs the manifest; nil leaves it unsigned.
+	key []byte
+}
+
+// makeBackup writes a backup of a 3-shard cluster as chimectl backup
+// --backup-key-file does: each shard's state (built by applying entries to
+// an FSM, as a leader would) as a full snapshot stream, and the manifest
+// last, naming the cluster and signed with testKey.
 func makeBackup(t *testing.T) (string, testEvents) {
+	t.Helper()
+	return makeBackupOf(t, backupSpec{key: testKey})
+}
+
+func makeBackupOf(t *testing.T, spec backupSpec) (string, testEvents) {
 	t.Helper()
 	st, err := raftfsm.OpenStore(filepath.Join(t.TempDir(), "pebble"), raftfsm.StoreOptions{})
 	if err != nil {
@@ -63,13 +84,17 @@ func makeBackup(t *testing.T) (string, testEvents) {
 			due = now.Add(time.Hour)
 		}
 		s := shard.For(id, testShards)
-		batches[s] = append(batches[s], raftfsm.NewEvent{ID: id, Due: due.UnixNano(), Topic: "restored", Payload: []byte("payload-" + id)})
+		topic := "restored"
+		if spec.topic != nil {
+			topic = spec.topic(id)
+		}
+		batches[s] = append(batches[s], raftfsm.NewEvent{ID: id, Due: due.UnixNano(), Topic: topic, Payload: []byte("payload-" + id)})
 		if i%3 == 2 {
 			cancels[s] = append(cancels[s], id)
 		}
 	}
 	dir := t.TempDir()
-	m := &backup.Manifest{Format: backup.Format, Created: now.UTC(), ShardCount: testShards, Replication: 3, Retention: testRetention}
+	m := &backup.Manifest{Format: backup.Format, ClusterID: "c-backed-up", Created: now.UTC(), ShardCount: testShards, Replication: 3, Retention: testRetention}
 	for s := range uint32(testShards) {
 		f, err := raftfsm.NewFSM(st, s, nil)
 		if err != nil {
@@ -78,6 +103,14 @@ func makeBackup(t *testing.T) (string, testEvents) {
 		logs := []*raft.Log{
 			{Index: 3, Term: 2, Type: raft.LogCommand, Data: raftfsm.AppendScheduleBatch(nil, &raftfsm.ScheduleBatch{ProposedAt: now.UnixNano(), Events: batches[s]})},
 			{Index: 5, Term: 2, Type: raft.LogCommand, Data: raftfsm.AppendCancel(nil, &raftfsm.Cancel{ProposedAt: now.UnixNano(), IDs: cancels[s]})},
+		}
+		if s == 0 {
+			for id, topic := range spec.schedules {
+				logs = append(logs, &raft.Log{Index: logs[len(logs)-1].Index + 1, Term: 2, Type: raft.LogCommand, Data: raftfsm.AppendRecurring(nil, &raftfsm.Recurring{
+					Op: raftfsm.RecurringCreate, ProposedAt: now.UnixNano(), ID: id, Hash: 1,
+					Def: raftfsm.Definition{Every: int64(time.Hour), CatchUp: raftfsm.CatchUpLast, Topic: topic, Payload: []byte("tick")},
+				})})
+			}
 		}
 		f.ApplyBatch(logs)
 		w, err := backup.CreateShard(dir, s)
@@ -95,6 +128,11 @@ func makeBackup(t *testing.T) (string, testEvents) {
 		}
 		e.AppliedIndex, e.AppliedTerm = h.AppliedIndex, h.AppliedTerm
 		m.Shards = append(m.Shards, e)
+	}
+	if spec.key != nil {
+		if err := m.Sign(spec.key); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := backup.WriteManifest(dir, m); err != nil {
 		t.Fatal(err)
@@ -126,12 +164,14 @@ func TestRestoreFoundsANodeThatFiresWhatFellDue(t *testing.T) {
 	from, ev := makeBackup(t)
 	dataDir := filepath.Join(t.TempDir(), "data")
 	var steps []string
-	m, err := Restore(RestoreConfig{From: from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1",
+	m, err := Restore(RestoreConfig{From: from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1", Key: testKey,
 		Progress: func(s string) { steps = append(steps, s) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.ShardCount != testShards || len(steps) != 2*testShards {
+	if m.ShardCount != testShards || len(steps) != 1+2*testShards || m.ClusterID != "c-backed-up" ||
+		!strings.HasPrefix(steps[0], "backup of cluster c-backed-up: 3 shards, taken ") ||
+		!strings.HasSuffix(steps[0], "; manifest signed, and its HMAC verified with the backup key") {
 		t.Fatalf("restored %+v with steps %q", m, steps)
 	}
 	meta, ok, err := loadMeta(dataDir)
@@ -224,9 +264,26 @@ func TestRestoreRefusesABadBackupByName(t *testing.T) {
 		}
 		return m
 	}
+	// writeManifest writes m as it is; signed writes it signed again with
+	// testKey, as one who holds the key could, so that the checks after
+	// the HMAC's are reached.
 	writeManifest := func(dir string, m map[string]any) {
 		b, _ := json.Marshal(m)
 		os.WriteFile(filepath.Join(dir, backup.ManifestName), b, 0o644)
+	}
+	signed := func(dir string, m map[string]any) {
+		delete(m, "hmac_sha256")
+		writeManifest(dir, m)
+		man, err := backup.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := man.Sign(testKey); err != nil {
+			t.Fatal(err)
+		}
+		if err := backup.WriteManifest(dir, man); err != nil {
+			t.Fatal(err)
+		}
 	}
 	shardEntry := func(m map[string]any, i int) map[string]any { return m["shards"].([]any)[i].(map[string]any) }
 	for _, tc := range []struct {
@@ -244,9 +301,28 @@ func TestRestoreRefusesABadBackupByName(t *testing.T) {
 		{"no manifest", func(dir string) { os.Remove(filepath.Join(dir, backup.ManifestName)) }, "no manifest.json"},
 		{"a newer format", func(dir string) {
 			m := readManifest(dir)
-			m["format"] = 2
+			m["format"] = 3
 			writeManifest(dir, m)
-		}, "manifest.json: format: 2, this build reads format 1"},
+		}, "manifest.json: format: 3, this build reads formats 1 to 2"},
+		{"another cluster id", func(dir string) {
+			m := readManifest(dir)
+			m["cluster_id"] = "c-other"
+			writeManifest(dir, m)
+		}, "manifest.json: hmac_sha256 does not verify with the backup key"},
+		{"a shard file replaced along with its entry", func(dir string) {
+			// The copy of shard 2 is swapped for an empty one, and the
+			// manifest says its size and digest: only the HMAC tells.
+			m := readManifest(dir)
+			os.WriteFile(filepath.Join(dir, "shard-002.snap"), nil, 0o644)
+			e := shardEntry(m, 2)
+			e["size"], e["sha256"] = 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+			writeManifest(dir, m)
+		}, "manifest.json: hmac_sha256 does not verify with the backup key"},
+		{"its signature removed", func(dir string) {
+			m := readManifest(dir)
+			delete(m, "hmac_sha256")
+			writeManifest(dir, m)
+		}, "manifest.json: unsigned (no hmac_sha256), and a restore with --backup-key-file takes only a signed backup"},
 		{"another shard's copy", func(dir string) {
 			// shard-001.snap holds shard 0's stream, and the manifest its size
 			// and digest: only the stream's header tells.
@@ -255,12 +331,12 @@ func TestRestoreRefusesABadBackupByName(t *testing.T) {
 			os.WriteFile(filepath.Join(dir, "shard-001.snap"), b, 0o644)
 			e0, e1 := shardEntry(m, 0), shardEntry(m, 1)
 			e1["size"], e1["sha256"], e1["applied_index"], e1["applied_term"] = e0["size"], e0["sha256"], e0["applied_index"], e0["applied_term"]
-			writeManifest(dir, m)
+			signed(dir, m)
 		}, "shard-001.snap: holds a copy of shard 0, not of shard 1"},
 		{"another applied index", func(dir string) {
 			m := readManifest(dir)
 			shardEntry(m, 2)["applied_index"] = 4
-			writeManifest(dir, m)
+			signed(dir, m)
 		}, "shard-002.snap: the copy is at applied index 5 (term 2), the manifest says 4 (term 2)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -270,7 +346,7 @@ func TestRestoreRefusesABadBackupByName(t *testing.T) {
 			}
 			tc.spoil(dir)
 			dataDir := t.TempDir()
-			_, err := Restore(RestoreConfig{From: dir, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1"})
+			_, err := Restore(RestoreConfig{From: dir, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1", Key: testKey})
 			if err == nil || !strings.Contains(err.Error(), "backup "+dir+": ") || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("restore: %v\nwant an error naming %s and saying %q", err, dir, tc.want)
 			}
@@ -285,10 +361,10 @@ func TestRestoreNeedsAnEmptyDataDirectory(t *testing.T) {
 	from, _ := makeBackup(t)
 	dataDir := t.TempDir()
 	os.WriteFile(filepath.Join(dataDir, lockFileName), nil, 0o644) // chimed's own lock is no data
-	if _, err := Restore(RestoreConfig{From: from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1"}); err != nil {
+	if _, err := Restore(RestoreConfig{From: from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1", Key: testKey}); err != nil {
 		t.Fatalf("a directory holding only chimed.lock: %v", err)
 	}
-	_, err := Restore(RestoreConfig{From: from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1"})
+	_, err := Restore(RestoreConfig{From: from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1", Key: testKey})
 	if err == nil || !strings.Contains(err.Error(), "data directory "+dataDir+" is not empty (it holds cluster.json, raft)") {
 		t.Fatalf("a restore over a restored directory: %v", err)
 	}
@@ -301,5 +377,111 @@ func TestRestoreNeedsAnEmptyDataDirectory(t *testing.T) {
 			n.Close(context.Background())
 		}
 		t.Fatalf("start on an unfinished restore: %v", err)
+	}
+}
+
+// TestRestoreTakesAnUnsignedBackupOnlyWhenTold: without a key a backup is
+// refused, signed or not, unless AllowUnsigned; with one, an unsigned
+// backup or one signed with another key is refused; every refusal names
+// the manifest and leaves the data directory empty.
+func TestRestoreTakesAnUnsignedBackupOnlyWhenTold(t *testing.T) {
+	signed, _ := makeBackup(t)
+	unsigned, _ := makeBackupOf(t, backupSpec{})
+	for _, tc := range []struct {
+		name          string
+		from          string
+		key           []byte
+		allowUnsigned bool
+		want          string // "": restored, with this first step
+		step          string
+	}{
+		{"unsigned, no key", unsigned, nil, false, "manifest.json: unsigned (no hmac_sha256): pass --backup-key-file to restore a signed backup, or --allow-unsigned", ""},
+		{"signed, no key", signed, nil, false, "manifest.json: signed (hmac_sha256), and no key to check it with: pass --backup-key-file", ""},
+		{"unsigned, with a key", unsigned, testKey, false, "manifest.json: unsigned (no hmac_sha256), and a restore with --backup-key-file takes only a signed backup", ""},
+		{"signed, with another key", signed, []byte("another key, of thirty-two bytes or more"), false, "manifest.json: hmac_sha256 does not verify with the backup key", ""},
+		{"unsigned, allowed", unsigned, nil, true, "", "manifest unsigned, restored with --allow-unsigned"},
+		{"signed, allowed without the key", signed, nil, true, "", "manifest signed, and its HMAC not checked (--allow-unsigned, no --backup-key-file)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			var steps []string
+			_, err := Restore(RestoreConfig{From: tc.from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1", Key: tc.key, AllowUnsigned: tc.allowUnsigned,
+				Progress: func(s string) { steps = append(steps, s) }})
+			if tc.want == "" {
+				if err != nil || len(steps) == 0 || !strings.HasSuffix(steps[0], tc.step) {
+					t.Fatalf("restore: %v, steps %q; want it restored, saying %q", err, steps, tc.step)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "backup "+tc.from+": "+tc.want) {
+				t.Fatalf("restore: %v\nwant an error naming %s and saying %q", err, tc.from, tc.want)
+			}
+			if left, _ := os.ReadDir(dataDir); len(left) > 0 {
+				t.Fatalf("a refused restore left %v in the data directory", left)
+			}
+		})
+	}
+}
+
+// TestRestoreRefusesReservedTopics: an event or a recurring schedule of the
+// backup that targets a topic the node's limits reserve (the default
+// reserved topics, patterns of the operator's, the dead-letter topic) is
+// refused with its shard, id, topic and rule, and the data directory stays
+// empty; AllowTopics lets it through, as it lets the API take it.
+func TestRestoreRefusesReservedTopics(t *testing.T) {
+	audit, _ := makeBackupOf(t, backupSpec{key: testKey, topic: func(id string) string {
+		if id == "ev-7" {
+			return "chime.audit"
+		}
+		return "restored"
+	}})
+	auditShard := shard.For("ev-7", testShards)
+	plain, _ := makeBackup(t)
+	dlq, _ := makeBackupOf(t, backupSpec{key: testKey, topic: func(id string) string {
+		if id == "ev-4" {
+			return "dead.letters"
+		}
+		return "restored"
+	}})
+	sched, _ := makeBackupOf(t, backupSpec{key: testKey, schedules: map[string]string{"tick": "__consumer_offsets"}})
+	defaults := rpc.DefaultLimits()
+	withDLQ := rpc.Limits{ReservedTopics: append(slices.Clone(rpc.DefaultReservedTopics), "dead.letters")}
+	for _, tc := range []struct {
+		name string
+		from string
+		lim  rpc.Limits
+		want string // "": restored
+	}{
+		{"a default reserved topic", audit, rpc.Limits{}, fmt.Sprintf(`shard-%03d.snap: shard %d: event "ev-7" targets the reserved topic "chime.audit": names starting with "chime." are Chime's own topics (--allow-topic chime.audit restores it all the same)`, auditShard, auditShard)},
+		{"the same, the node's default limits", audit, defaults, `event "ev-7" targets the reserved topic "chime.audit"`},
+		{"the same, allowed", audit, rpc.Limits{AllowTopics: []string{"chime.audit"}}, ""},
+		{"an operator's pattern", plain, rpc.Limits{ReservedTopics: []string{"restor*"}}, `shard-000.snap: shard 0: event "ev-`},
+		{"the dead-letter topic", dlq, withDLQ, `event "ev-4" targets the reserved topic "dead.letters": it is one of Chime's own topics`},
+		{"a recurring schedule's topic", sched, rpc.Limits{}, `shard-000.snap: shard 0: recurring schedule "tick" targets the reserved topic "__consumer_offsets": names starting with "__" are Kafka's internal topics (--allow-topic __consumer_offsets restores it all the same); 1 more events or schedules of the shard target reserved topics`},
+		{"no reserved topic", plain, rpc.Limits{}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dataDir := t.TempDir()
+			_, err := Restore(RestoreConfig{From: tc.from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1", Key: testKey, Limits: tc.lim})
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "backup "+tc.from+": ") || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("restore: %v\nwant an error naming %s and saying %q", err, tc.from, tc.want)
+			}
+			if left, _ := os.ReadDir(dataDir); len(left) > 0 {
+				t.Fatalf("a refused restore left %v in the data directory", left)
+			}
+		})
+	}
+	// A pattern that every event of shard 0 matches names the first and
+	// counts the others.
+	_, err := Restore(RestoreConfig{From: plain, DataDir: t.TempDir(), NodeID: "r1", RaftAddr: "r1", Key: testKey, Limits: rpc.Limits{ReservedTopics: []string{"restor*"}}})
+	if err == nil || !strings.Contains(err.Error(), `": it matches the reserved pattern "restor*" (--allow-topic restored restores it all the same); `) ||
+		!strings.Contains(err.Error(), " more events or schedules of the shard target reserved topics") {
+		t.Errorf("restore: %v", err)
 	}
 }

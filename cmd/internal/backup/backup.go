@@ -15,10 +15,15 @@ import (
 	"time"
 )
 
-// Format is the manifest format this build writes and the only one it
-// reads. A change to the layout of the directory or to the meaning of a
-// manifest field takes a new number.
-const Format = 1
+// Format is the manifest format this build writes. A change to the layout
+// of the directory or to the meaning of a manifest field takes a new
+// number. Format 2 added cluster_id and hmac_sha256; this build reads
+// format 1 too, a backup that is always unsigned and names no cluster.
+const Format = 2
+
+// formatUnsigned is the format before manifests named their cluster and
+// were signed, which this build still reads.
+const formatUnsigned = 1
 
 // ManifestName is the manifest's file name in a backup directory.
 const ManifestName = "manifest.json"
@@ -27,6 +32,9 @@ const ManifestName = "manifest.json"
 type Manifest struct {
 	// Format is the manifest format (Format).
 	Format int `json:"format"`
+	// ClusterID is the id of the backed-up cluster (format 2 on; empty for
+	// a cluster created before clusters had ids).
+	ClusterID string `json:"cluster_id,omitempty"`
 	// Created is when the backup finished (UTC).
 	Created time.Time `json:"created"`
 	// Source is the address of the node chimectl asked (informational).
@@ -40,6 +48,11 @@ type Manifest struct {
 	Retention   time.Duration `json:"retention_ns"`
 	// Shards lists every shard, in order.
 	Shards []Shard `json:"shards"`
+	// HMAC is the lower-case hex HMAC-SHA256, with the backup key, of
+	// the canonical encoding of every other field (signedBytes); empty
+	// in an unsigned manifest. It is the only field the encoding leaves
+	// out.
+	HMAC string `json:"hmac_sha256,omitempty"`
 }
 
 // Shard is one shard's entry in the manifest.
@@ -68,8 +81,12 @@ func (m *Manifest) check() error {
 	switch {
 	case m.Format == 0:
 		return errors.New("format: missing (a manifest of format 1 or later has it; this is not a Chime backup manifest)")
-	case m.Format != Format:
-		return fmt.Errorf("format: %d, this build reads format %d (a backup made by a newer chimectl needs a chimed of that version)", m.Format, Format)
+	case m.Format != Format && m.Format != formatUnsigned:
+		return fmt.Errorf("format: %d, this build reads formats %d to %d (a backup made by a newer chimectl needs a chimed of that version)", m.Format, formatUnsigned, Format)
+	case m.Format == formatUnsigned && (m.ClusterID != "" || m.HMAC != ""):
+		return errors.New("format: 1 has no cluster_id or hmac_sha256 (they came with format 2)")
+	case m.HMAC != "" && !hexDigest.MatchString(m.HMAC):
+		return fmt.Errorf("hmac_sha256: %q is not 64 lower-case hex digits", m.HMAC)
 	case m.ShardCount < 1:
 		return fmt.Errorf("shard_count: %d, must be at least 1", m.ShardCount)
 	case m.Replication < 1:

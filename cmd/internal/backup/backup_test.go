@@ -144,7 +144,10 @@ func TestManifestRules(t *testing.T) {
 		edit func(m map[string]any)
 		want string
 	}{
-		{"a newer format", func(m map[string]any) { m["format"] = 2 }, "manifest.json: format: 2, this build reads format 1"},
+		{"a newer format", func(m map[string]any) { m["format"] = 3 }, "manifest.json: format: 3, this build reads formats 1 to 2"},
+		{"format 1 naming a cluster", func(m map[string]any) { m["format"], m["cluster_id"] = 1, "c-1" }, "format: 1 has no cluster_id or hmac_sha256"},
+		{"format 1 signed", func(m map[string]any) { m["format"], m["hmac_sha256"] = 1, strings.Repeat("0", 64) }, "format: 1 has no cluster_id or hmac_sha256"},
+		{"a malformed hmac", func(m map[string]any) { m["hmac_sha256"] = "ABC" }, `hmac_sha256: "ABC" is not 64 lower-case hex digits`},
 		{"no format", func(m map[string]any) { delete(m, "format") }, "manifest.json: format: missing"},
 		{"no shards", func(m map[string]any) { m["shard_count"] = 0 }, "shard_count: 0, must be at least 1"},
 		{"a shard missing", func(m map[string]any) { m["shards"] = m["shards"].([]any)[:2] }, "shards: 2 listed, shard_count is 3"},

@@ -32,6 +32,10 @@ type Options struct {
 	// names it (chimectl: "--timeout"); empty, it is not named.
 	Timeout     time.Duration
 	TimeoutName string
+	// Key, when set, signs the manifest (Manifest.Sign): a restore checks
+	// it with the same key. Without one the manifest is unsigned, and a
+	// restore takes it only when told to (Authenticate).
+	Key []byte
 	// Progress, when set, is called as the copy goes (on Take's goroutine).
 	Progress func(Progress)
 	// Now and Sleep are the clock: nil means real time. Tests pass a fake
@@ -63,14 +67,20 @@ const errIncomplete = "%s has no manifest.json, so it is not a usable backup: de
 // it asks ac for the cluster map, copies each shard through
 // chime.v1.Admin/Backup into its file (ShardWriter), checking what arrived
 // against the summary the leader sent last, and writes the manifest last
-// (WriteManifest). The node ac talks to relays the copies of shards it does
-// not lead. This is chimectl backup; chime-jepsen takes its backups with it
-// too.
+// (WriteManifest), naming the cluster's id and, with o.Key, signed. The
+// node ac talks to relays the copies of shards it does not lead. This is
+// chimectl backup; chime-jepsen takes its backups with it too.
 //
 // On an error no manifest is written, so dir is not a usable backup, and
 // the error says so; a shard file that was not completely written is
 // never left under its name.
 func Take(ctx context.Context, ac chimev1.AdminClient, dir string, o Options) (*Manifest, error) {
+	if o.Key != nil {
+		// A key that cannot sign fails the backup before it copies anything.
+		if err := checkKey(o.Key); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, &Error{Dir: dir, Err: err}
 	}
@@ -84,7 +94,7 @@ func Take(ctx context.Context, ac chimev1.AdminClient, dir string, o Options) (*
 		return nil, fmt.Errorf("the cluster map from %s has no shards", o.Source)
 	}
 	man := &Manifest{
-		Format: Format, Source: o.Source, ShardCount: int(m.GetShardCount()),
+		Format: Format, ClusterID: m.GetClusterId(), Source: o.Source, ShardCount: int(m.GetShardCount()),
 		Replication: int(max(m.GetReplication(), 1)), Retention: m.GetRetention().AsDuration(),
 	}
 	for s := range m.GetShardCount() {
@@ -98,6 +108,11 @@ func Take(ctx context.Context, ac chimev1.AdminClient, dir string, o Options) (*
 		man.Shards = append(man.Shards, entry)
 	}
 	man.Created = o.now().UTC()
+	if o.Key != nil {
+		if err := man.Sign(o.Key); err != nil {
+			return nil, fmt.Errorf("backup: signing the manifest: %v; "+errIncomplete, err, dir)
+		}
+	}
 	if err := WriteManifest(dir, man); err != nil {
 		return nil, fmt.Errorf("%w; "+errIncomplete, err, dir)
 	}
