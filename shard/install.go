@@ -41,6 +41,10 @@ import (
 // InstallLayerID is the raftmux layer id of shard id's install layer.
 func InstallLayerID(id uint32) uint32 { return id | 1<<31 }
 
+// LayerShard is the shard whose raft transport or install layer is raftmux
+// layer id.
+func LayerShard(id uint32) uint32 { return id &^ (1 << 31) }
+
 const (
 	installMagic   = "chimeins"
 	installVersion = 1

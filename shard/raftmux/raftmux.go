@@ -67,9 +67,9 @@ type TLS struct {
 	// refuses it: the connection is closed and the refusal logged.
 	Admit func(layer uint32, cs tls.ConnectionState) error
 	// Dialled is asked about each connection a layer dials, once its
-	// handshake is done (addr is the address dialled); an error fails the
-	// dial.
-	Dialled func(addr string, cs tls.ConnectionState) error
+	// handshake is done (layer is the dialling layer's id, addr the address
+	// dialled); an error fails the dial.
+	Dialled func(layer uint32, addr string, cs tls.ConnectionState) error
 }
 
 // New serves Raft connections on ln until Close, in TLS if tlsConf is not
@@ -306,7 +306,7 @@ func (l *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 			return nil, fmt.Errorf("raft TLS handshake with %s: %w", addr, err)
 		}
 		if l.mux.tls.Dialled != nil {
-			if err := l.mux.tls.Dialled(string(addr), tc.ConnectionState()); err != nil {
+			if err := l.mux.tls.Dialled(l.id, string(addr), tc.ConnectionState()); err != nil {
 				c.Close()
 				return nil, fmt.Errorf("raft connection to %s: %w", addr, err)
 			}

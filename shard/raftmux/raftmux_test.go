@@ -265,7 +265,7 @@ func TestAdmitAndDialled(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := raft.ServerAddress(ln.Addr().String())
-	dial := func(node string, dialled func(string, tls.ConnectionState) error) (net.Conn, error) {
+	dial := func(node string, dialled func(uint32, string, tls.ConnectionState) error) (net.Conn, error) {
 		s := source(node)
 		return (&streamLayer{mux: &Mux{tls: &TLS{Server: s.PeerServerConfig(), Client: s.PeerClientConfig(), Dialled: dialled}}, id: 7}).Dial(addr, 5*time.Second)
 	}
@@ -305,9 +305,9 @@ func TestAdmitAndDialled(t *testing.T) {
 
 	// The dialling side: the node reached at addr is n1; a Dialled that
 	// wants another refuses it, and the dial fails naming why.
-	_, err = dial("n2", func(a string, cs tls.ConnectionState) error {
-		if a != string(addr) {
-			t.Errorf("Dialled was asked about %s, want %s", a, addr)
+	_, err = dial("n2", func(layer uint32, a string, cs tls.ConnectionState) error {
+		if layer != 7 || a != string(addr) {
+			t.Errorf("Dialled was asked about layer %d and %s, want 7 and %s", layer, a, addr)
 		}
 		if got := certs.PeerNodeID(cs); got != "n4" {
 			return fmt.Errorf("%s is node %q's address, not n4's", a, got)

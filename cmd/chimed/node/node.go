@@ -429,7 +429,7 @@ func Start(cfg Config) (_ *Node, err error) {
 			CountPending: func(ctx context.Context, prefix string) (uint64, error) {
 				return backend.Count(ctx, raftfsm.Query{Prefix: prefix, States: raftfsm.StatesOf(raftfsm.StateScheduled)}, true)
 			},
-			Node: n.peerRefusal,
+			Node: func(id string) error { return n.peerRefusal(id) },
 			CountSchedules: func(ctx context.Context, prefix string, limit uint64) (uint64, error) {
 				var n uint64
 				for after := ""; n < limit; {
@@ -550,42 +550,64 @@ const (
 
 // raftTLS secures the Raft port with the node's certificate. The
 // handshakes accept nodes of the cluster's CA only; beyond that, a node
-// speaks Raft with this one only as a member no operator removed, named by
-// its certificate, and a dialled address must be held by the node that
-// advertises it: the key of a removed node, or of one node holding another's
-// address, carries no Raft traffic.
+// speaks Raft with this one only if no operator removed it and it is a
+// member or in the shard's Raft configuration here (after a restart the
+// configuration knows the peers before the gossip has found them again),
+// named by its certificate; and a dialled address must be held by the node
+// that advertises it. The key of a removed node, of another cluster's node
+// under the same CA, or of one node standing in at another's address,
+// carries no Raft traffic.
 func (n *Node) raftTLS(src *certs.Source) *raftmux.TLS {
 	if src == nil {
 		return nil
 	}
 	return &raftmux.TLS{Server: src.PeerServerConfig(), Client: src.PeerClientConfig(),
-		Admit: func(_ uint32, cs tls.ConnectionState) error { return n.peerRefusal(certs.PeerNodeID(cs)) },
-		Dialled: func(addr string, cs tls.ConnectionState) error {
+		Admit: func(layer uint32, cs tls.ConnectionState) error {
+			return n.peerRefusal(certs.PeerNodeID(cs), shard.LayerShard(layer))
+		},
+		Dialled: func(layer uint32, addr string, cs tls.ConnectionState) error {
 			id := certs.PeerNodeID(cs)
 			for owner, m := range n.cluster.View().Members {
 				if m.Meta.RaftAddr == addr && owner != id {
 					return fmt.Errorf("%s is node %q's Raft address, but the certificate there is node %q's", addr, owner, id)
 				}
 			}
-			return n.peerRefusal(id)
+			return n.peerRefusal(id, shard.LayerShard(layer))
 		}}
 }
 
 // peerRefusal says why node id may not speak Raft with this node, or call
-// it with a node certificate, if it may not: it must be a member no
-// operator removed. n.cluster is set before the host opens the Raft port
-// and before the gRPC port serves.
-func (n *Node) peerRefusal(id string) error {
-	if id == "" {
+// it with a node certificate, if it may not: it must not have been removed
+// by an operator, and must be a member or a server of the Raft
+// configuration of one of shards here (of every local shard when none is
+// given). n.cluster is set before the host opens the Raft port and before
+// the gRPC port serves; the host, a moment after the Raft port opens.
+func (n *Node) peerRefusal(id string, shards ...uint32) error {
+	switch {
+	case id == "":
 		return fmt.Errorf("its certificate names no node id (%s)", certs.NodeIDName("<id>"))
-	}
-	if n.cluster.Removed(id) {
+	case n.cluster.Removed(id):
 		return fmt.Errorf("node %q was removed from the cluster", id)
 	}
-	if _, ok := n.cluster.Member(id); !ok {
-		return fmt.Errorf("node %q is not a member of the cluster", id)
+	if _, ok := n.cluster.Member(id); ok {
+		return nil
 	}
-	return nil
+	if h := n.cluster.Host(); h != nil {
+		replicas := h.Shards()
+		if len(shards) > 0 {
+			replicas = map[uint32]*shard.Shard{}
+			if r := h.Replica(shards[0]); r != nil {
+				replicas[shards[0]] = r
+			}
+		}
+		for _, r := range replicas {
+			voters, nonvoters, err := r.Configuration()
+			if err == nil && (slices.Contains(voters, id) || slices.Contains(nonvoters, id)) {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("node %q is neither a member of the cluster nor a server of a shard here", id)
 }
 
 func dialCredentials(src *certs.Source) func(node string) credentials.TransportCredentials {
