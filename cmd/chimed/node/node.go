@@ -580,8 +580,9 @@ func (n *Node) raftTLS(src *certs.Source) *raftmux.TLS {
 // it with a node certificate, if it may not: it must not have been removed
 // by an operator, and must be a member or a server of the Raft
 // configuration of one of shards here (of every local shard when none is
-// given). n.cluster is set before the host opens the Raft port and before
-// the gRPC port serves; the host, a moment after the Raft port opens.
+// given). While a shard's replica here is opening, its Raft peers are taken
+// on a node id no operator removed. n.cluster is set before the host opens
+// the Raft port and before the gRPC port serves; the host once it opened.
 func (n *Node) peerRefusal(id string, shards ...uint32) error {
 	switch {
 	case id == "":
@@ -592,13 +593,20 @@ func (n *Node) peerRefusal(id string, shards ...uint32) error {
 	if _, ok := n.cluster.Member(id); ok {
 		return nil
 	}
-	if h := n.cluster.Host(); h != nil {
-		replicas := h.Shards()
-		if len(shards) > 0 {
-			replicas = map[uint32]*shard.Shard{}
-			if r := h.Replica(shards[0]); r != nil {
-				replicas[shards[0]] = r
-			}
+	if h := n.cluster.Host(); h != nil || len(shards) > 0 {
+		var replicas map[uint32]*shard.Shard
+		switch {
+		case len(shards) == 0:
+			replicas = h.Shards()
+		case h == nil || h.Replica(shards[0]) == nil:
+			// The replica is opening (its layer takes connections before
+			// the host hands it out, and opening waits out an election
+			// timeout): its configuration cannot be read yet, and refusing
+			// its peers would hold its election back until it can.
+			// Removed nodes are still refused.
+			return nil
+		default:
+			replicas = map[uint32]*shard.Shard{shards[0]: h.Replica(shards[0])}
 		}
 		for _, r := range replicas {
 			voters, nonvoters, err := r.Configuration()
