@@ -45,6 +45,8 @@ func sampleCommands() []Command {
 		&Recurring{Op: RecurringUpdate, ID: "r", IfVersion: 3, CheckPending: true, Pending: 1 << 40, Def: Definition{Every: 1e9, CatchUp: CatchUpSkip}},
 		&Recurring{Op: RecurringDelete, ID: "r", IfVersion: 1},
 		&Recurring{Op: RecurringPause, ID: "r", CheckPending: true},
+		&Recurring{Op: RecurringPause, ID: "r", CheckPending: true, Pending: 7, IfHash: 1<<64 - 1},
+		&Recurring{Op: RecurringDelete, ID: "r", IfVersion: 2, IfHash: 0xfeed},
 		&Recurring{Op: RecurringResume, ProposedAt: -1, ID: "r"},
 	}
 }

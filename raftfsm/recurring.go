@@ -183,7 +183,13 @@ type Recurring struct {
 	ProposedAt int64 // unix ns, leader clock
 	ID         string
 	// IfVersion, when not 0, makes an Update or Delete apply only to that version.
-	IfVersion    uint64
+	IfVersion uint64
+	// IfHash, when not 0, makes any operation but Create apply only while the stored
+	// definition has that hash (RecurringVersionMismatch otherwise): the leader sets it from
+	// the read in which it found the caller may act on the schedule, so a schedule deleted
+	// and created again, or moved to another topic, before the entry applies is not changed
+	// on the strength of a check made against what it was.
+	IfHash       uint64
 	CheckPending bool
 	Pending      uint64
 	// Hash and Def are a Create's or Update's: the content hash of the request (a re-sent
@@ -209,7 +215,8 @@ const (
 	RecurringResumed  RecurringOutcome = 7
 	// RecurringNotFound: no schedule has the id.
 	RecurringNotFound RecurringOutcome = 8
-	// RecurringVersionMismatch: the schedule is at another version than IfVersion.
+	// RecurringVersionMismatch: the schedule is at another version than IfVersion, or its
+	// definition's hash is not IfHash.
 	RecurringVersionMismatch RecurringOutcome = 9
 	// RecurringMoved: with CheckPending, the pending occurrence is not seq Pending.
 	RecurringMoved RecurringOutcome = 10
@@ -266,9 +273,12 @@ type Schedule struct {
 	Definition Definition
 	State      ScheduleState
 	Version    uint64
-	CreatedAt  int64
-	UpdatedAt  int64
-	PausedAt   int64 // while paused
+	// Hash is the content hash of the Create or Update that wrote Definition: what a
+	// Recurring command's IfHash names.
+	Hash      uint64
+	CreatedAt int64
+	UpdatedAt int64
+	PausedAt  int64 // while paused
 	// Next is the nominal instant (unix ns) of the pending occurrence, NextDue its event's
 	// due time and NextSeq its seq; all 0 when none is pending.
 	Next    int64
@@ -279,7 +289,7 @@ type Schedule struct {
 }
 
 func (c *cursor) schedule(id string, d *Definition) Schedule {
-	s := Schedule{ID: id, State: c.state, Version: c.version, CreatedAt: c.createdAt, UpdatedAt: c.updatedAt,
+	s := Schedule{ID: id, State: c.state, Version: c.version, Hash: c.hash, CreatedAt: c.createdAt, UpdatedAt: c.updatedAt,
 		Occurrences: c.count, NextSeq: c.pendingSeq}
 	if d != nil {
 		s.Definition = *d
@@ -335,7 +345,10 @@ func (d *decoder) definition() Definition {
 	return def
 }
 
-const recurringCheckPending = 1 << 0
+const (
+	recurringCheckPending = 1 << 0
+	recurringIfHash       = 1 << 1
+)
 
 // AppendRecurring appends the log entry encoding of c to dst.
 func AppendRecurring(dst []byte, c *Recurring) []byte {
@@ -343,11 +356,19 @@ func AppendRecurring(dst []byte, c *Recurring) []byte {
 	dst = binary.AppendVarint(dst, c.ProposedAt)
 	dst = appendString(dst, c.ID)
 	dst = binary.AppendUvarint(dst, c.IfVersion)
+	var flags byte
 	if c.CheckPending {
-		dst = append(dst, recurringCheckPending)
+		flags |= recurringCheckPending
+	}
+	if c.IfHash != 0 {
+		flags |= recurringIfHash
+	}
+	dst = append(dst, flags)
+	if c.CheckPending {
 		dst = binary.AppendUvarint(dst, c.Pending)
-	} else {
-		dst = append(dst, 0)
+	}
+	if c.IfHash != 0 {
+		dst = binary.LittleEndian.AppendUint64(dst, c.IfHash)
 	}
 	if c.Op == RecurringCreate || c.Op == RecurringUpdate {
 		dst = binary.LittleEndian.AppendUint64(dst, c.Hash)
@@ -364,11 +385,17 @@ func (d *decoder) recurring() *Recurring {
 	c.ProposedAt = d.varint("proposedAt")
 	c.ID = d.str("id")
 	c.IfVersion = d.uvarint("ifVersion")
-	switch flags := d.byte1("flags"); {
-	case flags&^recurringCheckPending != 0:
-		d.fail("flags", "unknown flags %#x", flags&^recurringCheckPending)
-	case flags != 0:
+	flags := d.byte1("flags")
+	if unknown := flags &^ (recurringCheckPending | recurringIfHash); unknown != 0 {
+		d.fail("flags", "unknown flags %#x", unknown)
+	}
+	if flags&recurringCheckPending != 0 {
 		c.CheckPending, c.Pending = true, d.uvarint("pending")
+	}
+	if flags&recurringIfHash != 0 {
+		if c.IfHash = d.fixed64("ifHash"); c.IfHash == 0 && d.err == nil {
+			d.fail("ifHash", "0 with its flag set")
+		}
 	}
 	if c.Op == RecurringCreate || c.Op == RecurringUpdate {
 		c.Hash = d.fixed64("hash")
@@ -696,6 +723,8 @@ func (a *applier) recurring(c *Recurring) *RecurringResult {
 	case c.Op == RecurringCreate:
 		return report(RecurringConflict)
 	case c.IfVersion != 0 && c.IfVersion != e.cur.version && (c.Op == RecurringUpdate || c.Op == RecurringDelete):
+		return report(RecurringVersionMismatch)
+	case c.IfHash != 0 && c.IfHash != e.cur.hash:
 		return report(RecurringVersionMismatch)
 	case c.Op == RecurringPause && e.cur.state == SchedulePaused:
 		return report(RecurringPaused)

@@ -182,6 +182,20 @@ func TestRecurringWalk(t *testing.T) {
 		t.Fatalf("after Update: next %v, want %v", got, sec(10))
 	}
 
+	// IfHash names the definition a permission check saw: against another, nothing changes.
+	for _, op := range []RecurringOp{RecurringUpdate, RecurringDelete, RecurringPause, RecurringResume} {
+		c := &Recurring{Op: op, ProposedAt: sec(9.4).UnixNano(), ID: "r", IfHash: 1}
+		if op == RecurringUpdate {
+			c.Hash, c.Def = 4, everySecond(CatchUpLast)
+		}
+		if res := h.rec(c); res.Outcome != RecurringVersionMismatch || res.Schedule.Hash != 3 || res.Schedule.Version != 2 || res.Schedule.State != ScheduleActive {
+			t.Fatalf("%v with IfHash of another definition: %+v", op, res)
+		}
+	}
+	if got := h.next("r"); !got.Equal(sec(10)) {
+		t.Fatalf("after refused changes: next %v, want %v", got, sec(10))
+	}
+
 	// A client cancels one occurrence by its id: the schedule goes on.
 	if res := h.apply(&Cancel{ProposedAt: sec(9.5).UnixNano(), IDs: []string{OccurrenceID("r", sec(10))}}).(*CancelBatchResult); res.Results[0].Outcome != Cancelled {
 		t.Fatalf("Cancel of an occurrence: %+v", res)

@@ -39,8 +39,9 @@ type Backend interface {
 	// promise Cancel gives.
 	CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bool, progress func(shard.CancelStep)) error
 	// Recurring creates, updates, deletes, pauses or resumes one recurring
-	// schedule on its shard's leader (shard.Shard.Recurring).
-	Recurring(ctx context.Context, rc raftfsm.Recurring) (*raftfsm.RecurringResult, error)
+	// schedule on its shard's leader (shard.Shard.Recurring), which refuses
+	// (a *shard.NotPermittedError) a stored schedule outside scope.
+	Recurring(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error)
 	// GetSchedule reads one recurring schedule, linearizably unless stale.
 	GetSchedule(ctx context.Context, id string, stale bool) (raftfsm.Schedule, bool, error)
 	// ListSchedules returns up to limit schedules whose id starts with

@@ -171,7 +171,7 @@ func (rs *RecurringServer) Create(ctx context.Context, in *chimev1.CreateRecurri
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringCreate, ID: in.Id, Hash: raftfsm.DefinitionHash(&d), Def: d})
+	res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringCreate, ID: in.Id, Hash: raftfsm.DefinitionHash(&d), Def: d}, scopeOf(ctx))
 	if status.Code(err) == codes.AlreadyExists {
 		// The leader a Create was forwarded to found the id taken: whether
 		// the caller may be told so depends on whose schedule it is.
@@ -234,7 +234,7 @@ func (rs *RecurringServer) Update(ctx context.Context, in *chimev1.UpdateRecurri
 		if err != nil {
 			return nil, err
 		}
-		res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringUpdate, ID: in.Id, IfVersion: ifVersion, Hash: raftfsm.DefinitionHash(&d), Def: d})
+		res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringUpdate, ID: in.Id, IfVersion: ifVersion, Hash: raftfsm.DefinitionHash(&d), Def: d}, scopeOf(ctx))
 		if err != nil {
 			return nil, s.backendStatus("Update", err)
 		}
@@ -251,12 +251,7 @@ func (rs *RecurringServer) Update(ctx context.Context, in *chimev1.UpdateRecurri
 // Delete removes a schedule.
 func (rs *RecurringServer) Delete(ctx context.Context, in *chimev1.DeleteRecurringRequest) (*chimev1.DeleteRecurringResponse, error) {
 	rc := raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: in.GetId(), IfVersion: in.GetExpectedVersion()}
-	if _, err := rs.op(ctx, "Delete", rc, raftfsm.RecurringDeleted, func(cur *raftfsm.Schedule) raftfsm.RecurringOutcome {
-		if rc.IfVersion != 0 && rc.IfVersion != cur.Version {
-			return raftfsm.RecurringVersionMismatch
-		}
-		return 0
-	}); err != nil {
+	if _, err := rs.op(ctx, "Delete", rc, raftfsm.RecurringDeleted); err != nil {
 		return nil, err
 	}
 	return &chimev1.DeleteRecurringResponse{}, nil
@@ -264,12 +259,7 @@ func (rs *RecurringServer) Delete(ctx context.Context, in *chimev1.DeleteRecurri
 
 // Pause stops a schedule's occurrences until Resume.
 func (rs *RecurringServer) Pause(ctx context.Context, in *chimev1.PauseRecurringRequest) (*chimev1.RecurringSchedule, error) {
-	res, err := rs.op(ctx, "Pause", raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: in.GetId()}, raftfsm.RecurringPaused, func(cur *raftfsm.Schedule) raftfsm.RecurringOutcome {
-		if cur.State == raftfsm.SchedulePaused {
-			return raftfsm.RecurringPaused // what the state machine answers too, changing nothing
-		}
-		return 0
-	})
+	res, err := rs.op(ctx, "Pause", raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: in.GetId()}, raftfsm.RecurringPaused)
 	if err != nil {
 		return nil, err
 	}
@@ -278,21 +268,16 @@ func (rs *RecurringServer) Pause(ctx context.Context, in *chimev1.PauseRecurring
 
 // Resume makes a paused schedule occur again.
 func (rs *RecurringServer) Resume(ctx context.Context, in *chimev1.ResumeRecurringRequest) (*chimev1.RecurringSchedule, error) {
-	res, err := rs.op(ctx, "Resume", raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: in.GetId()}, raftfsm.RecurringResumed, func(cur *raftfsm.Schedule) raftfsm.RecurringOutcome {
-		if cur.State != raftfsm.SchedulePaused {
-			return raftfsm.RecurringNotPaused
-		}
-		return 0
-	})
+	res, err := rs.op(ctx, "Resume", raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: in.GetId()}, raftfsm.RecurringResumed)
 	if err != nil {
 		return nil, err
 	}
 	return cluster.ScheduleProto(&res.Schedule), nil
 }
 
-// current reads schedule id as its shard's leader has it, before a change
-// is proposed: a request for a schedule that does not exist, or is not the
-// caller's, is answered from that read and writes nothing to the Raft log.
+// current reads schedule id as its shard's leader has it: the definition
+// an Update without a rule or a target keeps. A schedule that does not
+// exist, or is not the caller's, is answered from that read.
 func (rs *RecurringServer) current(ctx context.Context, name, id string) (raftfsm.Schedule, error) {
 	cur, found, err := rs.s.backend.GetSchedule(ctx, id, false)
 	if err != nil {
@@ -316,28 +301,15 @@ func (rs *RecurringServer) permitted(ctx context.Context, id string, sched *raft
 	return nil
 }
 
-// op applies rc, which succeeds with want. It validates the id as Create
-// does and reads the schedule first; refuse says, from that read, the
-// outcome the state machine would give without changing anything (0: none),
-// which is answered without proposing. The state machine still decides what
-// a proposal does: a change committed between the read and the proposal is
-// seen there.
-func (rs *RecurringServer) op(ctx context.Context, name string, rc raftfsm.Recurring, want raftfsm.RecurringOutcome, refuse func(*raftfsm.Schedule) raftfsm.RecurringOutcome) (*raftfsm.RecurringResult, error) {
+// op applies rc, which succeeds with want, after validating its id as
+// Create does. The shard's leader checks the caller's scope against the
+// schedule as stored and answers an unknown schedule, one outside scope,
+// or an outcome its state already decides without proposing anything.
+func (rs *RecurringServer) op(ctx context.Context, name string, rc raftfsm.Recurring, want raftfsm.RecurringOutcome) (*raftfsm.RecurringResult, error) {
 	if err := rs.s.checkScheduleID(rc.ID); err != nil {
 		return nil, err
 	}
-	cur, err := rs.current(ctx, name, rc.ID)
-	if err != nil {
-		return nil, err
-	}
-	if o := refuse(&cur); o != 0 {
-		res := &raftfsm.RecurringResult{Outcome: o, Schedule: cur}
-		if o == want {
-			return res, nil
-		}
-		return nil, rs.outcomeStatus(name, rc.ID, rc.IfVersion, res)
-	}
-	res, err := rs.s.backend.Recurring(ctx, rc)
+	res, err := rs.s.backend.Recurring(ctx, rc, scopeOf(ctx))
 	if err != nil {
 		return nil, rs.s.backendStatus(name, err)
 	}
@@ -354,7 +326,7 @@ func (rs *RecurringServer) outcomeStatus(op, id string, expected uint64, res *ra
 		return status.Errorf(codes.NotFound, "no recurring schedule %q", id)
 	case raftfsm.RecurringVersionMismatch:
 		if expected == 0 {
-			return status.Errorf(codes.Aborted, "recurring schedule %q changed while it was updated (now version %d); retry", id, res.Schedule.Version)
+			return status.Errorf(codes.Aborted, "recurring schedule %q changed while the %s was proposed (now version %d); nothing was changed: retry", id, op, res.Schedule.Version)
 		}
 		return status.Errorf(codes.FailedPrecondition, "expected_version: recurring schedule %q is at version %d, not %d", id, res.Schedule.Version, expected)
 	case raftfsm.RecurringNotPaused:

@@ -18,12 +18,18 @@ import (
 // attempt of it is unanswered (ErrFiring, ErrProduceUnknown otherwise, with
 // nothing changed).
 //
-// An outcome the state already decides (an unknown schedule, another
-// version, a Pause of a paused schedule) is answered from this leader's
-// state under its lease, without an entry.
-func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
-	if c.Op == raftfsm.RecurringCreate || c.Op == raftfsm.RecurringResume {
-		// Neither removes a pending occurrence, so there is nothing to pin.
+// scope is what the caller's credential may act on (nil: anything). For any
+// operation but Create, the schedule as stored must be in it: checked in
+// the leased read that precedes the proposal, whose definition the entry
+// then names (IfHash), so the state machine applies it only to what was
+// checked. An outcome the state already decides (an unknown schedule, one
+// outside scope, another version, a Pause of a paused schedule, a Resume of
+// an active one) is answered from that read, without an entry.
+func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring, scope Scope) (*raftfsm.RecurringResult, error) {
+	if c.Op == raftfsm.RecurringCreate {
+		// A Create changes nothing stored; the caller checked the new
+		// definition's topic, and a Conflict names a schedule only to a
+		// caller who may see it.
 		return s.proposeRecurring(ctx, c)
 	}
 	for attempt := 1; ; attempt++ {
@@ -40,39 +46,76 @@ func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring) (*raftfsm.Re
 		switch {
 		case !found:
 			return answer(raftfsm.RecurringNotFound)
-		case c.IfVersion != 0 && c.IfVersion != sched.Version && c.Op != raftfsm.RecurringPause:
+		case !permitsSchedule(scope, &sched):
+			return nil, Refuse(scope, c.ID)
+		case c.IfVersion != 0 && c.IfVersion != sched.Version && (c.Op == raftfsm.RecurringUpdate || c.Op == raftfsm.RecurringDelete):
 			return answer(raftfsm.RecurringVersionMismatch)
 		case c.Op == raftfsm.RecurringPause && sched.State == raftfsm.SchedulePaused:
 			return answer(raftfsm.RecurringPaused)
+		case c.Op == raftfsm.RecurringResume && sched.State != raftfsm.SchedulePaused:
+			return answer(raftfsm.RecurringNotPaused)
 		}
-		c.CheckPending, c.Pending = true, sched.NextSeq
+		if scope != nil {
+			c.IfHash = sched.Hash
+		}
 		var pinned uint64
-		if sched.NextSeq != 0 {
-			rec, found, err := s.fsm.Get(raftfsm.OccurrenceID(c.ID, time.Unix(0, sched.Next)))
-			switch {
-			case err != nil:
-				return nil, err
-			case !found || rec.Seq != sched.NextSeq:
-				return nil, fmt.Errorf("shard %d: schedule %q names occurrence %d, which its event id does not", s.id, c.ID, sched.NextSeq)
-			case s.inDoubt(rec):
-				return nil, ErrProduceUnknown
-			}
-			if err := s.firing.pin(rec.Seq, rec.Due, rec.Policy); err != nil {
+		if c.Op != raftfsm.RecurringResume {
+			// A Resume removes no occurrence: there is nothing to pin.
+			c.CheckPending, c.Pending = true, sched.NextSeq
+			if pinned, err = s.pinOccurrence(c.ID, &sched); err != nil {
 				return nil, err
 			}
-			pinned = rec.Seq
+		}
+		if testHookRecurringRead != nil {
+			testHookRecurringRead()
 		}
 		res, err := s.proposeRecurring(ctx, c)
 		if pinned != 0 {
 			s.firing.unpin(pinned)
 		}
-		if err != nil || res.Outcome != raftfsm.RecurringMoved {
-			return res, err
-		}
-		if attempt == changeAttempts {
+		switch {
+		case err != nil:
+			return nil, err
+		case res.Outcome == raftfsm.RecurringVersionMismatch && !permitsSchedule(scope, &res.Schedule):
+			// Deleted and created again outside scope since the read: the
+			// caller learns no more of it than of any other such schedule.
+			return nil, Refuse(scope, c.ID)
+		case res.Outcome != raftfsm.RecurringMoved:
+			return res, nil
+		case attempt == changeAttempts:
 			return nil, ErrChanging
 		}
 	}
+}
+
+// testHookRecurringRead, if set, runs between the read a change was checked
+// against and its proposal.
+var testHookRecurringRead func()
+
+// pinOccurrence keeps sched's pending occurrence, if it has one, out of
+// any fire batch until unpinned, returning its seq (0: none pending).
+func (s *Shard) pinOccurrence(id string, sched *raftfsm.Schedule) (uint64, error) {
+	if sched.NextSeq == 0 {
+		return 0, nil
+	}
+	rec, found, err := s.fsm.Get(raftfsm.OccurrenceID(id, time.Unix(0, sched.Next)))
+	switch {
+	case err != nil:
+		return 0, err
+	case !found || rec.Seq != sched.NextSeq:
+		return 0, fmt.Errorf("shard %d: schedule %q names occurrence %d, which its event id does not", s.id, id, sched.NextSeq)
+	case s.inDoubt(rec):
+		return 0, ErrProduceUnknown
+	}
+	if err := s.firing.pin(rec.Seq, rec.Due, rec.Policy); err != nil {
+		return 0, err
+	}
+	return rec.Seq, nil
+}
+
+// permitsSchedule reports whether scope (nil: anything) may act on sched.
+func permitsSchedule(scope Scope, sched *raftfsm.Schedule) bool {
+	return scope == nil || scope.Permits(sched.ID, sched.Definition.Topic)
 }
 
 func (s *Shard) proposeRecurring(ctx context.Context, c raftfsm.Recurring) (*raftfsm.RecurringResult, error) {

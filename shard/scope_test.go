@@ -96,3 +96,104 @@ func TestScopeGuardsTheStoredEvent(t *testing.T) {
 		t.Fatalf("tenant B's event was not produced as B scheduled it: %+v", got.Records)
 	}
 }
+
+// everySecond is a recurring schedule's definition: one occurrence a second
+// on topic.
+func everySecond(topic, payload string) raftfsm.Definition {
+	return raftfsm.Definition{Every: int64(time.Second), CatchUp: raftfsm.CatchUpLast, Topic: topic, Payload: []byte(payload)}
+}
+
+func createSchedule(t *testing.T, s *Shard, id string, d raftfsm.Definition) {
+	t.Helper()
+	res, err := s.Recurring(context.Background(), raftfsm.Recurring{Op: raftfsm.RecurringCreate, ID: id, Hash: raftfsm.DefinitionHash(&d), Def: d}, nil)
+	if err != nil || res.Outcome != raftfsm.RecurringCreated {
+		t.Fatalf("Create %q = %+v, %v", id, res, err)
+	}
+}
+
+// TestScopeGuardsTheStoredSchedule: a credential cannot update, delete,
+// pause or resume another's recurring schedule by naming its id; each is
+// refused in the same words from the leader's read, and like every outcome
+// that read decides (an unknown id, a Pause of a paused schedule, a Resume
+// of an active one), writes nothing to the Raft log. A schedule deleted and
+// created again on another tenant's topic between the read that permitted
+// a change and the change's entry is not changed: the entry names the
+// definition that was checked.
+func TestScopeGuardsTheStoredSchedule(t *testing.T) {
+	brokers := publishtest.NewBroker(t).Addrs()
+	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) { tu.ClockSkewBound = 10 * time.Millisecond })
+	defer n.close()
+	s := n.host.Replica(0)
+	ctx := context.Background()
+	a := topicScope{name: "tenant-a", topic: "a."}
+	createSchedule(t, s, "b-s", everySecond("b.orders", "b's"))
+	createSchedule(t, s, "a-s", everySecond("a.x", "a's"))
+	applied := s.fsm.AppliedIndex()
+
+	for _, op := range []raftfsm.RecurringOp{raftfsm.RecurringUpdate, raftfsm.RecurringDelete, raftfsm.RecurringPause, raftfsm.RecurringResume} {
+		c := raftfsm.Recurring{Op: op, ID: "b-s"}
+		if op == raftfsm.RecurringUpdate {
+			c.Def = everySecond("a.x", "taken")
+			c.Hash = raftfsm.DefinitionHash(&c.Def)
+		}
+		_, err := s.Recurring(ctx, c, a)
+		var np *NotPermittedError
+		if !errors.As(err, &np) || err.Error() != `id "b-s": not permitted for credential "tenant-a"` {
+			t.Errorf("%v of another tenant's schedule: %v; want the refusal for tenant-a", op, err)
+		}
+	}
+	decided := []struct {
+		c    raftfsm.Recurring
+		want raftfsm.RecurringOutcome
+	}{
+		{raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: "a-404"}, raftfsm.RecurringNotFound},
+		{raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: "a-404"}, raftfsm.RecurringNotFound},
+		{raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: "a-404"}, raftfsm.RecurringNotFound},
+		{raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: "a-s"}, raftfsm.RecurringNotPaused},
+		{raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: "a-s", IfVersion: 7}, raftfsm.RecurringVersionMismatch},
+	}
+	for _, d := range decided {
+		if res, err := s.Recurring(ctx, d.c, a); err != nil || res.Outcome != d.want {
+			t.Errorf("%v of %q: %+v, %v; want %v", d.c.Op, d.c.ID, res, err, d.want)
+		}
+	}
+	if got := s.fsm.AppliedIndex(); got != applied {
+		t.Errorf("refused and read-decided calls moved the applied index from %d to %d", applied, got)
+	}
+	if res, err := s.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: "a-s"}, a); err != nil || res.Outcome != raftfsm.RecurringPaused {
+		t.Fatalf("tenant A's Pause of its own schedule = %+v, %v", res, err)
+	}
+	applied = s.fsm.AppliedIndex()
+	if res, err := s.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: "a-s"}, a); err != nil || res.Outcome != raftfsm.RecurringPaused {
+		t.Fatalf("a second Pause = %+v, %v", res, err)
+	}
+	if got := s.fsm.AppliedIndex(); got != applied {
+		t.Errorf("a Pause of a paused schedule moved the applied index from %d to %d", applied, got)
+	}
+
+	// Between A's permitted read of a-s and its Resume's entry, a-s is
+	// deleted and created again on tenant B's topic.
+	testHookRecurringRead = func() {
+		testHookRecurringRead = nil
+		if res, err := s.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: "a-s"}, nil); err != nil || res.Outcome != raftfsm.RecurringDeleted {
+			t.Errorf("Delete in the window = %+v, %v", res, err)
+		}
+		createSchedule(t, s, "a-s", everySecond("b.orders", "b's too"))
+	}
+	defer func() { testHookRecurringRead = nil }()
+	_, err := s.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: "a-s"}, a)
+	if err == nil || err.Error() != `id "a-s": not permitted for credential "tenant-a"` {
+		t.Errorf("a Resume whose schedule changed hands after the read: %v; want the refusal for tenant-a", err)
+	}
+	if sched, found, err := s.fsm.GetSchedule("a-s"); err != nil || !found || sched.Definition.Topic != "b.orders" || string(sched.Definition.Payload) != "b's too" || sched.State != raftfsm.ScheduleActive {
+		t.Fatalf("the schedule created in the window: %+v, %v, %v", sched, found, err)
+	}
+
+	// B's schedule fired untouched all along.
+	got := publishtest.Consume(t, brokers, 2, 10*time.Second, "b.orders")
+	for _, r := range got.Records {
+		if r.Value() != "b's" && r.Value() != "b's too" {
+			t.Fatalf("a record on b.orders that B did not define: %q", r.Value())
+		}
+	}
+}

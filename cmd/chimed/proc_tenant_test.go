@@ -108,6 +108,8 @@ func TestTenantsCannotTouchEachOther(t *testing.T) {
 		refused("get of B's schedule", tenant, err)
 		_, err = rc.Pause(ctx, &chimev1.PauseRecurringRequest{Id: "b-beat"})
 		refused("pause of B's schedule", tenant, err)
+		_, err = rc.Resume(ctx, &chimev1.ResumeRecurringRequest{Id: "b-beat"})
+		refused("resume of B's schedule", tenant, err)
 		_, err = rc.Update(ctx, &chimev1.UpdateRecurringRequest{Id: "b-beat", Target: &chimev1.RecurringTarget{Topic: topic, Payload: []byte("mine")}})
 		refused("update of B's schedule", tenant, err)
 		_, err = rc.Delete(ctx, &chimev1.DeleteRecurringRequest{Id: "b-beat"})

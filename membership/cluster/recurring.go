@@ -21,17 +21,17 @@ import (
 // Recurring implements rpc.Backend: c applies on the leader of its
 // schedule's shard. Only a missing leader before anything was proposed is
 // retried here.
-func (c *Cluster) Recurring(ctx context.Context, rc raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
+func (c *Cluster) Recurring(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error) {
 	if Forwarded(ctx) {
-		return c.recurringOnce(ctx, rc)
+		return c.recurringOnce(ctx, rc, scope)
 	}
-	return host.AwaitLeader(ctx, leaderMissing, func() (*raftfsm.RecurringResult, error) { return c.recurringOnce(ctx, rc) })
+	return host.AwaitLeader(ctx, leaderMissing, func() (*raftfsm.RecurringResult, error) { return c.recurringOnce(ctx, rc, scope) })
 }
 
-func (c *Cluster) recurringOnce(ctx context.Context, rc raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
+func (c *Cluster) recurringOnce(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error) {
 	s := shard.For(rc.ID, c.shards)
 	if r := c.LocalLeader(s); r != nil {
-		res, err := r.Recurring(ctx, rc)
+		res, err := r.Recurring(ctx, rc, scope)
 		if !errors.Is(err, shard.ErrNotLeader) {
 			return res, err
 		}
@@ -43,8 +43,9 @@ func (c *Cluster) recurringOnce(ctx context.Context, rc raftfsm.Recurring) (*raf
 	if err != nil {
 		return nil, err
 	}
-	// The leader's answer, error codes and messages included, is the answer.
-	cl, fctx := chimev1.NewRecurringClient(cc), ForwardContext(ctx, nil)
+	// The leader's answer, error codes and messages included, is the answer;
+	// it checks scope against the schedule as it stores it.
+	cl, fctx := chimev1.NewRecurringClient(cc), ForwardContext(ctx, scope)
 	var resp *chimev1.RecurringSchedule
 	var outcome raftfsm.RecurringOutcome
 	switch rc.Op {

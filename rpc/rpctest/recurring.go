@@ -8,6 +8,7 @@ import (
 
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/raftfsm/recurrence"
+	"github.com/chimehq/chime/shard"
 )
 
 // The recurring schedules of the in-memory Backend follow raftfsm's
@@ -22,7 +23,7 @@ type schedule struct {
 }
 
 // Recurring implements rpc.Backend.
-func (b *Backend) Recurring(ctx context.Context, rc raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
+func (b *Backend) Recurring(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.calls = append(b.calls, Call{Method: "Recurring", ID: rc.ID, Recurring: rc})
@@ -45,6 +46,8 @@ func (b *Backend) Recurring(ctx context.Context, rc raftfsm.Recurring) (*raftfsm
 	case !found && rc.Op == raftfsm.RecurringCreate:
 	case !found:
 		return answer(raftfsm.RecurringNotFound)
+	case rc.Op != raftfsm.RecurringCreate && scope != nil && !scope.Permits(rc.ID, cur.s.Definition.Topic):
+		return nil, shard.Refuse(scope, rc.ID)
 	case rc.Op == raftfsm.RecurringCreate && cur.hash == rc.Hash:
 		return answer(raftfsm.RecurringExisting)
 	case rc.Op == raftfsm.RecurringCreate:

@@ -461,13 +461,13 @@ func (h *Host) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResul
 
 // Recurring applies rc on the leader of its schedule's shard, waiting for a
 // leader as Schedule does.
-func (h *Host) Recurring(ctx context.Context, rc raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
+func (h *Host) Recurring(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error) {
 	return AwaitLeader(ctx, leaderless, func() (*raftfsm.RecurringResult, error) {
 		s, err := h.shardFor(rc.ID)
 		if err != nil {
 			return nil, err
 		}
-		return s.Recurring(ctx, rc)
+		return s.Recurring(ctx, rc, scope)
 	})
 }
 
