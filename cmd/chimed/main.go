@@ -24,8 +24,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
 	"github.com/chimehq/chime/cmd/chimed/node"
 	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	"github.com/chimehq/chime/membership"
@@ -480,7 +478,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 
 	var brokers []string
 	if cmd == "dev" {
-		broker, err := startBroker(f.kafkaAddr, f.dataDir, kafkaSec.SASL)
+		broker, err := node.StartBroker(f.kafkaAddr, f.dataDir, kafkaSec.SASL)
 		if err != nil {
 			return fail(fmt.Errorf("--kafka-addr %s: %w", f.kafkaAddr, err))
 		}
@@ -638,33 +636,6 @@ func devNode(base node.Config, i int) node.Config {
 	cfg.RaftAddr, cfg.GossipAddr = shift(base.RaftAddr), shift(base.GossipAddr)
 	cfg.Logger = base.Logger.With("node", cfg.NodeID)
 	return cfg
-}
-
-// startBroker runs the embedded Kafka-protocol broker (kfake) on addr, keeping
-// its data under dataDir/kafka so records survive a restart of the dev node.
-// With sasl it demands that user (--kafka-sasl-*) of every client, so that
-// dev tries the same connection a secured Kafka takes.
-func startBroker(addr, dataDir string, sasl *publish.SASL) (*kfake.Cluster, error) {
-	_, portStr, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, err
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("port %q: %w", portStr, err)
-	}
-	opts := []kfake.Opt{
-		kfake.NumBrokers(1),
-		kfake.Ports(port),
-		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, addr) }),
-		kfake.AllowAutoTopicCreation(),
-		kfake.DefaultNumPartitions(3),
-		kfake.DataDir(dataDir + "/kafka"),
-	}
-	if sasl != nil {
-		opts = append(opts, kfake.EnableSASL(), kfake.Superuser(sasl.Mechanism, sasl.User, sasl.Password))
-	}
-	return kfake.NewCluster(opts...)
 }
 
 // printBanner says the node is up, where it listens, and how to try it.

@@ -3,9 +3,13 @@
 // request does: idempotency by ContentHash (Created, Existing with the
 // original due, Conflict), the first occurrence of an id in one batch wins,
 // delays are resolved with the backend's clock, cancel outcomes by state. It
-// has no Raft, no durability and no firing of its own: tests move events to
-// Fired or DeadLettered with Fire and DeadLetter. The real Backend
-// (host.Host, or cluster.Cluster in a cluster) is covered by the end-to-end tests.
+// has no Raft, no durability and no clock of its own that fires: tests move
+// events to Fired or DeadLettered with Fire and DeadLetter, or fire all
+// that is due by a time of their choosing, recurring occurrences included,
+// with FireDue and FireUntil (chimetest's Fake steps a virtual clock with
+// FireUntil). The real
+// Backend (host.Host, or cluster.Cluster in a cluster) is covered by the
+// end-to-end tests.
 package rpctest
 
 import (

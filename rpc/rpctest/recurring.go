@@ -14,12 +14,15 @@ import (
 // The recurring schedules of the in-memory Backend follow raftfsm's
 // outcomes (Existing and Conflict by hash, versions, Pause and Resume
 // states) and compute each schedule's next occurrence from its rule, with
-// the backend's clock. No occurrence becomes an event: that is the state
-// machine's work, covered by its own tests and the end-to-end ones.
+// the backend's clock. An occurrence becomes an event only as it fires, in
+// FireDue or FireUntil (fire.go): until then no event holds it, unlike in the state
+// machine, whose pending occurrence is an event Get and List show.
 
 type schedule struct {
 	s    raftfsm.Schedule
 	hash uint64
+	// run counts the missed occurrences fired in a row (catch-up ALL).
+	run uint32
 }
 
 // Recurring implements rpc.Backend.

@@ -37,6 +37,11 @@
 //     an admin's, and a cluster node refuses to start without TLS, by which
 //     nodes know each other. Requests are bounded by the event limits
 //     (rpc.Limits.MaxRequestBytes) and 128 concurrent calls per connection.
+//   - chimed dev's embedded broker and single-node assembly (dev.go):
+//     StartBroker runs kfake as chimed dev does, and StartDev starts it with
+//     one node on loopback ports and waits until the node is ready, for
+//     tests (client/chimetest.StartDev) and tools that want a whole Chime
+//     in process. chimed dev itself starts the broker with StartBroker.
 //   - Start and Close order: Close leaves the gossip first (a member that left
 //     is not suspected), stops taking requests, then closes the shards, the
 //     control plane, gossip, the publisher and Pebble.
@@ -63,6 +68,8 @@
 //     Close; an error from either arrives on ServeErr.
 //   - The gossip key file watcher (gossipkeys.go), started by Start when
 //     GossipKeyFile is set, ended by Close before the gossip shuts down.
+//   - StartDev's broker (kfake's goroutines), ended by Dev.Close after the
+//     node.
 //   - Everything else belongs to the parts (host, cluster, membership,
 //     publish), each stopped by Close.
 //
