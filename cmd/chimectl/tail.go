@@ -8,7 +8,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
@@ -23,19 +25,30 @@ func tailCommand() *command {
 		summary: "print records as they arrive on a Kafka topic, with how late they were",
 		about: `Tail consumes --topic directly from Kafka (not through Chime) and prints one
 line per record: when it was received, its partition and offset, its chime-id,
-key and value (cut in text output), late= (how long after its due time Chime
-produced it: chime-fired-unix-ms minus chime-due-unix-ms) and lag= (how long
-after its due time it reached this consumer). Records without Chime's headers
-show late=- and lag=-. It starts at the end of the topic (only new records)
-unless --from-beginning is set, and stops on Ctrl-C (SIGINT) or SIGTERM, or
-after --count records. With --group it joins that consumer group and commits
-what it printed, so a later tail with the same group continues from there;
---from-beginning then only matters when the group has no committed offset.
---timeout does not apply to tail. For a Kafka behind TLS or SASL, give the
---kafka-tls* and --kafka-sasl-* flags chimed serve was given (the password
-from --kafka-sasl-password-file or ` + kafkaflag.PasswordEnv + `). Tail stops
-with the reason when no broker answers as it starts (a wrong address, TLS
-or SASL setting, or refused credentials).`,
+key and value (cut in text output), late= and lag=.
+
+  late=  Chime's own lateness: how long after its due time Chime produced the
+         record (chime-fired-unix-ms minus chime-due-unix-ms, both stamped by
+         the shard leader).
+  lag=   how long after its due time the record reached this tail (received
+         minus chime-due-unix-ms): late= plus Kafka's delivery and this
+         machine's clock offset from Chime's. For records read from the
+         backlog (--from-beginning, a group catching up) it is mostly how
+         long ago they fired.
+
+Records without Chime's headers show late=- and lag=- (null late_ms and lag_ms
+in --json). Tail starts at the end of the topic (only new records) unless
+--from-beginning is set, and stops on Ctrl-C (SIGINT) or SIGTERM, or after
+--count records. A topic that does not exist yet (in dev, Chime's first record
+to it creates it) is waited for, asking the brokers every 50 ms, and then read
+from its first record, since all of it is new. With --group it joins that
+consumer group and commits what it printed, so a later tail with the same
+group continues from there; --from-beginning then only matters when the group
+has no committed offset. --timeout does not apply to tail. For a Kafka behind
+TLS or SASL, give the --kafka-tls* and --kafka-sasl-* flags chimed serve was
+given (the password from --kafka-sasl-password-file or ` + kafkaflag.PasswordEnv + `).
+Tail stops with the reason when no broker answers as it starts (a wrong
+address, TLS or SASL setting, or refused credentials).`,
 		example: `  chimectl tail --topic reminders
   chimectl tail --topic reminders --brokers kafka-0:9093,kafka-1:9093 --from-beginning --count 10 \
       --kafka-tls-ca ca.pem --kafka-sasl-mechanism SCRAM-SHA-512 --kafka-sasl-user chime --kafka-sasl-password-file ~/.kafka-pw
@@ -108,28 +121,39 @@ func pingKafka(ctx context.Context, cl *kgo.Client, seeds []string) error {
 	return nil
 }
 
+// topicPollInterval is how often tail asks the brokers whether the topic it
+// waits for exists yet.
+const topicPollInterval = 50 * time.Millisecond
+
 // tail consumes topic from seeds, reached with kafka (kafkaOpts).
 func (c *cli) tail(ctx context.Context, seeds []string, kafka []kgo.Opt, topic, group string, fromBeginning bool, count int) error {
+	base := append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, kafka...)
+	missingAtStart, err := c.awaitTopic(ctx, base, seeds, topic)
+	if err != nil {
+		return fmt.Errorf("tail: %w", err)
+	}
+	if ctx.Err() != nil {
+		return nil // interrupted while waiting for the topic
+	}
 	start := kgo.NewOffset().AtEnd()
-	if fromBeginning {
+	if fromBeginning || missingAtStart {
+		// A topic created after tail started holds only records newer
+		// than tail: print them all, not only those produced after the
+		// consumer below has looked up the end.
 		start = kgo.NewOffset().AtStart()
 	}
 	opts := []kgo.Opt{
-		kgo.SeedBrokers(seeds...),
 		kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(start),
 	}
 	if group != "" {
 		opts = append(opts, kgo.ConsumerGroup(group))
 	}
-	cl, err := kgo.NewClient(append(opts, kafka...)...)
+	cl, err := kgo.NewClient(append(base, opts...)...)
 	if err != nil {
 		return fmt.Errorf("tail: %w", err)
 	}
 	defer cl.Close()
-	if err := pingKafka(ctx, cl, seeds); err != nil {
-		return fmt.Errorf("tail: %w", err)
-	}
 
 	printed := 0
 	reported := make(map[string]bool) // errors kgo retries come back on every poll; say each once
@@ -172,6 +196,73 @@ func (c *cli) tail(ctx context.Context, seeds []string, kafka []kgo.Opt, topic, 
 		}
 	}
 	return nil
+}
+
+// awaitTopic reaches the brokers (pingKafka) and returns once topic exists,
+// asking every topicPollInterval while it does not; missingAtStart says it
+// did not exist at first. It returns early, without an error, when ctx is
+// done.
+//
+// A consumer left to find the topic itself would not do it promptly:
+// franz-go re-asks for a missing topic every 250 ms for about 2 s, then only
+// every MetadataMinAge (5 s), so a tail started before Chime first produced
+// to its topic (the quickstart) printed the first record seconds after it
+// fired, with a lag= that was tail's delay, not Chime's. Lowering
+// MetadataMinAge for the consumer would also make every later error
+// (a leader moving) re-ask the brokers that often.
+func (c *cli) awaitTopic(ctx context.Context, base []kgo.Opt, seeds []string, topic string) (missingAtStart bool, err error) {
+	cl, err := kgo.NewClient(base...)
+	if err != nil {
+		return false, err
+	}
+	defer cl.Close()
+	if err := pingKafka(ctx, cl, seeds); err != nil {
+		return false, err
+	}
+	reported := make(map[string]bool)
+	tick := time.NewTicker(topicPollInterval)
+	defer tick.Stop()
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return missingAtStart, nil
+			case <-tick.C:
+			}
+		}
+		req := kmsg.NewPtrMetadataRequest()
+		rt := kmsg.NewMetadataRequestTopic()
+		rt.Topic = kmsg.StringPtr(topic)
+		req.Topics = append(req.Topics, rt)
+		req.AllowAutoTopicCreation = false // tail reads topics; it never creates one
+		resp, err := req.RequestWith(ctx, cl)
+		if ctx.Err() != nil {
+			return missingAtStart, nil
+		}
+		if err != nil {
+			// kgo already retried; say so once and keep asking.
+			if msg := publish.ExplainClosed(err).Error(); !reported[msg] {
+				reported[msg] = true
+				fmt.Fprintf(c.stderr, "chimectl tail: asking the brokers for topic %s: %s\n", topic, msg)
+			}
+			continue
+		}
+		missing := len(resp.Topics) == 0
+		for _, t := range resp.Topics {
+			if t.Topic != nil && *t.Topic == topic && t.ErrorCode == kerr.UnknownTopicOrPartition.Code {
+				missing = true
+			}
+		}
+		// Any other error (not authorized, no leader yet) is the
+		// consumer's to retry and report.
+		if !missing {
+			return missingAtStart, nil
+		}
+		if !missingAtStart {
+			missingAtStart = true
+			fmt.Fprintf(c.stderr, "chimectl tail: topic %s does not exist yet; waiting for it (in dev, Chime's first record to it creates it)\n", topic)
+		}
+	}
 }
 
 // tailJSON is one line of tail --json. Every field is always present; the

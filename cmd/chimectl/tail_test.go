@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/chimehq/chime/publish"
@@ -315,5 +316,235 @@ func TestKafkaFlagsInHelp(t *testing.T) {
 				t.Errorf("chimectl %s --help: exit %d, lacks %q:\n%s", cmd, r.code, want, r.stdout)
 			}
 		}
+	}
+}
+
+// topicAsks records when a broker answered metadata requests naming one
+// topic.
+type topicAsks struct {
+	mu    sync.Mutex
+	times []time.Time
+	first chan struct{} // closed at the first
+}
+
+// after is the first time the topic was asked for after t.
+func (a *topicAsks) after(t time.Time) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, at := range a.times {
+		if at.After(t) {
+			return at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// newTopicBroker starts a broker without topic and records the metadata
+// requests that name topic without allowing its creation, as tail's do (the
+// test's producer allows it, to be told apart): one answered before the
+// topic is created found it missing.
+func newTopicBroker(t *testing.T, topic string) (*publishtest.Broker, *topicAsks) {
+	t.Helper()
+	b := publishtest.NewBroker(t)
+	asks := &topicAsks{first: make(chan struct{})}
+	b.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.KeepControl()
+		mreq := req.(*kmsg.MetadataRequest)
+		if mreq.AllowAutoTopicCreation {
+			return nil, nil, false
+		}
+		for _, rt := range mreq.Topics {
+			if rt.Topic != nil && *rt.Topic == topic {
+				asks.mu.Lock()
+				if len(asks.times) == 0 {
+					close(asks.first)
+				}
+				asks.times = append(asks.times, time.Now())
+				asks.mu.Unlock()
+			}
+		}
+		return nil, nil, false // kfake answers it as usual
+	})
+	return b, asks
+}
+
+// newTopicTail is what tailNewTopic measured.
+type newTopicTail struct {
+	// pickup is from the topic's creation to tail's first request for it
+	// after that; printed from the produce's acknowledgement to the
+	// record's line in tail's output (to within 5 ms).
+	pickup, printed time.Duration
+	out             string
+}
+
+// tailNewTopic starts tail with args (and a real clock) on a topic that does
+// not exist yet, waits until tail has asked the broker for it and been told
+// it is missing, then 2.5 s later creates it and produces a record that
+// Chime fired 3 ms late.
+func tailNewTopic(t *testing.T, args ...string) newTopicTail {
+	t.Helper()
+	const topic = "demo"
+	b, asks := newTopicBroker(t, topic)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out, stderr lockedBuffer
+	c := &cli{stdin: strings.NewReader(""), stdout: &out, stderr: &stderr,
+		getenv: func(string) string { return "" }, now: time.Now, loc: cet}
+	done := make(chan int, 1)
+	go func() {
+		done <- c.run(ctx, append([]string{"tail", "--topic", topic, "--brokers", strings.Join(b.Addrs(), ","), "--count", "1"}, args...))
+	}()
+	select {
+	case <-asks.first:
+	case code := <-done:
+		t.Fatalf("tail stopped before asking for the topic: exit %d, stderr %q", code, stderr.String())
+	case <-ctx.Done():
+		t.Fatal("tail never asked the broker for the topic")
+	}
+	// Create the topic a while later, as the quickstart does (the first
+	// record fires 2 s after a schedule typed after tail started): past the
+	// 2 s in which franz-go re-asks every 250 ms for a topic it was told is
+	// missing, after which it asks only every MetadataMinAge (5 s).
+	time.Sleep(2500 * time.Millisecond)
+	if err := b.CreateTopic(topic, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	created := time.Now()
+	p, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.DefaultProduceTopic(topic),
+		kgo.AllowAutoTopicCreation()) // only to tell its metadata requests from tail's
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	due := time.Now().Add(-3 * time.Millisecond)
+	produce(t, p, fired("new-topic-1", []byte("k"), []byte("hello"), due, 3*time.Millisecond))
+	produced := time.Now()
+	// Watch the output rather than wait for tail to exit, which takes its
+	// time to close its client.
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !strings.Contains(out.String(), "\n") {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			t.Fatalf("tail did not print the record in 30 s; stdout %q, stderr %q", out.String(), stderr.String())
+		}
+	}
+	r := newTopicTail{printed: time.Since(produced), out: out.String()}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("tail: exit %d, stderr %q, stdout %q", code, stderr.String(), out.String())
+		}
+	case <-ctx.Done():
+		t.Fatalf("tail printed %q and did not stop", out.String())
+	}
+	at, ok := asks.after(created)
+	if !ok {
+		t.Fatal("tail printed the record without asking for its topic after it was created")
+	}
+	r.pickup = at.Sub(created)
+	t.Logf("tail asked for the topic %v after its creation, printed the record %v after its produce: %s",
+		r.pickup, r.printed, strings.TrimSpace(r.out))
+	return r
+}
+
+// lagOf is the lag= tail printed on line.
+func lagOf(t *testing.T, line string) time.Duration {
+	t.Helper()
+	_, after, ok := strings.Cut(line, " lag=")
+	lag, err := time.ParseDuration(strings.Fields(after + " ")[0])
+	if !ok || err != nil {
+		t.Fatalf("no lag= in %q", line)
+	}
+	return lag
+}
+
+// The bounds of the tests of a new topic. Tail asks every 50 ms and usually
+// prints the record 20 to 400 ms after its produce (under -race on 2
+// cores); the bounds leave room for a loaded CI machine. The tail before
+// asked again only at franz-go's next metadata refresh, 4 to 5 s after the
+// creation, and printed lag=4.264s for a record fired 3 ms late.
+const (
+	maxPickup  = time.Second
+	maxPrinted = 2 * time.Second
+)
+
+// TestTailPicksUpANewTopicQuickly: the quickstart starts tail --from-beginning
+// before anything created its topic. Tail must find the topic as soon as it
+// exists, not at franz-go's next metadata refresh (5 s later by default),
+// and its lag= must not count its own delay in finding it.
+func TestTailPicksUpANewTopicQuickly(t *testing.T) {
+	r := tailNewTopic(t, "--from-beginning")
+	if !strings.Contains(r.out, " id=new-topic-1 ") || !strings.Contains(r.out, " late=3ms ") {
+		t.Fatalf("printed %q, want the record with late=3ms", r.out)
+	}
+	if r.pickup > maxPickup {
+		t.Errorf("tail asked for the topic %v after it was created, want under %v", r.pickup, maxPickup)
+	}
+	if r.printed > maxPrinted {
+		t.Errorf("tail printed the record %v after it was produced, want under %v", r.printed, maxPrinted)
+	}
+	if lag := lagOf(t, r.out); lag > maxPrinted {
+		t.Errorf("lag=%v, want under %v: tail's own delay in finding the topic", lag, maxPrinted)
+	}
+}
+
+// Started at the end of a topic that did not exist yet, tail prints the
+// records of the topic once it appears: they are all newer than tail.
+// (The tail before started at the end it found seconds later, and never
+// printed this record.)
+func TestTailAtTheEndOfANewTopicPrintsItsFirstRecord(t *testing.T) {
+	r := tailNewTopic(t)
+	if !strings.Contains(r.out, " id=new-topic-1 ") {
+		t.Fatalf("printed %q, want the record", r.out)
+	}
+	if r.pickup > maxPickup || r.printed > maxPrinted {
+		t.Errorf("tail asked for the topic %v after it was created and printed the record %v after it was produced, want under %v and %v",
+			r.pickup, r.printed, maxPickup, maxPrinted)
+	}
+}
+
+// tail --help says what late= and lag= measure, and that a missing topic is
+// waited for.
+func TestTailHelpExplainsLateAndLag(t *testing.T) {
+	r := chimectl(t, nil, "", "tail", "--help")
+	for _, want := range []string{"late=  Chime's own lateness", "chime-fired-unix-ms minus chime-due-unix-ms",
+		"lag=   how long after its due time the record reached this tail", "A topic that does not exist yet"} {
+		if r.code != 0 || !strings.Contains(r.stdout, want) {
+			t.Errorf("chimectl tail --help: exit %d, lacks %q:\n%s", r.code, want, r.stdout)
+		}
+	}
+}
+
+// Interrupted while it waits for its topic to be created, tail stops at
+// once, having said what it was waiting for.
+func TestTailStopsWhenInterruptedWaitingForTheTopic(t *testing.T) {
+	b := publishtest.NewBroker(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out lockedBuffer
+	done := make(chan struct {
+		code   int
+		stderr string
+	}, 1)
+	go func() {
+		code, stderr := runTail(ctx, t0, &out, "tail", "--topic", "never", "--brokers", strings.Join(b.Addrs(), ","))
+		done <- struct {
+			code   int
+			stderr string
+		}{code, stderr}
+	}()
+	time.AfterFunc(300*time.Millisecond, cancel)
+	select {
+	case r := <-done:
+		if r.code != 0 || out.String() != "" || !strings.Contains(r.stderr, "topic never does not exist yet; waiting for it") {
+			t.Fatalf("exit %d, stdout %q, stderr %q", r.code, out.String(), r.stderr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("tail did not stop after its context was cancelled")
+	}
+	if info := b.TopicInfo("never"); info != nil {
+		t.Fatalf("tail created the topic (%+v); it must only read", info)
 	}
 }
