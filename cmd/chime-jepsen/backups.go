@@ -73,7 +73,7 @@ func (b *backer) take(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, backupLimit)
 	defer cancel()
 	op.InvokeNs = time.Now().UnixNano()
-	_, err := backup.Take(ctx, n.admin(), dir, backup.Options{
+	_, err := backup.Take(ctx, n.driver(), dir, backup.Options{
 		Source: n.grpcAddr(), Retries: backupRetries, Timeout: backupIdle,
 		Progress: func(p backup.Progress) {
 			if p.Retry != nil {

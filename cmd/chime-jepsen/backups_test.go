@@ -215,9 +215,7 @@ func TestBackerRecordsEachBackup(t *testing.T) {
 	out := t.TempDir()
 	n7 := &node{id: "n7", ip: "127.0.0.77"}
 	defer func() {
-		if n7.conn != nil {
-			n7.conn.Close()
-		}
+		n7.closeClients()
 	}()
 	b := &backer{c: &cluster{nodes: []*node{n7}}, h: &history{}, out: out, every: time.Hour,
 		r: newRand(1, 0xbac), logger: slog.New(slog.DiscardHandler)}

@@ -234,6 +234,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	defer func() {
 		for _, n := range c.nodes {
+			n.closeClients()
 			n.kill()
 		}
 	}()

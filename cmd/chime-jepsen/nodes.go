@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/chimehq/chime/client"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -42,9 +42,12 @@ type node struct {
 	// sec, with --secure, secures the node and the driver's calls to it.
 	sec *security
 
-	conn       *grpc.ClientConn // the driver's: admin with --secure
-	schedConn  *grpc.ClientConn // the workload's: the scheduler token with --secure
-	tenantConn *grpc.ClientConn // tenant A's, with --secure (tenants.go)
+	// The node's clients, each dialled on first use to this node alone,
+	// without leader routing: every call goes to this node, which forwards
+	// what another node leads, as the test means.
+	driverClient *client.Client // the driver's: admin with --secure
+	schedClient  *client.Client // the workload's: the scheduler token with --secure
+	tenantClient *client.Client // tenant A's, with --secure (tenants.go)
 }
 
 func (n *node) grpcAddr() string { return n.ip + ":7070" }
@@ -147,28 +150,47 @@ func (n *node) signal(sig syscall.Signal) {
 	}
 }
 
-func (n *node) client() (*grpc.ClientConn, error) {
-	return n.dial(&n.conn, "")
-}
+// driver is the driver's client of the node: admin with --secure.
+func (n *node) driver() *client.Client { return n.dial(&n.driverClient, "") }
 
-// dial opens *conn once: plaintext, or with --secure the driver's
-// certificate, and token as its bearer token unless empty.
-func (n *node) dial(conn **grpc.ClientConn, token string) (*grpc.ClientConn, error) {
+// dial makes *cl once: plaintext, or with --secure in TLS with the driver's
+// certificate and token as its bearer token unless empty.
+func (n *node) dial(cl **client.Client, token string) *client.Client {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if *conn == nil {
-		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if *cl == nil {
+		opts := []client.Option{client.WithLeaderRouting(false)}
 		if n.sec != nil {
-			opts = n.sec.dialOptions(token)
+			opts = append(opts, n.sec.clientOptions(token)...)
 		}
-		cc, err := grpc.NewClient(n.grpcAddr(), opts...)
+		c, err := client.Dial(context.Background(), n.grpcAddr(), opts...)
 		if err != nil {
-			return nil, err
+			// Dial fails only on a bad target or a token it may not send:
+			// neither comes from the run's conditions.
+			panic(fmt.Sprintf("chime-jepsen: dialling %s: %v", n.id, err))
 		}
-		*conn = cc
+		*cl = c
 	}
-	return *conn, nil
+	return *cl
 }
+
+// closeClients closes the node's clients.
+func (n *node) closeClients() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, cl := range []**client.Client{&n.driverClient, &n.schedClient, &n.tenantClient} {
+		if *cl != nil {
+			(*cl).Close()
+			*cl = nil
+		}
+	}
+}
+
+// The workload's calls are raw stubs on its client's connection (Conn),
+// sent once each: the checker judges every call's own outcome, so a call
+// must not be retried or read back behind the history's back (a read-back
+// that finds another op's later change would report a conflict for a
+// schedule that took effect).
 
 func (n *node) scheduler() chimev1.SchedulerClient { return chimev1.NewSchedulerClient(n.workload()) }
 
@@ -177,27 +199,23 @@ func (n *node) recurring() chimev1.RecurringClient { return chimev1.NewRecurring
 
 // workload is the connection the workload's calls go on: with --secure, the one that
 // carries the workload's scheduler token.
-func (n *node) workload() *grpc.ClientConn {
+func (n *node) workload() grpc.ClientConnInterface {
 	if n.sec == nil {
-		cc, _ := n.client()
-		return cc
+		return n.driver().Conn()
 	}
-	cc, _ := n.dial(&n.schedConn, n.sec.token)
-	return cc
+	return n.dial(&n.schedClient, n.sec.token).Conn()
 }
 
 // tenant is tenant A's connection (tenants.go); nil without --secure.
-func (n *node) tenant() *grpc.ClientConn {
+func (n *node) tenant() grpc.ClientConnInterface {
 	if n.sec == nil {
 		return nil
 	}
-	cc, _ := n.dial(&n.tenantConn, n.sec.tenantToken)
-	return cc
+	return n.dial(&n.tenantClient, n.sec.tenantToken).Conn()
 }
 
 func (n *node) admin() chimev1.AdminClient {
-	cc, _ := n.client()
-	return chimev1.NewAdminClient(cc)
+	return chimev1.NewAdminClient(n.driver().Conn())
 }
 
 // setClockOffset skews the node's clock (a chimefault build's debug handler).

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -12,9 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-
+	"github.com/chimehq/chime/client"
 	"github.com/chimehq/chime/rpc/certs"
 	"github.com/chimehq/chime/rpc/certs/certstest"
 )
@@ -94,14 +91,14 @@ func (s *security) flags(n *node) ([]string, error) {
 		"--auth-file", s.authFile, "--audit-log", filepath.Join(filepath.Dir(n.logPath), n.id+"-audit.log"), "--gossip-key-file", s.gossipKeys}, nil
 }
 
-// dialOptions are the driver's (admin) connection options, with token as
+// clientOptions are the driver's (admin) client options, with token as
 // the bearer token unless empty (the workload's or tenant A's). Nodes are
 // verified by the name every node certificate carries, whatever IP the
 // driver dials.
-func (s *security) dialOptions(token string) []grpc.DialOption {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(s.driver.ClientConfig(certs.NodeName)))}
+func (s *security) clientOptions(token string) []client.Option {
+	opts := []client.Option{client.WithTLS(s.driver.ClientConfig(certs.NodeName))}
 	if token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(token)))
+		opts = append(opts, client.WithToken(token))
 	}
 	return opts
 }
@@ -109,11 +106,3 @@ func (s *security) dialOptions(token string) []grpc.DialOption {
 func (s *security) httpClient() *http.Client {
 	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: s.driver.ClientConfig(certs.NodeName)}}
 }
-
-type bearerToken string
-
-func (b bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(b)}, nil
-}
-
-func (bearerToken) RequireTransportSecurity() bool { return true }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/client"
 	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
@@ -109,6 +110,11 @@ func classify(err error) (typ, code string) {
 		return "ok", ""
 	}
 	st, _ := status.FromError(err)
+	if errors.Is(err, client.ErrUnknownOutcome) {
+		// The client's word that the call may have taken effect, whatever
+		// the code of its last attempt.
+		return "info", st.Code().String()
+	}
 	switch st.Code() {
 	case codes.InvalidArgument, codes.AlreadyExists, codes.NotFound, codes.FailedPrecondition:
 		return "fail", st.Code().String()

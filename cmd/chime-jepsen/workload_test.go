@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/client"
 	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
@@ -110,9 +111,7 @@ func serveFake(t *testing.T, f *fakeScheduler, id, ip string) *node {
 	go func() { defer close(served); gs.Serve(ln) }()
 	n := &node{id: id, ip: ip}
 	t.Cleanup(func() {
-		if n.conn != nil {
-			n.conn.Close()
-		}
+		n.closeClients()
 		gs.Stop()
 		<-served
 	})
@@ -149,9 +148,7 @@ func TestListAndCancelMatchingOps(t *testing.T) {
 	defer func() { gs.Stop(); <-served }()
 	n8 := &node{id: "n8", ip: "127.0.0.78"}
 	defer func() {
-		if n8.conn != nil {
-			n8.conn.Close()
-		}
+		n8.closeClients()
 	}()
 	w := &workload{c: &cluster{nodes: []*node{n8}}, h: &history{}, opTimeout: 5 * time.Second, versions: map[string]uint64{}}
 	last := func() checker.Op { ops := w.h.snapshot(); return ops[len(ops)-1] }
@@ -347,5 +344,26 @@ func TestScheduleSendsTheFiringPolicy(t *testing.T) {
 	// The drain waits for the end of the longest window.
 	if w.maxDue.Before(time.Unix(0, ops[0].AckDueNs).Add(1500 * time.Millisecond)) {
 		t.Errorf("maxDue %v does not cover e1's window", w.maxDue)
+	}
+}
+
+// TestClassifyKeepsWhatMayHaveHappenedIndeterminate: only an answer that
+// certainly changed nothing is a fail; an error the client marks as an
+// unknown outcome is info whatever its code, as is a deadline.
+func TestClassifyKeepsWhatMayHaveHappenedIndeterminate(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{nil, checker.TypeOK},
+		{status.Error(codes.FailedPrecondition, "already fired"), checker.TypeFail},
+		{status.Error(codes.NotFound, "no event"), checker.TypeFail},
+		{fmt.Errorf("%w: %w", client.ErrUnknownOutcome, status.Error(codes.FailedPrecondition, "expected_version: at 3")), checker.TypeInfo},
+		{status.Error(codes.Unavailable, "no leader"), checker.TypeInfo},
+		{context.DeadlineExceeded, checker.TypeInfo},
+	} {
+		if typ, _ := classify(tc.err); typ != tc.want {
+			t.Errorf("classify(%v) = %s, want %s", tc.err, typ, tc.want)
+		}
 	}
 }

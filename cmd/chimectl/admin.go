@@ -15,20 +15,13 @@ import (
 	"text/tabwriter"
 	"time"
 
-	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-)
 
-// dialAdmin connects to --addr. The connection is lazy: a dead address
-// shows up as Unavailable on the first call (after the retries of dial).
-func (c *cli) dialAdmin() (chimev1.AdminClient, func(), error) {
-	conn, err := c.dial(c.addr)
-	if err != nil {
-		return nil, nil, err
-	}
-	return chimev1.NewAdminClient(conn), func() { conn.Close() }, nil
-}
+	"github.com/chimehq/chime/client"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+)
 
 // requestCtx bounds one request by --timeout (no bound when it is 0).
 func (c *cli) requestCtx(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -38,16 +31,24 @@ func (c *cli) requestCtx(ctx context.Context) (context.Context, context.CancelFu
 	return context.WithCancel(ctx)
 }
 
-// callAdmin dials --addr and runs fn with a context bounded by --timeout.
+// callAdmin dials --addr and runs fn with a context bounded by --timeout,
+// sending its call once: TransferLeader, RemoveNode and SetTopicRateLimits
+// are not repeated behind the operator's back.
 func (c *cli) callAdmin(ctx context.Context, fn func(ctx context.Context, ac chimev1.AdminClient) error) error {
-	ac, closeConn, err := c.dialAdmin()
-	if err != nil {
-		return err
-	}
-	defer closeConn()
-	ctx, cancel := c.requestCtx(ctx)
-	defer cancel()
-	return fn(ctx, ac)
+	return c.call(ctx, func(ctx context.Context, cl *client.Client) error {
+		return fn(ctx, chimev1.NewAdminClient(cl.Conn()))
+	})
+}
+
+// readAdmin is callAdmin for a read (Status, GetClusterMap, ...), which the
+// client repeats while it may (client.Client.Do): a node restarting or a
+// shard between leaders costs a few tries, not the answer.
+func (c *cli) readAdmin(ctx context.Context, fn func(ctx context.Context, ac chimev1.AdminClient) error) error {
+	return c.call(ctx, func(ctx context.Context, cl *client.Client) error {
+		return cl.Do(ctx, func(ctx context.Context, cc grpc.ClientConnInterface) error {
+			return fn(ctx, chimev1.NewAdminClient(cc))
+		})
+	})
 }
 
 // pause waits d, on c.sleep when a test set one.
@@ -174,7 +175,7 @@ each shard's desired voters and its cancelled and dead-lettered counts.`,
 					return usagef("unexpected argument %q", args[0])
 				}
 				var resp *chimev1.StatusResponse
-				err := c.callAdmin(ctx, func(ctx context.Context, ac chimev1.AdminClient) error {
+				err := c.readAdmin(ctx, func(ctx context.Context, ac chimev1.AdminClient) error {
 					var err error
 					resp, err = ac.Status(ctx, &chimev1.StatusRequest{})
 					return err
@@ -408,14 +409,21 @@ type drainJSON struct {
 }
 
 func (c *cli) drain(ctx context.Context, node string, wait, force bool, limit, interval time.Duration) error {
-	ac, closeConn, err := c.dialAdmin()
+	cl, err := c.dial(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer cl.Close()
+	// Drain is sent once per poll: with --wait the loop below is its retry,
+	// and reports each failed poll.
+	ac := chimev1.NewAdminClient(cl.Conn())
 	if node == "" {
 		rctx, cancel := c.requestCtx(ctx)
-		st, err := ac.NodeStatus(rctx, &chimev1.NodeStatusRequest{})
+		var st *chimev1.NodeStatusResponse
+		err := cl.Do(rctx, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+			st, err = chimev1.NewAdminClient(cc).NodeStatus(ctx, &chimev1.NodeStatusRequest{})
+			return err
+		})
 		cancel()
 		if err != nil {
 			return fmt.Errorf("asking %s which node it is: %w", c.addr, err)
@@ -645,7 +653,7 @@ the members, the shard count and the replication.`,
 					return usagef("unexpected argument %q", args[0])
 				}
 				var m *chimev1.ClusterMap
-				err := c.callAdmin(ctx, func(ctx context.Context, ac chimev1.AdminClient) error {
+				err := c.readAdmin(ctx, func(ctx context.Context, ac chimev1.AdminClient) error {
 					var err error
 					m, err = ac.GetClusterMap(ctx, &chimev1.GetClusterMapRequest{})
 					return err

@@ -101,13 +101,13 @@ func (c *cli) backup(ctx context.Context, out string, retries int, key []byte) e
 	if err := os.MkdirAll(out, 0o700); err != nil {
 		return fmt.Errorf("--out %s: %w", out, err)
 	}
-	ac, closeConn, err := c.dialAdmin()
+	cl, err := c.dial(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeConn()
+	defer cl.Close()
 	start := c.now()
-	man, err := backup.Take(ctx, ac, out, backup.Options{
+	man, err := backup.Take(ctx, cl, out, backup.Options{
 		Source: c.addr, Retries: retries, Timeout: c.timeout, TimeoutName: "--timeout",
 		Key: key, Progress: c.backupProgress, Now: c.now, Sleep: c.sleep,
 	})

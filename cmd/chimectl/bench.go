@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/client"
 	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	"github.com/chimehq/chime/cmd/internal/latency"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
@@ -31,13 +31,25 @@ func benchCommand() *command {
 		name:    "bench",
 		summary: "load a cluster with events and measure ingest, firing, lateness and cost",
 		about: `Bench schedules --events distinct events from --callers concurrent callers,
---batch events per BatchSchedule call, and reads the records back from Kafka
+--batch events per ScheduleBatch call, and reads the records back from Kafka
 with its own consumer. Each event is due --delay after it is sent (or a time
 drawn from --delay to --delay-max), or, with --due-at, all at once: --due-at
 after the bench starts, spread over --spread. --rate paces the callers (0: as
-fast as the cluster acknowledges). Batches go straight to the leader of each
-event's shard, found with Admin.GetClusterMap (--route=false sends them to
---addr, which forwards).
+fast as the cluster acknowledges). Bench sends through the Go client
+(package client): each batch is split by shard and each part goes straight
+to its shard's leader, found in the cluster map (--route=false sends them to
+--addr, which forwards), and a call that failed in a way that may pass is
+retried with the same ids.
+
+With --batcher, each caller instead adds one event at a time to one shared
+client.Batcher (at most --batch events a call), its answer awaited apart, as a
+service relaying a stream of events would: the throughput of many callers
+adding single events, to compare with --batch. The ack latency is then each
+event's, from Add to its answer. With --api grpc, events (and updates and
+recurring schedules) go through the raw chime.v1 stubs on the same
+connection instead (--addr's nodes in turn, no leader routing, one attempt
+each), to compare the client's cost with: --batch 1 compares a single
+Schedule's ack latency.
 
 While it runs it prints one line a second: events acknowledged, fired (by
 the chime-fired header, one second behind) and consumed in that second. At
@@ -87,7 +99,7 @@ The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 			o := benchOptions{}
 			fs.IntVar(&o.events, "events", 100000, "how many distinct `n` events to schedule")
 			fs.IntVar(&o.callers, "callers", 8, "concurrent callers")
-			fs.IntVar(&o.batch, "batch", 200, "events per call; 1 uses Schedule instead of BatchSchedule")
+			fs.IntVar(&o.batch, "batch", 200, "events per call; 1 uses Schedule instead of ScheduleBatch (with --batcher: the most a call carries)")
 			fs.Float64Var(&o.rate, "rate", 0, "target events per second over all callers; 0 means as fast as acknowledged")
 			fs.DurationVar(&o.delay, "delay", 5*time.Second, "each event is due this long after it is sent")
 			fs.DurationVar(&o.delayMax, "delay-max", 0, "if set, delays are drawn uniformly from --delay to this")
@@ -97,7 +109,9 @@ The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 			fs.StringVar(&o.brokers, "brokers", "127.0.0.1:9092", "comma-separated Kafka bootstrap `addresses` for the consumer")
 			fs.BoolVar(&o.noConsume, "no-consume", false, "do not read the records back (ingest only)")
 			fs.IntVar(&o.payload, "payload-size", 64, "payload `bytes` per event")
-			fs.BoolVar(&o.route, "route", true, "send each batch to its shard's leader (from the cluster map) rather than to --addr")
+			fs.BoolVar(&o.route, "route", true, "send each event to its shard's leader (from the cluster map) rather than to --addr")
+			fs.BoolVar(&o.batcher, "batcher", false, "each caller adds single events to one shared client.Batcher, answers awaited apart, instead of\nsending batches of --batch")
+			fs.StringVar(&o.api, "api", "client", "what sends the events: `client` (the Go client's methods) or grpc (raw chime.v1 stubs on the\nclient's connection: no routing, no retries)")
 			fs.StringVar(&o.metrics, "metrics", "", "comma-separated HTTP `addresses` (host:port) of the chimed nodes whose /metrics to read for CPU and memory (default: every member's, from the cluster map)")
 			fs.StringVar(&o.svg, "svg", "", "write a plot of rates and lateness per second to this `file`")
 			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
@@ -135,7 +149,8 @@ type benchOptions struct {
 	topic, brokers, metrics, svg    string
 	prefix                          string
 	noConsume, route, update        bool
-	priorities                      bool
+	priorities, batcher             bool
+	api                             string // client or grpc
 	wait                            time.Duration
 	// --recurring: schedules to create, how long each occurs, and when the
 	// first occurrence is.
@@ -171,6 +186,10 @@ func (o *benchOptions) validate() error {
 		return usagef("--recurring-for and --recurring-lead must be at least 1s")
 	case o.recurring > 0 && (o.update || o.noConsume):
 		return usagef("--recurring measures occurrences as they arrive: it takes neither --update nor --no-consume")
+	case o.api != "client" && o.api != "grpc":
+		return usagef("--api %q: want client or grpc", o.api)
+	case o.batcher && (o.api == "grpc" || o.recurring > 0):
+		return usagef("--batcher adds events through the client: it takes neither --api grpc nor --recurring")
 	}
 	return nil
 }
@@ -241,13 +260,18 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	if !o.noConsume {
 		r.seen = make([]bool, o.events)
 	}
-	route, httpAddrs, closeConns, err := c.benchRoutes(ctx, o.route)
+	cl, err := c.dial(ctx, client.WithLeaderRouting(o.route), client.WithRetry(benchRetry))
 	if err != nil {
 		return err
 	}
-	defer closeConns()
-	if o.metrics != "" {
-		httpAddrs = strings.Fields(strings.ReplaceAll(o.metrics, ",", " "))
+	defer cl.Close()
+	s := &benchSender{cl: cl}
+	if o.api == "grpc" {
+		s.raw, s.rawRecurring = chimev1.NewSchedulerClient(cl.Conn()), chimev1.NewRecurringClient(cl.Conn())
+	}
+	httpAddrs := strings.Fields(strings.ReplaceAll(o.metrics, ",", " "))
+	if o.metrics == "" {
+		httpAddrs = c.benchHTTPAddrs(ctx, cl)
 	}
 	cost, err := newNodeCost(httpAddrs, &c.tls)
 	if err != nil {
@@ -269,35 +293,33 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 		}
 	}
 
-	var rc chimev1.RecurringClient
-	if o.recurring > 0 {
-		conn, err := c.dial(c.addr)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		rc = chimev1.NewRecurringClient(conn)
-	}
-
 	tctx, stopTicker := context.WithCancel(ctx)
 	tickerDone := make(chan struct{})
 	go func() { defer close(tickerDone); r.report(tctx, c, cost) }()
 
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	if rc != nil {
+	switch {
+	case o.recurring > 0:
 		for range o.callers {
-			wg.Go(func() { r.createSchedules(ctx, &next, rc) })
+			wg.Go(func() { r.createSchedules(ctx, &next, s) })
 		}
-	} else {
+	case o.batcher:
+		b := client.NewBatcher(cl, client.BatcherConfig{MaxEvents: o.batch})
 		for range o.callers {
-			wg.Go(func() { r.call(ctx, &next, route) })
+			wg.Go(func() { r.add(ctx, &next, b) })
+		}
+		wg.Wait()
+		b.Close()
+	default:
+		for range o.callers {
+			wg.Go(func() { r.call(ctx, &next, s) })
 		}
 	}
 	wg.Wait()
 	sendEnd := time.Now()
 	if o.update && ctx.Err() == nil {
-		r.updates(ctx, route)
+		r.updates(ctx, s)
 	}
 
 	if !o.noConsume && ctx.Err() == nil {
@@ -346,153 +368,241 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	return nil
 }
 
-// benchRoute returns the client for the leader of event id's shard (or the
-// one client when not routing).
-type benchRoute func(id string) chimev1.SchedulerClient
+// benchRetry is how the bench's calls are repeated: a failed call goes
+// again with the same ids (which is idempotent) up to 20 more times, from
+// 50 ms to at most 500 ms apart, each attempt allowed 30 s.
+var benchRetry = client.RetryPolicy{InitialBackoff: 50 * time.Millisecond, MaxBackoff: 500 * time.Millisecond,
+	MaxAttempts: 21, AttemptTimeout: 30 * time.Second, Budget: 5 * time.Minute}
 
-// benchRoutes connects to --addr and, when route is set, to every member
-// of the cluster map. It also returns the members' HTTP addresses, or,
-// when --addr has no cluster map (a single chimed dev), the one chimed dev
-// derives from --addr.
-func (c *cli) benchRoutes(ctx context.Context, route bool) (_ benchRoute, httpAddrs []string, _ func(), _ error) {
-	dial := func(addr string) (*grpc.ClientConn, error) {
-		opts, err := c.tls.dialOptions(addr)
-		if err != nil {
-			return nil, err
-		}
-		return grpc.NewClient(addr, opts...)
-	}
-	conn, err := dial(c.addr)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--addr %q: %w", c.addr, err)
-	}
-	conns := []*grpc.ClientConn{conn}
-	closeAll := func() {
-		for _, cc := range conns {
-			cc.Close()
-		}
-	}
-	direct := chimev1.NewSchedulerClient(conn)
-	toAddr := func(string) chimev1.SchedulerClient { return direct }
+// benchSender is what the bench sends with: the client's methods, or with
+// --api grpc the raw stubs on the client's connection.
+type benchSender struct {
+	cl           *client.Client
+	raw          chimev1.SchedulerClient // --api grpc; nil otherwise
+	rawRecurring chimev1.RecurringClient
+}
+
+// benchHTTPAddrs are the HTTP addresses of the chimed nodes, for their
+// /metrics: every live member's, from the cluster map, or, when --addr
+// has no cluster map (a single chimed dev), the one chimed dev derives
+// from --addr. Without a map (no access to it, no node answering) the
+// nodes' cost is not measured, which bench says.
+func (c *cli) benchHTTPAddrs(ctx context.Context, cl *client.Client) []string {
 	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	m, err := chimev1.NewAdminClient(conn).GetClusterMap(mctx, &chimev1.GetClusterMapRequest{})
+	var m *chimev1.ClusterMap
+	err := cl.Do(mctx, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+		m, err = chimev1.NewAdminClient(cc).GetClusterMap(ctx, &chimev1.GetClusterMapRequest{})
+		return err
+	})
 	if status.Code(err) == codes.Unimplemented {
-		// A single node without the cluster layer leads every shard.
+		// A single node without the cluster layer.
 		if a, ok := devHTTPAddr(c.addr); ok {
-			httpAddrs = []string{a}
+			return []string{a}
 		}
-		return toAddr, httpAddrs, closeAll, nil
+		return nil
 	}
 	if err != nil {
-		if !route {
-			return toAddr, nil, closeAll, nil
-		}
-		closeAll()
-		return nil, nil, nil, fmt.Errorf("reading the cluster map from %s (use --route=false to send everything there): %w", c.addr, err)
+		fmt.Fprintf(c.stderr, "chimectl bench: reading the cluster map from %s, for the nodes' /metrics: %s: %s (name them with --metrics)\n",
+			c.addr, status.Code(err), status.Convert(err).Message())
+		return nil
 	}
+	var httpAddrs []string
 	for _, mem := range m.Members {
 		if gone := mem.State == "dead" || mem.State == "left" || mem.State == "removed"; mem.HttpAddr != "" && !gone {
 			httpAddrs = append(httpAddrs, mem.HttpAddr)
 		}
 	}
-	if !route || m.ShardCount == 0 {
-		return toAddr, httpAddrs, closeAll, nil
-	}
-	byNode := map[string]chimev1.SchedulerClient{}
-	for _, mem := range m.Members {
-		if mem.GrpcAddr == "" {
-			continue
-		}
-		cc, err := dial(mem.GrpcAddr)
-		if err != nil {
-			closeAll()
-			return nil, nil, nil, fmt.Errorf("member %s at %s: %w", mem.Id, mem.GrpcAddr, err)
-		}
-		conns = append(conns, cc)
-		byNode[mem.Id] = chimev1.NewSchedulerClient(cc)
-	}
-	leaders := make([]chimev1.SchedulerClient, m.ShardCount)
-	for i := range leaders {
-		leaders[i] = direct
-	}
-	for _, s := range m.Shards {
-		if cl, ok := byNode[s.Leader]; ok && int(s.Id) < len(leaders) {
-			leaders[s.Id] = cl
-		}
-	}
-	return func(id string) chimev1.SchedulerClient { return leaders[chimev1.ShardOf(id, m.ShardCount)] }, httpAddrs, closeAll, nil
+	return httpAddrs
 }
 
-// call is one caller: it takes --batch event numbers at a time until all
-// are taken, splits them by shard leader and sends each part.
-func (r *benchRun) call(ctx context.Context, next *atomic.Int64, route benchRoute) {
-	o := r.o
-	rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
-	payload := make([]byte, o.payload)
+// benchPayload is every event's payload: --payload-size letters.
+func benchPayload(n int) []byte {
+	payload := make([]byte, n)
 	for i := range payload {
 		payload[i] = byte('a' + i%26)
 	}
+	return payload
+}
+
+// pace waits until event number from is due to be sent at --rate; false
+// when ctx ended first.
+func (r *benchRun) pace(ctx context.Context, from int) bool {
+	if r.o.rate <= 0 {
+		return true
+	}
+	at := r.start.Add(time.Duration(float64(from) / r.o.rate * float64(time.Second)))
+	d := time.Until(at)
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// event is event number n for the client, with the options it is sent
+// with: In(--delay), or its own due time (--delay-max, --due-at), and
+// with --priorities its priority (Priority(0) for 0, which Event.Priority
+// cannot say).
+func (r *benchRun) event(n int, payload []byte, rnd *rand.Rand) (client.Event, []client.ScheduleOption) {
+	o := r.o
+	ev := client.Event{ID: r.prefix + strconv.Itoa(n), Topic: o.topic, Payload: payload}
+	var opts []client.ScheduleOption
+	switch {
+	case o.dueAt > 0:
+		ev.Due = r.start.Add(o.dueAt)
+		if o.spread > 0 {
+			ev.Due = ev.Due.Add(time.Duration(rnd.Int64N(int64(o.spread))))
+		}
+	case o.delayMax > o.delay:
+		// Each its own delay: as a due time, since a batch's In is one
+		// for all its events (the server resolves a delay from its own
+		// clock; this one is the bench's).
+		ev.Due = time.Now().Add(o.delay + time.Duration(rnd.Int64N(int64(o.delayMax-o.delay))))
+	default:
+		opts = append(opts, client.In(o.delay))
+	}
+	if o.priorities {
+		if ev.Priority = n % 10; ev.Priority == 0 {
+			opts = append(opts, client.Priority(0))
+		}
+	}
+	return ev, opts
+}
+
+// rawEvent is event number n as the API's message, for --api grpc.
+func (r *benchRun) rawEvent(n int, payload []byte, rnd *rand.Rand) *chimev1.Event {
+	o := r.o
+	ev := &chimev1.Event{Id: r.prefix + strconv.Itoa(n), Topic: o.topic, Payload: payload}
+	if o.priorities {
+		p := uint32(n % 10)
+		ev.Priority = &p
+	}
+	if o.dueAt > 0 {
+		at := r.start.Add(o.dueAt)
+		if o.spread > 0 {
+			at = at.Add(time.Duration(rnd.Int64N(int64(o.spread))))
+		}
+		ev.DeliverAt = timestamppb.New(at)
+	} else {
+		d := o.delay
+		if o.delayMax > o.delay {
+			d += time.Duration(rnd.Int64N(int64(o.delayMax - o.delay)))
+		}
+		ev.Delay = durationpb.New(d)
+	}
+	return ev
+}
+
+// call is one caller: it takes --batch event numbers at a time until all
+// are taken and sends them in one call (the client splits it by shard
+// leader), or, with --priorities, one call for priority 0 and one for the
+// rest (an option of the call, not of the events).
+func (r *benchRun) call(ctx context.Context, next *atomic.Int64, s *benchSender) {
+	o := r.o
+	rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+	payload := benchPayload(o.payload)
 	for ctx.Err() == nil {
 		from := int(next.Add(int64(o.batch))) - o.batch
 		if from >= o.events {
 			return
 		}
 		to := min(from+o.batch, o.events)
-		if o.rate > 0 {
-			at := r.start.Add(time.Duration(float64(from) / o.rate * float64(time.Second)))
-			if d := time.Until(at); d > 0 {
-				select {
-				case <-time.After(d):
-				case <-ctx.Done():
-					return
-				}
-			}
+		if !r.pace(ctx, from) {
+			return
 		}
-		parts := map[chimev1.SchedulerClient]*benchPart{}
-		var order []chimev1.SchedulerClient
+		if s.raw != nil {
+			evs, nums := make([]*chimev1.Event, 0, to-from), make([]int, 0, to-from)
+			for n := from; n < to; n++ {
+				evs, nums = append(evs, r.rawEvent(n, payload, rnd)), append(nums, n)
+			}
+			r.sendRaw(ctx, s.raw, evs, nums)
+			continue
+		}
+		var parts [2]benchPart // priority 0 (with --priorities), the rest
 		for n := from; n < to; n++ {
-			ev := &chimev1.Event{Id: r.prefix + strconv.Itoa(n), Topic: o.topic, Payload: payload}
-			if o.priorities {
-				p := uint32(n % 10)
-				ev.Priority = &p
+			ev, opts := r.event(n, payload, rnd)
+			p := &parts[1]
+			if o.priorities && n%10 == 0 {
+				p = &parts[0]
 			}
-			if o.dueAt > 0 {
-				at := r.start.Add(o.dueAt)
-				if o.spread > 0 {
-					at = at.Add(time.Duration(rnd.Int64N(int64(o.spread))))
-				}
-				ev.DeliverAt = timestamppb.New(at)
-			} else {
-				d := o.delay
-				if o.delayMax > o.delay {
-					d += time.Duration(rnd.Int64N(int64(o.delayMax - o.delay)))
-				}
-				ev.Delay = durationpb.New(d)
-			}
-			cl := route(ev.Id)
-			p := parts[cl]
-			if p == nil {
-				p = &benchPart{}
-				parts[cl] = p
-				order = append(order, cl)
+			if p.evs == nil {
+				p.evs, p.nums, p.opts = make([]client.Event, 0, to-from), make([]int, 0, to-from), opts
 			}
 			p.evs, p.nums = append(p.evs, ev), append(p.nums, n)
 		}
 		var wg sync.WaitGroup
-		for _, cl := range order {
-			p := parts[cl]
-			wg.Go(func() { r.send(ctx, cl, p) })
+		for i := range parts {
+			if p := &parts[i]; len(p.evs) > 0 {
+				wg.Go(func() { r.send(ctx, s.cl, p) })
+			}
 		}
 		wg.Wait()
+	}
+}
+
+// add is one caller of --batcher: it takes one event number at a time and
+// adds the event to b without waiting for its answer, as a service that
+// hands events to a Batcher from its request path does; a goroutine of its
+// own waits for the answers, in order. b's MaxPending bounds how far the
+// adding runs ahead of the answers.
+func (r *benchRun) add(ctx context.Context, next *atomic.Int64, b *client.Batcher) {
+	type added struct {
+		n  int
+		t0 time.Time
+		p  *client.Pending
+	}
+	answers := make(chan added, 1024)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		// The answers are recorded a run at a time: one lock of r.mu for
+		// many events, as a batch's are, so that the bench's own
+		// bookkeeping weighs on the 64 callers no more than on --batch's.
+		var nums []int
+		var dues []int64
+		var lats []time.Duration
+		record := func() {
+			r.acksEach(nums, dues, lats)
+			nums, dues, lats = nums[:0], dues[:0], lats[:0]
+		}
+		for a := range answers {
+			res, err := a.p.Wait(ctx)
+			if err != nil {
+				r.fail(err, 1)
+				continue
+			}
+			nums, dues, lats = append(nums, a.n), append(dues, res.Due.UnixNano()), append(lats, time.Since(a.t0))
+			if len(answers) == 0 || len(nums) == 256 {
+				record()
+			}
+		}
+		record()
+	})
+	defer func() { close(answers); wg.Wait() }()
+	rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
+	payload := benchPayload(r.o.payload)
+	for ctx.Err() == nil {
+		n := int(next.Add(1)) - 1
+		if n >= r.o.events || !r.pace(ctx, n) {
+			return
+		}
+		ev, opts := r.event(n, payload, rnd)
+		t0 := time.Now()
+		answers <- added{n, t0, b.Add(ctx, ev, opts...)}
 	}
 }
 
 // updates updates every acknowledged event once, from --callers callers,
 // each event to its own due time again (the payload changes), and records
 // the count, the time taken and each call's latency. With --update-batch N
-// each call is a BatchSchedule of N upserts, routed by shard as the ingest.
-func (r *benchRun) updates(ctx context.Context, route benchRoute) {
+// each call is a ScheduleBatch of N upserts, split by shard as the ingest.
+func (r *benchRun) updates(ctx context.Context, s *benchSender) {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -505,7 +615,7 @@ func (r *benchRun) updates(ctx context.Context, route benchRoute) {
 				if from >= r.o.events {
 					break
 				}
-				byRoute := map[chimev1.SchedulerClient][]*chimev1.Event{}
+				var evs []client.Event
 				for i := from; i < min(from+n, r.o.events); i++ {
 					r.mu.Lock()
 					due := r.dues[i]
@@ -513,18 +623,16 @@ func (r *benchRun) updates(ctx context.Context, route benchRoute) {
 					if due == 0 { // not acknowledged
 						continue
 					}
-					id := r.prefix + strconv.Itoa(i)
-					ev := &chimev1.Event{Id: id, Topic: r.o.topic, DeliverAt: timestamppb.New(time.Unix(0, due)), Payload: []byte("updated"),
-						OnConflict: chimev1.OnConflict_ON_CONFLICT_REPLACE}
-					byRoute[route(id)] = append(byRoute[route(id)], ev)
+					evs = append(evs, client.Event{ID: r.prefix + strconv.Itoa(i), Topic: r.o.topic, Due: time.Unix(0, due), Payload: []byte("updated")})
 				}
-				for cl, evs := range byRoute {
-					t := time.Now()
-					ok, failed := r.update(ctx, cl, evs)
-					lat = append(lat, time.Since(t))
-					r.updated.Add(ok)
-					r.updateFailed.Add(failed)
+				if len(evs) == 0 {
+					continue
 				}
+				t := time.Now()
+				ok, failed := r.update(ctx, s, evs)
+				lat = append(lat, time.Since(t))
+				r.updated.Add(ok)
+				r.updateFailed.Add(failed)
 			}
 			r.mu.Lock()
 			r.updateLat = append(r.updateLat, lat...)
@@ -535,63 +643,134 @@ func (r *benchRun) updates(ctx context.Context, route benchRoute) {
 	r.updateTime = time.Since(start)
 }
 
-// update sends one call of updates: an Update for one event, a BatchSchedule
-// of upserts for more. It returns how many were acknowledged and failed.
-func (r *benchRun) update(ctx context.Context, cl chimev1.SchedulerClient, evs []*chimev1.Event) (ok, failed int64) {
+// update sends one call of updates: an Update for one event, a
+// ScheduleBatch of upserts (Replace) for more, each pending event's next
+// version. It returns how many were acknowledged and failed.
+func (r *benchRun) update(ctx context.Context, s *benchSender, evs []client.Event) (ok, failed int64) {
+	if s.raw != nil {
+		return r.updateRaw(ctx, s.raw, evs)
+	}
 	if r.o.updateBatch == 1 {
 		ev := evs[0]
-		if _, err := cl.Update(ctx, &chimev1.UpdateRequest{Id: ev.Id, DeliverAt: ev.DeliverAt, Payload: ev.Payload}); err != nil {
+		if _, err := s.cl.Update(ctx, ev.ID, client.At(ev.Due), client.SetPayload(ev.Payload)); err != nil {
 			return 0, 1
 		}
 		return 1, 0
 	}
-	resp, err := cl.BatchSchedule(ctx, &chimev1.BatchScheduleRequest{Events: evs})
+	res, _ := s.cl.ScheduleBatch(ctx, evs, client.Replace())
+	for _, r := range res {
+		if r.Err == nil && r.Version > 1 {
+			ok++
+		} else {
+			failed++
+		}
+	}
+	return ok, int64(len(evs)) - ok
+}
+
+// updateRaw is update on the raw stub (--api grpc), one attempt.
+func (r *benchRun) updateRaw(ctx context.Context, sc chimev1.SchedulerClient, evs []client.Event) (ok, failed int64) {
+	ctx, cancel := context.WithTimeout(ctx, benchRetry.AttemptTimeout)
+	defer cancel()
+	if r.o.updateBatch == 1 {
+		ev := evs[0]
+		if _, err := sc.Update(ctx, &chimev1.UpdateRequest{Id: ev.ID, DeliverAt: timestamppb.New(ev.Due), Payload: ev.Payload}); err != nil {
+			return 0, 1
+		}
+		return 1, 0
+	}
+	req := &chimev1.BatchScheduleRequest{}
+	for _, ev := range evs {
+		req.Events = append(req.Events, &chimev1.Event{Id: ev.ID, Topic: ev.Topic, DeliverAt: timestamppb.New(ev.Due), Payload: ev.Payload,
+			OnConflict: chimev1.OnConflict_ON_CONFLICT_REPLACE})
+	}
+	resp, err := sc.BatchSchedule(ctx, req)
 	if err != nil {
 		return 0, int64(len(evs))
 	}
 	for _, res := range resp.Results {
 		if res.Code == 0 && res.Version > 1 {
 			ok++
-		} else {
-			failed++
 		}
 	}
-	return ok, failed
+	return ok, int64(len(evs)) - ok
 }
 
-// benchPart is the events of one batch bound for one leader, with their
-// event numbers.
+// benchPart is the events of one call, with their event numbers and the
+// call's options.
 type benchPart struct {
-	evs  []*chimev1.Event
+	evs  []client.Event
 	nums []int
+	opts []client.ScheduleOption
 }
 
-// send schedules p in one call (Schedule when --batch is 1). A failed call
-// is sent again with the same ids, which is idempotent, up to 20 more times,
-// backing off from 50 ms to at most 500 ms between tries.
-func (r *benchRun) send(ctx context.Context, cl chimev1.SchedulerClient, p *benchPart) {
-	type ack struct {
-		dues []int64
-		lat  time.Duration
+// send schedules p in one call of the client (Schedule when --batch is 1),
+// which retries what failed in a way that may pass, with the same ids
+// (benchRetry). The latency is the whole call's, retries included.
+func (r *benchRun) send(ctx context.Context, cl *client.Client, p *benchPart) {
+	dues := make([]int64, len(p.evs))
+	t0 := time.Now()
+	if len(p.evs) == 1 && r.o.batch == 1 {
+		res, err := cl.Schedule(ctx, p.evs[0], p.opts...)
+		if err != nil {
+			r.fail(err, 1)
+			return
+		}
+		dues[0] = res.Due.UnixNano()
+	} else {
+		res, _ := cl.ScheduleBatch(ctx, p.evs, p.opts...)
+		for i, res := range res {
+			if res.Err != nil {
+				r.fail(res.Err, 1)
+				continue
+			}
+			dues[i] = res.Due.UnixNano()
+		}
 	}
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.MaxInterval = 50*time.Millisecond, 500*time.Millisecond
-	a, err := backoff.Retry(ctx, func() (ack, error) {
-		t0 := time.Now()
-		dues, err := r.schedule(ctx, cl, p.evs)
-		return ack{dues, time.Since(t0)}, err
-	}, backoff.WithBackOff(b), backoff.WithMaxTries(21), backoff.WithMaxElapsedTime(0))
-	if err != nil {
-		r.fail(err, len(p.evs))
-		return
+	r.acks(p.nums, dues, time.Since(t0))
+}
+
+// sendRaw schedules evs on the raw stub (--api grpc) in one call
+// (Schedule when --batch is 1), one attempt of at most 30 s.
+func (r *benchRun) sendRaw(ctx context.Context, sc chimev1.SchedulerClient, evs []*chimev1.Event, nums []int) {
+	ctx, cancel := context.WithTimeout(ctx, benchRetry.AttemptTimeout)
+	defer cancel()
+	dues := make([]int64, len(evs))
+	t0 := time.Now()
+	if len(evs) == 1 && r.o.batch == 1 {
+		resp, err := sc.Schedule(ctx, &chimev1.ScheduleRequest{Event: evs[0]})
+		if err != nil {
+			r.fail(err, 1)
+			return
+		}
+		dues[0] = resp.Due.AsTime().UnixNano()
+	} else {
+		resp, err := sc.BatchSchedule(ctx, &chimev1.BatchScheduleRequest{Events: evs})
+		if err != nil {
+			r.fail(err, len(evs))
+			return
+		}
+		for i, res := range resp.Results {
+			if res.Code != 0 {
+				r.fail(fmt.Errorf("event %s: code %d: %s", res.Id, res.Code, res.Message), 1)
+				continue
+			}
+			dues[i] = res.Due.AsTime().UnixNano()
+		}
 	}
+	r.acks(nums, dues, time.Since(t0))
+}
+
+// acks records the answer of one call: event nums[i] is due at dues[i]
+// (unix ns; 0 for one that failed, counted already), and the call took lat.
+func (r *benchRun) acks(nums []int, dues []int64, lat time.Duration) {
 	now := time.Now()
 	accepted := 0
 	r.mu.Lock()
-	r.ackLat = append(r.ackLat, a.lat)
-	for i, due := range a.dues {
+	r.ackLat = append(r.ackLat, lat)
+	for i, due := range dues {
 		if due != 0 {
-			n := p.nums[i]
+			n := nums[i]
 			r.dues[n] = due
 			r.lastDue = max(r.lastDue, due)
 			accepted++
@@ -606,6 +785,28 @@ func (r *benchRun) send(ctx context.Context, cl chimev1.SchedulerClient, p *benc
 	r.acked.Add(int64(accepted))
 }
 
+// acksEach is acks for events each with its own ack latency (--batcher's).
+func (r *benchRun) acksEach(nums []int, dues []int64, lats []time.Duration) {
+	if len(nums) == 0 {
+		return
+	}
+	now := time.Now()
+	r.mu.Lock()
+	r.ackLat = append(r.ackLat, lats...)
+	for i, due := range dues {
+		n := nums[i]
+		r.dues[n] = due
+		r.lastDue = max(r.lastDue, due)
+		if e, ok := r.unacked[n]; ok {
+			delete(r.unacked, n)
+			r.fired(n, due, e.fired, e.consumed)
+		}
+	}
+	r.second(now).acked += len(nums)
+	r.mu.Unlock()
+	r.acked.Add(int64(len(nums)))
+}
+
 func (r *benchRun) fail(err error, n int) {
 	r.failed.Add(int64(n))
 	r.mu.Lock()
@@ -613,34 +814,6 @@ func (r *benchRun) fail(err error, n int) {
 		r.firstErr = err
 	}
 	r.mu.Unlock()
-}
-
-// schedule returns the due time of each event (0 for one the server
-// rejected, which is counted as failed).
-func (r *benchRun) schedule(ctx context.Context, cl chimev1.SchedulerClient, evs []*chimev1.Event) ([]int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	dues := make([]int64, len(evs))
-	if len(evs) == 1 {
-		resp, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: evs[0]})
-		if err != nil {
-			return nil, err
-		}
-		dues[0] = resp.Due.AsTime().UnixNano()
-		return dues, nil
-	}
-	resp, err := cl.BatchSchedule(ctx, &chimev1.BatchScheduleRequest{Events: evs})
-	if err != nil {
-		return nil, err
-	}
-	for i, res := range resp.Results {
-		if res.Code != 0 {
-			r.fail(fmt.Errorf("event %s: code %d: %s", res.Id, res.Code, res.Message), 1)
-			continue
-		}
-		dues[i] = res.Due.AsTime().UnixNano()
-	}
-	return dues, nil
 }
 
 // consume reads the topic from the bench's start and accounts for every
@@ -784,28 +957,35 @@ func (r *benchRun) phase(s int) time.Time {
 // numbers until all are taken and creates each, occurring every second
 // from r.first for --recurring-for. Each one acknowledged counts its
 // occurrences as acknowledged events, due at their times.
-func (r *benchRun) createSchedules(ctx context.Context, next *atomic.Int64, rc chimev1.RecurringClient) {
+func (r *benchRun) createSchedules(ctx context.Context, next *atomic.Int64, s *benchSender) {
 	o := r.o
-	payload := make([]byte, o.payload)
-	for i := range payload {
-		payload[i] = byte('a' + i%26)
-	}
+	payload := benchPayload(o.payload)
 	for ctx.Err() == nil {
-		s := int(next.Add(1)) - 1
-		if s >= o.recurring {
+		sn := int(next.Add(1)) - 1
+		if sn >= o.recurring {
 			return
 		}
-		first := r.phase(s)
+		first := r.phase(sn)
 		end := first.Add(time.Duration(r.perSchedule-1) * time.Second)
-		rule := &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Every{Every: durationpb.New(time.Second)},
-			Start: timestamppb.New(first), End: timestamppb.New(end), CatchUp: chimev1.CatchUp_CATCH_UP_ALL}
+		bounds := []client.RuleOption{client.StartAt(first), client.EndAt(end), client.WithCatchUp(client.CatchUpAll)}
+		rule := client.Every(time.Second, bounds...)
 		if o.recurringAligned {
-			rule.Rule = &chimev1.RecurringRule_Cron{Cron: "* * * * * *"}
+			rule = client.Cron("* * * * * *", "", bounds...)
 		}
-		req := &chimev1.CreateRecurringRequest{Id: r.prefix + strconv.Itoa(s), Rule: rule,
-			Target: &chimev1.RecurringTarget{Topic: o.topic, Payload: payload}}
+		id, target := r.prefix+strconv.Itoa(sn), client.Target{Topic: o.topic, Payload: payload}
 		sent := time.Now()
-		_, err := rc.Create(ctx, req)
+		var err error
+		if s.rawRecurring != nil {
+			pr := &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Every{Every: durationpb.New(time.Second)},
+				Start: timestamppb.New(first), End: timestamppb.New(end), CatchUp: chimev1.CatchUp_CATCH_UP_ALL}
+			if o.recurringAligned {
+				pr.Rule = &chimev1.RecurringRule_Cron{Cron: "* * * * * *"}
+			}
+			_, err = s.rawRecurring.Create(ctx, &chimev1.CreateRecurringRequest{Id: id, Rule: pr,
+				Target: &chimev1.RecurringTarget{Topic: o.topic, Payload: payload}})
+		} else {
+			_, err = s.cl.Recurring().Create(ctx, id, rule, target)
+		}
 		lat := time.Since(sent)
 		r.mu.Lock()
 		if err != nil {
@@ -818,7 +998,7 @@ func (r *benchRun) createSchedules(ctx context.Context, next *atomic.Int64, rc c
 			r.ackLat = append(r.ackLat, lat)
 			r.second(time.Now()).acked += r.perSchedule
 			for k := range r.perSchedule {
-				r.dues[s*r.perSchedule+k] = first.Add(time.Duration(k) * time.Second).UnixNano()
+				r.dues[sn*r.perSchedule+k] = first.Add(time.Duration(k) * time.Second).UnixNano()
 			}
 			r.lastDue = max(r.lastDue, end.UnixNano())
 		}

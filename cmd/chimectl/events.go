@@ -4,33 +4,86 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
 
-	chimev1 "github.com/chimehq/chime/proto/chime/v1"
-	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/chimehq/chime/client"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
-// call dials --addr and runs fn with a client and a context bounded by
-// --timeout (no bound when it is 0); repeatable calls answered UNAVAILABLE
-// are retried within it.
-func (c *cli) call(ctx context.Context, fn func(ctx context.Context, sc chimev1.SchedulerClient) error) error {
-	conn, err := c.dial(c.addr)
+// dial returns a client of --addr with the credentials of the --tls and
+// --token flags, retrying as retryPolicy says, opts last. It connects
+// lazily: a dead address shows as UNAVAILABLE on the first call, after the
+// retries. Leader routing is off (opts may turn it on): a command's call
+// or two are over before the cluster map would arrive, and --addr forwards
+// them.
+func (c *cli) dial(ctx context.Context, opts ...client.Option) (*client.Client, error) {
+	base, err := c.tls.options()
+	if err != nil {
+		return nil, err
+	}
+	base = append(base, client.WithLeaderRouting(false), client.WithRetry(c.retryPolicy()))
+	cl, err := client.Dial(ctx, c.addr, append(base, opts...)...)
+	if err != nil {
+		if c.tls.sendsToken() && !c.tls.on() {
+			// The client refused to send the token in plaintext: say
+			// where it came from and which flags add TLS.
+			return nil, fmt.Errorf("%w (the token of --token, --token-file or %s; add --tls, or --tls-ca for a node whose CA the system does not trust)", err, tokenEnv)
+		}
+		return nil, fmt.Errorf("--addr %q: %w", c.addr, err)
+	}
+	return cl, nil
+}
+
+// noTimeout stands for "no bound" in a RetryPolicy, which has no such value.
+const noTimeout = 100 * 365 * 24 * time.Hour
+
+// retryPolicy is how calls are repeated when they may be (UNAVAILABLE: a
+// node restarting, a shard between leaders; see client.RetryPolicy): from
+// 100 ms apart, growing to 2 s, so that a leader election (about a second)
+// costs a few tries, until --timeout runs out, each attempt allowed all of
+// it (a count or a list over many events is slow, not stuck). Without
+// --timeout attempts have no bound, and a dozen are made, over about 10 s.
+func (c *cli) retryPolicy() client.RetryPolicy {
+	p := client.RetryPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 2 * time.Second,
+		MaxAttempts: 12, AttemptTimeout: noTimeout, Budget: noTimeout}
+	if c.timeout > 0 {
+		p.MaxAttempts, p.AttemptTimeout, p.Budget = math.MaxInt32, c.timeout, c.timeout
+	}
+	return p
+}
+
+// call dials --addr and runs fn with the client and a context bounded by
+// --timeout (no bound when it is 0).
+func (c *cli) call(ctx context.Context, fn func(ctx context.Context, cl *client.Client) error) error {
+	cl, err := c.dial(ctx)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	if c.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-	}
-	return fn(ctx, chimev1.NewSchedulerClient(conn))
+	defer cl.Close()
+	ctx, cancel := c.requestCtx(ctx)
+	defer cancel()
+	return fn(ctx, cl)
+}
+
+// read is call for one Scheduler call that changes nothing, on the raw stub
+// (the commands print the API's answer): the client repeats it while it
+// may (client.Client.Do).
+func (c *cli) read(ctx context.Context, fn func(ctx context.Context, sc chimev1.SchedulerClient) error) error {
+	return c.call(ctx, func(ctx context.Context, cl *client.Client) error {
+		return cl.Do(ctx, func(ctx context.Context, cc grpc.ClientConnInterface) error {
+			return fn(ctx, chimev1.NewSchedulerClient(cc))
+		})
+	})
 }
 
 func (c *cli) printJSON(v any) error {
@@ -62,7 +115,10 @@ random id (26 characters of base32, like the ids the server generates) and
 prints it, so that a call answered Unavailable (a node restarting, a shard
 between leaders) is sent again, with backoff until --timeout, without ever
 scheduling two events; a resent call whose first copy had arrived reports
-"already scheduled".`,
+"already scheduled". When the last copy went unanswered, chimectl reads
+the event back to tell whether it was scheduled; if even that fails it
+says the outcome is unknown, and scheduling again with the same --id is
+safe.`,
 		example: `  chimectl schedule --topic reminders --in 30m --id order-42-reminder --payload '{"order":42}'
   chimectl schedule --topic billing.retry --at 2030-01-02T09:00:00+01:00 --key customer-7 --header trace=abc --priority 9
   chimectl schedule --topic sessions --in 30m --id session-7-expiry --replace --window 1m`,
@@ -92,14 +148,15 @@ scheduling two events; a resent call whose first copy had arrived reports
 					// 128 random bits, the form of the server's own ids.
 					*id = strings.ToLower(rand.Text())
 				}
-				ev := &chimev1.Event{Id: *id, Topic: *topic, Key: []byte(*key)}
-				var err error
-				if ev.Delay, ev.DeliverAt, err = dueFlags(set, *in, *at); err != nil {
+				ev := client.Event{ID: *id, Topic: *topic, Key: []byte(*key)}
+				due, err := dueOption(set, *in, *at)
+				if err != nil {
 					return err
 				}
-				if ev.Delay == nil && ev.DeliverAt == nil {
+				if due == nil {
 					return usagef("set one of --in (a delay) and --at (a time)")
 				}
+				opts := []client.ScheduleOption{*due}
 				if ev.Payload, err = c.payloadFlags(set, *payload, *payloadFile); err != nil {
 					return err
 				}
@@ -107,62 +164,64 @@ scheduling two events; a resent call whose first copy had arrived reports
 					return err
 				}
 				if *replace {
-					ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REPLACE
+					opts = append(opts, client.Replace())
 				}
 				if set["priority"] {
-					p := uint32(*priority)
-					ev.Priority = &p
+					opts = append(opts, client.Priority(int(min(*priority, math.MaxInt32))))
 				}
 				if set["window"] {
-					ev.Window = durationpb.New(*window)
+					opts = append(opts, client.Window(*window))
 				}
-				var resp *chimev1.ScheduleResponse
-				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
-					var err error
-					resp, err = sc.Schedule(ctx, &chimev1.ScheduleRequest{Event: ev})
+				var res client.Result
+				err = c.call(ctx, func(ctx context.Context, cl *client.Client) (err error) {
+					res, err = cl.Schedule(ctx, ev, opts...)
 					return err
 				})
+				if errors.Is(err, client.ErrUnknownOutcome) {
+					fmt.Fprintf(c.stderr, "chimectl schedule: whether %s was scheduled is unknown; scheduling it again with --id %s is safe\n", ev.ID, ev.ID)
+				}
 				if err != nil {
 					return err
 				}
-				due := resp.GetDue().AsTime()
 				if c.json {
 					return c.printJSON(struct {
 						ID       string `json:"id"`
 						Due      string `json:"due"`
 						Existing bool   `json:"existing"`
 						Version  uint64 `json:"version"`
-					}{resp.GetId(), due.UTC().Format(time.RFC3339Nano), resp.GetExisting(), resp.GetVersion()})
+					}{res.ID, res.Due.UTC().Format(time.RFC3339Nano), res.Existing, res.Version})
 				}
 				verb, version := "scheduled", ""
 				switch {
-				case resp.GetExisting():
+				case res.Existing:
 					verb = "already scheduled"
-				case resp.GetVersion() > 1:
-					verb, version = "replaced", fmt.Sprintf(", version %d", resp.GetVersion())
+				case res.Version > 1:
+					verb, version = "replaced", fmt.Sprintf(", version %d", res.Version)
 				}
-				_, err = fmt.Fprintf(c.stdout, "%s %s due %s (%s)%s\n", verb, resp.GetId(), c.localTime(due), relative(due.Sub(c.now())), version)
+				_, err = fmt.Fprintf(c.stdout, "%s %s due %s (%s)%s\n", verb, res.ID, c.localTime(res.Due), relative(res.Due.Sub(c.now())), version)
 				return err
 			}
 		},
 	}
 }
 
-// dueFlags reads --in and --at: a delay, a time, or neither (nil, nil).
-func dueFlags(set map[string]bool, in time.Duration, at string) (*durationpb.Duration, *timestamppb.Timestamp, error) {
+// dueOption reads --in and --at: client.In, client.At, or neither (nil).
+func dueOption(set map[string]bool, in time.Duration, at string) (*client.DueOption, error) {
 	switch {
 	case set["in"] && set["at"]:
-		return nil, nil, usagef("set exactly one of --in and --at, not both")
+		return nil, usagef("set exactly one of --in and --at, not both")
 	case set["in"]:
-		return durationpb.New(in), nil, nil
+		o := client.In(in)
+		return &o, nil
 	case set["at"]:
 		t, err := time.Parse(time.RFC3339, at)
 		if err != nil {
-			return nil, nil, usagef("--at %q is not an RFC 3339 time like 2030-01-02T09:00:00Z or 2030-01-02T10:00:00+01:00", at)
+			return nil, usagef("--at %q is not an RFC 3339 time like 2030-01-02T09:00:00Z or 2030-01-02T10:00:00+01:00", at)
 		}
-		return nil, timestamppb.New(t), nil
+		o := client.At(t)
+		return &o, nil
 	}
-	return nil, nil, nil
+	return nil, nil
 }
 
 // payloadFlags reads --payload or --payload-file; neither is an empty payload.
@@ -177,14 +236,14 @@ func (c *cli) payloadFlags(set map[string]bool, payload, file string) ([]byte, e
 }
 
 // headerFlags parses the --header values, name=value each.
-func headerFlags(hdrs multiFlag) ([]*chimev1.Header, error) {
-	var out []*chimev1.Header
+func headerFlags(hdrs multiFlag) ([]client.Header, error) {
+	var out []client.Header
 	for _, h := range hdrs {
 		k, v, ok := strings.Cut(h, "=")
 		if !ok {
 			return nil, usagef("--header %q: want name=value", h)
 		}
-		out = append(out, &chimev1.Header{Key: k, Value: []byte(v)})
+		out = append(out, client.Header{Key: k, Value: []byte(v)})
 	}
 	return out, nil
 }
@@ -225,9 +284,10 @@ select, in batches through Raft on every shard, showing its progress while
 it runs and the totals at the end: matched, cancelled, and skipped because
 they fired first or were being produced (held). Each event counted as
 cancelled will not be produced. --dry-run only counts the matches. It is
-safe to run again, and a run cut short (Ctrl-C, a node restarting) is
-finished by running it again. A bulk cancel is not bound by --timeout
-unless --timeout is given.`,
+safe to run again: a run cut short by a node restarting or a leader change
+is run again at once, which finds what is still pending, and one cut short
+by Ctrl-C is finished by running it again. A bulk cancel is not bound by
+--timeout unless --timeout is given.`,
 		example: `  chimectl cancel order-42-reminder
   chimectl cancel --prefix order-42/ --dry-run
   chimectl cancel --topic reminders --due-before 24h --json`,
@@ -258,21 +318,21 @@ unless --timeout is given.`,
 				if err != nil {
 					return err
 				}
-				var resp *chimev1.CancelResponse
-				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
-					resp, err = sc.Cancel(ctx, &chimev1.CancelRequest{Id: id})
-					return err
+				err = c.call(ctx, func(ctx context.Context, cl *client.Client) error {
+					return cl.Cancel(ctx, id)
 				})
 				if err != nil {
 					return err
 				}
+				// A cancel that succeeds leaves the event cancelled.
+				state := stateName(chimev1.EventState_EVENT_STATE_CANCELLED)
 				if c.json {
 					return c.printJSON(struct {
 						ID    string `json:"id"`
 						State string `json:"state"`
-					}{resp.GetId(), stateName(resp.GetState())})
+					}{id, state})
 				}
-				return printBlock(c.stdout, [][2]string{{"id", resp.GetId()}, {"state", stateName(resp.GetState())}})
+				return printBlock(c.stdout, [][2]string{{"id", id}, {"state", state}})
 			}
 		},
 	}
@@ -300,7 +360,7 @@ NotFound for an unknown id.`,
 					return err
 				}
 				var resp *chimev1.GetResponse
-				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
+				err = c.read(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
 					resp, err = sc.Get(ctx, &chimev1.GetRequest{Id: id})
 					return err
 				})

@@ -507,6 +507,10 @@ func TestListCountAndBulkCancel(t *testing.T) {
 // or the environment, naming what to add; to loopback it sends it (chimed
 // dev). The refusal comes before any connection is attempted.
 func TestTokenNeverInPlaintextBeyondLoopback(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		env  map[string]string
 		args []string
@@ -516,9 +520,12 @@ func TestTokenNeverInPlaintextBeyondLoopback(t *testing.T) {
 		{map[string]string{"CHIME_TOKEN": "secret"}, []string{"--addr", "chime.example:7070", "get", "x"}, false},
 		{nil, []string{"--addr", "127.0.0.1:1", "--token", "secret", "--timeout", "1s", "get", "x"}, true},
 		{nil, []string{"--addr", "localhost:1", "--token", "secret", "--timeout", "1s", "get", "x"}, true},
+		{nil, []string{"--addr", "10.0.0.9:7070", "--token-file", tokenFile, "get", "x"}, false},
+		{nil, []string{"--addr", "127.0.0.1:1", "--token-file", tokenFile, "--timeout", "1s", "get", "x"}, true},
 	} {
 		r := chimectl(t, tc.env, "", tc.args...)
-		refused := strings.Contains(r.stderr, "refusing to send the bearer token (--token or CHIME_TOKEN) in plaintext to ")
+		refused := strings.Contains(r.stderr, "refusing to send the bearer token in plaintext to ") &&
+			strings.Contains(r.stderr, "the token of --token, --token-file or CHIME_TOKEN; add --tls")
 		if refused == tc.sent || r.code == 0 {
 			t.Errorf("%v %v: exit %d, stderr %q; want the token refused: %v", tc.env, tc.args, r.code, r.stderr, !tc.sent)
 		}

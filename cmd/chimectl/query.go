@@ -2,17 +2,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/chimehq/chime/client"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
 // filterFlags are the flags that select events, shared by list, count and
@@ -114,6 +115,11 @@ however many events the cluster holds.`,
 					tw = tabwriter.NewWriter(c.stdout, 0, 0, 2, ' ', 0)
 					fmt.Fprintln(tw, "ID\tSTATE\tDUE\tWHEN\tVERSION\tTOPIC\tPAYLOAD")
 				}
+				cl, err := c.dial(ctx)
+				if err != nil {
+					return err
+				}
+				defer cl.Close()
 				printed := 0
 				req := &chimev1.ListRequest{Filter: filter, PageToken: *token, StaleOk: *stale}
 				for {
@@ -121,11 +127,16 @@ however many events the cluster holds.`,
 					if *limit > 0 {
 						req.Limit = uint32(min(1000, *limit-printed))
 					}
+					// Each page is a request of its own, bounded by
+					// --timeout, and repeated while it may be: a page
+					// token continues on any node.
 					var resp *chimev1.ListResponse
-					err := c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) (err error) {
-						resp, err = sc.List(ctx, req)
+					rctx, cancel := c.requestCtx(ctx)
+					err := cl.Do(rctx, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+						resp, err = chimev1.NewSchedulerClient(cc).List(ctx, req)
 						return err
 					})
+					cancel()
 					if err != nil {
 						if tw != nil {
 							tw.Flush()
@@ -188,7 +199,7 @@ anything else reads the events themselves.`,
 					return err
 				}
 				var resp *chimev1.CountResponse
-				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
+				err = c.read(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
 					resp, err = sc.Count(ctx, &chimev1.CountRequest{Filter: filter, StaleOk: *stale})
 					return err
 				})
@@ -208,60 +219,63 @@ anything else reads the events themselves.`,
 }
 
 // bulkCancel runs a CancelMatching, showing its progress on standard error,
-// and prints the totals.
+// and prints the totals. A run cut short (a node going away, a leader
+// change) is run again by the client, which finds what is still pending.
 func (c *cli) bulkCancel(ctx context.Context, filter *chimev1.EventFilter, dryRun bool) error {
-	var last *chimev1.CancelMatchingProgress
 	progress := c.progressLine()
-	err := c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
-		stream, err := sc.CancelMatching(ctx, &chimev1.CancelMatchingRequest{Filter: filter, DryRun: dryRun})
-		if err != nil {
-			return err
-		}
-		for {
-			p, err := stream.Recv()
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			last = p
+	var res client.CancelMatchingResult
+	err := c.call(ctx, func(ctx context.Context, cl *client.Client) (err error) {
+		res, err = cl.CancelMatching(ctx, clientFilter(filter), client.DryRun(dryRun), client.OnProgress(func(p client.CancelMatchingResult) {
 			if !p.Done {
-				progress(fmt.Sprintf("matched %d, cancelled %d, skipped %d fired, %d held", p.Matched, p.Cancelled, p.SkippedFired, p.SkippedHeld))
+				progress(fmt.Sprintf("matched %d, cancelled %d, skipped %d fired, %d held", p.Matched, p.Cancelled, p.Skipped-p.Held, p.Held))
 			}
-		}
+		}))
+		return err
 	})
 	progress("")
 	if err != nil {
 		return err
 	}
-	if last == nil || !last.Done {
-		return errors.New("the server ended the stream without its totals: run the cancel again to finish it")
-	}
+	skippedFired := res.Skipped - res.Held
 	if c.json {
 		return c.printJSON(struct {
-			DryRun       bool   `json:"dry_run"`
-			Matched      uint64 `json:"matched"`
-			Cancelled    uint64 `json:"cancelled"`
-			SkippedFired uint64 `json:"skipped_fired"`
-			SkippedHeld  uint64 `json:"skipped_held"`
-		}{dryRun, last.Matched, last.Cancelled, last.SkippedFired, last.SkippedHeld})
+			DryRun       bool  `json:"dry_run"`
+			Matched      int64 `json:"matched"`
+			Cancelled    int64 `json:"cancelled"`
+			SkippedFired int64 `json:"skipped_fired"`
+			SkippedHeld  int64 `json:"skipped_held"`
+		}{dryRun, res.Matched, res.Cancelled, skippedFired, res.Held})
 	}
-	rows := [][2]string{{"matched", fmt.Sprint(last.Matched)}}
+	rows := [][2]string{{"matched", fmt.Sprint(res.Matched)}}
 	if dryRun {
 		rows = append(rows, [2]string{"cancelled", "0 (dry run)"})
 	} else {
-		rows = append(rows, [2]string{"cancelled", fmt.Sprint(last.Cancelled)},
-			[2]string{"skipped_fired", fmt.Sprint(last.SkippedFired)},
-			[2]string{"skipped_held", fmt.Sprint(last.SkippedHeld)})
+		rows = append(rows, [2]string{"cancelled", fmt.Sprint(res.Cancelled)},
+			[2]string{"skipped_fired", fmt.Sprint(skippedFired)},
+			[2]string{"skipped_held", fmt.Sprint(res.Held)})
 	}
 	if err := printBlock(c.stdout, rows); err != nil {
 		return err
 	}
-	if last.SkippedHeld > 0 {
-		fmt.Fprintf(c.stderr, "%d events were being produced or in doubt and were left alone: run the same cancel again in a moment\n", last.SkippedHeld)
+	if res.Held > 0 {
+		fmt.Fprintf(c.stderr, "%d events were being produced or in doubt and were left alone: run the same cancel again in a moment\n", res.Held)
 	}
 	return nil
+}
+
+// clientFilter is the client's form of the filter the flags made.
+func clientFilter(f *chimev1.EventFilter) client.Filter {
+	cf := client.Filter{IDPrefix: f.GetIdPrefix(), Topic: f.GetTopic()}
+	for _, s := range f.GetStates() {
+		cf.States = append(cf.States, client.State(s))
+	}
+	if f.GetDueAfter() != nil {
+		cf.DueAfter = f.GetDueAfter().AsTime()
+	}
+	if f.GetDueBefore() != nil {
+		cf.DueBefore = f.GetDueBefore().AsTime()
+	}
+	return cf
 }
 
 // progressLine returns a function that shows a line of progress on standard

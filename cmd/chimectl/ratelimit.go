@@ -46,7 +46,7 @@ could not be reached is listed with its error and keeps its limits.`,
 					if len(args) != 1 {
 						return usagef("rate-limit get takes no argument, got %q", args[1:])
 					}
-					err = c.callAdmin(ctx, func(ctx context.Context, ac chimev1.AdminClient) error {
+					err = c.readAdmin(ctx, func(ctx context.Context, ac chimev1.AdminClient) error {
 						resp, err = ac.GetTopicRateLimits(ctx, &chimev1.GetTopicRateLimitsRequest{})
 						return err
 					})

@@ -9,11 +9,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/client"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm/recurrence"
 )
@@ -141,8 +143,12 @@ changing nothing (try again in a moment).`,
 					if t.Payload, err = c.payloadFlags(set, *payload, *payloadFile); err != nil {
 						return err
 					}
-					if t.Headers, err = headerFlags(hdrs); err != nil {
+					hs, err := headerFlags(hdrs)
+					if err != nil {
 						return err
+					}
+					for _, h := range hs {
+						t.Headers = append(t.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
 					}
 					if set["priority"] {
 						p := uint32(*priority)
@@ -161,7 +167,7 @@ changing nothing (try again in a moment).`,
 				}
 
 				var resp *chimev1.RecurringSchedule
-				err := c.callRecurring(ctx, func(ctx context.Context, rc chimev1.RecurringClient) (err error) {
+				err := c.callRecurring(ctx, action == "get", func(ctx context.Context, rc chimev1.RecurringClient) (err error) {
 					switch action {
 					case "create":
 						resp, err = rc.Create(ctx, &chimev1.CreateRecurringRequest{Id: schedID, Rule: rule, Target: target})
@@ -249,16 +255,19 @@ func (c *cli) ruleFlags(set map[string]bool, cron string, every time.Duration, t
 	return r, nil
 }
 
-// callRecurring dials --addr and runs fn with a context bounded by --timeout.
-func (c *cli) callRecurring(ctx context.Context, fn func(ctx context.Context, rc chimev1.RecurringClient) error) error {
-	conn, err := c.dial(c.addr)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx, cancel := c.requestCtx(ctx)
-	defer cancel()
-	return fn(ctx, chimev1.NewRecurringClient(conn))
+// callRecurring dials --addr and runs fn on the raw Recurring stub (the
+// commands print the API's answer) with a context bounded by --timeout. A
+// read is repeated while it may be (client.Client.Do); a change is sent
+// once.
+func (c *cli) callRecurring(ctx context.Context, read bool, fn func(ctx context.Context, rc chimev1.RecurringClient) error) error {
+	return c.call(ctx, func(ctx context.Context, cl *client.Client) error {
+		if !read {
+			return fn(ctx, chimev1.NewRecurringClient(cl.Conn()))
+		}
+		return cl.Do(ctx, func(ctx context.Context, cc grpc.ClientConnInterface) error {
+			return fn(ctx, chimev1.NewRecurringClient(cc))
+		})
+	})
 }
 
 func (c *cli) printProtoJSON(m proto.Message) error {
@@ -356,7 +365,7 @@ func (c *cli) listRecurring(ctx context.Context, prefix string, limit int, stale
 			req.Limit = uint32(min(1000, limit-printed))
 		}
 		var resp *chimev1.ListRecurringResponse
-		err := c.callRecurring(ctx, func(ctx context.Context, rc chimev1.RecurringClient) (err error) {
+		err := c.callRecurring(ctx, true, func(ctx context.Context, rc chimev1.RecurringClient) (err error) {
 			resp, err = rc.List(ctx, req)
 			return err
 		})

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/client"
 )
 
 func updateCommand() *command {
@@ -23,9 +23,11 @@ chime-version header. When update succeeds, no record of an earlier version
 will be produced. With --if-version N it changes the event only while it is
 at version N, and fails with FailedPrecondition otherwise (a compare-and-set:
 read the version with get, then update). It fails with NotFound for an
-unknown id, with FailedPrecondition when the event has already fired or been
-cancelled or dead-lettered, and with Aborted, changing nothing, while the
-event is being produced (try again in a moment).`,
+unknown id, and with FailedPrecondition when the event has already fired or
+been cancelled or dead-lettered. An update answered Aborted (the event was
+being produced, and nothing changed) or Unavailable is sent again, with
+backoff until --timeout; when the last copy went unanswered, chimectl reads
+the event back to tell whether it was updated.`,
 		example: `  chimectl update order-42-reminder --in 2h
   chimectl update order-42-reminder --at 2030-01-02T09:00:00Z --payload '{"order":42,"second":true}'
   chimectl update order-42-reminder --in 10m --if-version 3 --json`,
@@ -46,47 +48,56 @@ event is being produced (try again in a moment).`,
 				}
 				set := map[string]bool{}
 				fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-				req := &chimev1.UpdateRequest{Id: id, ExpectedVersion: *ifVersion}
-				if req.Delay, req.DeliverAt, err = dueFlags(set, *in, *at); err != nil {
+				var opts []client.UpdateOption
+				due, err := dueOption(set, *in, *at)
+				if err != nil {
 					return err
 				}
+				if due != nil {
+					opts = append(opts, *due)
+				}
 				if set["key"] {
-					req.Key = []byte(*key)
+					opts = append(opts, client.SetKey([]byte(*key)))
 				}
 				if set["payload"] || set["payload-file"] {
-					if req.Payload, err = c.payloadFlags(set, *payload, *payloadFile); err != nil {
+					p, err := c.payloadFlags(set, *payload, *payloadFile)
+					if err != nil {
 						return err
 					}
+					opts = append(opts, client.SetPayload(p))
 				}
 				switch {
 				case *noHeaders && len(hdrs) > 0:
 					return usagef("set at most one of --header and --no-headers")
 				case *noHeaders || len(hdrs) > 0:
-					req.Headers = &chimev1.HeaderList{}
-					if req.Headers.Headers, err = headerFlags(hdrs); err != nil {
+					h, err := headerFlags(hdrs)
+					if err != nil {
 						return err
 					}
+					opts = append(opts, client.SetHeaders(h))
 				}
-				if req.Delay == nil && req.DeliverAt == nil && req.Key == nil && req.Payload == nil && req.Headers == nil {
+				if len(opts) == 0 {
 					return usagef("nothing to change: give --in or --at, --payload, --payload-file, --key, --header or --no-headers")
 				}
-				var resp *chimev1.UpdateResponse
-				err = c.call(ctx, func(ctx context.Context, sc chimev1.SchedulerClient) error {
-					resp, err = sc.Update(ctx, req)
+				if *ifVersion != 0 {
+					opts = append(opts, client.IfVersion(*ifVersion))
+				}
+				var res client.Result
+				err = c.call(ctx, func(ctx context.Context, cl *client.Client) (err error) {
+					res, err = cl.Update(ctx, id, opts...)
 					return err
 				})
 				if err != nil {
 					return err
 				}
-				due := resp.GetDue().AsTime()
 				if c.json {
 					return c.printJSON(struct {
 						ID      string `json:"id"`
 						Due     string `json:"due"`
 						Version uint64 `json:"version"`
-					}{resp.GetId(), due.UTC().Format(time.RFC3339Nano), resp.GetVersion()})
+					}{res.ID, res.Due.UTC().Format(time.RFC3339Nano), res.Version})
 				}
-				_, err = fmt.Fprintf(c.stdout, "updated %s to version %d, due %s (%s)\n", resp.GetId(), resp.GetVersion(), c.localTime(due), relative(due.Sub(c.now())))
+				_, err = fmt.Fprintf(c.stdout, "updated %s to version %d, due %s (%s)\n", res.ID, res.Version, c.localTime(res.Due), relative(res.Due.Sub(c.now())))
 				return err
 			}
 		},

@@ -10,9 +10,11 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/chimehq/chime/client"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -64,17 +66,18 @@ const errIncomplete = "%s has no manifest.json, so it is not a usable backup: de
 
 // Take copies the whole state of a running cluster into dir, which must be
 // new or empty (the caller checks, naming its own flag; Take creates it):
-// it asks ac for the cluster map, copies each shard through
-// chime.v1.Admin/Backup into its file (ShardWriter), checking what arrived
-// against the summary the leader sent last, and writes the manifest last
-// (WriteManifest), naming the cluster's id and, with o.Key, signed. The
-// node ac talks to relays the copies of shards it does not lead. This is
-// chimectl backup; chime-jepsen takes its backups with it too.
+// it asks c for the cluster map (retried as the client retries a read),
+// copies each shard through chime.v1.Admin/Backup on c.Conn() into its
+// file (ShardWriter), checking what arrived against the summary the leader
+// sent last, and writes the manifest last (WriteManifest), naming the
+// cluster's id and, with o.Key, signed. The node a copy goes to relays the
+// copies of shards it does not lead. This is chimectl backup; chime-jepsen
+// takes its backups with it too.
 //
 // On an error no manifest is written, so dir is not a usable backup, and
 // the error says so; a shard file that was not completely written is
 // never left under its name.
-func Take(ctx context.Context, ac chimev1.AdminClient, dir string, o Options) (*Manifest, error) {
+func Take(ctx context.Context, c *client.Client, dir string, o Options) (*Manifest, error) {
 	if o.Key != nil {
 		// A key that cannot sign fails the backup before it copies anything.
 		if err := checkKey(o.Key); err != nil {
@@ -85,7 +88,11 @@ func Take(ctx context.Context, ac chimev1.AdminClient, dir string, o Options) (*
 		return nil, &Error{Dir: dir, Err: err}
 	}
 	mctx, cancel := o.requestCtx(ctx)
-	m, err := ac.GetClusterMap(mctx, &chimev1.GetClusterMapRequest{})
+	var m *chimev1.ClusterMap
+	err := c.Do(mctx, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+		m, err = chimev1.NewAdminClient(cc).GetClusterMap(ctx, &chimev1.GetClusterMapRequest{})
+		return err
+	})
 	cancel()
 	if err != nil {
 		return nil, err
@@ -97,6 +104,8 @@ func Take(ctx context.Context, ac chimev1.AdminClient, dir string, o Options) (*
 		Format: Format, ClusterID: m.GetClusterId(), Source: o.Source, ShardCount: int(m.GetShardCount()),
 		Replication: int(max(m.GetReplication(), 1)), Retention: m.GetRetention().AsDuration(),
 	}
+	// A copy is a stream, sent once; backupShard starts a broken one again.
+	ac := chimev1.NewAdminClient(c.Conn())
 	for s := range m.GetShardCount() {
 		entry, err := o.backupShard(ctx, ac, dir, s, m.GetShardCount())
 		if err != nil {
