@@ -111,7 +111,7 @@ The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 			fs.IntVar(&o.payload, "payload-size", 64, "payload `bytes` per event")
 			fs.BoolVar(&o.route, "route", true, "send each event to its shard's leader (from the cluster map) rather than to --addr")
 			fs.BoolVar(&o.batcher, "batcher", false, "each caller adds single events to one shared client.Batcher, answers awaited apart, instead of\nsending batches of --batch")
-			fs.StringVar(&o.api, "api", "client", "what sends the events: `client` (the Go client's methods) or grpc (raw chime.v1 stubs on the\nclient's connection: no routing, no retries)")
+			fs.StringVar(&o.api, "api", "client", "what sends the events: `client` (the Go client's methods), grpc (raw chime.v1 stubs on the\nclient's connection: no routing, no retries), or both, alternating call by call (with --batch 1\nand --route=false: the client's cost per call, measured at the same moments as the stubs')")
 			fs.StringVar(&o.metrics, "metrics", "", "comma-separated HTTP `addresses` (host:port) of the chimed nodes whose /metrics to read for CPU and memory (default: every member's, from the cluster map)")
 			fs.StringVar(&o.svg, "svg", "", "write a plot of rates and lateness per second to this `file`")
 			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
@@ -186,8 +186,10 @@ func (o *benchOptions) validate() error {
 		return usagef("--recurring-for and --recurring-lead must be at least 1s")
 	case o.recurring > 0 && (o.update || o.noConsume):
 		return usagef("--recurring measures occurrences as they arrive: it takes neither --update nor --no-consume")
-	case o.api != "client" && o.api != "grpc":
-		return usagef("--api %q: want client or grpc", o.api)
+	case o.api != "client" && o.api != "grpc" && o.api != "both":
+		return usagef("--api %q: want client, grpc or both", o.api)
+	case o.api == "both" && (o.batch != 1 || o.route || o.update || o.recurring > 0):
+		return usagef("--api both compares single Schedule calls: it needs --batch 1 and --route=false, and takes neither --update nor --recurring")
 	case o.batcher && (o.api == "grpc" || o.recurring > 0):
 		return usagef("--batcher adds events through the client: it takes neither --api grpc nor --recurring")
 	}
@@ -210,6 +212,7 @@ type benchRun struct {
 	updateLat             []time.Duration
 	mu                    sync.Mutex
 	ackLat                []time.Duration // per call
+	ackLatRaw             []time.Duration // per raw stub call, with --api both
 	secs                  []benchSecond
 	seen                  []bool // per event number: a record was consumed
 	late, lag             []float64
@@ -266,7 +269,8 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	}
 	defer cl.Close()
 	s := &benchSender{cl: cl}
-	if o.api == "grpc" {
+	if o.api != "client" {
+		s.alternate = o.api == "both"
 		s.raw, s.rawRecurring = chimev1.NewSchedulerClient(cl.Conn()), chimev1.NewRecurringClient(cl.Conn())
 	}
 	httpAddrs := strings.Fields(strings.ReplaceAll(o.metrics, ",", " "))
@@ -378,8 +382,9 @@ var benchRetry = client.RetryPolicy{InitialBackoff: 50 * time.Millisecond, MaxBa
 // --api grpc the raw stubs on the client's connection.
 type benchSender struct {
 	cl           *client.Client
-	raw          chimev1.SchedulerClient // --api grpc; nil otherwise
+	raw          chimev1.SchedulerClient // --api grpc or both; nil otherwise
 	rawRecurring chimev1.RecurringClient
+	alternate    bool // --api both: odd calls on raw, even ones through cl
 }
 
 // benchHTTPAddrs are the HTTP addresses of the chimed nodes, for their
@@ -517,7 +522,7 @@ func (r *benchRun) call(ctx context.Context, next *atomic.Int64, s *benchSender)
 		if !r.pace(ctx, from) {
 			return
 		}
-		if s.raw != nil {
+		if s.raw != nil && (!s.alternate || from%2 == 1) {
 			evs, nums := make([]*chimev1.Event, 0, to-from), make([]int, 0, to-from)
 			for n := from; n < to; n++ {
 				evs, nums = append(evs, r.rawEvent(n, payload, rnd)), append(nums, n)
@@ -758,7 +763,14 @@ func (r *benchRun) sendRaw(ctx context.Context, sc chimev1.SchedulerClient, evs 
 			dues[i] = res.Due.AsTime().UnixNano()
 		}
 	}
-	r.acks(nums, dues, time.Since(t0))
+	if lat := time.Since(t0); r.o.api == "both" {
+		r.mu.Lock()
+		r.ackLatRaw = append(r.ackLatRaw, lat)
+		r.mu.Unlock()
+		r.acksEach(nums, dues[:len(nums)], nil)
+	} else {
+		r.acks(nums, dues, lat)
+	}
 }
 
 // acks records the answer of one call: event nums[i] is due at dues[i]
@@ -1060,6 +1072,10 @@ type benchSummary struct {
 	AckP50Ms     float64 `json:"ack_p50_ms"`
 	AckP99Ms     float64 `json:"ack_p99_ms"`
 	AckMaxMs     float64 `json:"ack_max_ms"`
+	// With --api both, the ack figures above are the client's calls and
+	// these the raw stubs' (the same number of calls, alternating).
+	GRPCAckP50Ms float64 `json:"grpc_ack_p50_ms,omitempty"`
+	GRPCAckP99Ms float64 `json:"grpc_ack_p99_ms,omitempty"`
 	Consumed     int     `json:"consumed"`
 	Missing      int     `json:"missing"`
 	Duplicates   int     `json:"duplicates"`
@@ -1126,6 +1142,13 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 		lat[i] = float64(d) / 1e6
 	}
 	s.AckP50Ms, s.AckP99Ms, s.AckMaxMs = latency.Quantile(lat, 0.5), latency.Quantile(lat, 0.99), latency.Quantile(lat, 1)
+	if len(r.ackLatRaw) > 0 {
+		raw := make([]float64, len(r.ackLatRaw))
+		for i, d := range r.ackLatRaw {
+			raw[i] = float64(d) / 1e6
+		}
+		s.GRPCAckP50Ms, s.GRPCAckP99Ms = latency.Quantile(raw, 0.5), latency.Quantile(raw, 0.99)
+	}
 	s.LateP50Ms, s.LateP99Ms, s.LateP999Ms, s.LateMaxMs = latency.Quantile(r.late, 0.5), latency.Quantile(r.late, 0.99), latency.Quantile(r.late, 0.999), latency.Quantile(r.late, 1)
 	s.LagP50Ms, s.LagP99Ms, s.LagMaxMs = latency.Quantile(r.lag, 0.5), latency.Quantile(r.lag, 0.99), latency.Quantile(r.lag, 1)
 	if r.o.update {
@@ -1181,6 +1204,9 @@ func (s benchSummary) print(c *cli) {
 		fmt.Fprintf(w, "; %d failed, first: %s", s.Failed, s.FirstError)
 	}
 	fmt.Fprintf(w, "\nack        %d calls: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", s.Calls, s.AckP50Ms, s.AckP99Ms, s.AckMaxMs)
+	if s.GRPCAckP50Ms > 0 {
+		fmt.Fprintf(w, "           the raw stubs' calls: p50 %.2f ms, p99 %.2f ms (client/raw p50 %.3f)\n", s.GRPCAckP50Ms, s.GRPCAckP99Ms, s.AckP50Ms/s.GRPCAckP50Ms)
+	}
 	if s.Updated+s.UpdateFailed > 0 {
 		fmt.Fprintf(w, "updated    %d acknowledged (%d failed) in %.1f s: %.0f updates/s; p50 %.2f ms, p99 %.2f ms\n",
 			s.Updated, s.UpdateFailed, s.UpdateSeconds, s.UpdatesPerSec, s.UpdateP50Ms, s.UpdateP99Ms)

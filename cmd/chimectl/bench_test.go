@@ -166,6 +166,7 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{"--rate -1", "--rate must not be negative"},
 		{"--recurring 5 --recurring-for 0s", "--recurring-for and --recurring-lead must be at least 1s"},
 		{"--recurring 5 --no-consume", "--recurring measures occurrences"},
+		{"--api both --batch 5 --route=false", "--api both compares single Schedule calls"},
 	} {
 		r := chimectl(t, nil, "", append([]string{"bench"}, strings.Fields(c.args)...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.msg) {
@@ -236,5 +237,41 @@ func TestBenchOverTLSAndSASL(t *testing.T) {
 	r = chimectl(t, map[string]string{"CHIME_KAFKA_SASL_PASSWORD": "wrong"}, "", args...)
 	if r.code != 1 || !strings.Contains(r.stderr, "reaching the brokers") || strings.Contains(r.stdout, `"acked"`) {
 		t.Fatalf("wrong password: exit %d, stdout %q, stderr %q; want exit 1 before scheduling, saying the brokers could not be reached", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestBenchClientModes: --batcher gets every event acknowledged and fired
+// through one shared Batcher, one ack latency per event; --api both sends
+// single Schedule calls alternately through the client and the raw stubs
+// and reports each side's latency.
+func TestBenchClientModes(t *testing.T) {
+	addr, brokers := startNode(t)
+	run := func(events int, args ...string) map[string]any {
+		t.Helper()
+		r := chimectl(t, nil, "", append([]string{"--addr", addr, "--json", "bench", "--events", fmt.Sprint(events),
+			"--brokers", strings.Join(brokers, ","), "--wait", "10s"}, args...)...)
+		if r.code != 0 {
+			t.Fatalf("bench %v: exit %d: %s", args, r.code, r.stderr)
+		}
+		var s map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+			t.Fatalf("--json output: %v\n%s", err, r.stdout)
+		}
+		return s
+	}
+	s := run(2000, "--callers", "16", "--batcher", "--batch", "100", "--delay", "500ms")
+	for k, want := range map[string]float64{"acked": 2000, "consumed": 2000, "missing": 0, "early": 0, "failed": 0, "calls": 2000} {
+		if s[k] != want {
+			t.Errorf("--batcher: %s = %v, want %v", k, s[k], want)
+		}
+	}
+	s = run(200, "--callers", "1", "--batch", "1", "--route=false", "--api", "both", "--delay", "300ms")
+	for k, want := range map[string]float64{"acked": 200, "consumed": 200, "missing": 0, "failed": 0, "calls": 100} {
+		if s[k] != want {
+			t.Errorf("--api both: %s = %v, want %v", k, s[k], want)
+		}
+	}
+	if s["grpc_ack_p50_ms"] == nil || s["grpc_ack_p50_ms"].(float64) <= 0 || s["ack_p50_ms"].(float64) <= 0 {
+		t.Errorf("--api both: no latency for each side: %v", s)
 	}
 }
