@@ -204,9 +204,10 @@
 // reads them; every reference ever written has this form). The full stream, which a reference expands to when raft sends
 // a snapshot to another replica, is written by WriteSnapshot from a Pebble snapshot handle:
 //
-//	header   "chimesnp" | format version u32 BE (3: layout 3; 2, layout 2, is read too) |
-//	         shard u32 BE | applied index u64 BE |
-//	         applied term u64 BE
+//	header   "chimesnp" | format version u32 BE (3: the current key layout; 2, layout 2, is
+//	         read too) | shard u32 BE | applied index u64 BE | applied term u64 BE
+//	         (format 3: every byte after the header is in snappy's framing format, which
+//	         checksums each chunk; format 2 is uncompressed)
 //	frames   uvarint len(key) | key without the shard prefix | uvarint len(value) | value
 //	         (in key order; keys are never empty)
 //	end      uvarint 0

@@ -22,8 +22,8 @@ import (
 const (
 	snapshotMagic    = "chimesnp"
 	snapshotRefMagic = "chimeref" // a reference; see FSM.Snapshot
-	// snapshotFormat is the format written: 3 holds key layout 3, compressed after the
-	// header. Format 2 streams (layout 2, uncompressed, from a leader running the version
+	// snapshotFormat is the format written: 3 holds the current key layout, compressed
+	// after the header. Format 2 streams (layout 2, uncompressed, from a leader running the version
 	// before) are read too, and converted once restored (upgradeLayout); a format 1 stream
 	// is refused.
 	snapshotFormat    = 3
