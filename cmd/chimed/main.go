@@ -524,6 +524,10 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr, AdvertiseHost: f.advertiseHost,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
+		// A node whose data directory cannot be written has logged why:
+		// the process ends at once, so that replicas on working disks
+		// lead its shards.
+		OnFatal: func(error) { os.Exit(1) },
 	}
 	if cmd == "serve" {
 		f.nodes = 1

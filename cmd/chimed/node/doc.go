@@ -48,12 +48,12 @@
 //
 // # What it must never do
 //
-//   - Parse flags or exit the process, but when its data directory cannot
-//     be written (Pebble's fatal log line, and diskFailed, which every
-//     replica and the store call): then it exits at once rather than Close,
-//     which would wait for a flush that cannot happen, so that the shards'
-//     other replicas elect leaders. Other errors go to the caller, which
-//     names the flag.
+//   - Parse flags or exit the process: errors go to the caller, which
+//     names the flag. When its data directory cannot be written (the store,
+//     a replica or Pebble's fatal log line says so) the node hands the error
+//     to Config.OnFatal, whose caller decides: chimed exits at once rather
+//     than Close, which would wait for a flush that cannot happen, so that
+//     the shards' other replicas elect leaders.
 //   - Bootstrap a shard on a node that has data or was told to join: only
 //     the node that creates a cluster starts shards alone, and only then.
 //     (A restored node starts its shards from their planted snapshots: raft

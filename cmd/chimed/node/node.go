@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -70,6 +71,15 @@ type Config struct {
 	MaxAttempts int
 	DeadLetter  string
 	Logger      *slog.Logger
+	// OnFatal is called, at most once, when the node cannot go on: its data
+	// directory cannot be written (the store and every replica report it),
+	// or Pebble logged a fatal error. It must end the node at once and not
+	// return: Close would wait for a flush that cannot happen. chimed exits
+	// the process, so that the shards' other replicas elect leaders once
+	// this node's heartbeats stop, and a restart replays from the Raft log
+	// what Pebble lost. Nil panics with the error, which ends a process that
+	// does not recover it all the same.
+	OnFatal func(err error)
 	// Now is the clock events are fired, stamped and resolved by.
 	Now func() time.Time
 
@@ -136,13 +146,14 @@ type Config struct {
 // membership (in cluster mode), and the gRPC and HTTP servers. Close stops
 // them in dependency order.
 type Node struct {
-	cfg     Config
-	store   *raftfsm.Store
-	pub     *publish.Publisher
-	ml      *membership.Membership
-	keys    *keyWatcher // nil without GossipKeyFile
-	cluster *controlplane.Cluster
-	host    *host.Host
+	cfg       Config
+	fatalOnce sync.Once
+	store     *raftfsm.Store
+	pub       *publish.Publisher
+	ml        *membership.Membership
+	keys      *keyWatcher // nil without GossipKeyFile
+	cluster   *controlplane.Cluster
+	host      *host.Host
 	// topicLimits are the fire rate limits its shard leaders enforce a
 	// share of; the Admin API changes them.
 	topicLimits *topiclimit.Table
@@ -354,7 +365,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	n.cfg = cfg
 
 	if n.store, err = raftfsm.OpenStore(filepath.Join(cfg.DataDir, "pebble"), raftfsm.StoreOptions{
-		Logger: pebbleLogger{cfg.Logger}, FailAfter: cfg.Tuning.DiskFailAfter, Failed: n.diskFailed,
+		Logger: pebbleLogger{cfg.Logger, n.fatal}, FailAfter: cfg.Tuning.DiskFailAfter, Failed: n.diskFailed,
 	}); err != nil {
 		return nil, fmt.Errorf("opening Pebble: %w", err)
 	}
@@ -795,8 +806,11 @@ func (n *Node) Close(ctx context.Context) error {
 }
 
 // pebbleLogger sends Pebble's log lines to slog at debug level (errors stay
-// errors) instead of the standard logger.
-type pebbleLogger struct{ l *slog.Logger }
+// errors) instead of the standard logger, and its fatal ones to fatal.
+type pebbleLogger struct {
+	l     *slog.Logger
+	fatal func(error)
+}
 
 func (p pebbleLogger) Infof(format string, args ...any) {
 	p.l.Debug(fmt.Sprintf(format, args...), "component", "pebble")
@@ -807,17 +821,27 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 }
 
 func (p pebbleLogger) Fatalf(format string, args ...any) {
-	p.l.Error(fmt.Sprintf(format, args...), "component", "pebble")
-	os.Exit(1)
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg, "component", "pebble")
+	p.fatal(errors.New("pebble: " + msg))
 }
 
 // diskFailed is the store's StoreOptions.Failed and every replica's
-// shard.Config.DiskFailed: the process stops at once, not through
-// Close, which would wait for a flush that cannot happen. Its shards' other replicas elect
-// leaders once its heartbeats stop; a restart replays from the Raft log what Pebble lost.
+// shard.Config.DiskFailed.
 func (n *Node) diskFailed(err error) {
-	n.cfg.Logger.Error("the data directory cannot be written: exiting so that other replicas lead this node's shards", "err", err)
-	os.Exit(1)
+	n.cfg.Logger.Error("the data directory cannot be written: stopping so that other replicas lead this node's shards", "err", err)
+	n.fatal(err)
+}
+
+// fatal hands err to Config.OnFatal, once, and never returns: what called
+// it cannot go on.
+func (n *Node) fatal(err error) {
+	n.fatalOnce.Do(func() {
+		if n.cfg.OnFatal != nil {
+			n.cfg.OnFatal(err)
+		}
+	})
+	panic(fmt.Sprintf("chime node %s cannot go on: %v", n.cfg.NodeID, err))
 }
 
 // Config returns the node's configuration, with the shard count and
