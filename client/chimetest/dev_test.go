@@ -61,7 +61,16 @@ func TestStartDev(t *testing.T) {
 	if string(rec.Value) != "hello" || string(rec.Key) != "dev-1" || rec.Headers[0].Key != "trace" {
 		t.Errorf("record key %q value %q headers %v", rec.Key, rec.Value, rec.Headers)
 	}
-	ev, err := c.Get(ctx, "dev-1")
+	// The leader records the event as fired once Kafka acknowledged the
+	// record, a commit after it: the record can be read before that.
+	var ev client.Event
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		ev, err = c.Get(ctx, "dev-1")
+		if err == nil && ev.State == client.StateFired || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // polls for the fired state; the deadline bounds it
+	}
 	if err != nil || ev.State != client.StateFired {
 		t.Errorf("Get after the record arrived: %+v, %v; want fired", ev, err)
 	}
