@@ -32,16 +32,20 @@ import (
 // everything. Apply is the only reader. Apply and the scan both write, with atomic ORs while
 // the scan runs.
 //
-// When it fills, apply adds a generation a quarter of the last (a query asks them all) and
-// starts a new filter sized for twice the ids the shard stores, built by the same scan while
-// apply adds new ids to both, which replaces the old one when the scan ends
-// (rebuildIDFilter). Growing by generations alone never forgot an id: with a retention, ids
-// expire as fast as new ones come, and the filter would grow for as long as the shard lives.
-// Rebuilt at each doubling, it costs 16 bits per stored id at capacity, 2 to 4 bytes an id
-// and up to 6 during a rebuild, and the scans a constant amount per id created. The first is
-// sized for a quarter more ids than the shard holds when it opens: twice as many cost a node
-// holding a hundred million pending events 400 MB instead of 250 for filters with little to
-// add.
+// When a generation fills, apply adds one as large as all the others together, so the filter
+// doubles without reading Pebble: a scan reads every stored id, and rebuilding at each doubling
+// read each id twice over a shard's growth, 8% of an ingesting cluster's CPU. A query asks
+// every generation, a few cache lines for a shard of millions. Generations never forget an id,
+// though: with a retention, ids expire as fast as new ones come, and the filter would grow for
+// as long as the shard lives. So once half of what the filter holds is gone (or it has
+// maxFilterGens generations), apply starts a new filter sized for twice the ids the shard
+// stores, built by the same scan while apply adds new ids to both, which replaces the old one
+// when the scan ends (rebuildIDFilter); meanwhile the old one grows by generations a quarter
+// of the last, as a scan reads ids far faster than apply creates them. It costs 16 bits per
+// id at capacity, and the capacity is at most twice what the filter holds: 2 to 4 bytes a
+// stored id, up to 6 during a rebuild. The first is sized for a quarter more ids than the
+// shard holds when it opens: twice as many cost a node holding a hundred million pending
+// events 400 MB instead of 250 for filters with little to add.
 type idFilter struct {
 	seed  maphash.Seed
 	gens  []*bloomGen // apply goroutine only; the scan holds its own pointer to gens[0]
@@ -54,6 +58,10 @@ type idFilter struct {
 
 // minFilterIDs is the least capacity of a generation: 512 KiB. A variable for tests.
 var minFilterIDs = 1 << 18
+
+// maxFilterGens bounds the generations a query asks: from minFilterIDs, eight doublings reach
+// 64 million ids in one shard, and a rebuild then folds them into one.
+const maxFilterGens = 8
 
 const (
 	// filterBitsPerID gives a false-positive rate of about 0.1% at capacity. 12 gave 0.45%,
@@ -162,12 +170,10 @@ func (f *FSM) scan(idf *idFilter) {
 }
 
 // rebuildIDFilter starts a filter sized for twice the ids the shard stores, which replaces the
-// current one once its scan is done (takeRebuiltIDFilter): the current one is full, and
-// generations added as ids arrive never forget one, so a shard whose ids expire as fast as
-// new ones come would grow its filter for ever. Rebuilt from what is stored, it holds only
-// live ids; sized at twice them, it is rebuilt again once they double, so the scans cost a
-// constant amount per id created. Apply adds each new id to both until then. Called on the
-// apply goroutine.
+// current one once its scan is done (takeRebuiltIDFilter): half of the current one's ids are
+// gone, or it has as many generations as a query should ask. Rebuilt from what is stored, it
+// holds only live ids. Apply adds each new id to both until then. Called on the apply
+// goroutine.
 func (f *FSM) rebuildIDFilter(stored int) {
 	a := &f.ap
 	if a.idfNext != nil || a.idf == nil || !a.idf.ready.Load() {
@@ -235,19 +241,28 @@ func (idf *idFilter) scan(db *pebble.DB, g *bloomGen, lower, upper []byte, closi
 }
 
 // add records an id apply creates, in the newest generation, starting another when that is
-// full, and reports whether it did: the owner then rebuilds the filter (rebuildIDFilter). A
-// generation added meanwhile takes what apply creates while the rebuild scans, so it is a
-// quarter of the last: a scan reads ids far faster than apply creates them.
-func (idf *idFilter) add(id string) (full bool) {
+// full, and reports whether the filter should be rebuilt (rebuildIDFilter): when half of the
+// ids it holds are no longer stored (stored counts those the shard holds now), or it has
+// maxFilterGens generations. Until then a new generation is as large as all the others, so
+// the filter doubles; once a rebuild is due, a new one is a quarter of the last, enough for
+// what apply creates while the rebuild's scan runs.
+func (idf *idFilter) add(id string, stored int) (rebuild bool) {
 	g := idf.gens[len(idf.gens)-1]
 	if g.added >= g.capacity {
-		g = newBloomGen(max(minFilterIDs, g.capacity/4))
+		capacity, added := 0, 0
+		for _, g := range idf.gens {
+			capacity += g.capacity
+			added += g.added
+		}
+		if rebuild = added >= 2*stored || len(idf.gens) >= maxFilterGens; rebuild {
+			capacity = g.capacity / 4
+		}
+		g = newBloomGen(max(minFilterIDs, capacity))
 		idf.gens = append(idf.gens, g)
-		full = true
 	}
 	g.add(maphash.String(idf.seed, id), !idf.ready.Load())
 	g.added++
-	return full
+	return rebuild
 }
 
 // certainlyNew reports whether id is certainly not stored: false means "look it up".

@@ -16,7 +16,7 @@ func TestIDFilterHasNoFalseNegatives(t *testing.T) {
 	idf.ready.Store(true)
 	const n = 200_000
 	for i := range n {
-		idf.add("event-" + strconv.Itoa(i))
+		idf.add("event-"+strconv.Itoa(i), i+1)
 	}
 	if len(idf.gens) != 2 { // 1,000, then a quarter of it, but at least minFilterIDs
 		t.Fatalf("%d generations for %d ids from a capacity of 1,000; want 2", len(idf.gens), n)
@@ -95,6 +95,45 @@ func TestIDFilterRebuiltWhenFull(t *testing.T) {
 		t.Fatalf("after %d ids created, %d stored: %d rebuilds, filter capacity %d ids", rounds*perRound, stored, rebuilt, capacity)
 	}
 	t.Logf("%d ids created, %d stored: %d rebuilds, filter capacity %d ids", rounds*perRound, stored, rebuilt, capacity)
+}
+
+// TestIDFilterGrowsWithoutScanning: a shard that only grows never rescans Pebble for its
+// filter: each full generation brings one as large as all the others, so the filter doubles,
+// its capacity stays within twice the ids stored, and every stored id stays "maybe".
+func TestIDFilterGrowsWithoutScanning(t *testing.T) {
+	defer func(n int) { minFilterIDs = n }(minFilterIDs)
+	minFilterIDs = 256
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	defer st.Close()
+	f, _ := newTestFSM(t, st, 3)
+	defer f.Close()
+	if err := f.LoadPending(maxDue, nil); err != nil { // as the shard owner does; starts the scan
+		t.Fatal(err)
+	}
+	waitIDFilter(t, f)
+	var index uint64
+	const rounds, perRound = 32, 250 // 8,000 ids: five doublings of 256
+	for r := range rounds {
+		index++
+		wantOutcomes(t, fmt.Sprintf("round %d", r), scheduleIDs(t, f, index, idRange(fmt.Sprintf("r%d-", r), 0, perRound), 1), Created)
+		if f.ap.idfNext != nil {
+			t.Fatalf("round %d: %d ids stored, none gone, and the filter is being rebuilt from a scan", r, (r+1)*perRound)
+		}
+	}
+	capacity := 0
+	for i, g := range f.ap.idf.gens {
+		capacity += g.capacity
+		if i > 0 && g.capacity < f.ap.idf.gens[i-1].capacity {
+			t.Errorf("generation %d holds %d ids, less than the one before (%d): the filter does not double", i, g.capacity, f.ap.idf.gens[i-1].capacity)
+		}
+	}
+	if stored := rounds * perRound; capacity > 2*stored || len(f.ap.idf.gens) > 7 {
+		t.Fatalf("%d ids stored: %d generations, capacity %d", stored, len(f.ap.idf.gens), capacity)
+	}
+	for r := range rounds {
+		index++
+		wantOutcomes(t, fmt.Sprintf("round %d again", r), scheduleIDs(t, f, index, idRange(fmt.Sprintf("r%d-", r), 0, perRound), 1), Existing)
+	}
 }
 
 // scheduleIDs applies one ScheduleBatch creating ids at index and returns the outcomes.
