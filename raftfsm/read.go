@@ -110,8 +110,12 @@ func (f *FSM) ReadForFire(refs []Ref, out []Record) (_ []Record, err error) {
 	}
 	defer closeIter(pending, &err)
 	var statuses *pebble.Iterator
-	var bodyKey, dueKey, statusKey []byte
+	var bodyKey, dueKey, statusKey, arena []byte
 	walkBodies, walkPending := forwardIter{it: bodies}, forwardIter{it: pending}
+	// One growth of out, and bodies copied into shared chunks rather than one allocation
+	// each: growing out record by record and cloning each body were a fifth of a draining
+	// leader's ReadForFire.
+	out = slices.Grow(out, len(refs))
 	for i, r := range refs {
 		if i > 0 && r == refs[i-1] {
 			continue
@@ -123,7 +127,13 @@ func (f *FSM) ReadForFire(refs []Ref, out []Record) (_ []Record, err error) {
 			}
 			continue
 		}
-		body := bytes.Clone(bodies.Value())
+		v := bodies.Value()
+		if cap(arena)-len(arena) < len(v) {
+			arena = make([]byte, 0, max(len(v), 64<<10))
+		}
+		n := len(arena)
+		arena = append(arena, v...)
+		body := arena[n:len(arena):len(arena)] // records may outlive each other: no append into a neighbour
 		st := status{state: StateScheduled, due: r.Due}
 		dueKey = appendDueKey(dueKey[:0], f.shard, r.Due, r.Seq)
 		if !walkPending.seekGE(dueKey) || !bytes.Equal(pending.Key(), dueKey) {
