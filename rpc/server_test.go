@@ -556,6 +556,20 @@ func TestBatchScheduleRejectsTheCallOnlyWhenItCannotBeHandled(t *testing.T) {
 	if calls := e.backend.Calls(); len(calls) != 0 {
 		t.Fatalf("the backend saw %d calls for invalid batches", len(calls))
 	}
+	// A topic found valid once is not checked again in the batch; one found
+	// reserved is refused every time.
+	reserved := func() *chimev1.Event { ev := validEvent(); ev.Topic = "__consumer_offsets"; return ev }
+	for _, evs := range [][]*chimev1.Event{{reserved(), reserved()}, {validEvent(), reserved(), reserved()}} {
+		resp, err := e.client.BatchSchedule(ctx(t), &chimev1.BatchScheduleRequest{Events: evs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, r := range resp.Results {
+			if reservedTopic := evs[k].Topic == "__consumer_offsets"; reservedTopic != (r.Code == int32(codes.InvalidArgument)) {
+				t.Errorf("events[%d] (topic %q): code %d %q", k, evs[k].Topic, r.Code, r.Message)
+			}
+		}
+	}
 
 	e.backend.FailWith(shard.ErrNotLeader)
 	_, err = e.client.BatchSchedule(ctx(t), &chimev1.BatchScheduleRequest{Events: []*chimev1.Event{validEvent()}})
