@@ -179,9 +179,8 @@ func (f *firing) wake() {
 func (f *firing) replace(ws *wheelSet, until int64) {
 	f.mu.Lock()
 	for seq := range f.pinned {
-		if h, ok := ws.handles.get(seq); ok {
+		if h, ok := ws.handles.take(seq); ok {
 			ws.wheel.Remove(h)
-			ws.handles.delete(seq)
 			delete(ws.spread, seq)
 		}
 	}
@@ -300,9 +299,8 @@ func (f *firing) settledLocked(seq uint64) {
 	if f.loading {
 		f.gone[seq] = struct{}{}
 	}
-	if h, ok := f.handles.get(seq); ok {
+	if h, ok := f.handles.take(seq); ok {
 		f.wheel.Remove(h)
-		f.handles.delete(seq)
 		delete(f.retrying, seq)
 		delete(f.spread, seq)
 		delete(f.limited, seq)

@@ -42,16 +42,25 @@ func (t *handleTable) set(seq uint64, h wheel.Handle) {
 	p[seq&(1<<handlePageBits-1)] = h
 }
 
-func (t *handleTable) delete(seq uint64) {
+func (t *handleTable) delete(seq uint64) { t.take(seq) }
+
+// take removes seq's handle and returns it, with one map lookup where get
+// and delete take two: every settled event on every replica comes here.
+func (t *handleTable) take(seq uint64) (wheel.Handle, bool) {
 	p := t.pages[seq>>handlePageBits]
 	if p == nil {
-		return
+		return 0, false
+	}
+	h := p[seq&(1<<handlePageBits-1)]
+	if h == 0 {
+		return 0, false
 	}
 	p[seq&(1<<handlePageBits-1)] = 0
-	for _, h := range p {
-		if h != 0 {
-			return
+	for _, other := range p {
+		if other != 0 {
+			return h, true
 		}
 	}
 	delete(t.pages, seq>>handlePageBits)
+	return h, true
 }
