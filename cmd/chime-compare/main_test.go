@@ -81,3 +81,49 @@ func TestFlags(t *testing.T) {
 		}
 	}
 }
+
+// The update workloads are reschedules: update, batched, reports its rate
+// over the same run's ingest (BENCHMARKS.md's target: 0.5 or more), and
+// update1 the same by single Update calls on fewer events.
+func TestRescheduleWorkloads(t *testing.T) {
+	ws, err := pickWorkloads("update,update1", 0.1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := func(w workload) string {
+		var l []string
+		for _, f := range w.figs {
+			l = append(l, f.key)
+		}
+		return strings.Join(l, " ")
+	}
+	for _, c := range []struct {
+		w          workload
+		args, figs string
+	}{
+		{ws[0], "--events 30000 --callers 16 --batch 500 --delay 1h --no-consume --update --update-batch 500 --reschedule 10m",
+			"acked_per_second updates_per_second update_to_ingest update_p99_ms cpu_seconds_per_1000_events"},
+		{ws[1], "--events 3000 --callers 32 --batch 500 --delay 1h --no-consume --update --update-batch 1 --reschedule 10m",
+			"updates_per_second update_p99_ms cpu_seconds_per_1000_events"},
+	} {
+		if got := strings.Join(c.w.args, " "); got != c.args {
+			t.Errorf("%s: chimectl bench %s, want %s", c.w.name, got, c.args)
+		}
+		if got := labels(c.w); got != c.figs {
+			t.Errorf("%s: figures %s, want %s", c.w.name, got, c.figs)
+		}
+	}
+	r := results{}
+	for _, run := range []struct {
+		side       string
+		ups, ratio float64
+	}{{"A", 30000, 0.5}, {"B", 33000, 0.55}, {"B", 31000, 0.53}, {"A", 29000, 0.48}} {
+		r.add(run.side, map[string]float64{"acked_per_second": 60000, "updates_per_second": run.ups, "update_to_ingest": run.ratio,
+			"update_p99_ms": 120, "cpu_seconds_per_1000_events": 0.03})
+	}
+	var out bytes.Buffer
+	r.print(&out, ws[0])
+	if want := "updates/ingest    0.49    0.48-0.50    0.54    0.53-0.55  1.102"; !strings.Contains(out.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, out.String())
+	}
+}

@@ -4,11 +4,13 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +19,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/publish/publishtest"
 	"github.com/chimehq/chime/raftfsm"
@@ -167,10 +171,26 @@ func TestBenchRejectsBadFlags(t *testing.T) {
 		{"--recurring 5 --recurring-for 0s", "--recurring-for and --recurring-lead must be at least 1s"},
 		{"--recurring 5 --no-consume", "--recurring measures occurrences"},
 		{"--api both --batch 5 --route=false", "--api both compares single Schedule calls"},
+		{"--reschedule 1m", "--reschedule moves the due time of the updates: it needs --update"},
+		{"--update --reschedule -5s", "--reschedule -5s: a negative --reschedule must be shorter than --delay (5s)"},
+		{"--update --delay 1m --reschedule -2m", "a negative --reschedule must be shorter than --delay (1m0s)"},
+		{"--update --due-at 3s --reschedule -10s", "--reschedule -10s: a negative --reschedule must be shorter than --due-at (3s)"},
 	} {
 		r := chimectl(t, nil, "", append([]string{"bench"}, strings.Fields(c.args)...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.msg) {
 			t.Errorf("bench %s: exit %d, stderr %q; want 2 and %q", c.args, r.code, r.stderr, c.msg)
+		}
+	}
+	// What the rule lets through: any later due time, and an earlier one
+	// by less than the lead.
+	for _, o := range []benchOptions{
+		{update: true, reschedule: 10 * time.Minute, delay: 5 * time.Second},
+		{update: true, reschedule: -4999 * time.Millisecond, delay: 5 * time.Second},
+		{update: true, reschedule: -9 * time.Second, delay: 5 * time.Second, dueAt: 10 * time.Second},
+	} {
+		o.events, o.callers, o.batch, o.updateBatch, o.topic, o.api = 1, 1, 1, 1, "t", "client"
+		if err := o.validate(); err != nil {
+			t.Errorf("--update --reschedule %v --delay %v --due-at %v: %v", o.reschedule, o.delay, o.dueAt, err)
 		}
 	}
 }
@@ -197,6 +217,147 @@ func TestBenchUpdate(t *testing.T) {
 	}
 	if s["updates_per_second"].(float64) <= 0 || s["update_p50_ms"].(float64) <= 0 {
 		t.Errorf("implausible update figures: %s", r.stdout)
+	}
+}
+
+// TestBenchReschedule: with --update --reschedule, by single Update calls
+// (the client's and the raw stub's) and by upserts, each event's due time
+// moves and nothing else changes, which the events read back show (version
+// 2, the new due time, the payload and priority they were scheduled with).
+// The records' lateness is measured against the new due times (against the
+// old, they would be early or late by the whole move), and bench waits for
+// them until --wait after the new last due time (after the old, it would
+// stop before they fall due).
+func TestBenchReschedule(t *testing.T) {
+	addr, brokers := startNode(t)
+	const events = 300
+	bench := func(args ...string) map[string]any {
+		t.Helper()
+		r := chimectl(t, nil, "", append([]string{"--addr", addr, "--json", "bench", "--events", fmt.Sprint(events), "--callers", "4",
+			"--batch", "50", "--update", "--brokers", strings.Join(brokers, ",")}, args...)...)
+		if r.code != 0 {
+			t.Fatalf("bench %v: exit %d: %s", args, r.code, r.stderr)
+		}
+		var s map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+			t.Fatalf("--json output: %v\n%s", err, r.stdout)
+		}
+		for k, want := range map[string]float64{"acked": events, "updated": events, "consumed": events, "missing": 0, "early": 0, "duplicates": 0} {
+			if s[k] != want {
+				t.Errorf("bench %v: %s = %v, want %v", args, k, s[k], want)
+			}
+		}
+		if s["update_failed"] != nil {
+			t.Errorf("bench %v: update_failed = %v", args, s["update_failed"])
+		}
+		// Measured against the old due times, the records would be a whole
+		// --reschedule (4 s or more) late or early.
+		if p50 := s["late_p50_ms"].(float64); p50 < 0 || p50 > 2000 {
+			t.Errorf("bench %v: late_p50_ms = %v, not measured against the new due times", args, p50)
+		}
+		ratio, ups, aps := s["update_to_ingest"], s["updates_per_second"].(float64), s["acked_per_second"].(float64)
+		if r, ok := ratio.(float64); !ok || r <= 0 || math.Abs(r-ups/aps) > 1e-9*r {
+			t.Errorf("bench %v: update_to_ingest = %v, want updates_per_second/acked_per_second = %v", args, ratio, ups/aps)
+		}
+		return s
+	}
+	// get reads event id back once it is fired: its record can reach the
+	// consumer a moment before the node records that it fired.
+	get := func(id string) getJSON {
+		t.Helper()
+		var g getJSON
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			r := chimectl(t, nil, "", "--addr", addr, "--json", "get", id)
+			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &g) != nil {
+				t.Fatalf("get %s: exit %d: %s%s", id, r.code, r.stdout, r.stderr)
+			}
+			if g.State == "fired" || time.Now().After(deadline) {
+				break
+			}
+		}
+		if g.State != "fired" || g.Version != 2 || g.Payload != string(benchPayload(64)) {
+			t.Errorf("%s: %s at version %d, payload %q; want fired at version 2 with the payload it was scheduled with", id, g.State, g.Version, g.Payload)
+		}
+		return g
+	}
+	parse := func(s *string) time.Time {
+		t.Helper()
+		if s == nil {
+			t.Fatal("no time")
+		}
+		at, err := time.Parse(time.RFC3339Nano, *s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+
+	// Single Update calls, 8 s later: an Update keeps the event's
+	// created_at, and the due time it was scheduled with was created_at +
+	// --delay, so the new one is exactly 8 s after that. Bench waits for
+	// the records until --wait after the last due time: the new one, or
+	// it would stop 2 s before they fall due.
+	bench("--delay", "5s", "--reschedule", "8s", "--wait", "6s", "--id-prefix", "later-")
+	for _, n := range []int{0, 149, 299} {
+		g := get(fmt.Sprintf("later-%d", n))
+		if due, created := parse(g.Due), parse(g.CreatedAt); !due.Equal(created.Add(5*time.Second + 8*time.Second)) {
+			t.Errorf("later-%d: due %v, created %v: want due = created + --delay 5s + --reschedule 8s", n, due, created)
+		}
+	}
+
+	// The same through the raw stubs: an UpdateRequest with deliver_at
+	// alone.
+	bench("--api", "grpc", "--delay", "3s", "--reschedule", "3s", "--wait", "10s", "--id-prefix", "raw-")
+	for _, n := range []int{0, 299} {
+		g := get(fmt.Sprintf("raw-%d", n))
+		if due, created := parse(g.Due), parse(g.CreatedAt); !due.Equal(created.Add(3*time.Second + 3*time.Second)) {
+			t.Errorf("raw-%d: due %v, created %v: want due = created + --delay 3s + --reschedule 3s", n, due, created)
+		}
+	}
+
+	// Upserts, 50 a call, 4 s earlier, with priorities: every event was due
+	// at the bench's start + --due-at 10s, and is now at start + 6 s, with
+	// its priority kept.
+	before := time.Now()
+	bench("--due-at", "10s", "--reschedule", "-4s", "--update-batch", "50", "--priorities", "--wait", "10s", "--id-prefix", "earlier-")
+	var first time.Time
+	for _, n := range []int{0, 137, 299} {
+		g := get(fmt.Sprintf("earlier-%d", n))
+		due := parse(g.Due)
+		if first.IsZero() {
+			first = due
+		}
+		if want := before.Add(6 * time.Second); !due.Equal(first) || due.Before(want) || due.After(want.Add(time.Second)) {
+			t.Errorf("earlier-%d: due %v; want the same for all, between %v and a second later", n, due, want)
+		}
+		if g.Priority != uint32(n%10) {
+			t.Errorf("earlier-%d: priority %d, want %d as scheduled", n, g.Priority, n%10)
+		}
+	}
+}
+
+// TestBenchRescheduleRecords: with --reschedule, a record's lateness is
+// measured against the due time of its version, whether or not the
+// update's answer was counted before the record arrived.
+func TestBenchRescheduleRecords(t *testing.T) {
+	const orig, move = int64(100_000) * 1e6, 4 * time.Second // unix ns: 100 s, and the move
+	r := &benchRun{o: benchOptions{reschedule: move}, start: time.Unix(100, 0), prefix: "p-", dues: make([]int64, 4), seen: make([]bool, 4), moved: make([]bool, 4)}
+	for n := range r.dues {
+		r.dues[n] = orig
+	}
+	r.dues[1], r.moved[1] = orig+int64(move), true // update answered
+	r.dues[3], r.moved[3] = orig+int64(move), true // answered, after its first version fired (an upsert renewed it)
+	rec := func(n int, version uint64, firedMs int64) *kgo.Record {
+		return &kgo.Record{Headers: []kgo.RecordHeader{{Key: chimev1.HeaderID, Value: []byte(fmt.Sprintf("p-%d", n))},
+			{Key: chimev1.HeaderFired, Value: []byte(fmt.Sprint(firedMs))}, {Key: chimev1.HeaderVersion, Value: []byte(fmt.Sprint(version))}}}
+	}
+	now := time.Unix(200, 0)
+	r.record(rec(0, 2, 104_010), now) // updated, its answer not counted yet: due at 104 s
+	r.record(rec(1, 2, 104_020), now) // updated and counted
+	r.record(rec(2, 1, 100_030), now) // never updated
+	r.record(rec(3, 1, 100_040), now) // fired before the update
+	if want := []float64{10, 20, 30, 40}; !slices.Equal(r.late, want) || r.early != 0 {
+		t.Errorf("lateness %v, early %d; want %v, 0", r.late, r.early, want)
 	}
 }
 
