@@ -19,10 +19,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc/certs"
 )
 
@@ -167,6 +169,18 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	common = append(common, grpc.WithKeepaliveParams(keepalive.ClientParameters{
 		Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true,
 	}))
+	var rt *router // set below, before any call can be made
+	if o.routing {
+		common = append(common, grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			var md metadata.MD
+			err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Header(&md))...)
+			if len(md.Get(chimev1.LeaderMovedHeader)) > 0 {
+				rt.forwarded()
+			}
+			return err
+		}))
+	}
 	mainOpts := append([]grpc.DialOption{
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 	}, common...)
@@ -192,6 +206,7 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		}
 	}
 	c.router = newRouter(cc, dialLeader, o.refreshEvery)
+	rt = c.router
 	return c, nil
 }
 

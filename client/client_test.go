@@ -355,6 +355,48 @@ func TestLeaderRouting(t *testing.T) {
 	}
 }
 
+// TestLeaderMovedHeader: a node that passed a call on to the shard's leader
+// says so in a response header, and the client reads the cluster map again
+// at once rather than sending that shard's calls to the wrong node until its
+// map is 30 s old.
+func TestLeaderMovedHeader(t *testing.T) {
+	now := func() time.Time { return harnessStart }
+	srv := rpc.NewServer(rpctest.New(now), rpc.Limits{}, now, slog.New(slog.DiscardHandler))
+	admin := &fakeAdmin{}
+	a, b := startNode(t, srv, admin), startNode(t, srv, admin)
+	members := []*chimev1.Member{{Id: "n1", GrpcAddr: a.addr}, {Id: "n2", GrpcAddr: b.addr}}
+	admin.m = &chimev1.ClusterMap{ShardCount: 2, Members: members, Shards: []*chimev1.Shard{{Id: 0, Leader: "n1"}, {Id: 1, Leader: "n1"}}}
+	c, err := client.Dial(context.Background(), a.addr, client.WithRetry(fastRetry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := testCtx(t)
+	on1 := idIn("m", 1, 2)
+	for deadline := time.Now().Add(5 * time.Second); admin.calls.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never read the cluster map")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // the first map is in place
+	// Shard 1's leadership moves to n2; n1 forwards, and says so.
+	admin.m = &chimev1.ClusterMap{ShardCount: 2, Members: members, Shards: []*chimev1.Shard{{Id: 0, Leader: "n1"}, {Id: 1, Leader: "n2"}}}
+	a.faults.mu.Lock()
+	a.faults.before = func(ctx context.Context, method string, n int) error {
+		if method == "Get" {
+			grpc.SetHeader(ctx, metadata.Pairs(chimev1.LeaderMovedHeader, "n2"))
+		}
+		return nil
+	}
+	a.faults.mu.Unlock()
+	for deadline := time.Now().Add(5 * time.Second); b.faults.n("Get") == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d answers saying the leader moved, calls for shard 1 still go to n1", a.faults.n("Get"))
+		}
+		c.Get(ctx, on1)
+	}
+}
+
 // TestConnAndDo: Conn reaches the services the client has no methods for
 // (Admin here) with the client's credentials, once per call; Do retries a
 // call on it as the client's own calls are retried, and returns gRPC's

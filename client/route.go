@@ -134,6 +134,15 @@ func (r *router) leaderFailed(addr string) {
 	r.refreshLocked()
 }
 
+// forwarded asks for a fresh map: a node answered that it passed a call on
+// to a shard's leader, so a leader the map names has moved (or the map
+// named none).
+func (r *router) forwarded() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refreshLocked()
+}
+
 func (r *router) refreshLocked() {
 	if r.kick == nil || r.closed {
 		return

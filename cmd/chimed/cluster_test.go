@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -109,6 +111,15 @@ func checkFired(t testing.TB, col collector, due map[string]time.Time) {
 	t.Logf("all %d acknowledged events fired, none early; %d duplicates", len(due), dups)
 }
 
+// idOnShard returns an id with prefix that maps to shard s.
+func idOnShard(prefix string, s uint32) string {
+	for i := 0; ; i++ {
+		if id := fmt.Sprintf("%s-%d", prefix, i); shard.For(id, clusterShards) == s {
+			return id
+		}
+	}
+}
+
 func leaderCounts(st *chimev1.StatusResponse) map[string]int {
 	n := map[string]int{}
 	for _, s := range st.Shards {
@@ -135,6 +146,26 @@ func TestClusterLeaderKilled(t *testing.T) {
 			led = append(led, s.Id)
 		}
 	}
+	// A node that forwards a call to the shard's leader says which node
+	// leads in a response header, so that a client routing to leaders reads
+	// its map again; the leader itself says nothing.
+	const hinted = 0 // converged: it has a leader
+	hintID := idOnShard("moved", hinted)
+	for _, id := range ids {
+		var md metadata.MD
+		ev := &chimev1.Event{Id: hintID, Topic: "cluster.events", Delay: durationpb.New(time.Hour)}
+		if _, err := c.Node(id).Scheduler().Schedule(context.Background(), &chimev1.ScheduleRequest{Event: ev}, grpc.Header(&md)); err != nil {
+			t.Fatalf("Schedule via %s: %v", id, err)
+		}
+		want := []string{c.Leader(hinted)}
+		if id == want[0] {
+			want = nil
+		}
+		if got := md.Get(chimev1.LeaderMovedHeader); !slices.Equal(got, want) {
+			t.Errorf("Schedule on shard %d via %s: %s header %q, want %q", hinted, id, chimev1.LeaderMovedHeader, got, want)
+		}
+	}
+
 	due := workload(t, c, "kill", 3000, 8*time.Second)
 	// Some events fire before the kill, the rest after.
 	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {

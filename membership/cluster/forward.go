@@ -63,6 +63,9 @@ func (c *Cluster) leaderConn(ctx context.Context, s uint32) (*grpc.ClientConn, e
 	if node == c.self {
 		return nil, fmt.Errorf("%w: shard %d is changing leader", shard.ErrNotLeader, s)
 	}
+	// Tells a client that routes to leaders that its map is stale. Outside
+	// a gRPC handler (no stream in ctx) SetHeader fails, and nobody is told.
+	_ = grpc.SetHeader(ctx, metadata.Pairs(chimev1.LeaderMovedHeader, node))
 	return c.Conn(node)
 }
 

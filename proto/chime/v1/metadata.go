@@ -14,3 +14,9 @@ const (
 	// that credential's grant, as the node that received the call would.
 	CredentialMetadata = "chime-credential"
 )
+
+// LeaderMovedHeader is a response header a node sets when it passed the
+// call on to a shard's leader: the caller sent it to a node that does not
+// lead, and a client that routes calls to leaders should read the cluster
+// map again. Its value is the leader's node id.
+const LeaderMovedHeader = "chime-leader-moved"
