@@ -47,7 +47,7 @@
 //     raft's own applied index by no-op and barrier entries, which raft never hands to an
 //     FSM; they carry no state. raft's snapshot index counts them too, so it is compared
 //     with nothing here: a snapshot's header records the FSM's applied index.)
-//  4. Pebble has no WAL: the Raft log (fsynced by raft-boltdb) is the durability point, and
+//  4. Pebble has no WAL: the Raft log (raft-wal, fsynced) is the durability point, and
 //     what a crash takes from the memtables is re-applied from it (Pebble flushes memtables
 //     in order and an apply's batch is atomic, so what survives is "the log up to
 //     AppliedIndex" for an older index). This is only sound if raft never truncates log

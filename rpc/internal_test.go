@@ -65,6 +65,15 @@ func TestLimitsValidateNamesTheFlag(t *testing.T) {
 			t.Errorf("Validate() = %q, want it to contain %q", err, want)
 		}
 	}
+	if err := (Limits{MaxPayloadBytes: MaxPayloadLimit}).Validate(); err != nil {
+		t.Errorf("a payload limit of 16 MiB: %v", err)
+	}
+	if err := (Limits{MaxPayloadBytes: MaxPayloadLimit + 1}).Validate(); err == nil || !strings.Contains(err.Error(), "MaxPayloadBytes (--max-payload) must be at most 16777216") {
+		t.Errorf("a payload limit above 16 MiB: %v", err)
+	}
+	if n := (Limits{MaxPayloadBytes: MaxPayloadLimit}).MaxRequestBytes(); n >= 64<<20 {
+		t.Errorf("the largest request under the largest payload limit is %d bytes, beyond what one Raft log entry holds", n)
+	}
 	if got := (Limits{MaxKeyBytes: 5}).withDefaults(); got.MaxKeyBytes != 5 || got.MaxPayloadBytes != 1<<20 || got.MaxHorizon != 10*year {
 		t.Errorf("withDefaults() = %+v", got)
 	}

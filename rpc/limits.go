@@ -118,6 +118,9 @@ func DefaultLimits() Limits {
 	}
 }
 
+// MaxPayloadLimit is the largest MaxPayloadBytes Validate accepts.
+const MaxPayloadLimit = 16 << 20
+
 // Validate reports negative limits, naming the field (and chimed's flag where
 // there is one). Zero is fine: it means the default.
 func (l Limits) Validate() error {
@@ -139,6 +142,11 @@ func (l Limits) Validate() error {
 		if _, err := path.Match(p, ""); err != nil || p == "" {
 			errs = append(errs, fmt.Errorf("rpc: Limits.ReservedTopics (--reserved-topics): %q is not a topic pattern (path.Match syntax: * ? [a-z])", p))
 		}
+	}
+	// One request becomes one Raft log entry, and the log (raft-wal) cannot read back an
+	// entry above 64 MiB: MaxRequestBytes, twice the largest event, must stay below.
+	if l.MaxPayloadBytes > MaxPayloadLimit {
+		errs = append(errs, fmt.Errorf("rpc: Limits.MaxPayloadBytes (--max-payload) must be at most %d (16 MiB; got %d): a request of two such events must fit one Raft log entry", MaxPayloadLimit, l.MaxPayloadBytes))
 	}
 	if l.MaxCatchUp > math.MaxUint32 {
 		errs = append(errs, fmt.Errorf("rpc: Limits.MaxCatchUp (--max-catch-up) must be at most %d (got %d)", uint32(math.MaxUint32), l.MaxCatchUp))

@@ -263,11 +263,13 @@ func (t *Tuning) fill() {
 	if t.SnapshotThreshold == 0 {
 		t.SnapshotThreshold = 256
 	}
-	// TrailingLogs also bounds the log files, and bbolt touches most of
-	// what it writes through its file mapping, which counts in the node's
-	// RSS: ingesting 10M events on one node (entries of ~1000 events) left
-	// 1.88 GB RSS with 2048, 1.48 GB with 128. A follower further behind
-	// gets the whole shard.
+	// TrailingLogs is how far behind a follower can be and still be sent
+	// entries; a follower further behind gets the whole shard. On
+	// raft-boltdb, which read its file through a mapping counted in the
+	// node's RSS, ingesting 10M events on one node (entries of ~1000
+	// events) left 1.88 GB RSS with 2048, 1.48 GB with 128. raft-wal reads
+	// its segments with pread, and frees their disk a whole segment at a
+	// time, once a compaction passes a segment's last entry.
 	if t.TrailingLogs == 0 {
 		t.TrailingLogs = 128
 	}

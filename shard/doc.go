@@ -1,11 +1,13 @@
 // Package shard runs one replica of a Chime shard: a member of the shard's
-// Raft group (hashicorp/raft, log in raft-boltdb) whose state machine is the
-// shard's slice of the node's Pebble (raftfsm).
+// Raft group (hashicorp/raft, log and stable store in raft-wal) whose state
+// machine is the shard's slice of the node's Pebble (raftfsm).
 //
 // # What it owns
 //
 //   - The replica's Raft group member: its configuration (Tuning, with every
-//     default and its reason in config.go), its log, its snapshots (references
+//     default and its reason in config.go), its log (logstore.go: raft-wal in
+//     the replica's directory, into which the raft-boltdb file of a build
+//     before it is moved once, when the replica opens), its snapshots (references
 //     into Pebble, snapshotStore, expanded into full streams for a follower
 //     too far behind, written and sent at Tuning.InstallRate), its transport.
 //   - Copies of the shard between replicas (install.go): sent on the shard's
@@ -119,6 +121,8 @@
 //     for enqueueing, or by raft's shutdown).
 //   - raft's own goroutines: stopped by raft.Shutdown in Close, after the
 //     loops above and before the log store and the FSM close.
+//   - raft-wal's segment rotation: started by opening the log store
+//     (openLogStore), stopped by its Close, after raft's shutdown.
 //   - The install transport's accept loop, one receiver per copy coming in,
 //     and the pump that hands raft its RPCs: started by Open, stopped by the
 //     transport's Close (after raft's shutdown), which closes the install
@@ -194,4 +198,17 @@
 //     version fires at its new time, sooner or later
 //     (TestUpdateMovesTheDueTime); the same holds for a Schedule with
 //     Replace, refused for its own event alone (TestReplace).
+//  13. A replica whose log a build on raft-boltdb wrote opens on raft-wal with
+//     its term, its vote and every entry after the last gap in its log, and
+//     goes on from them (TestOpenLogStoreMovesABoltLog,
+//     TestOpenLogStoreDropsEntriesBeforeAGap,
+//     TestShardOpensAReplicaWrittenByRaftBoltdb); a crash during the move
+//     leaves raft.db, which is moved again, or a whole wal, which is kept
+//     (TestOpenLogStoreRedoesAnInterruptedMove,
+//     TestOpenLogStoreKeepsTheWALOverABoltLog).
+//  14. raft reads no entry a compaction removed, so a follower behind the
+//     leader's log is sent a snapshot (TestLogStoreHidesCompactedEntries);
+//     and a follower that installs one over its own log takes the entries
+//     after it, raft-wal refusing a gap (TestRaftSeesAMonotonicLog,
+//     TestFollowerWithALogInstallsASnapshot).
 package shard

@@ -95,6 +95,19 @@ func (s *Shard) setTrailingLogs(n uint64) {
 // a recovery's deletion of everything); only the first is changed.
 type keepSnapshotEntry struct{ raft.LogStore }
 
+// IsMonotonic tells raft whether the log refuses a gap in its indexes, as
+// raft-wal does (raft.MonotonicLogStore). A follower that installs a
+// snapshot then deletes its whole log; otherwise raft keeps the entries
+// before the snapshot's index and appends after it, and raft-wal would
+// refuse every append after the install.
+func (l keepSnapshotEntry) IsMonotonic() bool { return isMonotonic(l.LogStore) }
+
+// isMonotonic reports whether s says it refuses a gap in its indexes.
+func isMonotonic(s raft.LogStore) bool {
+	m, ok := s.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
+
 func (l keepSnapshotEntry) DeleteRange(min, max uint64) error {
 	last, err := l.LastIndex()
 	if err != nil {

@@ -104,12 +104,16 @@ func prepareReplica(st *raftfsm.Store, id uint32, dir string) error {
 	return st.DropShard(id)
 }
 
-// hasRaftState reports whether dir holds a Raft log store or a snapshot.
+// hasRaftState reports whether dir holds a Raft log store (raft-wal's, or the raft-boltdb
+// file of an older build, which openLogStore moves into one) or a snapshot. A wal.tmp is a
+// move not finished, beside the raft.db it copies.
 func hasRaftState(dir string) (bool, error) {
-	if _, err := os.Stat(filepath.Join(dir, "raft.db")); err == nil {
-		return true, nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return false, err
+	for _, name := range []string{walDirName, boltLogName} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return true, nil
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return false, err
+		}
 	}
 	snaps, err := os.ReadDir(filepath.Join(dir, "snapshots"))
 	if errors.Is(err, fs.ErrNotExist) {

@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"golang.org/x/time/rate"
 
 	"github.com/chimehq/chime/raftfsm"
@@ -34,7 +32,7 @@ type Shard struct {
 	fsm     *raftfsm.FSM
 	raft    *raft.Raft
 	trans   raft.Transport
-	logs    *raftboltdb.BoltStore
+	logs    *logStore
 	snaps   *snapshotStore
 	// pace bounds the rate of the full snapshots this replica writes:
 	// expansions sent to followers and backups (Config.Installs).
@@ -165,7 +163,7 @@ func (s *Shard) startRaft() error {
 	}
 	rc.NoSnapshotRestoreOnStart = !restore
 
-	logs, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
+	logs, err := openLogStore(cfg.Dir, s.logger, rc.Logger.Named("wal"))
 	if err != nil {
 		return fmt.Errorf("shard %d: raft log: %w", cfg.ID, err)
 	}
@@ -190,6 +188,8 @@ func (s *Shard) startRaft() error {
 	}
 	cache, err := raft.NewLogCache(logCacheEntries, logStore)
 	if err != nil {
+		s.closeTransport()
+		logs.Close()
 		return err
 	}
 	r, err := s.newRaft(rc, keepSnapshotEntry{cache}, stable, snaps)

@@ -159,7 +159,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	f.retention = daysDuration(7 * 24 * time.Hour)
 	fs.Var(&f.retention, "retention", "how long a fired, cancelled or dead-lettered event is kept after it settles (its id stays an\nidempotency key and Get shows it until then; 0 keeps them forever); fixed when the cluster is\ncreated. A `duration` or days: 7d, 36h, 90m")
 	fs.DurationVar(&f.deadTimeout, "dead-timeout", 2*time.Minute, "how long a member may be dead before its replicas move to other nodes")
-	fs.IntVar(&f.maxPayload, "max-payload", rpc.DefaultLimits().MaxPayloadBytes, "largest accepted event payload, in bytes")
+	fs.IntVar(&f.maxPayload, "max-payload", rpc.DefaultLimits().MaxPayloadBytes, "largest accepted event payload, in bytes (at most 16777216, 16 MiB: a request of two such events must fit one Raft log entry)")
 	fs.DurationVar(&f.maxHorizon, "max-horizon", rpc.DefaultLimits().MaxHorizon, "furthest ahead an event may be due")
 	fs.StringVar(&f.topicRateLimit, "topic-rate-limit", "", "per-topic fire rate limits: comma-separated `TOPIC=N/s` (or N/m, N/h), TOPIC a name or a glob\n(billing.*), e.g. reports=5000/s,billing.*=1000/s; a topic takes the first rule that matches\nit, and its records share the rate across the cluster. Each shard's leader enforces its share\n(the rate divided by --shards); records over it wait, highest priority first. chimectl\nrate-limit set changes them while the cluster runs")
 	fs.IntVar(&f.maxCatchUp, "max-catch-up", rpc.DefaultLimits().MaxCatchUp, "most missed occurrences a recurring schedule with catch-up ALL produces in a row (after an\noutage or a pause) before it goes on with the future ones; stored with each schedule as it is\ncreated or updated")
