@@ -129,7 +129,9 @@ func (f *FSM) ReadForFire(refs []Ref, out []Record) (_ []Record, err error) {
 		}
 		v := bodies.Value()
 		if cap(arena)-len(arena) < len(v) {
-			arena = make([]byte, 0, max(len(v), 64<<10))
+			// Room for the rest of the batch at this body's size, up to 64 KiB: a fire
+			// batch of a few events, as most are at a steady rate, allocates little.
+			arena = make([]byte, 0, max(len(v), min(64<<10, len(v)*(len(refs)-i))))
 		}
 		n := len(arena)
 		arena = append(arena, v...)
