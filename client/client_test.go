@@ -232,13 +232,23 @@ func TestCloseStopsEverything(t *testing.T) {
 // fakeAdmin serves a fixed cluster map.
 type fakeAdmin struct {
 	chimev1.UnimplementedAdminServer
-	m     *chimev1.ClusterMap
+	mu    sync.Mutex
+	m     *chimev1.ClusterMap // set before the first call, or with setMap
 	calls atomic.Int32
 }
 
 func (a *fakeAdmin) GetClusterMap(context.Context, *chimev1.GetClusterMapRequest) (*chimev1.ClusterMap, error) {
 	a.calls.Add(1)
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	return a.m, nil
+}
+
+// setMap replaces the map while calls may read it.
+func (a *fakeAdmin) setMap(m *chimev1.ClusterMap) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.m = m
 }
 
 // node is one server of a two-node cluster that shares a backend.
@@ -380,7 +390,7 @@ func TestLeaderMovedHeader(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond) // the first map is in place
 	// Shard 1's leadership moves to n2; n1 forwards, and says so.
-	admin.m = &chimev1.ClusterMap{ShardCount: 2, Members: members, Shards: []*chimev1.Shard{{Id: 0, Leader: "n1"}, {Id: 1, Leader: "n2"}}}
+	admin.setMap(&chimev1.ClusterMap{ShardCount: 2, Members: members, Shards: []*chimev1.Shard{{Id: 0, Leader: "n1"}, {Id: 1, Leader: "n2"}}})
 	a.faults.mu.Lock()
 	a.faults.before = func(ctx context.Context, method string, n int) error {
 		if method == "Get" {
