@@ -46,12 +46,7 @@ func TestIDFilterHasNoFalseNegatives(t *testing.T) {
 // stores, not of all it ever created; and no id stored is ever said to be new, before, during
 // or after a rebuild.
 func TestIDFilterRebuiltWhenFull(t *testing.T) {
-	defer func(n int) { minFilterIDs = n }(minFilterIDs)
-	minFilterIDs = 256
-	st := openTestStore(t, t.TempDir(), StoreOptions{})
-	defer st.Close()
-	f, _ := newTestFSM(t, st, 3)
-	defer f.Close()
+	f := smallFilterFSM(t)
 	var index uint64
 	apply := func(c Command) any {
 		index++
@@ -101,12 +96,7 @@ func TestIDFilterRebuiltWhenFull(t *testing.T) {
 // filter: each full generation brings one as large as all the others, so the filter doubles,
 // its capacity stays within twice the ids stored, and every stored id stays "maybe".
 func TestIDFilterGrowsWithoutScanning(t *testing.T) {
-	defer func(n int) { minFilterIDs = n }(minFilterIDs)
-	minFilterIDs = 256
-	st := openTestStore(t, t.TempDir(), StoreOptions{})
-	defer st.Close()
-	f, _ := newTestFSM(t, st, 3)
-	defer f.Close()
+	f := smallFilterFSM(t)
 	if err := f.LoadPending(maxDue, nil); err != nil { // as the shard owner does; starts the scan
 		t.Fatal(err)
 	}
@@ -134,6 +124,22 @@ func TestIDFilterGrowsWithoutScanning(t *testing.T) {
 		index++
 		wantOutcomes(t, fmt.Sprintf("round %d again", r), scheduleIDs(t, f, index, idRange(fmt.Sprintf("r%d-", r), 0, perRound), 1), Existing)
 	}
+}
+
+// smallFilterFSM returns a shard's FSM whose filter generations start at 256 ids, so that a
+// test fills them with a few thousand.
+func smallFilterFSM(t *testing.T) *FSM {
+	t.Helper()
+	old := minFilterIDs
+	minFilterIDs = 256
+	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	f, _ := newTestFSM(t, st, 3)
+	t.Cleanup(func() {
+		f.Close()
+		st.Close()
+		minFilterIDs = old
+	})
+	return f
 }
 
 // scheduleIDs applies one ScheduleBatch creating ids at index and returns the outcomes.
