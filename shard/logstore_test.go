@@ -414,6 +414,9 @@ func TestFollowerWithALogInstallsASnapshot(t *testing.T) {
 	if err != nil || bLast == 0 {
 		t.Fatalf("b's log ends at %d (%v)", bLast, err)
 	}
+	// The leader may open the copy for b while b is down and send it on once b is back,
+	// so the count is taken before b closes.
+	sent := a.s.InstallsSent()
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +429,6 @@ func TestFollowerWithALogInstallsASnapshot(t *testing.T) {
 	if first, err := a.s.logs.FirstIndex(); err != nil || first <= bLast+1 {
 		t.Fatalf("the leader's log starts at %d (%v), b's ends at %d: the test did not reach its case", first, err, bLast)
 	}
-	sent := a.s.InstallsSent()
 
 	b = openB()
 	defer b.Close()
