@@ -264,6 +264,8 @@ type benchRun struct {
 	// Schedule s's occurrence k is event number s*perSchedule+k.
 	first       time.Time
 	perSchedule int
+	// Each node process's CPU seconds when the first occurrence fell due.
+	cpuAtFirst map[string]float64
 	// unacked holds the records consumed before their event's ack, by
 	// event number, until the ack tells their due time.
 	unacked map[int]unackedRecord
@@ -1163,10 +1165,25 @@ func (r *benchRun) report(ctx context.Context, c *cli, cost *nodeCost) {
 	}
 	prevCPU, _ := cost.sample(ctx)
 	prevT := time.Now()
+	// With --recurring, the nodes' CPU is read again when the first
+	// occurrence falls due, so that the cost per occurrence leaves out the
+	// creation of the schedules and the idle lead before it.
+	var firstC <-chan time.Time
+	if !r.first.IsZero() {
+		ft := time.NewTimer(time.Until(r.first))
+		defer ft.Stop()
+		firstC = ft.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-firstC:
+			cost.sample(ctx)
+			m := cost.mark()
+			r.mu.Lock()
+			r.cpuAtFirst = m
+			r.mu.Unlock()
 		case now := <-t.C:
 			i := int(now.Sub(r.start)/time.Second) - 1
 			r.mu.Lock()
@@ -1222,24 +1239,28 @@ type benchSummary struct {
 	// of the records whose lateness is known (DrainFired of them), and
 	// DrainPerSec their rate over it: with --due-at, how fast a backlog
 	// that fell due at once went out, at millisecond resolution.
-	DrainFired    int      `json:"drain_fired"`
-	DrainSeconds  float64  `json:"drain_seconds"`
-	DrainPerSec   float64  `json:"drain_per_second"`
-	LateP50Ms     float64  `json:"late_p50_ms"`
-	LateP99Ms     float64  `json:"late_p99_ms"`
-	LateP999Ms    float64  `json:"late_p999_ms"`
-	LateMaxMs     float64  `json:"late_max_ms"`
-	LagP50Ms      float64  `json:"lag_p50_ms"`
-	LagP99Ms      float64  `json:"lag_p99_ms"`
-	LagMaxMs      float64  `json:"lag_max_ms"`
-	Processes     []string `json:"processes"` // HTTP addresses of the chimed nodes measured
-	CPUSeconds    float64  `json:"cpu_seconds"`
-	CPUPer1000    float64  `json:"cpu_seconds_per_1000_events"`
-	PeakRSSBytes  int64    `json:"peak_rss_bytes"`    // the largest resident memory of one node, sampled every second
-	Updated       int64    `json:"updated,omitempty"` // --update: updates acknowledged
-	UpdateFailed  int64    `json:"update_failed,omitempty"`
-	UpdateSeconds float64  `json:"update_seconds,omitempty"`
-	UpdatesPerSec float64  `json:"updates_per_second,omitempty"`
+	DrainFired   int      `json:"drain_fired"`
+	DrainSeconds float64  `json:"drain_seconds"`
+	DrainPerSec  float64  `json:"drain_per_second"`
+	LateP50Ms    float64  `json:"late_p50_ms"`
+	LateP99Ms    float64  `json:"late_p99_ms"`
+	LateP999Ms   float64  `json:"late_p999_ms"`
+	LateMaxMs    float64  `json:"late_max_ms"`
+	LagP50Ms     float64  `json:"lag_p50_ms"`
+	LagP99Ms     float64  `json:"lag_p99_ms"`
+	LagMaxMs     float64  `json:"lag_max_ms"`
+	Processes    []string `json:"processes"` // HTTP addresses of the chimed nodes measured
+	CPUSeconds   float64  `json:"cpu_seconds"`
+	CPUPer1000   float64  `json:"cpu_seconds_per_1000_events"`
+	PeakRSSBytes int64    `json:"peak_rss_bytes"` // the largest resident memory of one node, sampled every second
+	// OccurrenceCPUPer1000 is, with --recurring, the nodes' CPU seconds
+	// from the first occurrence's due time to the end, per 1000
+	// occurrences: CPUPer1000 without the schedules' creation and the lead.
+	OccurrenceCPUPer1000 float64 `json:"occurrence_cpu_seconds_per_1000,omitempty"`
+	Updated              int64   `json:"updated,omitempty"` // --update: updates acknowledged
+	UpdateFailed         int64   `json:"update_failed,omitempty"`
+	UpdateSeconds        float64 `json:"update_seconds,omitempty"`
+	UpdatesPerSec        float64 `json:"updates_per_second,omitempty"`
 	// UpdateToIngest is UpdatesPerSec over AckedPerSec, of the same run:
 	// BENCHMARKS.md's reschedule target is 0.5 or more.
 	UpdateToIngest float64 `json:"update_to_ingest,omitempty"`
@@ -1330,6 +1351,9 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 	if s.Acked > 0 {
 		s.CPUPer1000 = cpu / float64(s.Acked) * 1000
 	}
+	if r.cpuAtFirst != nil && s.Acked > 0 {
+		s.OccurrenceCPUPer1000 = cost.since(r.cpuAtFirst) / float64(s.Acked) * 1000
+	}
 	if r.o.priorities {
 		for p := 9; p >= 0; p-- {
 			l := r.lateByPriority[p]
@@ -1373,6 +1397,9 @@ func (s benchSummary) print(c *cli) {
 	}
 	if len(s.Processes) > 0 {
 		fmt.Fprintf(w, "cost       %d chimed processes: %.1f CPU s, %.3f CPU s per 1000 events, peak RSS %s\n", len(s.Processes), s.CPUSeconds, s.CPUPer1000, mib(s.PeakRSSBytes))
+		if s.OccurrenceCPUPer1000 > 0 {
+			fmt.Fprintf(w, "           from the first occurrence on: %.3f CPU s per 1000 occurrences\n", s.OccurrenceCPUPer1000)
+		}
 	} else {
 		fmt.Fprintf(w, "cost       no chimed /metrics to read (see --metrics)\n")
 	}

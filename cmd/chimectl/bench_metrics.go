@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -106,6 +107,25 @@ func (m *nodeCost) totals() (answered []string, cpu float64, peakRSS int64) {
 	}
 	slices.Sort(answered)
 	return answered, cpu, m.peakRSS
+}
+
+// mark is each process's CPU seconds at its latest answered sample.
+func (m *nodeCost) mark() map[string]float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.lastCPU)
+}
+
+// since is the CPU seconds the processes of mark spent from it to their
+// latest sample.
+func (m *nodeCost) since(mark map[string]float64) float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cpu := 0.0
+	for proc, at := range mark {
+		cpu += m.lastCPU[proc] - at
+	}
+	return cpu
 }
 
 // read scrapes http://addr/metrics for the process's CPU seconds, resident

@@ -55,3 +55,33 @@ func TestNodeCostCountsAProcessOnce(t *testing.T) {
 		t.Errorf("cpu = %v s, want the shared process counted once (about 10 s) plus 3 s", cpu)
 	}
 }
+
+// TestNodeCostSinceAMark: the CPU from a mark counts what each process spent
+// after it, not before it, and leaves out a process that had not answered
+// at the mark.
+func TestNodeCostSinceAMark(t *testing.T) {
+	early, late := &fakeProcess{start: 1795470000.25}, &fakeProcess{start: 1795470001.5}
+	srvEarly := httptest.NewServer(early)
+	t.Cleanup(srvEarly.Close)
+	cost, err := newNodeCost([]string{strings.TrimPrefix(srvEarly.URL, "http://")}, &tlsFlags{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cost.sample(ctx)    // early: 1
+	early.cpu.Store(20) // 20 s before the mark
+	cost.sample(ctx)    // early: 21
+	mark := cost.mark() // {early: 21}
+	srvLate := httptest.NewServer(late)
+	t.Cleanup(srvLate.Close)
+	cost.addrs = append(cost.addrs, strings.TrimPrefix(srvLate.URL, "http://"))
+	early.cpu.Store(24)
+	late.cpu.Store(50)
+	cost.sample(ctx) // early: 25, late: 51
+	if got := cost.since(mark); got != 4 {
+		t.Errorf("since(mark) = %v s, want 4 (early's 25 − 21; late was not at the mark)", got)
+	}
+	if _, cpu, _ := cost.totals(); cpu != 24 {
+		t.Errorf("totals cpu = %v s, want 24 (early's 25 − 1; late's first sample is its last)", cpu)
+	}
+}

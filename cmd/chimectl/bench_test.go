@@ -144,7 +144,8 @@ func TestBenchRecurring(t *testing.T) {
 
 func benchRecurring(t *testing.T, addr string, brokers []string, aligned string) {
 	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--recurring", "20", "--recurring-for", "3s", "--recurring-aligned="+aligned,
-		"--recurring-lead", "2s", "--callers", "4", "--brokers", strings.Join(brokers, ","), "--wait", "10s")
+		"--recurring-lead", "2s", "--callers", "4", "--brokers", strings.Join(brokers, ","), "--wait", "10s",
+		"--metrics", serveProcessMetrics(t))
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
@@ -159,6 +160,12 @@ func benchRecurring(t *testing.T, addr string, brokers []string, aligned string)
 	}
 	if s["late_max_ms"].(float64) > 5000 {
 		t.Errorf("implausible lateness: %s", r.stdout)
+	}
+	// The occurrences' CPU leaves out the creation and the lead: read from
+	// the first occurrence on, it is some of the whole run's, not all.
+	occ, _ := s["occurrence_cpu_seconds_per_1000"].(float64)
+	if all := s["cpu_seconds_per_1000_events"].(float64); occ <= 0 || occ >= all {
+		t.Errorf("aligned %s: occurrence_cpu_seconds_per_1000 = %v, want in (0, %v), the whole run's", aligned, occ, all)
 	}
 }
 
