@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
+	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/raftfsm"
 )
 
@@ -103,7 +104,7 @@ func PlantSnapshot(dir string, self raft.Server, h raftfsm.SnapshotHeader, strea
 	if err := sink.Close(); err != nil {
 		return fmt.Errorf("shard %d: writing the snapshot: %w", h.Shard, err)
 	}
-	return syncDir(filepath.Dir(dir))
+	return durable.SyncDir(filepath.Dir(dir))
 }
 
 // addrEncoder encodes a peer as raft's network transport does (its address),

@@ -16,6 +16,8 @@ import (
 	wal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
 	"go.etcd.io/bbolt"
+
+	"github.com/chimehq/chime/internal/durable"
 )
 
 // A replica's Raft log and stable store is a raft-wal directory, <dir>/wal: segment files
@@ -130,7 +132,7 @@ func openLogStore(dir string, logger *slog.Logger, hlog hclog.Logger) (*logStore
 		if err := os.Mkdir(walDir, 0o700); err != nil {
 			return nil, err
 		}
-		if err := syncDir(dir); err != nil {
+		if err := durable.SyncDir(dir); err != nil {
 			return nil, err
 		}
 	}
@@ -162,13 +164,13 @@ func migrateBoltLog(dir string, hlog hclog.Logger) (moved, dropped uint64, err e
 	if err := copyBoltLog(boltPath, tmp, stable, first, last, hlog); err != nil {
 		return 0, 0, err
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := durable.SyncDir(tmp); err != nil {
 		return 0, 0, err
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, walDirName)); err != nil {
 		return 0, 0, err
 	}
-	if err := syncDir(dir); err != nil {
+	if err := durable.SyncDir(dir); err != nil {
 		return 0, 0, err
 	}
 	return moved, dropped, removeSynced(dir, boltPath)
@@ -294,7 +296,7 @@ func removeSynced(dir, path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return syncDir(dir)
+	return durable.SyncDir(dir)
 }
 
 // exists reports whether path exists.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/raftfsm"
 )
 
@@ -40,14 +41,14 @@ func releaseSteps(st *raftfsm.Store, id uint32, dir string) []func() error {
 			if err := os.Rename(dir, tomb); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("shard %d: release: %w", id, err)
 			}
-			return syncDir(filepath.Dir(dir))
+			return durable.SyncDir(filepath.Dir(dir))
 		},
 		func() error { return st.DropShard(id) },
 		func() error {
 			if err := os.RemoveAll(tomb); err != nil {
 				return fmt.Errorf("shard %d: release: %w", id, err)
 			}
-			return syncDir(filepath.Dir(dir))
+			return durable.SyncDir(filepath.Dir(dir))
 		},
 	}
 }
@@ -126,13 +127,4 @@ func hasRaftState(dir string) (bool, error) {
 		}
 	}
 	return false, err
-}
-
-// syncDir makes the entries of dir (a rename, a removal) durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
 }

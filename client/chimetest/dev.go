@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/chimehq/chime/client"
-	"github.com/chimehq/chime/cmd/chimed/node"
+	"github.com/chimehq/chime/node"
 )
 
 // StartDev starts a chimed dev node inside the test process, as

@@ -12,8 +12,8 @@ import (
 
 	"google.golang.org/grpc/status"
 
+	"github.com/chimehq/chime/backup"
 	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
-	"github.com/chimehq/chime/cmd/internal/backup"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 )

@@ -11,7 +11,7 @@ import (
 
 	"google.golang.org/grpc/status"
 
-	"github.com/chimehq/chime/cmd/internal/backup"
+	"github.com/chimehq/chime/backup"
 )
 
 func backupCommand() *command {

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
+	"github.com/chimehq/chime/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
 )
@@ -89,12 +89,13 @@ func workload(t *testing.T, c *nodetest.Cluster, prefix string, n int, spread ti
 // to 30 s. On a loaded machine leadership moves during the tests' own calls.
 func retried[T any](f func() (T, error)) (T, error) {
 	deadline := time.Now().Add(30 * time.Second)
-	for {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for ; ; <-tick.C {
 		v, err := f()
 		if c := status.Code(err); (c != codes.Unavailable && c != codes.Aborted) || time.Now().After(deadline) {
 			return v, err
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -269,7 +270,7 @@ func TestClusterDrain(t *testing.T) {
 	// The claim is that nothing happens: no election for longer than a
 	// follower waits before it stands for one (a heartbeat timeout, 750 ms,
 	// then an election timeout), so this wait is the test, not a hope.
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the claim is that nothing happens: no condition to wait for
 	after := c.Status(ids[0])
 	for i, s := range after.GetShards() {
 		if s.Leader != before.Shards[i].Leader {

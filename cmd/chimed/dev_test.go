@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/chimehq/chime/cmd/chimed/node"
+	"github.com/chimehq/chime/node"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 

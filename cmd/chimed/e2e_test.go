@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,8 +27,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
 	"github.com/chimehq/chime/cmd/internal/latency"
+	"github.com/chimehq/chime/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish/publishtest"
 )
@@ -188,13 +189,12 @@ func (d *daemon) launch() {
 // waitHTTP waits until path on the HTTP port answers 200.
 func (d *daemon) waitHTTP(path string, timeout time.Duration) {
 	d.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	nodetest.WaitFor(d.t, timeout, func() (bool, string) {
 		resp, err := d.httpClient.Get(d.scheme + "://" + d.httpAddr + path)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return
+				return true, ""
 			}
 		}
 		select {
@@ -202,11 +202,8 @@ func (d *daemon) waitHTTP(path string, timeout time.Duration) {
 			d.t.Fatalf("chimed exited during start: %s", d.stderr)
 		default:
 		}
-		if time.Now().After(deadline) {
-			d.t.Fatalf("chimed: %s not 200 after %v: %s", path, timeout, d.stderr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("chimed: %s answers 200: %s", path, d.stderr)
+	})
 }
 
 // kill stops chimed with SIGKILL: no graceful shutdown at all.
@@ -267,9 +264,9 @@ func (c collector) byID() (map[string]record, int) {
 // waitIDs waits until every id in want has been consumed.
 func (c collector) waitIDs(t testing.TB, want map[string]time.Time, d time.Duration) map[string]record {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		got, _ := c.byID()
+	var got map[string]record
+	nodetest.WaitFor(t, d, func() (bool, string) {
+		got, _ = c.byID()
 		missing, example := 0, ""
 		for id := range want {
 			if _, ok := got[id]; !ok {
@@ -277,14 +274,46 @@ func (c collector) waitIDs(t testing.TB, want map[string]time.Time, d time.Durat
 				example = id
 			}
 		}
-		if missing == 0 {
-			return got
+		return missing == 0, fmt.Sprintf("%d of %d acknowledged events never reached Kafka (e.g. %s)", missing, len(want), example)
+	})
+	return got
+}
+
+// barrierPrefix starts the ids of the events barrier schedules.
+const barrierPrefix = "barrier-"
+
+// barrier is what a check that something was never produced waits for,
+// rather than for time to pass: it schedules on topic one event per shard
+// (of shards), due at at, and waits until col has read them all. A shard
+// fires in due order, so what it was to produce before at it has produced
+// by then, and col, reading every partition of the one broker in each
+// fetch, has read it: give at a margin past the due times in question, and
+// a node running late is waited for instead of missed.
+func barrier(t testing.TB, cl chimev1.SchedulerClient, col collector, topic string, shards uint32, at time.Time) {
+	t.Helper()
+	want := map[string]time.Time{}
+	req := &chimev1.BatchScheduleRequest{}
+	for s := range shards {
+		for i := 0; ; i++ {
+			if id := fmt.Sprintf("%s%d-%d", barrierPrefix, at.UnixMilli(), i); chimev1.ShardOf(id, shards) == s {
+				req.Events = append(req.Events, &chimev1.Event{Id: id, Topic: topic, DeliverAt: timestamppb.New(at)})
+				want[id] = at
+				break
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d acknowledged events never reached Kafka (e.g. %s)", missing, len(want), example)
-		}
-		time.Sleep(50 * time.Millisecond) // a poll: the deadline bounds it
 	}
+	resp, err := retried(func() (*chimev1.BatchScheduleResponse, error) {
+		return cl.BatchSchedule(context.Background(), req)
+	})
+	if err != nil {
+		t.Fatalf("barrier: %v", err)
+	}
+	for _, r := range resp.Results {
+		if r.Code != 0 {
+			t.Fatalf("barrier: %s: %d %s", r.Id, r.Code, r.Message)
+		}
+	}
+	col.waitIDs(t, want, time.Until(at)+30*time.Second)
 }
 
 func TestEndToEnd(t *testing.T) {
@@ -356,6 +385,7 @@ func TestEndToEnd(t *testing.T) {
 		}
 		cancelled[id] = true
 	}
+	cancelledBy := time.Now()
 
 	// A re-sent id is idempotent; different content for it is refused.
 	first, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: "ev-00007", Topic: "e2e.orders", Delay: durationpb.New(time.Hour), Payload: []byte("other")}})
@@ -385,8 +415,9 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("identical re-send of a cancelled id: %v, %v; want existing", again, err)
 	}
 	// The claim is that a cancelled event is never produced: watch until
-	// past every cancelled event's due time (2 s after it was scheduled).
-	time.Sleep(2 * time.Second)
+	// every shard has fired past the cancelled events' due times (2 s after
+	// they were scheduled), with a second to spare.
+	barrier(t, cl, col, "e2e.cancel", 4, cancelledBy.Add(3*time.Second))
 	all, _ := col.byID()
 	for id := range cancelled {
 		if _, ok := all[id]; ok {
@@ -426,8 +457,11 @@ func TestUpdateThroughChimed(t *testing.T) {
 			t.Fatalf("Update(%s) = %v, %v", id, resp, err)
 		}
 	}
-	time.Sleep(time.Until(start.Add(12 * time.Second)))
+	// Watch until every shard has fired past the first version's due time
+	// of "sooner" (+10 s), with 2 s to spare: it must not come.
+	barrier(t, cl, col, "e2e.update", 4, start.Add(12*time.Second))
 	got := col.Consumed()
+	got.Records = slices.DeleteFunc(got.Records, func(r record) bool { return strings.HasPrefix(r.ID, barrierPrefix) })
 	for id, at := range map[string]time.Duration{"sooner": 2 * time.Second, "later": 10 * time.Second} {
 		r, ok := got.ByID[id]
 		switch {
@@ -480,21 +514,16 @@ func TestReplaceThroughChimed(t *testing.T) {
 	if r := sched("pending", "v2", time.Second, true); r.Version != 2 || r.Existing {
 		t.Fatalf("REPLACE of a pending id: %v", r)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		g, err := cl.Get(ctx, &chimev1.GetRequest{Id: "fired"})
-		if err == nil && g.State == chimev1.EventState_EVENT_STATE_FIRED {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the first event did not fire: %v, %v", g, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && g.State == chimev1.EventState_EVENT_STATE_FIRED, fmt.Sprintf("the first event fires: %v, %v", g, err)
+	})
 	if r := sched("fired", "v2", 500*time.Millisecond, true); r.Version != 2 || r.Existing {
 		t.Fatalf("REPLACE of a fired id: %v", r)
 	}
-	time.Sleep(time.Until(start.Add(6 * time.Second)))
+	// Watch until every shard has fired past the first version's due time
+	// of "pending" (+5 s), with a second to spare: it must not come.
+	barrier(t, cl, col, "e2e.replace", 4, start.Add(6*time.Second))
 	byVersion := map[string][]string{}
 	for _, r := range col.Consumed().Records {
 		byVersion[r.ID] = append(byVersion[r.ID], fmt.Sprintf("v%d:%s", r.Version, r.Value()))
@@ -564,17 +593,10 @@ func TestBadInputIsRejectedAndLeavesNoTrace(t *testing.T) {
 	if _, err := cl.Schedule(ctx, &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: "past", Topic: "e2e.past", DeliverAt: timestamppb.New(time.Now().Add(-time.Hour))}}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
 		g, err := cl.Get(ctx, &chimev1.GetRequest{Id: "past"})
-		if err == nil && g.State == chimev1.EventState_EVENT_STATE_FIRED {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a past-due event did not fire within 10s: %v %v", g, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil && g.State == chimev1.EventState_EVENT_STATE_FIRED, fmt.Sprintf("a past-due event fires: %v %v", g, err)
+	})
 	if _, err := cl.Cancel(ctx, &chimev1.CancelRequest{Id: "past"}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("cancel of a fired event: %v; want FailedPrecondition", err)
 	}
@@ -704,18 +726,17 @@ func startDev(t *testing.T, args ...string) *devProcess {
 // banner waits for the startup banner, which ends with the hints.
 func (p *devProcess) banner(t *testing.T) string {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !strings.Contains(p.stdout.String(), "kcat ") {
+	nodetest.WaitFor(t, 60*time.Second, func() (bool, string) {
+		if strings.Contains(p.stdout.String(), "kcat ") {
+			return true, ""
+		}
 		select {
 		case <-p.exited:
 			t.Fatalf("chimed dev exited before its banner: %s", p.stderr)
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no banner after 60 s: %s%s", p.stdout, p.stderr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("the banner: %s%s", p.stdout, p.stderr)
+	})
 	return p.stdout.String()
 }
 

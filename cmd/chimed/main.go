@@ -24,9 +24,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/chimehq/chime/cmd/chimed/node"
 	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	"github.com/chimehq/chime/membership"
+	"github.com/chimehq/chime/node"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/chimehq/chime/client"
+	"github.com/chimehq/chime/node/nodetest"
 )
 
 // The Go client against real chimed processes: what its retries promise
@@ -133,10 +134,17 @@ func TestClientRetriesALostAnswer(t *testing.T) {
 		t.Fatalf("Schedule = %+v; want the id the client chose, found Existing by the retry (the first attempt committed)", res)
 	}
 	got := col.waitIDs(t, map[string]time.Time{res.ID: {}}, 20*time.Second)
-	time.Sleep(time.Second) // room for a second record, which must not come
 	if n, err := c.Count(ctx, client.Filter{Topic: "client.lost"}); err != nil || n != 2 {
 		t.Fatalf("Count = %d, %v; want 2 events (the warm-up and the one retried)", n, err)
 	}
+	// A second record, which must not come, would be produced before the
+	// node records the event fired; and read before the barrier's records,
+	// produced after that.
+	nodetest.WaitFor(t, 10*time.Second, func() (bool, string) {
+		ev, err := c.Get(ctx, res.ID)
+		return err == nil && ev.State == client.StateFired, fmt.Sprintf("%s recorded fired: %+v, %v", res.ID, ev, err)
+	})
+	barrier(t, d.client(), col, "client.lost", 4, time.Now())
 	if _, dups := col.byID(); dups != 0 || string(got[res.ID].Value()) != "once" {
 		t.Fatalf("records of %s: %+v, %d duplicates", res.ID, got[res.ID], dups)
 	}
@@ -177,12 +185,9 @@ func TestClientRidesOutALeaderKill(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			pace := time.NewTicker(5 * time.Millisecond)
+			defer pace.Stop()
 			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
 				callCtx, done := context.WithTimeout(ctx, 30*time.Second)
 				res, err := cl.Schedule(callCtx, client.Event{ID: fmt.Sprintf("k%d-%d", w, i), Topic: "client.kill", Payload: []byte("x")}, client.In(2*time.Second))
 				done()
@@ -193,13 +198,46 @@ func TestClientRidesOutALeaderKill(t *testing.T) {
 					acked[res.ID] = res.Due
 				}
 				mu.Unlock()
-				time.Sleep(5 * time.Millisecond)
+				select {
+				case <-stop:
+					return
+				case <-pace.C:
+				}
 			}
 		}()
 	}
-	time.Sleep(2 * time.Second)
+	ackedSoFar := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+	// The calls are under way before the kill, and go on through the
+	// failover until a good many more are acknowledged after it.
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		return ackedSoFar() >= 50, fmt.Sprintf("50 calls acknowledged before the kill: %d", ackedSoFar())
+	})
 	c.nodes[victim].kill()
-	time.Sleep(8 * time.Second)
+	survivor := c.order[0]
+	if survivor == victim {
+		survivor = c.order[1]
+	}
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		st := c.status(survivor)
+		if len(st.GetShards()) != clusterShards {
+			return false, "status from " + survivor
+		}
+		for _, s := range st.GetShards() {
+			if s.Leader == "" || s.Leader == victim {
+				return false, "a leader for every shard without " + victim + ": " + nodetest.Describe(st)
+			}
+		}
+		return true, ""
+	})
+	after := ackedSoFar()
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		n := ackedSoFar()
+		return n >= after+200, fmt.Sprintf("200 calls acknowledged after the failover: %d", n-after)
+	})
 	close(stop)
 	wg.Wait()
 	if len(fails) > 0 {

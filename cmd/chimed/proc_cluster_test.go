@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
+	"github.com/chimehq/chime/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
 )
@@ -163,12 +163,12 @@ func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
 	// The leader stays paused until half of the events are past due, so
 	// that it has stale work the instant it runs again: the wait is the
 	// scenario.
-	time.Sleep(time.Until(scheduled.Add(10 * time.Second)))
+	time.Sleep(time.Until(scheduled.Add(10 * time.Second))) // pacing: the due times are wall-clock times
 	c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT)
 	// The claim is that nothing is produced after the cancels: watch for
 	// 3 s, longer than the resumed node takes to learn it was deposed (its
 	// next contact with a peer) and past every event's due time.
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the claim is that nothing happens: no condition to wait for
 	got, _ := col.byID()
 	for _, id := range ids {
 		if r, ok := got[id]; ok {
@@ -187,14 +187,14 @@ func BenchmarkIdleCluster(b *testing.B) {
 	c.waitSettled(30 * time.Second)
 	// Snapshots are checked every 2 s and the first ones follow the
 	// cluster's creation: 5 s lets them pass before the measured window.
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // nothing reports the first snapshots: a settling time
 	const window = 30 * time.Second
 	before := map[string]float64{}
 	for _, id := range c.order {
 		before[id] = c.nodes[id].cpuSeconds()
 	}
 	b.ResetTimer()
-	time.Sleep(window)
+	time.Sleep(window) // the measurement window, not a wait for a condition
 	worst := 0.0
 	for _, id := range c.order {
 		pct := (c.nodes[id].cpuSeconds() - before[id]) / window.Seconds() * 100

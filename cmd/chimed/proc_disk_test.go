@@ -92,6 +92,8 @@ func TestClusterOutlivesALeaderWhoseDiskFails(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			retry := time.NewTicker(100 * time.Millisecond)
+			defer retry.Stop()
 			for i := w; i < events; i += 4 {
 				req := &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: fmt.Sprintf("diskfail-%d", i), Topic: "e2e.diskfail", DeliverAt: timestamppb.New(due)}}
 				for attempt := 0; ; attempt++ {
@@ -103,7 +105,7 @@ func TestClusterOutlivesALeaderWhoseDiskFails(t *testing.T) {
 						errs <- fmt.Errorf("schedule %s: %v", req.Event.Id, err)
 						return
 					}
-					time.Sleep(100 * time.Millisecond) // a leader change: the same id again is idempotent
+					<-retry.C // a leader change: the same id again is idempotent
 				}
 			}
 		}()

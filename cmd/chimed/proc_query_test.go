@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
+	"github.com/chimehq/chime/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -214,10 +214,11 @@ func TestQueriesAndBulkCancelAcrossProcesses(t *testing.T) {
 		keep[fmt.Sprintf("keep/%06d", i)] = keepDue(i)
 	}
 	col.waitIDs(t, keep, time.Until(fireAt)+15*time.Second)
-	time.Sleep(time.Until(fireAt.Add(3 * time.Second)))
+	// Watch until every shard has fired past fireAt, with 3 s to spare.
+	barrier(t, cl, col, "proc.keep", clusterShards, fireAt.Add(3*time.Second))
 	recs, _ := col.byID()
 	for id := range recs {
-		if !strings.HasPrefix(id, "keep/") {
+		if !strings.HasPrefix(id, "keep/") && !strings.HasPrefix(id, barrierPrefix) {
 			t.Errorf("%s was produced after its bulk cancel was acknowledged", id)
 		}
 	}

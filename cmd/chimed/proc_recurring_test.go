@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
+	"github.com/chimehq/chime/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -100,13 +100,45 @@ func TestRecurringAcrossProcesses(t *testing.T) {
 		// Keep the node the test talks to.
 		rc = c.nodes["n2"].recurring()
 	}
-	time.Sleep(time.Until(start.Add(6 * time.Second))) // the schedule runs for a while first
-	c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL)
-	t.Logf("killed %s, the leader of tick's shard, at %v", victim, time.Now().Format("15:04:05.000"))
-
-	// Pause the catch-up schedules for 3.5 s, then resume them.
-	time.Sleep(time.Until(start.Add(10 * time.Second)))
+	// reached waits until schedule id has produced its occurrence at (or one
+	// after it): occurrences are never produced before they are due, so the
+	// schedules have run until then.
+	reached := func(id string, at time.Time, d time.Duration) {
+		t.Helper()
+		nodetest.WaitFor(t, d, func() (bool, string) {
+			got := occurrences(t, col, id)
+			return len(got) > 0 && !got[len(got)-1].Before(at), fmt.Sprintf("%s produces its occurrence at %v: %d so far", id, at.Format("05.000"), len(got))
+		})
+	}
 	modes := []chimev1.CatchUp{chimev1.CatchUp_CATCH_UP_SKIP, chimev1.CatchUp_CATCH_UP_LAST, chimev1.CatchUp_CATCH_UP_ALL}
+	reached("tick", start.Add(5*time.Second), time.Until(start)+30*time.Second) // the schedule runs for a while first
+	c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL)
+	killed := time.Now()
+	t.Logf("killed %s, the leader of tick's shard, at %v", victim, killed.Format("15:04:05.000"))
+
+	// Once every shard has a leader again and every schedule fires on it,
+	// pause the catch-up schedules while tick, not paused, passes three
+	// occurrences; then resume them.
+	survivor := "n1"
+	if victim == survivor {
+		survivor = "n2"
+	}
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		st := c.status(survivor)
+		if len(st.GetShards()) != clusterShards {
+			return false, "status from " + survivor
+		}
+		for _, s := range st.GetShards() {
+			if s.Leader == "" || s.Leader == victim {
+				return false, "a leader for every shard without " + victim + ": " + nodetest.Describe(st)
+			}
+		}
+		return true, ""
+	})
+	led := time.Now()
+	for _, id := range []string{"tick", "cu-" + modes[0].String(), "cu-" + modes[1].String(), "cu-" + modes[2].String()} {
+		reached(id, led.Add(time.Second), 30*time.Second)
+	}
 	paused := map[chimev1.CatchUp]time.Time{}
 	for _, mode := range modes {
 		id := "cu-" + mode.String()
@@ -116,7 +148,7 @@ func TestRecurringAcrossProcesses(t *testing.T) {
 		})
 		paused[mode] = time.Now()
 	}
-	time.Sleep(3500 * time.Millisecond)
+	reached("tick", paused[modes[len(modes)-1]].Add(3*time.Second), 30*time.Second)
 	type resumption struct {
 		before, after time.Time
 		next          time.Time // the occurrence Resume made pending
@@ -139,7 +171,13 @@ func TestRecurringAcrossProcesses(t *testing.T) {
 		return err == nil, fmt.Sprintf("delete doomed: %v", err)
 	})
 
-	time.Sleep(time.Until(end.Add(4 * time.Second)))
+	// tick's last occurrence, and the catch-up schedules' at end + 2 s (the
+	// checks below go that far); doomed, deleted seconds before, has had as
+	// long to show up.
+	reached("tick", end, time.Until(end)+30*time.Second)
+	for _, mode := range modes {
+		reached("cu-"+mode.String(), end.Add(2*time.Second), time.Until(end)+30*time.Second)
+	}
 
 	if got, want := occurrences(t, col, "tick"), seconds(start, end); !slices.EqualFunc(got, want, time.Time.Equal) {
 		t.Errorf("tick: %d occurrences %v\nwant %d: %v", len(got), got, len(want), want)

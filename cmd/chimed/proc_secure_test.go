@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
+	"github.com/chimehq/chime/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc/certs"
 	"github.com/chimehq/chime/rpc/certs/certstest"

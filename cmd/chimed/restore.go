@@ -8,8 +8,8 @@ import (
 	"net"
 	"os"
 
-	"github.com/chimehq/chime/cmd/chimed/node"
-	"github.com/chimehq/chime/cmd/internal/backup"
+	"github.com/chimehq/chime/backup"
+	"github.com/chimehq/chime/node"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/rpc"
 )

@@ -15,8 +15,8 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/chimehq/chime/cmd/chimed/node/nodetest"
-	"github.com/chimehq/chime/cmd/internal/backup"
+	"github.com/chimehq/chime/backup"
+	"github.com/chimehq/chime/node/nodetest"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
 )
@@ -197,7 +197,7 @@ func TestBackupRestoreIntoANewCluster(t *testing.T) {
 		"--from", dir, "--backup-key-file", keyFile, "--reserved-topics", "restore.*")
 
 	// The outage: the outage events fall due while no node runs.
-	time.Sleep(time.Until(start.Add(outageDue + time.Second + 100*time.Millisecond)))
+	time.Sleep(time.Until(start.Add(outageDue + time.Second + 100*time.Millisecond))) // pacing: no node runs to wait on
 	brokers := broker(t)
 	r1 := newDaemon(t, brokers)
 	r1.nodeID = "r1"

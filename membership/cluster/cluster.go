@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/membership"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
@@ -415,9 +415,8 @@ func (c *Cluster) savePeers() {
 		return
 	}
 	b, _ := json.Marshal(c.gossip.Peers())
-	tmp := c.peersPath + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err == nil {
-		os.Rename(tmp, c.peersPath)
+	if err := durable.WriteFile(c.peersPath, b, 0o600); err != nil {
+		c.logger.Debug("writing the members' gossip addresses", "file", c.peersPath, "err", err)
 	}
 }
 
@@ -620,7 +619,7 @@ func (c *Cluster) Remove(node string) error {
 		return nil
 	}
 	next[node] = true
-	if err := writeFileDurable(c.removedPath, encodeRemoved(next)); err != nil {
+	if err := durable.WriteFile(c.removedPath, encodeRemoved(next), 0o600); err != nil {
 		return fmt.Errorf("writing %s: %w", c.removedPath, err)
 	}
 	c.mu.Lock()
@@ -629,37 +628,6 @@ func (c *Cluster) Remove(node string) error {
 	c.mu.Unlock()
 	c.refresh()
 	return nil
-}
-
-// writeFileDurable replaces path with b so that after a crash path holds
-// either its old content or b, and b once it returns nil: b goes to a
-// temporary file, synced before it is renamed over path, and then path's
-// directory is synced, since the rename is a change of the directory.
-func writeFileDurable(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if serr := f.Sync(); err == nil {
-		err = serr
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
 }
 
 // encodeRemoved is the removed.json of the nodes in removed: their ids, sorted.

@@ -11,10 +11,11 @@
 //	                     retention, for each shard its file, applied index and term, size
 //	                     and SHA-256, and the HMAC-SHA256 of all that with the backup key
 //
-// A shard file is written under a temporary name, synced and renamed into
-// place (ShardWriter), and the manifest only after every shard file is in
-// place (WriteManifest): a directory without manifest.json is a backup that
-// did not finish, and Open refuses it by name.
+// A shard file is written under a temporary name, synced, renamed into
+// place and its directory synced (ShardWriter, through internal/durable),
+// and the manifest the same way only after every shard file is in place
+// (WriteManifest): a directory without manifest.json is a backup that did
+// not finish, and Open refuses it by name.
 //
 // # Formats
 //
@@ -97,11 +98,13 @@
 //
 // It links none of Chime's server packages (raftfsm, shard, rpc): chimectl,
 // a client, imports it, and speaks to a cluster only through the generated
-// chime.v1 client. What a stream means is raftfsm's to check; this
-// package checks that the bytes are the ones the leader sent. It never
-// changes a backup it reads, and it never leaves a shard file under its
-// final name that was not completely written and synced. It never takes a
-// manifest's HMAC for verified without the key, and never compares one but
-// in constant time. What events a stream holds, and which topics they may
-// target, is chimed restore's to check.
+// chime.v1 client; of Chime's own packages it imports only the client
+// (client, proto/chime/v1) and internal/durable. It never exits the process
+// or prints: errors go to the caller, progress to Options.Progress. What a
+// stream means is raftfsm's to check; this package checks that the bytes are
+// the ones the leader sent. It never changes a backup it reads, and it never
+// leaves a shard file under its final name that was not completely written
+// and synced. It never takes a manifest's HMAC for verified without the key,
+// and never compares one but in constant time. What events a stream holds,
+// and which topics they may target, is chimed restore's to check.
 package backup

@@ -15,7 +15,7 @@ import (
 	"github.com/hashicorp/raft"
 	"go.uber.org/goleak"
 
-	"github.com/chimehq/chime/cmd/internal/backup"
+	"github.com/chimehq/chime/backup"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/publish/publishtest"
 	"github.com/chimehq/chime/raftfsm"

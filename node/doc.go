@@ -1,16 +1,29 @@
 // Package node assembles one Chime node from its parts and runs it: Pebble,
 // the Kafka publisher, the shard host, gossip and the control plane (in
 // cluster mode), and the gRPC and HTTP servers. chimed runs it from flags;
-// its test kit, nodetest, runs several in one process.
+// its test kit, nodetest, runs several in one process; client/chimetest
+// runs one (StartDev). It is a library: what the process does about an
+// error is its caller's to decide.
+//
+// # Starting
+//
+// Start runs one step after another (start.go), each a function that
+// either finishes or returns an error, leaving what the earlier steps
+// started to Close: openDataDir, checkConfig, listen (the Raft, gRPC and
+// HTTP ports and the addresses advertised for them), settleCluster
+// (cluster.json, and in cluster mode the gossip and joining, joinCluster),
+// openStorage (Pebble, the publisher), startControlPlane, openShards (the
+// replicas, on the Raft port), serveGRPC and serveHTTP.
 //
 // # What it owns
 //
 //   - The data directory's layout and cluster.json, written once when the
-//     directory is created, so that a restart cannot change the shard count,
+//     directory is created (through internal/durable: a crash leaves the
+//     whole file or none), so that a restart cannot change the shard count,
 //     the replication or the node id fixed then. A cluster.json no node
 //     writes (no node id, a shard count outside 1..membership.MaxShards, a
 //     negative replication or retention) fails Start, naming the field.
-//   - Restoring (Restore): a backup directory (cmd/internal/backup), checked
+//   - Restoring (Restore): a backup directory (package backup), checked
 //     whole first (its manifest's HMAC with the backup key, or, told to
 //     take an unsigned backup, none; every shard file and stream; and the
 //     topic of every event and recurring schedule it holds against the
@@ -48,12 +61,14 @@
 //
 // # What it must never do
 //
-//   - Parse flags or exit the process: errors go to the caller, which
-//     names the flag. When its data directory cannot be written (the store,
-//     a replica or Pebble's fatal log line says so) the node hands the error
-//     to Config.OnFatal, whose caller decides: chimed exits at once rather
-//     than Close, which would wait for a flush that cannot happen, so that
-//     the shards' other replicas elect leaders.
+//   - Parse flags or exit the process: nothing here calls os.Exit or
+//     log.Fatal, and errors go to the caller, which names the flag. When its
+//     data directory cannot be written (the store, a replica or Pebble's
+//     fatal log line says so) the node hands the error to Config.OnFatal,
+//     whose caller decides: chimed exits at once rather than Close, which
+//     would wait for a flush that cannot happen, so that the shards' other
+//     replicas elect leaders. The goroutine that found the failure cannot go
+//     on, so if OnFatal is nil or returns, it panics with the error.
 //   - Bootstrap a shard on a node that has data or was told to join: only
 //     the node that creates a cluster starts shards alone, and only then.
 //     (A restored node starts its shards from their planted snapshots: raft

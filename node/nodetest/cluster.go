@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/chimehq/chime/cmd/chimed/node"
+	"github.com/chimehq/chime/node"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/publish/publishtest"

@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"slices"
@@ -22,14 +21,10 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/keepalive"
 
+	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/membership"
 	controlplane "github.com/chimehq/chime/membership/cluster"
 	"github.com/chimehq/chime/publish"
@@ -44,7 +39,7 @@ import (
 )
 
 // Config is everything one node needs: chimed fills it from flags, tests
-// (membership/cluster/nodetest) from their options.
+// (node/nodetest) from their options.
 type Config struct {
 	NodeID   string
 	DataDir  string
@@ -225,307 +220,11 @@ func decodeMeta(b []byte) (clusterMeta, error) {
 	return m, nil
 }
 
+// saveMeta writes cluster.json: a crash leaves the whole file or none, so a
+// restart never finds half of the parameters fixed at creation.
 func saveMeta(dataDir string, m clusterMeta) error {
 	b, _ := json.MarshalIndent(m, "", "  ")
-	tmp := metaPath(dataDir) + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if serr := f.Sync(); err == nil {
-		err = serr
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, metaPath(dataDir))
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(dataDir)
-}
-
-// listen binds addr, naming the flag in the error.
-func listen(flag, addr string) (net.Listener, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--%s %s: %w", flag, addr, err)
-	}
-	return ln, nil
-}
-
-// Start starts a node on cfg.DataDir, creating it or joining a cluster if
-// the directory is new. It does not wait for shard leaders (see WaitReady):
-// requests that arrive before them wait within host.LeaderWait.
-func Start(cfg Config) (_ *Node, err error) {
-	n := &Node{cfg: cfg, serveErr: make(chan error, 2), topicLimits: topiclimit.NewTable(cfg.TopicLimits)}
-	var lns []net.Listener // closed on failure until a server owns them
-	defer func() {
-		if err != nil {
-			for _, ln := range lns {
-				ln.Close()
-			}
-			n.Close(context.Background())
-		}
-	}()
-	// The data directory holds every event's payload and the cluster's
-	// state: its owner's alone. One made by an older chimed (0755) is
-	// closed up too.
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(cfg.DataDir, 0o700); err != nil {
-		return nil, err
-	}
-	if cfg.TLS != nil {
-		if err := cfg.TLS.CheckNode(cfg.NodeID); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.AuthFile != "" && cfg.Cluster && cfg.TLS == nil {
-		return nil, errors.New("--auth-file needs TLS (--tls-cert, --tls-key, --tls-ca) in a cluster: nodes prove to each other that they are nodes with their certificates")
-	}
-	if cfg.GossipKeyFile != "" && !cfg.Cluster {
-		return nil, fmt.Errorf("gossip key file %s: this node does not gossip (not in cluster mode)", cfg.GossipKeyFile)
-	}
-	var raftLn net.Listener
-	if cfg.RaftTransport == nil {
-		if raftLn, err = listen("raft-addr", cfg.RaftAddr); err != nil {
-			return nil, err
-		}
-		lns = append(lns, raftLn)
-		if n.raftAddr, err = advertised(cfg, "raft-addr", cfg.RaftAddr, raftLn.Addr()); err != nil {
-			return nil, err
-		}
-	} else {
-		n.raftAddr = cfg.RaftAdvertise
-	}
-	grpcLn, err := listen("grpc-addr", cfg.GRPCAddr)
-	if err != nil {
-		return nil, err
-	}
-	lns = append(lns, grpcLn)
-	httpLn, err := listen("http-addr", cfg.HTTPAddr)
-	if err != nil {
-		return nil, err
-	}
-	lns = append(lns, httpLn)
-	n.grpcAddr, n.httpAddr = grpcLn.Addr(), httpLn.Addr()
-	if n.grpcAdvertised, err = advertised(cfg, "grpc-addr", cfg.GRPCAddr, n.grpcAddr); err != nil {
-		return nil, err
-	}
-	if n.httpAdvertised, err = advertised(cfg, "http-addr", cfg.HTTPAddr, n.httpAddr); err != nil {
-		return nil, err
-	}
-	cfg.Join = withoutSelf(cfg.Join, cfg.GossipAddr, cfg.AdvertiseHost)
-
-	if _, err := os.Stat(filepath.Join(cfg.DataDir, restoringName)); err == nil {
-		return nil, fmt.Errorf("%s: a chimed restore into this directory did not finish (%s is there): delete the directory's contents and run chimed restore again",
-			cfg.DataDir, restoringName)
-	}
-	meta, existed, err := loadMeta(cfg.DataDir)
-	if err != nil {
-		return nil, err
-	}
-	if existed && meta.NodeID != cfg.NodeID {
-		return nil, fmt.Errorf("%s belongs to node %q, not %q: use --node-id %s or another --data-dir", cfg.DataDir, meta.NodeID, cfg.NodeID, meta.NodeID)
-	}
-	if existed && meta.RaftAddr != "" && meta.RaftAddr != n.raftAddr {
-		// The restored shards' Raft configurations name meta.RaftAddr: other
-		// replicas would dial it, and never reach this node.
-		return nil, fmt.Errorf("%s was restored for the Raft address %s, which every shard's configuration names, but this node's Raft address is %s: use --raft-addr %s",
-			cfg.DataDir, meta.RaftAddr, n.raftAddr, meta.RaftAddr)
-	}
-	if !existed {
-		meta = clusterMeta{Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, NodeID: cfg.NodeID, Created: time.Now().UTC()}
-		if !cfg.Cluster {
-			// A node alone is a cluster of its own: a backup of it names it.
-			meta.ClusterID = newClusterID()
-		}
-	}
-	if cfg.Cluster {
-		if meta, err = n.joinCluster(cfg, meta, existed); err != nil {
-			return nil, err
-		}
-	}
-	if existed && (meta.Shards != cfg.Shards || (cfg.Cluster && meta.Replication != cfg.Replication) || meta.Retention != cfg.Tuning.Retention) {
-		cfg.Logger.Info("using the shard count, replication and retention fixed when the cluster was created",
-			"shards", meta.Shards, "replication", meta.Replication, "retention", meta.Retention, "file", metaPath(cfg.DataDir))
-	}
-	cfg.Shards, cfg.Replication, cfg.Tuning.Retention = meta.Shards, meta.Replication, meta.Retention
-	if !existed {
-		if err := saveMeta(cfg.DataDir, meta); err != nil {
-			return nil, err
-		}
-	}
-	n.cfg = cfg
-
-	if n.store, err = raftfsm.OpenStore(filepath.Join(cfg.DataDir, "pebble"), raftfsm.StoreOptions{
-		Logger: pebbleLogger{cfg.Logger, n.fatal}, FailAfter: cfg.Tuning.DiskFailAfter, Failed: n.diskFailed,
-	}); err != nil {
-		return nil, fmt.Errorf("opening Pebble: %w", err)
-	}
-	if n.pub, err = publish.New(publish.Config{
-		Brokers: cfg.Brokers, Security: cfg.KafkaSecurity, ExistingTopicsOnly: cfg.KafkaExistingTopicsOnly, MaxInFlight: cfg.MaxInFlight,
-		MaxAttempts: cfg.MaxAttempts, DeadLetterTopic: cfg.DeadLetter,
-		ClientID: "chimed-" + cfg.NodeID, Logger: cfg.Logger.With("component", "publish"), Now: cfg.Now,
-	}); err != nil {
-		return nil, err
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(n.pub.Collector(), nodeCollector{replication: cfg.Replication, dataDir: cfg.DataDir})
-	if n.keys != nil {
-		reg.MustRegister(keysCollector{ml: n.ml, watcher: n.keys})
-	}
-	hc := host.Config{
-		NodeID: cfg.NodeID, DataDir: filepath.Join(cfg.DataDir, "raft"), Shards: cfg.Shards,
-		RaftListener: raftLn, RaftAdvertise: cfg.RaftAdvertise, Transport: cfg.RaftTransport, Store: n.store, Publisher: n.pub, Tuning: cfg.Tuning,
-		Logger: cfg.Logger, Metrics: shard.NewMetrics(reg), Now: cfg.Now,
-		RaftTLS: n.raftTLS(cfg.TLS), TopicLimits: n.topicLimits, DiskFailed: n.diskFailed,
-		// Only the node that creates the cluster starts shards alone, and
-		// only then: a restarted node must never found a second group.
-		Bootstrap: !existed && len(cfg.Join) == 0,
-	}
-	cc := controlplane.Config{
-		ClusterID: meta.ClusterID, Shards: cfg.Shards, Replication: cfg.Replication, Retention: cfg.Tuning.Retention, DeadTimeout: cfg.DeadTimeout,
-		RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), PeersPath: peersPath(cfg.DataDir),
-		Logger:          cfg.Logger.With("component", "cluster"),
-		DialCredentials: dialCredentials(cfg.TLS),
-		// Without gossip (chimed dev) the cluster is this node alone: the
-		// Admin API answers for it, and the host has no Directory.
-		Self: membership.Meta{NodeID: cfg.NodeID, GRPCAddr: n.grpcAdvertised, RaftAddr: n.raftAddr, HTTPAddr: n.httpAdvertised},
-	}
-	if n.ml != nil {
-		cc.Membership = n.ml
-	}
-	if n.cluster, err = controlplane.New(cc); err != nil {
-		return nil, err
-	}
-	var backend rpc.Backend
-	if cfg.Cluster {
-		hc.Directory = n.cluster
-		backend = n.cluster
-	}
-	if n.host, err = host.Open(hc); err != nil {
-		return nil, err
-	}
-	if raftLn != nil {
-		lns = lns[1:] // the host owns the Raft listener now
-	}
-	reg.MustRegister(n.host.Collector())
-	n.cluster.SetHost(n.host)
-	if backend == nil {
-		backend = n.host
-	}
-
-	// A request is bounded by the event limits (MaxRequestBytes), and so
-	// are the requests one connection can have in flight at once.
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.Limits.MaxRequestBytes()), grpc.MaxConcurrentStreams(maxStreamsPerConn),
-		grpc.ConnectionTimeout(handshakeTimeout),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveMinTime, PermitWithoutStream: true})}
-	if cfg.TLS != nil {
-		opts = append(opts, grpc.Creds(cfg.TLS.ServerCredentials()))
-	}
-	var authz *auth.Authorizer
-	if cfg.AuthFile != "" {
-		ao := auth.Options{Path: cfg.AuthFile, Logger: cfg.Logger.With("component", "auth"), Audit: cfg.Audit, Now: cfg.Now,
-			// Any replica's count will do for a quota, which is checked
-			// against a count up to a second old anyway.
-			CountPending: func(ctx context.Context, prefix string) (uint64, error) {
-				return backend.Count(ctx, raftfsm.Query{Prefix: prefix, States: raftfsm.StatesOf(raftfsm.StateScheduled)}, true)
-			},
-			Node: func(id string) error { return n.peerRefusal(id) },
-			CountSchedules: func(ctx context.Context, prefix string, limit uint64) (uint64, error) {
-				var n uint64
-				for after := ""; n < limit; {
-					scheds, more, err := backend.ListSchedules(ctx, prefix, after, int(min(limit-n, 1000)), true)
-					if err != nil {
-						return 0, err
-					}
-					n += uint64(len(scheds))
-					if !more || len(scheds) == 0 {
-						break
-					}
-					after = scheds[len(scheds)-1].ID
-				}
-				return n, nil
-			}}
-		if cfg.TLS != nil {
-			ao.Identify = cfg.TLS.Identify
-		}
-		if authz, err = auth.New(ao); err != nil {
-			return nil, err
-		}
-		n.authz = authz
-		opts = append(opts, grpc.InTapHandle(authz.Tap),
-			grpc.ChainUnaryInterceptor(authz.UnaryInterceptor), grpc.ChainStreamInterceptor(authz.StreamInterceptor))
-	}
-	n.grpc = grpc.NewServer(opts...)
-	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc")))
-	rpc.RegisterAdmin(n.grpc, n.cluster, n.topicLimits, cfg.Logger.With("component", "admin"))
-	controlplane.RegisterPeer(n.grpc, n.cluster)
-	maxConns := cfg.MaxConnections
-	if maxConns == 0 {
-		maxConns = DefaultMaxConnections
-	}
-	go func() { n.serveErr <- n.grpc.Serve(netutil.LimitListener(grpcLn, maxConns)) }()
-	lns = lns[1:]
-
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	// /readyz?voter=1 also waits until the node is a voter of every shard
-	// the placement gives it: what a rolling restart must wait for before
-	// it stops the next node, or a shard whose replica there was just
-	// drained could lose its quorum.
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !n.host.Ready() {
-			http.Error(w, "not ready: a shard has no leader yet", http.StatusServiceUnavailable)
-			return
-		}
-		if r.URL.Query().Has("voter") {
-			if missing := n.host.MissingVoters(); len(missing) > 0 {
-				http.Error(w, fmt.Sprintf("not ready: not yet a voter of shards %v, which the placement gives this node", missing), http.StatusServiceUnavailable)
-				return
-			}
-		}
-		io.WriteString(w, "ready\n")
-	})
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	// Profiles and Pebble's LSM report, for finding where a loaded node
-	// spends its CPU and I/O, only when asked for.
-	if cfg.DebugEndpoints {
-		// With auth on, for admins only.
-		debug := func(h http.HandlerFunc) http.Handler {
-			if authz != nil {
-				return authz.AdminHTTP(h)
-			}
-			return h
-		}
-		mux.Handle("/debug/pprof/", debug(pprof.Index))
-		mux.Handle("/debug/pprof/profile", debug(pprof.Profile))
-		mux.Handle("/debug/pprof/trace", debug(pprof.Trace))
-		mux.Handle("/debug/pebble", debug(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, n.store.LSM()) }))
-	}
-	if cfg.HTTPHandlers != nil {
-		cfg.HTTPHandlers(mux)
-	}
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug)}
-	if cfg.TLS != nil {
-		httpLn = tls.NewListener(httpLn, cfg.TLS.ServerConfig())
-	}
-	go func() {
-		if err := n.http.Serve(httpLn); !errors.Is(err, http.ErrServerClosed) {
-			n.serveErr <- err
-		}
-	}()
-	lns = nil
-	return n, nil
+	return durable.WriteFile(metaPath(dataDir), b, 0o600)
 }
 
 // maxStreamsPerConn bounds the calls one client connection has in flight,

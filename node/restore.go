@@ -13,7 +13,8 @@ import (
 
 	"github.com/hashicorp/raft"
 
-	"github.com/chimehq/chime/cmd/internal/backup"
+	"github.com/chimehq/chime/backup"
+	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/shard"
@@ -119,7 +120,7 @@ func Restore(cfg RestoreConfig) (*backup.Manifest, error) {
 	if err := os.WriteFile(marker, []byte(note), 0o600); err != nil {
 		return nil, err
 	}
-	if err := syncDir(cfg.DataDir); err != nil {
+	if err := durable.SyncDir(cfg.DataDir); err != nil {
 		return nil, err
 	}
 	if err := layOut(cfg, m, progress); err != nil {
@@ -133,7 +134,7 @@ func Restore(cfg RestoreConfig) (*backup.Manifest, error) {
 	if err := os.Remove(marker); err != nil {
 		return nil, err
 	}
-	return m, syncDir(cfg.DataDir)
+	return m, durable.SyncDir(cfg.DataDir)
 }
 
 // layOut plants every shard's snapshot and writes cluster.json.
@@ -259,13 +260,4 @@ func removeIfThere(path string) error {
 		return err
 	}
 	return nil
-}
-
-// syncDir makes dir's entries (a new file, a rename, a removal) durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
 }

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"time"
+
+	"github.com/chimehq/chime/internal/durable"
 )
 
 // Format is the manifest format this build writes. A change to the layout
@@ -217,45 +219,7 @@ func WriteManifest(dir string, m *Manifest) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(dir, ManifestName, b)
-}
-
-func writeFileAtomic(dir, name string, b []byte) error {
-	f, err := os.CreateTemp(dir, name+".*.tmp")
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return err
-	}
-	return commitFile(f, filepath.Join(dir, name))
-}
-
-// commitFile syncs and closes f, renames it to path, and syncs the
-// directory, so that path names the whole file or nothing after a crash.
-func commitFile(f *os.File, path string) error {
-	err := f.Sync()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	return errors.Join(d.Sync(), d.Close())
+	return durable.WriteFile(filepath.Join(dir, ManifestName), b, 0o600)
 }
 
 // ShardWriter writes one shard's file, counting and hashing it as it goes.
@@ -263,14 +227,14 @@ func syncDir(dir string) error {
 type ShardWriter struct {
 	dir   string
 	shard uint32
-	f     *os.File
+	f     *durable.File
 	sum   hash.Hash
 	size  int64
 }
 
 // CreateShard starts shard's file in dir.
 func CreateShard(dir string, shard uint32) (*ShardWriter, error) {
-	f, err := os.CreateTemp(dir, FileName(shard)+".*.tmp")
+	f, err := durable.Create(filepath.Join(dir, FileName(shard)), 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -294,14 +258,11 @@ func (w *ShardWriter) SHA256() []byte { return w.sum.Sum(nil) }
 // entry with the file, size and digest filled in.
 func (w *ShardWriter) Commit() (Shard, error) {
 	s := Shard{Shard: w.shard, File: FileName(w.shard), Size: w.size, SHA256: hex.EncodeToString(w.sum.Sum(nil))}
-	if err := commitFile(w.f, filepath.Join(w.dir, s.File)); err != nil {
+	if err := w.f.Commit(); err != nil {
 		return Shard{}, &Error{Dir: w.dir, File: s.File, Err: err}
 	}
 	return s, nil
 }
 
 // Abort deletes the unfinished file.
-func (w *ShardWriter) Abort() {
-	w.f.Close()
-	os.Remove(w.f.Name())
-}
+func (w *ShardWriter) Abort() { w.f.Abort() }
