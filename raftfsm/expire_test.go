@@ -266,35 +266,33 @@ func TestPowerCutDuringCleanUp(t *testing.T) {
 
 	rng := rand.New(rand.NewPCG(51, 1))
 	// Every other opening holds its pending set's build until it is cut, so that apply
-	// answers from Pebble throughout and the cut falls in the middle of a build.
+	// answers from Pebble throughout and the cut falls in the middle of a build. holdBuild
+	// releases the last opening's hold and returns the knobs of the next opening.
 	var hold chan struct{}
-	holdBuild := func() {
+	holdBuild := func() Knobs {
 		if hold != nil {
 			close(hold)
 			hold = nil
 		}
-		if rng.IntN(2) == 0 {
-			h := make(chan struct{})
-			hold = h
-			testHookPendingBuild = func(stop <-chan struct{}) {
-				select {
-				case <-h:
-				case <-stop:
-				}
-			}
-		} else {
-			testHookPendingBuild = nil
+		if rng.IntN(2) != 0 {
+			return Knobs{}
 		}
+		h := make(chan struct{})
+		hold = h
+		return Knobs{PendingBuild: func(stop <-chan struct{}) {
+			select {
+			case <-h:
+			case <-stop:
+			}
+		}}
 	}
 	defer func() {
 		if hold != nil {
 			close(hold)
 		}
-		testHookPendingBuild = nil
 	}()
 	mem := vfs.NewCrashableMem()
-	st := openTestStore(t, "db", StoreOptions{FS: mem})
-	holdBuild()
+	st := openTestStore(t, "db", StoreOptions{FS: mem, Knobs: holdBuild()})
 	f, _ := newTestFSM(t, st, 3)
 	cuts, unloaded := 0, 0
 	for next := 0; next < len(logs); {
@@ -312,12 +310,12 @@ func TestPowerCutDuringCleanUp(t *testing.T) {
 		if rng.IntN(4) == 0 {
 			crashed := mem.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: rng.IntN(100), RNG: rand.New(rand.NewPCG(uint64(next), 2))})
 			f.Close()
-			holdBuild()
+			knobs := holdBuild()
 			if err := st.Close(); err != nil {
 				t.Fatal(err)
 			}
 			mem = crashed
-			st = openTestStore(t, "db", StoreOptions{FS: mem})
+			st = openTestStore(t, "db", StoreOptions{FS: mem, Knobs: knobs})
 			f, _ = newTestFSM(t, st, 3)
 			next = int(f.AppliedIndex()) // raft replays the log after it
 			cuts++

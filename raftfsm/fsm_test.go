@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -198,7 +199,23 @@ func TestMarkFiredDueKnownChangesNothing(t *testing.T) {
 // times) and expiries is applied, after a reopen, so that it scans a non-empty due index.
 func TestPendingSetBuiltWhileApplying(t *testing.T) {
 	logs := genLog(13, 1200)
-	a, b, fa, fb := twoReplicas(t, 3)
+	// A's store holds its builds at release once holding is set, after its first build.
+	var holding atomic.Bool
+	release := make(chan struct{})
+	a := openTestStore(t, t.TempDir(), StoreOptions{Knobs: Knobs{PendingBuild: func(stop <-chan struct{}) {
+		if !holding.Load() {
+			return
+		}
+		select {
+		case <-release:
+		case <-stop:
+		}
+	}}})
+	t.Cleanup(func() { a.Close() })
+	b := openTestStore(t, t.TempDir(), StoreOptions{})
+	t.Cleanup(func() { b.Close() })
+	fa, _ := newTestFSM(t, a, 3)
+	fb, _ := newTestFSM(t, b, 3)
 	if err := fb.LoadPending(maxDue, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -215,14 +232,7 @@ func TestPendingSetBuiltWhileApplying(t *testing.T) {
 
 	// Reopen A with its build held, so that it answers from Pebble.
 	fa.Close()
-	release := make(chan struct{})
-	testHookPendingBuild = func(stop <-chan struct{}) {
-		select {
-		case <-release:
-		case <-stop:
-		}
-	}
-	defer func() { testHookPendingBuild = nil }()
+	holding.Store(true)
 	var once sync.Once
 	releaseBuild := func() { once.Do(func() { close(release) }) }
 	defer releaseBuild() // before the stores close, which wait for the build

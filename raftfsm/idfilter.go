@@ -47,17 +47,18 @@ import (
 // shard holds when it opens: twice as many cost a node holding a hundred million pending
 // events 400 MB instead of 250 for filters with little to add.
 type idFilter struct {
-	seed  maphash.Seed
-	gens  []*bloomGen // apply goroutine only; the scan holds its own pointer to gens[0]
-	ready atomic.Bool // the scan has added every id stored before it began
+	seed   maphash.Seed
+	gens   []*bloomGen // apply goroutine only; the scan holds its own pointer to gens[0]
+	ready  atomic.Bool // the scan has added every id stored before it began
+	minIDs int         // the least capacity of a generation (minFilterIDs unless a test's Knobs say)
 
 	scanning bool          // a scan was started; apply goroutine only
 	stop     chan struct{} // closed to end the scan early
 	done     chan struct{} // closed when the scan goroutine has returned
 }
 
-// minFilterIDs is the least capacity of a generation: 512 KiB. A variable for tests.
-var minFilterIDs = 1 << 18
+// minFilterIDs is the least capacity of a generation: 512 KiB.
+const minFilterIDs = 1 << 18
 
 // maxFilterGens bounds the generations a query asks: from minFilterIDs, eight doublings reach
 // 64 million ids in one shard, and a rebuild then folds them into one.
@@ -121,15 +122,15 @@ func (g *bloomGen) mayContain(h uint64) bool {
 // ids the shard holds now. Called on the apply goroutine (or before it exists), with no filter
 // running.
 func (f *FSM) newIDFilter(stored int) {
-	f.ap.idf = filterFor(stored, stored+stored/4)
+	f.ap.idf = filterFor(stored, stored+stored/4, f.st.filterMin)
 }
 
-// filterFor returns an empty filter of the given capacity that counts stored ids as added:
-// its scan adds them.
-func filterFor(stored, capacity int) *idFilter {
-	g := newBloomGen(max(minFilterIDs, capacity))
+// filterFor returns an empty filter of the given capacity (at least minIDs) that counts
+// stored ids as added: its scan adds them.
+func filterFor(stored, capacity, minIDs int) *idFilter {
+	g := newBloomGen(max(minIDs, capacity))
 	g.added = stored
-	return &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{g}, stop: make(chan struct{}), done: make(chan struct{})}
+	return &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{g}, minIDs: minIDs, stop: make(chan struct{}), done: make(chan struct{})}
 }
 
 // scanIDFilter starts the scan of the FSM's filter, unless there is no filter or its scan has
@@ -165,7 +166,7 @@ func (f *FSM) scan(idf *idFilter) {
 			return
 		default:
 		}
-		idf.scan(f.db, g, appendShardTag(nil, f.shard, tagID), appendShardTag(nil, f.shard, tagID+1), st.closing)
+		idf.scan(f.db, g, appendShardTag(nil, f.shard, tagID), appendShardTag(nil, f.shard, tagID+1), st.closing, st.knobs.IDScan)
 	}()
 }
 
@@ -181,7 +182,7 @@ func (f *FSM) rebuildIDFilter(stored int) {
 	}
 	// Its scan starts once this apply has committed (apply), so that the ids this batch
 	// created before it existed are in the scan's view.
-	a.idfNext = filterFor(stored, 2*stored)
+	a.idfNext = filterFor(stored, 2*stored, f.st.filterMin)
 }
 
 // takeRebuiltIDFilter replaces the filter with the rebuilt one once its scan is done. Called
@@ -206,21 +207,18 @@ func (f *FSM) stopIDFilter() {
 	f.ap.idf, f.ap.idfNext = nil, nil
 }
 
-// testHookIDScan, if set, runs in every scan once its iterator is open; a test holds a scan
-// there to apply events while it runs.
-var testHookIDScan func()
-
 // scan adds every id stored in [lower, upper) to g, and marks the filter ready if it reads to
 // the end. On an error it leaves the filter unready, which costs speed, not correctness. It
-// returns early when the filter is stopped or the store is closing.
-func (idf *idFilter) scan(db *pebble.DB, g *bloomGen, lower, upper []byte, closing <-chan struct{}) {
+// returns early when the filter is stopped or the store is closing. hook (Knobs.IDScan), if
+// set, runs once the iterator is open.
+func (idf *idFilter) scan(db *pebble.DB, g *bloomGen, lower, upper []byte, closing <-chan struct{}, hook func()) {
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return
 	}
 	defer func() { _ = it.Close() }()
-	if testHookIDScan != nil {
-		testHookIDScan()
+	if hook != nil {
+		hook()
 	}
 	n := 0
 	for valid := it.First(); valid; valid = it.Next() {
@@ -257,7 +255,7 @@ func (idf *idFilter) add(id string, stored int) (rebuild bool) {
 		if rebuild = added >= 2*stored || len(idf.gens) >= maxFilterGens; rebuild {
 			capacity = g.capacity / 4
 		}
-		g = newBloomGen(max(minFilterIDs, capacity))
+		g = newBloomGen(max(idf.minIDs, capacity))
 		idf.gens = append(idf.gens, g)
 	}
 	g.add(maphash.String(idf.seed, id), !idf.ready.Load())

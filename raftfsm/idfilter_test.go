@@ -12,7 +12,7 @@ import (
 // TestIDFilterHasNoFalseNegatives: every id added is "maybe" in every later generation mix,
 // and ids never added are mostly "certainly new".
 func TestIDFilterHasNoFalseNegatives(t *testing.T) {
-	idf := &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{newBloomGen(1000)}}
+	idf := &idFilter{seed: maphash.MakeSeed(), gens: []*bloomGen{newBloomGen(1000)}, minIDs: minFilterIDs}
 	idf.ready.Store(true)
 	const n = 200_000
 	for i := range n {
@@ -86,7 +86,7 @@ func TestIDFilterRebuiltWhenFull(t *testing.T) {
 		capacity += g.capacity
 	}
 	stored := int(f.Stats().Pending + f.Stats().Retained)
-	if rebuilt < 3 || capacity > 8*max(stored, minFilterIDs) {
+	if rebuilt < 3 || capacity > 8*max(stored, f.st.filterMin) {
 		t.Fatalf("after %d ids created, %d stored: %d rebuilds, filter capacity %d ids", rounds*perRound, stored, rebuilt, capacity)
 	}
 	t.Logf("%d ids created, %d stored: %d rebuilds, filter capacity %d ids", rounds*perRound, stored, rebuilt, capacity)
@@ -130,14 +130,11 @@ func TestIDFilterGrowsWithoutScanning(t *testing.T) {
 // test fills them with a few thousand.
 func smallFilterFSM(t *testing.T) *FSM {
 	t.Helper()
-	old := minFilterIDs
-	minFilterIDs = 256
-	st := openTestStore(t, t.TempDir(), StoreOptions{})
+	st := openTestStore(t, t.TempDir(), StoreOptions{Knobs: Knobs{MinFilterIDs: 256}})
 	f, _ := newTestFSM(t, st, 3)
 	t.Cleanup(func() {
 		f.Close()
 		st.Close()
-		minFilterIDs = old
 	})
 	return f
 }
@@ -168,12 +165,20 @@ func idRange(prefix string, from, to int) []string {
 	return ids
 }
 
+// waitIDFilter waits for the scan of f's filter to end, and fails unless it read every id.
 func waitIDFilter(t *testing.T, f *FSM) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !f.ap.idf.ready.Load(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the id filter's scan did not finish in 10 s")
-		}
+	idf := f.ap.idf
+	if !idf.scanning {
+		t.Fatal("the id filter's scan was never started")
+	}
+	select {
+	case <-idf.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the id filter's scan did not finish in 10 s")
+	}
+	if !idf.ready.Load() {
+		t.Fatal("the id filter's scan ended without reading every id")
 	}
 }
 
@@ -206,9 +211,7 @@ func TestIDFilterCoversStoredIDs(t *testing.T) {
 	// Hold the reopened shard's scan with its iterator open, and apply while it waits: those
 	// ids are not in the scan's view, so apply must add them.
 	opened, release := make(chan struct{}), make(chan struct{})
-	testHookIDScan = func() { opened <- struct{}{}; <-release }
-	defer func() { testHookIDScan = nil }()
-	st = openTestStore(t, dir, StoreOptions{})
+	st = openTestStore(t, dir, StoreOptions{Knobs: Knobs{IDScan: func() { opened <- struct{}{}; <-release }}})
 	defer st.Close()
 	f, _ = newTestFSM(t, st, 3)
 	defer f.Close()
@@ -232,7 +235,6 @@ func TestIDFilterCoversStoredIDs(t *testing.T) {
 
 	// A restore replaces the ids: the filter is rebuilt from the restored state.
 	snap := snapshotBytes(t, f)
-	testHookIDScan = nil
 	st2 := openTestStore(t, t.TempDir(), StoreOptions{})
 	defer st2.Close()
 	g, _ := newTestFSM(t, st2, 3)

@@ -98,6 +98,8 @@ func settle(b *testing.B, st *Store) {
 		} else {
 			idle = 0
 		}
+		// Left a sleep: idle means no flush or compaction at three polls 100 ms apart, as
+		// Pebble may start the next compaction right after one ends.
 		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -257,6 +257,8 @@ type harness struct {
 	obs  *pendingObserver
 	log  []*raft.Log   // log[i] has index i+1
 	resp []interface{} // the response the FSM gave for log[i] when first applied
+	// walkDue makes List walk in due order under every prefix (Knobs.PrefixScanLimit 0).
+	walkDue bool
 }
 
 func (h *harness) close() {
@@ -268,7 +270,12 @@ func (h *harness) close() {
 
 func (h *harness) open(dir string) {
 	h.dir = dir
-	h.st = openTestStore(h.t, dir, StoreOptions{})
+	h.st = openTestStore(h.t, dir, StoreOptions{Knobs: Knobs{PrefixScanLimit: func() int {
+		if h.walkDue {
+			return 0
+		}
+		return prefixScanLimit
+	}}})
 	h.f, h.obs = newTestFSM(h.t, h.st, 7)
 }
 

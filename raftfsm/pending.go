@@ -122,10 +122,6 @@ func (m *pendingMirror) has(seq uint64) (pending, known bool) {
 	return m.set.has(seq), true
 }
 
-// testHookPendingBuild, if set, runs in every build once its iterator is open; a test holds a
-// build there to apply events while it runs. It must return once stop is closed.
-var testHookPendingBuild func(stop <-chan struct{})
-
 // startPending begins building the mirror, unless it is loaded or a build runs. Called on the
 // apply goroutine (or before it exists).
 func (f *FSM) startPending() {
@@ -148,20 +144,20 @@ func (f *FSM) startPending() {
 		case <-st.closing:
 			return
 		}
-		b.ok = b.read(f.db, lower, upper, st.closing)
+		b.ok = b.read(f.db, lower, upper, st.closing, st.knobs.PendingBuild)
 	}()
 }
 
 // read adds the seq of every key in [lower, upper) of the due index to b.set and reports
-// whether it read them all.
-func (b *pendingBuild) read(db *pebble.DB, lower, upper []byte, closing <-chan struct{}) bool {
+// whether it read them all. hook (Knobs.PendingBuild), if set, runs once the iterator is open.
+func (b *pendingBuild) read(db *pebble.DB, lower, upper []byte, closing <-chan struct{}, hook func(stop <-chan struct{})) bool {
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {
 		return false
 	}
 	defer func() { _ = it.Close() }()
-	if testHookPendingBuild != nil {
-		testHookPendingBuild(b.stop)
+	if hook != nil {
+		hook(b.stop)
 	}
 	n := 0
 	for valid := it.First(); valid; valid = it.Next() {

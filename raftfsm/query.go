@@ -87,7 +87,7 @@ type Listed struct {
 // shard holds; past it, the prefix is broad enough that a walk in due order meets a page of
 // matches soon (with 10M events, a prefix matching more than 1% of them has a match every
 // 100 bodies).
-var prefixScanLimit = 100_000
+const prefixScanLimit = 100_000
 
 // List returns up to limit events selected by q, after the position after (from the start
 // when nil), ordered by due time, then by id, with their full records. It reads one
@@ -207,14 +207,14 @@ func idPrefixSpan(shard uint32, prefix string) (lower, upper []byte) {
 }
 
 // broadPrefix reports whether the sstables say that the id index holds more than twice
-// prefixScanLimit entries under prefix, so that List walks in due order at once instead of
-// reading prefixScanLimit entries first to learn it. It is an estimate from the share of the
-// id index's bytes under the prefix (memtables are not counted), and only saves time: a
-// prefix it does not call broad is still given up after prefixScanLimit entries.
-func (f *FSM) broadPrefix(prefix string) bool {
+// scanLimit (prefixScanLimit) entries under prefix, so that List walks in due order at once
+// instead of reading scanLimit entries first to learn it. It is an estimate from the share of
+// the id index's bytes under the prefix (memtables are not counted), and only saves time: a
+// prefix it does not call broad is still given up after scanLimit entries.
+func (f *FSM) broadPrefix(prefix string, scanLimit int) bool {
 	ids := f.Stats()
 	n := ids.Pending + ids.Retained
-	if n <= uint64(2*prefixScanLimit) {
+	if n <= uint64(2*scanLimit) {
 		return false
 	}
 	under, err := f.db.EstimateDiskUsage(idPrefixSpan(f.shard, prefix))
@@ -225,7 +225,7 @@ func (f *FSM) broadPrefix(prefix string) bool {
 	if err != nil || all == 0 {
 		return false
 	}
-	return float64(under)/float64(all)*float64(n) > float64(2*prefixScanLimit)
+	return float64(under)/float64(all)*float64(n) > float64(2*scanLimit)
 }
 
 // prefixEnd returns the least key greater than every key starting with p, or nil when p is
@@ -252,8 +252,12 @@ func (f *FSM) list(q Query, after *Position, limit int, emit func(Listed, []byte
 		return err
 	}
 	defer v.close(&err)
-	if q.Prefix != "" && !f.broadPrefix(q.Prefix) {
-		refs, complete, err := v.prefixRefs(q, after)
+	scanLimit := prefixScanLimit
+	if k := f.st.knobs.PrefixScanLimit; k != nil {
+		scanLimit = k()
+	}
+	if q.Prefix != "" && !f.broadPrefix(q.Prefix, scanLimit) {
+		refs, complete, err := v.prefixRefs(q, after, scanLimit)
 		if err != nil {
 			return err
 		}
@@ -265,12 +269,12 @@ func (f *FSM) list(q Query, after *Position, limit int, emit func(Listed, []byte
 }
 
 // prefixRefs gathers the positions and seqs of the id entries under q.Prefix due in q.Due and
-// after after, in order; complete is false when there were more than prefixScanLimit entries.
-func (v *listView) prefixRefs(q Query, after *Position) (refs []Listed, complete bool, err error) {
+// after after, in order; complete is false when there were more than scanLimit entries.
+func (v *listView) prefixRefs(q Query, after *Position, scanLimit int) (refs []Listed, complete bool, err error) {
 	v.prefixRange(q.Prefix)
 	n := 0
 	for valid := v.ids.First(); valid; valid = v.ids.Next() {
-		if n++; n > prefixScanLimit {
+		if n++; n > scanLimit {
 			return nil, false, nil
 		}
 		ref, err := decodeIDRef(v.ids.Value())

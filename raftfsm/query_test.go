@@ -100,9 +100,8 @@ func (h *harness) checkQueries() {
 				t.Fatalf("PendingUnder(%+v) in pages of %d:\n got %v\nwant %v", q, limit, gotIDs, wantIDs)
 			}
 		}
-		for _, scanLimit := range []int{prefixScanLimit, 0} {
-			saved := prefixScanLimit
-			prefixScanLimit = scanLimit
+		for _, walkDue := range []bool{false, true} {
+			h.walkDue = walkDue
 			var got []Record
 			var after *Position
 			limit := 1 + rng.IntN(7)
@@ -122,18 +121,18 @@ func (h *harness) checkQueries() {
 				}
 				got = append(got, page...)
 				if len(got) > len(want) {
-					t.Fatalf("List(%+v) in pages of %d, prefix scan limit %d: %d events and counting, want %d\n got %v\nwant %v",
-						q, limit, scanLimit, len(got), len(want), ids(got), ids(want))
+					t.Fatalf("List(%+v) in pages of %d, walking in due order %v: %d events and counting, want %d\n got %v\nwant %v",
+						q, limit, walkDue, len(got), len(want), ids(got), ids(want))
 				}
 				if len(page) < limit {
 					break
 				}
 				after = &Position{Due: page[len(page)-1].Due, ID: page[len(page)-1].ID}
 			}
-			prefixScanLimit = saved
+			h.walkDue = false
 			if len(got) != len(want) || len(got) > 0 && !reflect.DeepEqual(got, want) {
-				t.Fatalf("List(%+v) in pages of %d, prefix scan limit %d: got %d events, want %d\n got %v\nwant %v",
-					q, limit, scanLimit, len(got), len(want), ids(got), ids(want))
+				t.Fatalf("List(%+v) in pages of %d, walking in due order %v: got %d events, want %d\n got %v\nwant %v",
+					q, limit, walkDue, len(got), len(want), ids(got), ids(want))
 			}
 		}
 	}

@@ -46,6 +46,27 @@ type StoreOptions struct {
 	// checks, which run on the OS's filesystem only: FS nil), so a stall is noticed after
 	// max(FailAfter, 5 s) or up to 2 s later.
 	FailAfter time.Duration
+	// Knobs are for tests; the zero value is production's.
+	Knobs Knobs
+}
+
+// Knobs let a test reach into a Store's FSMs: hooks at chosen points of their background
+// reads, and sizes shrunk to test scale. A zero field changes nothing.
+type Knobs struct {
+	// IDScan, if set, runs in every id filter scan once its iterator is open, on the scan's
+	// goroutine: a test holds a scan there to apply events while it runs.
+	IDScan func()
+	// PendingBuild, if set, runs in every build of a pending set once its iterator is open,
+	// on the build's goroutine: a test holds a build there to apply events while it runs. It
+	// must return once stop is closed.
+	PendingBuild func(stop <-chan struct{})
+	// MinFilterIDs, if positive, replaces the least capacity of an id filter generation
+	// (minFilterIDs), so that a test fills generations with a few thousand ids.
+	MinFilterIDs int
+	// PrefixScanLimit, if set, is asked at each List for how many id entries it reads under
+	// a prefix before it walks the shard in due order instead (prefixScanLimit otherwise);
+	// 0 makes every List walk. A test compares both ways of listing on one FSM with it.
+	PrefixScanLimit func() int
 }
 
 // ErrShardOpen is returned by NewFSM when the shard already has an open FSM in this Store:
@@ -80,6 +101,9 @@ type Store struct {
 	flushMu   sync.Mutex
 	flushes   chan struct{}
 	flushWait time.Duration // StoreOptions.SnapshotFlushWait
+
+	knobs     Knobs
+	filterMin int // the least capacity of an id filter generation
 }
 
 // OpenStore opens (creating if needed) the Pebble database in dir.
@@ -91,7 +115,10 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	cache := pebble.NewCache(size)
 	defer cache.Unref()
 	s := &Store{shards: make(map[uint32]struct{}), closing: make(chan struct{}), scanSlot: make(chan struct{}, 1), pendingSlot: make(chan struct{}, 1),
-		flushes: make(chan struct{}), flushWait: opts.SnapshotFlushWait}
+		flushes: make(chan struct{}), flushWait: opts.SnapshotFlushWait, knobs: opts.Knobs, filterMin: minFilterIDs}
+	if opts.Knobs.MinFilterIDs > 0 {
+		s.filterMin = opts.Knobs.MinFilterIDs
+	}
 	if s.flushWait <= 0 {
 		s.flushWait = 10 * time.Second
 	}

@@ -67,12 +67,15 @@ func TestCancelWhileProduceUnanswered(t *testing.T) {
 		at := time.Duration(50+i*10)*time.Millisecond + time.Duration(i*53%1600)*time.Millisecond - 100*time.Millisecond
 		for range 2 {
 			wg.Go(func() {
+				// Left a sleep: the cancel is timed against live produces to a real
+				// broker, which no synctest bubble can hold; there is no event to await.
 				time.Sleep(time.Until(start.Add(at)))
 				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 				defer cancel()
 				res, err := n.host.Cancel(cctx, r.ID, nil)
 				answers <- answer{r.ID, res.Outcome, err}
-				// A later cancel must not forget what an earlier one said.
+				// A later cancel must not forget what an earlier one said. Left a
+				// sleep: it is meant to come 300 ms later in the produce's life.
 				time.Sleep(300 * time.Millisecond)
 				res, err = n.host.Cancel(cctx, r.ID, nil)
 				answers <- answer{r.ID, res.Outcome, err}

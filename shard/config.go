@@ -66,11 +66,72 @@ type Config struct {
 	// or stable store has been under way for Tuning.DiskFailAfter (see
 	// watchedLog); the node stops its process on it. nil: not watched.
 	DiskFailed func(error)
+	// Knobs are for tests; the zero value is production's.
+	Knobs Knobs
 }
 
-// Tuning holds the knobs. A zero field takes the default in fill, where
-// each default stands with the measurement that chose it; they are sized
-// for a 2-core machine.
+// Knobs let a test reach into a replica: hooks that run at chosen points,
+// and durations and sizes shrunk to test scale. A zero field changes
+// nothing; Open fills the durations and sizes with their defaults.
+type Knobs struct {
+	// LeaseConfirm, if set, runs before each lease renewal's Barrier; an
+	// error fails the renewal, so a test makes a leader lose its lease the
+	// way one cut off from its followers does.
+	LeaseConfirm func() error
+	// HorizonLoaded, if set, runs after each chunk of events a horizon load
+	// adds to the wheel, on the load's goroutine, so a test can cut the
+	// power in the middle of a load.
+	HorizonLoaded func()
+	// InstallSend, if set, is called as a leader sends a copy of the shard
+	// on the install layer, with the bytes of it sent so far; an error cuts
+	// the send, so a test makes an install resume.
+	InstallSend func(sent, size int64) error
+	// RecurringRead, if set, runs between the read a change of a recurring
+	// schedule was checked against and its proposal, so a test can change
+	// the schedule in between.
+	RecurringRead func()
+	// UpdatePinned, if set, runs between an Update's pin of the event and
+	// its proposal, so a test can hold a pinned event past its due time.
+	UpdatePinned func()
+	// LoadChunk, if positive, replaces loadChunk: how many events a load
+	// adds to the wheel per hold of its lock, so that a few hundred events
+	// make many chunks.
+	LoadChunk int
+	// KeepLogGrace, if positive, replaces keepLogGrace: how long raft keeps
+	// its whole log after an install was sent.
+	KeepLogGrace time.Duration
+	// ExpansionReuse, if positive, replaces expansionReuse: how long an
+	// expansion of the shard is kept after its last reader closed.
+	ExpansionReuse time.Duration
+	// StuckAfter, if positive, replaces how long raft may refuse every
+	// entry of this leader for a leadership transfer before the replica
+	// counts as Stuck (twice what a transfer that works can take).
+	StuckAfter time.Duration
+}
+
+// fill sets every zero duration and size to its default; t is filled.
+func (k *Knobs) fill(t *Tuning) {
+	if k.LoadChunk <= 0 {
+		k.LoadChunk = loadChunk
+	}
+	if k.KeepLogGrace <= 0 {
+		k.KeepLogGrace = keepLogGrace
+	}
+	if k.ExpansionReuse <= 0 {
+		k.ExpansionReuse = expansionReuse
+	}
+	if k.StuckAfter <= 0 {
+		// A leadership transfer that works holds raft's entries back for
+		// at most an election timeout of catching up, one TimeoutNow RPC
+		// and an election timeout of waiting for the target to win; twice
+		// that is past doubt.
+		k.StuckAfter = 2 * (2*t.ElectionTimeout + raftRPCTimeout)
+	}
+}
+
+// Tuning holds a replica's timings and sizes. A zero field takes the
+// default in fill, where each default stands with the measurement that
+// chose it; they are sized for a 2-core machine.
 type Tuning struct {
 	// Resolution is the timing wheel's tick: the most an event fires late
 	// beyond the leader's own scheduling delay.
@@ -107,10 +168,6 @@ type Tuning struct {
 	// start it treats every unfired event due by then as possibly
 	// produced: a cancel of one is refused (retryable) until it fires.
 	ClockSkewBound time.Duration
-	// stuckAfter is how long raft may refuse every entry of this leader
-	// for a leadership transfer before the replica counts as Stuck. Only
-	// tests set it; fill gives it its default.
-	stuckAfter time.Duration
 	// RetryDelay is how long an event whose produce could not be completed
 	// waits before this leader fires it again; it doubles with each batch
 	// in a row that fails, up to MaxRetryDelay. The first produce that
@@ -278,11 +335,6 @@ func (t *Tuning) fill() {
 	// later, as one more duplicate, so failed batches back off: 1 s, then
 	// doubling up to 8 s.
 	setDur(&t.RetryDelay, time.Second)
-	// A leadership transfer that works holds raft's entries back for at
-	// most an election timeout of catching up, one TimeoutNow RPC and an
-	// election timeout of waiting for the target to win; twice that is
-	// past doubt.
-	setDur(&t.stuckAfter, 2*(2*t.ElectionTimeout+raftRPCTimeout))
 	setDur(&t.MaxRetryDelay, max(8*time.Second, t.RetryDelay))
 }
 

@@ -63,7 +63,7 @@
 //     one backoff.ExponentialBackOff per replica). While batches fail, one
 //     waiting event is fired every probeInterval as a probe, and the first
 //     batch that produces without a failure brings every waiting event back
-//     at once (firing.heal). Retrying a produce within one Publish call,
+//     at once (firing.healLocked). Retrying a produce within one Publish call,
 //     bounded by its ctx (the lease), belongs to package publish.
 //   - Backups (backup.go): on the leader, a consistent full snapshot stream
 //     of the shard after a Raft barrier (Backup), written at the install
@@ -175,8 +175,8 @@
 //     its own raft log, whose entries past the copy raft would otherwise
 //     count committed unchecked (TestInstallRefusesACopyOlderThanTheLog).
 //  8. A leader whose raft refuses entries for a stranded leadership transfer
-//     is reported Stuck once that has lasted stuckAfter, and not before
-//     (TestStuckLeadershipTransfer).
+//     is reported Stuck once that has lasted twice what a working transfer
+//     takes (Knobs.StuckAfter), and not before (TestStuckLeadershipTransfer).
 //  9. Every pending event due before the horizon is in the wheel, in a fire
 //     batch or waiting to retry, exactly once: a load and apply may meet in
 //     any order (TestLoadRacesApply), and events scheduled beyond the

@@ -3,7 +3,6 @@ package shard
 import (
 	"errors"
 	"math"
-	"sync/atomic"
 	"time"
 
 	"github.com/chimehq/chime/raftfsm"
@@ -24,11 +23,9 @@ var errReplaced = errors.New("wheel replaced")
 
 // loadChunk is how many events a load adds to the wheel per hold of
 // firing.mu: large enough that the lock is taken rarely, small enough that
-// the firing loop and apply never wait long for it. A variable for tests.
-var loadChunk = 1024
-
-// testHookLoaded, if set, runs after each chunk a load adds.
-var testHookLoaded atomic.Pointer[func()]
+// the firing loop and apply never wait long for it (Knobs.LoadChunk
+// replaces it).
+const loadChunk = 1024
 
 // loadRetry is how long a load that failed to read waits to try again.
 const loadRetry = time.Second
@@ -95,7 +92,8 @@ type loaded struct {
 // gen. A load that is retried reads its range again: addLoaded leaves out
 // what the first attempt added.
 func (s *Shard) load(from, until int64, gen uint64) error {
-	chunk := make([]loaded, 0, loadChunk)
+	size := s.cfg.Knobs.LoadChunk
+	chunk := make([]loaded, 0, size)
 	add := func() error {
 		select {
 		case <-s.stop:
@@ -105,15 +103,15 @@ func (s *Shard) load(from, until int64, gen uint64) error {
 		if !s.firing.addLoaded(gen, chunk) {
 			return errReplaced
 		}
-		if hook := testHookLoaded.Load(); hook != nil && len(chunk) > 0 {
-			(*hook)()
+		if hook := s.cfg.Knobs.HorizonLoaded; hook != nil && len(chunk) > 0 {
+			hook()
 		}
 		chunk = chunk[:0]
 		return nil
 	}
 	err := s.fsm.ForEachPendingIn(from, until, func(seq uint64, due int64, p raftfsm.Policy) error {
 		chunk = append(chunk, loaded{seq, due, p})
-		if len(chunk) == loadChunk {
+		if len(chunk) == size {
 			return add()
 		}
 		return nil

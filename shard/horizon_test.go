@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,6 +154,7 @@ func TestHorizonFiresEventsAsItReachesThem(t *testing.T) {
 		schedule(request(fmt.Sprintf("edge-%d", i), edge),
 			request(fmt.Sprintf("near-%d", i), time.Duration(rng.Int64N(int64(3*time.Second)))))
 		cancelSome()
+		// Left a sleep: it paces the schedules over the three seconds; nothing is awaited.
 		time.Sleep(2 * time.Millisecond)
 	}
 	want := 0
@@ -162,6 +164,7 @@ func TestHorizonFiresEventsAsItReachesThem(t *testing.T) {
 		}
 	}
 	got := c.WaitIDs(want, 30*time.Second)
+	// Left a sleep: a duplicate that must not come can only be watched for, for a while.
 	time.Sleep(publishtest.DupWindow)
 	got = c.Consumed()
 	for id, e := range events {
@@ -202,9 +205,13 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 		tu.WheelHorizon = time.Second
 		tu.ClockSkewBound = 10 * time.Millisecond
 	}
-	chunk := loadChunk
-	loadChunk = 8
-	defer func() { loadChunk = chunk }()
+	// Each round arms cutAfter, which the replica's loads call after each chunk of 8.
+	var cutAfter atomic.Pointer[func()]
+	r.knobs = Knobs{LoadChunk: 8, HorizonLoaded: func() {
+		if hook := cutAfter.Load(); hook != nil {
+			(*hook)()
+		}
+	}}
 
 	rng := rand.New(rand.NewPCG(5, 5))
 	s := r.mustOpen(true)
@@ -239,11 +246,12 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 				}
 				// Until a new leader has passed its barrier it cannot tell what
 				// its predecessor produced, and refuses cancels.
-				cr, err := s.Cancel(context.Background(), q.ID, nil)
-				for deadline := time.Now().Add(5 * time.Second); errors.Is(err, ErrProduceUnknown) && time.Now().Before(deadline); {
-					time.Sleep(10 * time.Millisecond)
+				var cr raftfsm.CancelResult
+				var err error
+				waitFor(t, 5*time.Second, "a cancel past the new leader's barrier", func() bool {
 					cr, err = s.Cancel(context.Background(), q.ID, nil)
-				}
+					return !errors.Is(err, ErrProduceUnknown)
+				})
 				if err != nil || cr.Outcome != raftfsm.Cancelled {
 					t.Fatalf("Cancel %s: %v %+v", q.ID, err, cr)
 				}
@@ -266,14 +274,14 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 				close(cut)
 			}
 		}
-		testHookLoaded.Store(&hook)
+		cutAfter.Store(&hook)
 		select {
 		case <-cut:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("round %d: no load reached chunk %d", round, at)
 		}
 		crashed := r.fs.CrashClone(vfs.CrashCloneCfg{UnsyncedDataPercent: 0})
-		testHookLoaded.Store(nil)
+		cutAfter.Store(nil)
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -292,6 +300,7 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 		}
 	}
 	c.WaitIDs(want, 30*time.Second)
+	// Left a sleep: a duplicate can only be watched for, for a while (they are counted).
 	time.Sleep(publishtest.DupWindow)
 	got := c.Consumed()
 	for id, e := range events {

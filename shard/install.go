@@ -60,10 +60,6 @@ const (
 // errNoInstallLayer: the follower has no install layer.
 var errNoInstallLayer = errors.New("follower has no install layer")
 
-// testHookInstallSend, if set, is called as a leader sends a copy on the
-// install layer, with the bytes sent so far of it; an error cuts the send.
-var testHookInstallSend func(sent, size int64) error
-
 // installTransport is the shard's raft transport with resumable installs.
 // It owns its goroutines: the accept loop on the install layer, one per
 // copy being received, and the pump that hands raft its RPCs; Close stops
@@ -75,6 +71,9 @@ type installTransport struct {
 	lastLog  func() (uint64, error) // this replica's raft log's last index
 	logger   *slog.Logger
 	consumer chan raft.RPC // what raft reads
+	// sendHook (Knobs.InstallSend), if set, is called as a copy is sent,
+	// with the bytes of it sent so far; an error cuts the send.
+	sendHook func(sent, size int64) error
 
 	recv     sync.Mutex // one copy received at a time
 	mu       sync.Mutex
@@ -84,8 +83,9 @@ type installTransport struct {
 	wg       sync.WaitGroup
 }
 
-func newInstallTransport(nt *raft.NetworkTransport, layer raft.StreamLayer, dir string, lastLog func() (uint64, error), logger *slog.Logger) *installTransport {
-	t := &installTransport{NetworkTransport: nt, layer: layer, dir: dir, lastLog: lastLog, logger: logger,
+func newInstallTransport(nt *raft.NetworkTransport, layer raft.StreamLayer, dir string, lastLog func() (uint64, error), logger *slog.Logger,
+	sendHook func(sent, size int64) error) *installTransport {
+	t := &installTransport{NetworkTransport: nt, layer: layer, dir: dir, lastLog: lastLog, logger: logger, sendHook: sendHook,
 		consumer: make(chan raft.RPC), conns: make(map[net.Conn]struct{}), stop: make(chan struct{})}
 	t.wg.Add(2)
 	go t.acceptLoop()
@@ -173,8 +173,8 @@ func (t *installTransport) send(target raft.ServerAddress, e *expansion) error {
 				return err
 			}
 			sent += int64(n)
-			if testHookInstallSend != nil {
-				if err := testHookInstallSend(sent, size); err != nil {
+			if t.sendHook != nil {
+				if err := t.sendHook(sent, size); err != nil {
 					return err
 				}
 			}

@@ -22,9 +22,9 @@ import (
 // meanwhile is the entries of the install's duration.
 
 // keepLogGrace is how long the log is kept after an install was sent: the
-// follower restores it and asks for the entries after it within seconds. A
-// variable for tests.
-var keepLogGrace = 30 * time.Second
+// follower restores it and asks for the entries after it within seconds
+// (Knobs.KeepLogGrace replaces it).
+const keepLogGrace = 30 * time.Second
 
 // logKeeper counts the open expansions and raises raft's TrailingLogs while
 // there are any (and for keepLogGrace after).
@@ -54,7 +54,7 @@ func (s *Shard) expanding(begins bool) {
 		return
 	}
 	if k.open--; k.open == 0 {
-		k.release = time.AfterFunc(keepLogGrace, func() {
+		k.release = time.AfterFunc(s.cfg.Knobs.KeepLogGrace, func() {
 			k.mu.Lock()
 			defer k.mu.Unlock()
 			if k.open == 0 && !k.closed {

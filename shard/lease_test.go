@@ -133,7 +133,13 @@ func TestHoldUntilDue(t *testing.T) {
 // from its followers: once the lease runs out Get refuses, and it answers
 // again once a renewal succeeds.
 func TestGetOnlyUnderALease(t *testing.T) {
-	n := openNode(t, t.TempDir(), "", startBroker(t), 1)
+	var refuse atomic.Bool
+	n := openNodeWith(t, t.TempDir(), "", startBroker(t), 1, Knobs{LeaseConfirm: func() error {
+		if refuse.Load() {
+			return errors.New("no quorum (the test)")
+		}
+		return nil
+	}})
 	defer n.close()
 	s := n.host.Replica(0)
 	ctx := context.Background()
@@ -145,16 +151,15 @@ func TestGetOnlyUnderALease(t *testing.T) {
 	if _, ok, err := s.Get(ctx, "e1"); err != nil || !ok {
 		t.Fatalf("Get under a lease = %v, %v; want the event", ok, err)
 	}
-	var refuse atomic.Bool
 	refuse.Store(true)
-	testHookLeaseConfirm = func() error {
-		if refuse.Load() {
-			return errors.New("no quorum (the test)")
-		}
-		return nil
-	}
-	defer func() { testHookLeaseConfirm = nil }()
-	time.Sleep(2 * s.tune.LeaderLeaseTimeout) // what the lease had left runs out
+	// What the lease had left runs out; no renewal started before the
+	// refusals can still extend it.
+	waitFor(t, 5*time.Second, "the lease runs out", func() bool {
+		l := s.lease
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.renewing == 0 && l.asked.Add(l.length).Sub(l.now()) < leaseMargin
+	})
 	if !s.IsLeader() {
 		t.Fatal("the replica no longer reports itself leader: the test did not reach its case")
 	}

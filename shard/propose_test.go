@@ -51,32 +51,39 @@ func TestEntriesBoundedInBytes(t *testing.T) {
 		}
 	}
 	var wg sync.WaitGroup
-	for c := range 8 {
+	calls := make([][]Request, 8)
+	results := make([][]Result, 8)
+	for c := range calls {
 		wg.Go(func() {
-			var reqs []Request
 			for i := range 5 {
-				reqs = append(reqs, req(fmt.Sprintf("c%d-%d", c, i), 700))
+				calls[c] = append(calls[c], req(fmt.Sprintf("c%d-%d", c, i), 700))
 			}
-			res, err := s.Schedule(ctx, reqs)
+			res, err := s.Schedule(ctx, calls[c])
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			for i, r := range res {
-				// A lease can lapse on a starved machine (the race detector,
-				// other tests); a read then waits for it to be renewed.
-				rec, ok, err := s.Get(ctx, reqs[i].ID)
-				for deadline := time.Now().Add(10 * time.Second); errors.Is(err, ErrNotLeader) && time.Now().Before(deadline); {
-					time.Sleep(20 * time.Millisecond)
-					rec, ok, err = s.Get(ctx, reqs[i].ID)
-				}
-				if err != nil || !ok || rec.Seq != r.Seq {
-					t.Errorf("%s: result seq %d, stored %+v (%v, %v)", reqs[i].ID, r.Seq, rec, ok, err)
-				}
-			}
+			results[c] = res
 		})
 	}
 	wg.Wait()
+	for c, res := range results {
+		for i, r := range res {
+			id := calls[c][i].ID
+			// A lease can lapse on a starved machine (the race detector,
+			// other tests); a read then waits for it to be renewed.
+			var rec raftfsm.Record
+			var ok bool
+			var err error
+			waitFor(t, 10*time.Second, "a read of "+id+" under a lease", func() bool {
+				rec, ok, err = s.Get(ctx, id)
+				return !errors.Is(err, ErrNotLeader)
+			})
+			if err != nil || !ok || rec.Seq != r.Seq {
+				t.Errorf("%s: result seq %d, stored %+v (%v, %v)", id, r.Seq, rec, ok, err)
+			}
+		}
+	}
 
 	entries, events := 0, 0
 	for i := first + 1; i <= s.raft.LastIndex(); i++ {

@@ -66,8 +66,8 @@ func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring, scope Scope)
 				return nil, err
 			}
 		}
-		if testHookRecurringRead != nil {
-			testHookRecurringRead()
+		if hook := s.cfg.Knobs.RecurringRead; hook != nil {
+			hook()
 		}
 		res, err := s.proposeRecurring(ctx, c)
 		if pinned != 0 {
@@ -87,10 +87,6 @@ func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring, scope Scope)
 		}
 	}
 }
-
-// testHookRecurringRead, if set, runs between the read a change was checked
-// against and its proposal.
-var testHookRecurringRead func()
 
 // pinOccurrence keeps sched's pending occurrence, if it has one, out of
 // any fire batch until unpinned, returning its seq (0: none pending).

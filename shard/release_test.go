@@ -30,9 +30,10 @@ type crashRig struct {
 	mux  *raftmux.Mux
 	addr string
 	dir  string // the shard's Raft directory
-	// Optional: what the shard fires through, and its tuning.
-	pub  Publisher
-	tune func(*Tuning)
+	// Optional: what the shard fires through, its tuning and its knobs.
+	pub   Publisher
+	tune  func(*Tuning)
+	knobs Knobs
 }
 
 func newCrashRig(t *testing.T) *crashRig {
@@ -88,7 +89,7 @@ func (r *crashRig) open(bootstrap bool) (*Shard, error) {
 		r.tune(&tune)
 	}
 	s, err := Open(Config{ID: 0, NodeID: "n1", Dir: r.dir, Store: r.st, Layer: layer, Bootstrap: voters,
-		Publisher: r.pub, Tuning: tune})
+		Publisher: r.pub, Tuning: tune, Knobs: r.knobs})
 	if err != nil {
 		layer.Close()
 	}

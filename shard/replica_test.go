@@ -40,6 +40,12 @@ var waitFor = publishtest.WaitFor
 // addr "" picks new Raft addresses; a restart passes the node's addr.
 func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune ...func(*Tuning)) *testNode {
 	t.Helper()
+	return openNodeWith(t, dir, addr, brokers, shards, Knobs{}, tune...)
+}
+
+// openNodeWith is openNode with every replica opened with knobs.
+func openNodeWith(t *testing.T, dir, addr string, brokers []string, shards int, knobs Knobs, tune ...func(*Tuning)) *testNode {
+	t.Helper()
 	if addr == "" {
 		addr = dir
 	}
@@ -60,7 +66,7 @@ func openNode(t *testing.T, dir, addr string, brokers []string, shards int, tune
 		raddr, trans := raft.NewInmemTransport(raft.ServerAddress(fmt.Sprintf("%s/shard-%d", addr, id)))
 		s, err := Open(Config{
 			ID: id, NodeID: "n1", Dir: fmt.Sprintf("%s/raft/shard-%04d", dir, id), Store: n.store,
-			Transport: trans, Publisher: n.pub, Tuning: tuning, Metrics: n.metrics,
+			Transport: trans, Publisher: n.pub, Tuning: tuning, Metrics: n.metrics, Knobs: knobs,
 			Bootstrap: []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: raddr}},
 		})
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,7 +122,14 @@ func createSchedule(t *testing.T, s *Shard, id string, d raftfsm.Definition) {
 // definition that was checked.
 func TestScopeGuardsTheStoredSchedule(t *testing.T) {
 	brokers := publishtest.NewBroker(t).Addrs()
-	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) { tu.ClockSkewBound = 10 * time.Millisecond })
+	// window, once set, runs (once) between a change's read and its proposal.
+	var window atomic.Pointer[func()]
+	knobs := Knobs{RecurringRead: func() {
+		if f := window.Swap(nil); f != nil {
+			(*f)()
+		}
+	}}
+	n := openNodeWith(t, t.TempDir(), "", brokers, 1, knobs, func(tu *Tuning) { tu.ClockSkewBound = 10 * time.Millisecond })
 	defer n.close()
 	s := n.host.Replica(0)
 	ctx := context.Background()
@@ -173,15 +181,17 @@ func TestScopeGuardsTheStoredSchedule(t *testing.T) {
 
 	// Between A's permitted read of a-s and its Resume's entry, a-s is
 	// deleted and created again on tenant B's topic.
-	testHookRecurringRead = func() {
-		testHookRecurringRead = nil
+	changeHands := func() {
 		if res, err := s.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: "a-s"}, nil); err != nil || res.Outcome != raftfsm.RecurringDeleted {
 			t.Errorf("Delete in the window = %+v, %v", res, err)
 		}
 		createSchedule(t, s, "a-s", everySecond("b.orders", "b's too"))
 	}
-	defer func() { testHookRecurringRead = nil }()
+	window.Store(&changeHands)
 	_, err := s.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: "a-s"}, a)
+	if window.Load() != nil {
+		t.Fatal("the Resume did not pass between its read and its proposal: the test did not reach its case")
+	}
 	if err == nil || err.Error() != `id "a-s": not permitted for credential "tenant-a"` {
 		t.Errorf("a Resume whose schedule changed hands after the read: %v; want the refusal for tenant-a", err)
 	}

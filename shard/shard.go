@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"golang.org/x/time/rate"
 
@@ -71,6 +70,7 @@ type Shard struct {
 // goroutines.
 func Open(cfg Config) (*Shard, error) {
 	cfg.Tuning.fill()
+	cfg.Knobs.fill(&cfg.Tuning)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -105,8 +105,8 @@ func Open(cfg Config) (*Shard, error) {
 	// The lease runs on the monotonic clock, not Config.Now: it measures
 	// intervals, and a node's clock may be skewed on purpose (fault tests).
 	s.lease = newLease(s.tune.LeaderLeaseTimeout, time.Now, func(timeout time.Duration) error {
-		if testHookLeaseConfirm != nil {
-			if err := testHookLeaseConfirm(); err != nil {
+		if hook := cfg.Knobs.LeaseConfirm; hook != nil {
+			if err := hook(); err != nil {
 				return err
 			}
 		}
@@ -137,11 +137,8 @@ func (s *Shard) startRaft() error {
 	rc := s.tune.raftConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.NotifyCh = s.notify
-	rc.Logger = hclog.New(&hclog.LoggerOptions{
-		Name:   fmt.Sprintf("raft.shard%d", cfg.ID),
-		Level:  hclog.Warn,
-		Output: os.Stderr,
-	})
+	// raft's lines go to the shard's slog logger, at its handler's level.
+	rc.Logger = newRaftLogger(s.logger)
 	// Pebble already holds the state up to the FSM's applied index, so a
 	// restart replays only the log after it instead of reloading a snapshot.
 	files, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, rc.Logger)
@@ -152,7 +149,7 @@ func (s *Shard) startRaft() error {
 	if s.pace == nil {
 		s.pace = newInstallLimiter(s.tune.InstallRate)
 	}
-	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding}
+	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding, keepFor: cfg.Knobs.ExpansionReuse}
 	s.snaps = snaps
 	if err := snaps.removeLeftovers(); err != nil {
 		return fmt.Errorf("shard %d: %w", cfg.ID, err)
@@ -175,7 +172,7 @@ func (s *Shard) startRaft() error {
 		})
 		s.trans = nt
 		if cfg.InstallLayer != nil {
-			s.trans = newInstallTransport(nt, cfg.InstallLayer, cfg.Dir, logs.LastIndex, s.logger)
+			s.trans = newInstallTransport(nt, cfg.InstallLayer, cfg.Dir, logs.LastIndex, s.logger, cfg.Knobs.InstallSend)
 		}
 	}
 	var (
@@ -293,10 +290,6 @@ func (s *Shard) readable(ctx context.Context) error {
 	}
 	return nil
 }
-
-// testHookLeaseConfirm, if set, runs before each lease renewal's Barrier; an
-// error fails the renewal.
-var testHookLeaseConfirm func() error
 
 // Cancel cancels the event id. When it reports Cancelled, no record of the
 // event can be produced any more: a fire batch that had already read the
@@ -448,7 +441,7 @@ func (s *Shard) noteRaft(err error) {
 // replica (shard/host) reopens a Stuck replica.
 func (s *Shard) Stuck() bool {
 	since := s.refusedSince.Load()
-	return since != 0 && s.IsLeader() && s.cfg.Now().UnixNano()-since > int64(s.tune.stuckAfter)
+	return since != 0 && s.IsLeader() && s.cfg.Now().UnixNano()-since > int64(s.cfg.Knobs.StuckAfter)
 }
 
 // raftErr maps raft's errors onto this package's sentinels.

@@ -42,11 +42,12 @@ type snapshotStore struct {
 	// expanding, if set, is told when an expansion begins (true) and when
 	// it is closed (false): the shard keeps its log meanwhile (keepLog).
 	expanding func(begins bool)
+	keepFor   time.Duration // how long the latest expansion is kept unused (Knobs.ExpansionReuse)
 	sent      atomic.Uint64 // expansions opened: full copies sent to followers
 	bytesSent atomic.Uint64 // bytes of them read to be sent
 
 	mu     sync.Mutex
-	cur    *expanded // the latest expansion, kept for expansionReuse after use
+	cur    *expanded // the latest expansion, kept for keepFor after use
 	closed bool
 }
 
@@ -178,7 +179,7 @@ func (s *snapshotStore) openExpanded(x *expanded) (*expansion, error) {
 }
 
 // release counts a reader of x closed: the last one removes it, or, for
-// the kept expansion, arms its removal after expansionReuse.
+// the kept expansion, arms its removal after s.keepFor.
 func (s *snapshotStore) release(x *expanded) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -189,7 +190,7 @@ func (s *snapshotStore) release(x *expanded) {
 		s.dropLocked(x)
 		return
 	}
-	x.drop = time.AfterFunc(expansionReuse, func() {
+	x.drop = time.AfterFunc(s.keepFor, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if x.refs == 0 && !x.dropped {
@@ -313,8 +314,8 @@ const expansionPrefix = "expand-"
 // another follower) sends the same bytes, so a follower that holds part of
 // them is sent only the rest, and the shard is not written out again. The
 // shard keeps its whole log meanwhile (expanding), so that the followers
-// can replay what came after the copy. A variable for tests.
-var expansionReuse = time.Minute
+// can replay what came after the copy (Knobs.ExpansionReuse replaces it).
+const expansionReuse = time.Minute
 
 // expanded is one expansion: the shard's state written out as a full
 // stream, and the meta raft sends with it.
@@ -325,7 +326,7 @@ type expanded struct {
 
 	// Under snapshotStore.mu.
 	refs    int
-	drop    *time.Timer // removes it once unused for expansionReuse
+	drop    *time.Timer // removes it once unused for snapshotStore.keepFor
 	dropped bool
 }
 

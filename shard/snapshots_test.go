@@ -37,8 +37,6 @@ func TestFollowerCatchesUpFromAnExpandedSnapshot(t *testing.T) {
 }
 
 func followerCatchesUp(t *testing.T, oldFollower bool) {
-	defer func(d time.Duration) { expansionReuse = d }(expansionReuse)
-	expansionReuse = 200 * time.Millisecond
 	pub, err := publish.New(publish.Config{Brokers: startBroker(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +46,8 @@ func followerCatchesUp(t *testing.T, oldFollower bool) {
 		LeaderLeaseTimeout: 100 * time.Millisecond, SnapshotThreshold: 8, TrailingLogs: 4}
 	open := func(name string, bootstrap bool) snapReplica {
 		return openSnapReplica(t, name, bootstrap, tune, pub, replicaOptions{
-			StoreOptions: raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}, noInstallLayer: oldFollower && !bootstrap})
+			StoreOptions: raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}, noInstallLayer: oldFollower && !bootstrap,
+			knobs: Knobs{ExpansionReuse: 200 * time.Millisecond}})
 	}
 	schedule := func(s *Shard, from, to int) { scheduleFor(t, s, from, to, 0) }
 
@@ -91,7 +90,7 @@ func followerCatchesUp(t *testing.T, oldFollower bool) {
 	}
 	// raft closes the expansion it sent once the follower has answered the
 	// install, which can be after the follower has applied it and reports
-	// itself caught up; it is deleted expansionReuse after.
+	// itself caught up; it is deleted Knobs.ExpansionReuse after.
 	waitFor(t, 5*time.Second, "no expansion is left behind", func() bool {
 		left, _ := filepath.Glob(filepath.Join(a.dir, "expand-*"))
 		return len(left) == 0
@@ -109,11 +108,12 @@ type snapReplica struct {
 	addr string
 }
 
-// replicaOptions are a test replica's store options, and whether it lacks
-// an install layer, as a node of the version before does.
+// replicaOptions are a test replica's store options, whether it lacks an
+// install layer, as a node of the version before does, and its knobs.
 type replicaOptions struct {
 	raftfsm.StoreOptions
 	noInstallLayer bool
+	knobs          Knobs
 }
 
 func openSnapReplica(t *testing.T, name string, bootstrap bool, tune Tuning, pub *publish.Publisher, opts replicaOptions) snapReplica {
@@ -144,7 +144,7 @@ func openSnapReplica(t *testing.T, name string, bootstrap bool, tune Tuning, pub
 		voters = []raft.Server{{Suffrage: raft.Voter, ID: raft.ServerID(name), Address: raft.ServerAddress(r.addr)}}
 	}
 	r.s, err = Open(Config{ID: 0, NodeID: name, Dir: r.dir, Store: st, Layer: layer, InstallLayer: installs,
-		Publisher: pub, Bootstrap: voters, Tuning: tune})
+		Publisher: pub, Bootstrap: voters, Tuning: tune, Knobs: opts.knobs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +197,12 @@ func TestOneCopyWhileSnapshotsAreTaken(t *testing.T) {
 	scheduleFor(t, a.s, 0, 100, payload)
 	snapped := make(chan error, 1)
 	go func() { snapped <- a.s.Raft().Snapshot().Error() }()
-	time.Sleep(200 * time.Millisecond)
+	// raft creates the snapshot's directory (<name>.tmp) just before the
+	// reference's Persist starts waiting for the flush.
+	waitFor(t, 10*time.Second, "the snapshot is being persisted", func() bool {
+		tmp, _ := filepath.Glob(filepath.Join(a.dir, "snapshots", "*.tmp"))
+		return len(tmp) > 0
+	})
 	scheduleFor(t, a.s, 100, 110, payload)
 	if err := <-snapped; err != nil {
 		t.Fatal(err)
@@ -344,22 +349,23 @@ func TestInstallResumesAfterACut(t *testing.T) {
 	tune := Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 		LeaderLeaseTimeout: 100 * time.Millisecond, SnapshotThreshold: 8, TrailingLogs: 4, InstallRate: 256 << 10}
 	opts := replicaOptions{StoreOptions: raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait}}
-	a := openSnapReplica(t, "a", true, tune, pub, opts)
-	waitFor(t, 10*time.Second, "a leads", a.s.IsLeader)
-	scheduleFor(t, a.s, 0, 120, 1<<10)
-	if err := a.s.Raft().Snapshot().Error(); err != nil {
-		t.Fatal(err)
-	}
-
+	// The leader's first send of a copy is cut after a third of it.
 	var cutAt atomic.Int64 // where the first send was cut; 0 until then
-	testHookInstallSend = func(sent, size int64) error {
+	leader := opts
+	leader.knobs.InstallSend = func(sent, size int64) error {
 		if cutAt.Load() == 0 && sent >= size/3 && sent < size {
 			cutAt.Store(sent)
 			return errors.New("cut by the test")
 		}
 		return nil
 	}
-	defer func() { testHookInstallSend = nil }()
+	a := openSnapReplica(t, "a", true, tune, pub, leader)
+	waitFor(t, 10*time.Second, "a leads", a.s.IsLeader)
+	scheduleFor(t, a.s, 0, 120, 1<<10)
+	if err := a.s.Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+
 	b := openSnapReplica(t, "b", false, tune, pub, opts)
 	if err := a.s.Raft().AddNonvoter("b", raft.ServerAddress(b.addr), 0, 10*time.Second).Error(); err != nil {
 		t.Fatal(err)
@@ -426,13 +432,12 @@ func TestCompactionKeepsTheSnapshotEntry(t *testing.T) {
 }
 
 // TestLogKeptWhileAnInstallIsSent: while a full snapshot is being written or
-// sent to a follower, and for keepLogGrace after, raft keeps its whole log,
+// sent to a follower, and for the grace after (Knobs.KeepLogGrace), raft keeps its whole log,
 // so that the follower can replay what was committed meanwhile instead of
 // needing another install; then TrailingLogs is back.
 func TestLogKeptWhileAnInstallIsSent(t *testing.T) {
-	defer func(d time.Duration) { keepLogGrace = d }(keepLogGrace)
-	keepLogGrace = 200 * time.Millisecond
-	n := openNode(t, t.TempDir(), "", startBroker(t), 1)
+	const grace = 200 * time.Millisecond
+	n := openNodeWith(t, t.TempDir(), "", startBroker(t), 1, Knobs{KeepLogGrace: grace})
 	defer n.close()
 	s := n.host.Replica(0)
 	trailing := func() uint64 { return s.raft.ReloadableConfig().TrailingLogs }
@@ -446,17 +451,19 @@ func TestLogKeptWhileAnInstallIsSent(t *testing.T) {
 	if got := trailing(); got != math.MaxUint64 {
 		t.Fatalf("TrailingLogs %d with an install open, want all", got)
 	}
+	closed := time.Now() // before the release's timer is armed
 	s.expanding(false)
-	time.Sleep(keepLogGrace / 2)
-	if got := trailing(); got != math.MaxUint64 {
-		t.Fatalf("TrailingLogs %d within the grace after the install, want all", got)
-	}
 	waitFor(t, 10*time.Second, "TrailingLogs back after the grace", func() bool { return trailing() == want })
+	if kept := time.Since(closed); kept < grace {
+		t.Fatalf("TrailingLogs back %v after the install closed, within the %v grace", kept, grace)
+	}
 	// A new install within the grace keeps it.
 	s.expanding(true)
 	s.expanding(false)
 	s.expanding(true)
-	time.Sleep(2 * keepLogGrace)
+	// Left a sleep: what is checked is that no release comes after the first grace,
+	// which can only be watched for, for a while.
+	time.Sleep(2 * grace)
 	if got := trailing(); got != math.MaxUint64 {
 		t.Fatalf("TrailingLogs %d with a second install open, want all", got)
 	}

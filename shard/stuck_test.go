@@ -21,7 +21,7 @@ import (
 // replication; a second one blocks behind it, and raft's "transfer in
 // progress" flag stays set, refusing every entry, until the replication
 // moves again. Stuck must report the replica once that has gone on for
-// stuckAfter, and not before, and clear once raft accepts entries again.
+// Knobs.StuckAfter, and not before, and clear once raft accepts entries again.
 func TestStuckLeadershipTransfer(t *testing.T) {
 	dir := t.TempDir()
 	store, err := raftfsm.OpenStore(dir+"/pebble", raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
@@ -47,7 +47,8 @@ func TestStuckLeadershipTransfer(t *testing.T) {
 		ID: 0, NodeID: "n1", Dir: dir + "/raft", Store: store, Transport: trans, Publisher: pub,
 		Bootstrap: []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: addr}},
 		Tuning: Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-			LeaderLeaseTimeout: 100 * time.Millisecond, stuckAfter: time.Second},
+			LeaderLeaseTimeout: 100 * time.Millisecond},
+		Knobs: Knobs{StuckAfter: time.Second},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +86,7 @@ func TestStuckLeadershipTransfer(t *testing.T) {
 		t.Fatalf("schedule during the stranded transfer: %v, want refused (%v)", err, ErrNotLeader)
 	}
 	if s.Stuck() {
-		t.Fatal("Stuck at the first refusal, before stuckAfter")
+		t.Fatal("Stuck at the first refusal, before StuckAfter")
 	}
 	waitFor(t, 10*time.Second, "the replica counts as stuck", func() bool {
 		if err := schedule(); !errors.Is(err, ErrNotLeader) {

@@ -52,8 +52,8 @@ func (s *Shard) Update(ctx context.Context, ch Change) (raftfsm.ChangeResult, er
 		}
 		ch.Fields |= raftfsm.ChangeCheckPending
 		ch.Pending = rec.Seq
-		if testHookUpdatePinned != nil {
-			testHookUpdatePinned()
+		if hook := s.cfg.Knobs.UpdatePinned; hook != nil {
+			hook()
 		}
 		res, err := s.proposeUpdate(ctx, ch)
 		s.firing.unpin(rec.Seq)
@@ -68,9 +68,6 @@ func (s *Shard) Update(ctx context.Context, ch Change) (raftfsm.ChangeResult, er
 		}
 	}
 }
-
-// testHookUpdatePinned, if set, runs between the pin and the proposal.
-var testHookUpdatePinned func()
 
 func (s *Shard) proposeUpdate(ctx context.Context, ch Change) (raftfsm.ChangeResult, error) {
 	now := s.cfg.Now().UnixNano()

@@ -104,16 +104,26 @@ func TestUpdateRefusedWhileFiring(t *testing.T) {
 // that the version the change replaces is never produced.
 func TestUpdatePinsTheEvent(t *testing.T) {
 	brokers := publishtest.NewBroker(t).Addrs()
-	n := openNode(t, t.TempDir(), "", brokers, 1, func(tu *Tuning) {
+	// The update holds its pin until a witness, due just after the pinned
+	// event's old due time, has been produced: the firing loop has passed
+	// that time, and would have fired the pinned event had it been in the
+	// wheel.
+	witness := publishtest.Collect(t, brokers, "witness")
+	var proposed time.Time // when the update went on to its proposal
+	n := openNodeWith(t, t.TempDir(), "", brokers, 1, Knobs{UpdatePinned: func() {
+		if got := witness.WaitIDs(1, 10*time.Second); len(got.ByID) != 1 {
+			t.Error("the witness was not produced in 10 s")
+		}
+		proposed = time.Now()
+	}}, func(tu *Tuning) {
 		tu.ClockSkewBound = 10 * time.Millisecond
 	})
 	defer n.close()
 	s := n.host.Replica(0)
-	if _, err := n.host.Schedule(context.Background(), []Request{delayed("pinned", "pin", 300*time.Millisecond)}); err != nil {
+	reqs := []Request{delayed("pinned", "pin", 300*time.Millisecond), delayed("witness", "witness", 400*time.Millisecond)}
+	if _, err := n.host.Schedule(context.Background(), reqs); err != nil {
 		t.Fatal(err)
 	}
-	testHookUpdatePinned = func() { time.Sleep(time.Second) } // well past the old due time
-	defer func() { testHookUpdatePinned = nil }()
 	start := time.Now()
 	if res, err := s.Update(context.Background(), moveTo("pinned", 2*time.Second)); err != nil || res.Outcome != raftfsm.Updated {
 		t.Fatalf("Update = %+v, %v", res, err)
@@ -125,8 +135,8 @@ func TestUpdatePinsTheEvent(t *testing.T) {
 		}
 		t.Fatal("want one record, of the update")
 	}
-	if r := got.Records[0]; r.Fired.Sub(start) < 2900*time.Millisecond {
-		t.Errorf("fired %v after the update began, want 1 s + 2 s", r.Fired.Sub(start))
+	if r := got.Records[0]; r.Fired.Before(proposed.Add(2 * time.Second).Truncate(time.Millisecond)) {
+		t.Errorf("fired %v after the update was proposed, want 2 s", r.Fired.Sub(proposed))
 	}
 }
 
@@ -151,7 +161,11 @@ func TestReplace(t *testing.T) {
 	s := n.host.Replica(0)
 	ctx := context.Background()
 	col := publishtest.Collect(t, brokers, "replace")
-	res, err := s.Schedule(ctx, []Request{delayed("debounced", "replace", 3*time.Second), delayed("held", "replace", 700*time.Millisecond)})
+	// The witness falls due a second after the first version of debounced
+	// would have: once it is produced, the firing loop has passed that time.
+	witness := publishtest.Collect(t, brokers, "witness")
+	res, err := s.Schedule(ctx, []Request{delayed("debounced", "replace", 3*time.Second), delayed("held", "replace", 700*time.Millisecond),
+		delayed("witness", "witness", 4*time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +207,9 @@ func TestReplace(t *testing.T) {
 		}
 		return false
 	})
-	time.Sleep(3 * time.Second) // past the first version's due time
+	if got := witness.WaitIDs(1, 15*time.Second); len(got.ByID) != 1 {
+		t.Fatal("the witness was not produced: the firing loop did not pass the first version's due time")
+	}
 	for _, r := range col.Consumed().Records {
 		if r.ID == "debounced" && r.Version == 1 {
 			t.Errorf("the replaced first version was produced")
