@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -338,34 +339,48 @@ func (f failing) ScheduleBatch(context.Context, []client.Event, ...client.Schedu
 
 // A Batcher has up to MaxInFlight calls under way at once, never more: with
 // every call held, full batches go out until MaxInFlight are waiting, and
-// the next waits for one of them.
+// the next waits for one of them. In a synctest bubble, once every
+// goroutine is blocked nothing more can happen: a third call would have
+// been made by then.
 func TestBatcherMaxInFlight(t *testing.T) {
 	noLeaks(t)
-	_, c := newFakeScheduler(t)
-	gate := make(chan struct{})
-	c.gate = gate
-	b := client.NewBatcher(c, client.BatcherConfig{MaxEvents: 10, MaxInFlight: 2, Linger: time.Hour})
-	ctx := waitCtx(t)
-	var ps []*client.Pending
-	for i := range 40 {
-		ps = append(ps, b.Add(ctx, client.Event{ID: fmt.Sprintf("f-%d", i), Topic: "t", Payload: []byte("x")}, client.In(time.Hour)))
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(c.calls()) < 2 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond) // polls for the two calls to arrive; the deadline bounds it
-	}
-	time.Sleep(50 * time.Millisecond) // room for a third call, which must not come while two are held
-	if got := c.calls(); len(got) != 2 {
-		t.Fatalf("calls under way with MaxInFlight 2: %v", got)
-	}
-	close(gate)
-	for _, p := range ps {
-		if _, err := p.Wait(ctx); err != nil {
-			t.Fatal(err)
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		c := &counting{Scheduler: accepting{}, gate: gate}
+		b := client.NewBatcher(c, client.BatcherConfig{MaxEvents: 10, MaxInFlight: 2, Linger: time.Hour})
+		ctx := context.Background()
+		var ps []*client.Pending
+		for i := range 40 {
+			ps = append(ps, b.Add(ctx, client.Event{ID: fmt.Sprintf("f-%d", i), Topic: "t", Payload: []byte("x")}, client.In(time.Hour)))
 		}
+		synctest.Wait()
+		if got := c.calls(); len(got) != 2 {
+			t.Errorf("calls under way with MaxInFlight 2: %v", got) // not Fatal: the held calls are let go below
+		}
+		close(gate)
+		for _, p := range ps {
+			if _, err := p.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.Close()
+		if got := c.calls(); len(got) != 4 {
+			t.Fatalf("calls: %v; want 4 of 10", got)
+		}
+	})
+}
+
+// accepting accepts every event of a ScheduleBatch, in memory (the Fake
+// serves over gRPC, which has no place in a synctest bubble); the Batcher
+// calls nothing else.
+type accepting struct {
+	client.Scheduler // nil
+}
+
+func (accepting) ScheduleBatch(_ context.Context, evs []client.Event, _ ...client.ScheduleOption) ([]client.Result, error) {
+	rs := make([]client.Result, len(evs))
+	for i, ev := range evs {
+		rs[i] = client.Result{ID: ev.ID, Version: 1}
 	}
-	b.Close()
-	if got := c.calls(); len(got) != 4 {
-		t.Fatalf("calls: %v; want 4 of 10", got)
-	}
+	return rs, nil
 }

@@ -303,12 +303,10 @@ func TestLeaderRouting(t *testing.T) {
 	defer c.Close()
 	ctx := testCtx(t)
 	on1 := idIn("r", 1, 2)
-	for deadline := time.Now().Add(5 * time.Second); b.faults.n("Get") == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("calls for shard 1 never reached its leader")
-		}
-		c.Get(ctx, on1)
-		time.Sleep(10 * time.Millisecond)
+	waitFor(t, 5*time.Second, "the client reads the cluster map", func() bool { return client.HasClusterMap(c) })
+	c.Get(ctx, on1)
+	if b.faults.n("Get") == 0 {
+		t.Fatal("with the map read, a call for shard 1 did not go to its leader")
 	}
 
 	// A batch is split by shard; each part goes to its leader.
@@ -359,7 +357,7 @@ func TestLeaderRouting(t *testing.T) {
 	if _, err := c2.Get(ctx, on1); err != nil && !errors.Is(err, client.ErrNotFound) {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // room for a map read, which must not come: nothing to wait for
 	if admin.calls.Load() != calls {
 		t.Error("a client without leader routing read the cluster map")
 	}
@@ -383,12 +381,10 @@ func TestLeaderMovedHeader(t *testing.T) {
 	defer c.Close()
 	ctx := testCtx(t)
 	on1 := idIn("m", 1, 2)
-	for deadline := time.Now().Add(5 * time.Second); admin.calls.Load() == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the client never read the cluster map")
-		}
-	}
-	time.Sleep(50 * time.Millisecond) // the first map is in place
+	// No call is made before the first map is in place: a call would find
+	// the map missing and ask for another, which could read the next map
+	// without the header's help.
+	waitFor(t, 5*time.Second, "the client reads the cluster map", func() bool { return client.HasClusterMap(c) })
 	// Shard 1's leadership moves to n2; n1 forwards, and says so.
 	admin.setMap(&chimev1.ClusterMap{ShardCount: 2, Members: members, Shards: []*chimev1.Shard{{Id: 0, Leader: "n1"}, {Id: 1, Leader: "n2"}}})
 	a.faults.mu.Lock()
@@ -399,11 +395,27 @@ func TestLeaderMovedHeader(t *testing.T) {
 		return nil
 	}
 	a.faults.mu.Unlock()
-	for deadline := time.Now().Add(5 * time.Second); b.faults.n("Get") == 0; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %d answers saying the leader moved, calls for shard 1 still go to n1", a.faults.n("Get"))
-		}
+	// The map is read again at most once a second, not at each answer.
+	waitFor(t, 5*time.Second, "calls for shard 1 to follow the header to n2", func() bool {
 		c.Get(ctx, on1)
+		return b.faults.n("Get") > 0
+	})
+}
+
+// waitFor polls cond until it holds, and fails the test if it does not
+// within d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("not within %v: %s", d, what)
+		}
 	}
 }
 

@@ -81,6 +81,24 @@ func waitView(t *testing.T, m *Membership, timeout time.Duration, what string, c
 	}
 }
 
+// waitFor is waitView for what Changes does not signal: it polls cond
+// until it returns "", and fails the test with cond's last answer if that
+// takes longer than timeout.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() string) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for problem := cond(); problem != ""; problem = cond() {
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("%s: still not so after %s: %s", what, timeout, problem)
+		}
+	}
+}
+
 // hasMember is a waitView condition: id is in state st with exactly meta.
 func hasMember(id string, st State, meta Meta) func(View) string {
 	return func(v View) string {
@@ -491,12 +509,27 @@ func TestLeftNodeOutlivesForgettingItself(t *testing.T) {
 		}
 		return ""
 	})
-	// a shuts down, so that b's reconnect loop has an absent peer to consider, for
-	// many rounds after memberlist has forgotten b.
+	// a shuts down, so that b's reconnect loop has an absent peer to consider
+	// once memberlist has forgotten b.
 	if err := a.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(10*cfgB.GossipToTheDeadTime + 20*cfgB.ProbeInterval)
+	// Memberlist's LocalNode dereferences nil once the local node is reaped
+	// (a probe round after GossipToTheDeadTime): that panic is the sign.
+	waitFor(t, 10*time.Second, "memberlist forgets the left b", func() (problem string) {
+		defer func() {
+			if recover() != nil {
+				problem = ""
+			}
+		}()
+		b.list.LocalNode()
+		return "b still knows itself"
+	})
+	// What the reconnect loop does each round, now that b is forgotten: it
+	// must find no peer to rejoin (and not crash).
+	if peers := b.absentPeers(); len(peers) != 0 {
+		t.Errorf("after the leave, b's reconnect loop would rejoin %v", peers)
+	}
 	if got := b.LocalAddr(); got != addrB {
 		t.Errorf("LocalAddr after the leave = %q, want %q", got, addrB)
 	}
@@ -537,12 +570,24 @@ func TestDeadNodeIDReclaimedOnlyAfterReclaimTime(t *testing.T) {
 	if b2.LocalAddr() == oldAddr {
 		t.Skipf("b restarted on its old port %s by chance", oldAddr)
 	}
-	for time.Since(deadAt) < reclaim-time.Second {
+	// Until shortly before the reclaim time, every change of a's view keeps
+	// b dead at its old address: the window is the claim, watched change by
+	// change rather than polled.
+	window := time.NewTimer(reclaim - time.Second - time.Since(deadAt))
+	defer window.Stop()
+	for watching := true; ; {
 		if mem := a.View().Members["b"]; mem.State != Dead || mem.GossipAddr != oldAddr {
 			t.Fatalf("%s after b died, a sees b %s at %s: its id was taken from another address before the reclaim time %s",
 				time.Since(deadAt).Round(time.Millisecond), mem.State, mem.GossipAddr, reclaim)
 		}
-		time.Sleep(50 * time.Millisecond)
+		if !watching {
+			break
+		}
+		select {
+		case <-a.Changes():
+		case <-window.C:
+			watching = false
+		}
 	}
 	waitView(t, a, 20*time.Second, "see b back at its new address after the reclaim time", func(v View) string {
 		if mem := v.Members["b"]; mem.State != Alive || mem.GossipAddr != b2.LocalAddr() {

@@ -3,6 +3,7 @@ package chimetest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,17 +64,10 @@ func TestStartDev(t *testing.T) {
 	}
 	// The leader records the event as fired once Kafka acknowledged the
 	// record, a commit after it: the record can be read before that.
-	var ev client.Event
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		ev, err = c.Get(ctx, "dev-1")
-		if err == nil && ev.State == client.StateFired || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // polls for the fired state; the deadline bounds it
-	}
-	if err != nil || ev.State != client.StateFired {
-		t.Errorf("Get after the record arrived: %+v, %v; want fired", ev, err)
-	}
+	waitFor(t, 10*time.Second, func() (bool, string) {
+		ev, err := c.Get(ctx, "dev-1")
+		return err == nil && ev.State == client.StateFired, fmt.Sprintf("Get after the record arrived: %+v, %v; want fired", ev, err)
+	})
 
 	// The Fake's validation is the node's own.
 	fake := chimetest.NewFake()
@@ -85,5 +79,26 @@ func TestStartDev(t *testing.T) {
 	if !errors.As(devErr, &devIE) || !errors.As(fakeErr, &fakeIE) || devIE.Field != fakeIE.Field || devIE.Rule != fakeIE.Rule ||
 		devErr.Error() != fakeErr.Error() {
 		t.Errorf("bad topic: node %v, fake %v; want the same *InvalidError", devErr, fakeErr)
+	}
+}
+
+// waitFor polls cond until it holds, and fails the test with cond's
+// description if it does not within d.
+func waitFor(t *testing.T, d time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ok, what := cond()
+		if ok {
+			return
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			t.Fatalf("not within %v: %s", d, what)
+		}
 	}
 }

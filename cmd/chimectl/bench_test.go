@@ -273,7 +273,9 @@ func TestBenchReschedule(t *testing.T) {
 	get := func(id string) getJSON {
 		t.Helper()
 		var g getJSON
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for deadline := time.Now().Add(10 * time.Second); ; <-tick.C {
 			r := chimectl(t, nil, "", "--addr", addr, "--json", "get", id)
 			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &g) != nil {
 				t.Fatalf("get %s: exit %d: %s%s", id, r.code, r.stdout, r.stderr)

@@ -405,7 +405,7 @@ func tailNewTopic(t *testing.T, args ...string) newTopicTail {
 	// record fires 2 s after a schedule typed after tail started): past the
 	// 2 s in which franz-go re-asks every 250 ms for a topic it was told is
 	// missing, after which it asks only every MetadataMinAge (5 s).
-	time.Sleep(2500 * time.Millisecond)
+	time.Sleep(2500 * time.Millisecond) // the scenario's pacing: no event marks the end of franz-go's quick re-asks
 	if err := b.CreateTopic(topic, 1, nil); err != nil {
 		t.Fatal(err)
 	}

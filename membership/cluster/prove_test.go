@@ -89,8 +89,14 @@ func TestOnlyProvenMembersArePlaced(t *testing.T) {
 	if got := a.Takers(); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("takers %v, want b alone", got)
 	}
-	// c is tried again every second, and stays out.
-	time.Sleep(2500 * time.Millisecond)
+	// c is tried again every second, and stays out. New tries it at most
+	// three times (its proofs, its first placement, the placement b's proof
+	// wakes): a fourth failure is a retry of the refresh every second.
+	waitFor(t, "a retry of c's proof to fail", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.proveFails["c"] >= 4
+	})
 	if got := placed(a); !slices.Equal(got, []string{"a", "b"}) {
 		t.Fatalf("placed on %v after c was tried again, want a and b", got)
 	}

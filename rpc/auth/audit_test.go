@@ -48,14 +48,14 @@ func TestRefusalsCannotFloodTheAuditLog(t *testing.T) {
 		if got := lines(); len(got) != 2 || got[0].Who != "anonymous" || got[0].Repeated != 0 || got[1].Who != "unknown token" {
 			t.Fatalf("after 1000 refusals and one other: %+v", got)
 		}
-		time.Sleep(DefaultRefusalWindow)
+		time.Sleep(DefaultRefusalWindow) // advances the bubble's fake clock: no wall time passes
 		synctest.Wait()
 		got := lines()
 		if len(got) != 3 || got[2].Who != "anonymous" || got[2].Repeated != 999 || got[2].Result != "Unauthenticated" {
 			t.Fatalf("a window later: %+v; want one line counting the other 999", got)
 		}
 		// Quiet for a window: forgotten, so the next refusal is written at once.
-		time.Sleep(2 * DefaultRefusalWindow)
+		time.Sleep(2 * DefaultRefusalWindow) // the fake clock again
 		synctest.Wait()
 		f.call(anonymous, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
 		f.call(anonymous, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
