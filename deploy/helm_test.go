@@ -13,8 +13,10 @@ import (
 )
 
 // helmModule is the helm the checks build when none is on the PATH. helm
-// stays out of go.mod: its dependencies would move the module's (bbolt under
-// the Raft log store among them), so it is built as a tool of its own.
+// stays out of this module's go.mod: its dependencies would move the
+// product's wherever the two are built together, in the go.work workspace
+// (bbolt under the Raft log store among them), so it is built as a tool of
+// its own.
 const helmModule = "helm.sh/helm/v3/cmd/helm@v3.22.0"
 
 // helmBin is the helm every check runs, found or built once per test binary.

@@ -43,6 +43,7 @@ func TestMain(m *testing.M) {
 // first use.
 func builtBinaries(t *testing.T) (chimed, chimectl string) {
 	t.Helper()
+	root := repoRoot(t)
 	binaries.once.Do(func() {
 		dir, err := os.MkdirTemp("", "chime-deploy")
 		if err != nil {
@@ -50,11 +51,14 @@ func builtBinaries(t *testing.T) (chimed, chimectl string) {
 			return
 		}
 		binaries.cleanup = append(binaries.cleanup, dir)
-		// The Dockerfile's build command, run from deploy/.
-		cmd := exec.Command("go", "build", "-trimpath", "-o", dir+string(filepath.Separator), "../cmd/chimed", "../cmd/chimectl")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		// The Dockerfile's build command, run where it runs: at the
+		// repository root, on the product module alone (the image's build
+		// context has no go.work, so GOWORK=off), not in this module.
+		cmd := exec.Command("go", "build", "-trimpath", "-o", dir+string(filepath.Separator), "./cmd/chimed", "./cmd/chimectl")
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			binaries.err = fmt.Errorf("CGO_ENABLED=0 go build ../cmd/chimed ../cmd/chimectl: %v\n%s", err, out)
+			binaries.err = fmt.Errorf("CGO_ENABLED=0 GOWORK=off go build ./cmd/chimed ./cmd/chimectl in %s: %v\n%s", cmd.Dir, err, out)
 			return
 		}
 		binaries.chimed, binaries.chimectl = filepath.Join(dir, "chimed"), filepath.Join(dir, "chimectl")
@@ -116,8 +120,9 @@ func TestElfInterpreterFindsDynamicBinaries(t *testing.T) {
 	}
 }
 
-// repoRoot is the directory holding go.mod, above the test's working
-// directory (deploy/).
+// repoRoot is the directory holding the product's go.mod (module
+// github.com/chimehq/chime), above the test's working directory (deploy/,
+// whose go.mod is this module's own).
 func repoRoot(t *testing.T) string {
 	t.Helper()
 	dir, err := os.Getwd()

@@ -1,0 +1,3 @@
+module example.com/stale
+
+go 1.26
