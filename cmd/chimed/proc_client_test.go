@@ -221,18 +221,7 @@ func TestClientRidesOutALeaderKill(t *testing.T) {
 	if survivor == victim {
 		survivor = c.order[1]
 	}
-	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
-		st := c.status(survivor)
-		if len(st.GetShards()) != clusterShards {
-			return false, "status from " + survivor
-		}
-		for _, s := range st.GetShards() {
-			if s.Leader == "" || s.Leader == victim {
-				return false, "a leader for every shard without " + victim + ": " + nodetest.Describe(st)
-			}
-		}
-		return true, ""
-	})
+	c.waitLedWithout(victim, survivor, 30*time.Second)
 	after := ackedSoFar()
 	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
 		n := ackedSoFar()

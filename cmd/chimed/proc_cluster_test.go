@@ -101,6 +101,24 @@ func (c *cluster) waitConverged(d time.Duration, from ...string) *chimev1.Status
 	return st
 }
 
+// waitLedWithout waits until the status from node from shows every shard
+// led by a node other than victim.
+func (c *cluster) waitLedWithout(victim, from string, d time.Duration) {
+	c.t.Helper()
+	nodetest.WaitFor(c.t, d, func() (bool, string) {
+		st := c.status(from)
+		if len(st.GetShards()) != clusterShards {
+			return false, "status from " + from
+		}
+		for _, s := range st.GetShards() {
+			if s.Leader == "" || s.Leader == victim {
+				return false, "a leader for every shard without " + victim + ": " + nodetest.Describe(st)
+			}
+		}
+		return true, ""
+	})
+}
+
 // waitSettled waits until the cluster has converged and every shard is led by
 // its preferred leader, so no balancing transfer is still to come.
 func (c *cluster) waitSettled(d time.Duration) *chimev1.StatusResponse {

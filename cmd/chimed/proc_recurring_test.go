@@ -123,18 +123,7 @@ func TestRecurringAcrossProcesses(t *testing.T) {
 	if victim == survivor {
 		survivor = "n2"
 	}
-	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
-		st := c.status(survivor)
-		if len(st.GetShards()) != clusterShards {
-			return false, "status from " + survivor
-		}
-		for _, s := range st.GetShards() {
-			if s.Leader == "" || s.Leader == victim {
-				return false, "a leader for every shard without " + victim + ": " + nodetest.Describe(st)
-			}
-		}
-		return true, ""
-	})
+	c.waitLedWithout(victim, survivor, 30*time.Second)
 	led := time.Now()
 	for _, id := range []string{"tick", "cu-" + modes[0].String(), "cu-" + modes[1].String(), "cu-" + modes[2].String()} {
 		reached(id, led.Add(time.Second), 30*time.Second)
