@@ -58,7 +58,7 @@ type logStore struct {
 }
 
 // GetLog reads the entry at index, or answers raft.ErrLogNotFound for an index before the
-// first. raft-wal v0.4.0 reads on from its tail segment the entries a compaction removed
+// first. raft-wal (v0.4.1) reads on from its tail segment the entries a compaction removed
 // (until the segment is sealed or the log reopened); raft would then replicate a follower
 // from entries behind the latest snapshot instead of sending it a snapshot.
 func (l *logStore) GetLog(index uint64, log *raft.Log) error {

@@ -358,6 +358,48 @@ func TestLogStoreHidesCompactedEntries(t *testing.T) {
 	}
 }
 
+// TestLogStoreReadsATruncatedTailAfterReopening: a follower whose log disagrees with its
+// leader's drops its last entries (raft's DeleteRange from an index to the end), appends the
+// leader's, and is then restarted. Every entry must read back after the reopen. raft-wal
+// before v0.4.1 marked the truncated segment sealed without writing its index block, and
+// every read of it after a restart failed with "sealed segment has no index block", on
+// which raft panics at start.
+func TestLogStoreReadsATruncatedTailAfterReopening(t *testing.T) {
+	dir := t.TempDir()
+	s, _ := openLogStoreT(t, dir)
+	for i := uint64(1); i <= 100; i++ {
+		if err := s.StoreLog(&raft.Log{Index: i, Term: 1, Data: []byte{byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeleteRange(91, 100); err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(91); i <= 95; i++ {
+		if err := s.StoreLog(&raft.Log{Index: i, Term: 2, Data: []byte{byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, _ = openLogStoreT(t, dir)
+	defer s.Close()
+	if last, err := s.LastIndex(); err != nil || last != 95 {
+		t.Fatalf("last index after reopening: %d, %v; want 95", last, err)
+	}
+	var l raft.Log
+	for i := uint64(1); i <= 95; i++ {
+		wantTerm := uint64(1)
+		if i > 90 {
+			wantTerm = 2
+		}
+		if err := s.GetLog(i, &l); err != nil || l.Term != wantTerm || l.Data[0] != byte(i) {
+			t.Fatalf("entry %d after reopening: %+v, %v; want term %d", i, l, err, wantTerm)
+		}
+	}
+}
+
 // TestFollowerWithALogInstallsASnapshot: a follower that holds a log and comes back after
 // the leader compacted its log past it is sent a snapshot, and then takes the entries after
 // the snapshot's index. raft-wal refuses a gap, so raft must drop the follower's older
