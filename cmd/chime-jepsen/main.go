@@ -301,6 +301,12 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	if err != nil {
 		logger.Warn("final state", "err", err)
 	}
+	for _, n := range c.nodes {
+		final.Crashes = append(final.Crashes, n.ended()...)
+	}
+	for _, cr := range final.Crashes {
+		logger.Error("a node ended by itself", "node", cr.Node, "at", time.Unix(0, cr.AtNs).Format(time.TimeOnly), "exit", cr.Exit, "why", cr.Line)
+	}
 	ops := h.snapshot()
 	if err := checker.WriteJSONL(filepath.Join(out, "history.jsonl"), ops); err != nil {
 		return res, err
@@ -443,14 +449,14 @@ func summary(r checker.Results) string {
 	u := r.Ops[checker.FUpdate]
 	rc := r.Ops[checker.FRecurring]
 	tp := r.Ops[checker.FTenantProbe]
-	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v\n"+
+	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v crashes=%d\n"+
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d\n"+
 		"bursts: %d checked, %d skipped (a fault overlapped them, or nothing of them was acked or read back); priority_violations=%d\n"+
 		"tenants: %d probes refused, %d let through, %d unanswered; tenant_violations=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
-		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged,
+		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged, r.Crashes,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,

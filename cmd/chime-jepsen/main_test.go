@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,5 +16,25 @@ func TestSummaryShowsBursts(t *testing.T) {
 	if !strings.HasPrefix(s, "INVALID: ") ||
 		!strings.Contains(s, "\nbursts: 7 checked, 3 skipped (a fault overlapped them, or nothing of them was acked or read back); priority_violations=2\n") {
 		t.Errorf("summary:\n%s", s)
+	}
+}
+
+// TestWhyEnded: a crash is reported by its panic line, from this process's part of a log
+// that earlier processes of the node also wrote.
+func TestWhyEnded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "n1.log")
+	earlier := "level=INFO msg=started\npanic: an earlier run's panic\n"
+	now := "level=INFO msg=started\nlevel=ERROR msg=\"failed to get log\"\npanic: sealed segment has no index block\n\ngoroutine 1 [running]:\nmain.main()\n"
+	if err := os.WriteFile(path, []byte(earlier+now), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := whyEnded(path, int64(len(earlier))); got != "panic: sealed segment has no index block" {
+		t.Errorf("whyEnded = %q, want the panic line", got)
+	}
+	if err := os.WriteFile(path, []byte(earlier+"level=INFO msg=started\nlevel=ERROR msg=\"listen: address in use\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := whyEnded(path, int64(len(earlier))); got != `level=ERROR msg="listen: address in use"` {
+		t.Errorf("whyEnded = %q, want the last line", got)
 	}
 }

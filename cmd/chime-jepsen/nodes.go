@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/chimehq/chime/client"
+	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
@@ -38,6 +40,8 @@ type node struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	stopped bool // SIGSTOPped
+	killing bool // kill ended (or is ending) the process
+	crashes []checker.Crash
 
 	// sec, with --secure, secures the node and the driver's calls to it.
 	sec *security
@@ -66,6 +70,12 @@ func (n *node) start() error {
 	if err != nil {
 		return err
 	}
+	fi, err := logf.Stat()
+	if err != nil {
+		logf.Close()
+		return err
+	}
+	logStart := fi.Size() // where this process's output begins
 	cmd := exec.Command("ip", append([]string{"netns", "exec", nsName(n.i), n.bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -73,14 +83,44 @@ func (n *node) start() error {
 		logf.Close()
 		return err
 	}
-	n.cmd, n.exited, n.stopped = cmd, make(chan struct{}), false
+	n.cmd, n.exited, n.stopped, n.killing = cmd, make(chan struct{}), false, false
 	exited := n.exited
 	go func() {
-		cmd.Wait()
+		err := cmd.Wait()
+		at := time.Now()
 		logf.Close()
+		n.mu.Lock()
+		if !n.killing {
+			n.crashes = append(n.crashes, checker.Crash{Node: n.id, AtNs: at.UnixNano(), Exit: fmt.Sprint(err),
+				Line: whyEnded(n.logPath, logStart)})
+		}
+		n.mu.Unlock()
 		close(exited)
 	}()
 	return nil
+}
+
+// whyEnded is the first line of a log, from offset on, that says why a Go process ended
+// ("panic: ...", "fatal error: ..."), or else its last line.
+func whyEnded(path string, offset int64) string {
+	b, err := os.ReadFile(path)
+	if err != nil || offset > int64(len(b)) {
+		return fmt.Sprintf("(its log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b[offset:])), "\n")
+	for _, l := range lines {
+		if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") {
+			return l
+		}
+	}
+	return lines[len(lines)-1]
+}
+
+// ended is every time the node's process ended without kill ending it.
+func (n *node) ended() []checker.Crash {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.crashes)
 }
 
 // serveArgs are the arguments of the node's chimed.
@@ -132,6 +172,9 @@ func (n *node) alive() bool {
 func (n *node) kill() {
 	n.mu.Lock()
 	cmd, exited := n.cmd, n.exited
+	if cmd != nil {
+		n.killing = true
+	}
 	n.mu.Unlock()
 	if cmd == nil {
 		return

@@ -285,12 +285,18 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	res.ConvergenceProblems = convergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
 
+	// 14. crashes: a node's process ends only when the nemesis ends it
+	for _, c := range final.Crashes {
+		res.Crashes++
+		note("crashes", c.Node, "%s ended by itself at %s (%s): %s", c.Node, a.rel(c.AtNs), c.Exit, c.Line)
+	}
+
 	res.Valid = res.Lost == 0 && res.Early == 0 && res.CancelViolations == 0 && res.Phantom == 0 &&
 		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 &&
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
 		res.UpdateViolations == 0 && res.StaleReads == 0 && res.BulkCancelViolations == 0 &&
 		res.RecurringMissing == 0 && res.RecurringEarly == 0 && res.RecurringPhantom == 0 && res.RecurringAfterStop == 0 &&
-		res.PriorityViolations == 0 && res.TenantViolations == 0 && res.Converged
+		res.PriorityViolations == 0 && res.TenantViolations == 0 && res.Converged && res.Crashes == 0
 	return res
 }
 

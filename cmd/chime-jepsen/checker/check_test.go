@@ -31,6 +31,7 @@ func violations(res Results) map[string]int {
 		"recurring_after_stop":   res.RecurringAfterStop,
 		"priority_violations":    res.PriorityViolations,
 		"tenant_violations":      res.TenantViolations,
+		"crashes":                res.Crashes,
 	}
 }
 
@@ -402,6 +403,22 @@ func TestPlantNotConverged(t *testing.T) {
 	res := Check(nil, nil, Cluster{}, Config{})
 	if res.Converged || res.Valid {
 		t.Errorf("an empty final state converged")
+	}
+}
+
+// TestPlantCrash: a node whose process ended by itself makes the run invalid, though every
+// event was delivered and the replicas agree.
+func TestPlantCrash(t *testing.T) {
+	g := genClean(3, 200)
+	g.final.Crashes = []Crash{{Node: "n2", AtNs: g.ops[0].InvokeNs, Exit: "exit status 2",
+		Line: "panic: sealed segment has no index block [recovered, repanicked]"}}
+	res := g.check()
+	if res.Valid || res.Crashes != 1 || !res.Converged {
+		t.Fatalf("valid %v crashes %d converged %v, want false 1 true", res.Valid, res.Crashes, res.Converged)
+	}
+	ex := res.Examples["crashes"]
+	if len(ex) != 1 || ex[0].ID != "n2" || !strings.Contains(ex[0].Why, "exit status 2") || !strings.Contains(ex[0].Why, "sealed segment") {
+		t.Fatalf("examples %+v, want n2's exit and its panic", ex)
 	}
 }
 

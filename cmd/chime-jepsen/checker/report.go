@@ -242,6 +242,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("recurring_after_stop", res.RecurringAfterStop, true)
 	row("priority_violations", res.PriorityViolations, true)
 	row("tenant_violations", res.TenantViolations, true)
+	row("crashes", res.Crashes, true)
 	conv, convClass := "yes", "good"
 	if !res.Converged {
 		conv, convClass = "no", "bad"

@@ -207,6 +207,18 @@ type Record struct {
 // Cluster is the final state of the cluster after the last heal and the drain.
 type Cluster struct {
 	Shards []ShardState `json:"shards"`
+	// Crashes are the times a node's process ended that the nemesis did not end it.
+	Crashes []Crash `json:"crashes,omitempty"`
+}
+
+// Crash is a node's process ending by itself: a panic, a fatal error, an exit.
+type Crash struct {
+	Node string `json:"node"`
+	AtNs int64  `json:"at_ns"`
+	Exit string `json:"exit"` // as os/exec says it: "exit status 2"
+	// Line is the log's first line that says why ("panic: ...", "fatal error: ..."),
+	// or its last line.
+	Line string `json:"line"`
 }
 
 // ShardState is one shard as every node reported it.
@@ -344,6 +356,9 @@ type Results struct {
 
 	Converged           bool     `json:"converged"`
 	ConvergenceProblems []string `json:"convergence_problems"`
+
+	// Crashes counts the node processes that ended without the nemesis ending them.
+	Crashes int `json:"crashes"`
 
 	LatenessMs Lateness   `json:"lateness_ms"`
 	Recovery   []Recovery `json:"recovery"`
