@@ -21,7 +21,7 @@
 //     replicas), Place (rendezvous hashing of one shard over the candidates)
 //     and Placement (every shard's set, with a preferred leader first so that
 //     leaders spread evenly). All are pure functions: same inputs, same
-//     answer, on every node. The node's control plane (membership/cluster)
+//     answer, on every node. The node's control plane (package cluster)
 //     recomputes them as the view changes.
 //
 // # What it must never do

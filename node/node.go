@@ -24,9 +24,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	controlplane "github.com/chimehq/chime/cluster"
 	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/membership"
-	controlplane "github.com/chimehq/chime/membership/cluster"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
@@ -566,6 +566,10 @@ func (n *Node) GossipAddr() string {
 
 // Host returns the node's shard replicas.
 func (n *Node) Host() *host.Host { return n.host }
+
+// Cluster returns the node's control plane, which is also its request path
+// (the Backend of its gRPC API).
+func (n *Node) Cluster() *controlplane.Cluster { return n.cluster }
 
 // ServeErr delivers an error from the gRPC or HTTP server that stopped
 // serving on its own.

@@ -228,7 +228,7 @@ func TestRestoreFoundsANodeThatFiresWhatFellDue(t *testing.T) {
 	// A record reaches Kafka before its MarkFired is applied.
 	publishtest.WaitFor(t, 10*time.Second, "every past-due event marked fired", func() bool {
 		for _, id := range ev.pastDue {
-			if rec, ok, err := n.Host().Get(ctx, id); err != nil || !ok || rec.State != raftfsm.StateFired {
+			if rec, ok, err := n.Cluster().Get(ctx, id); err != nil || !ok || rec.State != raftfsm.StateFired {
 				return false
 			}
 		}
@@ -236,7 +236,7 @@ func TestRestoreFoundsANodeThatFiresWhatFellDue(t *testing.T) {
 	})
 	for ids, want := range map[*[]string]raftfsm.State{&ev.later: raftfsm.StateScheduled, &ev.cancelled: raftfsm.StateCancelled} {
 		for _, id := range *ids {
-			rec, ok, err := n.Host().Get(ctx, id)
+			rec, ok, err := n.Cluster().Get(ctx, id)
 			if err != nil || !ok || rec.State != want {
 				t.Errorf("Get %s: %v %v state %v, want %v", id, ok, err, rec.State, want)
 			}

@@ -21,8 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	controlplane "github.com/chimehq/chime/cluster"
 	"github.com/chimehq/chime/membership"
-	controlplane "github.com/chimehq/chime/membership/cluster"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
@@ -34,7 +34,7 @@ import (
 
 // Start starts a node on cfg.DataDir, creating it or joining a cluster if
 // the directory is new. It does not wait for shard leaders (see WaitReady):
-// requests that arrive before them wait within host.LeaderWait.
+// requests that arrive before them wait within cluster.LeaderWait.
 //
 // Each step is a function of its own, in the order they run: the data
 // directory, the configuration's consistency, the listeners, the cluster's
@@ -76,7 +76,7 @@ func Start(cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.serveGRPC(lns, backend); err != nil {
+	if err := n.serveGRPC(lns, reg, backend); err != nil {
 		return nil, err
 	}
 	n.serveHTTP(lns, reg)
@@ -250,6 +250,9 @@ func (n *Node) startControlPlane(meta clusterMeta) (err error) {
 		RemovedPath: filepath.Join(cfg.DataDir, "removed.json"), PeersPath: peersPath(cfg.DataDir),
 		Logger:          cfg.Logger.With("component", "cluster"),
 		DialCredentials: dialCredentials(cfg.TLS),
+		// A Peer call carries the grant of the client a node forwards for,
+		// which the authorizer puts in the call's context.
+		ScopeOf: rpc.ScopeOf,
 		// Without gossip (chimed dev) the cluster is this node alone: the
 		// Admin API answers for it, and the host has no Directory.
 		Self: membership.Meta{NodeID: cfg.NodeID, GRPCAddr: n.grpcAdvertised, RaftAddr: n.raftAddr, HTTPAddr: n.httpAdvertised},
@@ -263,8 +266,8 @@ func (n *Node) startControlPlane(meta clusterMeta) (err error) {
 
 // openShards opens the node's shard replicas on the Raft listener, which
 // the host owns from then on, and returns what serves the API: the control
-// plane in cluster mode (it forwards to shard leaders elsewhere), the host
-// alone otherwise.
+// plane, whose request path runs each request on its shard's leader, here
+// or on another node, in chimed dev as in a cluster.
 func (n *Node) openShards(lns *listeners, reg *prometheus.Registry, existed bool) (rpc.Backend, error) {
 	cfg := n.cfg
 	hc := host.Config{
@@ -276,10 +279,8 @@ func (n *Node) openShards(lns *listeners, reg *prometheus.Registry, existed bool
 		// only then: a restarted node must never found a second group.
 		Bootstrap: !existed && len(cfg.Join) == 0,
 	}
-	var backend rpc.Backend
 	if cfg.Cluster {
 		hc.Directory = n.cluster
-		backend = n.cluster
 	}
 	var err error
 	if n.host, err = host.Open(hc); err != nil {
@@ -287,17 +288,15 @@ func (n *Node) openShards(lns *listeners, reg *prometheus.Registry, existed bool
 	}
 	lns.raft = nil
 	reg.MustRegister(n.host.Collector())
+	reg.MustRegister(n.cluster.LeaderLookups())
 	n.cluster.SetHost(n.host)
-	if backend == nil {
-		backend = n.host
-	}
-	return backend, nil
+	return n.cluster, nil
 }
 
 // serveGRPC starts the gRPC server on its listener with the API, the Admin
 // API and the node-to-node Peer service, behind the authorizer when
 // Config.AuthFile is set.
-func (n *Node) serveGRPC(lns *listeners, backend rpc.Backend) error {
+func (n *Node) serveGRPC(lns *listeners, reg *prometheus.Registry, backend rpc.Backend) error {
 	cfg := n.cfg
 	// A request is bounded by the event limits (MaxRequestBytes), and so
 	// are the requests one connection can have in flight at once.
@@ -318,7 +317,9 @@ func (n *Node) serveGRPC(lns *listeners, backend rpc.Backend) error {
 			grpc.ChainUnaryInterceptor(authz.UnaryInterceptor), grpc.ChainStreamInterceptor(authz.StreamInterceptor))
 	}
 	n.grpc = grpc.NewServer(opts...)
-	rpc.Register(n.grpc, rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc")))
+	srv := rpc.NewServer(backend, cfg.Limits, cfg.Now, cfg.Logger.With("component", "rpc"))
+	reg.MustRegister(srv.Collector())
+	rpc.Register(n.grpc, srv)
 	rpc.RegisterAdmin(n.grpc, n.cluster, n.topicLimits, cfg.Logger.With("component", "admin"))
 	controlplane.RegisterPeer(n.grpc, n.cluster)
 	maxConns := cfg.MaxConnections

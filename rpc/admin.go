@@ -18,8 +18,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/chimehq/chime/cluster"
 	"github.com/chimehq/chime/membership"
-	"github.com/chimehq/chime/membership/cluster"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/topiclimit"
@@ -70,7 +70,7 @@ func (a *Admin) NodeStatus(_ context.Context, req *chimev1.NodeStatusRequest) (*
 		}
 		idx, d, err := s.Digest()
 		if err != nil {
-			return nil, statusOf(a.logger, "digest", err)
+			return nil, cluster.StatusOf(a.logger, "digest", err)
 		}
 		rp.DigestIndex, rp.Digest = idx, fmt.Sprintf("%016x", d)
 	}
@@ -231,7 +231,7 @@ func (a *Admin) TransferLeader(ctx context.Context, req *chimev1.TransferLeaderR
 	if r := c.LocalLeader(req.Shard); r != nil {
 		voters, _, err := r.Configuration()
 		if err != nil {
-			return nil, statusOf(a.logger, "admin", err)
+			return nil, cluster.StatusOf(a.logger, "admin", err)
 		}
 		if !slices.Contains(voters, req.Node) {
 			return nil, status.Errorf(codes.FailedPrecondition, "node: %q is not a voter of shard %d (voters: %v)", req.Node, req.Shard, voters)
@@ -256,7 +256,7 @@ func (a *Admin) TransferLeader(ctx context.Context, req *chimev1.TransferLeaderR
 	}
 	leader, err := c.LeaderNode(ctx, req.Shard)
 	if err != nil {
-		return nil, statusOf(a.logger, "admin", err)
+		return nil, cluster.StatusOf(a.logger, "admin", err)
 	}
 	cl, err := a.adminClient(leader)
 	if err != nil {
@@ -341,7 +341,7 @@ func (a *Admin) Backup(req *chimev1.BackupRequest, stream chimev1.Admin_BackupSe
 	}
 	leader, err := c.LeaderNode(ctx, req.Shard)
 	if err != nil {
-		return statusOf(a.logger, "backup", err)
+		return cluster.StatusOf(a.logger, "backup", err)
 	}
 	if leader == c.Self() {
 		return status.Errorf(codes.Unavailable, "shard %d is changing leader; retry", req.Shard)
@@ -382,7 +382,7 @@ func (a *Admin) backupLocal(ctx context.Context, r *shard.Shard, stream chimev1.
 	case err != nil && w.sendErr != nil:
 		return w.sendErr // the client went away, or its deadline passed
 	case err != nil:
-		return statusOf(a.logger, "backup", err)
+		return cluster.StatusOf(a.logger, "backup", err)
 	}
 	return w.finish(&chimev1.BackupSummary{Shard: h.Shard, AppliedIndex: h.AppliedIndex, AppliedTerm: h.AppliedTerm, Node: a.c.Self()})
 }

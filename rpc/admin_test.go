@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/chimehq/chime/cluster"
 	"github.com/chimehq/chime/membership"
-	"github.com/chimehq/chime/membership/cluster"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc"
 )

@@ -7,11 +7,12 @@ import (
 	"github.com/chimehq/chime/shard"
 )
 
-// Backend is what the gRPC server needs from the node: a host.Host routes
-// each id to its shard on this node and proposes through Raft; a
-// cluster.Cluster also forwards to shard leaders on other nodes. Both wait
-// out a leader change (up to host.LeaderWait). The server never reaches into
-// Raft itself.
+// Backend is what the gRPC server needs from the node, and gets in the
+// validated form: a node's cluster.Cluster runs each request on its shard's
+// leader (this node's replica, or another node's through the Peer service,
+// which does not validate it again), waiting out a leader change (up to
+// cluster.LeaderWait); rpctest.Backend is an in-memory one for tests. The
+// server never reaches into Raft itself.
 type Backend interface {
 	// Schedule proposes validated requests and returns one result per
 	// request, in order. An error means none of the results are known.

@@ -2,14 +2,15 @@
 // serves the chime.v1.Scheduler API (proto/chime/v1/scheduler.proto) and the
 // chime.v1.Recurring API (recurring.proto) on top of a [Backend], and the
 // chime.v1.Admin API (admin.proto) on top of the node's control plane
-// (membership/cluster). In a node the Backend is a
-// host.Host (chimed dev: one node, every shard local) or a cluster.Cluster
-// (forwarding each request to its shard's leader).
+// (package cluster). In every node, chimed dev included, the Backend is the
+// node's cluster.Cluster, which runs each request, as this package validated
+// it, on its shard's leader.
 //
 // # What it owns
 //
-//   - Validating client input (design invariant 7). Every rule is checked
-//     before anything reaches the Backend; a request that breaks one fails
+//   - Validating client input (design invariant 7), once, on the node the
+//     client called (counted by chime_rpc_validated_events_total). Every rule
+//     is checked before anything reaches the Backend; a request that breaks one fails
 //     with INVALID_ARGUMENT and a message that names the field path and the
 //     rule, e.g. "event.topic: required" or "events[3].payload: 2000000
 //     bytes, at most 1048576 allowed (--max-payload)", and changes nothing.
@@ -27,11 +28,12 @@
 //   - Turning results into responses: Created and Existing into a
 //     ScheduleResponse, Conflict into ALREADY_EXISTS, cancel outcomes into
 //     NOT_FOUND / FAILED_PRECONDITION, raftfsm.Record into GetResponse.
-//   - Mapping Backend errors to gRPC status codes, in one function
-//     (backendStatus): shard.ErrNotLeader, ErrStopped and ErrUnknownShard are
-//     UNAVAILABLE (retryable), context errors keep their meaning, errors that
-//     already carry a gRPC status (a forwarded call) pass through, anything
-//     else is INTERNAL and logged.
+//   - Answering Backend errors with the gRPC status cluster.StatusOf maps
+//     them to, the one mapping the leader's Peer service uses too:
+//     shard.ErrNotLeader, ErrStopped and ErrUnknownShard are UNAVAILABLE
+//     (retryable), context errors keep their meaning, errors that already
+//     carry a gRPC status (the leader's answer to a Peer call) pass through,
+//     anything else is INTERNAL and logged.
 //   - Registering gRPC server reflection next to the service ([Register]), so
 //     grpcurl and other generic clients can discover the API.
 //   - The Admin API ([RegisterAdmin]) for chimectl and chime-jepsen: Status
@@ -64,8 +66,8 @@
 // cancellation bounds the proposal; the Admin API reads replicas only through
 // their typed status and moves leadership only through shard.Shard. It does
 // not compute placement, keep membership state, or talk to other nodes for
-// the shard layer: that is the control plane's (membership/cluster, with its
-// node-to-node Peer service). It never decides due times for delayed
+// the shard layer: that is package cluster's (with its node-to-node Peer
+// service). It never decides due times for delayed
 // events (the shard leader does, with its clock), and it never passes an
 // invalid event on, not even as part of a batch whose other events are valid.
 //

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/chimehq/chime/membership/cluster"
+	"github.com/chimehq/chime/cluster"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/raftfsm/recurrence"
@@ -140,7 +140,7 @@ func (s *Server) checkDefinition(ctx context.Context, r *chimev1.RecurringRule, 
 	if !ok {
 		return raftfsm.Definition{}, invalidArgument("rule", "has no occurrence after now (%s): its end, or its calendar, is past", now.UTC().Format(time.RFC3339))
 	}
-	if il, ok := scopeOf(ctx).(intervalLimited); ok {
+	if il, ok := ScopeOf(ctx).(intervalLimited); ok {
 		var gap time.Duration
 		var at, then time.Time
 		for prev, i := first, 0; i < intervalSamples; i++ {
@@ -155,7 +155,7 @@ func (s *Server) checkDefinition(ctx context.Context, r *chimev1.RecurringRule, 
 		}
 		if least := il.ShortestInterval(); gap != 0 && gap < least {
 			return raftfsm.Definition{}, status.Errorf(codes.PermissionDenied, "rule: occurs %v apart (%s, then %s), more often than credential %q's min_interval of %v",
-				gap, at.UTC().Format(time.RFC3339), then.UTC().Format(time.RFC3339), scopeOf(ctx).Credential(), least)
+				gap, at.UTC().Format(time.RFC3339), then.UTC().Format(time.RFC3339), ScopeOf(ctx).Credential(), least)
 		}
 	}
 	return d, nil
@@ -171,16 +171,7 @@ func (rs *RecurringServer) Create(ctx context.Context, in *chimev1.CreateRecurri
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringCreate, ID: in.Id, Hash: raftfsm.DefinitionHash(&d), Def: d}, scopeOf(ctx))
-	if status.Code(err) == codes.AlreadyExists {
-		// The leader a Create was forwarded to found the id taken: whether
-		// the caller may be told so depends on whose schedule it is.
-		if cur, found, gerr := s.backend.GetSchedule(ctx, in.Id, false); gerr == nil && found {
-			if perr := rs.permitted(ctx, in.Id, &cur); perr != nil {
-				return nil, perr
-			}
-		}
-	}
+	res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringCreate, ID: in.Id, Hash: raftfsm.DefinitionHash(&d), Def: d}, ScopeOf(ctx))
 	if err != nil {
 		return nil, s.backendStatus("Create", err)
 	}
@@ -234,7 +225,7 @@ func (rs *RecurringServer) Update(ctx context.Context, in *chimev1.UpdateRecurri
 		if err != nil {
 			return nil, err
 		}
-		res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringUpdate, ID: in.Id, IfVersion: ifVersion, Hash: raftfsm.DefinitionHash(&d), Def: d}, scopeOf(ctx))
+		res, err := s.backend.Recurring(ctx, raftfsm.Recurring{Op: raftfsm.RecurringUpdate, ID: in.Id, IfVersion: ifVersion, Hash: raftfsm.DefinitionHash(&d), Def: d}, ScopeOf(ctx))
 		if err != nil {
 			return nil, s.backendStatus("Update", err)
 		}
@@ -295,7 +286,7 @@ func (rs *RecurringServer) current(ctx context.Context, name, id string) (raftfs
 // permitted refuses sched, as stored, to a caller whose credential's scope
 // does not hold it: the same refusal whether or not the id exists.
 func (rs *RecurringServer) permitted(ctx context.Context, id string, sched *raftfsm.Schedule) error {
-	if scope := scopeOf(ctx); scope != nil && !scope.Permits(id, sched.Definition.Topic) {
+	if scope := ScopeOf(ctx); scope != nil && !scope.Permits(id, sched.Definition.Topic) {
 		return rs.s.backendStatus("Recurring", shard.Refuse(scope, id))
 	}
 	return nil
@@ -309,7 +300,7 @@ func (rs *RecurringServer) op(ctx context.Context, name string, rc raftfsm.Recur
 	if err := rs.s.checkScheduleID(rc.ID); err != nil {
 		return nil, err
 	}
-	res, err := rs.s.backend.Recurring(ctx, rc, scopeOf(ctx))
+	res, err := rs.s.backend.Recurring(ctx, rc, ScopeOf(ctx))
 	if err != nil {
 		return nil, rs.s.backendStatus(name, err)
 	}
@@ -428,7 +419,7 @@ func (rs *RecurringServer) List(ctx context.Context, in *chimev1.ListRecurringRe
 	}
 	resp := &chimev1.ListRecurringResponse{}
 	size, last := 0, ""
-	scope := scopeOf(ctx)
+	scope := ScopeOf(ctx)
 	for i := range scheds {
 		if scope != nil && !scope.Permits(scheds[i].ID, scheds[i].Definition.Topic) {
 			// Another credential's: left out, and the page goes on past it.

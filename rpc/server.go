@@ -6,11 +6,12 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/chimehq/chime/membership/cluster"
+	"github.com/chimehq/chime/cluster"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc/auth"
 	"github.com/chimehq/chime/shard"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/reflection"
@@ -27,6 +28,8 @@ type Server struct {
 	limits  Limits
 	now     func() time.Time
 	logger  *slog.Logger
+
+	validated prometheus.Counter
 }
 
 // NewServer returns a Server that validates requests against lim (zero fields
@@ -46,8 +49,15 @@ func NewServer(b Backend, lim Limits, now func() time.Time, logger *slog.Logger)
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Server{backend: b, limits: lim.withDefaults(), now: now, logger: logger}
+	return &Server{backend: b, limits: lim.withDefaults(), now: now, logger: logger,
+		validated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "chime_rpc_validated_events_total",
+			Help: "Events of Schedule and BatchSchedule calls this node validated. Each event is validated once, on the node its client called, which hands it to its shard's leader validated.",
+		})}
 }
+
+// Collector exposes the server's metrics.
+func (s *Server) Collector() prometheus.Collector { return s.validated }
 
 // Register registers s on gs as the chime.v1.Scheduler and chime.v1.Recurring
 // services, together with
@@ -64,11 +74,12 @@ func Register(gs *grpc.Server, s *Server) {
 
 // Schedule validates one event and schedules it.
 func (s *Server) Schedule(ctx context.Context, in *chimev1.ScheduleRequest) (*chimev1.ScheduleResponse, error) {
+	s.validated.Inc()
 	req, ferr := s.checkEvent(singleEvent, in.GetEvent(), s.now(), nil)
 	if ferr != nil {
 		return nil, status.Error(codes.InvalidArgument, ferr.Error())
 	}
-	req.Scope = scopeOf(ctx)
+	req.Scope = ScopeOf(ctx)
 	results, err := s.backend.Schedule(ctx, []shard.Request{req})
 	if err != nil {
 		return nil, s.backendStatus("Schedule", err)
@@ -96,7 +107,8 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 		return nil, status.Errorf(codes.InvalidArgument, "events: %d events, at most %d allowed", n, s.limits.MaxBatch)
 	}
 
-	now, scope := s.now(), scopeOf(ctx)
+	now, scope := s.now(), ScopeOf(ctx)
+	s.validated.Add(float64(len(events)))
 	out := make([]*chimev1.ScheduleResult, len(events))
 	reqs := make([]shard.Request, 0, len(events))
 	at := make([]int, 0, len(events)) // at[j] is the index in events of reqs[j]
@@ -161,7 +173,7 @@ func (s *Server) Cancel(ctx context.Context, in *chimev1.CancelRequest) (*chimev
 	if ferr := s.checkID(id); ferr != nil {
 		return nil, status.Error(codes.InvalidArgument, ferr.Error())
 	}
-	res, err := s.backend.Cancel(ctx, id, scopeOf(ctx))
+	res, err := s.backend.Cancel(ctx, id, ScopeOf(ctx))
 	if err != nil {
 		return nil, s.backendStatus("Cancel", err)
 	}
@@ -220,7 +232,7 @@ func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetR
 	if !found {
 		return nil, notFound(id)
 	}
-	if scope := scopeOf(ctx); scope != nil && !scope.Permits(rec.ID, rec.Topic) {
+	if scope := ScopeOf(ctx); scope != nil && !scope.Permits(rec.ID, rec.Topic) {
 		return nil, s.backendStatus("Get", shard.Refuse(scope, id))
 	}
 	resp, err := cluster.GetResponse(&rec)
@@ -230,9 +242,14 @@ func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetR
 	return resp, nil
 }
 
-// scopeOf is the shard.Scope of the caller of ctx: its credential's grant
+// backendStatus is the gRPC status of a Backend error (cluster.StatusOf).
+func (s *Server) backendStatus(op string, err error) error {
+	return cluster.StatusOf(s.logger, op, err)
+}
+
+// ScopeOf is the shard.Scope of the caller of ctx, as the node's authorizer put it: its grant
 // when one limits it, else nil.
-func scopeOf(ctx context.Context) shard.Scope {
+func ScopeOf(ctx context.Context) shard.Scope {
 	if g := auth.Scope(ctx); g != nil {
 		return g
 	}

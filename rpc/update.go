@@ -19,7 +19,7 @@ func (s *Server) Update(ctx context.Context, in *chimev1.UpdateRequest) (*chimev
 	if ferr != nil {
 		return nil, status.Error(codes.InvalidArgument, ferr.Error())
 	}
-	ch.Scope = scopeOf(ctx)
+	ch.Scope = ScopeOf(ctx)
 	res, err := s.backend.Update(ctx, ch)
 	if err != nil {
 		return nil, s.backendStatus("Update", err)

@@ -22,6 +22,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc"
 
+	"github.com/chimehq/chime/cluster"
+	"github.com/chimehq/chime/membership"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/publish/publishtest"
@@ -61,17 +63,24 @@ func startNodeWith(t *testing.T, brokers []string, sec publish.Security) (addr s
 		t.Fatal(err)
 	}
 	publishtest.WaitFor(t, 30*time.Second, "every shard has a leader", h.Ready)
+	// The request path of a node alone, as chimed dev's.
+	cl, err := cluster.New(cluster.Config{Self: membership.Meta{NodeID: "n1"}, Shards: 2, Replication: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.SetHost(h)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	rpc.Register(gs, rpc.NewServer(h, rpc.DefaultLimits(), time.Now, nil))
+	rpc.Register(gs, rpc.NewServer(cl, rpc.DefaultLimits(), time.Now, nil))
 	done := make(chan struct{})
 	go func() { defer close(done); gs.Serve(ln) }()
 	t.Cleanup(func() {
 		gs.Stop()
 		<-done
+		cl.Close()
 		h.Close()
 		pub.Close()
 		store.Close()

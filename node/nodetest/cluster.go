@@ -356,6 +356,9 @@ func (n *Node) Scheduler() chimev1.SchedulerClient { return chimev1.NewScheduler
 // Admin is a client of the node's Admin API.
 func (n *Node) Admin() chimev1.AdminClient { return chimev1.NewAdminClient(n.clientConn()) }
 
+// Recurring is a client of the node's chime.v1.Recurring API.
+func (n *Node) Recurring() chimev1.RecurringClient { return chimev1.NewRecurringClient(n.clientConn()) }
+
 // HTTPAddr is the node's /healthz, /readyz and /metrics address.
 func (n *Node) HTTPAddr() string {
 	n.mu.Lock()

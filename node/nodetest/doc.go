@@ -2,7 +2,7 @@
 // manner of hashicorp/raft's testing.go (MakeCluster, Partition): each node
 // is the production assembly (package node) with real Pebble in a temporary
 // directory, real Raft on raft's in-memory transport, real memberlist on an
-// in-memory network, the real control plane (membership/cluster), and gRPC
+// in-memory network, the real control plane (package cluster), and gRPC
 // and HTTP servers on loopback, publishing to a kfake broker.
 //
 // # What it owns

@@ -267,6 +267,16 @@ func TestScopeTravelsWithTheCall(t *testing.T) {
 		}
 	}
 
+	// A request a node forwards to its shard's leader through Peer carries
+	// the grant the same way, and a client still may not call Peer.
+	scope, err := f.scopedCall(forwarded("billing"), chimev1.Peer_ShardSchedule_FullMethodName, &chimev1.ShardScheduleRequest{})
+	if err != nil || scope == nil || scope.Name != "billing" {
+		t.Errorf("a node's Peer call for billing: scope %v, %v; want billing's", scope, err)
+	}
+	if _, err := f.scopedCall(callCtx("billing-token", certs.Identity{}), chimev1.Peer_ShardSchedule_FullMethodName, &chimev1.ShardScheduleRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("billing calling Peer itself: %v; want PERMISSION_DENIED", err)
+	}
+
 	// What a scope permits: its id prefixes and its topics.
 	g := f.a.table().byName["billing"]
 	for _, c := range []struct {

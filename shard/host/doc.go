@@ -1,21 +1,13 @@
-// Package host runs the shard replicas of one node: it opens them, routes
-// each event id to its shard, and, in a cluster, opens and releases replicas
-// as the placement moves them.
+// Package host runs the shard replicas of one node: it opens them, finds
+// the replica of a shard (Replica), and, in a cluster, opens and releases
+// replicas as the placement moves them. Requests reach the replicas through
+// package cluster's request path, which knows which node leads what.
 //
 // # What it owns
 //
 //   - The node's Raft port (a raftmux.Mux over Config.RaftListener, or, in
 //     tests, one Config.Transport per shard) and one shard.Shard per replica
 //     on this node, opened in parallel at Open.
-//   - Routing: an id goes to shard.For(id, Shards) (chimev1.ShardOf); ScheduleByShard splits a
-//     batch by shard and proposes the parts in parallel. A request that meets
-//     a shard without a leader waits for one (AwaitLeader, at most
-//     LeaderWait, within the request's context).
-//   - Queries across shards (query.go): EachShard runs a List, Count or bulk
-//     cancel step on every shard in parallel, Merge orders the shards' List
-//     answers by due time then id, and CancelByShard drives each shard's
-//     bulk cancel steps to their end; the Host runs them on its own
-//     replicas, a cluster.Cluster on each shard's leader.
 //   - With a Directory, the control loop: it opens an empty replica for every
 //     shard the placement gives this node (the shard's leader then adds it),
 //     and releases (closes and deletes) a replica once the shard's leader has
@@ -34,15 +26,13 @@
 //   - Release a replica this node leads.
 //   - Talk to other nodes itself: questions about other nodes go through the
 //     shard.Directory it is given.
+//   - Route or serve requests: a second request path beside package
+//     cluster's would answer differently from it.
 //
 // # Goroutines
 //
 //   - The control loop (only with a Directory), started by Open, stopped by
 //     Close (close(stop), then <-done), before the replicas close.
-//   - ScheduleByShard runs one goroutine per shard of a batch and waits for
-//     all of them before it returns; EachShard (List, Count, and the bulk
-//     cancel's CancelByShard) one per shard, under a context the first
-//     error cancels, and waits for all of them.
 //   - The replicas' own goroutines (Raft, firing) and the mux's accept loop
 //     belong to shard.Shard and raftmux; Close stops them.
 package host

@@ -1,7 +1,6 @@
 package host
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -288,14 +286,6 @@ func (h *Host) Replica(id uint32) *shard.Shard {
 	return h.shards[id]
 }
 
-func (h *Host) shardFor(id string) (*shard.Shard, error) {
-	s := h.Replica(shard.For(id, h.cfg.Shards))
-	if s == nil {
-		return nil, shard.ErrUnknownShard
-	}
-	return s, nil
-}
-
 // Ready reports whether every replica on this node knows a leader (and, for a
 // fixed single-node host, that every shard has one).
 func (h *Host) Ready() bool {
@@ -337,156 +327,6 @@ func (h *Host) MissingVoters() []uint32 {
 		}
 	}
 	return missing
-}
-
-// Schedule routes each request to its shard and proposes it there. A shard
-// without a leader yet (an election, at start or after a failure) is waited
-// for, within LeaderWait and ctx.
-func (h *Host) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
-	return ScheduleByShard(ctx, reqs, h.cfg.Shards, func(ctx context.Context, id uint32, part []shard.Request) ([]shard.Result, error) {
-		return AwaitLeader(ctx, leaderless, func() ([]shard.Result, error) {
-			s := h.Replica(id)
-			if s == nil {
-				return nil, shard.ErrUnknownShard
-			}
-			return s.Schedule(ctx, part)
-		})
-	})
-}
-
-// leaderless reports the error of a replica that does not lead its shard:
-// on a Host without a Directory, whose replicas are its shards' only voters,
-// the election in progress.
-func leaderless(err error) bool { return errors.Is(err, shard.ErrNotLeader) }
-
-// LeaderWait bounds how long a request waits out a leadership change (an
-// election, a transfer, a replica move) before UNAVAILABLE reaches the
-// client. An election here takes one to two election timeouts (1-2 s with
-// the cluster tuning).
-const LeaderWait = 3 * time.Second
-
-// AwaitLeader runs op until it succeeds, fails with an error that missing
-// does not call a missing leader, or LeaderWait or ctx runs out, backing off
-// from 20 ms to 250 ms between attempts. It returns op's last result and
-// error. Every operation it wraps must be idempotent (by event id).
-func AwaitLeader[T any](ctx context.Context, missing func(error) bool, op func() (T, error)) (T, error) {
-	b := backoff.NewExponentialBackOff()
-	b.InitialInterval, b.Multiplier, b.MaxInterval = 20*time.Millisecond, 2, 250*time.Millisecond
-	var (
-		last    T
-		lastErr error
-	)
-	_, err := backoff.Retry(ctx, func() (T, error) {
-		last, lastErr = op()
-		if lastErr != nil && !missing(lastErr) {
-			return last, backoff.Permanent(lastErr)
-		}
-		return last, lastErr
-	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(LeaderWait))
-	if err == nil {
-		return last, nil
-	}
-	// The operation's error, not the context's, when ctx ends the wait: a
-	// missing leader stays UNAVAILABLE, which a client knows to retry.
-	return last, lastErr
-}
-
-// ScheduleByShard splits reqs by shard, runs schedule for every shard's part
-// in parallel, and returns the results in request order. Any part's error
-// fails the call; parts that did commit are found idempotently on a retry
-// with the same ids.
-func ScheduleByShard(ctx context.Context, reqs []shard.Request, shards int,
-	schedule func(ctx context.Context, id uint32, part []shard.Request) ([]shard.Result, error)) ([]shard.Result, error) {
-	groups := map[uint32][]int{}
-	for i, r := range reqs {
-		id := shard.For(r.ID, shards)
-		groups[id] = append(groups[id], i)
-	}
-	if len(groups) == 1 {
-		for id := range groups {
-			return schedule(ctx, id, reqs)
-		}
-	}
-	out := make([]shard.Result, len(reqs))
-	errs := make(chan error, len(groups))
-	for id, idx := range groups {
-		go func() {
-			part := make([]shard.Request, len(idx))
-			for j, i := range idx {
-				part[j] = reqs[i]
-			}
-			res, err := schedule(ctx, id, part)
-			if err == nil {
-				for j, i := range idx {
-					out[i] = res[j]
-				}
-			}
-			errs <- err
-		}()
-	}
-	var first error
-	for range groups {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	if first != nil {
-		return nil, first
-	}
-	return out, nil
-}
-
-// Cancel cancels id on its shard, waiting for a leader as Schedule does.
-func (h *Host) Cancel(ctx context.Context, id string, scope shard.Scope) (raftfsm.CancelResult, error) {
-	return AwaitLeader(ctx, leaderless, func() (raftfsm.CancelResult, error) {
-		s, err := h.shardFor(id)
-		if err != nil {
-			return raftfsm.CancelResult{}, err
-		}
-		return s.Cancel(ctx, id, scope)
-	})
-}
-
-// Update changes the pending event ch.ID on its shard's leader, waiting for
-// a leader as Schedule does.
-func (h *Host) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error) {
-	return AwaitLeader(ctx, leaderless, func() (raftfsm.ChangeResult, error) {
-		s, err := h.shardFor(ch.ID)
-		if err != nil {
-			return raftfsm.ChangeResult{}, err
-		}
-		return s.Update(ctx, ch)
-	})
-}
-
-// Recurring applies rc on the leader of its schedule's shard, waiting for a
-// leader as Schedule does.
-func (h *Host) Recurring(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error) {
-	return AwaitLeader(ctx, leaderless, func() (*raftfsm.RecurringResult, error) {
-		s, err := h.shardFor(rc.ID)
-		if err != nil {
-			return nil, err
-		}
-		return s.Recurring(ctx, rc, scope)
-	})
-}
-
-type found struct {
-	rec raftfsm.Record
-	ok  bool
-}
-
-// Get reads id on its shard, waiting for a leader as Schedule does.
-func (h *Host) Get(ctx context.Context, id string) (raftfsm.Record, bool, error) {
-	f, err := AwaitLeader(ctx, leaderless, func() (found, error) {
-		s, err := h.shardFor(id)
-		if err != nil {
-			return found{}, err
-		}
-		rec, ok, err := s.Get(ctx, id)
-		return found{rec, ok}, err
-	})
-	return f.rec, f.ok, err
 }
 
 // Collector exposes per-shard state to Prometheus, read on each scrape.

@@ -2,7 +2,6 @@ package host
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"testing"
@@ -77,6 +76,37 @@ func openNodeUnready(t *testing.T, dir, addr string, brokers []string, shards in
 	return n
 }
 
+// The host runs replicas and routes nothing (package cluster does); these
+// tests call the replica of an id's shard, which openNode waited to lead.
+
+func (n *testNode) replicaFor(id string) *shard.Shard {
+	return n.host.Replica(shard.For(id, n.host.cfg.Shards))
+}
+
+// schedule proposes reqs on their shards' replicas, a shard's part at once.
+func (n *testNode) schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
+	parts := map[uint32][]int{}
+	for i, r := range reqs {
+		s := shard.For(r.ID, n.host.cfg.Shards)
+		parts[s] = append(parts[s], i)
+	}
+	out := make([]shard.Result, len(reqs))
+	for s, idx := range parts {
+		part := make([]shard.Request, len(idx))
+		for j, i := range idx {
+			part[j] = reqs[i]
+		}
+		res, err := n.host.Replica(s).Schedule(ctx, part)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range idx {
+			out[i] = res[j]
+		}
+	}
+	return out, nil
+}
+
 func (n *testNode) close() {
 	n.t.Helper()
 	if err := n.host.Close(); err != nil {
@@ -108,7 +138,7 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 		reqs = append(reqs, req(fmt.Sprintf("later-%d", i), 3*time.Second))
 	}
 	reqs = append(reqs, req("cancel-me", 2*time.Second))
-	res, err := n.host.Schedule(ctx, reqs)
+	res, err := n.schedule(ctx, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,15 +148,15 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 		}
 	}
 	// A re-send is idempotent: same seq and due.
-	again, err := n.host.Schedule(ctx, reqs[:1])
+	again, err := n.schedule(ctx, reqs[:1])
 	if err != nil || again[0].Outcome != raftfsm.Existing || again[0].Due != res[0].Due {
 		t.Fatalf("re-send: %+v, %v; want Existing with due %d", again, err, res[0].Due)
 	}
-	cr, err := n.host.Cancel(ctx, "cancel-me", nil)
+	cr, err := n.replicaFor("cancel-me").Cancel(ctx, "cancel-me", nil)
 	if err != nil || cr.Outcome != raftfsm.Cancelled {
 		t.Fatalf("cancel: %+v, %v", cr, err)
 	}
-	if cr, _ := n.host.Cancel(ctx, "nope", nil); cr.Outcome != raftfsm.NotFound {
+	if cr, _ := n.replicaFor("nope").Cancel(ctx, "nope", nil); cr.Outcome != raftfsm.NotFound {
 		t.Fatalf("cancel of an unknown id: %v", cr.Outcome)
 	}
 
@@ -134,7 +164,7 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 		t.Fatalf("before restart: consumed %d records, want the 20 'soon' ones", len(got.ByID))
 	}
 	publishtest.WaitFor(t, 30*time.Second, "soon events marked fired", func() bool {
-		rec, ok, _ := n.host.Get(ctx, "soon-19")
+		rec, ok, _ := n.replicaFor("soon-19").Get(ctx, "soon-19")
 		return ok && rec.State == raftfsm.StateFired
 	})
 	// Every stage of firing was timed: wake, slot, read, hold, lease, produce, mark.
@@ -164,65 +194,16 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 		}
 	}
 	t.Logf("duplicates: %d", consumed.Dups)
-	rec, ok, err := n.host.Get(ctx, "later-3")
+	rec, ok, err := n.replicaFor("later-3").Get(ctx, "later-3")
 	if err != nil || !ok {
 		t.Fatalf("get: %v %v", ok, err)
 	}
 	publishtest.WaitFor(t, 30*time.Second, "later events marked fired", func() bool {
-		rec, _, _ = n.host.Get(ctx, "later-3")
+		rec, _, _ = n.replicaFor("later-3").Get(ctx, "later-3")
 		return rec.State == raftfsm.StateFired
 	})
 	if rec.FiredAt < rec.Due {
 		t.Fatalf("later-3 marked fired at %d before due %d", rec.FiredAt, rec.Due)
-	}
-}
-
-// A request that reaches a shard before its first election is over waits for
-// the leader, within LeaderWait, instead of failing with ErrNotLeader: chimed
-// dev serves gRPC as soon as its port is open, and `chimectl schedule` right
-// after the start failed within 20 ms with "not the leader".
-func TestRequestsWaitForTheFirstLeader(t *testing.T) {
-	n := openNodeUnready(t, t.TempDir(), "", publishtest.NewBroker(t).Addrs(), 2, func(tu *shard.Tuning) {
-		tu.HeartbeatTimeout, tu.ElectionTimeout = 500*time.Millisecond, 500*time.Millisecond
-	})
-	defer n.close()
-	if n.host.Ready() {
-		t.Fatal("the shards had leaders at once: this test proves nothing")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), LeaderWait)
-	defer cancel()
-	r := shard.Request{ID: "early", Delay: time.Hour, HasDelay: true, Topic: "t", Payload: []byte("p")}
-	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
-	res, err := n.host.Schedule(ctx, []shard.Request{r})
-	if err != nil || res[0].Outcome != raftfsm.Created {
-		t.Fatalf("schedule before the first election: %+v, %v; want Created", res, err)
-	}
-	if _, found, err := n.host.Get(ctx, "early"); err != nil || !found {
-		t.Fatalf("get: found %v, %v", found, err)
-	}
-	if cr, err := n.host.Cancel(ctx, "early", nil); err != nil || cr.Outcome != raftfsm.Cancelled {
-		t.Fatalf("cancel: %+v, %v", cr, err)
-	}
-}
-
-// A failure that is not a missing leader is returned at once, and a missing
-// leader is waited for no longer than ctx allows.
-func TestAwaitLeaderStops(t *testing.T) {
-	calls := 0
-	boom := errors.New("boom")
-	_, err := AwaitLeader(context.Background(), leaderless, func() (int, error) { calls++; return 0, boom })
-	if !errors.Is(err, boom) || calls != 1 {
-		t.Fatalf("AwaitLeader = %v after %d calls; want boom after 1", err, calls)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	_, err = AwaitLeader(ctx, leaderless, func() (int, error) { return 0, shard.ErrNotLeader })
-	if !errors.Is(err, shard.ErrNotLeader) {
-		t.Fatalf("AwaitLeader = %v; want the last ErrNotLeader", err)
-	}
-	if d := time.Since(start); d > LeaderWait/2 {
-		t.Fatalf("AwaitLeader waited %v past a 100 ms deadline", d)
 	}
 }
 
@@ -237,7 +218,7 @@ func TestReopenReplica(t *testing.T) {
 	req := func(id string, delay time.Duration) shard.Request {
 		return shard.Request{ID: id, Delay: delay, HasDelay: true, Topic: "reopen", Payload: []byte("p-" + id)}
 	}
-	if _, err := n.host.Schedule(ctx, []shard.Request{req("before", 2*time.Second)}); err != nil {
+	if _, err := n.schedule(ctx, []shard.Request{req("before", 2*time.Second)}); err != nil {
 		t.Fatal(err)
 	}
 	old := n.host.Replica(0)
@@ -247,8 +228,8 @@ func TestReopenReplica(t *testing.T) {
 	if n.host.Replica(0) == old {
 		t.Fatal("the replica was not replaced")
 	}
-	// A write right after the reopen waits for the new raft's election.
-	if _, err := n.host.Schedule(ctx, []shard.Request{req("after", 0)}); err != nil {
+	publishtest.WaitFor(t, 30*time.Second, "the new raft leads", n.host.Ready)
+	if _, err := n.schedule(ctx, []shard.Request{req("after", 0)}); err != nil {
 		t.Fatalf("schedule after the reopen: %v", err)
 	}
 	got := publishtest.Consume(t, brokers, 2, 30*time.Second, "reopen").ByID

@@ -87,6 +87,755 @@ func (RaftState) EnumDescriptor() ([]byte, []int) {
 	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
 }
 
+// ValidEvent is an event as the node the client asked validated it: the
+// due time not yet resolved when the client gave a delay (the leader adds it
+// to its clock), the content hash over the fields as the client sent them.
+type ValidEvent struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Topic   string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Key     []byte                 `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Payload []byte                 `protobuf:"bytes,4,opt,name=payload,proto3" json:"payload,omitempty"`
+	Headers []*Header              `protobuf:"bytes,5,rep,name=headers,proto3" json:"headers,omitempty"`
+	// Unix ns, when has_deliver_at.
+	DeliverAt    int64 `protobuf:"varint,6,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
+	HasDeliverAt bool  `protobuf:"varint,7,opt,name=has_deliver_at,json=hasDeliverAt,proto3" json:"has_deliver_at,omitempty"`
+	// Nanoseconds, when has_delay.
+	Delay       int64  `protobuf:"varint,8,opt,name=delay,proto3" json:"delay,omitempty"`
+	HasDelay    bool   `protobuf:"varint,9,opt,name=has_delay,json=hasDelay,proto3" json:"has_delay,omitempty"`
+	ContentHash uint64 `protobuf:"varint,10,opt,name=content_hash,json=contentHash,proto3" json:"content_hash,omitempty"`
+	Replace     bool   `protobuf:"varint,11,opt,name=replace,proto3" json:"replace,omitempty"`
+	Priority    uint32 `protobuf:"varint,12,opt,name=priority,proto3" json:"priority,omitempty"`
+	// Nanoseconds; 0: none.
+	Window        int64 `protobuf:"varint,13,opt,name=window,proto3" json:"window,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ValidEvent) Reset() {
+	*x = ValidEvent{}
+	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ValidEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ValidEvent) ProtoMessage() {}
+
+func (x *ValidEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ValidEvent.ProtoReflect.Descriptor instead.
+func (*ValidEvent) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ValidEvent) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ValidEvent) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ValidEvent) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *ValidEvent) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *ValidEvent) GetHeaders() []*Header {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *ValidEvent) GetDeliverAt() int64 {
+	if x != nil {
+		return x.DeliverAt
+	}
+	return 0
+}
+
+func (x *ValidEvent) GetHasDeliverAt() bool {
+	if x != nil {
+		return x.HasDeliverAt
+	}
+	return false
+}
+
+func (x *ValidEvent) GetDelay() int64 {
+	if x != nil {
+		return x.Delay
+	}
+	return 0
+}
+
+func (x *ValidEvent) GetHasDelay() bool {
+	if x != nil {
+		return x.HasDelay
+	}
+	return false
+}
+
+func (x *ValidEvent) GetContentHash() uint64 {
+	if x != nil {
+		return x.ContentHash
+	}
+	return 0
+}
+
+func (x *ValidEvent) GetReplace() bool {
+	if x != nil {
+		return x.Replace
+	}
+	return false
+}
+
+func (x *ValidEvent) GetPriority() uint32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *ValidEvent) GetWindow() int64 {
+	if x != nil {
+		return x.Window
+	}
+	return 0
+}
+
+type ShardScheduleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	Events        []*ValidEvent          `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardScheduleRequest) Reset() {
+	*x = ShardScheduleRequest{}
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardScheduleRequest) ProtoMessage() {}
+
+func (x *ShardScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardScheduleRequest.ProtoReflect.Descriptor instead.
+func (*ShardScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ShardScheduleRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ShardScheduleRequest) GetEvents() []*ValidEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// ShardResult is one event's outcome: a raftfsm.ScheduleOutcome when code
+// is 0 (OK), otherwise the gRPC code and message that refused this event
+// alone, changing nothing.
+type ShardResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Outcome       uint32                 `protobuf:"varint,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Due           int64                  `protobuf:"varint,2,opt,name=due,proto3" json:"due,omitempty"`
+	Version       uint64                 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	Code          int32                  `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardResult) Reset() {
+	*x = ShardResult{}
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardResult) ProtoMessage() {}
+
+func (x *ShardResult) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardResult.ProtoReflect.Descriptor instead.
+func (*ShardResult) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ShardResult) GetOutcome() uint32 {
+	if x != nil {
+		return x.Outcome
+	}
+	return 0
+}
+
+func (x *ShardResult) GetDue() int64 {
+	if x != nil {
+		return x.Due
+	}
+	return 0
+}
+
+func (x *ShardResult) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ShardResult) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ShardResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type ShardScheduleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per event, in request order.
+	Results       []*ShardResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardScheduleResponse) Reset() {
+	*x = ShardScheduleResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardScheduleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardScheduleResponse) ProtoMessage() {}
+
+func (x *ShardScheduleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardScheduleResponse.ProtoReflect.Descriptor instead.
+func (*ShardScheduleResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ShardScheduleResponse) GetResults() []*ShardResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// ShardUpdateRequest is a validated Update: the fields it replaces (a
+// raftfsm.ChangeFields bit set) and their new values.
+type ShardUpdateRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Id        string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	IfVersion uint64                 `protobuf:"varint,2,opt,name=if_version,json=ifVersion,proto3" json:"if_version,omitempty"`
+	Fields    uint32                 `protobuf:"varint,3,opt,name=fields,proto3" json:"fields,omitempty"`
+	// Unix ns, absolute, unless has_delay.
+	Due           int64     `protobuf:"varint,4,opt,name=due,proto3" json:"due,omitempty"`
+	Delay         int64     `protobuf:"varint,5,opt,name=delay,proto3" json:"delay,omitempty"`
+	HasDelay      bool      `protobuf:"varint,6,opt,name=has_delay,json=hasDelay,proto3" json:"has_delay,omitempty"`
+	Key           []byte    `protobuf:"bytes,7,opt,name=key,proto3" json:"key,omitempty"`
+	Payload       []byte    `protobuf:"bytes,8,opt,name=payload,proto3" json:"payload,omitempty"`
+	Headers       []*Header `protobuf:"bytes,9,rep,name=headers,proto3" json:"headers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardUpdateRequest) Reset() {
+	*x = ShardUpdateRequest{}
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardUpdateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardUpdateRequest) ProtoMessage() {}
+
+func (x *ShardUpdateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardUpdateRequest.ProtoReflect.Descriptor instead.
+func (*ShardUpdateRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ShardUpdateRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ShardUpdateRequest) GetIfVersion() uint64 {
+	if x != nil {
+		return x.IfVersion
+	}
+	return 0
+}
+
+func (x *ShardUpdateRequest) GetFields() uint32 {
+	if x != nil {
+		return x.Fields
+	}
+	return 0
+}
+
+func (x *ShardUpdateRequest) GetDue() int64 {
+	if x != nil {
+		return x.Due
+	}
+	return 0
+}
+
+func (x *ShardUpdateRequest) GetDelay() int64 {
+	if x != nil {
+		return x.Delay
+	}
+	return 0
+}
+
+func (x *ShardUpdateRequest) GetHasDelay() bool {
+	if x != nil {
+		return x.HasDelay
+	}
+	return false
+}
+
+func (x *ShardUpdateRequest) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *ShardUpdateRequest) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
+func (x *ShardUpdateRequest) GetHeaders() []*Header {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+type ShardUpdateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A raftfsm.UpdateOutcome and raftfsm.State.
+	Outcome       uint32 `protobuf:"varint,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	State         uint32 `protobuf:"varint,2,opt,name=state,proto3" json:"state,omitempty"`
+	Due           int64  `protobuf:"varint,3,opt,name=due,proto3" json:"due,omitempty"`
+	Version       uint64 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardUpdateResponse) Reset() {
+	*x = ShardUpdateResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardUpdateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardUpdateResponse) ProtoMessage() {}
+
+func (x *ShardUpdateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardUpdateResponse.ProtoReflect.Descriptor instead.
+func (*ShardUpdateResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ShardUpdateResponse) GetOutcome() uint32 {
+	if x != nil {
+		return x.Outcome
+	}
+	return 0
+}
+
+func (x *ShardUpdateResponse) GetState() uint32 {
+	if x != nil {
+		return x.State
+	}
+	return 0
+}
+
+func (x *ShardUpdateResponse) GetDue() int64 {
+	if x != nil {
+		return x.Due
+	}
+	return 0
+}
+
+func (x *ShardUpdateResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type ShardEventRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardEventRequest) Reset() {
+	*x = ShardEventRequest{}
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardEventRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardEventRequest) ProtoMessage() {}
+
+func (x *ShardEventRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardEventRequest.ProtoReflect.Descriptor instead.
+func (*ShardEventRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ShardEventRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ShardCancelEventResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A raftfsm.CancelOutcome.
+	Outcome       uint32 `protobuf:"varint,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardCancelEventResponse) Reset() {
+	*x = ShardCancelEventResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardCancelEventResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardCancelEventResponse) ProtoMessage() {}
+
+func (x *ShardCancelEventResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardCancelEventResponse.ProtoReflect.Descriptor instead.
+func (*ShardCancelEventResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ShardCancelEventResponse) GetOutcome() uint32 {
+	if x != nil {
+		return x.Outcome
+	}
+	return 0
+}
+
+type ShardGetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Found         bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	Event         *GetResponse           `protobuf:"bytes,2,opt,name=event,proto3" json:"event,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardGetResponse) Reset() {
+	*x = ShardGetResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardGetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardGetResponse) ProtoMessage() {}
+
+func (x *ShardGetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardGetResponse.ProtoReflect.Descriptor instead.
+func (*ShardGetResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ShardGetResponse) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *ShardGetResponse) GetEvent() *GetResponse {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+type ShardRecurringRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The raftfsm.Recurring command, in its Raft log encoding.
+	Command       []byte `protobuf:"bytes,1,opt,name=command,proto3" json:"command,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardRecurringRequest) Reset() {
+	*x = ShardRecurringRequest{}
+	mi := &file_chime_v1_peer_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardRecurringRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardRecurringRequest) ProtoMessage() {}
+
+func (x *ShardRecurringRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardRecurringRequest.ProtoReflect.Descriptor instead.
+func (*ShardRecurringRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ShardRecurringRequest) GetCommand() []byte {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+type ShardRecurringResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A raftfsm.RecurringOutcome.
+	Outcome       uint32             `protobuf:"varint,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Schedule      *RecurringSchedule `protobuf:"bytes,2,opt,name=schedule,proto3" json:"schedule,omitempty"`
+	Error         string             `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardRecurringResponse) Reset() {
+	*x = ShardRecurringResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardRecurringResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardRecurringResponse) ProtoMessage() {}
+
+func (x *ShardRecurringResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardRecurringResponse.ProtoReflect.Descriptor instead.
+func (*ShardRecurringResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ShardRecurringResponse) GetOutcome() uint32 {
+	if x != nil {
+		return x.Outcome
+	}
+	return 0
+}
+
+func (x *ShardRecurringResponse) GetSchedule() *RecurringSchedule {
+	if x != nil {
+		return x.Schedule
+	}
+	return nil
+}
+
+func (x *ShardRecurringResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type ShardSchedulesQuery struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Shard    uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
@@ -101,7 +850,7 @@ type ShardSchedulesQuery struct {
 
 func (x *ShardSchedulesQuery) Reset() {
 	*x = ShardSchedulesQuery{}
-	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	mi := &file_chime_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -113,7 +862,7 @@ func (x *ShardSchedulesQuery) String() string {
 func (*ShardSchedulesQuery) ProtoMessage() {}
 
 func (x *ShardSchedulesQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	mi := &file_chime_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -126,7 +875,7 @@ func (x *ShardSchedulesQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardSchedulesQuery.ProtoReflect.Descriptor instead.
 func (*ShardSchedulesQuery) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ShardSchedulesQuery) GetShard() uint32 {
@@ -178,7 +927,7 @@ type ShardSchedulesResponse struct {
 
 func (x *ShardSchedulesResponse) Reset() {
 	*x = ShardSchedulesResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -190,7 +939,7 @@ func (x *ShardSchedulesResponse) String() string {
 func (*ShardSchedulesResponse) ProtoMessage() {}
 
 func (x *ShardSchedulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -203,7 +952,7 @@ func (x *ShardSchedulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardSchedulesResponse.ProtoReflect.Descriptor instead.
 func (*ShardSchedulesResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ShardSchedulesResponse) GetSchedules() []*RecurringSchedule {
@@ -239,7 +988,7 @@ type ShardQuery struct {
 
 func (x *ShardQuery) Reset() {
 	*x = ShardQuery{}
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -251,7 +1000,7 @@ func (x *ShardQuery) String() string {
 func (*ShardQuery) ProtoMessage() {}
 
 func (x *ShardQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -264,7 +1013,7 @@ func (x *ShardQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardQuery.ProtoReflect.Descriptor instead.
 func (*ShardQuery) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ShardQuery) GetShard() uint32 {
@@ -337,7 +1086,7 @@ type ShardListResponse struct {
 
 func (x *ShardListResponse) Reset() {
 	*x = ShardListResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +1098,7 @@ func (x *ShardListResponse) String() string {
 func (*ShardListResponse) ProtoMessage() {}
 
 func (x *ShardListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +1111,7 @@ func (x *ShardListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardListResponse.ProtoReflect.Descriptor instead.
 func (*ShardListResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ShardListResponse) GetEvents() []*GetResponse {
@@ -393,7 +1142,7 @@ type ShardCancelResponse struct {
 
 func (x *ShardCancelResponse) Reset() {
 	*x = ShardCancelResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +1154,7 @@ func (x *ShardCancelResponse) String() string {
 func (*ShardCancelResponse) ProtoMessage() {}
 
 func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +1167,7 @@ func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardCancelResponse.ProtoReflect.Descriptor instead.
 func (*ShardCancelResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ShardCancelResponse) GetStep() *CancelMatchingProgress {
@@ -459,7 +1208,7 @@ type ReplicasRequest struct {
 
 func (x *ReplicasRequest) Reset() {
 	*x = ReplicasRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	mi := &file_chime_v1_peer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +1220,7 @@ func (x *ReplicasRequest) String() string {
 func (*ReplicasRequest) ProtoMessage() {}
 
 func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	mi := &file_chime_v1_peer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +1233,7 @@ func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ReplicasRequest) GetShards() []uint32 {
@@ -522,7 +1271,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	mi := &file_chime_v1_peer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +1283,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	mi := &file_chime_v1_peer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +1296,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ReplicaStatus) GetShard() uint32 {
@@ -660,7 +1409,7 @@ type ReplicasResponse struct {
 
 func (x *ReplicasResponse) Reset() {
 	*x = ReplicasResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[7]
+	mi := &file_chime_v1_peer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -672,7 +1421,7 @@ func (x *ReplicasResponse) String() string {
 func (*ReplicasResponse) ProtoMessage() {}
 
 func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[7]
+	mi := &file_chime_v1_peer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -685,7 +1434,7 @@ func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReplicasResponse) GetNodeId() string {
@@ -719,7 +1468,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[8]
+	mi := &file_chime_v1_peer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -731,7 +1480,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[8]
+	mi := &file_chime_v1_peer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -744,7 +1493,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ForgetRequest) GetNode() string {
@@ -762,7 +1511,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[9]
+	mi := &file_chime_v1_peer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -774,7 +1523,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[9]
+	mi := &file_chime_v1_peer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -787,14 +1536,71 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{20}
 }
 
 var File_chime_v1_peer_proto protoreflect.FileDescriptor
 
 const file_chime_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18chime/v1/recurring.proto\x1a\x18chime/v1/scheduler.proto\"\x94\x01\n" +
+	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18chime/v1/recurring.proto\x1a\x18chime/v1/scheduler.proto\"\xf3\x02\n" +
+	"\n" +
+	"ValidEvent\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\fR\x03key\x12\x18\n" +
+	"\apayload\x18\x04 \x01(\fR\apayload\x12*\n" +
+	"\aheaders\x18\x05 \x03(\v2\x10.chime.v1.HeaderR\aheaders\x12\x1d\n" +
+	"\n" +
+	"deliver_at\x18\x06 \x01(\x03R\tdeliverAt\x12$\n" +
+	"\x0ehas_deliver_at\x18\a \x01(\bR\fhasDeliverAt\x12\x14\n" +
+	"\x05delay\x18\b \x01(\x03R\x05delay\x12\x1b\n" +
+	"\thas_delay\x18\t \x01(\bR\bhasDelay\x12!\n" +
+	"\fcontent_hash\x18\n" +
+	" \x01(\x04R\vcontentHash\x12\x18\n" +
+	"\areplace\x18\v \x01(\bR\areplace\x12\x1a\n" +
+	"\bpriority\x18\f \x01(\rR\bpriority\x12\x16\n" +
+	"\x06window\x18\r \x01(\x03R\x06window\"Z\n" +
+	"\x14ShardScheduleRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\x12,\n" +
+	"\x06events\x18\x02 \x03(\v2\x14.chime.v1.ValidEventR\x06events\"\x81\x01\n" +
+	"\vShardResult\x12\x18\n" +
+	"\aoutcome\x18\x01 \x01(\rR\aoutcome\x12\x10\n" +
+	"\x03due\x18\x02 \x01(\x03R\x03due\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\x12\x12\n" +
+	"\x04code\x18\x04 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\"H\n" +
+	"\x15ShardScheduleResponse\x12/\n" +
+	"\aresults\x18\x01 \x03(\v2\x15.chime.v1.ShardResultR\aresults\"\xf8\x01\n" +
+	"\x12ShardUpdateRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"if_version\x18\x02 \x01(\x04R\tifVersion\x12\x16\n" +
+	"\x06fields\x18\x03 \x01(\rR\x06fields\x12\x10\n" +
+	"\x03due\x18\x04 \x01(\x03R\x03due\x12\x14\n" +
+	"\x05delay\x18\x05 \x01(\x03R\x05delay\x12\x1b\n" +
+	"\thas_delay\x18\x06 \x01(\bR\bhasDelay\x12\x10\n" +
+	"\x03key\x18\a \x01(\fR\x03key\x12\x18\n" +
+	"\apayload\x18\b \x01(\fR\apayload\x12*\n" +
+	"\aheaders\x18\t \x03(\v2\x10.chime.v1.HeaderR\aheaders\"q\n" +
+	"\x13ShardUpdateResponse\x12\x18\n" +
+	"\aoutcome\x18\x01 \x01(\rR\aoutcome\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\rR\x05state\x12\x10\n" +
+	"\x03due\x18\x03 \x01(\x03R\x03due\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x04R\aversion\"#\n" +
+	"\x11ShardEventRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"4\n" +
+	"\x18ShardCancelEventResponse\x12\x18\n" +
+	"\aoutcome\x18\x01 \x01(\rR\aoutcome\"U\n" +
+	"\x10ShardGetResponse\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12+\n" +
+	"\x05event\x18\x02 \x01(\v2\x15.chime.v1.GetResponseR\x05event\"1\n" +
+	"\x15ShardRecurringRequest\x12\x18\n" +
+	"\acommand\x18\x01 \x01(\fR\acommand\"\x81\x01\n" +
+	"\x16ShardRecurringResponse\x12\x18\n" +
+	"\aoutcome\x18\x01 \x01(\rR\aoutcome\x127\n" +
+	"\bschedule\x18\x02 \x01(\v2\x1b.chime.v1.RecurringScheduleR\bschedule\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x94\x01\n" +
 	"\x13ShardSchedulesQuery\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1b\n" +
 	"\tid_prefix\x18\x02 \x01(\tR\bidPrefix\x12\x19\n" +
@@ -853,7 +1659,7 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\x9a\x03\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xa7\x06\n" +
 	"\x04Peer\x12A\n" +
 	"\bReplicas\x12\x19.chime.v1.ReplicasRequest\x1a\x1a.chime.v1.ReplicasResponse\x12;\n" +
 	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x12>\n" +
@@ -861,7 +1667,12 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"ShardCount\x12\x14.chime.v1.ShardQuery\x1a\x17.chime.v1.CountResponse\x12B\n" +
 	"\vShardCancel\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponse\x12Q\n" +
-	"\x0eShardSchedules\x12\x1d.chime.v1.ShardSchedulesQuery\x1a .chime.v1.ShardSchedulesResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
+	"\x0eShardSchedules\x12\x1d.chime.v1.ShardSchedulesQuery\x1a .chime.v1.ShardSchedulesResponse\x12P\n" +
+	"\rShardSchedule\x12\x1e.chime.v1.ShardScheduleRequest\x1a\x1f.chime.v1.ShardScheduleResponse\x12J\n" +
+	"\vShardUpdate\x12\x1c.chime.v1.ShardUpdateRequest\x1a\x1d.chime.v1.ShardUpdateResponse\x12S\n" +
+	"\x10ShardCancelEvent\x12\x1b.chime.v1.ShardEventRequest\x1a\".chime.v1.ShardCancelEventResponse\x12C\n" +
+	"\bShardGet\x12\x1b.chime.v1.ShardEventRequest\x1a\x1a.chime.v1.ShardGetResponse\x12S\n" +
+	"\x0eShardRecurring\x12\x1f.chime.v1.ShardRecurringRequest\x1a .chime.v1.ShardRecurringResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
 
 var (
 	file_chime_v1_peer_proto_rawDescOnce sync.Once
@@ -876,52 +1687,80 @@ func file_chime_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_chime_v1_peer_proto_goTypes = []any{
-	(RaftState)(0),                 // 0: chime.v1.RaftState
-	(*ShardSchedulesQuery)(nil),    // 1: chime.v1.ShardSchedulesQuery
-	(*ShardSchedulesResponse)(nil), // 2: chime.v1.ShardSchedulesResponse
-	(*ShardQuery)(nil),             // 3: chime.v1.ShardQuery
-	(*ShardListResponse)(nil),      // 4: chime.v1.ShardListResponse
-	(*ShardCancelResponse)(nil),    // 5: chime.v1.ShardCancelResponse
-	(*ReplicasRequest)(nil),        // 6: chime.v1.ReplicasRequest
-	(*ReplicaStatus)(nil),          // 7: chime.v1.ReplicaStatus
-	(*ReplicasResponse)(nil),       // 8: chime.v1.ReplicasResponse
-	(*ForgetRequest)(nil),          // 9: chime.v1.ForgetRequest
-	(*ForgetResponse)(nil),         // 10: chime.v1.ForgetResponse
-	(*RecurringSchedule)(nil),      // 11: chime.v1.RecurringSchedule
-	(*EventFilter)(nil),            // 12: chime.v1.EventFilter
-	(*timestamppb.Timestamp)(nil),  // 13: google.protobuf.Timestamp
-	(*GetResponse)(nil),            // 14: chime.v1.GetResponse
-	(*CancelMatchingProgress)(nil), // 15: chime.v1.CancelMatchingProgress
-	(*CountResponse)(nil),          // 16: chime.v1.CountResponse
+	(RaftState)(0),                   // 0: chime.v1.RaftState
+	(*ValidEvent)(nil),               // 1: chime.v1.ValidEvent
+	(*ShardScheduleRequest)(nil),     // 2: chime.v1.ShardScheduleRequest
+	(*ShardResult)(nil),              // 3: chime.v1.ShardResult
+	(*ShardScheduleResponse)(nil),    // 4: chime.v1.ShardScheduleResponse
+	(*ShardUpdateRequest)(nil),       // 5: chime.v1.ShardUpdateRequest
+	(*ShardUpdateResponse)(nil),      // 6: chime.v1.ShardUpdateResponse
+	(*ShardEventRequest)(nil),        // 7: chime.v1.ShardEventRequest
+	(*ShardCancelEventResponse)(nil), // 8: chime.v1.ShardCancelEventResponse
+	(*ShardGetResponse)(nil),         // 9: chime.v1.ShardGetResponse
+	(*ShardRecurringRequest)(nil),    // 10: chime.v1.ShardRecurringRequest
+	(*ShardRecurringResponse)(nil),   // 11: chime.v1.ShardRecurringResponse
+	(*ShardSchedulesQuery)(nil),      // 12: chime.v1.ShardSchedulesQuery
+	(*ShardSchedulesResponse)(nil),   // 13: chime.v1.ShardSchedulesResponse
+	(*ShardQuery)(nil),               // 14: chime.v1.ShardQuery
+	(*ShardListResponse)(nil),        // 15: chime.v1.ShardListResponse
+	(*ShardCancelResponse)(nil),      // 16: chime.v1.ShardCancelResponse
+	(*ReplicasRequest)(nil),          // 17: chime.v1.ReplicasRequest
+	(*ReplicaStatus)(nil),            // 18: chime.v1.ReplicaStatus
+	(*ReplicasResponse)(nil),         // 19: chime.v1.ReplicasResponse
+	(*ForgetRequest)(nil),            // 20: chime.v1.ForgetRequest
+	(*ForgetResponse)(nil),           // 21: chime.v1.ForgetResponse
+	(*Header)(nil),                   // 22: chime.v1.Header
+	(*GetResponse)(nil),              // 23: chime.v1.GetResponse
+	(*RecurringSchedule)(nil),        // 24: chime.v1.RecurringSchedule
+	(*EventFilter)(nil),              // 25: chime.v1.EventFilter
+	(*timestamppb.Timestamp)(nil),    // 26: google.protobuf.Timestamp
+	(*CancelMatchingProgress)(nil),   // 27: chime.v1.CancelMatchingProgress
+	(*CountResponse)(nil),            // 28: chime.v1.CountResponse
 }
 var file_chime_v1_peer_proto_depIdxs = []int32{
-	11, // 0: chime.v1.ShardSchedulesResponse.schedules:type_name -> chime.v1.RecurringSchedule
-	12, // 1: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
-	13, // 2: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
-	14, // 3: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
-	15, // 4: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
-	13, // 5: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
-	0,  // 6: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
-	7,  // 7: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
-	6,  // 8: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
-	9,  // 9: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
-	3,  // 10: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
-	3,  // 11: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
-	3,  // 12: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
-	1,  // 13: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
-	8,  // 14: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
-	10, // 15: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
-	4,  // 16: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
-	16, // 17: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
-	5,  // 18: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
-	2,  // 19: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
-	14, // [14:20] is the sub-list for method output_type
-	8,  // [8:14] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	22, // 0: chime.v1.ValidEvent.headers:type_name -> chime.v1.Header
+	1,  // 1: chime.v1.ShardScheduleRequest.events:type_name -> chime.v1.ValidEvent
+	3,  // 2: chime.v1.ShardScheduleResponse.results:type_name -> chime.v1.ShardResult
+	22, // 3: chime.v1.ShardUpdateRequest.headers:type_name -> chime.v1.Header
+	23, // 4: chime.v1.ShardGetResponse.event:type_name -> chime.v1.GetResponse
+	24, // 5: chime.v1.ShardRecurringResponse.schedule:type_name -> chime.v1.RecurringSchedule
+	24, // 6: chime.v1.ShardSchedulesResponse.schedules:type_name -> chime.v1.RecurringSchedule
+	25, // 7: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
+	26, // 8: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
+	23, // 9: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
+	27, // 10: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
+	26, // 11: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
+	0,  // 12: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
+	18, // 13: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
+	17, // 14: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
+	20, // 15: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
+	14, // 16: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
+	14, // 17: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
+	14, // 18: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
+	12, // 19: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
+	2,  // 20: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
+	5,  // 21: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
+	7,  // 22: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
+	7,  // 23: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
+	10, // 24: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
+	19, // 25: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
+	21, // 26: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
+	15, // 27: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
+	28, // 28: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
+	16, // 29: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
+	13, // 30: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
+	4,  // 31: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
+	6,  // 32: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
+	8,  // 33: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
+	9,  // 34: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
+	11, // 35: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
+	25, // [25:36] is the sub-list for method output_type
+	14, // [14:25] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_peer_proto_init() }
@@ -937,7 +1776,7 @@ func file_chime_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_peer_proto_rawDesc), len(file_chime_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

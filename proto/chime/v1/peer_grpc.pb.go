@@ -28,12 +28,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_Replicas_FullMethodName       = "/chime.v1.Peer/Replicas"
-	Peer_Forget_FullMethodName         = "/chime.v1.Peer/Forget"
-	Peer_ShardList_FullMethodName      = "/chime.v1.Peer/ShardList"
-	Peer_ShardCount_FullMethodName     = "/chime.v1.Peer/ShardCount"
-	Peer_ShardCancel_FullMethodName    = "/chime.v1.Peer/ShardCancel"
-	Peer_ShardSchedules_FullMethodName = "/chime.v1.Peer/ShardSchedules"
+	Peer_Replicas_FullMethodName         = "/chime.v1.Peer/Replicas"
+	Peer_Forget_FullMethodName           = "/chime.v1.Peer/Forget"
+	Peer_ShardList_FullMethodName        = "/chime.v1.Peer/ShardList"
+	Peer_ShardCount_FullMethodName       = "/chime.v1.Peer/ShardCount"
+	Peer_ShardCancel_FullMethodName      = "/chime.v1.Peer/ShardCancel"
+	Peer_ShardSchedules_FullMethodName   = "/chime.v1.Peer/ShardSchedules"
+	Peer_ShardSchedule_FullMethodName    = "/chime.v1.Peer/ShardSchedule"
+	Peer_ShardUpdate_FullMethodName      = "/chime.v1.Peer/ShardUpdate"
+	Peer_ShardCancelEvent_FullMethodName = "/chime.v1.Peer/ShardCancelEvent"
+	Peer_ShardGet_FullMethodName         = "/chime.v1.Peer/ShardGet"
+	Peer_ShardRecurring_FullMethodName   = "/chime.v1.Peer/ShardRecurring"
 )
 
 // PeerClient is the client API for Peer service.
@@ -57,6 +62,16 @@ type PeerClient interface {
 	ShardCancel(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardCancelResponse, error)
 	// ShardSchedules is one shard's part of a Recurring.List.
 	ShardSchedules(ctx context.Context, in *ShardSchedulesQuery, opts ...grpc.CallOption) (*ShardSchedulesResponse, error)
+	// ShardSchedule proposes a batch of events of one shard.
+	ShardSchedule(ctx context.Context, in *ShardScheduleRequest, opts ...grpc.CallOption) (*ShardScheduleResponse, error)
+	// ShardUpdate proposes one change of a pending event.
+	ShardUpdate(ctx context.Context, in *ShardUpdateRequest, opts ...grpc.CallOption) (*ShardUpdateResponse, error)
+	// ShardCancelEvent cancels one event.
+	ShardCancelEvent(ctx context.Context, in *ShardEventRequest, opts ...grpc.CallOption) (*ShardCancelEventResponse, error)
+	// ShardGet reads one event, linearizably.
+	ShardGet(ctx context.Context, in *ShardEventRequest, opts ...grpc.CallOption) (*ShardGetResponse, error)
+	// ShardRecurring applies one recurring-schedule command.
+	ShardRecurring(ctx context.Context, in *ShardRecurringRequest, opts ...grpc.CallOption) (*ShardRecurringResponse, error)
 }
 
 type peerClient struct {
@@ -127,6 +142,56 @@ func (c *peerClient) ShardSchedules(ctx context.Context, in *ShardSchedulesQuery
 	return out, nil
 }
 
+func (c *peerClient) ShardSchedule(ctx context.Context, in *ShardScheduleRequest, opts ...grpc.CallOption) (*ShardScheduleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardScheduleResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardSchedule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardUpdate(ctx context.Context, in *ShardUpdateRequest, opts ...grpc.CallOption) (*ShardUpdateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardUpdateResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardUpdate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardCancelEvent(ctx context.Context, in *ShardEventRequest, opts ...grpc.CallOption) (*ShardCancelEventResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardCancelEventResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardCancelEvent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardGet(ctx context.Context, in *ShardEventRequest, opts ...grpc.CallOption) (*ShardGetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardGetResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardGet_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardRecurring(ctx context.Context, in *ShardRecurringRequest, opts ...grpc.CallOption) (*ShardRecurringResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardRecurringResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardRecurring_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -148,6 +213,16 @@ type PeerServer interface {
 	ShardCancel(context.Context, *ShardQuery) (*ShardCancelResponse, error)
 	// ShardSchedules is one shard's part of a Recurring.List.
 	ShardSchedules(context.Context, *ShardSchedulesQuery) (*ShardSchedulesResponse, error)
+	// ShardSchedule proposes a batch of events of one shard.
+	ShardSchedule(context.Context, *ShardScheduleRequest) (*ShardScheduleResponse, error)
+	// ShardUpdate proposes one change of a pending event.
+	ShardUpdate(context.Context, *ShardUpdateRequest) (*ShardUpdateResponse, error)
+	// ShardCancelEvent cancels one event.
+	ShardCancelEvent(context.Context, *ShardEventRequest) (*ShardCancelEventResponse, error)
+	// ShardGet reads one event, linearizably.
+	ShardGet(context.Context, *ShardEventRequest) (*ShardGetResponse, error)
+	// ShardRecurring applies one recurring-schedule command.
+	ShardRecurring(context.Context, *ShardRecurringRequest) (*ShardRecurringResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -175,6 +250,21 @@ func (UnimplementedPeerServer) ShardCancel(context.Context, *ShardQuery) (*Shard
 }
 func (UnimplementedPeerServer) ShardSchedules(context.Context, *ShardSchedulesQuery) (*ShardSchedulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShardSchedules not implemented")
+}
+func (UnimplementedPeerServer) ShardSchedule(context.Context, *ShardScheduleRequest) (*ShardScheduleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardSchedule not implemented")
+}
+func (UnimplementedPeerServer) ShardUpdate(context.Context, *ShardUpdateRequest) (*ShardUpdateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardUpdate not implemented")
+}
+func (UnimplementedPeerServer) ShardCancelEvent(context.Context, *ShardEventRequest) (*ShardCancelEventResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardCancelEvent not implemented")
+}
+func (UnimplementedPeerServer) ShardGet(context.Context, *ShardEventRequest) (*ShardGetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardGet not implemented")
+}
+func (UnimplementedPeerServer) ShardRecurring(context.Context, *ShardRecurringRequest) (*ShardRecurringResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardRecurring not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -305,6 +395,96 @@ func _Peer_ShardSchedules_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ShardSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardSchedule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardSchedule(ctx, req.(*ShardScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardUpdate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardUpdateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardUpdate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardUpdate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardUpdate(ctx, req.(*ShardUpdateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardCancelEvent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardEventRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardCancelEvent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardCancelEvent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardCancelEvent(ctx, req.(*ShardEventRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardGet_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardEventRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardGet(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardGet_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardGet(ctx, req.(*ShardEventRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardRecurring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardRecurringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardRecurring(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardRecurring_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardRecurring(ctx, req.(*ShardRecurringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -335,6 +515,26 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ShardSchedules",
 			Handler:    _Peer_ShardSchedules_Handler,
+		},
+		{
+			MethodName: "ShardSchedule",
+			Handler:    _Peer_ShardSchedule_Handler,
+		},
+		{
+			MethodName: "ShardUpdate",
+			Handler:    _Peer_ShardUpdate_Handler,
+		},
+		{
+			MethodName: "ShardCancelEvent",
+			Handler:    _Peer_ShardCancelEvent_Handler,
+		},
+		{
+			MethodName: "ShardGet",
+			Handler:    _Peer_ShardGet_Handler,
+		},
+		{
+			MethodName: "ShardRecurring",
+			Handler:    _Peer_ShardRecurring_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,4 +1,4 @@
-package rpc
+package cluster
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// backendStatus is the one place a Backend error becomes a gRPC status.
+// StatusOf is the one place an error of a request (of a replica, of the
+// request path, of a Peer call) becomes the gRPC status a client or the
+// asking node is sent, on every path:
 //
 //   - shard.ErrNotLeader, ErrStopped, ErrUnknownShard: UNAVAILABLE. Nothing
 //     was proposed (or the outcome is unknown because the node is going
@@ -29,12 +31,10 @@ import (
 //     CANCELED. The outcome is unknown: the proposal may still commit.
 //   - An error that already carries a gRPC status (a call the Backend
 //     forwarded to another node) keeps it.
-//   - Anything else: INTERNAL, logged with the operation, because it is a bug
-//     or a broken node, not something the client can fix.
-func (s *Server) backendStatus(op string, err error) error { return statusOf(s.logger, op, err) }
-
-// statusOf is backendStatus for callers without a Server (the Admin API).
-func statusOf(logger *slog.Logger, op string, err error) error {
+//   - Anything else: INTERNAL, logged with the operation (to logger, when
+//     not nil), because it is a bug or a broken node, not something the
+//     client can fix.
+func StatusOf(logger *slog.Logger, op string, err error) error {
 	switch {
 	case errors.Is(err, shard.ErrNotLeader):
 		return status.Errorf(codes.Unavailable, "%v (leadership is moving); retry in a moment", err)
@@ -62,6 +62,8 @@ func statusOf(logger *slog.Logger, op string, err error) error {
 	if st, ok := status.FromError(err); ok {
 		return st.Err()
 	}
-	logger.Error("rpc: backend failed", "op", op, "err", err)
+	if logger != nil {
+		logger.Error("request failed", "op", op, "err", err)
+	}
 	return status.Errorf(codes.Internal, "%s: internal error: %v", op, err)
 }

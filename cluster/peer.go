@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
 )
 
@@ -225,4 +226,105 @@ func (c *Cluster) LocalLeader(s uint32) *shard.Shard {
 		}
 	}
 	return nil
+}
+
+// replica is this node's replica of shard s, for a Peer call about it.
+func (p peerServer) replica(s uint32) (*shard.Shard, error) {
+	var r *shard.Shard
+	if h := p.c.host.Load(); h != nil {
+		r = h.Replica(s)
+	}
+	if r == nil {
+		return nil, StatusOf(p.c.logger, "Peer", fmt.Errorf("%w: shard %d has no replica on node %s", shard.ErrUnknownShard, s, p.c.self))
+	}
+	return r, nil
+}
+
+// scope is what the credential a Peer call was made for may act on.
+func (p peerServer) scope(ctx context.Context) shard.Scope {
+	if p.c.scopeOf == nil {
+		return nil
+	}
+	return p.c.scopeOf(ctx)
+}
+
+// ShardSchedule proposes the events another node validated, on this node's
+// replica, as they are.
+func (p peerServer) ShardSchedule(ctx context.Context, req *chimev1.ShardScheduleRequest) (*chimev1.ShardScheduleResponse, error) {
+	r, err := p.replica(req.Shard)
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.Schedule(ctx, fromValidEvents(req.Events, p.scope(ctx)))
+	if err != nil {
+		return nil, StatusOf(p.c.logger, "Schedule", err)
+	}
+	return &chimev1.ShardScheduleResponse{Results: shardResults(p.c.logger, res)}, nil
+}
+
+func (p peerServer) ShardUpdate(ctx context.Context, req *chimev1.ShardUpdateRequest) (*chimev1.ShardUpdateResponse, error) {
+	r, err := p.replica(shard.For(req.Id, p.c.shards))
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.Update(ctx, change(req, p.scope(ctx)))
+	if err != nil {
+		return nil, StatusOf(p.c.logger, "Update", err)
+	}
+	return &chimev1.ShardUpdateResponse{Outcome: uint32(res.Outcome), State: uint32(res.State), Due: res.Due, Version: res.Version}, nil
+}
+
+func (p peerServer) ShardCancelEvent(ctx context.Context, req *chimev1.ShardEventRequest) (*chimev1.ShardCancelEventResponse, error) {
+	r, err := p.replica(shard.For(req.Id, p.c.shards))
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.Cancel(ctx, req.Id, p.scope(ctx))
+	if err != nil {
+		return nil, StatusOf(p.c.logger, "Cancel", err)
+	}
+	return &chimev1.ShardCancelEventResponse{Outcome: uint32(res.Outcome)}, nil
+}
+
+func (p peerServer) ShardGet(ctx context.Context, req *chimev1.ShardEventRequest) (*chimev1.ShardGetResponse, error) {
+	r, err := p.replica(shard.For(req.Id, p.c.shards))
+	if err != nil {
+		return nil, err
+	}
+	rec, ok, err := r.Get(ctx, req.Id)
+	if err != nil {
+		return nil, StatusOf(p.c.logger, "Get", err)
+	}
+	if !ok {
+		return &chimev1.ShardGetResponse{}, nil
+	}
+	g, err := GetResponse(&rec)
+	if err != nil {
+		return nil, StatusOf(p.c.logger, "Get", err)
+	}
+	return &chimev1.ShardGetResponse{Found: true, Event: g}, nil
+}
+
+func (p peerServer) ShardRecurring(ctx context.Context, req *chimev1.ShardRecurringRequest) (*chimev1.ShardRecurringResponse, error) {
+	cmd, err := raftfsm.DecodeCommand(req.Command)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "command: %v", err)
+	}
+	rc, ok := cmd.(*raftfsm.Recurring)
+	if !ok {
+		return nil, status.Errorf(codes.InvalidArgument, "command: a %v, not a recurring-schedule command", cmd.Type())
+	}
+	r, err := p.replica(shard.For(rc.ID, p.c.shards))
+	if err != nil {
+		return nil, err
+	}
+	res, err := r.Recurring(ctx, *rc, p.scope(ctx))
+	if err != nil {
+		return nil, StatusOf(p.c.logger, "Recurring", err)
+	}
+	resp := &chimev1.ShardRecurringResponse{Outcome: uint32(res.Outcome), Error: res.Error}
+	if res.Schedule.ID != "" {
+		resp.Schedule = ScheduleProto(&res.Schedule)
+	}
+	return resp, nil
 }

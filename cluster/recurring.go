@@ -2,12 +2,9 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -15,71 +12,27 @@ import (
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
-	"github.com/chimehq/chime/shard/host"
 )
 
-// Recurring implements rpc.Backend: c applies on the leader of its
-// schedule's shard. Only a missing leader before anything was proposed is
-// retried here.
+// Recurring implements rpc.Backend: rc applies on the leader of its
+// schedule's shard, which checks scope against the schedule as it stores
+// it. Only a missing leader before anything was proposed is retried.
 func (c *Cluster) Recurring(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error) {
-	if Forwarded(ctx) {
-		return c.recurringOnce(ctx, rc, scope)
-	}
-	return host.AwaitLeader(ctx, leaderMissing, func() (*raftfsm.RecurringResult, error) { return c.recurringOnce(ctx, rc, scope) })
-}
-
-func (c *Cluster) recurringOnce(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error) {
-	s := shard.For(rc.ID, c.shards)
-	if r := c.LocalLeader(s); r != nil {
-		res, err := r.Recurring(ctx, rc, scope)
-		if !errors.Is(err, shard.ErrNotLeader) {
-			return res, err
-		}
-	}
-	if Forwarded(ctx) {
-		return nil, fmt.Errorf("%w: shard %d (request was already forwarded once)", shard.ErrNotLeader, s)
-	}
-	cc, err := c.leaderConn(ctx, s)
-	if err != nil {
-		return nil, err
-	}
-	// The leader's answer, error codes and messages included, is the answer;
-	// it checks scope against the schedule as it stores it.
-	cl, fctx := chimev1.NewRecurringClient(cc), ForwardContext(ctx, scope)
-	var resp *chimev1.RecurringSchedule
-	var outcome raftfsm.RecurringOutcome
-	switch rc.Op {
-	case raftfsm.RecurringCreate:
-		resp, err = cl.Create(fctx, &chimev1.CreateRecurringRequest{Id: rc.ID, Rule: RuleProto(&rc.Def), Target: TargetProto(&rc.Def)})
-		outcome = raftfsm.RecurringCreated
-		if resp.GetExisting() {
-			outcome = raftfsm.RecurringExisting
-		}
-	case raftfsm.RecurringUpdate:
-		resp, err = cl.Update(fctx, &chimev1.UpdateRecurringRequest{Id: rc.ID, Rule: RuleProto(&rc.Def), Target: TargetProto(&rc.Def), ExpectedVersion: rc.IfVersion})
-		outcome = raftfsm.RecurringUpdated
-	case raftfsm.RecurringDelete:
-		_, err = cl.Delete(fctx, &chimev1.DeleteRecurringRequest{Id: rc.ID, ExpectedVersion: rc.IfVersion})
-		outcome = raftfsm.RecurringDeleted
-	case raftfsm.RecurringPause:
-		resp, err = cl.Pause(fctx, &chimev1.PauseRecurringRequest{Id: rc.ID})
-		outcome = raftfsm.RecurringPaused
-	case raftfsm.RecurringResume:
-		resp, err = cl.Resume(fctx, &chimev1.ResumeRecurringRequest{Id: rc.ID})
-		outcome = raftfsm.RecurringResumed
-	default:
-		return nil, fmt.Errorf("cluster: unknown recurring op %v", rc.Op)
-	}
-	if err != nil {
-		return nil, err
-	}
-	res := &raftfsm.RecurringResult{Outcome: outcome}
-	if resp != nil {
-		if res.Schedule, err = FromScheduleProto(resp); err != nil {
-			return nil, err
-		}
-	}
-	return res, nil
+	return on(ctx, c, shard.For(rc.ID, c.shards), false, scope,
+		func(r *shard.Shard) (*raftfsm.RecurringResult, error) { return r.Recurring(ctx, rc, scope) },
+		func(ctx context.Context, p chimev1.PeerClient) (*raftfsm.RecurringResult, error) {
+			resp, err := p.ShardRecurring(ctx, &chimev1.ShardRecurringRequest{Command: raftfsm.AppendRecurring(nil, &rc)})
+			if err != nil {
+				return nil, err
+			}
+			res := &raftfsm.RecurringResult{Outcome: raftfsm.RecurringOutcome(resp.Outcome), Error: resp.Error}
+			if resp.Schedule != nil {
+				if res.Schedule, err = FromScheduleProto(resp.Schedule); err != nil {
+					return nil, err
+				}
+			}
+			return res, nil
+		})
 }
 
 // GetSchedule implements rpc.Backend.
@@ -88,15 +41,16 @@ func (c *Cluster) GetSchedule(ctx context.Context, id string, stale bool) (raftf
 		s  raftfsm.Schedule
 		ok bool
 	}
-	g, err := onShard(ctx, c, shard.For(id, c.shards), stale,
+	s := shard.For(id, c.shards)
+	g, err := on(ctx, c, s, stale, nil,
 		func(r *shard.Shard) (got, error) {
 			s, ok, err := r.GetSchedule(ctx, id, stale)
 			return got{s, ok}, err
 		},
-		func(p chimev1.PeerClient) (got, error) {
+		func(ctx context.Context, p chimev1.PeerClient) (got, error) {
 			// The schedule with id, if there is one, is the first whose id
 			// starts with it.
-			resp, err := p.ShardSchedules(ctx, &chimev1.ShardSchedulesQuery{Shard: shard.For(id, c.shards), IdPrefix: id, Limit: 1, StaleOk: stale})
+			resp, err := p.ShardSchedules(ctx, &chimev1.ShardSchedulesQuery{Shard: s, IdPrefix: id, Limit: 1, StaleOk: stale})
 			if err != nil || len(resp.Schedules) == 0 || resp.Schedules[0].Id != id {
 				return got{}, err
 			}
@@ -115,13 +69,13 @@ func (c *Cluster) ListSchedules(ctx context.Context, prefix, after string, limit
 		more   bool
 	}
 	parts := make([]part, c.shards)
-	err := host.EachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
-		parts[s], err = onShard(ctx, c, s, stale,
+	err := eachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
+		parts[s], err = on(ctx, c, s, stale, nil,
 			func(r *shard.Shard) (part, error) {
 				scheds, more, err := r.ListSchedules(ctx, prefix, after, limit, stale)
 				return part{scheds, more}, err
 			},
-			func(p chimev1.PeerClient) (part, error) {
+			func(ctx context.Context, p chimev1.PeerClient) (part, error) {
 				resp, err := p.ShardSchedules(ctx, &chimev1.ShardSchedulesQuery{Shard: s, IdPrefix: prefix, AfterId: after, Limit: uint32(limit), StaleOk: stale})
 				if err != nil {
 					return part{}, err
@@ -143,7 +97,7 @@ func (c *Cluster) ListSchedules(ctx context.Context, prefix, after string, limit
 	for i, p := range parts {
 		scheds[i], more[i] = p.scheds, p.more
 	}
-	merged, anyMore := host.MergeSchedules(scheds, more, limit)
+	merged, anyMore := mergeSchedules(scheds, more, limit)
 	return merged, anyMore, nil
 }
 
@@ -152,17 +106,13 @@ func (c *Cluster) ListSchedules(ctx context.Context, prefix, after string, limit
 const maxShardSchedulesBytes = maxShardListBytes
 
 func (p peerServer) ShardSchedules(ctx context.Context, q *chimev1.ShardSchedulesQuery) (*chimev1.ShardSchedulesResponse, error) {
-	h := p.c.host.Load()
-	if h == nil {
-		return nil, status.Error(codes.Unavailable, "node is starting")
-	}
-	r := h.Replica(q.Shard)
-	if r == nil {
-		return nil, status.Errorf(codes.Unavailable, "%v: shard %d", shard.ErrUnknownShard, q.Shard)
+	r, err := p.replica(q.Shard)
+	if err != nil {
+		return nil, err
 	}
 	scheds, more, err := r.ListSchedules(ctx, q.IdPrefix, q.AfterId, int(q.Limit), q.StaleOk)
 	if err != nil {
-		return nil, peerStatus(err)
+		return nil, StatusOf(p.c.logger, "Recurring.List", err)
 	}
 	resp := &chimev1.ShardSchedulesResponse{More: more}
 	size := 0

@@ -55,6 +55,9 @@ type Cluster struct {
 	logger      *slog.Logger
 
 	host atomic.Pointer[host.Host] // set once the host is open
+	// leaders caches the shards' leaders for the requests this node routes.
+	leaders *leaders
+	scopeOf func(context.Context) shard.Scope
 
 	mu      sync.RWMutex
 	view    membership.View
@@ -126,7 +129,10 @@ type Config struct {
 	// enough to be given replicas under a node's name. Nil dials in
 	// plaintext, and every member is a candidate.
 	DialCredentials func(node string) credentials.TransportCredentials
-	Logger          *slog.Logger
+	// ScopeOf is what the credential a Peer call was made on behalf of may
+	// act on, from the call's context (nil, or nil answers: anything).
+	ScopeOf func(context.Context) shard.Scope
+	Logger  *slog.Logger
 }
 
 // New computes the first placement and follows membership changes until
@@ -142,6 +148,7 @@ func New(cfg Config) (*Cluster, error) {
 		removedGen: 1, told: map[string]uint64{}, telling: map[string]bool{}, tellFails: map[string]int{},
 		proven: map[string]bool{}, proving: map[string]bool{}, proveFails: map[string]int{}, wake: make(chan struct{}, 1),
 		changes: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		leaders: newLeaders(), scopeOf: cfg.ScopeOf,
 	}
 	c.bgCtx, c.cancelBG = context.WithCancel(context.Background())
 	if c.gossip == nil {

@@ -2,20 +2,20 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
-	"github.com/chimehq/chime/shard/host"
 )
 
 // A List, Count or CancelMatching spans every shard: the node the client
@@ -138,39 +138,22 @@ func GetResponse(rec *raftfsm.Record) (*chimev1.GetResponse, error) {
 	return resp, nil
 }
 
+// setPolicy writes p into ev: the priority always (so that a reader sees
+// it), the window when there is one.
+func setPolicy(ev *chimev1.Event, p raftfsm.Policy) {
+	prio := uint32(p.Priority)
+	ev.Priority = &prio
+	if p.Window != 0 {
+		ev.Window = durationpb.New(time.Duration(p.Window))
+	}
+}
+
 // optionalTime is nil for 0, the "not set" of raftfsm.Record's timestamps.
 func optionalTime(unixNano int64) *timestamppb.Timestamp {
 	if unixNano == 0 {
 		return nil
 	}
 	return timestamppb.New(time.Unix(0, unixNano))
-}
-
-// onShard runs one shard's part of a query: on this node's replica when it
-// leads the shard (or holds a replica of it at all, with stale), otherwise
-// on the leader's node through Peer, waiting out a leader change.
-func onShard[T any](ctx context.Context, c *Cluster, s uint32, stale bool,
-	local func(*shard.Shard) (T, error), remote func(chimev1.PeerClient) (T, error)) (T, error) {
-	return host.AwaitLeader(ctx, leaderMissing, func() (T, error) {
-		var zero T
-		r := c.LocalLeader(s)
-		if r == nil && stale {
-			if h := c.host.Load(); h != nil {
-				r = h.Replica(s)
-			}
-		}
-		if r != nil {
-			v, err := local(r)
-			if !errors.Is(err, shard.ErrNotLeader) {
-				return v, err
-			}
-		}
-		cc, err := c.leaderConn(ctx, s)
-		if err != nil {
-			return zero, err
-		}
-		return remote(chimev1.NewPeerClient(cc))
-	})
 }
 
 func shardQuery(s uint32, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) *chimev1.ShardQuery {
@@ -199,13 +182,13 @@ func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Posi
 		truncated bool
 	}
 	parts := make([]part, c.shards)
-	err := host.EachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
-		parts[s], err = onShard(ctx, c, s, stale,
+	err := eachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
+		parts[s], err = on(ctx, c, s, stale, nil,
 			func(r *shard.Shard) (part, error) {
 				recs, err := r.List(ctx, q, after, limit, stale)
 				return part{recs: recs}, err
 			},
-			func(p chimev1.PeerClient) (part, error) {
+			func(ctx context.Context, p chimev1.PeerClient) (part, error) {
 				resp, err := p.ShardList(ctx, shardQuery(s, q, after, limit, stale))
 				if err != nil {
 					return part{}, err
@@ -232,7 +215,7 @@ func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Posi
 			}
 		}
 	}
-	merged := host.Merge(all, limit)
+	merged := merge(all, limit)
 	if cutoff == nil {
 		return merged, false, nil
 	}
@@ -246,46 +229,70 @@ func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Posi
 // Count implements rpc.Backend: the events q selects, summed over every
 // shard.
 func (c *Cluster) Count(ctx context.Context, q raftfsm.Query, stale bool) (uint64, error) {
-	return host.CountByShard(ctx, c.shards, func(ctx context.Context, s uint32) (uint64, error) {
-		return onShard(ctx, c, s, stale,
+	counts := make([]uint64, c.shards)
+	err := eachShard(ctx, c.shards, func(ctx context.Context, s uint32) (err error) {
+		counts[s], err = on(ctx, c, s, stale, nil,
 			func(r *shard.Shard) (uint64, error) { return r.Count(ctx, q, stale) },
-			func(p chimev1.PeerClient) (uint64, error) {
+			func(ctx context.Context, p chimev1.PeerClient) (uint64, error) {
 				resp, err := p.ShardCount(ctx, shardQuery(s, q, nil, 0, stale))
 				return resp.GetCount(), err
 			})
+		return err
 	})
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, c := range counts {
+		n += c
+	}
+	return n, nil
 }
 
 // CancelMatching implements rpc.Backend: the steps of a bulk cancel, on
-// every shard's leader in parallel.
+// every shard's leader in parallel, each shard's from the start until it has
+// no more matches, each step reported to progress, one call at a time.
 func (c *Cluster) CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bool, progress func(shard.CancelStep)) error {
-	return host.CancelByShard(ctx, c.shards, func(ctx context.Context, s uint32, after *raftfsm.Position) (shard.CancelStep, error) {
-		return onShard(ctx, c, s, false,
-			func(r *shard.Shard) (shard.CancelStep, error) {
-				return r.CancelMatching(ctx, q, after, host.CancelStepSize, dryRun)
-			},
-			func(p chimev1.PeerClient) (shard.CancelStep, error) {
-				sq := shardQuery(s, q, after, host.CancelStepSize, false)
-				sq.DryRun = dryRun
-				resp, err := p.ShardCancel(ctx, sq)
-				if err != nil {
-					return shard.CancelStep{}, err
-				}
-				st := shard.CancelStep{Matched: resp.Step.GetMatched(), Cancelled: resp.Step.GetCancelled(),
-					Fired: resp.Step.GetSkippedFired(), Held: resp.Step.GetSkippedHeld()}
-				if resp.NextSet {
-					st.Next = &raftfsm.Position{Due: resp.NextDue.AsTime().UnixNano(), ID: resp.NextId}
-				}
-				return st, nil
-			})
-	}, progress)
+	var mu sync.Mutex
+	return eachShard(ctx, c.shards, func(ctx context.Context, s uint32) error {
+		var after *raftfsm.Position
+		for {
+			st, err := on(ctx, c, s, false, nil,
+				func(r *shard.Shard) (shard.CancelStep, error) {
+					return r.CancelMatching(ctx, q, after, CancelStepSize, dryRun)
+				},
+				func(ctx context.Context, p chimev1.PeerClient) (shard.CancelStep, error) {
+					sq := shardQuery(s, q, after, CancelStepSize, false)
+					sq.DryRun = dryRun
+					resp, err := p.ShardCancel(ctx, sq)
+					if err != nil {
+						return shard.CancelStep{}, err
+					}
+					st := shard.CancelStep{Matched: resp.Step.GetMatched(), Cancelled: resp.Step.GetCancelled(),
+						Fired: resp.Step.GetSkippedFired(), Held: resp.Step.GetSkippedHeld()}
+					if resp.NextSet {
+						st.Next = &raftfsm.Position{Due: resp.NextDue.AsTime().UnixNano(), ID: resp.NextId}
+					}
+					return st, nil
+				})
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			progress(st)
+			mu.Unlock()
+			if after = st.Next; after == nil {
+				return nil
+			}
+		}
+	})
 }
 
 // The Peer side: one shard's part, on this node's replica of it, never
 // forwarded further (a replica that no longer leads answers UNAVAILABLE and
 // the asking node finds the new leader).
 
-func (p peerServer) replica(sq *chimev1.ShardQuery) (*shard.Shard, raftfsm.Query, *raftfsm.Position, error) {
+func (p peerServer) query(sq *chimev1.ShardQuery) (*shard.Shard, raftfsm.Query, *raftfsm.Position, error) {
 	q, err := FilterQuery(sq.GetFilter())
 	if err != nil {
 		return nil, q, nil, status.Error(codes.InvalidArgument, err.Error())
@@ -294,45 +301,25 @@ func (p peerServer) replica(sq *chimev1.ShardQuery) (*shard.Shard, raftfsm.Query
 	if sq.AfterSet {
 		after = &raftfsm.Position{Due: sq.AfterDue.AsTime().UnixNano(), ID: sq.AfterId}
 	}
-	h := p.c.host.Load()
-	if h == nil {
-		return nil, q, nil, status.Error(codes.Unavailable, "node is starting")
-	}
-	r := h.Replica(sq.Shard)
-	if r == nil {
-		return nil, q, nil, status.Errorf(codes.Unavailable, "%v: shard %d", shard.ErrUnknownShard, sq.Shard)
-	}
-	return r, q, after, nil
-}
-
-// peerStatus is the status of a replica's error, for the node that asked.
-func peerStatus(err error) error {
-	switch {
-	case errors.Is(err, shard.ErrNotLeader), errors.Is(err, shard.ErrStopped), errors.Is(err, shard.ErrUnknownShard):
-		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
+	r, err := p.replica(sq.Shard)
+	return r, q, after, err
 }
 
 func (p peerServer) ShardList(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ShardListResponse, error) {
-	r, q, after, err := p.replica(sq)
+	r, q, after, err := p.query(sq)
 	if err != nil {
 		return nil, err
 	}
 	recs, err := r.List(ctx, q, after, int(sq.Limit), sq.StaleOk)
 	if err != nil {
-		return nil, peerStatus(err)
+		return nil, StatusOf(p.c.logger, "List", err)
 	}
 	resp := &chimev1.ShardListResponse{}
 	size := 0
 	for i := range recs {
 		g, err := GetResponse(&recs[i])
 		if err != nil {
-			return nil, peerStatus(err)
+			return nil, StatusOf(p.c.logger, "List", err)
 		}
 		if size += proto.Size(g); size > maxShardListBytes && i > 0 {
 			resp.Truncated = true
@@ -344,25 +331,25 @@ func (p peerServer) ShardList(ctx context.Context, sq *chimev1.ShardQuery) (*chi
 }
 
 func (p peerServer) ShardCount(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.CountResponse, error) {
-	r, q, _, err := p.replica(sq)
+	r, q, _, err := p.query(sq)
 	if err != nil {
 		return nil, err
 	}
 	n, err := r.Count(ctx, q, sq.StaleOk)
 	if err != nil {
-		return nil, peerStatus(err)
+		return nil, StatusOf(p.c.logger, "Count", err)
 	}
 	return &chimev1.CountResponse{Count: n}, nil
 }
 
 func (p peerServer) ShardCancel(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ShardCancelResponse, error) {
-	r, q, after, err := p.replica(sq)
+	r, q, after, err := p.query(sq)
 	if err != nil {
 		return nil, err
 	}
 	step, err := r.CancelMatching(ctx, q, after, int(sq.Limit), sq.DryRun)
 	if err != nil {
-		return nil, peerStatus(err)
+		return nil, StatusOf(p.c.logger, "CancelMatching", err)
 	}
 	resp := &chimev1.ShardCancelResponse{Step: &chimev1.CancelMatchingProgress{
 		Matched: step.Matched, Cancelled: step.Cancelled, SkippedFired: step.Fired, SkippedHeld: step.Held}}
