@@ -65,6 +65,10 @@ func slogLevel(l hclog.Level) (lvl slog.Level, ok bool) {
 // timeout passes and it stands for election.
 const electionNoLeader = "heartbeat timeout reached, starting election"
 
+// noPeers is the line raft logs at WARN when a replica whose configuration
+// names no server at all reaches its heartbeat timeout.
+const noPeers = "no known peers, aborting election"
+
 // level is the slog level of one of raft's lines. raft logs some normal
 // courses of events at WARN or ERROR; those are logged lower, told apart
 // from the trouble the same message reports otherwise by its arguments:
@@ -77,6 +81,9 @@ const electionNoLeader = "heartbeat timeout reached, starting election"
 //     it (next 1), at INFO: a new replica being brought up, as every
 //     replica placed on a node is. With a log, they report a follower whose
 //     log differs from the leader's, and stay WARN.
+//   - A replica with no configuration at all not standing for election
+//     (noPeers), at INFO: that is an empty replica the placement put on this
+//     node, opened before its shard's leader adds it, on purpose.
 //   - An inbound RPC cut short by this replica's own transport closing
 //     (raft.ErrTransportShutdown), at DEBUG: it happens on every stop of a
 //     replica whose peers are sending to it.
@@ -84,6 +91,9 @@ func level(l hclog.Level, msg string, args []any) (slog.Level, bool) {
 	lvl, ok := slogLevel(l)
 	if !ok || l < hclog.Warn {
 		return lvl, ok
+	}
+	if msg == noPeers {
+		return slog.LevelInfo, true
 	}
 	switch v, found := arg(args, quietArg[msg]); {
 	case !found:

@@ -189,7 +189,8 @@ func TestRaftLoggerLevels(t *testing.T) {
 		{hclog.Warn, "appendEntries rejected, sending older logs", []any{"peer", "n2", "next", uint64(40)}, slog.LevelWarn},
 		{hclog.Error, "failed to decode incoming command", []any{"error", raft.ErrTransportShutdown}, slog.LevelDebug},
 		{hclog.Error, "failed to decode incoming command", []any{"error", errors.New("unknown rpc type 9")}, slog.LevelError},
-		{hclog.Warn, electionNoLeader, nil, slog.LevelWarn},                                         // no argument to tell by
+		{hclog.Warn, electionNoLeader, nil, slog.LevelWarn}, // no argument to tell by
+		{hclog.Warn, noPeers, nil, slog.LevelInfo},
 		{hclog.Info, "failed to get previous log", []any{"last-index", uint64(0)}, slog.LevelDebug}, // raft's own INFO
 	} {
 		if got, ok := level(c.l, c.msg, c.args); !ok || got != c.want {

@@ -30,6 +30,9 @@ type Directory interface {
 	// it leadership needs. Not its applied index: a replica restored from an
 	// expanded snapshot reference holds state newer than its log (and its
 	// Raft configuration) until the entries after the reference arrive.
+	// It fails while node has no open replica of shard (its host has not
+	// opened it yet, or node does not answer), which is what the leader
+	// waits out before it adds the node.
 	LogIndex(ctx context.Context, node string, shard uint32) (uint64, error)
 	// Members asks the shard's leader, through any node that knows it, for
 	// the shard's current voters and non-voters.
@@ -48,7 +51,9 @@ type Directory interface {
 //     streamed a snapshot and the log); one that is not desired is dropped.
 //     While a non-voter is catching up, nothing else changes.
 //  2. a voter an operator removed is dropped at once.
-//  3. a desired node missing from the configuration is added as a non-voter.
+//  3. a desired node missing from the configuration is added as a non-voter,
+//     once it has opened its replica of the shard; until one has, nothing
+//     else changes.
 //  4. a voter that is not desired is removed when the shard has more voters
 //     than its replication factor, or when an operator drains or removes
 //     that node; if it is the leader itself, it first hands leadership to a
@@ -100,7 +105,8 @@ func (s *Shard) reconcile(ctx context.Context, balance bool) {
 	st := configState{
 		self: s.cfg.NodeID, voters: voters, nonvoters: nonvoters, desired: dir.Desired(s.id),
 		replication: dir.Replication(), removed: dir.Removed, leaving: dir.Leaving,
-		caughtUp: func(n string) bool { return s.caughtUp(ctx, n) }, balance: balance,
+		caughtUp: func(n string) bool { return s.caughtUp(ctx, n) },
+		opened:   func(n string) bool { return s.opened(ctx, n) }, balance: balance,
 	}
 	act := plan(st)
 	if act.kind == noChange {
@@ -127,13 +133,14 @@ func (s *Shard) reconcile(ctx context.Context, balance bool) {
 
 // configState is what a shard leader decides its next configuration change
 // from. The functions answer for one node: removed by an operator, leaving
-// (draining), caught up with the leader's log.
+// (draining), caught up with the leader's log, holding an open replica of
+// the shard.
 type configState struct {
-	self                       string
-	voters, nonvoters, desired []string
-	replication                int
-	removed, leaving, caughtUp func(node string) bool
-	balance                    bool
+	self                               string
+	voters, nonvoters, desired         []string
+	replication                        int
+	removed, leaving, caughtUp, opened func(node string) bool
+	balance                            bool
 }
 
 type actionKind int
@@ -177,10 +184,24 @@ func plan(st configState) action {
 			return action{kind: removeServer, node: v, why: "dropping a removed node"}
 		}
 	}
+	missing := false
 	for _, d := range st.desired { // 3
-		if !slices.Contains(st.voters, d) {
+		if slices.Contains(st.voters, d) {
+			continue
+		}
+		// raft sends to a server from the moment it is added; a node whose
+		// host has not opened the replica yet has nothing to receive it,
+		// and raft logs every failed send at ERROR until it has. A node
+		// that has opened it is added first.
+		if st.opened(d) {
 			return action{kind: addNonvoter, node: d, why: "adding a non-voter"}
 		}
+		missing = true
+	}
+	if missing {
+		// Nothing else changes while a desired node is still to be added:
+		// rule 4 would otherwise remove a voter before its replacement is in.
+		return action{}
 	}
 	for _, v := range st.voters { // 4
 		if slices.Contains(st.desired, v) {
@@ -244,6 +265,17 @@ func (s *Shard) caughtUp(ctx context.Context, node string) bool {
 		return false
 	}
 	return last+caughtUpLag >= s.raft.LastIndex()
+}
+
+// opened reports whether node holds an open replica of this shard, one that
+// raft can send to: the node answers for it (LogIndex), which it does only
+// once its host has opened the replica, and with it the replica's Raft
+// transport. A node that does not answer counts as not open.
+func (s *Shard) opened(ctx context.Context, node string) bool {
+	ctx, cancel := context.WithTimeout(ctx, caughtUpPolled)
+	defer cancel()
+	_, err := s.cfg.Directory.LogIndex(ctx, node, s.id)
+	return err == nil
 }
 
 func (s *Shard) configChange(f raft.IndexFuture) {

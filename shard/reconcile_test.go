@@ -3,7 +3,9 @@ package shard
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/chimehq/chime/publish/publishtest"
@@ -17,7 +19,7 @@ func TestPlan(t *testing.T) {
 	all := func(string) bool { return true }
 	base := func() configState {
 		return configState{self: "a", voters: []string{"a", "b", "c"}, desired: []string{"a", "b", "c"},
-			replication: 3, removed: none, leaving: none, caughtUp: all}
+			replication: 3, removed: none, leaving: none, caughtUp: all, opened: all}
 	}
 	cases := []struct {
 		name   string
@@ -28,6 +30,19 @@ func TestPlan(t *testing.T) {
 	}{
 		{"converged: nothing to do", func(*configState) {}, noChange, "", ""},
 		{"new desired node joins as a non-voter", func(s *configState) { s.desired = []string{"a", "b", "d"} }, addNonvoter, "d", ""},
+		// Regression: raft sends to a server from the moment it is added,
+		// and a node whose host had not opened the replica yet made its
+		// leader log ERRORs on every send until it had (every replica of a
+		// fresh cluster's start).
+		{"desired node without an open replica is not added yet", func(s *configState) {
+			s.desired, s.opened = []string{"a", "b", "d"}, set("a", "b", "c")
+		}, noChange, "", ""},
+		{"a desired node that has opened its replica goes first", func(s *configState) {
+			s.voters, s.desired, s.opened = []string{"a"}, []string{"a", "b", "c"}, set("a", "c")
+		}, addNonvoter, "c", ""},
+		{"a voter stays while its replacement has not opened its replica", func(s *configState) {
+			s.desired, s.leaving, s.opened = []string{"a", "b", "d"}, set("c"), set("a", "b", "c")
+		}, noChange, "", ""},
 		{"caught-up non-voter is promoted", func(s *configState) {
 			s.desired, s.nonvoters = []string{"a", "b", "d"}, []string{"d"}
 		}, promote, "d", ""},
@@ -118,5 +133,49 @@ func TestCaughtUpComparesRaftLogs(t *testing.T) {
 		if got := probe.caughtUp(ctx, "n2"); got != c.ready {
 			t.Errorf("%s: caughtUp = %v, want %v", c.name, got, c.ready)
 		}
+	}
+}
+
+// placeDirectory places the shard on n1 and n2; n2 answers LogIndex only
+// once its replica is open.
+type placeDirectory struct {
+	Directory
+	open atomic.Bool
+}
+
+func (d *placeDirectory) Desired(uint32) []string          { return []string{"n1", "n2"} }
+func (d *placeDirectory) RaftAddr(n string) (string, bool) { return n, true }
+func (d *placeDirectory) Removed(string) bool              { return false }
+func (d *placeDirectory) Leaving(string) bool              { return false }
+func (d *placeDirectory) Replication() int                 { return 2 }
+func (d *placeDirectory) LogIndex(_ context.Context, n string, _ uint32) (uint64, error) {
+	if n == "n2" && !d.open.Load() {
+		return 0, errors.New("node n2 has no replica of shard 0")
+	}
+	return 0, nil
+}
+
+// TestReconcileAddsOnlyAnOpenReplica pins that a leader adds a node to its
+// shard only once the node has opened its replica: raft sends to a server
+// from the moment it is added, and before, a node whose host had not yet
+// opened the replica made the leader log an ERROR for every heartbeat and
+// append it sent until it had (on every fresh start of a cluster).
+func TestReconcileAddsOnlyAnOpenReplica(t *testing.T) {
+	n := openNode(t, t.TempDir(), "", publishtest.NewBroker(t).Addrs(), 1)
+	defer n.close()
+	s := n.host.Replica(0)
+	dir := &placeDirectory{}
+	leader := &Shard{cfg: Config{NodeID: "n1", Directory: dir}, id: s.id, raft: s.raft, fsm: s.fsm, logger: slog.New(slog.DiscardHandler)}
+	ctx := context.Background()
+	for range 3 {
+		leader.reconcile(ctx, false)
+	}
+	if voters, nonvoters, err := s.Configuration(); err != nil || !slices.Equal(voters, []string{"n1"}) || len(nonvoters) != 0 {
+		t.Fatalf("n2 not open: configuration %v %v (%v), want voter n1 alone", voters, nonvoters, err)
+	}
+	dir.open.Store(true)
+	leader.reconcile(ctx, false)
+	if voters, nonvoters, err := s.Configuration(); err != nil || !slices.Equal(voters, []string{"n1"}) || !slices.Equal(nonvoters, []string{"n2"}) {
+		t.Fatalf("n2 open: configuration %v %v (%v), want voter n1, non-voter n2", voters, nonvoters, err)
 	}
 }

@@ -3,6 +3,7 @@ package host
 import (
 	"context"
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -30,6 +31,13 @@ func (h *Host) controlLoop() {
 func (h *Host) control() {
 	dir := h.cfg.Directory
 	self := h.cfg.NodeID
+	// The replicas to open are opened together, as Open opens them: opening
+	// an empty replica takes up to a second or two (its Pebble keys are
+	// dropped first), and one after another, a node that joined had its
+	// last replica open many seconds after the first. The leaders wait for
+	// each to open before they add it (shard.Directory.LogIndex).
+	var opens sync.WaitGroup
+	defer opens.Wait()
 	for i := range h.cfg.Shards {
 		id := uint32(i)
 		wanted := slices.Contains(dir.Desired(id), self)
@@ -41,11 +49,13 @@ func (h *Host) control() {
 				h.cfg.Logger.Warn("reopening a replica", "shard", id, "err", err)
 			}
 		case wanted && s == nil:
-			// An empty replica: the leader adds it as a non-voter, streams
-			// it a snapshot and the log, then promotes it.
-			if _, err := h.openReplica(id, false); err != nil {
-				h.cfg.Logger.Warn("opening a replica", "shard", id, "err", err)
-			}
+			// An empty replica: once it is open, the leader adds it as a
+			// non-voter, streams it a snapshot and the log, then promotes it.
+			opens.Go(func() {
+				if _, err := h.openReplica(id, false); err != nil {
+					h.cfg.Logger.Warn("opening a replica", "shard", id, "err", err)
+				}
+			})
 		case !wanted && s != nil && !s.IsLeader():
 			// Release only once the leader has taken this node out of the
 			// configuration; until then it still counts toward a quorum.
