@@ -5,15 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 
-	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard/snapshot"
 )
 
 // backupBarrierTimeout bounds the barrier a backup waits for: every entry
@@ -50,7 +47,7 @@ func (s *Shard) Backup(ctx context.Context, w io.Writer) (raftfsm.SnapshotHeader
 	if err != nil {
 		return raftfsm.SnapshotHeader{}, fmt.Errorf("shard %d: backup barrier: %w", s.id, raftErr(err))
 	}
-	return s.fsm.WriteSnapshot(pacedWriter{w, s.pace})
+	return s.fsm.WriteSnapshot(snapshot.Paced(w, s.pace))
 }
 
 // PlantSnapshot makes dir the Raft directory of a replica that starts its
@@ -61,7 +58,7 @@ func (s *Shard) Backup(ctx context.Context, w io.Writer) (raftfsm.SnapshotHeader
 //
 // Opened on it, with no Pebble keys of the shard, the replica finds raft
 // state (so it never bootstraps) and a full stream that holds more than
-// Pebble, so raft restores it (restoreOnStart; FSM.Restore checks it once
+// Pebble, so raft restores it (snapshot.Store.RestoreOnStart; FSM.Restore checks it once
 // more) before it starts, and its rebuilt wheel holds every pending event,
 // overdue ones included. Raft's log then starts after the snapshot:
 //
@@ -83,33 +80,5 @@ func PlantSnapshot(dir string, self raft.Server, h raftfsm.SnapshotHeader, strea
 		}
 		return fmt.Errorf("shard %d: %s: %w", h.Shard, dir, err)
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	files, err := raft.NewFileSnapshotStoreWithLogger(dir, 2, hclog.NewNullLogger())
-	if err != nil {
-		return fmt.Errorf("shard %d: %w", h.Shard, err)
-	}
-	index := max(h.AppliedIndex, 1)
-	sink, err := files.Create(raft.SnapshotVersionMax, index, 1, raft.Configuration{Servers: []raft.Server{self}}, index, addrEncoder{})
-	if err != nil {
-		return fmt.Errorf("shard %d: %w", h.Shard, err)
-	}
-	if _, err := io.Copy(sink, stream); err != nil {
-		sink.Cancel()
-		return fmt.Errorf("shard %d: writing the snapshot: %w", h.Shard, err)
-	}
-	// Close syncs the state and meta files, and renames the snapshot into
-	// place only after.
-	if err := sink.Close(); err != nil {
-		return fmt.Errorf("shard %d: writing the snapshot: %w", h.Shard, err)
-	}
-	return durable.SyncDir(filepath.Dir(dir))
+	return snapshot.Plant(dir, self, h, stream)
 }
-
-// addrEncoder encodes a peer as raft's network transport does (its address),
-// for the legacy peers field of a snapshot's metadata; it is the only part
-// of a transport that creating a snapshot uses.
-type addrEncoder struct{ raft.Transport }
-
-func (addrEncoder) EncodePeer(_ raft.ServerID, addr raft.ServerAddress) []byte { return []byte(addr) }

@@ -97,11 +97,11 @@ type Knobs struct {
 	// adds to the wheel per hold of its lock, so that a few hundred events
 	// make many chunks.
 	LoadChunk int
-	// KeepLogGrace, if positive, replaces keepLogGrace: how long raft keeps
-	// its whole log after an install was sent.
-	KeepLogGrace time.Duration
-	// ExpansionReuse, if positive, replaces expansionReuse: how long an
-	// expansion of the shard is kept after its last reader closed.
+	// KeepLogGrace and ExpansionReuse, if positive, replace how long raft
+	// keeps its whole log after an install was sent, and how long an
+	// expansion of the shard is kept after its last reader closed
+	// (snapshot.Knobs, which fills them).
+	KeepLogGrace   time.Duration
 	ExpansionReuse time.Duration
 	// StuckAfter, if positive, replaces how long raft may refuse every
 	// entry of this leader for a leadership transfer before the replica
@@ -113,12 +113,6 @@ type Knobs struct {
 func (k *Knobs) fill(t *Tuning) {
 	if k.LoadChunk <= 0 {
 		k.LoadChunk = loadChunk
-	}
-	if k.KeepLogGrace <= 0 {
-		k.KeepLogGrace = keepLogGrace
-	}
-	if k.ExpansionReuse <= 0 {
-		k.ExpansionReuse = expansionReuse
 	}
 	if k.StuckAfter <= 0 {
 		// A leadership transfer that works holds raft's entries back for
@@ -313,7 +307,7 @@ func (t *Tuning) fill() {
 	setDur(&t.ElectionTimeout, t.HeartbeatTimeout)
 	setDur(&t.LeaderLeaseTimeout, t.HeartbeatTimeout/2)
 	setDur(&t.CommitTimeout, 500*time.Millisecond)
-	// Snapshots are references to the state in Pebble (snapshotStore); each
+	// Snapshots are references to the state in Pebble (snapshot.Store); each
 	// waits for Pebble's next flush (Pebble runs without a WAL) and costs
 	// little else, so take them often: the log after the last one is what a
 	// restart reads back and replays.

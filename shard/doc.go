@@ -7,15 +7,16 @@
 //   - The replica's Raft group member: its configuration (Tuning, with every
 //     default and its reason in config.go), its log (logstore.go: raft-wal in
 //     the replica's directory, into which the raft-boltdb file of a build
-//     before it is moved once, when the replica opens), its snapshots (references
-//     into Pebble, snapshotStore, expanded into full streams for a follower
-//     too far behind, written and sent at Tuning.InstallRate), its transport.
-//   - Copies of the shard between replicas (install.go): sent on the shard's
-//     install layer of the node's raft port, resumed where a cut send left
-//     off (the leader keeps its copy for expansionReuse, the follower what it
-//     received of it), then handed to raft on the follower as the data of an
-//     InstallSnapshot request that carries none; the log kept while a copy
-//     is sent (keeplog.go), and the entry raft asks for after it.
+//     before it is moved once, when the replica opens), its transport.
+//   - The wiring of its snapshots (install.go), which package
+//     shard/snapshot keeps and ships: the snapshot store (references into
+//     Pebble, expanded into full streams for a follower too far behind,
+//     written and sent at Tuning.InstallRate), the transport that sends
+//     copies on the shard's install layer of the node's raft port
+//     (InstallLayerID), resumably, and the log kept while one is sent,
+//     for which this package changes raft's TrailingLogs
+//     (setTrailingLogs). Knobs.KeepLogGrace, ExpansionReuse and
+//     InstallSend are handed to it.
 //   - The timing wheel of the shard's pending events due within the near
 //     horizon (Tuning.WheelHorizon), kept warm on every replica by the apply
 //     observer (observer: Scheduled, Settled, Reset) and by the horizon
@@ -43,7 +44,7 @@
 //     and the steps of a bulk cancel: list the next pending matches, leave
 //     out those a record of may be on its way, cancel the rest in one Raft
 //     entry and give each Cancel's promise. Merging the shards' answers
-//     belongs to the caller (host, membership/cluster).
+//     belongs to the caller (package cluster).
 //   - Group commit: concurrent Schedule calls become one ScheduleBatch entry
 //     (proposeLoop, applyWaitLoop), and the marks of many fire batches one
 //     MarkFired entry (markLoop).
@@ -52,7 +53,12 @@
 //     highest priority first when more is due than a batch holds, read it,
 //     ask the topic rate limits, hold an early batch until it is due, drop
 //     what was cancelled meanwhile, take the lease, produce through the
-//     Publisher, mark the outcome through Raft, and settle the batch.
+//     Publisher, mark the outcome through Raft, and settle the batch. The
+//     firing state (the firing type, with the wheel) reads time only from
+//     its injected clock (Config.Now), which the firing loop (firing.run)
+//     advances it by, and the lease only from its own (monotonic); so
+//     hold, retry, probe, heal, lease expiry and the priority take are
+//     tested on a synctest bubble's clock.
 //   - The firing policy's place in the wheel: an event with a window is
 //     held at the point of it its seq fixes (place, spreadAt); a record a
 //     topic rate limit holds back goes back in for its slot (deferLocked).
@@ -67,9 +73,10 @@
 //     bounded by its ctx (the lease), belongs to package publish.
 //   - Backups (backup.go): on the leader, a consistent full snapshot stream
 //     of the shard after a Raft barrier (Backup), written at the install
-//     rate; and the other way, a replica directory whose one Raft snapshot is
-//     such a stream, with this node as the only voter (PlantSnapshot), from
-//     which a new cluster's first node restores the shard when it opens.
+//     rate; and the other way, a replica directory without Raft state whose
+//     one Raft snapshot is such a stream, with this node as the only voter
+//     (PlantSnapshot, which snapshot.Plant writes), from which a new
+//     cluster's first node restores the shard when it opens.
 //   - The leader's reconcile of its own Raft configuration toward the
 //     placement, when Config.Directory is set (reconcile.go).
 //   - Retention: with Tuning.Retention set, the leader proposes Expire
@@ -101,8 +108,8 @@
 //     under way checks stop between chunks. proposeLoop fails the
 //     queued proposals and closes applying, which ends applyWaitLoop;
 //     markLoop fails the queued marks; leadershipLoop stops the firing loops.
-//   - fireLoop, with a retention expireLoop, and with a Directory
-//     reconcileLoop: started by
+//   - fireLoop (which turns the wheel in firing.run), with a retention
+//     expireLoop, and with a Directory reconcileLoop: started by
 //     leadershipLoop (startFiring) when raft reports leadership, stopped by
 //     the function startFiring returned (cancel their ctx, wait) when
 //     leadership is lost or the shard closes.
@@ -123,10 +130,12 @@
 //     loops above and before the log store and the FSM close.
 //   - raft-wal's segment rotation: started by opening the log store
 //     (openLogStore), stopped by its Close, after raft's shutdown.
-//   - The install transport's accept loop, one receiver per copy coming in,
-//     and the pump that hands raft its RPCs: started by Open, stopped by the
-//     transport's Close (after raft's shutdown), which closes the install
-//     layer and the connections being received, then waits for them.
+//   - The install transport's goroutines (snapshot.Transport): started by
+//     Open when the replica has an install layer, stopped by the
+//     transport's Close in Close, after raft's shutdown. The snapshot
+//     store's timers: the kept log's release is stopped (StopKeepingLog)
+//     before raft's shutdown, the kept expansion dropped
+//     (snapshot.Store.Close) after.
 //
 // # Locks
 //
@@ -144,11 +153,12 @@
 //
 //  1. Never early: a batch taken out of the wheel before its due time
 //     (Tuning.FireLead) is held until its last entry is due by the shard's
-//     clock (TestHoldUntilDue, TestEarlyBatchHeldAndCancellable,
-//     TestScheduleFireCancelRestart).
+//     clock (TestHoldUntilDue, TestFiringHoldsAnEarlyBatch,
+//     TestEarlyBatchHeldAndCancellable, TestScheduleFireCancelRestart).
 //  2. Records are handed to Kafka only within a lease from a quorum
 //     confirmation (a Barrier) asked before it; batches share a lease renewed
-//     ahead (TestLeaseRenewedAhead).
+//     ahead (TestLeaseRenewedAhead), and a lease no quorum renews runs out
+//     (TestLeaseRunsOutWithoutAQuorum).
 //  3. A cancel acknowledged as cancelled means no record of the event
 //     follows: a batch that has not begun to produce leaves it out, one that
 //     has is waited for, and an unanswered attempt, this leader's or an
@@ -157,15 +167,22 @@
 //     TestInDoubtAfterLeaderChange).
 //  4. At least once: every event taken out of the wheel is marked or goes
 //     back into it (fire always settles its batch); a retried event is read
-//     under its due time (TestRetriedEventsFire); a restarted replica fires
-//     from Pebble (TestScheduleFireCancelRestart).
+//     under its due time (TestRetriedEventsFire), after a backoff
+//     (TestFiringRetriesWithBackoff); a restarted replica fires from Pebble
+//     (TestScheduleFireCancelRestart).
 //  5. After Kafka comes back, events that waited out a failed batch's retry
 //     delay are produced within seconds, not when the delay ends
-//     (TestHealWakesWaitingEvents).
+//     (TestHealWakesWaitingEvents): one waiting event is probed every
+//     probeInterval (TestFiringProbesWhileFailing), and the first that
+//     Kafka takes brings every waiting event back
+//     (TestFiringHealBringsBackEveryWaitingEvent).
 //  6. The handle table agrees with a map and frees empty pages
 //     (TestHandleTable).
-//  7. A non-voter is promoted or given leadership only once its Raft log has
-//     caught up (TestPlan, TestCaughtUpComparesRaftLogs); a new replica is
+//  7. A node is added to a shard as a non-voter only once it has opened its
+//     replica (TestPlan, TestReconcileAddsOnlyAnOpenReplica, and node/nodetest's
+//     TestFreshStartLogsNoErrors); a non-voter is promoted or given
+//     leadership only once its Raft log has caught up (TestPlan,
+//     TestCaughtUpComparesRaftLogs); a new replica is
 //     brought up from an expanded snapshot reference, over the install layer
 //     or, from a node without one, inside raft's request
 //     (TestFollowerCatchesUpFromAnExpandedSnapshot); it is sent one copy
@@ -173,7 +190,8 @@
 //     copy whose send is cut is sent on from the cut
 //     (TestInstallResumesAfterACut); a follower refuses a copy older than
 //     its own raft log, whose entries past the copy raft would otherwise
-//     count committed unchecked (TestInstallRefusesACopyOlderThanTheLog).
+//     count committed unchecked (shard/snapshot's
+//     TestInstallRefusesACopyOlderThanTheLog).
 //  8. A leader whose raft refuses entries for a stranded leadership transfer
 //     is reported Stuck once that has lasted twice what a working transfer
 //     takes (Knobs.StuckAfter), and not before (TestStuckLeadershipTransfer).

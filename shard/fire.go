@@ -145,31 +145,11 @@ func (s *Shard) fireLoop(ctx context.Context) {
 	slots := make(chan struct{}, s.tune.MaxFiring)
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	lead := int64(s.tune.FireLead)
 	wake := s.metrics.FireStage.WithLabelValues("wake")
 	onTime := func(late int64) { wake.Observe(time.Duration(late).Seconds()) }
-	var (
-		due     []wheel.Entry
-		batches []*fireBatch
-		wakeAt  int64
-	)
-	for {
-		now := s.cfg.Now().UnixNano()
-		due, batches, wakeAt = s.firing.take(now, lead, s.tune.FireBatch, due, batches[:0], onTime)
-		if len(batches) > 0 {
-			ok := s.dispatch(ctx, batches, slots, &wg)
-			clear(batches)
-			if !ok {
-				return
-			}
-			continue
-		}
-		if !s.sleep(ctx, timer, time.Duration(wakeAt-now)) {
-			return
-		}
-	}
+	s.firing.run(ctx, int64(s.tune.FireLead), s.tune.FireBatch, onTime, func(batches []*fireBatch) bool {
+		return s.dispatch(ctx, batches, slots, &wg)
+	})
 }
 
 // barrier waits until every entry committed before this term has been
@@ -217,27 +197,6 @@ func (s *Shard) dispatch(ctx context.Context, batches []*fireBatch, slots chan s
 			defer release()
 			s.fire(ctx, batch, release)
 		}()
-	}
-	return true
-}
-
-// sleep waits d (at most an hour), a kick or the end of ctx, which it
-// reports as false.
-func (s *Shard) sleep(ctx context.Context, timer *time.Timer, d time.Duration) bool {
-	// Drain a stale kick before sleeping: the wheel was read after it.
-	select {
-	case <-s.firing.kick:
-	default:
-	}
-	timer.Reset(min(max(d, 0), time.Hour))
-	select {
-	case <-timer.C:
-	case <-s.firing.kick:
-		if !timer.Stop() {
-			<-timer.C
-		}
-	case <-ctx.Done():
-		return false
 	}
 	return true
 }

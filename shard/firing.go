@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"context"
 	"math"
 	"slices"
 	"sync"
@@ -20,6 +21,12 @@ const never = 1<<63 - 1
 // mutex is taken by the raft apply goroutine (through observer), the firing
 // loop, fire batches and Cancel; each holds it only for in-memory work, and
 // takes no other lock while holding it. Methods named *Locked need it held.
+//
+// It reads time only from now, the injected clock, which the firing loop
+// (run) advances it by: take is given the time, and retry and probe times
+// (settleOutcomes, settleBatch) are read from the same clock. No timer of
+// its own fires but run's sleep, so a test under testing/synctest, with
+// time.Now as the clock, drives hold, retry, probe and heal exactly.
 type firing struct {
 	now func() time.Time // the shard's clock (Config.Now)
 	res int64            // the wheel's resolution, ns
@@ -172,6 +179,28 @@ func (f *firing) wake() {
 	case f.kick <- struct{}{}:
 	default:
 	}
+}
+
+// sleep waits d (at most an hour), a kick or the end of ctx, which it
+// reports as false: the firing loop's wait between takes, until the time
+// take returned or until the wheel changed.
+func (f *firing) sleep(ctx context.Context, timer *time.Timer, d time.Duration) bool {
+	// Drain a stale kick before sleeping: the wheel was read after it.
+	select {
+	case <-f.kick:
+	default:
+	}
+	timer.Reset(min(max(d, 0), time.Hour))
+	select {
+	case <-timer.C:
+	case <-f.kick:
+		if !timer.Stop() {
+			<-timer.C
+		}
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 // replace swaps in a wheel rebuilt from Pebble, which holds every pending
@@ -389,6 +418,38 @@ func (f *firing) producing(seq uint64) *fireBatch {
 		return nil
 	}
 	return b
+}
+
+// run is the firing loop's turn of the wheel: it advances the firing state
+// by its clock (f.now, the shard's), taking what falls due out of the wheel
+// (take) and handing the batches to dispatch, and between takes it sleeps
+// until the time take returned or a kick. It returns when ctx ends or
+// dispatch reports false. Everything here happens at a time the clock gives
+// it, so under testing/synctest, with time.Now as the clock, a test drives
+// it exactly.
+func (f *firing) run(ctx context.Context, lead int64, max int, onTime func(late int64), dispatch func([]*fireBatch) bool) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var (
+		due     []wheel.Entry
+		batches []*fireBatch
+		wakeAt  int64
+	)
+	for {
+		now := f.now().UnixNano()
+		due, batches, wakeAt = f.take(now, lead, max, due, batches[:0], onTime)
+		if len(batches) > 0 {
+			ok := dispatch(batches)
+			clear(batches)
+			if !ok {
+				return
+			}
+			continue
+		}
+		if !f.sleep(ctx, timer, time.Duration(wakeAt-now)) {
+			return
+		}
+	}
 }
 
 // take turns what the wheel holds due into fire batches appended to out

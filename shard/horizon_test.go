@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/publish/publishtest"
@@ -154,7 +156,9 @@ func TestHorizonFiresEventsAsItReachesThem(t *testing.T) {
 		schedule(request(fmt.Sprintf("edge-%d", i), edge),
 			request(fmt.Sprintf("near-%d", i), time.Duration(rng.Int64N(int64(3*time.Second)))))
 		cancelSome()
-		// Left a sleep: it paces the schedules over the three seconds; nothing is awaited.
+		// Left a sleep: it spreads the schedules over the three seconds, so
+		// that their due times meet the moving horizon at every point of a
+		// load step; there is no condition to wait for.
 		time.Sleep(2 * time.Millisecond)
 	}
 	want := 0
@@ -163,10 +167,11 @@ func TestHorizonFiresEventsAsItReachesThem(t *testing.T) {
 			want++
 		}
 	}
-	got := c.WaitIDs(want, 30*time.Second)
-	// Left a sleep: a duplicate that must not come can only be watched for, for a while.
-	time.Sleep(publishtest.DupWindow)
-	got = c.Consumed()
+	c.WaitIDs(want, 30*time.Second)
+	// A duplicate, or a record of a cancelled event, would have been
+	// produced before every replica settled all it took out of its wheel.
+	waitAllRead(t, brokers, "h", c, n.host.shards...)
+	got := c.Consumed()
 	for id, e := range events {
 		r, fired := got.ByID[id]
 		switch {
@@ -300,8 +305,9 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 		}
 	}
 	c.WaitIDs(want, 30*time.Second)
-	// Left a sleep: a duplicate can only be watched for, for a while (they are counted).
-	time.Sleep(publishtest.DupWindow)
+	// Duplicates are counted: every one was produced before the replica
+	// settled all it took out of its wheel.
+	waitAllRead(t, broker.Addrs(), "cut", c, s)
 	got := c.Consumed()
 	for id, e := range events {
 		rec, fired := got.ByID[id]
@@ -315,4 +321,69 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 		}
 	}
 	t.Logf("%d events, %d fired, %d duplicates", len(events), len(got.ByID), got.Dups)
+}
+
+// waitAllRead waits until no record of topic can still come from shards, and
+// c has read every one the broker holds: each replica holds no pending
+// event, no fire batch and no unanswered produce, and c has read as many
+// records of topic as its partitions' end offsets add up to. What a test
+// then finds in c is all these replicas produced.
+func waitAllRead(t *testing.T, brokers []string, topic string, c *publishtest.Collector, shards ...*Shard) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "every replica settles what it took out of its wheel", func() bool {
+		for _, s := range shards {
+			if s.Stats().Pending != 0 {
+				return false
+			}
+			f := s.firing
+			f.mu.Lock()
+			busy := len(f.inflight) != 0 || len(f.unsure) != 0
+			f.mu.Unlock()
+			if busy {
+				return false
+			}
+		}
+		return true
+	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	meta := kmsg.NewPtrMetadataRequest()
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr(topic)
+	meta.Topics = append(meta.Topics, mt)
+	mresp, err := meta.RequestWith(ctx, cl)
+	if err != nil || len(mresp.Topics) != 1 || mresp.Topics[0].ErrorCode != 0 {
+		t.Fatalf("metadata of %s: %v %+v", topic, err, mresp)
+	}
+	req := kmsg.NewPtrListOffsetsRequest()
+	rt := kmsg.NewListOffsetsRequestTopic()
+	rt.Topic = topic
+	for _, p := range mresp.Topics[0].Partitions {
+		rp := kmsg.NewListOffsetsRequestTopicPartition()
+		rp.Partition = p.Partition
+		rp.Timestamp = -1 // the end offset
+		rt.Partitions = append(rt.Partitions, rp)
+	}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatalf("end offsets of %s: %v", topic, err)
+	}
+	var end int64
+	for _, rt := range resp.Topics {
+		for _, rp := range rt.Partitions {
+			if rp.ErrorCode != 0 {
+				t.Fatalf("end offset of %s/%d: error %d", topic, rp.Partition, rp.ErrorCode)
+			}
+			end += rp.Offset
+		}
+	}
+	waitFor(t, 30*time.Second, fmt.Sprintf("the collector reads all %d records of %s", end, topic), func() bool {
+		return int64(len(c.Consumed().Records)) >= end
+	})
 }

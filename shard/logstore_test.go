@@ -22,6 +22,7 @@ import (
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard/raftmux"
+	"github.com/chimehq/chime/shard/snapshot"
 )
 
 // boltFixture is what a test writes into a raft-boltdb file, as a build before raft-wal left
@@ -316,7 +317,7 @@ func TestHasRaftStateCountsEitherLogStore(t *testing.T) {
 
 // TestRaftSeesAMonotonicLog: raft-wal refuses a gap in its indexes, and raft knows it only
 // through raft.MonotonicLogStore; the log raft is given (the cache over the watched log over
-// raft-wal, under keepSnapshotEntry) must still say so, or a follower that installs a
+// raft-wal, under snapshot.KeepSnapshotEntry) must still say so, or a follower that installs a
 // snapshot over an older log appends after a gap raft-wal refuses.
 func TestRaftSeesAMonotonicLog(t *testing.T) {
 	s, _ := openLogStoreT(t, t.TempDir())
@@ -327,7 +328,7 @@ func TestRaftSeesAMonotonicLog(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !isMonotonic(keepSnapshotEntry{cache}) {
+		if !isMonotonic(snapshot.KeepSnapshotEntry(cache)) {
 			t.Fatalf("raft's log over %T does not say it is monotonic", inner)
 		}
 	}

@@ -57,8 +57,15 @@ func (w *watchedLog) SetUint64(k []byte, v uint64) error {
 	return w.stable.SetUint64(k, v)
 }
 
-// IsMonotonic passes on whether the log refuses a gap (see keepSnapshotEntry).
+// IsMonotonic passes on whether the log refuses a gap (see
+// snapshot.KeepSnapshotEntry).
 func (w *watchedLog) IsMonotonic() bool { return isMonotonic(w.LogStore) }
 
 func (w *watchedLog) Get(k []byte) ([]byte, error)       { return w.stable.Get(k) }
 func (w *watchedLog) GetUint64(k []byte) (uint64, error) { return w.stable.GetUint64(k) }
+
+// isMonotonic reports whether s says it refuses a gap in its indexes.
+func isMonotonic(s raft.LogStore) bool {
+	m, ok := s.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}

@@ -25,7 +25,7 @@ import (
 //     Raft state beside them are dropped: a new Raft log starts at index 1, and an FSM whose
 //     applied index is already past it would skip the new entries as replayed.
 //   - A replica whose Pebble is behind its own snapshot reference does not start
-//     (ErrStateLost, from restoreOnStart).
+//     (ErrStateLost, from snapshot.Store.RestoreOnStart).
 
 // releasedSuffix names the tombstone of a replica's Raft directory.
 const releasedSuffix = ".released"

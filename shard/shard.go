@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/shard/snapshot"
 	"github.com/chimehq/chime/shard/topiclimit"
 	"github.com/chimehq/chime/wheel"
 )
@@ -32,7 +33,7 @@ type Shard struct {
 	raft    *raft.Raft
 	trans   raft.Transport
 	logs    *logStore
-	snaps   *snapshotStore
+	snaps   *snapshot.Store
 	// pace bounds the rate of the full snapshots this replica writes:
 	// expansions sent to followers and backups (Config.Installs).
 	pace *rate.Limiter
@@ -47,8 +48,6 @@ type Shard struct {
 	// notesWake when a call between them must wake the firing loop; the
 	// apply goroutine alone touches them.
 	notesOpen, notesWake bool
-	// keepLog keeps raft's log while a full snapshot is sent (expanding).
-	keepLog logKeeper
 
 	// Channels: each has one reader goroutine (see doc.go).
 	proposals chan *proposal
@@ -141,20 +140,18 @@ func (s *Shard) startRaft() error {
 	rc.Logger = newRaftLogger(s.logger)
 	// Pebble already holds the state up to the FSM's applied index, so a
 	// restart replays only the log after it instead of reloading a snapshot.
-	files, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, rc.Logger)
-	if err != nil {
-		return err
-	}
 	s.pace = cfg.Installs
 	if s.pace == nil {
-		s.pace = newInstallLimiter(s.tune.InstallRate)
+		s.pace = snapshot.NewLimiter(s.tune.InstallRate)
 	}
-	snaps := &snapshotStore{files: files, fsm: s.fsm, dir: cfg.Dir, pace: s.pace, expanding: s.expanding, keepFor: cfg.Knobs.ExpansionReuse}
-	s.snaps = snaps
-	if err := snaps.removeLeftovers(); err != nil {
+	snaps, err := snapshot.Open(snapshot.Config{Dir: cfg.Dir, FSM: s.fsm, Pace: s.pace, Logger: rc.Logger,
+		TrailingLogs: s.tune.TrailingLogs, SetTrailingLogs: s.setTrailingLogs,
+		Knobs: snapshot.Knobs{KeepLogGrace: cfg.Knobs.KeepLogGrace, ExpansionReuse: cfg.Knobs.ExpansionReuse}})
+	if err != nil {
 		return fmt.Errorf("shard %d: %w", cfg.ID, err)
 	}
-	restore, err := snaps.restoreOnStart()
+	s.snaps = snaps
+	restore, err := snaps.RestoreOnStart()
 	if err != nil {
 		return err
 	}
@@ -172,7 +169,8 @@ func (s *Shard) startRaft() error {
 		})
 		s.trans = nt
 		if cfg.InstallLayer != nil {
-			s.trans = newInstallTransport(nt, cfg.InstallLayer, cfg.Dir, logs.LastIndex, s.logger, cfg.Knobs.InstallSend)
+			s.trans = snapshot.NewTransport(nt, snapshot.TransportConfig{Layer: cfg.InstallLayer, Dir: cfg.Dir,
+				LastLog: logs.LastIndex, Logger: s.logger, Timeout: raftRPCTimeout, SendHook: cfg.Knobs.InstallSend})
 		}
 	}
 	var (
@@ -189,7 +187,7 @@ func (s *Shard) startRaft() error {
 		logs.Close()
 		return err
 	}
-	r, err := s.newRaft(rc, keepSnapshotEntry{cache}, stable, snaps)
+	r, err := s.newRaft(rc, snapshot.KeepSnapshotEntry(cache), stable, snaps)
 	if err != nil {
 		s.closeTransport()
 		logs.Close()
@@ -247,10 +245,10 @@ func (s *Shard) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.wg.Wait()
-		s.stopKeepingLog()
+		s.snaps.StopKeepingLog()
 		s.fsm.Stopping() // a snapshot persist waiting for a flush would hold up the shutdown
 		err = s.raft.Shutdown().Error()
-		s.snaps.close()
+		s.snaps.Close()
 		s.closeTransport()
 		if cerr := s.logs.Close(); err == nil {
 			err = cerr

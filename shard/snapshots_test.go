@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,7 +93,7 @@ func followerCatchesUp(t *testing.T, oldFollower bool) {
 		left, _ := filepath.Glob(filepath.Join(a.dir, "expand-*"))
 		return len(left) == 0
 	})
-	if left, _ := filepath.Glob(filepath.Join(b.dir, installPrefix+"*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(b.dir, "install-*")); len(left) > 0 {
 		t.Fatalf("the new replica kept %s after installing it", left)
 	}
 }
@@ -307,35 +305,6 @@ func TestRestartAfterASnapshotAtANoOpKeepsPebble(t *testing.T) {
 	}
 }
 
-// TestInstallsArePaced: an expansion is written and read no faster than the
-// install rate, whatever sizes the caller asks for at once.
-func TestInstallsArePaced(t *testing.T) {
-	const rateBps, size = 256 << 10, 512 << 10
-	lim := newInstallLimiter(rateBps)
-	f, err := os.CreateTemp(t.TempDir(), "paced")
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	if _, err := (pacedWriter{f, lim}).Write(make([]byte, size)); err != nil {
-		t.Fatal(err)
-	}
-	wrote := time.Since(start)
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		t.Fatal(err)
-	}
-	start = time.Now()
-	n, err := io.Copy(io.Discard, &expansion{x: &expanded{}, f: f, store: &snapshotStore{pace: lim}})
-	read := time.Since(start)
-	if err != nil || n != size {
-		t.Fatalf("read %d bytes, %v", n, err)
-	}
-	// The first burst (256 KiB) is free; the rest takes at least a second at 256 KiB/s.
-	if min := 900 * time.Millisecond; wrote < min || read < min+900*time.Millisecond {
-		t.Fatalf("512 KiB written in %v and read in %v at 256 KiB/s", wrote, read)
-	}
-}
-
 // TestInstallResumesAfterACut: a copy whose send is cut midway is sent
 // again from where it was cut, not from the start: the leader keeps the
 // copy, and the follower what it received of it.
@@ -397,132 +366,25 @@ func TestInstallResumesAfterACut(t *testing.T) {
 	}
 }
 
-// TestCompactionKeepsTheSnapshotEntry: keepSnapshotEntry keeps the last
-// entry of a compaction and deletes exactly what it is asked to otherwise.
-func TestCompactionKeepsTheSnapshotEntry(t *testing.T) {
-	mem := raft.NewInmemStore()
-	for i := uint64(1); i <= 10; i++ {
-		if err := mem.StoreLog(&raft.Log{Index: i, Term: 1}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	l := keepSnapshotEntry{mem}
-	bounds := func() (uint64, uint64) {
-		first, _ := l.FirstIndex()
-		last, _ := l.LastIndex()
-		return first, last
-	}
-	for _, c := range []struct {
-		name                string
-		min, max            uint64
-		wantFirst, wantLast uint64
-	}{
-		{"a compaction keeps the entry at its end", 1, 4, 4, 10},
-		{"a compaction of one entry keeps it", 4, 4, 4, 10},
-		{"a truncated suffix goes whole", 8, 10, 4, 7},
-		{"deleting everything deletes everything", 4, 7, 0, 0},
-	} {
-		if err := l.DeleteRange(c.min, c.max); err != nil {
-			t.Fatal(err)
-		}
-		if first, last := bounds(); first != c.wantFirst || last != c.wantLast {
-			t.Fatalf("%s: DeleteRange(%d, %d) left [%d, %d], want [%d, %d]", c.name, c.min, c.max, first, last, c.wantFirst, c.wantLast)
-		}
-	}
-}
-
-// TestLogKeptWhileAnInstallIsSent: while a full snapshot is being written or
-// sent to a follower, and for the grace after (Knobs.KeepLogGrace), raft keeps its whole log,
-// so that the follower can replay what was committed meanwhile instead of
-// needing another install; then TrailingLogs is back.
-func TestLogKeptWhileAnInstallIsSent(t *testing.T) {
-	const grace = 200 * time.Millisecond
-	n := openNodeWith(t, t.TempDir(), "", startBroker(t), 1, Knobs{KeepLogGrace: grace})
-	defer n.close()
-	s := n.host.Replica(0)
+// TestTrailingLogsReachRaft: the snapshot store keeps raft's whole log while
+// a copy is sent through setTrailingLogs, which changes raft's own
+// TrailingLogs (package snapshot's TestLogKeptWhileAnInstallIsSent pins
+// when it is called).
+func TestTrailingLogsReachRaft(t *testing.T) {
+	r := newCrashRig(t)
+	s := r.mustOpen(true)
+	defer s.Close()
 	trailing := func() uint64 { return s.raft.ReloadableConfig().TrailingLogs }
 	want := s.tune.TrailingLogs
 	if got := trailing(); got != want {
 		t.Fatalf("TrailingLogs %d at start, want %d", got, want)
 	}
-	s.expanding(true)
-	s.expanding(true) // two followers at once
-	s.expanding(false)
+	s.setTrailingLogs(math.MaxUint64)
 	if got := trailing(); got != math.MaxUint64 {
-		t.Fatalf("TrailingLogs %d with an install open, want all", got)
+		t.Fatalf("TrailingLogs %d kept for a copy, want all", got)
 	}
-	closed := time.Now() // before the release's timer is armed
-	s.expanding(false)
-	waitFor(t, 10*time.Second, "TrailingLogs back after the grace", func() bool { return trailing() == want })
-	if kept := time.Since(closed); kept < grace {
-		t.Fatalf("TrailingLogs back %v after the install closed, within the %v grace", kept, grace)
-	}
-	// A new install within the grace keeps it.
-	s.expanding(true)
-	s.expanding(false)
-	s.expanding(true)
-	// Left a sleep: what is checked is that no release comes after the first grace,
-	// which can only be watched for, for a while.
-	time.Sleep(2 * grace)
-	if got := trailing(); got != math.MaxUint64 {
-		t.Fatalf("TrailingLogs %d with a second install open, want all", got)
-	}
-	s.expanding(false)
-}
-
-// TestInstallRefusesACopyOlderThanTheLog: a follower refuses a received copy
-// whose state is older than the last entry of its own raft log, and drops
-// it: raft would count that entry (perhaps a deposed leader's) committed
-// once the copy is installed, without comparing it with the leader's.
-func TestInstallRefusesACopyOlderThanTheLog(t *testing.T) {
-	n := openNode(t, t.TempDir(), "", startBroker(t), 1)
-	defer n.close()
-	s := n.host.Replica(0)
-	scheduleFor(t, s, 0, 3, 0)
-	dir := t.TempDir()
-	name := strings.Repeat("ab", 16)
-	path := filepath.Join(dir, installPrefix+name+".done")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h, err := s.fsm.WriteSnapshot(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range []struct {
-		last   uint64
-		refuse bool
-	}{{h.AppliedIndex, false}, {h.AppliedIndex + 1, true}} {
-		if c.refuse {
-			// The accepted case below left no file: write the copy again.
-			data, _ := os.ReadFile(path + ".kept")
-			if err := os.WriteFile(path, data, 0o644); err != nil {
-				t.Fatal(err)
-			}
-		} else {
-			data, _ := os.ReadFile(path)
-			os.WriteFile(path+".kept", data, 0o644)
-		}
-		tr := &installTransport{dir: dir, lastLog: func() (uint64, error) { return c.last, nil }}
-		req := &raft.InstallSnapshotRequest{Peers: []byte(installMarker + name)}
-		rpc := raft.RPC{Command: req}
-		err := tr.attach(&rpc, req)
-		if c.refuse {
-			if err == nil {
-				t.Fatalf("a copy at %d installed over a log ending at %d", h.AppliedIndex, c.last)
-			}
-			if _, serr := os.Stat(path); !errors.Is(serr, os.ErrNotExist) {
-				t.Fatalf("the refused copy is kept (%v)", serr)
-			}
-			continue
-		}
-		if err != nil {
-			t.Fatalf("a copy at %d refused over a log ending at %d: %v", h.AppliedIndex, c.last, err)
-		}
-		if n, _ := io.Copy(io.Discard, rpc.Reader); n != req.Size || n == 0 {
-			t.Fatalf("the copy handed to raft has %d bytes, the request says %d", n, req.Size)
-		}
+	s.setTrailingLogs(want)
+	if got := trailing(); got != want {
+		t.Fatalf("TrailingLogs %d after a copy, want %d", got, want)
 	}
 }

@@ -1,4 +1,4 @@
-package shard
+package snapshot
 
 import (
 	"math"
@@ -10,7 +10,7 @@ import (
 
 // A follower too far behind for the log gets the shard's whole state: the
 // leader writes it out (an expansion of its latest snapshot reference) and
-// sends it, both at Tuning.InstallRate, which for ten million events takes
+// sends it, both at the install rate, which for ten million events takes
 // tens of seconds. The follower then needs every entry after the
 // snapshot's index. With TrailingLogs (128) kept behind each snapshot, and
 // a snapshot every SnapshotThreshold entries, a shard taking 5,000 events a
@@ -27,17 +27,23 @@ import (
 const keepLogGrace = 30 * time.Second
 
 // logKeeper counts the open expansions and raises raft's TrailingLogs while
-// there are any (and for keepLogGrace after).
+// there are any (and for grace after).
 type logKeeper struct {
-	mu      sync.Mutex
-	open    int
-	release *time.Timer // lowers TrailingLogs again; nil when not pending
-	closed  bool
+	grace    time.Duration
+	trailing uint64         // raft's TrailingLogs when no expansion is open
+	set      func(n uint64) // changes raft's TrailingLogs; nil: nothing is kept
+	mu       sync.Mutex     // held across set, so that changes do not interleave
+	open     int            // expansions open
+	release  *time.Timer    // lowers TrailingLogs again; nil when not pending
+	closed   bool           // stop was called
 }
 
-// expanding is snapshotStore.expanding.
-func (s *Shard) expanding(begins bool) {
-	k := &s.keepLog
+// expanding is told when an expansion begins (true) and when it is closed
+// (false).
+func (k *logKeeper) expanding(begins bool) {
+	if k.set == nil {
+		return
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
@@ -49,25 +55,24 @@ func (s *Shard) expanding(begins bool) {
 				k.release.Stop()
 				k.release = nil
 			}
-			s.setTrailingLogs(math.MaxUint64)
+			k.set(math.MaxUint64)
 		}
 		return
 	}
 	if k.open--; k.open == 0 {
-		k.release = time.AfterFunc(s.cfg.Knobs.KeepLogGrace, func() {
+		k.release = time.AfterFunc(k.grace, func() {
 			k.mu.Lock()
 			defer k.mu.Unlock()
 			if k.open == 0 && !k.closed {
 				k.release = nil
-				s.setTrailingLogs(s.tune.TrailingLogs)
+				k.set(k.trailing)
 			}
 		})
 	}
 }
 
-// stopKeepingLog ends a pending release; called by Close.
-func (s *Shard) stopKeepingLog() {
-	k := &s.keepLog
+// stop ends a pending release.
+func (k *logKeeper) stop() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.closed = true
@@ -77,22 +82,14 @@ func (s *Shard) stopKeepingLog() {
 	}
 }
 
-// setTrailingLogs changes how many entries raft keeps behind a snapshot.
-// k.mu is held, so that changes do not interleave.
-func (s *Shard) setTrailingLogs(n uint64) {
-	rc := s.raft.ReloadableConfig()
-	rc.TrailingLogs = n
-	if err := s.raft.ReloadConfig(rc); err != nil {
-		s.logger.Warn("changing raft's trailing logs", "to", n, "err", err)
-	}
-}
-
-// keepSnapshotEntry is raft's log store, except that a compaction keeps its
+// KeepSnapshotEntry wraps raft's log store so that a compaction keeps its
 // last entry: the entry at the snapshot's index, whose term raft asks for
 // after a follower installs that snapshot. raft deletes entries in two ways:
 // a compaction from the first entry up to before the last, and a follower's
 // truncation of a conflicting suffix, which reaches the last entry (as does
 // a recovery's deletion of everything); only the first is changed.
+func KeepSnapshotEntry(l raft.LogStore) raft.LogStore { return keepSnapshotEntry{l} }
+
 type keepSnapshotEntry struct{ raft.LogStore }
 
 // IsMonotonic tells raft whether the log refuses a gap in its indexes, as
@@ -100,11 +97,8 @@ type keepSnapshotEntry struct{ raft.LogStore }
 // snapshot then deletes its whole log; otherwise raft keeps the entries
 // before the snapshot's index and appends after it, and raft-wal would
 // refuse every append after the install.
-func (l keepSnapshotEntry) IsMonotonic() bool { return isMonotonic(l.LogStore) }
-
-// isMonotonic reports whether s says it refuses a gap in its indexes.
-func isMonotonic(s raft.LogStore) bool {
-	m, ok := s.(raft.MonotonicLogStore)
+func (l keepSnapshotEntry) IsMonotonic() bool {
+	m, ok := l.LogStore.(raft.MonotonicLogStore)
 	return ok && m.IsMonotonic()
 }
 

@@ -1,4 +1,4 @@
-package shard
+package snapshot
 
 import (
 	"bufio"
@@ -13,12 +13,55 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/chimehq/chime/raftfsm"
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"golang.org/x/time/rate"
+
+	"github.com/chimehq/chime/raftfsm"
 )
 
-// snapshotStore is raft's snapshot store for a shard whose state lives in
+// Config configures a replica's snapshot store.
+type Config struct {
+	// Dir is the replica's raft directory: raft's snapshots, expansions
+	// and received copies are kept in it.
+	Dir string
+	// FSM is the replica's state machine, whose state an expansion writes
+	// out.
+	FSM *raftfsm.FSM
+	// Pace bounds the rate at which expansions are written and read
+	// (NewLimiter); the node shares one among its replicas.
+	Pace *rate.Limiter
+	// Logger is raft's file snapshot store's.
+	Logger hclog.Logger
+	// TrailingLogs is how many entries raft keeps behind a snapshot when no
+	// copy is being sent; SetTrailingLogs changes raft's (all of them,
+	// math.MaxUint64, while one is). Nil: the log is not kept.
+	TrailingLogs    uint64
+	SetTrailingLogs func(n uint64)
+	Knobs           Knobs
+}
+
+// Knobs let a test shrink the store's durations; a zero field takes the
+// default.
+type Knobs struct {
+	// KeepLogGrace, if positive, replaces keepLogGrace: how long raft keeps
+	// its whole log after an install was sent.
+	KeepLogGrace time.Duration
+	// ExpansionReuse, if positive, replaces expansionReuse: how long an
+	// expansion of the shard is kept after its last reader closed.
+	ExpansionReuse time.Duration
+}
+
+func (k *Knobs) fill() {
+	if k.KeepLogGrace <= 0 {
+		k.KeepLogGrace = keepLogGrace
+	}
+	if k.ExpansionReuse <= 0 {
+		k.ExpansionReuse = expansionReuse
+	}
+}
+
+// Store is raft's snapshot store for a shard whose state lives in
 // Pebble. Snapshots this replica takes are references (raftfsm.FSM.Snapshot):
 // a few bytes naming the applied index, so raft can snapshot and truncate its
 // log often at no cost. Snapshots received from a leader are full streams.
@@ -28,20 +71,18 @@ import (
 // temporary file as a full stream, and that is what raft reads. raft opens a
 // snapshot to send it to a follower that is too far behind for the log, and
 // needs the data and the size up front (the follower checks it). raft also
-// opens its latest snapshot to restore at start when restoreOnStart says so,
+// opens its latest snapshot to restore at start when RestoreOnStart says so,
 // which is never for a reference over the state it names (Open refuses one
 // after an unfinished restore).
 // The expanded state is at or after the reference's index; the receiving FSM
 // records the index it really holds and skips the entries it already has.
-
-type snapshotStore struct {
+type Store struct {
 	files *raft.FileSnapshotStore
 	fsm   *raftfsm.FSM
 	dir   string        // for expansions
-	pace  *rate.Limiter // expansions are written and read no faster (Tuning.InstallRate)
-	// expanding, if set, is told when an expansion begins (true) and when
-	// it is closed (false): the shard keeps its log meanwhile (keepLog).
-	expanding func(begins bool)
+	pace  *rate.Limiter // expansions are written and read no faster
+	// keep holds raft's log while an expansion is open (expanding).
+	keep      logKeeper
 	keepFor   time.Duration // how long the latest expansion is kept unused (Knobs.ExpansionReuse)
 	sent      atomic.Uint64 // expansions opened: full copies sent to followers
 	bytesSent atomic.Uint64 // bytes of them read to be sent
@@ -51,16 +92,32 @@ type snapshotStore struct {
 	closed bool
 }
 
-var _ raft.SnapshotStore = (*snapshotStore)(nil)
+var _ raft.SnapshotStore = (*Store)(nil)
 
-func (s *snapshotStore) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
+// Open opens the snapshot store in cfg.Dir and deletes the expansions a
+// crash left behind.
+func Open(cfg Config) (*Store, error) {
+	cfg.Knobs.fill()
+	files, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{files: files, fsm: cfg.FSM, dir: cfg.Dir, pace: cfg.Pace, keepFor: cfg.Knobs.ExpansionReuse,
+		keep: logKeeper{grace: cfg.Knobs.KeepLogGrace, trailing: cfg.TrailingLogs, set: cfg.SetTrailingLogs}}
+	if err := s.removeLeftovers(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) Create(version raft.SnapshotVersion, index, term uint64, configuration raft.Configuration,
 	configurationIndex uint64, trans raft.Transport) (raft.SnapshotSink, error) {
 	return s.files.Create(version, index, term, configuration, configurationIndex, trans)
 }
 
-func (s *snapshotStore) List() ([]*raft.SnapshotMeta, error) { return s.files.List() }
+func (s *Store) List() ([]*raft.SnapshotMeta, error) { return s.files.List() }
 
-func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
+func (s *Store) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
 	meta, rc, err := s.files.Open(id)
 	if err != nil {
 		return nil, nil, err
@@ -105,15 +162,13 @@ func (s *snapshotStore) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, erro
 }
 
 // expand writes the shard's current state out to a new file.
-func (s *snapshotStore) expand(meta *raft.SnapshotMeta) (_ *expanded, err error) {
-	if s.expanding != nil {
-		s.expanding(true)
-		defer func() {
-			if err != nil {
-				s.expanding(false)
-			}
-		}()
-	}
+func (s *Store) expand(meta *raft.SnapshotMeta) (_ *expanded, err error) {
+	s.keep.expanding(true)
+	defer func() {
+		if err != nil {
+			s.keep.expanding(false)
+		}
+	}()
 	x := &expanded{meta: *meta}
 	if _, err := rand.Read(x.uid[:]); err != nil {
 		return nil, err
@@ -145,7 +200,7 @@ func (s *snapshotStore) expand(meta *raft.SnapshotMeta) (_ *expanded, err error)
 }
 
 // reuse opens the kept expansion, if there is one.
-func (s *snapshotStore) reuse() *expansion {
+func (s *Store) reuse() *expansion {
 	s.mu.Lock()
 	x := s.cur
 	s.mu.Unlock()
@@ -160,7 +215,7 @@ func (s *snapshotStore) reuse() *expansion {
 }
 
 // openExpanded opens a reader of x and counts it.
-func (s *snapshotStore) openExpanded(x *expanded) (*expansion, error) {
+func (s *Store) openExpanded(x *expanded) (*expansion, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if x.dropped {
@@ -180,7 +235,7 @@ func (s *snapshotStore) openExpanded(x *expanded) (*expansion, error) {
 
 // release counts a reader of x closed: the last one removes it, or, for
 // the kept expansion, arms its removal after s.keepFor.
-func (s *snapshotStore) release(x *expanded) {
+func (s *Store) release(x *expanded) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if x.refs--; x.refs > 0 || x.dropped {
@@ -200,7 +255,7 @@ func (s *snapshotStore) release(x *expanded) {
 }
 
 // forget stops x from being reused; it is removed once its readers close.
-func (s *snapshotStore) forget(x *expanded) {
+func (s *Store) forget(x *expanded) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur != x {
@@ -213,7 +268,7 @@ func (s *snapshotStore) forget(x *expanded) {
 }
 
 // dropLocked removes x; s.mu is held.
-func (s *snapshotStore) dropLocked(x *expanded) {
+func (s *Store) dropLocked(x *expanded) {
 	x.dropped = true
 	if x.drop != nil {
 		x.drop.Stop()
@@ -223,14 +278,17 @@ func (s *snapshotStore) dropLocked(x *expanded) {
 		s.cur = nil
 	}
 	os.Remove(x.path)
-	if s.expanding != nil {
-		s.expanding(false)
-	}
+	s.keep.expanding(false)
 }
 
-// close removes the kept expansion; expansions still being read go when
+// StopKeepingLog ends a pending release of raft's log: after it, the store
+// changes raft's TrailingLogs no more. The replica calls it before raft
+// shuts down.
+func (s *Store) StopKeepingLog() { s.keep.stop() }
+
+// Close removes the kept expansion; expansions still being read go when
 // they are closed. Called once raft has shut down.
-func (s *snapshotStore) close() {
+func (s *Store) Close() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
@@ -241,7 +299,7 @@ func (s *snapshotStore) close() {
 }
 
 // removeLeftovers deletes expansions a crash left behind.
-func (s *snapshotStore) removeLeftovers() error {
+func (s *Store) removeLeftovers() error {
 	left, err := filepath.Glob(filepath.Join(s.dir, expansionPrefix+"*"))
 	for _, name := range left {
 		if rerr := os.Remove(name); err == nil {
@@ -251,13 +309,13 @@ func (s *snapshotStore) removeLeftovers() error {
 	return err
 }
 
-// InstallsSent is how many full copies of the shard this replica has opened
-// to send to followers too far behind for its log, since it opened.
-func (s *Shard) InstallsSent() uint64 { return s.snaps.sent.Load() }
+// Sent is how many full copies of the shard this store has opened to send
+// to followers too far behind for its log, since it opened.
+func (s *Store) Sent() uint64 { return s.sent.Load() }
 
-// InstallBytesSent is how many bytes of those copies it has sent: a copy
-// whose send was cut is sent on from where it was cut.
-func (s *Shard) InstallBytesSent() uint64 { return s.snaps.bytesSent.Load() }
+// BytesSent is how many bytes of those copies it has sent: a copy whose
+// send was cut is sent on from where it was cut.
+func (s *Store) BytesSent() uint64 { return s.bytesSent.Load() }
 
 // ErrStateLost is returned when a replica opens with a Pebble that is behind its own latest
 // snapshot reference: raft would take the reference's index as applied and never re-apply
@@ -267,7 +325,7 @@ func (s *Shard) InstallBytesSent() uint64 { return s.snaps.bytesSent.Load() }
 // and clears its data directory.
 var ErrStateLost = errors.New("replica's Pebble state is behind its own snapshot reference")
 
-// restoreOnStart decides whether raft must restore its latest snapshot when the replica
+// RestoreOnStart decides whether raft must restore its latest snapshot when the replica
 // starts (that is, not raft.Config.NoSnapshotRestoreOnStart). Pebble holds the state up to
 // the FSM's applied index, so a start normally replays only the log after it. It compares that
 // index with the one the snapshot's header records, the FSM's when it was taken, not raft's
@@ -277,7 +335,7 @@ var ErrStateLost = errors.New("replica's Pebble state is behind its own snapshot
 // restored only when a restore of the version before did not finish, or when it is a full stream (received from a
 // leader) holding more than Pebble. A reference is never restored over the Pebble it names:
 // Pebble behind it is ErrStateLost.
-func (s *snapshotStore) restoreOnStart() (bool, error) {
+func (s *Store) RestoreOnStart() (bool, error) {
 	if s.fsm.NeedsRestore() {
 		return true, nil
 	}
@@ -324,9 +382,9 @@ type expanded struct {
 	meta raft.SnapshotMeta // Size is the file's
 	uid  [16]byte          // names these bytes to a follower that holds part of them
 
-	// Under snapshotStore.mu.
+	// Under Store.mu.
 	refs    int
-	drop    *time.Timer // removes it once unused for snapshotStore.keepFor
+	drop    *time.Timer // removes it once unused for Store.keepFor
 	dropped bool
 }
 
@@ -336,7 +394,7 @@ type expanded struct {
 type expansion struct {
 	x     *expanded
 	f     *os.File
-	store *snapshotStore
+	store *Store
 }
 
 func (e *expansion) Read(p []byte) (int, error) {
@@ -362,6 +420,10 @@ func (e *expansion) Close() error {
 	return err
 }
 
+// Paced returns a writer that passes on to w at most pace's rate: a full
+// stream written for a backup goes at the install rate, as expansions do.
+func Paced(w io.Writer, pace *rate.Limiter) io.Writer { return pacedWriter{w, pace} }
+
 // pacedWriter writes at most a limiter's rate.
 type pacedWriter struct {
 	w    io.Writer
@@ -382,15 +444,8 @@ func (p pacedWriter) Write(b []byte) (n int, err error) {
 	return n, nil
 }
 
-// newInstallLimiter paces snapshot installs at bytesPerSecond, in bursts of
+// NewLimiter paces snapshot installs at bytesPerSecond, in bursts of
 // 256 KiB (a few milliseconds of the default rate).
-func newInstallLimiter(bytesPerSecond int) *rate.Limiter {
+func NewLimiter(bytesPerSecond int) *rate.Limiter {
 	return rate.NewLimiter(rate.Limit(bytesPerSecond), min(256<<10, bytesPerSecond))
-}
-
-// NewInstallLimiter is the limiter a node shares among its replicas
-// (Config.Installs), at Tuning.InstallRate (0: the default).
-func NewInstallLimiter(t Tuning) *rate.Limiter {
-	t.fill()
-	return newInstallLimiter(t.InstallRate)
 }
