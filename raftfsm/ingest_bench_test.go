@@ -86,21 +86,31 @@ func benchUpsert(b *testing.B) {
 }
 
 // settle flushes the memtable and waits until the compactions it and earlier flushes
-// started have finished.
-func settle(b *testing.B, st *Store) {
+// started have finished: no flush or compaction in progress at three polls in a row,
+// 100 ms apart, as Pebble ends a compaction and schedules the next in two steps, between
+// which NumInProgress reads 0. A Pebble still busy after settleTimeout fails the
+// benchmark rather than hanging it.
+func settle(b testing.TB, st *Store) {
+	b.Helper()
+	const settleTimeout = 5 * time.Minute
 	if err := st.db.Flush(); err != nil {
 		b.Fatal(err)
 	}
+	deadline := time.Now().Add(settleTimeout)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
 	for idle := 0; idle < 3; {
+		<-tick.C
 		m := st.db.Metrics()
 		if m.Compact.NumInProgress == 0 && m.Flush.NumInProgress == 0 {
 			idle++
 		} else {
 			idle = 0
 		}
-		// Left a sleep: idle means no flush or compaction at three polls 100 ms apart, as
-		// Pebble may start the next compaction right after one ends.
-		time.Sleep(100 * time.Millisecond)
+		if idle < 3 && time.Now().After(deadline) {
+			b.Fatalf("Pebble not idle within %v: %d compactions, %d flushes in progress",
+				settleTimeout, m.Compact.NumInProgress, m.Flush.NumInProgress)
+		}
 	}
 }
 

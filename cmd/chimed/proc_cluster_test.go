@@ -183,9 +183,24 @@ func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
 	// scenario.
 	time.Sleep(time.Until(scheduled.Add(10 * time.Second))) // pacing: the due times are wall-clock times
 	c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT)
+	// The window below starts once the resumed node itself no longer leads
+	// the shard: on a loaded machine its first contact with a peer can come
+	// late, and a window that ended before it would prove nothing.
+	adm := c.admin(leader)
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ns, err := adm.NodeStatus(ctx, &chimev1.NodeStatusRequest{})
+		for _, r := range ns.GetReplicas() {
+			if r.Shard == s {
+				return r.RaftState != "Leader", fmt.Sprintf("resumed %s to step down as shard %d's leader: %s", leader, s, r.RaftState)
+			}
+		}
+		return false, fmt.Sprintf("resumed %s to report shard %d: %v", leader, s, err)
+	})
 	// The claim is that nothing is produced after the cancels: watch for
-	// 3 s, longer than the resumed node takes to learn it was deposed (its
-	// next contact with a peer) and past every event's due time.
+	// 3 s more, past every event's due time, for a produce the resumed node
+	// made before it stepped down to reach the collector.
 	time.Sleep(3 * time.Second) // the claim is that nothing happens: no condition to wait for
 	got, _ := col.byID()
 	for _, id := range ids {
