@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -25,7 +24,12 @@ import (
 // Modules under examples/ are left to client's TestExampleModules, which
 // runs them as a service outside this repository would build them.
 func TestWorkspaceModules(t *testing.T) {
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// go test puts the GOROOT/bin of the go command that runs it first on
+	// the tests' PATH (Go 1.19 and later): this is that go command.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command: %v", err)
+	}
 	var dirs []string
 	for _, dir := range workspaceModules(t, goBin) {
 		if dir == "." || strings.HasPrefix(filepath.ToSlash(dir)+"/", "examples/") {

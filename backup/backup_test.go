@@ -100,7 +100,9 @@ func TestWrittenBackupVerifies(t *testing.T) {
 	}
 	raw, _ := os.ReadFile(filepath.Join(dir, ManifestName))
 	var fields map[string]any
-	json.Unmarshal(raw, &fields)
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		t.Fatalf("manifest.json: %v", err)
+	}
 	for _, k := range []string{"format", "created", "shard_count", "replication", "retention_ns", "shards"} {
 		if _, ok := fields[k]; !ok {
 			t.Errorf("manifest.json lacks %q:\n%s", k, raw)
@@ -113,13 +115,19 @@ func TestCorruptOrMissingShardFileIsRefusedByName(t *testing.T) {
 	path := filepath.Join(dir, "shard-002.snap")
 	b, _ := os.ReadFile(path)
 	b[len(b)/2] ^= 0x01
-	os.WriteFile(path, b, 0o644)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	wantErr(t, verifyAll(dir), "backup "+dir+": shard-002.snap: sha256 mismatch (manifest says ", ", file has ")
 
-	os.WriteFile(path, b[:len(b)-1], 0o644)
+	if err := os.WriteFile(path, b[:len(b)-1], 0o644); err != nil {
+		t.Fatal(err)
+	}
 	wantErr(t, verifyAll(dir), "shard-002.snap: "+fmt.Sprint(len(b)-1)+" bytes, manifest says "+fmt.Sprint(len(b)))
 
-	os.Remove(path)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
 	wantErr(t, verifyAll(dir), "shard-002.snap: missing")
 }
 
@@ -131,7 +139,7 @@ func TestCheckOfTheStreamIsReportedAfterTheDigest(t *testing.T) {
 	}
 	bad := errors.New("snapshot of shard 7")
 	// The check stops early: the digest still covers the whole file.
-	err = VerifyFile(dir, m.Shards[0], func(r io.Reader) error { io.CopyN(io.Discard, r, 10); return bad })
+	err = VerifyFile(dir, m.Shards[0], func(r io.Reader) error { _, _ = io.CopyN(io.Discard, r, 10); return bad })
 	wantErr(t, err, "shard-000.snap: snapshot of shard 7")
 	if !errors.Is(err, bad) {
 		t.Errorf("%v does not wrap the check's error", err)
@@ -176,7 +184,9 @@ func TestManifestRules(t *testing.T) {
 				tc.edit(m)
 				raw, _ = json.Marshal(m)
 			}
-			os.WriteFile(path, raw, 0o644)
+			if err := os.WriteFile(path, raw, 0o644); err != nil {
+				t.Fatal(err)
+			}
 			_, err := Open(dir)
 			wantErr(t, err, "backup "+dir+": ", tc.want)
 		})
@@ -189,7 +199,9 @@ func TestUnfinishedBackupIsRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.Write(stream(0))
+	if _, err := w.Write(stream(0)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := os.Stat(filepath.Join(dir, FileName(0))); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("an uncommitted shard file is under its final name: %v", err)
 	}

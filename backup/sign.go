@@ -35,7 +35,7 @@ func ReadKeyFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("backup key file: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: a read error is what matters
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("backup key file: %w", err)

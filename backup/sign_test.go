@@ -61,7 +61,9 @@ func TestSignedManifestVerifiesWithItsKeyOnly(t *testing.T) {
 	dir := writeSigned(t, 3, testKey)
 	raw, _ := os.ReadFile(filepath.Join(dir, ManifestName))
 	var fields map[string]any
-	json.Unmarshal(raw, &fields)
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		t.Fatalf("manifest.json: %v", err)
+	}
 	if fields["cluster_id"] != "c-7f3a" || fields["format"] != float64(2) {
 		t.Errorf("manifest.json:\n%s", raw)
 	}

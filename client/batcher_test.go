@@ -209,7 +209,9 @@ func TestBatcherFlushAndClose(t *testing.T) {
 	if err := b.Flush(ctx); err != nil {
 		t.Errorf("Flush after Close: %v", err)
 	}
-	b.Close() // again: nothing
+	if err := b.Close(); err != nil { // again: nothing
+		t.Errorf("Close again: %v", err)
+	}
 }
 
 // Each event is answered with its own result or error: a refused event
@@ -363,7 +365,9 @@ func TestBatcherMaxInFlight(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		b.Close()
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
 		if got := c.calls(); len(got) != 4 {
 			t.Fatalf("calls: %v; want 4 of 10", got)
 		}

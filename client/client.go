@@ -241,7 +241,7 @@ func (c *Client) Conn() grpc.ClientConnInterface { return c.conn }
 // when they arrive twice. Do returns f's last error as gRPC gave it, not
 // mapped to the client's errors.
 func (c *Client) Do(ctx context.Context, f func(ctx context.Context, cc grpc.ClientConnInterface) error) error {
-	err, _, _ := c.call(ctx, "", false, f)
+	_, _, err := c.call(ctx, "", false, f)
 	return err
 }
 

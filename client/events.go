@@ -222,7 +222,7 @@ func (c *Client) Schedule(ctx context.Context, ev Event, opts ...ScheduleOption)
 		return res, err
 	}
 	var resp *chimev1.ScheduleResponse
-	err, ambiguous, tried := c.call(ctx, pe.Id, true, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+	ambiguous, tried, err := c.call(ctx, pe.Id, true, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
 		resp, err = chimev1.NewSchedulerClient(cc).Schedule(ctx, &chimev1.ScheduleRequest{Event: pe})
 		return err
 	})
@@ -580,7 +580,7 @@ func (c *Client) Get(ctx context.Context, id string) (Event, error) {
 
 func (c *Client) getProto(ctx context.Context, id string) (*chimev1.GetResponse, error) {
 	var resp *chimev1.GetResponse
-	err, _, tried := c.call(ctx, id, false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+	_, tried, err := c.call(ctx, id, false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
 		resp, err = chimev1.NewSchedulerClient(cc).Get(ctx, &chimev1.GetRequest{Id: id})
 		return err
 	})
@@ -595,7 +595,7 @@ func (c *Client) getProto(ctx context.Context, id string) (*chimev1.GetResponse,
 // succeeds again. ErrNotFound for an unknown id; ErrAlreadyFired when it
 // fired (or was dead-lettered) first.
 func (c *Client) Cancel(ctx context.Context, id string) error {
-	err, _, tried := c.call(ctx, id, false, func(ctx context.Context, cc grpc.ClientConnInterface) error {
+	_, tried, err := c.call(ctx, id, false, func(ctx context.Context, cc grpc.ClientConnInterface) error {
 		_, err := chimev1.NewSchedulerClient(cc).Cancel(ctx, &chimev1.CancelRequest{Id: id})
 		return err
 	})
@@ -638,7 +638,7 @@ func (c *Client) Update(ctx context.Context, id string, opts ...UpdateOption) (R
 		req.Headers = &chimev1.HeaderList{Headers: headersProto(uo.headers)}
 	}
 	var resp *chimev1.UpdateResponse
-	err, ambiguous, tried := c.call(ctx, id, true, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+	ambiguous, tried, err := c.call(ctx, id, true, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
 		resp, err = chimev1.NewSchedulerClient(cc).Update(ctx, req)
 		return err
 	})

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -27,7 +26,12 @@ func TestExampleModules(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and tests the example modules")
 	}
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// go test puts the GOROOT/bin of the go command that runs it first on
+	// the tests' PATH (Go 1.19 and later): this is that go command.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command: %v", err)
+	}
 	mods, err := filepath.Glob(filepath.Join(examplesDir, "*", "go.mod"))
 	if err != nil || len(mods) == 0 {
 		t.Fatalf("no example module under %s (%v)", examplesDir, err)

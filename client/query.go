@@ -73,7 +73,7 @@ func (c *Client) List(ctx context.Context, f Filter) iter.Seq2[Event, error] {
 		req := &chimev1.ListRequest{Filter: f.proto(), Limit: listPage, StaleOk: f.StaleOK}
 		for {
 			var resp *chimev1.ListResponse
-			err, _, tried := c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+			_, tried, err := c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
 				resp, err = chimev1.NewSchedulerClient(cc).List(ctx, req)
 				return err
 			})
@@ -97,7 +97,7 @@ func (c *Client) List(ctx context.Context, f Filter) iter.Seq2[Event, error] {
 // Count returns how many events f selects, as List would list them.
 func (c *Client) Count(ctx context.Context, f Filter) (int64, error) {
 	var resp *chimev1.CountResponse
-	err, _, tried := c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+	_, tried, err := c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
 		resp, err = chimev1.NewSchedulerClient(cc).Count(ctx, &chimev1.CountRequest{Filter: f.proto(), StaleOk: f.StaleOK})
 		return err
 	})

@@ -194,7 +194,7 @@ func (r *Recurring) Create(ctx context.Context, id string, rule Rule, target Tar
 		id = NewID()
 	}
 	req := &chimev1.CreateRecurringRequest{Id: id, Rule: ruleProto(rule), Target: targetProto(target)}
-	s, err, ambiguous, tried := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
+	s, ambiguous, tried, err := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
 		return rc.Create(ctx, req)
 	})
 	if err == nil {
@@ -229,7 +229,7 @@ func (r *Recurring) Update(ctx context.Context, id string, u RecurringUpdate) (R
 	if u.Target != nil {
 		req.Target = targetProto(*u.Target)
 	}
-	s, err, ambiguous, tried := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
+	s, ambiguous, tried, err := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
 		return rc.Update(ctx, req)
 	})
 	if err == nil {
@@ -249,7 +249,7 @@ func (r *Recurring) Update(ctx context.Context, id string, u RecurringUpdate) (R
 // stay readable as events until the retention removes them. ErrNotFound
 // for an unknown id.
 func (r *Recurring) Delete(ctx context.Context, id string) error {
-	_, err, ambiguous, tried := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
+	_, ambiguous, tried, err := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
 		_, err := rc.Delete(ctx, &chimev1.DeleteRecurringRequest{Id: id})
 		return nil, err
 	})
@@ -261,7 +261,7 @@ func (r *Recurring) Delete(ctx context.Context, id string) error {
 
 // Get returns one schedule and its next occurrence times (Upcoming).
 func (r *Recurring) Get(ctx context.Context, id string) (RecurringSchedule, error) {
-	s, err, _, tried := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
+	s, _, tried, err := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
 		return rc.Get(ctx, &chimev1.GetRecurringRequest{Id: id})
 	})
 	return s, finish("recurring.get", id, err, tried)
@@ -275,7 +275,7 @@ func (r *Recurring) List(ctx context.Context, idPrefix string) iter.Seq2[Recurri
 		req := &chimev1.ListRecurringRequest{IdPrefix: idPrefix, Limit: listPage}
 		for {
 			var resp *chimev1.ListRecurringResponse
-			err, _, tried := r.c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+			_, tried, err := r.c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
 				resp, err = chimev1.NewRecurringClient(cc).List(ctx, req)
 				return err
 			})
@@ -300,7 +300,7 @@ func (r *Recurring) List(ctx context.Context, idPrefix string) iter.Seq2[Recurri
 // it returns, no occurrence is produced. Pausing a paused schedule changes
 // nothing.
 func (r *Recurring) Pause(ctx context.Context, id string) (RecurringSchedule, error) {
-	s, err, _, tried := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
+	s, _, tried, err := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
 		return rc.Pause(ctx, &chimev1.PauseRecurringRequest{Id: id})
 	})
 	return s, finish("recurring.pause", id, err, tried)
@@ -310,7 +310,7 @@ func (r *Recurring) Pause(ctx context.Context, id string) (RecurringSchedule, er
 // CatchUp says which of those that fell due while paused happen.
 // ErrNotPaused for a schedule that is not paused.
 func (r *Recurring) Resume(ctx context.Context, id string) (RecurringSchedule, error) {
-	s, err, ambiguous, tried := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
+	s, ambiguous, tried, err := r.do(ctx, id, func(ctx context.Context, rc chimev1.RecurringClient) (*chimev1.RecurringSchedule, error) {
 		return rc.Resume(ctx, &chimev1.ResumeRecurringRequest{Id: id})
 	})
 	if err != nil && ambiguous && status.Code(err) == codes.FailedPrecondition {
@@ -323,16 +323,16 @@ func (r *Recurring) Resume(ctx context.Context, id string) (RecurringSchedule, e
 }
 
 // do runs one call of the Recurring service about schedule id.
-func (r *Recurring) do(ctx context.Context, id string, f func(context.Context, chimev1.RecurringClient) (*chimev1.RecurringSchedule, error)) (RecurringSchedule, error, bool, []string) {
+func (r *Recurring) do(ctx context.Context, id string, f func(context.Context, chimev1.RecurringClient) (*chimev1.RecurringSchedule, error)) (RecurringSchedule, bool, []string, error) {
 	var resp *chimev1.RecurringSchedule
-	err, ambiguous, tried := r.c.call(ctx, id, true, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+	ambiguous, tried, err := r.c.call(ctx, id, true, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
 		resp, err = f(ctx, chimev1.NewRecurringClient(cc))
 		return err
 	})
 	if err != nil || resp == nil {
-		return RecurringSchedule{ID: id}, err, ambiguous, tried
+		return RecurringSchedule{ID: id}, ambiguous, tried, err
 	}
-	return scheduleFrom(resp), nil, ambiguous, tried
+	return scheduleFrom(resp), ambiguous, tried, nil
 }
 
 var catchUpProto = map[CatchUp]chimev1.CatchUp{

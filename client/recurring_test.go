@@ -83,7 +83,9 @@ func TestRecurring(t *testing.T) {
 		}
 		return nil
 	}
-	rec.Pause(ctx, "hourly")
+	if _, err := rec.Pause(ctx, "hourly"); err != nil {
+		t.Fatal(err)
+	}
 	if s, err = rec.Resume(ctx, "hourly"); err != nil || s.State != client.RecurringActive {
 		t.Errorf("Resume after a lost answer = %+v, %v", s, err)
 	}

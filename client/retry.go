@@ -222,11 +222,11 @@ type conn struct {
 // call runs f with retries, routing each attempt by id ("" for a call
 // that any node answers as well as another: those go to the main
 // connection). reserve keeps time back to resolve an unknown outcome. It
-// returns f's last error unmapped, and whether some attempt may have taken
-// effect unseen.
-func (c *Client) call(ctx context.Context, id string, reserve bool, f func(ctx context.Context, cc grpc.ClientConnInterface) error) (err error, ambiguous bool, tried []string) {
+// returns whether some attempt may have taken effect unseen, the nodes
+// tried, and f's last error unmapped.
+func (c *Client) call(ctx context.Context, id string, reserve bool, f func(ctx context.Context, cc grpc.ClientConnInterface) error) (ambiguous bool, tried []string, err error) {
 	if c.closed.Load() {
-		return errClosed, false, nil
+		return false, nil, errClosed
 	}
 	a := newAttempts(ctx, c.retry, reserve)
 	for {
@@ -236,13 +236,13 @@ func (c *Client) call(ctx context.Context, id string, reserve bool, f func(ctx c
 		err = f(actx, cc)
 		cancel()
 		if err == nil {
-			return nil, a.ambiguous, tried
+			return a.ambiguous, tried, nil
 		}
 		if cc.leader != "" && leaderTrouble(ctx, err) {
 			c.router.leaderFailed(cc.leader)
 		}
 		if !a.retry(err) {
-			return err, a.ambiguous, tried
+			return a.ambiguous, tried, err
 		}
 	}
 }

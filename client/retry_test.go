@@ -418,7 +418,9 @@ func TestFailFastNoNode(t *testing.T) {
 			t.Fatal(err)
 		}
 		addrs = append(addrs, ln.Addr().String())
-		ln.Close()
+		if err := ln.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c, err := client.Dial(context.Background(), strings.Join(addrs, ","))
 	if err != nil {

@@ -220,7 +220,7 @@ func (r *router) close() {
 	r.closed = true
 	for _, cc := range r.conns {
 		if cc != nil {
-			cc.Close()
+			_ = cc.Close() // fails only for a connection already closed
 		}
 	}
 	r.conns = map[string]*grpc.ClientConn{}

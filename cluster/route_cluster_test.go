@@ -121,7 +121,7 @@ func TestScheduleThroughANonLeader(t *testing.T) {
 	}
 	rid := id(more + 1)
 	rs, err := via.Recurring().Create(ctx, &chimev1.CreateRecurringRequest{Id: rid,
-		Rule: &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Cron{Cron: "0 3 * * *"}, TimeZone: "Europe/Paris"},
+		Rule:   &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Cron{Cron: "0 3 * * *"}, TimeZone: "Europe/Paris"},
 		Target: &chimev1.RecurringTarget{Topic: "route", Payload: []byte("nightly")}})
 	if err != nil || rs.Id != rid || rs.GetRule().GetTimeZone() != "Europe/Paris" {
 		t.Fatalf("recurring create through %s: %v, %v", via.ID, rs, err)

@@ -253,9 +253,13 @@ func checkRendered(t *testing.T, set string, m *manifests) {
 		t.Errorf("preStop %q does not end with drain --timeout-drain Ns (no NODE argument)", drain)
 	} else {
 		var n int64
-		fmt.Sscan(m2[1], &n)
+		if _, err := fmt.Sscan(m2[1], &n); err != nil {
+			t.Errorf("preStop's --timeout-drain %q: %v", m2[1], err)
+		}
 		var shutdown int64
-		fmt.Sscan(strings.TrimSuffix(args["--shutdown-timeout"], "s"), &shutdown)
+		if _, err := fmt.Sscan(strings.TrimSuffix(args["--shutdown-timeout"], "s"), &shutdown); err != nil {
+			t.Errorf("--shutdown-timeout %q: %v", args["--shutdown-timeout"], err)
+		}
 		if pod.TerminationGracePeriodSeconds == nil {
 			t.Error("no terminationGracePeriodSeconds")
 		} else if grace := *pod.TerminationGracePeriodSeconds; n+shutdown >= grace {
@@ -706,8 +710,12 @@ func sameFile(copyPath, orig string) error {
 func TestSameFileDetectsADifference(t *testing.T) {
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
-	os.WriteFile(a, []byte("groups: []\n"), 0o644)
-	os.WriteFile(b, []byte("groups: [] \n"), 0o644)
+	if err := os.WriteFile(a, []byte("groups: []\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b, []byte("groups: [] \n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := sameFile(a, b); err == nil {
 		t.Error("sameFile accepted two different files")
 	}

@@ -58,10 +58,10 @@ func unknownUses(uses []use, c cli) []string {
 		}
 		if !ok {
 			what := u.name
-			switch {
-			case u.kind == "flag":
+			switch u.kind {
+			case "flag":
 				what = "--" + u.name
-			case u.kind == "env":
+			case "env":
 				what = fmt.Sprintf("%s (--%s)", u.name, envFlag(u.name))
 			}
 			bad = append(bad, fmt.Sprintf("%s: %s %s %s", u.where, u.tool, u.kind, what))

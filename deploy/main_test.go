@@ -34,7 +34,9 @@ var binaries struct {
 func TestMain(m *testing.M) {
 	code := m.Run()
 	for _, dir := range binaries.cleanup {
-		os.RemoveAll(dir)
+		if err := os.RemoveAll(dir); err != nil {
+			fmt.Fprintf(os.Stderr, "removing %s: %v\n", dir, err)
+		}
 	}
 	os.Exit(code)
 }

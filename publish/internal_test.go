@@ -52,7 +52,9 @@ func TestBackoffSchedule(t *testing.T) {
 				}
 			}
 		}
-		p.Close()
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -547,7 +547,7 @@ func TestNewRejects(t *testing.T) {
 		tc.edit(&cfg)
 		p, err := publish.New(cfg)
 		if err == nil {
-			p.Close()
+			_ = p.Close() // the New should have failed; that it did not is the error
 			t.Fatalf("New accepted a bad %s", tc.field)
 		}
 		if !errors.Is(err, publish.ErrConfig) || !strings.Contains(err.Error(), tc.field) {

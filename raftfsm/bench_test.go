@@ -34,7 +34,9 @@ func openBenchFSM(b *testing.B) (*Store, *FSM) {
 	}
 	b.Cleanup(func() {
 		f.Close()
-		st.Close()
+		if err := st.Close(); err != nil {
+			b.Error(err)
+		}
 	})
 	return st, f
 }
@@ -120,7 +122,9 @@ func BenchmarkApplyMarkFiredRecurring(b *testing.B) {
 	}
 	b.Cleanup(func() {
 		f.Close()
-		st.Close()
+		if err := st.Close(); err != nil {
+			b.Error(err)
+		}
 	})
 	index := uint64(0)
 	var logs []*raft.Log

@@ -178,7 +178,7 @@ func TestContentHash(t *testing.T) {
 		return ContentHash(r.topic, r.key, r.payload, r.headers, r.deliverAt, r.delay, r.haveDeliver, r.haveDly, DefaultPolicy)
 	}
 	base := req{topic: "t", key: []byte("k"), payload: []byte("p"), headers: []Header{{"a", []byte("1")}}, delay: 5e9, haveDly: true}
-	if h(base) != h(base) {
+	if first, second := h(base), h(base); first != second {
 		t.Fatal("not deterministic")
 	}
 	// Pinned: the hash is a stored format (ContentHash doc). If this changes, every stored

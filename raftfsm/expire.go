@@ -176,9 +176,11 @@ func (f *FSM) upgradeLayout() error {
 	if err != nil {
 		return err
 	}
-	defer it.Close()
+	// Close's error is the iterator's, it.Error, checked after the loop; a
+	// batch's Close fails only for one closed twice.
+	defer func() { _ = it.Close() }()
 	b := f.db.NewBatch()
-	defer func() { b.Close() }()
+	defer func() { _ = b.Close() }()
 	var key []byte
 	var due [8]byte
 	for ok := it.First(); ok; ok = it.Next() {
@@ -196,7 +198,7 @@ func (f *FSM) upgradeLayout() error {
 			if err := b.Commit(pebble.NoSync); err != nil {
 				return err
 			}
-			b.Close()
+			_ = b.Close() // committed; fails only for a batch closed twice
 			b = f.db.NewBatch()
 		}
 	}

@@ -201,7 +201,9 @@ func TestUpgradeFromLayout2(t *testing.T) {
 			t.Fatalf("Stats after the upgrade: %+v, want %+v", f.Stats(), fr.Stats())
 		}
 		f.Close()
-		st.Close()
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -326,7 +328,9 @@ func TestPowerCutDuringCleanUp(t *testing.T) {
 		t.Fatalf("Stats after power cuts: %+v, want %+v", got, want)
 	}
 	f.Close()
-	st.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if unloaded < len(logs)/4 {
 		t.Fatalf("only %d of %d entries applied before a pending set was loaded", unloaded, len(logs))
 	}

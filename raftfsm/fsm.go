@@ -297,7 +297,7 @@ func (f *FSM) load() error {
 	switch {
 	case err == nil:
 		m, err = decodeMeta(v)
-		closer.Close()
+		_ = closer.Close() // releases v; Pebble's Get closers return no error
 		if err != nil {
 			return fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
 		}
@@ -308,7 +308,7 @@ func (f *FSM) load() error {
 	_, closer, err = f.db.Get(f.restoringKey)
 	switch {
 	case err == nil:
-		closer.Close()
+		_ = closer.Close() // releases the value; Pebble's Get closers return no error
 	case errors.Is(err, pebble.ErrNotFound):
 		restoring = false
 	default:

@@ -134,7 +134,9 @@ func smallFilterFSM(t *testing.T) *FSM {
 	f, _ := newTestFSM(t, st, 3)
 	t.Cleanup(func() {
 		f.Close()
-		st.Close()
+		if err := st.Close(); err != nil {
+			t.Error(err)
+		}
 	})
 	return f
 }

@@ -203,11 +203,6 @@ func (m *meta) retained() uint64 {
 	return m.fired + m.cancelled + m.deadLettered - m.expired - m.renewed
 }
 
-// created is the number of seqs ever assigned: every one is pending, settled or superseded.
-func (m *meta) created() uint64 {
-	return m.pending + m.fired + m.cancelled + m.deadLettered + m.replaced
-}
-
 // append encodes m in layout 4 (whatever m.layout says: only upgradeLayout writes a meta
 // of a layout 2 shard, and it writes it once the shard is converted).
 func (m *meta) append(dst []byte) []byte {
@@ -227,8 +222,9 @@ func decodeMeta(b []byte) (meta, error) {
 	if len(b) == metaLenV2 && b[0] == 1 {
 		return meta{}, ErrOldLayout
 	}
-	if !(len(b) == metaLenV2 && b[0] == layoutV2) && !(len(b) == metaLenV3 && b[0] == layoutV3) &&
-		!(len(b) == metaLen && b[0] == layoutV4) {
+	known := (len(b) == metaLenV2 && b[0] == layoutV2) || (len(b) == metaLenV3 && b[0] == layoutV3) ||
+		(len(b) == metaLen && b[0] == layoutV4)
+	if !known {
 		return meta{}, fmt.Errorf("%w: meta of %d bytes, layout %x", ErrCorrupt, len(b), b[:min(len(b), 1)])
 	}
 	var v [12]uint64

@@ -296,10 +296,11 @@ func (f *FSM) Digest() (applied uint64, digest uint64, err error) {
 			}
 			applied = m.appliedIndex
 		}
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(k)))])
-		h.Write(k)
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(v)))])
-		h.Write(v)
+		// An xxhash Digest's Write, as any hash.Hash's, never returns an error.
+		_, _ = h.Write(n[:binary.PutUvarint(n[:], uint64(len(k)))])
+		_, _ = h.Write(k)
+		_, _ = h.Write(n[:binary.PutUvarint(n[:], uint64(len(v)))])
+		_, _ = h.Write(v)
 	}
 	return applied, h.Sum64(), it.Error()
 }

@@ -531,7 +531,7 @@ func (f *FSM) loadOccurrences() error {
 	if err != nil {
 		return err
 	}
-	defer it.Close()
+	defer func() { _ = it.Close() }() // its error is it.Error, checked after the loop
 	for valid := it.First(); valid; valid = it.Next() {
 		if d, err := decodeStoredDefinition(it.Value()); err == nil {
 			e := &scheduleEntry{}

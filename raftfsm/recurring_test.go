@@ -364,7 +364,9 @@ func TestRecurringAcrossRestartAndSnapshot(t *testing.T) {
 	h.rec(&Recurring{Op: RecurringPause, ProposedAt: sec(1.5).UnixNano(), ID: "c"})
 	snap := snapshotBytes(t, f)
 	f.Close()
-	st.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	st = openTestStore(t, dir, StoreOptions{})
 	defer st.Close()

@@ -137,7 +137,7 @@ func (f *FSM) durableIndex() (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("raftfsm: shard %d: read durable meta: %w", f.shard, err)
 	}
-	defer it.Close()
+	defer func() { _ = it.Close() }() // its error is it.Error, checked below
 	if !it.First() {
 		return 0, it.Error()
 	}
@@ -168,7 +168,7 @@ func (f *FSM) WriteSnapshot(w io.Writer) (SnapshotHeader, error) {
 	}
 	snap := f.db.NewSnapshot()
 	f.mu.RUnlock()
-	defer snap.Close()
+	defer func() { _ = snap.Close() }() // a Pebble snapshot's Close returns no error
 	// The header must name the state the snapshot holds, which may be one apply past f.meta
 	// (apply commits before it updates f.meta): read it from the snapshot itself.
 	m := freshMeta()
@@ -176,7 +176,7 @@ func (f *FSM) WriteSnapshot(w io.Writer) (SnapshotHeader, error) {
 	switch {
 	case err == nil:
 		m, err = decodeMeta(v)
-		closer.Close()
+		_ = closer.Close() // releases v; Pebble's Get closers return no error
 		if err != nil {
 			return SnapshotHeader{}, fmt.Errorf("raftfsm: shard %d: %w", f.shard, err)
 		}
@@ -298,7 +298,7 @@ func (w *snapWriter) frame(k, v []byte) error {
 // A marker from a restore interrupted by the version before (which wiped the shard first)
 // is inside the span, so a successful Restore removes it.
 func (f *FSM) Restore(rc io.ReadCloser) error {
-	defer rc.Close()
+	defer func() { _ = rc.Close() }() // read only: a read error is what matters
 	r := snapReader{br: bufio.NewReaderSize(rc, 256<<10)}
 	h, err := r.header(f.shard)
 	if err != nil {

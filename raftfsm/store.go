@@ -186,13 +186,13 @@ func OpenStore(dir string, opts StoreOptions) (*Store, error) {
 	// A restore a crash interrupted left its staging tables; nothing refers to them.
 	names, err := s.fs.List(dir)
 	if err != nil {
-		db.Close()
+		_ = db.Close() // nothing was written yet; the List error is the one to report
 		return nil, err
 	}
 	for _, n := range names {
 		if strings.HasPrefix(n, stagingPrefix) {
 			if err := s.fs.RemoveAll(s.fs.PathJoin(dir, n)); err != nil {
-				db.Close()
+				_ = db.Close() // nothing was written yet; the RemoveAll error is the one to report
 				return nil, err
 			}
 		}
@@ -265,14 +265,6 @@ func (s *Store) flush() error {
 		return fmt.Errorf("raftfsm: flush pebble: %w", err)
 	}
 	return nil
-}
-
-// commitFlushed commits b and flushes it with everything before it.
-func (s *Store) commitFlushed(b *pebble.Batch) error {
-	if err := b.Commit(pebble.NoSync); err != nil {
-		return err
-	}
-	return s.flush()
 }
 
 func (s *Store) claim(shard uint32) error {

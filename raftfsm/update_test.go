@@ -128,6 +128,8 @@ func TestRenewedEventIsNotExpiredAgain(t *testing.T) {
 			t.Errorf("settled in the batch %v: stats %+v", settledInBatch, s)
 		}
 		f.Close()
-		st.Close()
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -39,6 +39,10 @@ func StartDev(t testing.TB) (*client.Client, string) {
 	if err != nil {
 		t.Fatalf("chimetest: StartDev: %v", err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("chimetest: StartDev: closing the client: %v", err)
+		}
+	})
 	return c, d.Brokers()[0]
 }

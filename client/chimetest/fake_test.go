@@ -297,7 +297,9 @@ func TestFakeCloseTwiceAndAdvancePanics(t *testing.T) {
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}
-	f.Close()
+	if err := f.Close(); err != nil {
+		t.Errorf("Close again: %v", err)
+	}
 	if _, err := f.Schedule(context.Background(), client.Event{Topic: "t"}); err == nil {
 		t.Error("Schedule after Close succeeded")
 	}

@@ -77,7 +77,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chime-compare: %v\n", err)
 		return 1
 	}
-	defer os.RemoveAll(work)
+	defer func() {
+		if err := os.RemoveAll(work); err != nil {
+			fmt.Fprintf(stderr, "chime-compare: removing the work directory: %v\n", err)
+		}
+	}()
 	if *out == "" {
 		*out = filepath.Join(work, "runs")
 	}
@@ -135,7 +139,11 @@ func build(ctx context.Context, src, cmd, dir string, stderr io.Writer) (string,
 	if err := command(ctx, ".", stderr, "git", "worktree", "add", "--detach", tree, src); err != nil {
 		return "", err
 	}
-	defer command(context.Background(), ".", stderr, "git", "worktree", "remove", "--force", tree)
+	defer func() {
+		// git has written why to stderr; a worktree left behind is for the
+		// user to remove (git worktree prune), not a reason to fail the build.
+		_ = command(context.Background(), ".", stderr, "git", "worktree", "remove", "--force", tree)
+	}()
 	return bin, goBuild(ctx, tree, bin, cmd, stderr)
 }
 
@@ -157,12 +165,16 @@ func runOnce(ctx context.Context, chimed, ctl string, w workload, keep, work str
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(data)
+	// The cluster's data goes with this run: one left behind by a failed
+	// removal is reclaimed with work, which holds it.
+	defer func() { _ = os.RemoveAll(data) }()
 	log, err := os.Create(filepath.Join(data, "chimed.log"))
 	if err != nil {
 		return nil, err
 	}
-	defer log.Close()
+	// chimed writes the log; it is read only by a user told its name in an
+	// error, and is removed with data just after.
+	defer func() { _ = log.Close() }()
 	node := exec.Command(chimed, "dev", "--nodes", "3", "--shards", "3", "--data-dir", filepath.Join(data, "d"))
 	node.Stdout, node.Stderr = log, log
 	if err := node.Start(); err != nil {
@@ -173,10 +185,7 @@ func runOnce(ctx context.Context, chimed, ctl string, w workload, keep, work str
 	defer stopNode(node, exited)
 
 	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if exec.CommandContext(ctx, ctl, "--addr", devAddr, "--timeout", "2s", "status").Run() == nil {
-			break
-		}
+	for exec.CommandContext(ctx, ctl, "--addr", devAddr, "--timeout", "2s", "status").Run() != nil {
 		select {
 		case err := <-exited:
 			return nil, fmt.Errorf("chimed dev exited while starting (%v); its log: %s", err, log.Name())
@@ -212,11 +221,14 @@ func runOnce(ctx context.Context, chimed, ctl string, w workload, keep, work str
 const devAddr = "127.0.0.1:7070"
 
 func stopNode(node *exec.Cmd, exited <-chan error) {
-	node.Process.Signal(syscall.SIGTERM)
+	// Signal and Kill fail only for a process that has exited, which exited
+	// then reports; what it exited with does not matter once the run's
+	// figures are in.
+	_ = node.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
 	case <-time.After(30 * time.Second):
-		node.Process.Kill()
+		_ = node.Process.Kill()
 		<-exited
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -151,7 +152,9 @@ func TestReadBackup(t *testing.T) {
 	path := filepath.Join(dir, backup.FileName(1))
 	b, _ := os.ReadFile(path)
 	b[len(b)/2] ^= 1
-	os.WriteFile(path, b, 0o644)
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := readBackup(dir); err == nil || !strings.Contains(err.Error(), "sha256 mismatch") {
 		t.Errorf("a changed file: %v, want a sha256 mismatch", err)
 	}
@@ -209,7 +212,13 @@ func TestBackerRecordsEachBackup(t *testing.T) {
 	gs := grpc.NewServer()
 	chimev1.RegisterAdminServer(gs, fake)
 	served := make(chan struct{})
-	go func() { defer close(served); gs.Serve(ln) }()
+	go func() {
+		defer close(served)
+		// nil after Stop, ErrServerStopped when Stop came first
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serving the fake: %v", err)
+		}
+	}()
 	defer func() { gs.Stop(); <-served }()
 
 	out := t.TempDir()

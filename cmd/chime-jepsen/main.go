@@ -188,7 +188,11 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 		return res, err
 	}
 	out, _ := filepath.Abs(o.out)
-	os.WriteFile(filepath.Join(out, "seed"), []byte(fmt.Sprintln(o.seed)), 0o644)
+	// The seed is what replays the run: a run whose seed was not kept is
+	// not worth starting.
+	if err := os.WriteFile(filepath.Join(out, "seed"), []byte(fmt.Sprintln(o.seed)), 0o644); err != nil {
+		return res, err
+	}
 	rateLimit := burstRateLimit(o.burstSize, o.shards, o.burstRate)
 	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds, "backup-every", o.backupEvery, "secure", o.secure,
 		"burst-size", o.burstSize, "burst-every", o.burstEvery, "topic-rate-limit", rateLimit)

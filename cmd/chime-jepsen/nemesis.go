@@ -170,11 +170,15 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 		}
 		op.SkewNs = int64(skew)
 		for _, n := range targets {
-			err = n.setClockOffset(skew)
+			if err = n.setClockOffset(skew); err != nil {
+				break
+			}
 		}
 		heal = func() {
 			for _, n := range targets {
-				n.setClockOffset(0)
+				if err := n.setClockOffset(0); err != nil {
+					nm.logger.Error("healing clock skew", "node", n.id, "err", err)
+				}
 			}
 		}
 	case "kafka-cut":
@@ -237,7 +241,9 @@ func (nm *nemesis) finalHeal() {
 		}
 	}
 	for _, n := range nm.c.nodes {
-		n.setClockOffset(0)
+		if err := n.setClockOffset(0); err != nil {
+			nm.logger.Error("healing clock skew", "node", n.id, "err", err)
+		}
 	}
 }
 

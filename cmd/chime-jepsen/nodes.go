@@ -72,7 +72,7 @@ func (n *node) start() error {
 	}
 	fi, err := logf.Stat()
 	if err != nil {
-		logf.Close()
+		_ = logf.Close() // nothing written yet; err says why
 		return err
 	}
 	logStart := fi.Size() // where this process's output begins
@@ -80,7 +80,7 @@ func (n *node) start() error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		logf.Close()
+		_ = logf.Close() // nothing written by this start; err says why
 		return err
 	}
 	n.cmd, n.exited, n.stopped, n.killing = cmd, make(chan struct{}), false, false
@@ -88,7 +88,9 @@ func (n *node) start() error {
 	go func() {
 		err := cmd.Wait()
 		at := time.Now()
-		logf.Close()
+		// The process wrote the log, and went: a close error here (the writes
+		// went to the page cache) could not say what of it was lost.
+		_ = logf.Close()
 		n.mu.Lock()
 		if !n.killing {
 			n.crashes = append(n.crashes, checker.Crash{Node: n.id, AtNs: at.UnixNano(), Exit: fmt.Sprint(err),
@@ -179,8 +181,10 @@ func (n *node) kill() {
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Signal(syscall.SIGCONT) // a paused process must not linger
-	cmd.Process.Signal(syscall.SIGKILL)
+	// Signal fails only for a process that has already exited, which
+	// exited then reports.
+	_ = cmd.Process.Signal(syscall.SIGCONT) // a paused process must not linger
+	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-exited
 }
 
@@ -188,7 +192,7 @@ func (n *node) signal(sig syscall.Signal) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cmd != nil {
-		n.cmd.Process.Signal(sig)
+		_ = n.cmd.Process.Signal(sig) // fails only for a process that has exited: nothing to signal
 		n.stopped = sig == syscall.SIGSTOP
 	}
 }
@@ -223,7 +227,7 @@ func (n *node) closeClients() {
 	defer n.mu.Unlock()
 	for _, cl := range []**client.Client{&n.driverClient, &n.schedClient, &n.tenantClient} {
 		if *cl != nil {
-			(*cl).Close()
+			_ = (*cl).Close() // the run is over for these clients; a close error changes no result
 			*cl = nil
 		}
 	}
@@ -275,7 +279,7 @@ func (n *node) setClockOffset(d time.Duration) error {
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close() // the status is the answer; the body is not read
 	if resp.StatusCode != 200 {
 		return fmt.Errorf("clock offset on %s: %s", n.id, resp.Status)
 	}
@@ -353,15 +357,6 @@ func (c *cluster) leaderOfMost(ctx context.Context) *node {
 		}
 	}
 	return best
-}
-
-func (c *cluster) byID(id string) *node {
-	for _, n := range c.nodes {
-		if n.id == id {
-			return n
-		}
-	}
-	return nil
 }
 
 func ids(ns []*node) []string {

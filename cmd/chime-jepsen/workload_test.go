@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -48,7 +49,9 @@ func (f *fakeScheduler) List(_ context.Context, in *chimev1.ListRequest) (*chime
 	f.lists = append(f.lists, in)
 	page := 0
 	if in.PageToken != "" {
-		fmt.Sscanf(in.PageToken, "page-%d", &page)
+		if _, err := fmt.Sscanf(in.PageToken, "page-%d", &page); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "page token %q: %v", in.PageToken, err)
+		}
 	}
 	if f.listFailAt == page+1 {
 		return nil, status.Error(codes.Unavailable, "no leader")
@@ -108,7 +111,13 @@ func serveFake(t *testing.T, f *fakeScheduler, id, ip string) *node {
 	gs := grpc.NewServer()
 	chimev1.RegisterSchedulerServer(gs, f)
 	served := make(chan struct{})
-	go func() { defer close(served); gs.Serve(ln) }()
+	go func() {
+		defer close(served)
+		// nil after Stop, ErrServerStopped when Stop came first
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serving the fake: %v", err)
+		}
+	}()
 	n := &node{id: id, ip: ip}
 	t.Cleanup(func() {
 		n.closeClients()
@@ -144,7 +153,13 @@ func TestListAndCancelMatchingOps(t *testing.T) {
 	gs := grpc.NewServer()
 	chimev1.RegisterSchedulerServer(gs, fake)
 	served := make(chan struct{})
-	go func() { defer close(served); gs.Serve(ln) }()
+	go func() {
+		defer close(served)
+		// nil after Stop, ErrServerStopped when Stop came first
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serving the fake: %v", err)
+		}
+	}()
 	defer func() { gs.Stop(); <-served }()
 	n8 := &node{id: "n8", ip: "127.0.0.78"}
 	defer func() {
@@ -160,7 +175,7 @@ func TestListAndCancelMatchingOps(t *testing.T) {
 
 	// Both pages; a quarter of the lists (by the rand) filter on SCHEDULED, and say so.
 	filtered, unfiltered := false, false
-	for seed := uint64(0); seed < 40 && !(filtered && unfiltered); seed++ {
+	for seed := uint64(0); seed < 40 && (!filtered || !unfiltered); seed++ {
 		w.list(3, n8, rand.New(rand.NewPCG(seed, 1)), "e4532")
 		op := last()
 		sent := fake.lists[len(fake.lists)-1].Filter

@@ -413,7 +413,7 @@ func (c *cli) drain(ctx context.Context, node string, wait, force bool, limit, i
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer func() { _ = cl.Close() }() // fails only for a client already closed
 	// Drain is sent once per poll: with --wait the loop below is its retry,
 	// and reports each failed poll.
 	ac := chimev1.NewAdminClient(cl.Conn())

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"reflect"
 	"slices"
@@ -133,7 +134,13 @@ func startAdmin(t *testing.T, f chimev1.AdminServer) string {
 	gs := grpc.NewServer()
 	chimev1.RegisterAdminServer(gs, f)
 	done := make(chan struct{})
-	go func() { defer close(done); gs.Serve(ln) }()
+	go func() {
+		defer close(done)
+		// nil after Stop, ErrServerStopped when Stop came first
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serving the fake: %v", err)
+		}
+	}()
 	t.Cleanup(func() { gs.Stop(); <-done })
 	return ln.Addr().String()
 }
@@ -645,7 +652,13 @@ func TestAdminErrorsPrintTheCode(t *testing.T) {
 	}
 	gs := grpc.NewServer()
 	done := make(chan struct{})
-	go func() { defer close(done); gs.Serve(ln) }()
+	go func() {
+		defer close(done)
+		// nil after Stop, ErrServerStopped when Stop came first
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serving the fake: %v", err)
+		}
+	}()
 	t.Cleanup(func() { gs.Stop(); <-done })
 	r := chimectl(t, nil, "", "--addr", ln.Addr().String(), "status")
 	if r.code != 1 || !strings.HasPrefix(r.stderr, "chimectl: Unimplemented: ") {

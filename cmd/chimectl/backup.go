@@ -105,7 +105,7 @@ func (c *cli) backup(ctx context.Context, out string, retries int, key []byte) e
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer func() { _ = cl.Close() }() // fails only for a client already closed
 	start := c.now()
 	man, err := backup.Take(ctx, cl, out, backup.Options{
 		Source: c.addr, Retries: retries, Timeout: c.timeout, TimeoutName: "--timeout",

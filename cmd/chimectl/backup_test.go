@@ -191,12 +191,18 @@ func TestBackupWithAKeySignsTheManifest(t *testing.T) {
 
 	asked := len(f.asked)
 	short := filepath.Join(dir, "short.key")
-	os.WriteFile(short, []byte("0123456789\n"), 0o600)
+	if err := os.WriteFile(short, []byte("0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	r = chimectl(t, nil, "", "--addr", addr, "backup", "--out", filepath.Join(dir, "b2"), "--backup-key-file", short)
 	r.want(t, 2, "", "chimectl backup: backup key file "+short+": a key of 10 bytes (surrounding whitespace trimmed), and a key must be at least 32: make one with head -c 32 /dev/urandom | base64 > "+short+"\nRun 'chimectl backup --help' for usage.\n")
 	open := filepath.Join(dir, "open.key")
-	os.WriteFile(open, []byte(key), 0o600)
-	os.Chmod(open, 0o644)
+	if err := os.WriteFile(open, []byte(key), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	r = chimectl(t, nil, "", "--addr", addr, "backup", "--out", filepath.Join(dir, "b3"), "--backup-key-file", open)
 	if r.code != 2 || !strings.Contains(r.stderr, "backup key file "+open+": mode 0644 lets its group or others read or change it") {
 		t.Errorf("a key file others may read: exit %d, stderr %q", r.code, r.stderr)
@@ -215,7 +221,9 @@ func TestBackupRefusesADirectoryThatIsNotEmpty(t *testing.T) {
 	f := newFakeBackups(10)
 	addr := startAdmin(t, f)
 	out := t.TempDir()
-	os.WriteFile(filepath.Join(out, "manifest.json"), []byte("{}"), 0o644)
+	if err := os.WriteFile(filepath.Join(out, "manifest.json"), []byte("{}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	r := chimectl(t, nil, "", "--addr", addr, "backup", "--out", out)
 	r.want(t, 1, "", "chimectl: --out "+out+" is not empty (it holds manifest.json): back up into a new or empty directory\n")
 	if len(f.asked) != 0 {

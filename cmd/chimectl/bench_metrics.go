@@ -139,7 +139,7 @@ func (m *nodeCost) read(ctx context.Context, addr string) (cpu, rss, start float
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read only: a read error is what matters
 	if resp.StatusCode != http.StatusOK {
 		return 0, 0, 0, fmt.Errorf("%s/metrics: %s", addr, resp.Status)
 	}

@@ -69,7 +69,7 @@ func (c *cli) call(ctx context.Context, fn func(ctx context.Context, cl *client.
 	if err != nil {
 		return err
 	}
-	defer cl.Close()
+	defer func() { _ = cl.Close() }() // fails only for a client already closed
 	ctx, cancel := c.requestCtx(ctx)
 	defer cancel()
 	return fn(ctx, cl)

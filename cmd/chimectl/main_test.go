@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -44,7 +45,13 @@ func startChime(t *testing.T) (addr string, b *rpctest.Backend) {
 	gs := grpc.NewServer()
 	rpc.Register(gs, rpc.NewServer(b, rpc.Limits{}, now, nil))
 	done := make(chan struct{})
-	go func() { defer close(done); gs.Serve(ln) }()
+	go func() {
+		defer close(done)
+		// nil after Stop, ErrServerStopped when Stop came first
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serving the fake: %v", err)
+		}
+	}()
 	t.Cleanup(func() { gs.Stop(); <-done })
 	return ln.Addr().String(), b
 }
@@ -245,7 +252,9 @@ func TestServerErrorsPrintTheCodeAndExit1(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := ln.Addr().String()
-	ln.Close()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
 	r := chimectl(t, nil, "", "--addr", dead, "--timeout", "5s", "get", "x")
 	if r.code != 1 || !strings.HasPrefix(r.stderr, "chimectl: Unavailable: ") {
 		t.Fatalf("dead address: %+v", r)

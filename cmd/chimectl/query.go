@@ -119,7 +119,7 @@ however many events the cluster holds.`,
 				if err != nil {
 					return err
 				}
-				defer cl.Close()
+				defer func() { _ = cl.Close() }() // fails only for a client already closed
 				printed := 0
 				req := &chimev1.ListRequest{Filter: filter, PageToken: *token, StaleOk: *stale}
 				for {
@@ -139,7 +139,9 @@ however many events the cluster holds.`,
 					cancel()
 					if err != nil {
 						if tw != nil {
-							tw.Flush()
+							// What was listed before the error, to the terminal as the
+							// Fprint calls write; err is the one to report.
+							_ = tw.Flush()
 						}
 						return err
 					}

@@ -371,7 +371,9 @@ func (c *cli) listRecurring(ctx context.Context, prefix string, limit int, stale
 		})
 		if err != nil {
 			if tw != nil {
-				tw.Flush()
+				// What was listed before the error, to the terminal as the
+				// Fprint calls write; err is the one to report.
+				_ = tw.Flush()
 			}
 			return err
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync"
@@ -66,7 +67,13 @@ func startFlaky(t *testing.T, fail int, code codes.Code) (string, *flaky) {
 	chimev1.RegisterSchedulerServer(gs, f)
 	chimev1.RegisterAdminServer(gs, f)
 	done := make(chan struct{})
-	go func() { defer close(done); gs.Serve(ln) }()
+	go func() {
+		defer close(done)
+		// nil after Stop, ErrServerStopped when Stop came first
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serving the fake: %v", err)
+		}
+	}()
 	t.Cleanup(func() { gs.Stop(); <-done })
 	return ln.Addr().String(), f
 }

@@ -61,10 +61,16 @@ func TestRestoreUsage(t *testing.T) {
 	}
 	dir := t.TempDir()
 	shortKey := filepath.Join(dir, "short.key")
-	os.WriteFile(shortKey, []byte("too short\n"), 0o600)
+	if err := os.WriteFile(shortKey, []byte("too short\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	openKey := filepath.Join(dir, "open.key")
-	os.WriteFile(openKey, []byte(strings.Repeat("k", 44)), 0o600)
-	os.Chmod(openKey, 0o644)
+	if err := os.WriteFile(openKey, []byte(strings.Repeat("k", 44)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(openKey, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -328,7 +334,9 @@ func TestFlagsFromEnvironment(t *testing.T) {
 		t.Errorf("unknown variables %q, want only the misspelt CHIME_KAFKA_BROKER", unknown)
 	}
 	f = newFlags("serve", io.Discard)
-	f.fs.Parse(nil)
+	if err := f.fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := setFromEnv(f.fs, nil, []string{"CHIME_RETENTION=a week"}); err == nil || !strings.Contains(err.Error(), `CHIME_RETENTION="a week": invalid value for --retention`) {
 		t.Errorf("a bad value: %v", err)
 	}

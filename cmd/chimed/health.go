@@ -104,7 +104,7 @@ func runHealth(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chimed health: %s: %v\n", url, err)
 		return 1
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read to the limit below; nothing to lose
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	answer := strings.TrimSpace(string(body))
 	if resp.StatusCode != http.StatusOK {

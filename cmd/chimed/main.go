@@ -331,7 +331,7 @@ func lockDataDir(dataDir string) (*os.File, error) {
 		return nil, fmt.Errorf("--data-dir %s: %w", dataDir, err)
 	}
 	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		lf.Close()
+		_ = lf.Close() // nothing was written to it; the lock's error is the one to report
 		if errors.Is(err, syscall.EWOULDBLOCK) {
 			return nil, fmt.Errorf("--data-dir %s is in use by another chimed (it holds %s): give each chimed its own --data-dir", dataDir, path)
 		}
@@ -462,7 +462,13 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "chimed: --audit-log: %v\n", err)
 			return 2
 		}
-		defer af.Close()
+		// Closing flushes the audit log's last records: a failure loses
+		// some, which the operator must hear of.
+		defer func() {
+			if err := af.Close(); err != nil {
+				fmt.Fprintf(stderr, "chimed: --audit-log: %v\n", err)
+			}
+		}()
 		audit = af
 	}
 	fail := func(err error) int {
@@ -474,7 +480,8 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	defer lock.Close()
+	// The lock file is empty; the lock goes with the process in any case.
+	defer func() { _ = lock.Close() }()
 
 	var brokers []string
 	if cmd == "dev" {
@@ -557,7 +564,9 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 			if cfg.TLS != nil {
 				src, err := tlsFor(cfg.NodeID)
 				if err != nil {
-					closeAll(context.Background())
+					if cerr := closeAll(context.Background()); cerr != nil {
+						logger.Error("closing the nodes started", "err", cerr)
+					}
 					return fail(err)
 				}
 				cfg.TLS = src
@@ -565,7 +574,9 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		}
 		n, err := node.Start(cfg)
 		if err != nil {
-			closeAll(context.Background())
+			if cerr := closeAll(context.Background()); cerr != nil {
+				logger.Error("closing the nodes started", "err", cerr)
+			}
 			return fail(err)
 		}
 		nodes = append(nodes, n)
@@ -584,7 +595,11 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	}
 	cancel()
 	if ctx.Err() != nil {
-		closeAll(context.Background())
+		// Shut down by a signal before the banner: as after it, a node that
+		// fails to close fails the run.
+		if err := closeAll(context.Background()); err != nil {
+			return fail(fmt.Errorf("shutdown: %w", err))
+		}
 		return 0
 	}
 	if err != nil {

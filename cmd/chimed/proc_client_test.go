@@ -58,14 +58,16 @@ func (b *blackhole) accept() {
 		}
 		out, err := net.Dial("tcp", b.target)
 		if err != nil {
-			in.Close()
+			_ = in.Close() // the proxy drops the connection it cannot forward
 			continue
 		}
 		b.mu.Lock()
 		b.conns = append(b.conns, in, out)
 		b.mu.Unlock()
 		b.wg.Add(2)
-		go func() { defer b.wg.Done(); io.Copy(out, in); out.Close() }()
+		// Copy ends when either side is closed: an error is one of the
+		// cuts this proxy makes, or the test's end.
+		go func() { defer b.wg.Done(); _, _ = io.Copy(out, in); _ = out.Close() }()
 		go func() {
 			defer b.wg.Done()
 			buf := make([]byte, 32<<10)
@@ -74,8 +76,8 @@ func (b *blackhole) accept() {
 				if n > 0 && b.armed.CompareAndSwap(true, false) {
 					// The answer is lost: after a while, so that the node
 					// has surely committed what it was asked, the line drops.
-					time.AfterFunc(b.cut, func() { in.Close(); out.Close() })
-					io.Copy(io.Discard, out)
+					time.AfterFunc(b.cut, func() { _ = in.Close(); _ = out.Close() })
+					_, _ = io.Copy(io.Discard, out) // ends with the cut
 					return
 				}
 				if n > 0 {
@@ -84,7 +86,7 @@ func (b *blackhole) accept() {
 					}
 				}
 				if err != nil {
-					in.Close()
+					_ = in.Close() // the proxy drops the connection it cannot forward
 					return
 				}
 			}
@@ -93,10 +95,10 @@ func (b *blackhole) accept() {
 }
 
 func (b *blackhole) close() {
-	b.ln.Close()
+	_ = b.ln.Close() // the test's teardown: the proxy only releases what it held
 	b.mu.Lock()
 	for _, c := range b.conns {
-		c.Close()
+		_ = c.Close() // the test's teardown: the proxy only releases what it held
 	}
 	b.mu.Unlock()
 	b.wg.Wait()
@@ -252,7 +254,9 @@ func TestClientFailsFastWithNoNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := ln.Addr().String()
-	ln.Close()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := client.Dial(ctx, dead)

@@ -165,7 +165,7 @@ func TestContainerStyleCluster(t *testing.T) {
 			return false, err.Error()
 		}
 		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		_ = resp.Body.Close() // read to the end above; nothing to lose
 		if resp.StatusCode != http.StatusOK {
 			refused = string(body)
 		}

@@ -181,7 +181,9 @@ func TestQueriesAndBulkCancelAcrossProcesses(t *testing.T) {
 	first, err := cancelMatching(cl, "kill/", func() {
 		if !killed {
 			killed = true
-			c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL)
+			if err := c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Errorf("killing %s: %v", victim, err)
+			}
 		}
 	})
 	t.Logf("bulk cancel of kill/ with %s killed after its first progress: %v, %v", victim, first, err)

@@ -112,7 +112,9 @@ func TestRecurringAcrossProcesses(t *testing.T) {
 	}
 	modes := []chimev1.CatchUp{chimev1.CatchUp_CATCH_UP_SKIP, chimev1.CatchUp_CATCH_UP_LAST, chimev1.CatchUp_CATCH_UP_ALL}
 	reached("tick", start.Add(5*time.Second), time.Until(start)+30*time.Second) // the schedule runs for a while first
-	c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL)
+	if err := c.nodes[victim].cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatalf("killing %s: %v", victim, err)
+	}
 	killed := time.Now()
 	t.Logf("killed %s, the leader of tick's shard, at %v", victim, killed.Format("15:04:05.000"))
 

@@ -146,7 +146,8 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	defer lock.Close()
+	// The lock file is empty; the lock goes with the process in any case.
+	defer func() { _ = lock.Close() }()
 	m, err := node.Restore(node.RestoreConfig{
 		From: *from, DataDir: *dataDir, NodeID: *nodeID, RaftAddr: advertised, Replication: *replication,
 		Key: key, AllowUnsigned: *allowUnsigned, Limits: lim,

@@ -96,7 +96,7 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // fails only for a client already closed
 
 	res, err := Remind(ctx, c, strconv.FormatInt(time.Now().UnixNano(), 36), *user, *text, *in)
 	if err != nil {

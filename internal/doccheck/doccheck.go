@@ -60,7 +60,6 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -223,8 +222,10 @@ func (m *module) loadImports() error {
 		return nil
 	}
 	sort.Strings(paths)
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	cmd := exec.Command(goBin, append([]string{"list", "-e", "-find", "-f", "{{.ImportPath}}\t{{.Dir}}"}, paths...)...)
+	// Only doccheck's test runs this, and go test puts the GOROOT/bin of the
+	// go command that runs it first on the test's PATH (Go 1.19 and later):
+	// "go" is that go command.
+	cmd := exec.Command("go", append([]string{"list", "-e", "-find", "-f", "{{.ImportPath}}\t{{.Dir}}"}, paths...)...)
 	cmd.Dir = m.root
 	// The module alone: a go.work above it (the testdata's) may not list it.
 	cmd.Env = append(os.Environ(), "GOWORK=off")
@@ -328,7 +329,7 @@ func (p *pkg) add(f *ast.File, locals bool) {
 					p.addType(s)
 				case *ast.ValueSpec:
 					for i, n := range s.Names {
-						var typ ast.Expr = s.Type
+						typ := s.Type
 						if typ == nil && i < len(s.Values) {
 							typ = literalType(s.Values[i])
 						}
@@ -690,8 +691,7 @@ func (m *module) checkDoc(p *pkg) []Problem {
 // texts returns the inline text of blocks, code blocks left out.
 func texts(blocks []comment.Block) []comment.Text {
 	var out []comment.Text
-	var inline func(ts []comment.Text)
-	inline = func(ts []comment.Text) {
+	inline := func(ts []comment.Text) {
 		for _, t := range ts {
 			switch t := t.(type) {
 			case comment.Plain, *comment.DocLink:

@@ -43,8 +43,10 @@ func Create(path string, perm fs.FileMode) (*File, error) {
 		return nil, err
 	}
 	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		os.Remove(f.Name())
+		// Nothing was written: the Chmod error is the one to report, and a
+		// temporary file left behind has a .tmp name, never the target's.
+		_ = f.Close()
+		_ = os.Remove(f.Name())
 		return nil, err
 	}
 	return &File{f: f, path: path}, nil
@@ -69,7 +71,7 @@ func (f *File) Commit() error {
 		err = os.Rename(f.f.Name(), f.path)
 	}
 	if err != nil {
-		os.Remove(f.f.Name())
+		_ = os.Remove(f.f.Name()) // err is the one to report; a .tmp left behind is never read
 		return err
 	}
 	return SyncDir(filepath.Dir(f.path))
@@ -82,8 +84,10 @@ func (f *File) Abort() {
 		return
 	}
 	f.done = true
-	f.f.Close()
-	os.Remove(f.f.Name())
+	// What was written is being thrown away: a close error cannot lose
+	// anything, and a .tmp a failed removal leaves behind is never read.
+	_ = f.f.Close()
+	_ = os.Remove(f.f.Name())
 }
 
 // SyncDir makes the changes to dir's entries (a file created, renamed or

@@ -165,7 +165,9 @@ func TestFailedReplacementLeavesTheOldFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.Write([]byte(`["half`))
+	if _, err := f.Write([]byte(`["half`)); err != nil {
+		t.Fatal(err)
+	}
 	f.Abort()
 	check("abort")
 

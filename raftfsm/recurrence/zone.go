@@ -62,7 +62,7 @@ func LoadZone(name string) (*time.Location, error) {
 	if err != nil {
 		return nil, fmt.Errorf("recurrence: zone %q: %w", name, err)
 	}
-	defer rc.Close()
+	defer func() { _ = rc.Close() }() // read only: a read error is what matters
 	data, err := io.ReadAll(rc)
 	if err != nil {
 		return nil, fmt.Errorf("recurrence: zone %q: %w", name, err)

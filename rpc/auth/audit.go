@@ -132,7 +132,7 @@ func (r *RotatingFile) open() error {
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		f.Close()
+		_ = f.Close() // nothing written yet; the Stat error is the one to report
 		return err
 	}
 	r.f, r.size = f, fi.Size()
@@ -163,7 +163,9 @@ func (r *RotatingFile) rotate() error {
 	}
 	r.f = nil
 	name := func(i int) string { return fmt.Sprintf("%s.%d", r.path, i) }
-	os.Remove(name(r.keep)) // beyond what is kept, once shifted
+	// Beyond what is kept, once shifted. Most often there is none; one a
+	// failed removal leaves is replaced by the rename of the next below.
+	_ = os.Remove(name(r.keep))
 	for i := r.keep - 1; i >= 1; i-- {
 		if err := os.Rename(name(i), name(i+1)); err != nil && !os.IsNotExist(err) {
 			return err
@@ -177,8 +179,12 @@ func (r *RotatingFile) rotate() error {
 		return err
 	}
 	if d, err := os.Open(filepath.Dir(r.path)); err == nil {
-		d.Sync() // the renames, before the new file takes the name
-		d.Close()
+		// The renames, before the new file takes the name. Best effort, as
+		// the Open above: a crash before they reach the disk can leave the
+		// old names, never lose a record, while failing here would fail the
+		// Write and lose one.
+		_ = d.Sync()
+		_ = d.Close()
 	}
 	return r.open()
 }

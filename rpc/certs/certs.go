@@ -432,12 +432,12 @@ func (c *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthI
 	}
 	info, ok := ai.(credentials.TLSInfo)
 	if !ok {
-		conn.Close()
+		_ = conn.Close() // the connection is refused; the error below says why
 		return nil, nil, fmt.Errorf("certs: unexpected auth info %T", ai)
 	}
 	id, err := c.src.current().classify(info.State.PeerCertificates, x509.ExtKeyUsageClientAuth)
 	if err != nil {
-		conn.Close()
+		_ = conn.Close() // the connection is refused; err says why
 		return nil, nil, err
 	}
 	return conn, AuthInfo{TLSInfo: info, Identity: id}, nil

@@ -390,7 +390,7 @@ func upsertedBefore(h *idHistory, t int64) bool {
 // before from.
 func updateMayOverlap(h *idHistory, from, to int64) bool {
 	return slices.ContainsFunc(h.updates, func(u *Op) bool {
-		return (u.Type == TypeOK || u.Type == TypeInfo) && u.InvokeNs < to && !(u.Type == TypeOK && u.CompleteNs < from)
+		return (u.Type == TypeOK || u.Type == TypeInfo) && u.InvokeNs < to && (u.Type != TypeOK || u.CompleteNs >= from)
 	})
 }
 
@@ -512,7 +512,7 @@ func (a *analysis) period(due int64) string {
 func (a *analysis) skewExplains(due, appendNs int64) (window, bool) {
 	earliness := due - appendNs
 	for _, w := range a.windows {
-		if w.kind != KindSkew || !(w.contains(due) || w.contains(appendNs)) {
+		if w.kind != KindSkew || (!w.contains(due) && !w.contains(appendNs)) {
 			continue
 		}
 		if w.skew < 0 || (w.skew > 0 && earliness > w.skew+int64(a.cfg.EarlyTolerance)) {

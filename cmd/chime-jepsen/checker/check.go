@@ -488,7 +488,7 @@ func (a *analysis) idempotencyProblems(h *idHistory, genuine []*Record) []string
 		if !ok {
 			contents = append(contents, c)
 		}
-		if op.AckDueNs != 0 && !slices.Contains(d, op.AckDueNs) && !(updated && len(d) > 0) {
+		if op.AckDueNs != 0 && !slices.Contains(d, op.AckDueNs) && (!updated || len(d) == 0) {
 			d = append(d, op.AckDueNs)
 		}
 		dues[c] = d

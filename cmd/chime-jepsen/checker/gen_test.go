@@ -553,7 +553,7 @@ func (g *run) addBackups(r *rand.Rand) {
 			h := byID[id]
 			acked := slices.ContainsFunc(h.schedules, func(s Op) bool { return s.Type == TypeOK && s.CompleteNs < invoke })
 			underWay := slices.ContainsFunc(h.schedules, func(s Op) bool { return s.Type == TypeOK && s.InvokeNs < complete })
-			if !acked && !(underWay && r.IntN(2) == 0) {
+			if !acked && (!underWay || r.IntN(2) != 0) {
 				continue
 			}
 			var states []string

@@ -17,7 +17,7 @@ func ReadJSONL[T any](path string) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only: a read error is what matters
 	var out []T
 	r := bufio.NewReaderSize(f, 1<<20)
 	for line := 1; ; line++ {
@@ -48,12 +48,12 @@ func WriteJSONL[T any](path string, items []T) error {
 	enc := json.NewEncoder(w) // Encode ends each value with '\n'
 	for i := range items {
 		if err := enc.Encode(&items[i]); err != nil {
-			f.Close()
+			_ = f.Close() // the file is incomplete either way; err says why
 			return fmt.Errorf("%s: item %d: %w", path, i, err)
 		}
 	}
 	if err := w.Flush(); err != nil {
-		f.Close()
+		_ = f.Close() // the file is incomplete either way; err says why
 		return err
 	}
 	return f.Close()

@@ -217,9 +217,8 @@ func TestPriorityBurstUnderFaultSkipped(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			g := newBurstRun()
 			g.appendAt("b1-09", 1205*time.Millisecond) // an inversion, judged only when checked
-			last := last
 			if tc.heal == 0 {
-				last = burstD + 20e9 // a window never healed lasts to the end of the run
+				last := burstD + 20e9 // a window never healed lasts to the end of the run
 				g.recs = append(g.recs, Record{ID: "late", Topic: "x", AppendMs: last / 1e6})
 				g.ops = append(g.ops, Op{F: FSchedule, ID: "late", Topic: "x", Payload: "", DeliverAtNs: last, Type: TypeOK, AckDueNs: last,
 					InvokeNs: last - 2e9, CompleteNs: last - 2e9})

@@ -322,7 +322,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	for _, check := range sortedKeys(res.Examples) {
 		g := exampleGroup{Check: check}
 		for _, e := range res.Examples[check] {
-			g.Items = append(g.Items, example{e.ID, e.Why})
+			g.Items = append(g.Items, example(e))
 		}
 		v.Examples = append(v.Examples, g)
 	}

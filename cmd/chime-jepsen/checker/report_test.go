@@ -207,11 +207,15 @@ func TestJSONLRoundTrip(t *testing.T) {
 
 	// Blank lines are skipped; a broken line is an error naming the line.
 	bad := filepath.Join(dir, "bad.jsonl")
-	os.WriteFile(bad, []byte("{\"id\":\"a\"}\n\n{\"id\":\"b\"}\n{\"id\":\"c\""), 0o644)
+	if err := os.WriteFile(bad, []byte("{\"id\":\"a\"}\n\n{\"id\":\"b\"}\n{\"id\":\"c\""), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := ReadJSONL[Record](bad); err == nil || !strings.Contains(err.Error(), "bad.jsonl:4:") {
 		t.Errorf("truncated last line: err = %v, want one naming line 4", err)
 	}
-	os.WriteFile(bad, []byte("{\"id\":\"a\"}\n\n{\"id\":\"b\"}\n"), 0o644)
+	if err := os.WriteFile(bad, []byte("{\"id\":\"a\"}\n\n{\"id\":\"b\"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if got, err := ReadJSONL[Record](bad); err != nil || len(got) != 2 || got[1].ID != "b" {
 		t.Errorf("got %v, %v", got, err)
 	}
