@@ -133,17 +133,24 @@ func (c *Cluster) LeaderLookups() prometheus.Counter { return c.leaders.lookups 
 
 // locate says where shard s's part of a request runs: this node's replica
 // when it leads s (or, with stale, holds a replica of s at all), else the
-// cached leader, else the leader a lookup finds (LeaderNode), which is
-// cached. Inside a gRPC handler it tells a client that routes to leaders,
+// cached leader while this node's replica, if any, follows the same one,
+// else the leader a lookup finds (LeaderNode), which is cached. Inside a gRPC handler it tells a client that routes to leaders,
 // by the LeaderMovedHeader, that its map is stale.
 func (c *Cluster) locate(ctx context.Context, s uint32, stale bool) (target, error) {
+	var hint string // the leader this node's replica follows, if it has one
 	if h := c.host.Load(); h != nil {
-		if r := h.Replica(s); r != nil && (stale || r.IsLeader()) {
-			return target{local: r}, nil
+		if r := h.Replica(s); r != nil {
+			if stale || r.IsLeader() {
+				return target{local: r}, nil
+			}
+			hint = r.Leader()
 		}
 	}
 	t, ok := c.leaders.get(s)
-	if !ok {
+	// A replica here hears of a new leader within a heartbeat, sooner than
+	// a call to the cached one fails: a leader that stalls (paused, or cut
+	// off without its connections breaking) answers nothing at all.
+	if !ok || (hint != "" && hint != t.node) {
 		c.leaders.lookups.Inc()
 		node, err := c.LeaderNode(ctx, s)
 		if err != nil {
@@ -184,7 +191,9 @@ func on[T any](ctx context.Context, c *Cluster, s uint32, stale bool, scope shar
 			return local(t.local)
 		}
 		v, err := remote(peerContext(ctx, scope), t.peer)
-		if leaderMissing(err) {
+		if leaderMissing(err) || status.Code(err) == codes.DeadlineExceeded {
+			// A leader that did not answer in time may have stalled: the
+			// next request looks it up again.
 			c.leaders.forget(s, t.node)
 		}
 		return v, err
