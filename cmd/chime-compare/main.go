@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -197,12 +198,23 @@ func runOnce(ctx context.Context, chimed, ctl string, w workload, keep, work str
 			return nil, fmt.Errorf("chimed dev did not answer within 60 s; its log: %s", log.Name())
 		}
 	}
-	// Every shard's leader settles on its preferred node a few seconds after
-	// the cluster answers: a run started before would measure the moves.
-	select {
-	case <-time.After(3 * time.Second):
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	// Every shard's voters and leader settle on their placement a few seconds
+	// after the cluster answers (longer on a loaded machine): a run started
+	// before would measure the moves. A build whose status names no placement
+	// is given 3 s.
+	for settled := time.Now().Add(60 * time.Second); ; {
+		done, known := placed(ctx, ctl)
+		if done || (!known && time.Until(settled) < 57*time.Second) {
+			break
+		}
+		if time.Now().After(settled) {
+			return nil, fmt.Errorf("chimed dev's shards did not settle on their placement within 60 s; its log: %s", log.Name())
+		}
+		select {
+		case <-time.After(200 * time.Millisecond): // polls the status; the deadline bounds it
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	bench := exec.CommandContext(ctx, ctl, append([]string{"--addr", devAddr, "--json", "bench"}, w.args...)...)
 	var errOut strings.Builder
@@ -215,6 +227,40 @@ func runOnce(ctx context.Context, chimed, ctl string, w workload, keep, work str
 		return nil, err
 	}
 	return figures(b)
+}
+
+// placed reports whether every shard of the dev cluster has exactly its
+// desired voters, no non-voter, and its preferred node (the first desired)
+// as leader; known is false when the status names no desired voters (a
+// build from before the status carried them) or could not be read.
+func placed(ctx context.Context, ctl string) (done, known bool) {
+	out, err := exec.CommandContext(ctx, ctl, "--addr", devAddr, "--timeout", "2s", "--json", "status").Output()
+	if err != nil {
+		return false, false
+	}
+	var st struct {
+		Shards []struct {
+			Leader    string   `json:"leader"`
+			Voters    []string `json:"voters"`
+			Nonvoters []string `json:"nonvoters"`
+			Desired   []string `json:"desired"`
+		} `json:"shards"`
+	}
+	if json.Unmarshal(out, &st) != nil || len(st.Shards) == 0 {
+		return false, false
+	}
+	for _, sh := range st.Shards {
+		if len(sh.Desired) == 0 {
+			return false, false
+		}
+		voters, desired := slices.Clone(sh.Voters), slices.Clone(sh.Desired)
+		slices.Sort(voters)
+		slices.Sort(desired)
+		if sh.Leader != sh.Desired[0] || len(sh.Nonvoters) > 0 || !slices.Equal(voters, desired) {
+			return false, true
+		}
+	}
+	return true, true
 }
 
 // devAddr is where chimed dev's first node serves gRPC.
