@@ -294,7 +294,7 @@ func (c *Cluster) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, cc := range c.conns {
-		cc.Close()
+		_ = cc.Close() // fails only for a connection already closed
 	}
 	c.conns = map[string]*grpc.ClientConn{}
 }
@@ -557,7 +557,8 @@ func (c *Cluster) Drain(force bool) error {
 	if c.gossip == nil {
 		return fmt.Errorf("%w: there is no other node to move its replicas to", ErrAlone)
 	}
-	if self, ok := c.Member(c.self); !force && !(ok && self.Meta.Draining) {
+	self, ok := c.Member(c.self)
+	if draining := ok && self.Meta.Draining; !force && !draining {
 		if takers := c.Takers(); len(takers) < c.replication {
 			return &TooFewNodesError{Node: c.self, Replication: c.replication, Takers: takers}
 		}

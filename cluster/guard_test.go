@@ -197,7 +197,9 @@ func TestAMemberBackLearnsTheRemoval(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed := ln.Addr().String()
-	ln.Close()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
 	serving := a.gossip.View().Members["c"].Meta.GRPCAddr
 	a.gossip.mu.Lock()
 	m := a.gossip.view.Members["c"]

@@ -49,7 +49,9 @@ func openAlone(t *testing.T, shards int, tune func(*shard.Tuning)) *Cluster {
 		if err := h.Close(); err != nil {
 			t.Errorf("host close: %v", err)
 		}
-		pub.Close()
+		if err := pub.Close(); err != nil {
+			t.Errorf("publisher close: %v", err)
+		}
 		if err := store.Close(); err != nil {
 			t.Errorf("store close: %v", err)
 		}

@@ -296,7 +296,9 @@ func TestJoinNoSeedAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := l.Addr().String()
-	l.Close()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	cfg := fastConfig("lonely", dead)
 	cfg.JoinTimeout = 700 * time.Millisecond
@@ -304,7 +306,7 @@ func TestJoinNoSeedAnswers(t *testing.T) {
 	m, err := Start(cfg)
 	took := time.Since(began)
 	if err == nil {
-		m.Shutdown()
+		_ = m.Shutdown() // only releases the node that should not have started
 		t.Fatal("Start joined a cluster through a closed port")
 	}
 	if !strings.Contains(err.Error(), dead) || !strings.Contains(err.Error(), "none of the seeds") {
@@ -330,7 +332,7 @@ func TestNodeIDConflict(t *testing.T) {
 	imposter.JoinTimeout = time.Second
 	m, err := Start(imposter)
 	if err == nil {
-		m.Shutdown()
+		_ = m.Shutdown() // only releases the node that should not have started
 		t.Fatal("a second live node with id b was allowed to start")
 	}
 	if !errors.Is(err, ErrNodeIDConflict) || !strings.Contains(err.Error(), b.LocalAddr()) {
@@ -397,7 +399,7 @@ func TestConfigErrors(t *testing.T) {
 		tc.edit(&cfg)
 		m, err := Start(cfg)
 		if err == nil {
-			m.Shutdown()
+			_ = m.Shutdown() // only releases the node that should not have started
 			t.Errorf("Start accepted %+v", cfg)
 			continue
 		}
@@ -418,7 +420,7 @@ func TestIdleCPU(t *testing.T) {
 	var nodes []*Membership
 	defer func() {
 		for _, m := range nodes {
-			m.Shutdown()
+			_ = m.Shutdown() // teardown, as the other tests' deferred Shutdown: the measurement is done
 		}
 	}()
 	var seed []string
@@ -618,7 +620,7 @@ func TestLabelSeparatesClusters(t *testing.T) {
 	waitView(t, a, 20*time.Second, "see b", hasMember("b", Alive, fastConfig("b").Meta))
 	for _, label := range []string{"consul", ""} {
 		if m, err := Start(labelled("x", label, a.LocalAddr())); err == nil {
-			m.Shutdown()
+			_ = m.Shutdown() // only releases the node that should not have joined
 			t.Fatalf("a member labelled %q joined a cluster labelled chime", label)
 		}
 	}

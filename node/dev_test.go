@@ -17,7 +17,10 @@ func TestStartDev(t *testing.T) {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	if d, err := StartDev(cancelled, dir, nil); err == nil {
-		d.Close(context.Background())
+		// The same data directory starts again below.
+		if err := d.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		t.Log("the node was ready before its first look at the context")
 	} else {
 		t.Logf("cancelled: %v", err)

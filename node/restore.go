@@ -126,8 +126,14 @@ func Restore(cfg RestoreConfig) (*backup.Manifest, error) {
 	if err := layOut(cfg, m, progress); err != nil {
 		// Undo what was laid out, so that the directory is empty again; if
 		// that fails too, the marker stays and Start refuses the directory.
-		if cerr := errors.Join(os.RemoveAll(filepath.Join(cfg.DataDir, "raft")), removeIfThere(metaPath(cfg.DataDir))); cerr == nil {
-			os.Remove(marker)
+		// The error says so: the directory is then not the empty one a
+		// refused restore leaves, and must be emptied by hand.
+		undo := errors.Join(os.RemoveAll(filepath.Join(cfg.DataDir, "raft")), removeIfThere(metaPath(cfg.DataDir)))
+		if undo == nil {
+			undo = os.Remove(marker)
+		}
+		if undo != nil {
+			return nil, errors.Join(err, fmt.Errorf("undoing the restore (%s stays): %w", marker, undo))
 		}
 		return nil, err
 	}
@@ -149,7 +155,7 @@ func layOut(cfg RestoreConfig, m *backup.Manifest, progress func(string)) error 
 		sum := sha256.New()
 		h := raftfsm.SnapshotHeader{Shard: s.Shard, AppliedIndex: s.AppliedIndex, AppliedTerm: s.AppliedTerm}
 		err = shard.PlantSnapshot(host.ReplicaDir(raftDir, s.Shard), self, h, io.TeeReader(f, sum))
-		f.Close()
+		_ = f.Close() // read only: a read error is what matters
 		if err != nil {
 			return err
 		}

@@ -189,7 +189,7 @@ func TestRestoreFoundsANodeThatFiresWhatFellDue(t *testing.T) {
 	// Started under another Raft address or node id, it refuses.
 	if n, err := startRestored(t, dataDir, "elsewhere", nil); err == nil || !strings.Contains(err.Error(), "restored for the Raft address r1") {
 		if n != nil {
-			n.Close(context.Background())
+			_ = n.Close(context.Background()) // only releases the node that should not have started
 		}
 		t.Fatalf("start with another Raft address: %v", err)
 	}
@@ -256,7 +256,8 @@ func TestRestoreFoundsANodeThatFiresWhatFellDue(t *testing.T) {
 // refused with the file and the rule, and the data directory stays empty.
 func TestRestoreRefusesABadBackupByName(t *testing.T) {
 	good, _ := makeBackup(t)
-	readManifest := func(dir string) map[string]any {
+	readManifest := func(t *testing.T, dir string) map[string]any {
+		t.Helper()
 		var m map[string]any
 		b, _ := os.ReadFile(filepath.Join(dir, backup.ManifestName))
 		if err := json.Unmarshal(b, &m); err != nil {
@@ -267,13 +268,17 @@ func TestRestoreRefusesABadBackupByName(t *testing.T) {
 	// writeManifest writes m as it is; signed writes it signed again with
 	// testKey, as one who holds the key could, so that the checks after
 	// the HMAC's are reached.
-	writeManifest := func(dir string, m map[string]any) {
+	writeManifest := func(t *testing.T, dir string, m map[string]any) {
+		t.Helper()
 		b, _ := json.Marshal(m)
-		os.WriteFile(filepath.Join(dir, backup.ManifestName), b, 0o644)
+		if err := os.WriteFile(filepath.Join(dir, backup.ManifestName), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	signed := func(dir string, m map[string]any) {
+	signed := func(t *testing.T, dir string, m map[string]any) {
+		t.Helper()
 		delete(m, "hmac_sha256")
-		writeManifest(dir, m)
+		writeManifest(t, dir, m)
 		man, err := backup.Open(dir)
 		if err != nil {
 			t.Fatal(err)
@@ -287,56 +292,72 @@ func TestRestoreRefusesABadBackupByName(t *testing.T) {
 	}
 	shardEntry := func(m map[string]any, i int) map[string]any { return m["shards"].([]any)[i].(map[string]any) }
 	for _, tc := range []struct {
-		name  string
-		spoil func(dir string)
+		name string
+		// spoil runs in the subtest, and is given its t: Fatal must end the
+		// goroutine that runs the test it fails.
+		spoil func(t *testing.T, dir string)
 		want  string
 	}{
-		{"a flipped byte", func(dir string) {
+		{"a flipped byte", func(t *testing.T, dir string) {
 			p := filepath.Join(dir, "shard-001.snap")
 			b, _ := os.ReadFile(p)
 			b[len(b)/2] ^= 0x10
-			os.WriteFile(p, b, 0o644)
+			if err := os.WriteFile(p, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}, "shard-001.snap: sha256 mismatch (manifest says "},
-		{"a missing shard file", func(dir string) { os.Remove(filepath.Join(dir, "shard-002.snap")) }, "shard-002.snap: missing"},
-		{"no manifest", func(dir string) { os.Remove(filepath.Join(dir, backup.ManifestName)) }, "no manifest.json"},
-		{"a newer format", func(dir string) {
-			m := readManifest(dir)
+		{"a missing shard file", func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, "shard-002.snap")); err != nil {
+				t.Fatal(err)
+			}
+		}, "shard-002.snap: missing"},
+		{"no manifest", func(t *testing.T, dir string) {
+			if err := os.Remove(filepath.Join(dir, backup.ManifestName)); err != nil {
+				t.Fatal(err)
+			}
+		}, "no manifest.json"},
+		{"a newer format", func(t *testing.T, dir string) {
+			m := readManifest(t, dir)
 			m["format"] = 3
-			writeManifest(dir, m)
+			writeManifest(t, dir, m)
 		}, "manifest.json: format: 3, this build reads formats 1 to 2"},
-		{"another cluster id", func(dir string) {
-			m := readManifest(dir)
+		{"another cluster id", func(t *testing.T, dir string) {
+			m := readManifest(t, dir)
 			m["cluster_id"] = "c-other"
-			writeManifest(dir, m)
+			writeManifest(t, dir, m)
 		}, "manifest.json: hmac_sha256 does not verify with the backup key"},
-		{"a shard file replaced along with its entry", func(dir string) {
+		{"a shard file replaced along with its entry", func(t *testing.T, dir string) {
 			// The copy of shard 2 is swapped for an empty one, and the
 			// manifest says its size and digest: only the HMAC tells.
-			m := readManifest(dir)
-			os.WriteFile(filepath.Join(dir, "shard-002.snap"), nil, 0o644)
+			m := readManifest(t, dir)
+			if err := os.WriteFile(filepath.Join(dir, "shard-002.snap"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
 			e := shardEntry(m, 2)
 			e["size"], e["sha256"] = 0, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-			writeManifest(dir, m)
+			writeManifest(t, dir, m)
 		}, "manifest.json: hmac_sha256 does not verify with the backup key"},
-		{"its signature removed", func(dir string) {
-			m := readManifest(dir)
+		{"its signature removed", func(t *testing.T, dir string) {
+			m := readManifest(t, dir)
 			delete(m, "hmac_sha256")
-			writeManifest(dir, m)
+			writeManifest(t, dir, m)
 		}, "manifest.json: unsigned (no hmac_sha256), and a restore with --backup-key-file takes only a signed backup"},
-		{"another shard's copy", func(dir string) {
+		{"another shard's copy", func(t *testing.T, dir string) {
 			// shard-001.snap holds shard 0's stream, and the manifest its size
 			// and digest: only the stream's header tells.
-			m := readManifest(dir)
+			m := readManifest(t, dir)
 			b, _ := os.ReadFile(filepath.Join(dir, "shard-000.snap"))
-			os.WriteFile(filepath.Join(dir, "shard-001.snap"), b, 0o644)
+			if err := os.WriteFile(filepath.Join(dir, "shard-001.snap"), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
 			e0, e1 := shardEntry(m, 0), shardEntry(m, 1)
 			e1["size"], e1["sha256"], e1["applied_index"], e1["applied_term"] = e0["size"], e0["sha256"], e0["applied_index"], e0["applied_term"]
-			signed(dir, m)
+			signed(t, dir, m)
 		}, "shard-001.snap: holds a copy of shard 0, not of shard 1"},
-		{"another applied index", func(dir string) {
-			m := readManifest(dir)
+		{"another applied index", func(t *testing.T, dir string) {
+			m := readManifest(t, dir)
 			shardEntry(m, 2)["applied_index"] = 4
-			signed(dir, m)
+			signed(t, dir, m)
 		}, "shard-002.snap: the copy is at applied index 5 (term 2), the manifest says 4 (term 2)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -344,7 +365,7 @@ func TestRestoreRefusesABadBackupByName(t *testing.T) {
 			if err := os.CopyFS(dir, os.DirFS(good)); err != nil {
 				t.Fatal(err)
 			}
-			tc.spoil(dir)
+			tc.spoil(t, dir)
 			dataDir := t.TempDir()
 			_, err := Restore(RestoreConfig{From: dir, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1", Key: testKey})
 			if err == nil || !strings.Contains(err.Error(), "backup "+dir+": ") || !strings.Contains(err.Error(), tc.want) {
@@ -360,7 +381,10 @@ func TestRestoreRefusesABadBackupByName(t *testing.T) {
 func TestRestoreNeedsAnEmptyDataDirectory(t *testing.T) {
 	from, _ := makeBackup(t)
 	dataDir := t.TempDir()
-	os.WriteFile(filepath.Join(dataDir, lockFileName), nil, 0o644) // chimed's own lock is no data
+	// chimed's own lock is no data.
+	if err := os.WriteFile(filepath.Join(dataDir, lockFileName), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Restore(RestoreConfig{From: from, DataDir: dataDir, NodeID: "r1", RaftAddr: "r1", Key: testKey}); err != nil {
 		t.Fatalf("a directory holding only chimed.lock: %v", err)
 	}
@@ -370,11 +394,13 @@ func TestRestoreNeedsAnEmptyDataDirectory(t *testing.T) {
 	}
 
 	// A directory a restore did not finish is refused at start.
-	os.WriteFile(filepath.Join(dataDir, restoringName), nil, 0o644)
+	if err := os.WriteFile(filepath.Join(dataDir, restoringName), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	n, err := startRestored(t, dataDir, "r1", nil)
 	if err == nil || !strings.Contains(err.Error(), "a chimed restore into this directory did not finish") {
 		if n != nil {
-			n.Close(context.Background())
+			_ = n.Close(context.Background()) // only releases the node that should not have started
 		}
 		t.Fatalf("start on an unfinished restore: %v", err)
 	}

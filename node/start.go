@@ -47,7 +47,12 @@ func Start(cfg Config) (_ *Node, err error) {
 	defer func() {
 		if err != nil {
 			lns.close()
-			n.Close(context.Background())
+			// The step's error comes first. A Close that fails may leave part of
+			// the node open (Pebble, the shards' Raft logs): a caller that starts
+			// again on the same directory must hear of it.
+			if cerr := n.Close(context.Background()); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("closing what started: %w", cerr))
+			}
 		}
 	}()
 	if err := openDataDir(cfg.DataDir); err != nil {
@@ -92,7 +97,7 @@ type listeners struct {
 func (l *listeners) close() {
 	for _, ln := range []net.Listener{l.raft, l.grpc, l.http} {
 		if ln != nil {
-			ln.Close()
+			_ = ln.Close() // fails only for a listener already closed
 		}
 	}
 }
@@ -386,7 +391,9 @@ func (n *Node) serveHTTP(lns *listeners, reg *prometheus.Registry) {
 func (n *Node) httpMux(reg *prometheus.Registry) *http.ServeMux {
 	cfg := n.cfg
 	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	// The handlers' writes fail only when the client has gone: there is
+	// no one left to answer, so their errors are discarded.
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	// /readyz?voter=1 also waits until the node is a voter of every shard
 	// the placement gives it: what a rolling restart must wait for before
 	// it stops the next node, or a shard whose replica there was just
@@ -402,7 +409,7 @@ func (n *Node) httpMux(reg *prometheus.Registry) *http.ServeMux {
 				return
 			}
 		}
-		io.WriteString(w, "ready\n")
+		_, _ = io.WriteString(w, "ready\n")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	// Profiles and Pebble's LSM report, for finding where a loaded node
@@ -418,7 +425,7 @@ func (n *Node) httpMux(reg *prometheus.Registry) *http.ServeMux {
 		mux.Handle("/debug/pprof/", debug(pprof.Index))
 		mux.Handle("/debug/pprof/profile", debug(pprof.Profile))
 		mux.Handle("/debug/pprof/trace", debug(pprof.Trace))
-		mux.Handle("/debug/pebble", debug(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, n.store.LSM()) }))
+		mux.Handle("/debug/pebble", debug(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, n.store.LSM()) }))
 	}
 	if cfg.HTTPHandlers != nil {
 		cfg.HTTPHandlers(mux)

@@ -1,6 +1,7 @@
 package rpc_test
 
 import (
+	"errors"
 	"maps"
 	"net"
 	"os"
@@ -88,7 +89,13 @@ func adminCluster(t *testing.T, replication int, live []string, dead map[string]
 		rpc.RegisterAdmin(gs, c, nil, nil)
 		cluster.RegisterPeer(gs, c)
 		done := make(chan struct{})
-		go func() { defer close(done); gs.Serve(lns[id]) }()
+		go func() {
+			defer close(done)
+			// nil after Stop, ErrServerStopped when Stop came first
+			if err := gs.Serve(lns[id]); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				t.Errorf("serving %s: %v", id, err)
+			}
+		}()
 		cc, err := grpc.NewClient(lns[id].Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)

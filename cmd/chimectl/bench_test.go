@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -76,14 +77,26 @@ func startNodeWith(t *testing.T, brokers []string, sec publish.Security) (addr s
 	gs := grpc.NewServer()
 	rpc.Register(gs, rpc.NewServer(cl, rpc.DefaultLimits(), time.Now, nil))
 	done := make(chan struct{})
-	go func() { defer close(done); gs.Serve(ln) }()
+	go func() {
+		defer close(done)
+		// nil after Stop, ErrServerStopped when Stop came first
+		if err := gs.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serving the node: %v", err)
+		}
+	}()
 	t.Cleanup(func() {
 		gs.Stop()
 		<-done
 		cl.Close()
-		h.Close()
-		pub.Close()
-		store.Close()
+		if err := h.Close(); err != nil {
+			t.Errorf("host close: %v", err)
+		}
+		if err := pub.Close(); err != nil {
+			t.Errorf("publisher close: %v", err)
+		}
+		if err := store.Close(); err != nil {
+			t.Errorf("store close: %v", err)
+		}
 	})
 	return ln.Addr().String()
 }

@@ -184,7 +184,9 @@ func TestBackupRestoreIntoANewCluster(t *testing.T) {
 		}
 		edit(man)
 		raw, _ = json.Marshal(man)
-		os.WriteFile(path, raw, 0o644)
+		if err := os.WriteFile(path, raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
 		return d
 	}
 	tampered := copyWith("tampered", func(m map[string]any) { m["cluster_id"] = "c-forged" })

@@ -122,7 +122,7 @@ func (t *gossipTransport) PacketCh() <-chan *memberlist.Packet { return t.packet
 
 func (t *gossipTransport) IngestPacket(conn net.Conn, addr net.Addr, now time.Time, shouldClose bool) error {
 	if shouldClose {
-		defer conn.Close()
+		defer func() { _ = conn.Close() }() // read only: a read error is what matters
 	}
 	var buf bytes.Buffer
 	if _, err := io.Copy(&buf, conn); err != nil {
@@ -159,8 +159,9 @@ func (t *gossipTransport) DialAddressTimeout(a memberlist.Address, timeout time.
 	case <-dest.done:
 	case <-timer.C:
 	}
-	local.Close()
-	remote.Close()
+	// A net.Pipe's Close returns nil.
+	_ = local.Close()
+	_ = remote.Close()
 	return nil, fmt.Errorf("%w: %s did not accept", errUnreachable, a.Addr)
 }
 
@@ -171,7 +172,7 @@ func (t *gossipTransport) IngestStream(conn net.Conn) error {
 	case t.streams <- conn:
 		return nil
 	case <-t.done:
-		conn.Close()
+		_ = conn.Close() // refused unread: the stream's data is lost either way
 		return errUnreachable
 	}
 }

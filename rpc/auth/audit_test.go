@@ -11,6 +11,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/rpc/certs"
 )
@@ -42,9 +44,9 @@ func TestRefusalsCannotFloodTheAuditLog(t *testing.T) {
 		}
 		anonymous := callCtx("", certs.Identity{})
 		for range 1000 {
-			f.call(anonymous, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
+			f.callWant(t, anonymous, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"}, codes.Unauthenticated)
 		}
-		f.call(callCtx("guess", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
+		f.callWant(t, callCtx("guess", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"}, codes.Unauthenticated)
 		if got := lines(); len(got) != 2 || got[0].Who != "anonymous" || got[0].Repeated != 0 || got[1].Who != "unknown token" {
 			t.Fatalf("after 1000 refusals and one other: %+v", got)
 		}
@@ -57,21 +59,21 @@ func TestRefusalsCannotFloodTheAuditLog(t *testing.T) {
 		// Quiet for a window: forgotten, so the next refusal is written at once.
 		time.Sleep(2 * DefaultRefusalWindow) // the fake clock again
 		synctest.Wait()
-		f.call(anonymous, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
-		f.call(anonymous, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
+		f.callWant(t, anonymous, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"}, codes.Unauthenticated)
+		f.callWant(t, anonymous, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"}, codes.Unauthenticated)
 		if got := lines(); len(got) != 4 || got[3].Repeated != 0 {
 			t.Fatalf("after a quiet window: %+v", got)
 		}
-		f.call(callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{})
-		f.call(callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{})
+		f.callWant(t, callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.OK)
+		f.callWant(t, callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.OK)
 		if got := lines(); len(got) != 6 || got[5].Result != "OK" {
 			t.Fatalf("admin calls let through are each written: %+v", got)
 		}
 		// Another method's first refusal is its own line; made-up method
 		// names share one.
-		f.call(anonymous, chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{})
+		f.callWant(t, anonymous, chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{}, codes.Unauthenticated)
 		for i := range 50 {
-			f.call(anonymous, fmt.Sprintf("/made.up/M%d", i), nil)
+			f.callWant(t, anonymous, fmt.Sprintf("/made.up/M%d", i), nil, codes.Unauthenticated)
 		}
 		if got := lines(); len(got) != 8 || got[6].Method != chimev1.Scheduler_Schedule_FullMethodName || got[7].Method != "/made.up/M0" {
 			t.Fatalf("other methods: %+v", got)
@@ -127,8 +129,12 @@ func TestRotatingFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Write(line(7))
-	r.Close()
+	if _, err := r.Write(line(7)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
 	if b, _ := os.ReadFile(path); !bytes.Equal(b, append(line(6), line(7)...)) {
 		t.Errorf("after reopening: %q", b)
 	}

@@ -91,6 +91,15 @@ func (f *fixture) call(ctx context.Context, method string, req any) error {
 	return err
 }
 
+// callWant makes a call and fails t unless it ends with want: a test of
+// the audit log checks each line against what its caller got.
+func (f *fixture) callWant(t *testing.T, ctx context.Context, method string, req any, want codes.Code) {
+	t.Helper()
+	if err := f.call(ctx, method, req); status.Code(err) != want {
+		t.Fatalf("%s: %v, want %v", method, err, want)
+	}
+}
+
 // scopedCall makes a call and returns the Scope its handler saw.
 func (f *fixture) scopedCall(ctx context.Context, method string, req any) (*Grant, error) {
 	var scope *Grant
@@ -184,13 +193,13 @@ func TestRoles(t *testing.T) {
 
 func TestAuditLog(t *testing.T) {
 	f := newFixture(t)
-	f.call(callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{})
-	f.call(callCtx("", certs.Identity{Node: true, Name: "n2"}), chimev1.Admin_NodeStatus_FullMethodName, &chimev1.NodeStatusRequest{})
-	f.call(metadata.NewIncomingContext(callCtx("", certs.Identity{Node: true, Name: "n3"}), metadata.Pairs(chimev1.ForwardedMetadata, "1")),
-		chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"})
-	f.call(callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{Topic: "billing.a", Id: "inv-1"}})
-	f.call(callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{}})
-	f.call(callCtx("", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{})
+	f.callWant(t, callCtx("ops-token", certs.Identity{}), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.OK)
+	f.callWant(t, callCtx("", certs.Identity{Node: true, Name: "n2"}), chimev1.Admin_NodeStatus_FullMethodName, &chimev1.NodeStatusRequest{}, codes.OK)
+	f.callWant(t, metadata.NewIncomingContext(callCtx("", certs.Identity{Node: true, Name: "n3"}), metadata.Pairs(chimev1.ForwardedMetadata, "1")),
+		chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"}, codes.OK)
+	f.callWant(t, callCtx("billing-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{Topic: "billing.a", Id: "inv-1"}}, codes.OK)
+	f.callWant(t, callCtx("dash-token", certs.Identity{}), chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{}}, codes.PermissionDenied)
+	f.callWant(t, callCtx("", certs.Identity{}), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{}, codes.Unauthenticated)
 	var lines []auditLine
 	for _, l := range strings.Split(strings.TrimSpace(f.audit.String()), "\n") {
 		var al auditLine
@@ -348,7 +357,7 @@ func TestParseErrorsNameTheField(t *testing.T) {
 
 func TestAdminHTTP(t *testing.T) {
 	f := newFixture(t)
-	h := f.a.AdminHTTP(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("profile")) }))
+	h := f.a.AdminHTTP(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("profile")) }))
 	for _, tc := range []struct {
 		token string
 		want  int
