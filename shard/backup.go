@@ -34,7 +34,7 @@ func (s *Shard) Backup(ctx context.Context, w io.Writer) (raftfsm.SnapshotHeader
 	}
 	f := s.raft.Barrier(backupBarrierTimeout)
 	done := make(chan struct{})
-	go func() { f.Error(); close(done) }()
+	go func() { _ = f.Error(); close(done) }() // waits for the future; its error is read below
 	select {
 	case <-done:
 	case <-ctx.Done():

@@ -279,7 +279,9 @@ func TestOpenLogStoreMovesAnEmptyBoltLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b.Close()
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
 	s, _ := openLogStoreT(t, dir)
 	defer s.Close()
 	wantFiles(t, dir)

@@ -208,7 +208,10 @@ func plan(st configState) action {
 			continue
 		}
 		explicit := st.leaving(v) || st.removed(v)
-		if len(st.voters) <= st.replication && !(explicit && len(st.voters) > 1) {
+		// At or below the replication factor only an operator's word takes
+		// a voter out, and never the last one.
+		mayShrink := explicit && len(st.voters) > 1
+		if len(st.voters) <= st.replication && !mayShrink {
 			continue
 		}
 		if v == st.self {

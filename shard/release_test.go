@@ -45,9 +45,9 @@ func newCrashRig(t *testing.T) *crashRig {
 	r := &crashRig{t: t, fs: vfs.NewCrashableMem(), mux: raftmux.New(ln, nil, nil), addr: ln.Addr().String(),
 		dir: filepath.Join(t.TempDir(), "shard-0000")}
 	r.st = r.openStore()
-	t.Cleanup(func() {
-		r.mux.Close()
-		r.st.Close()
+	t.Cleanup(func() { // teardown, as a deferred Close
+		_ = r.mux.Close()
+		_ = r.st.Close()
 	})
 	return r
 }
@@ -91,7 +91,7 @@ func (r *crashRig) open(bootstrap bool) (*Shard, error) {
 	s, err := Open(Config{ID: 0, NodeID: "n1", Dir: r.dir, Store: r.st, Layer: layer, Bootstrap: voters,
 		Publisher: r.pub, Tuning: tune, Knobs: r.knobs})
 	if err != nil {
-		layer.Close()
+		_ = layer.Close() // as the host does: Open's error is the one returned
 	}
 	return s, err
 }

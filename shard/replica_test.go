@@ -83,7 +83,9 @@ func (n *testNode) close() {
 	if err := n.host.Close(); err != nil {
 		n.t.Errorf("replicas close: %v", err)
 	}
-	n.pub.Close()
+	if err := n.pub.Close(); err != nil {
+		n.t.Errorf("publisher close: %v", err)
+	}
 	if err := n.store.Close(); err != nil {
 		n.t.Errorf("store close: %v", err)
 	}

@@ -54,6 +54,10 @@ func TestScopeGuardsTheStoredEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused("Replace", res[0].Err)
+	// A Replace is refused on the read (pinReplaced), without an entry.
+	if got := s.fsm.AppliedIndex(); got != applied {
+		t.Errorf("a refused Replace moved the applied index from %d to %d", applied, got)
+	}
 
 	squat := delayed("b-1", "a.x", time.Hour)
 	squat.Scope = a

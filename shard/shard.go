@@ -184,13 +184,13 @@ func (s *Shard) startRaft() error {
 	cache, err := raft.NewLogCache(logCacheEntries, logStore)
 	if err != nil {
 		s.closeTransport()
-		logs.Close()
+		_ = logs.Close()
 		return err
 	}
 	r, err := s.newRaft(rc, snapshot.KeepSnapshotEntry(cache), stable, snaps)
 	if err != nil {
 		s.closeTransport()
-		logs.Close()
+		_ = logs.Close()
 		return err
 	}
 	s.raft = r
@@ -221,7 +221,8 @@ func (s *Shard) closeTransport() {
 		c.CloseStreams()
 	}
 	if c, ok := s.trans.(raft.WithClose); ok {
-		c.Close()
+		// Only the network is torn down: a failure loses nothing.
+		_ = c.Close()
 	}
 }
 
@@ -396,7 +397,7 @@ func (s *Shard) inDoubt(rec raftfsm.Record) bool {
 func (s *Shard) apply(ctx context.Context, cmd []byte) (any, error) {
 	f := s.raft.Apply(cmd, applyTimeout)
 	done := make(chan struct{})
-	go func() { f.Error(); close(done) }()
+	go func() { _ = f.Error(); close(done) }() // waits for the future; its error is read below
 	select {
 	case <-done:
 	case <-ctx.Done():

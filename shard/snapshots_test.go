@@ -146,10 +146,10 @@ func openSnapReplica(t *testing.T, name string, bootstrap bool, tune Tuning, pub
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		r.s.Close()
-		mux.Close()
-		st.Close()
+	t.Cleanup(func() { // teardown, as a deferred Close
+		_ = r.s.Close()
+		_ = mux.Close()
+		_ = st.Close()
 	})
 	return r
 }

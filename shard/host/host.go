@@ -100,7 +100,7 @@ func Open(cfg Config) (*Host, error) {
 	}
 	if err := shard.FinishReleases(cfg.Store, cfg.Shards, h.shardDir); err != nil {
 		close(h.done)
-		h.Close()
+		_ = h.Close() // nothing is open yet but the mux; err is what failed
 		return nil, err
 	}
 	// Replicas open in parallel: each rebuilds its wheel from Pebble and
@@ -130,7 +130,8 @@ func Open(cfg Config) (*Host, error) {
 	wg.Wait()
 	if firstErr != nil {
 		close(h.done)
-		h.Close()
+		// Releases the replicas that did open; firstErr is what failed.
+		_ = h.Close()
 		return nil, firstErr
 	}
 	if cfg.Directory == nil {
@@ -164,7 +165,7 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 		transport, err = h.cfg.Transport(id)
 	} else if layer, err = h.mux.Layer(id); err == nil {
 		if installs, err = h.mux.Layer(shard.InstallLayerID(id)); err != nil {
-			layer.Close()
+			_ = layer.Close()
 		}
 	}
 	if err != nil {
@@ -183,10 +184,10 @@ func (h *Host) openReplica(id uint32, bootstrap bool) (*shard.Shard, error) {
 	})
 	if err != nil {
 		if layer != nil {
-			layer.Close()
-			installs.Close()
+			_ = layer.Close()
+			_ = installs.Close()
 		} else if c, ok := transport.(interface{ Close() error }); ok {
-			c.Close()
+			_ = c.Close()
 		}
 		return nil, err
 	}

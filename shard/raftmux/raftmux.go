@@ -189,7 +189,12 @@ func (m *Mux) acceptLoop() {
 func (m *Mux) route(c net.Conn) {
 	var hdr [muxHeaderLen]byte
 	deadline := time.Now().Add(muxHeaderWait)
-	c.SetDeadline(deadline)
+	// Without the deadline a peer that sends nothing would hold this
+	// goroutine, and Close, which waits for it, forever.
+	if err := c.SetDeadline(deadline); err != nil {
+		_ = c.Close()
+		return
+	}
 	if m.tls != nil {
 		tc := tls.Server(c, m.tls.Server)
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -197,26 +202,29 @@ func (m *Mux) route(c net.Conn) {
 		cancel()
 		if err != nil {
 			m.refused("raft mux: TLS handshake refused", c.RemoteAddr(), err)
-			c.Close()
+			_ = c.Close()
 			return
 		}
 		c = tc
 	}
 	if _, err := io.ReadFull(c, hdr[:]); err != nil {
-		c.Close()
+		_ = c.Close()
 		return
 	}
-	c.SetDeadline(time.Time{})
+	// Clearing the deadline fails only on a closed connection (a net.Pipe:
+	// closed at either end, as by a peer that hung up after the header),
+	// which raft then finds closed on its first read.
+	_ = c.SetDeadline(time.Time{})
 	if string(hdr[:len(muxMagic)]) != muxMagic || hdr[len(muxMagic)] != muxVersion {
 		m.refused("raft mux: connection without a Chime header", c.RemoteAddr(), nil)
-		c.Close()
+		_ = c.Close()
 		return
 	}
 	id := binary.BigEndian.Uint32(hdr[len(muxMagic)+1:])
 	if tc, ok := c.(*tls.Conn); ok && m.tls.Admit != nil {
 		if err := m.tls.Admit(id, tc.ConnectionState()); err != nil {
 			m.refused("raft mux: peer refused", c.RemoteAddr(), err)
-			c.Close()
+			_ = c.Close()
 			return
 		}
 	}
@@ -224,7 +232,7 @@ func (m *Mux) route(c net.Conn) {
 	l := m.layers[id]
 	m.mu.Unlock()
 	if l == nil {
-		c.Close()
+		_ = c.Close()
 		return
 	}
 	select {
@@ -237,7 +245,7 @@ func (m *Mux) route(c net.Conn) {
 		default:
 		}
 	case <-l.closed:
-		c.Close()
+		_ = c.Close()
 	}
 }
 
@@ -281,7 +289,7 @@ func (l *streamLayer) drain() {
 	for {
 		select {
 		case c := <-l.conns:
-			c.Close()
+			_ = c.Close()
 		default:
 			return
 		}
@@ -302,12 +310,12 @@ func (l *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
-			c.Close()
+			_ = c.Close()
 			return nil, fmt.Errorf("raft TLS handshake with %s: %w", addr, err)
 		}
 		if l.mux.tls.Dialled != nil {
 			if err := l.mux.tls.Dialled(l.id, string(addr), tc.ConnectionState()); err != nil {
-				c.Close()
+				_ = c.Close()
 				return nil, fmt.Errorf("raft connection to %s: %w", addr, err)
 			}
 		}
@@ -317,11 +325,19 @@ func (l *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 	copy(hdr[:], muxMagic)
 	hdr[len(muxMagic)] = muxVersion
 	binary.BigEndian.PutUint32(hdr[len(muxMagic)+1:], l.id)
-	c.SetWriteDeadline(time.Now().Add(timeout))
-	if _, err := c.Write(hdr[:]); err != nil {
-		c.Close()
+	// Without the deadline a peer that reads nothing could hold the dial
+	// past timeout; left on, it would cut raft's writes once it passed.
+	if err := c.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+		_ = c.Close()
 		return nil, err
 	}
-	c.SetWriteDeadline(time.Time{})
+	if _, err := c.Write(hdr[:]); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	if err := c.SetWriteDeadline(time.Time{}); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
 	return c, nil
 }

@@ -78,12 +78,14 @@ func TestRoutesByShardHeader(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
 		// EOF, or a reset when the mux closed it with bytes unread.
 		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Errorf("%s: read %v, want the connection closed by the mux", name, err)
 		}
-		c.Close()
+		_ = c.Close()
 	}
 
 	// Close stops every layer; a closed mux registers none.
@@ -132,7 +134,7 @@ func TestClosedLayerLeavesNoConnectionOpen(t *testing.T) {
 		if _, err := remote.Read(make([]byte, 1)); !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
 			t.Fatalf("connection %d: read %v, want it closed", i, err)
 		}
-		remote.Close()
+		_ = remote.Close()
 	}
 	if n := len(sl.conns); n != 0 {
 		t.Fatalf("%d connections left in a closed layer's queue", n)
@@ -198,23 +200,27 @@ func TestTLS(t *testing.T) {
 	intruder := &Mux{tls: muxTLS(source(other, "n3"))}
 	if c, err := (&streamLayer{mux: intruder, id: 1}).Dial(addr, 5*time.Second); err == nil {
 		// TLS 1.3 tells the client of a refused certificate on its first read.
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Errorf("a node of another CA was accepted: read %v", err)
 		}
-		c.Close()
+		_ = c.Close()
 	}
 	plain := &Mux{}
 	if c, err := (&streamLayer{mux: plain, id: 1}).Dial(addr, 5*time.Second); err == nil {
-		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if err := c.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 			t.Errorf("a plaintext connection was accepted: read %v", err)
 		}
-		c.Close()
+		_ = c.Close()
 	}
 	select {
 	case c := <-l1.(*streamLayer).conns:
-		c.Close()
+		_ = c.Close()
 		t.Fatal("a refused connection reached the layer")
 	default:
 	}
@@ -279,7 +285,7 @@ func TestAdmitAndDialled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got.Close()
+	_ = got.Close()
 	if a := <-admitted; a != (asked{7, "n2"}) {
 		t.Fatalf("Admit was asked about %+v, want layer 7 and node n2", a)
 	}
@@ -292,13 +298,15 @@ func TestAdmitAndDialled(t *testing.T) {
 	if a := <-admitted; a != (asked{7, "n3"}) {
 		t.Fatalf("Admit was asked about %+v, want layer 7 and node n3", a)
 	}
-	c3.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if err := c3.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c3.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Errorf("a connection Admit refused was left open: read %v", err)
 	}
 	select {
 	case c := <-l7.(*streamLayer).conns:
-		c.Close()
+		_ = c.Close()
 		t.Fatal("a refused connection reached the layer")
 	default:
 	}

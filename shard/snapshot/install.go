@@ -114,10 +114,12 @@ func (t *Transport) Consumer() <-chan raft.RPC { return t.consumer }
 func (t *Transport) Close() error {
 	t.stopOnce.Do(func() {
 		close(t.stop)
-		t.layer.Close()
+		// Teardown: these Closes stop the accept loop and the receives;
+		// what a receive holds is kept on disk for the next send.
+		_ = t.layer.Close()
 		t.mu.Lock()
 		for c := range t.conns {
-			c.Close()
+			_ = c.Close()
 		}
 		t.mu.Unlock()
 		t.wg.Wait()
@@ -156,10 +158,15 @@ func (t *Transport) send(target raft.ServerAddress, e *expansion) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	// The outcome is the follower's answer, read before the Close.
+	defer func() { _ = c.Close() }()
 	size := e.x.meta.Size
 	hdr := appendInstallHeader(make([]byte, 0, installHdrLen), e.x.uid, size)
-	c.SetDeadline(time.Now().Add(t.timeout))
+	// Each step is bounded, or a follower that stops reading or answering
+	// holds raft's install forever.
+	if err := c.SetDeadline(time.Now().Add(t.timeout)); err != nil {
+		return err
+	}
 	if _, err := c.Write(hdr); err != nil {
 		return err
 	}
@@ -183,7 +190,9 @@ func (t *Transport) send(target raft.ServerAddress, e *expansion) error {
 	for sent := have; sent < size; {
 		n, err := e.Read(buf[:min(int64(len(buf)), size-sent)])
 		if n > 0 {
-			c.SetWriteDeadline(time.Now().Add(t.timeout))
+			if err := c.SetWriteDeadline(time.Now().Add(t.timeout)); err != nil {
+				return err
+			}
 			if _, err := c.Write(buf[:n]); err != nil {
 				return err
 			}
@@ -204,7 +213,9 @@ func (t *Transport) send(target raft.ServerAddress, e *expansion) error {
 		}
 	}
 	// The follower syncs the copy before it answers.
-	c.SetReadDeadline(time.Now().Add(t.timeout))
+	if err := c.SetReadDeadline(time.Now().Add(t.timeout)); err != nil {
+		return err
+	}
 	if _, err := io.ReadFull(c, word[:1]); err != nil {
 		return err
 	}
@@ -225,7 +236,7 @@ func (t *Transport) acceptLoop() {
 		select {
 		case <-t.stop:
 			t.mu.Unlock()
-			c.Close()
+			_ = c.Close()
 			return
 		default:
 		}
@@ -240,14 +251,18 @@ func (t *Transport) acceptLoop() {
 			t.mu.Lock()
 			delete(t.conns, c)
 			t.mu.Unlock()
-			c.Close()
+			_ = c.Close() // the receive is over: its outcome is the answer it wrote
 		}()
 	}
 }
 
 // receive takes one copy, or the rest of one, from a leader.
 func (t *Transport) receive(c net.Conn) error {
-	c.SetReadDeadline(time.Now().Add(t.timeout))
+	// Without it a leader that sends nothing would hold the connection and
+	// its goroutine until the transport closes.
+	if err := c.SetReadDeadline(time.Now().Add(t.timeout)); err != nil {
+		return err
+	}
 	hdr := make([]byte, installHdrLen)
 	if _, err := io.ReadFull(c, hdr); err != nil {
 		return err
@@ -276,7 +291,10 @@ func (t *Transport) receive(c net.Conn) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	// Closes f on the early returns, unchecked: the next send resumes after
+	// what of it is on disk. A whole copy is closed, checked, before its
+	// rename.
+	defer func() { _ = f.Close() }()
 	fi, err := f.Stat()
 	if err != nil {
 		return err
@@ -303,6 +321,9 @@ func (t *Transport) receive(c net.Conn) error {
 		return err
 	}
 	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(part, done); err != nil {
@@ -365,7 +386,9 @@ type deadlineReader struct {
 }
 
 func (d deadlineReader) Read(p []byte) (int, error) {
-	d.c.SetReadDeadline(time.Now().Add(d.timeout))
+	if err := d.c.SetReadDeadline(time.Now().Add(d.timeout)); err != nil {
+		return 0, err
+	}
 	return d.c.Read(p)
 }
 
@@ -409,17 +432,19 @@ func (t *Transport) attach(rpc *raft.RPC, req *raft.InstallSnapshotRequest) erro
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	if err := t.checkNotOlder(f); err != nil {
-		f.Close()
-		os.Remove(path)
+		_ = f.Close()
+		// Best effort: the leader sends a newer copy instead, and receiving
+		// it removes this one (removeReceived), or fails.
+		_ = os.Remove(path)
 		return err
 	}
 	req.Peers = nil
 	req.Size = fi.Size()
-	rpc.Reader = &receivedCopy{f: f}
+	rpc.Reader = &receivedCopy{f: f, logger: t.logger}
 	return nil
 }
 
@@ -454,7 +479,10 @@ func (t *Transport) checkNotOlder(f *os.File) error {
 
 // receivedCopy reads a received copy once: raft copies it into its own
 // snapshot store, and at its end it is deleted.
-type receivedCopy struct{ f *os.File }
+type receivedCopy struct {
+	f      *os.File
+	logger *slog.Logger
+}
 
 func (r *receivedCopy) Read(p []byte) (int, error) {
 	if r.f == nil {
@@ -462,8 +490,12 @@ func (r *receivedCopy) Read(p []byte) (int, error) {
 	}
 	n, err := r.f.Read(p)
 	if errors.Is(err, io.EOF) {
-		r.f.Close()
-		os.Remove(r.f.Name())
+		_ = r.f.Close() // read only
+		// raft has the copy: a file left behind is a whole shard's worth of
+		// disk, kept until the next copy received removes it.
+		if rerr := os.Remove(r.f.Name()); rerr != nil {
+			r.logger.Warn("removing an installed copy of the shard", "err", rerr)
+		}
 		r.f = nil
 	}
 	return n, err

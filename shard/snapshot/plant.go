@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -39,8 +40,14 @@ func Plant(dir string, self raft.Server, h raftfsm.SnapshotHeader, stream io.Rea
 		return fmt.Errorf("shard %d: %w", h.Shard, err)
 	}
 	if _, err := io.Copy(sink, stream); err != nil {
-		sink.Cancel()
-		return fmt.Errorf("shard %d: writing the snapshot: %w", h.Shard, err)
+		err = fmt.Errorf("shard %d: writing the snapshot: %w", h.Shard, err)
+		// Cancel removes the partial snapshot, unless flushing it fails
+		// first (as on a full disk): raft never reaps one left behind, so
+		// the error names it.
+		if cerr := sink.Cancel(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("shard %d: removing the partial snapshot in %s: %w", h.Shard, dir, cerr))
+		}
+		return err
 	}
 	// Close syncs the state and meta files, and renames the snapshot into
 	// place only after.

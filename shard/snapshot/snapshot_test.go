@@ -178,7 +178,9 @@ func TestInstallRefusesACopyOlderThanTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	h, err := fsm.WriteSnapshot(f)
-	f.Close()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

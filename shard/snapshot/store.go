@@ -31,7 +31,8 @@ type Config struct {
 	// Pace bounds the rate at which expansions are written and read
 	// (NewLimiter); the node shares one among its replicas.
 	Pace *rate.Limiter
-	// Logger is raft's file snapshot store's.
+	// Logger is raft's file snapshot store's, and the store's own (nil:
+	// raft's default, and none).
 	Logger hclog.Logger
 	// TrailingLogs is how many entries raft keeps behind a snapshot when no
 	// copy is being sent; SetTrailingLogs changes raft's (all of them,
@@ -77,10 +78,11 @@ func (k *Knobs) fill() {
 // The expanded state is at or after the reference's index; the receiving FSM
 // records the index it really holds and skips the entries it already has.
 type Store struct {
-	files *raft.FileSnapshotStore
-	fsm   *raftfsm.FSM
-	dir   string        // for expansions
-	pace  *rate.Limiter // expansions are written and read no faster
+	files  *raft.FileSnapshotStore
+	fsm    *raftfsm.FSM
+	logger hclog.Logger
+	dir    string        // for expansions
+	pace   *rate.Limiter // expansions are written and read no faster
 	// keep holds raft's log while an expansion is open (expanding).
 	keep      logKeeper
 	keepFor   time.Duration // how long the latest expansion is kept unused (Knobs.ExpansionReuse)
@@ -102,7 +104,11 @@ func Open(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{files: files, fsm: cfg.FSM, dir: cfg.Dir, pace: cfg.Pace, keepFor: cfg.Knobs.ExpansionReuse,
+	logger := cfg.Logger
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	s := &Store{files: files, fsm: cfg.FSM, logger: logger, dir: cfg.Dir, pace: cfg.Pace, keepFor: cfg.Knobs.ExpansionReuse,
 		keep: logKeeper{grace: cfg.Knobs.KeepLogGrace, trailing: cfg.TrailingLogs, set: cfg.SetTrailingLogs}}
 	if err := s.removeLeftovers(); err != nil {
 		return nil, err
@@ -129,7 +135,7 @@ func (s *Store) Open(id string) (*raft.SnapshotMeta, io.ReadCloser, error) {
 			io.Closer
 		}{br, rc}, nil
 	}
-	rc.Close()
+	_ = rc.Close() // read only
 	if s.fsm.NeedsRestore() {
 		// The state is partial; it cannot stand in for the snapshot. (Only
 		// a restore the version before left unfinished does that; the
@@ -183,7 +189,11 @@ func (s *Store) expand(meta *raft.SnapshotMeta) (_ *expanded, err error) {
 			err = cerr
 		}
 		if err != nil {
-			os.Remove(x.path)
+			// A file left behind holds up to a whole shard until the next
+			// Open (removeLeftovers): the error says so.
+			if rerr := os.Remove(x.path); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
 		}
 	}()
 	bw := bufio.NewWriterSize(pacedWriter{f, s.pace}, 1<<20)
@@ -277,7 +287,11 @@ func (s *Store) dropLocked(x *expanded) {
 	if s.cur == x {
 		s.cur = nil
 	}
-	os.Remove(x.path)
+	// A file left behind holds up to a whole shard until the next Open
+	// (removeLeftovers).
+	if err := os.Remove(x.path); err != nil {
+		s.logger.Warn("removing an expansion of the shard", "error", err)
+	}
 	s.keep.expanding(false)
 }
 
@@ -349,7 +363,7 @@ func (s *Store) RestoreOnStart() (bool, error) {
 		return false, fmt.Errorf("shard %d: open snapshot %s: %w", s.fsm.Shard(), latest.ID, err)
 	}
 	h, err := raftfsm.ReadSnapshotHeader(bufio.NewReader(rc))
-	rc.Close()
+	_ = rc.Close() // read only
 	if err != nil {
 		return false, fmt.Errorf("shard %d: snapshot %s: %w", s.fsm.Shard(), latest.ID, err)
 	}

@@ -69,10 +69,9 @@ func TestAdmitHoldsTheShare(t *testing.T) {
 	rs, _ := Parse("reports=5000/s")
 	l := NewLimiter(NewTable(rs), 8) // a share of 625/s
 	start := time.Unix(1_000_000, 0)
-	now := start
 	var goes []time.Time // when each record let through goes
 	for step := 0; step < 600; step++ {
-		now = start.Add(time.Duration(step) * 100 * time.Millisecond)
+		now := start.Add(time.Duration(step) * 100 * time.Millisecond)
 		// Records offered: those due now (100 per step) plus, each at its
 		// time, those told to ask again.
 		for range 100 {
