@@ -150,7 +150,9 @@ func (e *InvalidError) Error() string {
 // Is makes errors.Is(err, ErrInvalid) true.
 func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 
-// GRPCStatus is the server's answer (INVALID_ARGUMENT).
+// GRPCStatus is the server's answer: INVALID_ARGUMENT, or
+// FAILED_PRECONDITION for input the stored event refuses (an Update's
+// payload for a tombstone event).
 func (e *InvalidError) GRPCStatus() *status.Status { return e.st }
 
 // Unwrap returns the gRPC status error.
@@ -238,6 +240,10 @@ func mapError(op, id string, err error) error {
 			return &Error{Op: op, ID: id, kinds: []error{ErrCancelled}, st: st}
 		case strings.Contains(msg, "not paused"):
 			return &Error{Op: op, ID: id, kinds: []error{ErrNotPaused}, st: st}
+		case strings.HasPrefix(msg, "payload: "):
+			// An Update's payload for a tombstone event: input the stored
+			// event refuses.
+			return &InvalidError{Field: "payload", Rule: strings.TrimPrefix(msg, "payload: "), st: st}
 		}
 	case codes.NotFound:
 		return &Error{Op: op, ID: id, kinds: []error{ErrNotFound}, st: st}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,7 +25,9 @@ import (
 //
 // Schedule reads ID, Topic, Key, Payload and Headers, and, when no At or In
 // option says otherwise, Due, Priority (0 for the default, 5: use the
-// Priority option for 0) and Window. Get fills every field.
+// Priority option for 0), Window, Partition (with HasPartition) and
+// Tombstone; the Partition and Tombstone options set them too. Get fills
+// every field.
 type Event struct {
 	// ID is the idempotency key, unique in the cluster, at most 256 bytes.
 	// Empty, Schedule picks a time-ordered unique one (a UUIDv7) before the
@@ -47,6 +50,12 @@ type Event struct {
 	LastError string // of the latest failed produce attempt
 	Priority  int
 	Window    time.Duration
+	// Partition, when HasPartition, is the partition of Topic the record
+	// is produced to; otherwise Kafka's partitioner picks it from the key.
+	Partition    int32
+	HasPartition bool
+	// Tombstone: the record has a null value (Payload is empty).
+	Tombstone bool
 	// CancelledAt is when it was cancelled (StateCancelled).
 	CancelledAt time.Time
 	// DeadLetterTopic is where the record went (StateDeadLettered).
@@ -99,16 +108,18 @@ type Result struct {
 }
 
 // ScheduleOption sets when and how an event fires (At, In, Priority,
-// Window, Replace).
+// Window, Partition, Tombstone, Replace).
 type ScheduleOption interface{ applySchedule(*scheduleOptions) }
 
 type scheduleOptions struct {
-	at       time.Time
-	in       time.Duration
-	hasIn    bool
-	priority *int
-	window   time.Duration
-	replace  bool
+	at        time.Time
+	in        time.Duration
+	hasIn     bool
+	priority  *int
+	window    time.Duration
+	partition *int
+	tombstone bool
+	replace   bool
 	// The options' due time and window as the API's messages, made once by
 	// ScheduleBatch and shared by every event of the call (read only).
 	inPB, windowPB *durationpb.Duration
@@ -170,6 +181,20 @@ func Priority(p int) ScheduleOption {
 // that many events due at one time reach the topic as an even flow.
 func Window(d time.Duration) ScheduleOption {
 	return scheduleFunc(func(s *scheduleOptions) { s.window = d })
+}
+
+// Partition produces the record to partition p of the event's topic (0 or
+// more), instead of the one Kafka's partitioner picks from the key. If the
+// topic has no partition p when the event fires, the record goes to the
+// dead-letter topic.
+func Partition(p int) ScheduleOption {
+	return scheduleFunc(func(s *scheduleOptions) { s.partition = &p })
+}
+
+// Tombstone produces the record with a null value (a Kafka tombstone: a
+// compacted topic deletes the key). The event's payload must be empty.
+func Tombstone() ScheduleOption {
+	return scheduleFunc(func(s *scheduleOptions) { s.tombstone = true })
 }
 
 // Replace makes Schedule replace the event the id names (an upsert): a
@@ -476,6 +501,23 @@ func eventProto(ev Event, so scheduleOptions, i int) (*chimev1.Event, error) {
 	case so.window != 0 || ev.Window != 0:
 		pe.Window = durationpb.New(cmpOr(so.window, ev.Window))
 	}
+	switch {
+	case so.partition != nil:
+		if *so.partition < math.MinInt32 || *so.partition > math.MaxInt32 {
+			// Out of the API's int32; the server words the rest of the rule.
+			path := "event"
+			if i >= 0 {
+				path = "events[" + strconv.Itoa(i) + "]"
+			}
+			return pe, invalidf(path+".partition", "%d, must be 0 or more and at most %d", *so.partition, math.MaxInt32)
+		}
+		p := int32(*so.partition)
+		pe.Partition = &p
+	case ev.HasPartition:
+		p := ev.Partition
+		pe.Partition = &p
+	}
+	pe.Tombstone = so.tombstone || ev.Tombstone
 	if so.replace {
 		pe.OnConflict = chimev1.OnConflict_ON_CONFLICT_REPLACE
 	}
@@ -532,6 +574,9 @@ func sameEvent(pe *chimev1.Event, got *chimev1.GetResponse) bool {
 		return false
 	case pe.Window != nil && ge.GetWindow().AsDuration() != pe.Window.AsDuration():
 		return false
+	case (pe.Partition == nil) != (ge.Partition == nil), pe.Partition != nil && *pe.Partition != *ge.Partition,
+		pe.Tombstone != ge.GetTombstone():
+		return false
 	}
 	return true
 }
@@ -562,6 +607,9 @@ func eventFrom(g *chimev1.GetResponse) Event {
 		LastError:       g.GetLastError(),
 		Priority:        int(ge.GetPriority()),
 		Window:          ge.GetWindow().AsDuration(),
+		Partition:       ge.GetPartition(),
+		HasPartition:    ge.Partition != nil,
+		Tombstone:       ge.GetTombstone(),
 		CancelledAt:     timeOf(g.GetCancelledAt()),
 		DeadLetterTopic: g.GetDeadLetterTopic(),
 	}

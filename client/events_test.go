@@ -100,6 +100,58 @@ func TestScheduleOptionsAndGet(t *testing.T) {
 	}
 }
 
+// TestSchedulePartitionAndTombstone: the Partition and Tombstone options,
+// and the Event fields, reach the server, Get shows them (partition 0 told
+// apart from none), they are part of the content, bad ones are named, and
+// an Update cannot give a tombstone a payload.
+func TestSchedulePartitionAndTombstone(t *testing.T) {
+	h := newHarness(t)
+	c := h.dial(t)
+	ctx := testCtx(t)
+	if _, err := c.Schedule(ctx, client.Event{ID: "p0", Topic: "t", Payload: []byte("v")}, client.In(time.Hour), client.Partition(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Schedule(ctx, client.Event{ID: "z", Topic: "t", Key: []byte("user-7")}, client.In(time.Hour), client.Tombstone(), client.Partition(3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Schedule(ctx, client.Event{ID: "f", Topic: "t", Partition: 2, HasPartition: true, Tombstone: true}, client.In(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Schedule(ctx, client.Event{ID: "n", Topic: "t", Partition: 2}, client.In(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string][3]any{"p0": {int32(0), true, false}, "z": {int32(3), true, true}, "f": {int32(2), true, true}, "n": {int32(0), false, false}} {
+		ev, err := c.Get(ctx, id)
+		if err != nil || ev.Partition != want[0] || ev.HasPartition != want[1] || ev.Tombstone != want[2] {
+			t.Errorf("Get(%s) = partition %d (%v), tombstone %v, %v; want %v", id, ev.Partition, ev.HasPartition, ev.Tombstone, err, want)
+		}
+	}
+	// Part of the content: the same event for another partition is another one.
+	_, err := c.Schedule(ctx, client.Event{ID: "p0", Topic: "t", Payload: []byte("v")}, client.In(time.Hour), client.Partition(1))
+	if !errors.Is(err, client.ErrConflict) {
+		t.Errorf("Schedule of p0 for partition 1 = %v, want ErrConflict", err)
+	}
+	var inv *client.InvalidError
+	_, err = c.Schedule(ctx, client.Event{ID: "bad", Topic: "t"}, client.In(time.Hour), client.Partition(-1))
+	if !errors.As(err, &inv) || inv.Field != "event.partition" || !strings.Contains(inv.Rule, "must be 0 or more") {
+		t.Errorf("Schedule with partition -1 = %v", err)
+	}
+	_, err = c.Schedule(ctx, client.Event{ID: "bad", Topic: "t", Payload: []byte("x")}, client.In(time.Hour), client.Tombstone())
+	if !errors.As(err, &inv) || inv.Field != "event.payload" {
+		t.Errorf("Schedule of a tombstone with a payload = %v", err)
+	}
+	_, err = c.Update(ctx, "z", client.SetPayload([]byte("x")))
+	if !errors.As(err, &inv) || inv.Field != "payload" || status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("Update giving a tombstone a payload = %#v", err)
+	}
+	if res, err := c.Update(ctx, "z", client.In(2*time.Hour)); err != nil || res.Version != 2 {
+		t.Fatalf("Update of the tombstone's due time = %+v, %v", res, err)
+	}
+	if ev, err := c.Get(ctx, "z"); err != nil || !ev.Tombstone || ev.Partition != 3 || !ev.HasPartition {
+		t.Errorf("Get after the update = %+v, %v; want the tombstone on partition 3 kept", ev, err)
+	}
+}
+
 func TestUpdate(t *testing.T) {
 	h := newHarness(t)
 	c := h.dial(t)

@@ -64,6 +64,10 @@ func validEvents(s uint32, reqs []shard.Request) *chimev1.ShardScheduleRequest {
 		ev.Id, ev.Topic, ev.Key, ev.Payload, ev.Headers = r.ID, r.Topic, r.Key, r.Payload, headersProto(r.Headers)
 		ev.DeliverAt, ev.HasDeliverAt, ev.Delay, ev.HasDelay = r.DeliverAt, r.HasDeliverAt, int64(r.Delay), r.HasDelay
 		ev.ContentHash, ev.Replace, ev.Priority, ev.Window = r.ContentHash, r.Replace, uint32(r.Policy.Priority), r.Policy.Window
+		if r.Output.HasPartition {
+			ev.Partition = &r.Output.Partition
+		}
+		ev.Tombstone = r.Output.Tombstone
 		out.Events[i] = ev
 	}
 	return out
@@ -78,6 +82,10 @@ func fromValidEvents(evs []*chimev1.ValidEvent, scope shard.Scope) []shard.Reque
 			DeliverAt: ev.DeliverAt, HasDeliverAt: ev.HasDeliverAt, Delay: time.Duration(ev.Delay), HasDelay: ev.HasDelay,
 			ContentHash: ev.ContentHash, Replace: ev.Replace,
 			Policy: raftfsm.Policy{Priority: uint8(ev.Priority), Window: ev.Window}, Scope: scope}
+		if ev.Partition != nil {
+			reqs[i].Output.Partition, reqs[i].Output.HasPartition = *ev.Partition, true
+		}
+		reqs[i].Output.Tombstone = ev.Tombstone
 	}
 	return reqs
 }
@@ -212,6 +220,10 @@ func fromGetResponse(g *chimev1.GetResponse) raftfsm.Record {
 	if w := g.GetEvent().GetWindow(); w != nil {
 		rec.Window = int64(w.AsDuration())
 	}
+	if p := g.GetEvent().Partition; p != nil {
+		rec.Partition, rec.HasPartition = *p, true
+	}
+	rec.Tombstone = g.GetEvent().GetTombstone()
 	switch g.State {
 	case chimev1.EventState_EVENT_STATE_SCHEDULED:
 		rec.State = raftfsm.StateScheduled

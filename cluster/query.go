@@ -135,7 +135,18 @@ func GetResponse(rec *raftfsm.Record) (*chimev1.GetResponse, error) {
 		resp.Event.Headers = append(resp.Event.Headers, &chimev1.Header{Key: h.Key, Value: h.Value})
 	}
 	setPolicy(resp.Event, rec.Policy)
+	setOutput(resp.Event, rec.Output)
 	return resp, nil
+}
+
+// setOutput writes o into ev: the partition when there is one, the
+// tombstone.
+func setOutput(ev *chimev1.Event, o raftfsm.Output) {
+	if o.HasPartition {
+		p := o.Partition
+		ev.Partition = &p
+	}
+	ev.Tombstone = o.Tombstone
 }
 
 // setPolicy writes p into ev: the priority always (so that a reader sees

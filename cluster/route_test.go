@@ -73,7 +73,7 @@ func TestRequestsWaitForTheFirstLeader(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), LeaderWait)
 	defer cancel()
 	r := shard.Request{ID: "early", Delay: time.Hour, HasDelay: true, Topic: "t", Payload: []byte("p")}
-	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 	res, err := c.Schedule(ctx, []shard.Request{r})
 	if err != nil || res[0].Outcome != raftfsm.Created {
 		t.Fatalf("schedule before the first election: %+v, %v; want Created", res, err)

@@ -25,6 +25,8 @@ import (
 //     that it fired). ErrCancelUnsure: ABORTED, and the message says the
 //     cancel is recorded. ErrChangeUnknown: UNKNOWN, the outcome of a change
 //     that is not idempotent, so not to be retried blindly.
+//   - shard.ErrTombstonePayload: FAILED_PRECONDITION, naming the payload:
+//     the stored event, not the request alone, refuses it.
 //   - *shard.NotPermittedError: PERMISSION_DENIED, in its own words, which
 //     are the same whether or not the id exists.
 //   - context.DeadlineExceeded / context.Canceled: DEADLINE_EXCEEDED /
@@ -46,6 +48,8 @@ func StatusOf(logger *slog.Logger, op string, err error) error {
 		return status.Errorf(codes.Aborted, "%v; nothing was changed: retry in a moment (it then fails with FAILED_PRECONDITION if the event fired)", err)
 	case errors.Is(err, shard.ErrChanging):
 		return status.Errorf(codes.Aborted, "%v; nothing was changed by this request: retry it", err)
+	case errors.Is(err, shard.ErrTombstonePayload):
+		return status.Error(codes.FailedPrecondition, "payload: the event is a tombstone (its record has a null value), so an update cannot give it a payload; nothing was changed")
 	case errors.Is(err, shard.ErrChangeUnknown):
 		return status.Errorf(codes.Unknown, "%v", err)
 	case errors.Is(err, shard.ErrCancelUnsure):

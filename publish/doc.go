@@ -51,8 +51,12 @@
 //
 // Key is Record.Key, or Record.ID when Key is empty, so the partition of a
 // keyed record follows from its key exactly as with the Java client (see
-// [Publisher] for the partitioner). Value is Record.Value. Headers are the
-// event's headers in order, followed by
+// [Publisher] for the partitioner), unless the Record names its partition
+// (Record.Partition): then it goes to that one, and a topic without it
+// makes the record go to the dead-letter topic at once (ErrNoPartition).
+// Value is Record.Value, an empty one as an empty value; a Record.Tombstone
+// has a null value (a Kafka tombstone). Headers are the event's headers in
+// order, followed by
 //
 //	chime-id              the event id (the idempotency key)
 //	chime-due-unix-ms     when the event was due, unix milliseconds
@@ -61,7 +65,8 @@
 //
 // all as decimal strings. Dead-letter records carry the same key, value
 // and headers (chime-attempt is the last attempt made on the original
-// topic), plus
+// topic; the partition is the one murmur2 picks, since Record.Partition is
+// a partition of the record's own topic), plus
 //
 //	chime-topic           the topic the event was meant for
 //	chime-error           the last produce error

@@ -90,3 +90,21 @@ func TestMessageSizeBoundsTheEncoding(t *testing.T) {
 		}
 	}
 }
+
+// TestValueBytes: a nil value is null, an empty one empty (and free: an
+// event without a payload allocated nothing for its value when it was
+// produced as null, and allocates nothing now), anything else itself.
+func TestValueBytes(t *testing.T) {
+	if valueBytes(nil) != nil {
+		t.Error("nil is not a null value")
+	}
+	if b := valueBytes(emptyValue); b == nil || b.Len() != 0 {
+		t.Errorf("an empty value is %#v", b)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = valueBytes(emptyValue) }); n != 0 {
+		t.Errorf("an empty value allocates %v times", n)
+	}
+	if b := valueBytes([]byte("abc")); b == nil || b.Len() != 3 {
+		t.Errorf("a value of 3 bytes is %#v", b)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -42,6 +43,17 @@ type Record struct {
 	// Version is the event's version, sent as the chime-version header
 	// (none when 0).
 	Version uint64
+	// Partition, when HasPartition, is the partition of Topic the record is
+	// produced to, instead of the one murmur2 picks from the key. A
+	// partition Topic does not have can never take the record: it is
+	// dead-lettered at once, with an error wrapping ErrNoPartition.
+	Partition    int32
+	HasPartition bool
+	// Tombstone produces the record with a null value (a Kafka tombstone,
+	// which a compacted topic reads as the deletion of its key); Value is
+	// not sent. Without it the value is Value, and an empty (or nil) Value
+	// is an empty value, never a null one.
+	Tombstone bool
 }
 
 // Outcome is what happened to one Record.
@@ -120,6 +132,13 @@ var ErrClosed = errors.New("publish: publisher closed")
 
 // ErrConfig is wrapped by the error New returns for an invalid Config.
 var ErrConfig = errors.New("publish: invalid config")
+
+// ErrNoPartition is wrapped by the error of a record that asks for a
+// partition its topic does not have (Record.Partition). It is permanent:
+// the record is dead-lettered at once, not retried, since Kafka never
+// removes a partition and a record cannot wait for one to be added. The
+// error names the partition and the topic's partition count.
+var ErrNoPartition = errors.New("publish: no such partition")
 
 // Config configures a Publisher. Zero fields take the defaults above.
 type Config struct {
@@ -310,7 +329,9 @@ func (c *Config) fillDeadLetterTopic() error {
 // later: duplicates, and a slow recovery after a Kafka outage. A request
 // made here is either answered, or abandoned with its call.
 //
-// Records are partitioned with kafka.Murmur2Balancer: for keyed records it is the Java
+// A record that names its partition (Record.HasPartition) is produced to
+// that one; the others are partitioned with kafka.Murmur2Balancer (see
+// balancer): for keyed records it is the Java
 // client's default partitioner (murmur2(key) & 0x7fffffff % partitions,
 // also librdkafka's "murmur2_random" and franz-go's default), so a Chime
 // event lands on the same partition as the same key produced by the
@@ -324,7 +345,7 @@ type Publisher struct {
 	client        *kafka.Client
 	transport     *kafka.Transport
 	stopTransport context.CancelFunc
-	balancer      kafka.Murmur2Balancer
+	balancer      balancer
 	// sem holds one token per produce request in flight (MaxInFlight).
 	sem chan struct{}
 
@@ -635,6 +656,14 @@ func (r *Record) key() []byte {
 // the attempt on the record's own topic (the last one, for dead letters).
 func (p *Publisher) message(r *Record, st *pending, attempt uint32, sentAt time.Time) kafka.Message {
 	key, value, userHeaders := r.key(), r.Value, r.Headers
+	switch {
+	case r.Tombstone:
+		value = nil // kafka.NewBytes(nil) is written as a null value (length -1)
+	case value == nil:
+		// An empty payload comes back from storage as nil, which kafka-go
+		// would write as a null value too: only a tombstone is null.
+		value = emptyValue
+	}
 	var dropped string
 	if st.dead {
 		if st.dropValue || sizeBound(key, value, userHeaders, len(st.lastErr.Error())+len(r.Topic)) > p.cfg.BatchBytes {
@@ -668,7 +697,45 @@ func (p *Publisher) message(r *Record, st *pending, attempt uint32, sentAt time.
 			hs = append(hs, kafka.Header{Key: HeaderDropped, Value: []byte(dropped)})
 		}
 	}
-	return kafka.Message{Topic: topic, Key: key, Value: value, Headers: hs, Time: sentAt}
+	partition := anyPartition
+	if r.HasPartition && !st.dead {
+		partition = int(r.Partition)
+	}
+	return kafka.Message{Topic: topic, Partition: partition, Key: key, Value: value, Headers: hs, Time: sentAt}
+}
+
+// emptyValue is the value of a record whose payload is empty: not nil, so
+// that it is produced as an empty value (length 0), not a null one. Never
+// written to.
+var emptyValue = []byte{}
+
+// anyPartition is the kafka.Message.Partition of a record that names no
+// partition: the balancer picks one.
+const anyPartition = -1
+
+// balancer picks the partition of each record: the one its Record names,
+// which message puts in kafka.Message.Partition (kafka-go reads that field
+// only from fetched messages, never when producing), or, for anyPartition,
+// the one kafka.Murmur2Balancer picks from the key. It is a kafka.Balancer
+// (a kafka-go Writer could take it as it is); send checks first that a
+// named partition exists.
+type balancer struct{ murmur2 kafka.Murmur2Balancer }
+
+var _ kafka.Balancer = balancer{}
+
+// Balance implements kafka.Balancer.
+func (b balancer) Balance(m kafka.Message, partitions ...int) int {
+	if m.Partition != anyPartition {
+		return m.Partition
+	}
+	return b.murmur2.Balance(m, partitions...)
+}
+
+// noPartition is the error of a record for partition part of topic, which
+// has n partitions.
+func noPartition(topic string, part, n int) error {
+	return fmt.Errorf("%w: partition %d of topic %s was asked for, but the topic has %d partitions (0 to %d)",
+		ErrNoPartition, part, topic, n, n-1)
 }
 
 // sizeBound is an upper bound of the bytes a record takes in a v2 record
@@ -691,6 +758,9 @@ func sizeBound(key, value []byte, headers []Header, extra int) int64 {
 // permanent reports whether err will recur for the same record however
 // often it is retried, so retrying only delays the dead letter.
 func permanent(err error) bool {
+	if errors.Is(err, ErrNoPartition) {
+		return true
+	}
 	var ke kafka.Error
 	if !errors.As(err, &ke) {
 		return false
@@ -745,6 +815,10 @@ func (p *Publisher) send(ctx context.Context, msgs []kafka.Message) (errs []erro
 		}
 		open := make(map[int]*request)
 		for _, j := range byTopic[t] {
+			if want := msgs[j].Partition; want >= n || want < anyPartition {
+				errs[j] = noPartition(t, want, n)
+				continue
+			}
 			part := p.balancer.Balance(msgs[j], parts...)
 			size := messageSize(&msgs[j])
 			r := open[part]
@@ -824,7 +898,7 @@ func (p *Publisher) produce(ctx context.Context, msgs []kafka.Message, r *reques
 	records := make([]kafka.Record, len(r.idx))
 	for k, j := range r.idx {
 		m := &msgs[j]
-		records[k] = kafka.Record{Time: m.Time, Key: kafka.NewBytes(m.Key), Value: kafka.NewBytes(m.Value), Headers: m.Headers}
+		records[k] = kafka.Record{Time: m.Time, Key: kafka.NewBytes(m.Key), Value: valueBytes(m.Value), Headers: m.Headers}
 		sent[j] = true
 	}
 	// Wait for the answer past ctx's deadline (see Publish), but not past
@@ -860,6 +934,25 @@ func (p *Publisher) produce(ctx context.Context, msgs []kafka.Message, r *reques
 		ackedAt[j] = now
 	}
 }
+
+// valueBytes is v as a record's value: null for nil (a tombstone, or a
+// dead letter without its value), empty for an empty v, else v. An empty
+// value is the zero-size noBytes rather than kafka.NewBytes's reader, so
+// that an event without a payload costs no allocation for it, as it did
+// when it was produced as a null value.
+func valueBytes(v []byte) kafka.Bytes {
+	if v != nil && len(v) == 0 {
+		return noBytes{}
+	}
+	return kafka.NewBytes(v)
+}
+
+// noBytes is an empty record value (length 0, not null).
+type noBytes struct{}
+
+func (noBytes) Len() int                 { return 0 }
+func (noBytes) Read([]byte) (int, error) { return 0, io.EOF }
+func (noBytes) Close() error             { return nil }
 
 // messageSize bounds the bytes m takes in a record batch.
 func messageSize(m *kafka.Message) int64 {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -102,6 +103,22 @@ type NewEvent struct {
 	CheckPending bool
 	Pending      uint64
 	Policy
+	Output
+}
+
+// Output is how an event's record is produced besides its topic, key, payload and headers.
+// The zero value is what every event had before events had one: the partitioner picks the
+// partition (murmur2 of the key), and the payload is the value.
+type Output struct {
+	// Partition, when HasPartition, is the partition of the topic the record is produced
+	// to: 0 or more (rpc checks it). A topic without that partition cannot take the record,
+	// which is then dead-lettered.
+	Partition    int32
+	HasPartition bool
+	// Tombstone makes the record's value null (a Kafka tombstone, which a compacted topic
+	// reads as the key's deletion). rpc refuses a payload with it, and shard an Update that
+	// gives it one.
+	Tombstone bool
 }
 
 // Policy is how an event fires besides when it is due.
@@ -129,14 +146,18 @@ const MaxWindow = int64(24 * time.Hour)
 
 // NewEvent flags, in the byte after the content hash of a TypeScheduleBatchFlags event.
 // With flagCheckPending, NewEvent.Pending follows as a uvarint; then with flagPriority, the
-// priority as one byte; then with flagWindow, the window as a uvarint. An event without
-// flagPriority has DefaultPriority.
+// priority as one byte; then with flagWindow, the window as a uvarint; then with
+// flagPartition, the partition as a uvarint (at most MaxInt32). flagTombstone carries no
+// bytes. An event without flagPriority has DefaultPriority. An entry written before
+// partitions and tombstones has neither of their flags, and decodes as it always did.
 const (
 	flagReplace      = 1 << 0
 	flagCheckPending = 1 << 1
 	flagPriority     = 1 << 2
 	flagWindow       = 1 << 3
-	knownFlags       = flagReplace | flagCheckPending | flagPriority | flagWindow
+	flagPartition    = 1 << 4
+	flagTombstone    = 1 << 5
+	knownFlags       = flagReplace | flagCheckPending | flagPriority | flagWindow | flagPartition | flagTombstone
 )
 
 // ScheduleBatch creates events. Apply returns *ScheduleBatchResult.
@@ -308,7 +329,7 @@ type ExpireResult struct {
 
 func (c *ScheduleBatch) Type() CommandType {
 	for i := range c.Events {
-		if e := &c.Events[i]; e.Replace || e.Priority != DefaultPriority || e.Window != 0 {
+		if e := &c.Events[i]; e.Replace || e.Priority != DefaultPriority || e.Window != 0 || e.Output != (Output{}) {
 			return TypeScheduleBatchFlags
 		}
 	}
@@ -363,6 +384,12 @@ func AppendScheduleBatch(dst []byte, c *ScheduleBatch) []byte {
 			if e.Window != 0 {
 				flags |= flagWindow
 			}
+			if e.HasPartition {
+				flags |= flagPartition
+			}
+			if e.Tombstone {
+				flags |= flagTombstone
+			}
 			dst = append(dst, flags)
 			if e.CheckPending {
 				dst = binary.AppendUvarint(dst, e.Pending)
@@ -372,6 +399,9 @@ func AppendScheduleBatch(dst []byte, c *ScheduleBatch) []byte {
 			}
 			if e.Window != 0 {
 				dst = binary.AppendUvarint(dst, uint64(e.Window))
+			}
+			if e.HasPartition {
+				dst = binary.AppendUvarint(dst, uint64(uint32(e.Partition)))
 			}
 		}
 	}
@@ -547,6 +577,10 @@ func (d *decoder) scheduleBatch(flagged bool) *ScheduleBatch {
 			if flags&flagWindow != 0 {
 				e.Window = d.window()
 			}
+			if e.HasPartition = flags&flagPartition != 0; e.HasPartition {
+				e.Partition = d.partition()
+			}
+			e.Tombstone = flags&flagTombstone != 0
 		}
 	}
 	return c
@@ -568,6 +602,16 @@ func (d *decoder) window() int64 {
 		d.fail("window", "window %d not in (0, %d]", w, MaxWindow)
 	}
 	return int64(w)
+}
+
+// partition reads an event's partition: a uvarint, at most MaxInt32 (Kafka's partitions are
+// int32s, and rpc refuses a negative one).
+func (d *decoder) partition() int32 {
+	p := d.uvarint("partition")
+	if p > math.MaxInt32 && d.err == nil {
+		d.fail("partition", "partition %d above %d", p, math.MaxInt32)
+	}
+	return int32(p)
 }
 
 func (d *decoder) update() *Update {

@@ -29,6 +29,8 @@ func sampleCommands() []Command {
 			{ID: "w", Due: 7, Topic: "t", Policy: Policy{Priority: DefaultPriority, Window: MaxWindow}},
 			{ID: "both", Due: 7, Topic: "t", Replace: true, CheckPending: true, Pending: 4, Policy: Policy{Priority: 0, Window: 1}},
 			{ID: "default", Due: 7, Topic: "t", Policy: DefaultPolicy},
+			{ID: "out", Due: 7, Topic: "t", Policy: DefaultPolicy, Output: Output{Partition: 1, HasPartition: true, Tombstone: true}},
+			{ID: "p0", Due: 7, Topic: "t", Policy: DefaultPolicy, Output: Output{HasPartition: true}},
 		}},
 		&ScheduleBatch{ProposedAt: -1},
 		&Cancel{ProposedAt: 99, IDs: []string{"a", "", "order-42"}},
@@ -175,7 +177,7 @@ func TestContentHash(t *testing.T) {
 		haveDeliver, haveDly bool
 	}
 	h := func(r req) uint64 {
-		return ContentHash(r.topic, r.key, r.payload, r.headers, r.deliverAt, r.delay, r.haveDeliver, r.haveDly, DefaultPolicy)
+		return ContentHash(r.topic, r.key, r.payload, r.headers, r.deliverAt, r.delay, r.haveDeliver, r.haveDly, DefaultPolicy, Output{})
 	}
 	base := req{topic: "t", key: []byte("k"), payload: []byte("p"), headers: []Header{{"a", []byte("1")}}, delay: 5e9, haveDly: true}
 	if first, second := h(base), h(base); first != second {

@@ -132,7 +132,9 @@
 //	shard|'b'|due(8)|seq(8 BE)       body: id, createdAt, topic, key, payload, headers, hash,
 //	                                 and in format 2 (a version after the first) the version,
 //	                                 in format 3 (a policy other than the default) the
-//	                                 version, the priority and the window
+//	                                 version, the priority and the window, in format 4 (an
+//	                                 Output: a partition or a tombstone) all of format 3,
+//	                                 then the output's flags and, if any, the partition
 //	shard|'d'|due(8)|seq(8 BE)       the event's policy: empty for the default (priority 5,
 //	                                 no window), else the priority and, if any, the window;
 //	                                 present only while the event is pending
@@ -184,7 +186,12 @@
 // statuses and first-version bodies are format 1, a later version's body is format 2, which
 // appends the version (almost every event keeps its first version, and spends no byte on
 // it), and the body of an event with a priority or a window is format 3, which appends the
-// version, the priority and the window. The id entry is a fixed 24 bytes. The due index's
+// version, the priority and the window; the body of an event with an Output (a partition it
+// is produced to, a tombstone) is format 4, which appends to format 3's a flags byte and the
+// partition (a uvarint) when it has one. An event without an Output is stored exactly as it
+// was before events had one (TestBodyWithoutOutputIsUnchanged), and the firing path learns
+// the Output from the body it reads anyway, so the due index does not carry it. The id
+// entry is a fixed 24 bytes. The due index's
 // entries carry the policy the firing path orders and places events by, so that neither a
 // load of the horizon nor a rebuild of the wheel reads a body; an event of the default
 // policy (every event stored before events had one) has an empty entry. Layout 3 is

@@ -51,7 +51,7 @@ func TestScheduleCancelMark(t *testing.T) {
 	f.obs = tracingObserver{obs, &trace}
 
 	ev := func(id string, due int64, payload string) NewEvent {
-		return NewEvent{ID: id, Due: due, Topic: "t", Payload: []byte(payload), ContentHash: ContentHash("t", nil, []byte(payload), nil, 0, 0, false, false, DefaultPolicy)}
+		return NewEvent{ID: id, Due: due, Topic: "t", Payload: []byte(payload), ContentHash: ContentHash("t", nil, []byte(payload), nil, 0, 0, false, false, DefaultPolicy, Output{})}
 	}
 	got := f.ApplyBatch([]*raft.Log{
 		cmdLog(1, &ScheduleBatch{ProposedAt: 100, Events: []NewEvent{
@@ -767,7 +767,7 @@ func TestBatchObserverBracketsEachApply(t *testing.T) {
 	var trace []string
 	f.obs = batchTracer{tracingObserver{obs, &trace}}
 	ev := func(id string, due int64) NewEvent {
-		return NewEvent{ID: id, Due: due, Topic: "t", Policy: DefaultPolicy, ContentHash: ContentHash("t", nil, nil, nil, 0, 0, false, false, DefaultPolicy)}
+		return NewEvent{ID: id, Due: due, Topic: "t", Policy: DefaultPolicy, ContentHash: ContentHash("t", nil, nil, nil, 0, 0, false, false, DefaultPolicy, Output{})}
 	}
 	f.ApplyBatch([]*raft.Log{
 		cmdLog(1, &ScheduleBatch{ProposedAt: 1, Events: []NewEvent{ev("a", 10), ev("b", 20)}}),

@@ -38,6 +38,7 @@ func FuzzDecodeStored(f *testing.F) {
 		st.append(nil),
 		appendBody(nil, &ev, 10, 1),
 		appendBody(nil, &ev, 10, 7),
+		appendBody(nil, &NewEvent{ID: "z", Topic: "t", Policy: DefaultPolicy, Output: Output{Partition: 3, HasPartition: true, Tombstone: true}}, 10, 1),
 		appendStoredDefinition(nil, &Definition{Cron: "@daily", TimeZone: "Europe/Paris", CatchUp: CatchUpLast, Topic: "t",
 			Payload: []byte("p"), Headers: []Header{{Key: "h", Value: []byte("v")}}}),
 		(&cursor{state: ScheduleActive, version: 2, hash: 3, createdAt: 4, updatedAt: 5, after: 6, pendingSeq: 7, pendingAt: 8, pendingDue: 10, count: 9}).append(nil),

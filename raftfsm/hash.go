@@ -21,12 +21,13 @@ const contentHashDomain = "chime/content/v1\x00"
 // value whose have-flag is false is ignored. Nil and empty byte slices hash the same (the wire
 // cannot tell them apart either). Header order matters, as it does in Kafka.
 //
-// The firing policy is hashed only where it differs from the default (a priority other than
-// DefaultPriority, a window), so an event without one hashes as it did before events had one.
+// The firing policy and the output are hashed only where they differ from the default (a
+// priority other than DefaultPriority, a window; a partition, a tombstone), so an event
+// without them hashes as it did before events had them.
 //
 // Changing this function changes the answer for every stored event: a re-send after an
 // upgrade would be reported as a Conflict. Treat it as a stored format.
-func ContentHash(topic string, key, payload []byte, headers []Header, deliverAtUnixNano int64, delayNanos int64, haveDeliverAt, haveDelay bool, p Policy) uint64 {
+func ContentHash(topic string, key, payload []byte, headers []Header, deliverAtUnixNano int64, delayNanos int64, haveDeliverAt, haveDelay bool, p Policy, o Output) uint64 {
 	var h contentHasher
 	h.d.Reset()
 	_, _ = h.d.WriteString(contentHashDomain)
@@ -51,6 +52,12 @@ func ContentHash(topic string, key, payload []byte, headers []Header, deliverAtU
 	if p.Window != 0 {
 		flags |= 8
 	}
+	if o.HasPartition {
+		flags |= 16
+	}
+	if o.Tombstone {
+		flags |= 32
+	}
 	h.buf[0] = flags
 	_, _ = h.d.Write(h.buf[:1])
 	if haveDeliverAt {
@@ -65,6 +72,9 @@ func ContentHash(topic string, key, payload []byte, headers []Header, deliverAtU
 	}
 	if p.Window != 0 {
 		h.fixed(uint64(p.Window))
+	}
+	if o.HasPartition {
+		h.fixed(uint64(o.Partition))
 	}
 	return h.d.Sum64()
 }

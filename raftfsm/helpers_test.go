@@ -222,8 +222,16 @@ func (g *gen) event(id string, v int) NewEvent {
 	if v%4 == 1 {
 		e.Window = int64(v+1) * 1e6
 	}
+	if !g.noExpire { // the version before wrote no Output
+		switch v {
+		case 1:
+			e.Partition, e.HasPartition = int32(len(id)%4), true
+		case 2:
+			e.Payload, e.Tombstone = nil, true
+		}
+	}
 	delay := int64(v+1) * 1e9
-	e.ContentHash = ContentHash(e.Topic, e.Key, e.Payload, e.Headers, 0, delay, false, true, e.Policy)
+	e.ContentHash = ContentHash(e.Topic, e.Key, e.Payload, e.Headers, 0, delay, false, true, e.Policy, e.Output)
 	switch g.rng.IntN(10) {
 	case 0:
 		e.Due = -g.rng.Int64N(1e12) // before 1970: must still order correctly

@@ -24,11 +24,24 @@ const shardPrefixLen = 4
 // formatV1 is the leading byte of every status value, and of the body of an event's first
 // version. formatV2 leads the body of a later version (an Update or a REPLACE made it): format
 // 1 followed by the version as a uvarint. The first version, which almost every event keeps,
-// spends no byte on it.
+// spends no byte on it. formatV3 leads the body of an event with a policy other than the
+// default: format 2 (whatever the version) followed by the priority and the window.
+// formatV4 leads the body of an event with an Output other than the zero value: format 3
+// followed by the output's flags byte (outputPartition, outputTombstone) and, with
+// outputPartition, the partition as a uvarint. An event without one is stored in the format
+// it was stored in before events had one, byte for byte.
 const (
 	formatV1 = 1
 	formatV2 = 2
 	formatV3 = 3
+	formatV4 = 4
+)
+
+// The flags of a format 4 body's Output.
+const (
+	outputPartition  = 1 << 0
+	outputTombstone  = 1 << 1
+	knownOutputFlags = outputPartition | outputTombstone
 )
 
 // The key layout of a whole shard is named by the meta value's first byte; see doc.go.
@@ -324,10 +337,13 @@ func decodeStatus(b []byte) (status, error) {
 // appendBody encodes the immutable half of an event (shard|'b'|due|seq): format 1 for its
 // first version, format 2 with the version after it for a later one, format 3 with the
 // version, the priority (a byte) and the window (a uvarint) after it for an event whose
-// policy is not the default.
+// policy is not the default, format 4 with all that and then its Output for an event with
+// one.
 func appendBody(dst []byte, e *NewEvent, createdAt int64, version uint64) []byte {
 	format := byte(formatV1)
 	switch {
+	case e.Output != (Output{}):
+		format = formatV4
 	case e.Policy != DefaultPolicy:
 		format = formatV3
 	case version > 1:
@@ -344,9 +360,22 @@ func appendBody(dst []byte, e *NewEvent, createdAt int64, version uint64) []byte
 	if format >= formatV2 {
 		dst = binary.AppendUvarint(dst, version)
 	}
-	if format == formatV3 {
+	if format >= formatV3 {
 		dst = append(dst, e.Priority)
 		dst = binary.AppendUvarint(dst, uint64(e.Window))
+	}
+	if format == formatV4 {
+		var flags byte
+		if e.HasPartition {
+			flags |= outputPartition
+		}
+		if e.Tombstone {
+			flags |= outputTombstone
+		}
+		dst = append(dst, flags)
+		if e.HasPartition {
+			dst = binary.AppendUvarint(dst, uint64(uint32(e.Partition)))
+		}
 	}
 	return dst
 }
@@ -354,14 +383,15 @@ func appendBody(dst []byte, e *NewEvent, createdAt int64, version uint64) []byte
 // bodyFormat reads a body's format byte.
 func (d *decoder) bodyFormat() byte {
 	format := d.byte1("format")
-	if (format < formatV1 || format > formatV3) && d.err == nil {
+	if (format < formatV1 || format > formatV4) && d.err == nil {
 		d.fail("format", "unknown body format %d", format)
 	}
 	return format
 }
 
-// bodyTail reads what follows a body's content hash in format: the version, then the policy.
-func (d *decoder) bodyTail(format byte) (version uint64, p Policy) {
+// bodyTail reads what follows a body's content hash in format: the version, then the policy,
+// then the output.
+func (d *decoder) bodyTail(format byte) (version uint64, p Policy, o Output) {
 	version, p = 1, DefaultPolicy
 	if format >= formatV2 {
 		version = d.uvarint("version")
@@ -372,7 +402,7 @@ func (d *decoder) bodyTail(format byte) (version uint64, p Policy) {
 			d.fail("version", "version 0")
 		}
 	}
-	if format == formatV3 {
+	if format >= formatV3 {
 		p.Priority = d.priority()
 		if w := d.uvarint("window"); w > uint64(MaxWindow) && d.err == nil {
 			d.fail("window", "window %d above %d", w, MaxWindow)
@@ -380,7 +410,22 @@ func (d *decoder) bodyTail(format byte) (version uint64, p Policy) {
 			p.Window = int64(w)
 		}
 	}
-	return version, p
+	if format == formatV4 {
+		flags := d.byte1("output")
+		switch {
+		case d.err != nil:
+		case flags&^knownOutputFlags != 0:
+			d.fail("output", "unknown output flags %#x", flags&^knownOutputFlags)
+		case flags == 0:
+			// appendBody writes format 4 only for an output other than the zero value.
+			d.fail("output", "no output flag in a format 4 body")
+		}
+		if o.HasPartition = flags&outputPartition != 0; o.HasPartition {
+			o.Partition = d.partition()
+		}
+		o.Tombstone = flags&outputTombstone != 0
+	}
+	return version, p, o
 }
 
 // body is an event's body, decoded. Its byte slices alias what it was decoded from.
@@ -401,7 +446,7 @@ func decodeBody(b []byte) (body, error) {
 	e.Payload = d.bytes("payload")
 	e.Headers = d.headers()
 	e.ContentHash = d.fixed64("contentHash")
-	e.version, e.Policy = d.bodyTail(format)
+	e.version, e.Policy, e.Output = d.bodyTail(format)
 	return e, d.finish()
 }
 
@@ -447,6 +492,7 @@ type Record struct {
 	// REPLACE of it since.
 	Version uint64
 	Policy
+	Output
 }
 
 // decodeRecord fills rec from an event's body and status. rec keeps body (Key, Payload and
@@ -464,6 +510,7 @@ func decodeRecord(seq uint64, b []byte, s status, rec *Record) error {
 		ContentHash:     e.ContentHash,
 		Version:         e.version,
 		Policy:          e.Policy,
+		Output:          e.Output,
 		State:           s.state,
 		Due:             s.due,
 		FiredAt:         s.firedAt,

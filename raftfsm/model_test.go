@@ -120,7 +120,7 @@ func (m *model) apply(l *raft.Log, c Command) interface{} {
 			r := &Record{
 				Seq: m.nextSeq, ID: e.ID, State: StateScheduled, Due: e.Due, CreatedAt: c.ProposedAt,
 				Topic: e.Topic, Key: e.Key, Payload: e.Payload, Headers: e.Headers, ContentHash: e.ContentHash,
-				Version: version, Policy: e.Policy,
+				Version: version, Policy: e.Policy, Output: e.Output,
 			}
 			m.nextSeq++
 			m.byID[e.ID], m.bySeq[r.Seq] = r, r

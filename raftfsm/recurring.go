@@ -915,7 +915,7 @@ func (a *applier) materialise(id string, e *scheduleEntry, now int64) {
 			Header{Key: HeaderRecurringID, Value: []byte(id)}, Header{Key: HeaderOccurrenceUnix, Value: []byte(ms)}),
 	}
 	ev.Priority = e.def.Priority
-	ev.ContentHash = ContentHash(ev.Topic, ev.Key, ev.Payload, ev.Headers, ev.Due, 0, true, false, ev.Policy)
+	ev.ContentHash = ContentHash(ev.Topic, ev.Key, ev.Payload, ev.Headers, ev.Due, 0, true, false, ev.Policy, ev.Output)
 	var seq uint64
 	if ref, bound := a.lookupID(ev.ID); bound {
 		// The id of an occurrence a Pause, Delete or Update cancelled, now due again; or an

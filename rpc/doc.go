@@ -22,7 +22,8 @@
 //     that retry must choose their own ids.
 //   - The idempotency fingerprint: raftfsm.ContentHash over the event as the
 //     client sent it (topic, key, payload, headers, and deliver_at or delay
-//     with their presence), before the shard leader resolves a delay into a
+//     with their presence; priority, window, partition and tombstone when
+//     set), before the shard leader resolves a delay into a
 //     due time, so a retried request with the same delay is recognised as the
 //     same event and gets the original due time back.
 //   - Turning results into responses: Created and Existing into a

@@ -112,7 +112,7 @@ func (s *Server) checkDefinition(ctx context.Context, r *chimev1.RecurringRule, 
 	if err := lim.checkTopic(recurringTarget, t.Topic); err != nil {
 		return raftfsm.Definition{}, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if err := lim.checkContent(recurringTarget, &chimev1.Event{Key: t.Key, Payload: t.Payload, Headers: t.Headers}); err != nil {
+	if err := lim.checkContent(recurringTarget, &chimev1.Event{Key: t.Key, Payload: t.Payload, Headers: t.Headers}, false); err != nil {
 		return raftfsm.Definition{}, status.Error(codes.InvalidArgument, err.Error())
 	}
 	if _, err := checkPolicy(recurringTarget, t.Priority, nil); err != nil {

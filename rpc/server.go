@@ -75,7 +75,7 @@ func Register(gs *grpc.Server, s *Server) {
 // Schedule validates one event and schedules it.
 func (s *Server) Schedule(ctx context.Context, in *chimev1.ScheduleRequest) (*chimev1.ScheduleResponse, error) {
 	s.validated.Inc()
-	req, ferr := s.checkEvent(singleEvent, in.GetEvent(), s.now(), nil)
+	req, ferr := s.checkEvent(singleEvent, in.GetEvent(), s.now(), nil, fromIngest(ctx))
 	if ferr != nil {
 		return nil, status.Error(codes.InvalidArgument, ferr.Error())
 	}
@@ -107,14 +107,14 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 		return nil, status.Errorf(codes.InvalidArgument, "events: %d events, at most %d allowed", n, s.limits.MaxBatch)
 	}
 
-	now, scope := s.now(), ScopeOf(ctx)
+	now, scope, ingest := s.now(), ScopeOf(ctx), fromIngest(ctx)
 	s.validated.Add(float64(len(events)))
 	out := make([]*chimev1.ScheduleResult, len(events))
 	reqs := make([]shard.Request, 0, len(events))
 	at := make([]int, 0, len(events)) // at[j] is the index in events of reqs[j]
 	var validTopic string
 	for i, ev := range events {
-		req, ferr := s.checkEvent(eventPath(i), ev, now, &validTopic)
+		req, ferr := s.checkEvent(eventPath(i), ev, now, &validTopic, ingest)
 		if ferr != nil {
 			out[i] = &chimev1.ScheduleResult{Id: ev.GetId(), Code: int32(codes.InvalidArgument), Message: ferr.Error()}
 			continue
@@ -245,6 +245,22 @@ func (s *Server) Get(ctx context.Context, in *chimev1.GetRequest) (*chimev1.GetR
 // backendStatus is the gRPC status of a Backend error (cluster.StatusOf).
 func (s *Server) backendStatus(op string, err error) error {
 	return cluster.StatusOf(s.logger, op, err)
+}
+
+type ingestKey struct{}
+
+// IngestContext marks ctx as a call of this node's Kafka ingest path
+// (package rpc/ingest), made in process: its events may carry the headers
+// that path adds, chime-source and chime-tombstone-back, which any other
+// caller is refused as Chime's. A remote caller cannot set it: context
+// values do not cross the wire.
+func IngestContext(ctx context.Context) context.Context {
+	return context.WithValue(ctx, ingestKey{}, true)
+}
+
+func fromIngest(ctx context.Context) bool {
+	v, _ := ctx.Value(ingestKey{}).(bool)
+	return v
 }
 
 // ScopeOf is the shard.Scope of the caller of ctx, as the node's authorizer put it: its grant

@@ -235,6 +235,10 @@ func invalidCases() []struct {
 			".window: must not be negative (got -1s)"},
 		{"window too long", func(ev *chimev1.Event) *chimev1.Event { ev.Window = durationpb.New(25 * time.Hour); return ev },
 			".window: 25h0m0s is longer than 24h0m0s"},
+		{"partition negative", func(ev *chimev1.Event) *chimev1.Event { ev.Partition = proto.Int32(-1); return ev },
+			".partition: -1, must be 0 or more (unset: Kafka's partitioner picks one from the key)"},
+		{"tombstone with a payload", func(ev *chimev1.Event) *chimev1.Event { ev.Tombstone = true; return ev },
+			".payload: 15 bytes with tombstone set, must be empty (a tombstone's record has a null value)"},
 		{"headers too large", func(ev *chimev1.Event) *chimev1.Event {
 			ev.Headers = []*chimev1.Header{{Key: "a", Value: make([]byte, 40000)}, {Key: "b", Value: make([]byte, 25535)}}
 			return ev
@@ -343,7 +347,7 @@ func TestScheduleSendsTheRequestAsSent(t *testing.T) {
 	want := shard.Request{
 		ID: "order-42", Delay: 2 * time.Second, HasDelay: true, Topic: "orders.reminders",
 		Key: []byte("customer-7"), Payload: []byte(`{"remind":true}`), Headers: hs,
-		ContentHash: raftfsm.ContentHash("orders.reminders", []byte("customer-7"), []byte(`{"remind":true}`), hs, 0, int64(2*time.Second), false, true, raftfsm.DefaultPolicy),
+		ContentHash: raftfsm.ContentHash("orders.reminders", []byte("customer-7"), []byte(`{"remind":true}`), hs, 0, int64(2*time.Second), false, true, raftfsm.DefaultPolicy, raftfsm.Output{}),
 		Policy:      raftfsm.DefaultPolicy,
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -358,7 +362,7 @@ func TestScheduleSendsTheRequestAsSent(t *testing.T) {
 	}
 	got = e.backend.Calls()[1].Reqs[0]
 	if !got.HasDeliverAt || got.HasDelay || got.DeliverAt != at.UnixNano() ||
-		got.ContentHash != raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, raftfsm.DefaultPolicy) {
+		got.ContentHash != raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, raftfsm.DefaultPolicy, raftfsm.Output{}) {
 		t.Fatalf("backend got %+v for deliver_at %v", got, at)
 	}
 
@@ -370,13 +374,43 @@ func TestScheduleSendsTheRequestAsSent(t *testing.T) {
 	}
 	p := raftfsm.Policy{Priority: 9, Window: int64(time.Minute)}
 	got = e.backend.Calls()[2].Reqs[0]
-	if got.Policy != p || got.ContentHash != raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, p) ||
-		got.ContentHash == raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, raftfsm.Policy{Priority: 8, Window: p.Window}) {
+	if got.Policy != p || got.ContentHash != raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, p, raftfsm.Output{}) ||
+		got.ContentHash == raftfsm.ContentHash(ev.Topic, ev.Key, ev.Payload, hs, at.UnixNano(), 0, true, false, raftfsm.Policy{Priority: 8, Window: p.Window}, raftfsm.Output{}) {
 		t.Fatalf("backend got %+v for priority 9, window 1m", got)
 	}
 	g, err := e.client.Get(ctx(t), &chimev1.GetRequest{Id: "policy"})
 	if err != nil || g.Event.GetPriority() != 9 || g.Event.GetWindow().AsDuration() != time.Minute {
 		t.Fatalf("Get(policy) = %v, %v; want priority 9, window 1m", g, err)
+	}
+	if g.Event.Partition != nil || g.Event.Tombstone {
+		t.Fatalf("Get(policy) shows partition %v, tombstone %v; the event has neither", g.Event.Partition, g.Event.Tombstone)
+	}
+
+	// A partition (0 is one) and a tombstone reach the backend, are part
+	// of the content, and Get shows them.
+	ev = validEvent()
+	ev.Id, ev.Delay, ev.DeliverAt = "output", nil, timestamppb.New(at)
+	ev.Payload, ev.Partition, ev.Tombstone = nil, proto.Int32(0), true
+	if _, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev}); err != nil {
+		t.Fatal(err)
+	}
+	o := raftfsm.Output{Partition: 0, HasPartition: true, Tombstone: true}
+	calls = e.backend.Calls()
+	got = calls[len(calls)-1].Reqs[0]
+	hash := func(o raftfsm.Output) uint64 {
+		return raftfsm.ContentHash(ev.Topic, ev.Key, nil, hs, at.UnixNano(), 0, true, false, raftfsm.DefaultPolicy, o)
+	}
+	if got.Output != o || got.ContentHash != hash(o) || got.ContentHash == hash(raftfsm.Output{Tombstone: true}) ||
+		got.ContentHash == hash(raftfsm.Output{}) {
+		t.Fatalf("backend got %+v for partition 0, tombstone", got)
+	}
+	g, err = e.client.Get(ctx(t), &chimev1.GetRequest{Id: "output"})
+	if err != nil || g.Event.Partition == nil || g.Event.GetPartition() != 0 || !g.Event.GetTombstone() {
+		t.Fatalf("Get(output) = %v, %v; want partition 0, tombstone", g, err)
+	}
+	ev.Partition = proto.Int32(1)
+	if _, err = e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev}); status.Code(err) != codes.AlreadyExists {
+		t.Fatalf("the same event for another partition: %v, want ALREADY_EXISTS", err)
 	}
 }
 

@@ -69,7 +69,7 @@ func (s *Server) checkUpdate(in *chimev1.UpdateRequest, now time.Time) (shard.Ch
 		ch.Fields |= raftfsm.ChangeDue
 		ch.Due, ch.Delay, ch.HasDelay = due.DeliverAt, due.Delay, due.HasDelay
 	}
-	if ferr := s.limits.checkContent(topLevel, ev); ferr != nil {
+	if ferr := s.limits.checkContent(topLevel, ev, false); ferr != nil {
 		return shard.Change{}, ferr
 	}
 	if in.Key != nil {

@@ -43,6 +43,32 @@ func TestUpdateRejectsInvalidRequestsAndChangesNothing(t *testing.T) {
 	}
 }
 
+// TestUpdateKeepsATombstoneEmpty: an Update cannot give a tombstone event a
+// payload (FAILED_PRECONDITION naming the payload, nothing changed); an
+// empty one, and a change of anything else, it can.
+func TestUpdateKeepsATombstoneEmpty(t *testing.T) {
+	e := start(t, rpc.Limits{}, nil)
+	ev := validEvent()
+	ev.Payload, ev.Tombstone = nil, true
+	if _, err := e.client.Schedule(ctx(t), &chimev1.ScheduleRequest{Event: ev}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.client.Update(ctx(t), &chimev1.UpdateRequest{Id: "order-42", Payload: []byte("x")})
+	wantStatus(t, err, codes.FailedPrecondition, "payload: the event is a tombstone (its record has a null value), so an update cannot give it a payload; nothing was changed")
+	for _, req := range []*chimev1.UpdateRequest{
+		{Id: "order-42", Payload: []byte{}},
+		{Id: "order-42", Key: []byte("k2"), Delay: durationpb.New(time.Minute)},
+	} {
+		if _, err := e.client.Update(ctx(t), req); err != nil {
+			t.Fatalf("Update %v: %v", req, err)
+		}
+	}
+	g, err := e.client.Get(ctx(t), &chimev1.GetRequest{Id: "order-42"})
+	if err != nil || !g.Event.GetTombstone() || len(g.Event.Payload) != 0 || g.Version != 3 || string(g.Event.Key) != "k2" {
+		t.Fatalf("Get after the updates: %v, %v; want a tombstone at version 3", g, err)
+	}
+}
+
 func TestUpdate(t *testing.T) {
 	e := start(t, rpc.Limits{}, nil)
 	for _, id := range []string{"pending", "fired", "cancelled"} {

@@ -80,7 +80,7 @@ func (p eventPath) field(name string) string {
 // validTopic, if not nil, is the last topic this call found valid, and is
 // set to ev's when it is: the events of a batch mostly share one topic, and
 // checking it against the reserved patterns was a tenth of the request path.
-func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time, validTopic *string) (shard.Request, *fieldError) {
+func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time, validTopic *string, ingest bool) (shard.Request, *fieldError) {
 	lim := &s.limits
 	if ev == nil {
 		return shard.Request{}, invalid(path.String(), "required")
@@ -107,7 +107,7 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time, va
 	if err := lim.checkDue(path, ev, now, &req); err != nil {
 		return shard.Request{}, err
 	}
-	if err := lim.checkContent(path, ev); err != nil {
+	if err := lim.checkContent(path, ev, ingest); err != nil {
 		return shard.Request{}, err
 	}
 	p, err := checkPolicy(path, ev.Priority, ev.Window)
@@ -115,6 +115,9 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time, va
 		return shard.Request{}, err
 	}
 	req.Policy = p
+	if req.Output, err = checkOutput(path, ev); err != nil {
+		return shard.Request{}, err
+	}
 
 	req.Key = ev.Key
 	req.Payload = ev.Payload
@@ -125,7 +128,7 @@ func (s *Server) checkEvent(path eventPath, ev *chimev1.Event, now time.Time, va
 		}
 	}
 	req.ContentHash = raftfsm.ContentHash(req.Topic, req.Key, req.Payload, req.Headers,
-		req.DeliverAt, int64(req.Delay), req.HasDeliverAt, req.HasDelay, req.Policy)
+		req.DeliverAt, int64(req.Delay), req.HasDeliverAt, req.HasDelay, req.Policy, req.Output)
 	if req.ID == "" {
 		req.ID = newID()
 	}
@@ -156,6 +159,27 @@ func checkPolicy(path eventPath, priority *uint32, window *durationpb.Duration) 
 		p.Window = int64(w)
 	}
 	return p, nil
+}
+
+// checkOutput: a partition of 0 or more (the topic's partition count is
+// Kafka's to know: a record for a partition the topic lacks is dead-lettered
+// when it fires), and no payload with a tombstone, whose record's value is
+// null.
+func checkOutput(path eventPath, ev *chimev1.Event) (raftfsm.Output, *fieldError) {
+	var o raftfsm.Output
+	if ev.Partition != nil {
+		if *ev.Partition < 0 {
+			return o, invalid(path.field("partition"), "%d, must be 0 or more (unset: Kafka's partitioner picks one from the key)", *ev.Partition)
+		}
+		o.Partition, o.HasPartition = *ev.Partition, true
+	}
+	if ev.Tombstone {
+		if n := len(ev.Payload); n > 0 {
+			return o, invalid(path.field("payload"), "%d bytes with tombstone set, must be empty (a tombstone's record has a null value)", n)
+		}
+		o.Tombstone = true
+	}
+	return o, nil
 }
 
 // checkTopic: the topic is required, must be a valid Kafka topic name, and
@@ -224,7 +248,7 @@ func (lim *Limits) checkDue(path eventPath, ev *chimev1.Event, now time.Time, re
 // chime-due-unix-ms, ...), so consumers that deduplicate on chime-id could
 // be fooled. Compared case-insensitively: "Chime-Id" is a different Kafka
 // header but just as misleading to a person reading it.
-func (lim *Limits) checkContent(path eventPath, ev *chimev1.Event) *fieldError {
+func (lim *Limits) checkContent(path eventPath, ev *chimev1.Event, ingest bool) *fieldError {
 	if n := len(ev.Key); n > lim.MaxKeyBytes {
 		return invalid(path.field("key"), "%d bytes, at most %d allowed", n, lim.MaxKeyBytes)
 	}
@@ -239,7 +263,8 @@ func (lim *Limits) checkContent(path eventPath, ev *chimev1.Event) *fieldError {
 		if h == nil { // cannot come off the wire, only from an in-process caller
 			return invalid(path.field(fmt.Sprintf("headers[%d]", i)), "required")
 		}
-		if len(h.Key) >= len(chimev1.HeaderPrefix) && strings.EqualFold(h.Key[:len(chimev1.HeaderPrefix)], chimev1.HeaderPrefix) {
+		if len(h.Key) >= len(chimev1.HeaderPrefix) && strings.EqualFold(h.Key[:len(chimev1.HeaderPrefix)], chimev1.HeaderPrefix) &&
+			!(ingest && (h.Key == chimev1.HeaderSource || h.Key == chimev1.HeaderTombstoneBack)) {
 			return invalid(path.field(fmt.Sprintf("headers[%d].key", i)),
 				"the %q prefix is reserved for headers Chime adds", chimev1.HeaderPrefix)
 		}

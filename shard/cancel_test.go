@@ -32,7 +32,7 @@ func TestCancelWhileProduceUnanswered(t *testing.T) {
 
 	req := func(id string, delay time.Duration) Request {
 		r := Request{ID: id, Delay: delay, HasDelay: true, Topic: "cut", Payload: []byte("p-" + id)}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 		return r
 	}
 	// A first record creates the topic and the connections.
@@ -153,7 +153,7 @@ func TestRetriedEventsFire(t *testing.T) {
 	defer n.close()
 	s := n.host.Replica(0)
 	r := Request{ID: "retried", Delay: 300 * time.Millisecond, HasDelay: true, Topic: "retry", Payload: []byte("p")}
-	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 	res, err := n.host.Schedule(context.Background(), []Request{r})
 	if err != nil || res[0].Outcome != raftfsm.Created {
 		t.Fatalf("Schedule: %v %+v", err, res)
@@ -197,7 +197,7 @@ func TestEarlyBatchHeldAndCancellable(t *testing.T) {
 	var reqs []Request
 	for _, id := range []string{"kept", "cancelled"} {
 		r := Request{ID: id, Delay: 700 * time.Millisecond, HasDelay: true, Topic: "lead", Payload: []byte(id)}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 		reqs = append(reqs, r)
 	}
 	res, err := n.host.Schedule(context.Background(), reqs)

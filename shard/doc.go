@@ -59,6 +59,10 @@
 //     advances it by, and the lease only from its own (monotonic); so
 //     hold, retry, probe, heal, lease expiry and the priority take are
 //     tested on a synctest bubble's clock.
+//   - Carrying an event's Output (its partition, its tombstone) from the
+//     record read for a fire batch to the publish.Record, and keeping an
+//     Update from giving a tombstone a payload (ErrTombstonePayload), which
+//     it checks on the version the change is pinned to.
 //   - The firing policy's place in the wheel: an event with a window is
 //     held at the point of it its seq fixes (place, spreadAt); a record a
 //     topic rate limit holds back goes back in for its slot (deferLocked).

@@ -351,7 +351,7 @@ func (s *Shard) read(b *fireBatch) (out []publish.Record, planned map[uint64]int
 		out = append(out, publish.Record{
 			Seq: r.Seq, ID: r.ID, Topic: r.Topic, Key: r.Key, Value: r.Payload,
 			Headers: toPublishHeaders(r.Headers), Due: r.Due, Attempts: r.Attempts,
-			Version: r.Version,
+			Version: r.Version, Partition: r.Partition, HasPartition: r.HasPartition, Tombstone: r.Tombstone,
 		})
 	}
 	return out, planned, nil

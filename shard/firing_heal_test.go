@@ -30,7 +30,7 @@ func TestHealWakesWaitingEvents(t *testing.T) {
 	ctx := context.Background()
 	req := func(id string, delay time.Duration) Request {
 		r := Request{ID: id, Delay: delay, HasDelay: true, Topic: "heal", Payload: []byte(id)}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 		return r
 	}
 	// A first record creates the topic and the connections.

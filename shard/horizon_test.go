@@ -106,7 +106,7 @@ func TestHorizonFiresEventsAsItReachesThem(t *testing.T) {
 	var ids []string
 	request := func(id string, delay time.Duration) Request {
 		r := Request{ID: id, Delay: delay, HasDelay: true, Topic: "h", Payload: []byte(id)}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 		return r
 	}
 	schedule := func(reqs ...Request) {
@@ -237,7 +237,7 @@ func TestPowerCutDuringHorizonLoad(t *testing.T) {
 			for i := range 100 {
 				q := Request{ID: fmt.Sprintf("r%d-%d-%d", round, batch, i), Delay: 200*time.Millisecond + time.Duration(rng.Int64N(int64(2300*time.Millisecond))),
 					HasDelay: true, Topic: "cut", Payload: []byte("p")}
-				q.ContentHash = raftfsm.ContentHash(q.Topic, q.Key, q.Payload, nil, 0, int64(q.Delay), false, true, raftfsm.DefaultPolicy)
+				q.ContentHash = raftfsm.ContentHash(q.Topic, q.Key, q.Payload, nil, 0, int64(q.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 				reqs = append(reqs, q)
 			}
 			res, err := s.Schedule(context.Background(), reqs)

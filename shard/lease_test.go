@@ -144,7 +144,7 @@ func TestGetOnlyUnderALease(t *testing.T) {
 	s := n.host.Replica(0)
 	ctx := context.Background()
 	r := Request{ID: "e1", Delay: time.Hour, HasDelay: true, Topic: "lease", Payload: []byte("p")}
-	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 	if _, err := s.Schedule(ctx, []Request{r}); err != nil {
 		t.Fatal(err)
 	}

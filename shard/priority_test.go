@@ -40,7 +40,7 @@ func testFiring(t *testing.T, now *time.Time, horizon time.Duration) (f *firing,
 func priorityRequest(id, topic string, at time.Time, p uint8) Request {
 	r := Request{ID: id, DeliverAt: at.UnixNano(), HasDeliverAt: true, Topic: topic, Payload: []byte(id),
 		Policy: raftfsm.Policy{Priority: p}}
-	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, r.DeliverAt, 0, true, false, r.Policy)
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, r.DeliverAt, 0, true, false, r.Policy, r.Output)
 	return r
 }
 

@@ -293,7 +293,7 @@ func (s *Shard) propose(props []*proposal, n int) {
 				ID: r.ID, Due: due, Topic: r.Topic, Key: r.Key, Payload: r.Payload,
 				Headers: r.Headers, ContentHash: r.ContentHash,
 				Replace: r.Replace, CheckPending: r.Replace, Pending: r.pending,
-				Policy: r.Policy,
+				Policy: r.Policy, Output: r.Output,
 			})
 		}
 	}

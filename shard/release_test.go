@@ -110,7 +110,7 @@ func (r *crashRig) schedule(s *Shard, from, to int) {
 	waitFor(r.t, 10*time.Second, "the shard has a leader", s.IsLeader)
 	for i := from; i < to; i++ {
 		q := Request{ID: fmt.Sprintf("e%d", i), Delay: time.Hour, HasDelay: true, Topic: "t", Payload: []byte("p")}
-		q.ContentHash = raftfsm.ContentHash(q.Topic, q.Key, q.Payload, nil, 0, int64(q.Delay), false, true, raftfsm.DefaultPolicy)
+		q.ContentHash = raftfsm.ContentHash(q.Topic, q.Key, q.Payload, nil, 0, int64(q.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 		if _, err := s.Schedule(context.Background(), []Request{q}); err != nil {
 			r.t.Fatal(err)
 		}

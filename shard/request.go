@@ -31,6 +31,9 @@ type Request struct {
 	// Policy is the event's priority and window (raftfsm.DefaultPolicy
 	// when the client set neither).
 	Policy raftfsm.Policy
+	// Output is the event's partition and tombstone (the zero value when
+	// the client set neither).
+	Output raftfsm.Output
 	// Scope is what the caller's credential may act on (nil: anything).
 	// The event the id is bound to must be in it for a Replace, and for a
 	// create that collides with it to be told ALREADY_EXISTS.
@@ -124,6 +127,10 @@ var (
 	// ErrChanging: another change of the event is under way on this
 	// leader. Nothing was changed.
 	ErrChanging = errors.New("shard: another change of this event is under way")
+	// ErrTombstonePayload: an Update would give a payload to a tombstone
+	// event (raftfsm.Output.Tombstone), whose record has a null value.
+	// Nothing was changed.
+	ErrTombstonePayload = errors.New("shard: the event is a tombstone (its record has a null value), so its payload must stay empty")
 	// ErrChangeUnknown: leadership was lost after a change was proposed, so
 	// it may or may not commit. Unlike ErrNotLeader, which means nothing was
 	// proposed, it is not retried by itself: a change is not idempotent.

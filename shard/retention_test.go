@@ -21,7 +21,7 @@ func TestRetentionRemovesSettledEvents(t *testing.T) {
 	s := n.host.Replica(0)
 	req := func(id string, delay time.Duration) Request {
 		r := Request{ID: id, Delay: delay, HasDelay: true, Topic: "ret", Payload: []byte(id)}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 		return r
 	}
 	var reqs []Request

@@ -165,7 +165,7 @@ func scheduleFor(t *testing.T, s *Shard, from, to, size int) {
 			_, _ = mathrand.NewChaCha8([32]byte{byte(i), byte(i >> 8)}).Read(payload)
 		}
 		r := Request{ID: fmt.Sprintf("e%d", i), Delay: time.Hour, HasDelay: true, Topic: "snap", Payload: payload}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 		if _, err := s.Schedule(context.Background(), []Request{r}); err != nil {
 			t.Fatal(err)
 		}

@@ -22,7 +22,9 @@ const changeAttempts = 3
 //
 // A settled, unknown or differently versioned event is answered from this
 // leader's state under its lease, without an entry; so is a refused
-// condition, and an event outside ch.Scope (a *NotPermittedError).
+// condition, an event outside ch.Scope (a *NotPermittedError), and a
+// payload for a tombstone event (ErrTombstonePayload). An Update keeps the
+// event's partition and tombstone as they are.
 func (s *Shard) Update(ctx context.Context, ch Change) (raftfsm.ChangeResult, error) {
 	for attempt := 1; ; attempt++ {
 		if err := s.readable(ctx); err != nil {
@@ -44,6 +46,10 @@ func (s *Shard) Update(ctx context.Context, ch Change) (raftfsm.ChangeResult, er
 		case ch.IfVersion != 0 && ch.IfVersion != rec.Version:
 			now.Outcome = raftfsm.VersionMismatch
 			return now, nil
+		case rec.Tombstone && ch.Fields&raftfsm.ChangePayload != 0 && len(ch.Payload) > 0:
+			// The change applies only to rec.Seq (ChangeCheckPending), whose
+			// content never changes, so this check holds when it commits.
+			return raftfsm.ChangeResult{}, ErrTombstonePayload
 		case s.inDoubt(rec):
 			return raftfsm.ChangeResult{}, ErrProduceUnknown
 		}

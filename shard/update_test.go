@@ -13,7 +13,7 @@ import (
 // delayed is a request for id due after delay.
 func delayed(id, topic string, delay time.Duration) Request {
 	r := Request{ID: id, Delay: delay, HasDelay: true, Topic: topic, Payload: []byte("v1-" + id)}
-	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy)
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 	return r
 }
 
@@ -143,7 +143,7 @@ func TestUpdatePinsTheEvent(t *testing.T) {
 // replacing is a Schedule of id with Replace, due after delay, with payload.
 func replacing(id, topic, payload string, delay time.Duration) Request {
 	r := Request{ID: id, Delay: delay, HasDelay: true, Topic: topic, Payload: []byte(payload), Replace: true}
-	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy)
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 	return r
 }
 

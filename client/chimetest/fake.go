@@ -152,8 +152,10 @@ type Record struct {
 	Topic string
 	// Key is the event's key, or its id when it has none, as Chime
 	// produces it.
-	Key   []byte
-	Value []byte // the event's payload
+	Key []byte
+	// Value is the event's payload (empty, not nil, when it has none), or
+	// nil for a tombstone, as Chime produces it.
+	Value []byte
 	// Headers are the event's headers, then the chime-* headers Chime adds
 	// (chime-id, chime-due-unix-ms, chime-fired-unix-ms, chime-attempt,
 	// chime-version): client.ParseFired reads them.
@@ -166,18 +168,21 @@ type Record struct {
 // record is the Record of rec, which just fired.
 func record(rec *raftfsm.Record) Record {
 	ev := client.Event{
-		ID:        rec.ID,
-		Topic:     rec.Topic,
-		Key:       slices.Clone(rec.Key),
-		Payload:   slices.Clone(rec.Payload),
-		State:     client.StateFired,
-		Version:   rec.Version,
-		Due:       time.Unix(0, rec.Due).UTC(),
-		CreatedAt: time.Unix(0, rec.CreatedAt).UTC(),
-		FiredAt:   time.Unix(0, rec.FiredAt).UTC(),
-		Attempts:  int(rec.Attempts),
-		Priority:  int(rec.Priority),
-		Window:    time.Duration(rec.Window),
+		ID:           rec.ID,
+		Topic:        rec.Topic,
+		Key:          slices.Clone(rec.Key),
+		Payload:      slices.Clone(rec.Payload),
+		State:        client.StateFired,
+		Version:      rec.Version,
+		Due:          time.Unix(0, rec.Due).UTC(),
+		CreatedAt:    time.Unix(0, rec.CreatedAt).UTC(),
+		FiredAt:      time.Unix(0, rec.FiredAt).UTC(),
+		Attempts:     int(rec.Attempts),
+		Priority:     int(rec.Priority),
+		Window:       time.Duration(rec.Window),
+		Partition:    rec.Partition,
+		HasPartition: rec.HasPartition,
+		Tombstone:    rec.Tombstone,
 	}
 	hs := make([]client.Header, 0, len(rec.Headers)+5)
 	for _, h := range rec.Headers {
@@ -196,7 +201,14 @@ func record(rec *raftfsm.Record) Record {
 	if len(key) == 0 {
 		key = []byte(rec.ID)
 	}
-	return Record{Topic: rec.Topic, Key: key, Value: rec.Payload, Headers: hs, Event: ev}
+	value := rec.Payload
+	switch {
+	case rec.Tombstone:
+		value = nil
+	case value == nil:
+		value = []byte{}
+	}
+	return Record{Topic: rec.Topic, Key: key, Value: value, Headers: hs, Event: ev}
 }
 
 // clock is the Fake's virtual clock.

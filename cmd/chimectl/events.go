@@ -110,18 +110,22 @@ anew) and is its next version. --priority (0 to 9, 5 by default) orders
 the events a shard's leader has due when it is behind (after an outage, in
 a burst, under a topic rate limit): higher first, never before due.
 --window lets the event fire anywhere in [due, due + window]: Chime spreads
-a burst of such events over their window. Without --id chimectl picks a
-random id (26 characters of base32, like the ids the server generates) and
-prints it, so that a call answered Unavailable (a node restarting, a shard
-between leaders) is sent again, with backoff until --timeout, without ever
-scheduling two events; a resent call whose first copy had arrived reports
-"already scheduled". When the last copy went unanswered, chimectl reads
-the event back to tell whether it was scheduled; if even that fails it
-says the outcome is unknown, and scheduling again with the same --id is
-safe.`,
+a burst of such events over their window. --partition produces the record
+to that partition of the topic rather than the one Kafka's partitioner
+picks from the key (a topic without it dead-letters the record when it
+fires). --tombstone produces the record with a null value, a Kafka
+tombstone (a compacted topic deletes the key); it takes no payload.
+Without --id chimectl picks a random id (26 characters of base32, like the
+ids the server generates) and prints it, so that a call answered
+Unavailable (a node restarting, a shard between leaders) is sent again,
+with backoff until --timeout, without ever scheduling two events; a
+resent call whose first copy had arrived reports "already scheduled".
+When the last copy went unanswered, chimectl reads the event back to tell
+whether it was scheduled; if even that fails it says the outcome is
+unknown, and scheduling again with the same --id is safe.`,
 		example: `  chimectl schedule --topic reminders --in 30m --id order-42-reminder --payload '{"order":42}'
   chimectl schedule --topic billing.retry --at 2030-01-02T09:00:00+01:00 --key customer-7 --header trace=abc --priority 9
-  chimectl schedule --topic sessions --in 30m --id session-7-expiry --replace --window 1m`,
+  chimectl schedule --topic sessions --in 30m --id session-7-expiry --replace --window 1m --key session-7 --tombstone`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			topic := fs.String("topic", "", "Kafka `topic` to produce the record to (required)")
 			in := fs.Duration("in", 0, "produce the record this long from now, a `duration` like 2s, 90m or 36h (set exactly one of --in and --at)")
@@ -135,6 +139,8 @@ safe.`,
 			replace := fs.Bool("replace", false, "replace the event the id is bound to (pending: its next version; fired or cancelled: scheduled anew)")
 			priority := fs.Uint("priority", 5, "0 (lowest) to 9 (highest): what fires first when more is due than the shard's leader can produce at once")
 			window := fs.Duration("window", 0, "the record may be produced anywhere in [due, due + this `duration`] (at most 24h); Chime spreads a burst over it")
+			partition := fs.Int("partition", 0, "produce the record to this `partition` of the topic (0 or more); unset: Kafka's partitioner picks it from the key")
+			tombstone := fs.Bool("tombstone", false, "produce the record with a null value (a Kafka tombstone: a compacted topic deletes the key); no payload")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected argument %q", args[0])
@@ -171,6 +177,12 @@ safe.`,
 				}
 				if set["window"] {
 					opts = append(opts, client.Window(*window))
+				}
+				if set["partition"] {
+					opts = append(opts, client.Partition(*partition))
+				}
+				if *tombstone {
+					opts = append(opts, client.Tombstone())
 				}
 				var res client.Result
 				err = c.call(ctx, func(ctx context.Context, cl *client.Client) (err error) {
@@ -408,6 +420,8 @@ type getJSON struct {
 	Version         uint64       `json:"version"`
 	Priority        uint32       `json:"priority"`
 	Window          string       `json:"window,omitempty"`
+	Partition       *int32       `json:"partition,omitempty"`
+	Tombstone       bool         `json:"tombstone,omitempty"`
 }
 
 type headerJSON struct {
@@ -432,6 +446,8 @@ func eventJSON(r *chimev1.GetResponse) getJSON {
 		DeadLetterTopic: r.GetDeadLetterTopic(),
 		Version:         r.GetVersion(),
 		Priority:        ev.GetPriority(),
+		Partition:       ev.Partition,
+		Tombstone:       ev.GetTombstone(),
 	}
 	if ev.GetWindow() != nil {
 		g.Window = ev.GetWindow().AsDuration().String()
@@ -474,11 +490,16 @@ func (c *cli) eventBlock(r *chimev1.GetResponse) [][2]string {
 	if ev.GetWindow() != nil {
 		rows = append(rows, [2]string{"window", ev.GetWindow().AsDuration().String()})
 	}
-	rows = append(rows, [][2]string{
-		{"topic", ev.GetTopic()},
-		{"key", orNone(showBytes(ev.GetKey(), 0), "(none)")},
-		{"payload", orNone(showBytes(ev.GetPayload(), 512), "(empty)")},
-	}...)
+	rows = append(rows, [2]string{"topic", ev.GetTopic()})
+	if ev.Partition != nil {
+		rows = append(rows, [2]string{"partition", fmt.Sprint(ev.GetPartition())})
+	}
+	rows = append(rows, [2]string{"key", orNone(showBytes(ev.GetKey(), 0), "(none)")})
+	if ev.GetTombstone() {
+		rows = append(rows, [2]string{"payload", "(null: a tombstone)"})
+	} else {
+		rows = append(rows, [2]string{"payload", orNone(showBytes(ev.GetPayload(), 512), "(empty)")})
+	}
 	if len(ev.GetHeaders()) == 0 {
 		rows = append(rows, [2]string{"headers", "(none)"})
 	}

@@ -389,6 +389,63 @@ func TestSchedulePriorityAndWindow(t *testing.T) {
 	}
 }
 
+// TestSchedulePartitionAndTombstone: --partition (0 included) and
+// --tombstone reach the event, get shows them in text and JSON (and
+// neither for an event without them), the help says what they do, and the
+// server refuses a negative partition and a tombstone with a payload,
+// naming the field.
+func TestSchedulePartitionAndTombstone(t *testing.T) {
+	addr, _ := startChime(t)
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "users", "--in", "2s", "--id", "u7",
+		"--key", "user-7", "--partition", "0", "--tombstone").want(t, 0, "scheduled u7 due 2026-03-01T13:00:02+01:00 (in 2s)\n", "")
+	chimectl(t, nil, "", "--addr", addr, "get", "u7").want(t, 0, `id          u7
+state       scheduled
+due         2026-03-01T13:00:02+01:00 (in 2s)
+created_at  2026-03-01T13:00:00+01:00
+version     1
+priority    5
+topic       users
+partition   0
+key         user-7
+payload     (null: a tombstone)
+headers     (none)
+fired_at    -
+attempts    0
+last_error  -
+`, "")
+	r := chimectl(t, nil, "", "--addr", addr, "--json", "get", "u7")
+	var got map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
+		t.Fatalf("get --json printed %q: %v", r.stdout, err)
+	}
+	if got["partition"] != 0.0 || got["tombstone"] != true {
+		t.Fatalf("get --json: partition %v, tombstone %v; want 0 and true", got["partition"], got["tombstone"])
+	}
+	chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "users", "--in", "2s", "--id", "plain").want(t, 0, "scheduled plain due 2026-03-01T13:00:02+01:00 (in 2s)\n", "")
+	r = chimectl(t, nil, "", "--addr", addr, "--json", "get", "plain")
+	if strings.Contains(r.stdout, "partition") || strings.Contains(r.stdout, "tombstone") {
+		t.Fatalf("get --json of an event with neither shows them: %s", r.stdout)
+	}
+	if r = chimectl(t, nil, "", "--addr", addr, "get", "plain"); strings.Contains(r.stdout, "partition") || !strings.Contains(r.stdout, "\npayload     (empty)\n") {
+		t.Fatalf("get of an event with neither:\n%s", r.stdout)
+	}
+
+	r = chimectl(t, nil, "", "schedule", "--help")
+	for _, want := range []string{"-partition partition", "-tombstone", "null value"} {
+		if !strings.Contains(r.stdout+r.stderr, want) {
+			t.Errorf("schedule --help lacks %q:\n%s%s", want, r.stdout, r.stderr)
+		}
+	}
+	r = chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "users", "--in", "2s", "--partition", "-1")
+	if r.code == 0 || !strings.Contains(r.stderr, "event.partition: -1, must be 0 or more") {
+		t.Fatalf("--partition -1: exit %d, stderr %q", r.code, r.stderr)
+	}
+	r = chimectl(t, nil, "", "--addr", addr, "schedule", "--topic", "users", "--in", "2s", "--tombstone", "--payload", "x")
+	if r.code == 0 || !strings.Contains(r.stderr, "event.payload: 1 bytes with tombstone set, must be empty") {
+		t.Fatalf("--tombstone --payload x: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
 // TestRateLimitRefusesBadRules: rules that do not parse are a usage error
 // before any call.
 func TestRateLimitRefusesBadRules(t *testing.T) {

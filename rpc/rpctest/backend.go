@@ -116,6 +116,7 @@ func (b *Backend) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.R
 			ContentHash: r.ContentHash,
 			Version:     1,
 			Policy:      r.Policy,
+			Output:      r.Output,
 		}
 		for _, h := range r.Headers {
 			rec.Headers = append(rec.Headers, raftfsm.Header{Key: h.Key, Value: slices.Clone(h.Value)})
@@ -204,6 +205,8 @@ func (b *Backend) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeRe
 	case ch.IfVersion != 0 && ch.IfVersion != rec.Version:
 		res.Outcome = raftfsm.VersionMismatch
 		return res, nil
+	case rec.Tombstone && ch.Fields&raftfsm.ChangePayload != 0 && len(ch.Payload) > 0:
+		return raftfsm.ChangeResult{}, shard.ErrTombstonePayload
 	}
 	if ch.Fields&raftfsm.ChangeDue != 0 {
 		rec.Due = ch.Due

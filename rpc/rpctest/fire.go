@@ -133,7 +133,7 @@ func (s *schedule) occurrence() *raftfsm.Record {
 	rec.Headers = append(rec.Headers,
 		raftfsm.Header{Key: raftfsm.HeaderRecurringID, Value: []byte(s.s.ID)},
 		raftfsm.Header{Key: raftfsm.HeaderOccurrenceUnix, Value: []byte(ms)})
-	rec.ContentHash = raftfsm.ContentHash(rec.Topic, rec.Key, rec.Payload, rec.Headers, rec.Due, 0, true, false, rec.Policy)
+	rec.ContentHash = raftfsm.ContentHash(rec.Topic, rec.Key, rec.Payload, rec.Headers, rec.Due, 0, true, false, rec.Policy, rec.Output)
 	return rec
 }
 

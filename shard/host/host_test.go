@@ -128,7 +128,7 @@ func TestScheduleFireCancelRestart(t *testing.T) {
 
 	req := func(id string, delay time.Duration) shard.Request {
 		r := shard.Request{ID: id, Delay: delay, HasDelay: true, Topic: "orders", Payload: []byte("p-" + id)}
-		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy)
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
 		return r
 	}
 	// Soon, later (fires after the restart), and one to cancel.

@@ -285,7 +285,10 @@ type Member struct {
 	GossipAddr string `protobuf:"bytes,5,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
 	HttpAddr   string `protobuf:"bytes,6,opt,name=http_addr,json=httpAddr,proto3" json:"http_addr,omitempty"`
 	// When the member entered its current state, as seen by the answering node.
-	Since         *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=since,proto3" json:"since,omitempty"`
+	Since *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=since,proto3" json:"since,omitempty"`
+	// Status only: the partitions of the ingest topics the consumer group gave
+	// this member (chimed --ingest-topics), as it last told the answering node.
+	Ingest        []*IngestPartition `protobuf:"bytes,8,rep,name=ingest,proto3" json:"ingest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -369,6 +372,87 @@ func (x *Member) GetSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Member) GetIngest() []*IngestPartition {
+	if x != nil {
+		return x.Ingest
+	}
+	return nil
+}
+
+// IngestPartition is one partition of an ingest topic a node consumes.
+type IngestPartition struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Partition int32                  `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The offset of the next record to apply (every record before it was
+	// committed by Raft or rejected, and the offset committed); -1 before the
+	// node has committed any.
+	NextOffset int64 `protobuf:"varint,3,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	// Records of the partition not yet applied, as of the node's last fetch;
+	// -1 until the node has committed any.
+	Lag           int64 `protobuf:"varint,4,opt,name=lag,proto3" json:"lag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IngestPartition) Reset() {
+	*x = IngestPartition{}
+	mi := &file_chime_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IngestPartition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IngestPartition) ProtoMessage() {}
+
+func (x *IngestPartition) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IngestPartition.ProtoReflect.Descriptor instead.
+func (*IngestPartition) Descriptor() ([]byte, []int) {
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *IngestPartition) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *IngestPartition) GetPartition() int32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *IngestPartition) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+func (x *IngestPartition) GetLag() int64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
 // Shard is one shard's placement and replication state.
 type Shard struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -397,7 +481,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_chime_v1_admin_proto_msgTypes[6]
+	mi := &file_chime_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -409,7 +493,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[6]
+	mi := &file_chime_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -422,7 +506,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Shard) GetId() uint32 {
@@ -510,7 +594,7 @@ type GetClusterMapRequest struct {
 
 func (x *GetClusterMapRequest) Reset() {
 	*x = GetClusterMapRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[7]
+	mi := &file_chime_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +606,7 @@ func (x *GetClusterMapRequest) String() string {
 func (*GetClusterMapRequest) ProtoMessage() {}
 
 func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[7]
+	mi := &file_chime_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +619,7 @@ func (x *GetClusterMapRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterMapRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterMapRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 type ClusterMap struct {
@@ -557,7 +641,7 @@ type ClusterMap struct {
 
 func (x *ClusterMap) Reset() {
 	*x = ClusterMap{}
-	mi := &file_chime_v1_admin_proto_msgTypes[8]
+	mi := &file_chime_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -569,7 +653,7 @@ func (x *ClusterMap) String() string {
 func (*ClusterMap) ProtoMessage() {}
 
 func (x *ClusterMap) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[8]
+	mi := &file_chime_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -582,7 +666,7 @@ func (x *ClusterMap) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMap.ProtoReflect.Descriptor instead.
 func (*ClusterMap) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ClusterMap) GetShardCount() uint32 {
@@ -635,7 +719,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[9]
+	mi := &file_chime_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -647,7 +731,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[9]
+	mi := &file_chime_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -660,7 +744,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 type StatusResponse struct {
@@ -675,7 +759,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[10]
+	mi := &file_chime_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -687,7 +771,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[10]
+	mi := &file_chime_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -700,7 +784,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StatusResponse) GetShardCount() uint32 {
@@ -742,7 +826,7 @@ type NodeStatusRequest struct {
 
 func (x *NodeStatusRequest) Reset() {
 	*x = NodeStatusRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[11]
+	mi := &file_chime_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +838,7 @@ func (x *NodeStatusRequest) String() string {
 func (*NodeStatusRequest) ProtoMessage() {}
 
 func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[11]
+	mi := &file_chime_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +851,7 @@ func (x *NodeStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusRequest.ProtoReflect.Descriptor instead.
 func (*NodeStatusRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeStatusRequest) GetDigest() bool {
@@ -806,7 +890,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_chime_v1_admin_proto_msgTypes[12]
+	mi := &file_chime_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -818,7 +902,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[12]
+	mi := &file_chime_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -831,7 +915,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Replica) GetShard() uint32 {
@@ -957,7 +1041,7 @@ type NodeStatusResponse struct {
 
 func (x *NodeStatusResponse) Reset() {
 	*x = NodeStatusResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[13]
+	mi := &file_chime_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -969,7 +1053,7 @@ func (x *NodeStatusResponse) String() string {
 func (*NodeStatusResponse) ProtoMessage() {}
 
 func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[13]
+	mi := &file_chime_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -982,7 +1066,7 @@ func (x *NodeStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatusResponse.ProtoReflect.Descriptor instead.
 func (*NodeStatusResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *NodeStatusResponse) GetNodeId() string {
@@ -1019,7 +1103,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[14]
+	mi := &file_chime_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1115,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[14]
+	mi := &file_chime_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1128,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DrainRequest) GetNode() string {
@@ -1077,7 +1161,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[15]
+	mi := &file_chime_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1173,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[15]
+	mi := &file_chime_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1186,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DrainResponse) GetNode() string {
@@ -1144,7 +1228,7 @@ type TransferLeaderRequest struct {
 
 func (x *TransferLeaderRequest) Reset() {
 	*x = TransferLeaderRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[16]
+	mi := &file_chime_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1156,7 +1240,7 @@ func (x *TransferLeaderRequest) String() string {
 func (*TransferLeaderRequest) ProtoMessage() {}
 
 func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[16]
+	mi := &file_chime_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1169,7 +1253,7 @@ func (x *TransferLeaderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaderRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeaderRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TransferLeaderRequest) GetShard() uint32 {
@@ -1196,7 +1280,7 @@ type TransferLeaderResponse struct {
 
 func (x *TransferLeaderResponse) Reset() {
 	*x = TransferLeaderResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[17]
+	mi := &file_chime_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1292,7 @@ func (x *TransferLeaderResponse) String() string {
 func (*TransferLeaderResponse) ProtoMessage() {}
 
 func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[17]
+	mi := &file_chime_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1305,7 @@ func (x *TransferLeaderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeaderResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeaderResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TransferLeaderResponse) GetLeader() string {
@@ -1242,7 +1326,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[18]
+	mi := &file_chime_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1254,7 +1338,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[18]
+	mi := &file_chime_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1267,7 +1351,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RemoveNodeRequest) GetNode() string {
@@ -1294,7 +1378,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_chime_v1_admin_proto_msgTypes[19]
+	mi := &file_chime_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1306,7 +1390,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[19]
+	mi := &file_chime_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1319,7 +1403,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RemoveNodeResponse) GetShardsChanged() uint32 {
@@ -1339,7 +1423,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_chime_v1_admin_proto_msgTypes[20]
+	mi := &file_chime_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1351,7 +1435,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[20]
+	mi := &file_chime_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1364,7 +1448,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BackupRequest) GetShard() uint32 {
@@ -1389,7 +1473,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_chime_v1_admin_proto_msgTypes[21]
+	mi := &file_chime_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1485,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[21]
+	mi := &file_chime_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1498,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -1449,7 +1533,7 @@ type BackupSummary struct {
 
 func (x *BackupSummary) Reset() {
 	*x = BackupSummary{}
-	mi := &file_chime_v1_admin_proto_msgTypes[22]
+	mi := &file_chime_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1545,7 @@ func (x *BackupSummary) String() string {
 func (*BackupSummary) ProtoMessage() {}
 
 func (x *BackupSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_admin_proto_msgTypes[22]
+	mi := &file_chime_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1558,7 @@ func (x *BackupSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupSummary.ProtoReflect.Descriptor instead.
 func (*BackupSummary) Descriptor() ([]byte, []int) {
-	return file_chime_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_chime_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BackupSummary) GetShard() uint32 {
@@ -1536,7 +1620,7 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\x13NodeTopicRateLimits\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x120\n" +
 	"\x06limits\x18\x02 \x03(\v2\x18.chime.v1.TopicRateLimitR\x06limits\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\xd8\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x8b\x02\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -1545,7 +1629,14 @@ const file_chime_v1_admin_proto_rawDesc = "" +
 	"\vgossip_addr\x18\x05 \x01(\tR\n" +
 	"gossipAddr\x12\x1b\n" +
 	"\thttp_addr\x18\x06 \x01(\tR\bhttpAddr\x120\n" +
-	"\x05since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\xb1\x02\n" +
+	"\x05since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x121\n" +
+	"\x06ingest\x18\b \x03(\v2\x19.chime.v1.IngestPartitionR\x06ingest\"x\n" +
+	"\x0fIngestPartition\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x1f\n" +
+	"\vnext_offset\x18\x03 \x01(\x03R\n" +
+	"nextOffset\x12\x10\n" +
+	"\x03lag\x18\x04 \x01(\x03R\x03lag\"\xb1\x02\n" +
 	"\x05Shard\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\rR\x02id\x12\x16\n" +
 	"\x06leader\x18\x02 \x01(\tR\x06leader\x12\x16\n" +
@@ -1658,7 +1749,7 @@ func file_chime_v1_admin_proto_rawDescGZIP() []byte {
 	return file_chime_v1_admin_proto_rawDescData
 }
 
-var file_chime_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_chime_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_chime_v1_admin_proto_goTypes = []any{
 	(*TopicRateLimit)(nil),            // 0: chime.v1.TopicRateLimit
 	(*GetTopicRateLimitsRequest)(nil), // 1: chime.v1.GetTopicRateLimitsRequest
@@ -1666,61 +1757,63 @@ var file_chime_v1_admin_proto_goTypes = []any{
 	(*TopicRateLimitsResponse)(nil),   // 3: chime.v1.TopicRateLimitsResponse
 	(*NodeTopicRateLimits)(nil),       // 4: chime.v1.NodeTopicRateLimits
 	(*Member)(nil),                    // 5: chime.v1.Member
-	(*Shard)(nil),                     // 6: chime.v1.Shard
-	(*GetClusterMapRequest)(nil),      // 7: chime.v1.GetClusterMapRequest
-	(*ClusterMap)(nil),                // 8: chime.v1.ClusterMap
-	(*StatusRequest)(nil),             // 9: chime.v1.StatusRequest
-	(*StatusResponse)(nil),            // 10: chime.v1.StatusResponse
-	(*NodeStatusRequest)(nil),         // 11: chime.v1.NodeStatusRequest
-	(*Replica)(nil),                   // 12: chime.v1.Replica
-	(*NodeStatusResponse)(nil),        // 13: chime.v1.NodeStatusResponse
-	(*DrainRequest)(nil),              // 14: chime.v1.DrainRequest
-	(*DrainResponse)(nil),             // 15: chime.v1.DrainResponse
-	(*TransferLeaderRequest)(nil),     // 16: chime.v1.TransferLeaderRequest
-	(*TransferLeaderResponse)(nil),    // 17: chime.v1.TransferLeaderResponse
-	(*RemoveNodeRequest)(nil),         // 18: chime.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),        // 19: chime.v1.RemoveNodeResponse
-	(*BackupRequest)(nil),             // 20: chime.v1.BackupRequest
-	(*BackupChunk)(nil),               // 21: chime.v1.BackupChunk
-	(*BackupSummary)(nil),             // 22: chime.v1.BackupSummary
-	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 24: google.protobuf.Duration
+	(*IngestPartition)(nil),           // 6: chime.v1.IngestPartition
+	(*Shard)(nil),                     // 7: chime.v1.Shard
+	(*GetClusterMapRequest)(nil),      // 8: chime.v1.GetClusterMapRequest
+	(*ClusterMap)(nil),                // 9: chime.v1.ClusterMap
+	(*StatusRequest)(nil),             // 10: chime.v1.StatusRequest
+	(*StatusResponse)(nil),            // 11: chime.v1.StatusResponse
+	(*NodeStatusRequest)(nil),         // 12: chime.v1.NodeStatusRequest
+	(*Replica)(nil),                   // 13: chime.v1.Replica
+	(*NodeStatusResponse)(nil),        // 14: chime.v1.NodeStatusResponse
+	(*DrainRequest)(nil),              // 15: chime.v1.DrainRequest
+	(*DrainResponse)(nil),             // 16: chime.v1.DrainResponse
+	(*TransferLeaderRequest)(nil),     // 17: chime.v1.TransferLeaderRequest
+	(*TransferLeaderResponse)(nil),    // 18: chime.v1.TransferLeaderResponse
+	(*RemoveNodeRequest)(nil),         // 19: chime.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),        // 20: chime.v1.RemoveNodeResponse
+	(*BackupRequest)(nil),             // 21: chime.v1.BackupRequest
+	(*BackupChunk)(nil),               // 22: chime.v1.BackupChunk
+	(*BackupSummary)(nil),             // 23: chime.v1.BackupSummary
+	(*timestamppb.Timestamp)(nil),     // 24: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 25: google.protobuf.Duration
 }
 var file_chime_v1_admin_proto_depIdxs = []int32{
 	0,  // 0: chime.v1.SetTopicRateLimitsRequest.limits:type_name -> chime.v1.TopicRateLimit
 	4,  // 1: chime.v1.TopicRateLimitsResponse.nodes:type_name -> chime.v1.NodeTopicRateLimits
 	0,  // 2: chime.v1.NodeTopicRateLimits.limits:type_name -> chime.v1.TopicRateLimit
-	23, // 3: chime.v1.Member.since:type_name -> google.protobuf.Timestamp
-	5,  // 4: chime.v1.ClusterMap.members:type_name -> chime.v1.Member
-	6,  // 5: chime.v1.ClusterMap.shards:type_name -> chime.v1.Shard
-	24, // 6: chime.v1.ClusterMap.retention:type_name -> google.protobuf.Duration
-	5,  // 7: chime.v1.StatusResponse.members:type_name -> chime.v1.Member
-	6,  // 8: chime.v1.StatusResponse.shards:type_name -> chime.v1.Shard
-	12, // 9: chime.v1.NodeStatusResponse.replicas:type_name -> chime.v1.Replica
-	22, // 10: chime.v1.BackupChunk.summary:type_name -> chime.v1.BackupSummary
-	7,  // 11: chime.v1.Admin.GetClusterMap:input_type -> chime.v1.GetClusterMapRequest
-	9,  // 12: chime.v1.Admin.Status:input_type -> chime.v1.StatusRequest
-	11, // 13: chime.v1.Admin.NodeStatus:input_type -> chime.v1.NodeStatusRequest
-	14, // 14: chime.v1.Admin.Drain:input_type -> chime.v1.DrainRequest
-	16, // 15: chime.v1.Admin.TransferLeader:input_type -> chime.v1.TransferLeaderRequest
-	18, // 16: chime.v1.Admin.RemoveNode:input_type -> chime.v1.RemoveNodeRequest
-	20, // 17: chime.v1.Admin.Backup:input_type -> chime.v1.BackupRequest
-	1,  // 18: chime.v1.Admin.GetTopicRateLimits:input_type -> chime.v1.GetTopicRateLimitsRequest
-	2,  // 19: chime.v1.Admin.SetTopicRateLimits:input_type -> chime.v1.SetTopicRateLimitsRequest
-	8,  // 20: chime.v1.Admin.GetClusterMap:output_type -> chime.v1.ClusterMap
-	10, // 21: chime.v1.Admin.Status:output_type -> chime.v1.StatusResponse
-	13, // 22: chime.v1.Admin.NodeStatus:output_type -> chime.v1.NodeStatusResponse
-	15, // 23: chime.v1.Admin.Drain:output_type -> chime.v1.DrainResponse
-	17, // 24: chime.v1.Admin.TransferLeader:output_type -> chime.v1.TransferLeaderResponse
-	19, // 25: chime.v1.Admin.RemoveNode:output_type -> chime.v1.RemoveNodeResponse
-	21, // 26: chime.v1.Admin.Backup:output_type -> chime.v1.BackupChunk
-	3,  // 27: chime.v1.Admin.GetTopicRateLimits:output_type -> chime.v1.TopicRateLimitsResponse
-	3,  // 28: chime.v1.Admin.SetTopicRateLimits:output_type -> chime.v1.TopicRateLimitsResponse
-	20, // [20:29] is the sub-list for method output_type
-	11, // [11:20] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	24, // 3: chime.v1.Member.since:type_name -> google.protobuf.Timestamp
+	6,  // 4: chime.v1.Member.ingest:type_name -> chime.v1.IngestPartition
+	5,  // 5: chime.v1.ClusterMap.members:type_name -> chime.v1.Member
+	7,  // 6: chime.v1.ClusterMap.shards:type_name -> chime.v1.Shard
+	25, // 7: chime.v1.ClusterMap.retention:type_name -> google.protobuf.Duration
+	5,  // 8: chime.v1.StatusResponse.members:type_name -> chime.v1.Member
+	7,  // 9: chime.v1.StatusResponse.shards:type_name -> chime.v1.Shard
+	13, // 10: chime.v1.NodeStatusResponse.replicas:type_name -> chime.v1.Replica
+	23, // 11: chime.v1.BackupChunk.summary:type_name -> chime.v1.BackupSummary
+	8,  // 12: chime.v1.Admin.GetClusterMap:input_type -> chime.v1.GetClusterMapRequest
+	10, // 13: chime.v1.Admin.Status:input_type -> chime.v1.StatusRequest
+	12, // 14: chime.v1.Admin.NodeStatus:input_type -> chime.v1.NodeStatusRequest
+	15, // 15: chime.v1.Admin.Drain:input_type -> chime.v1.DrainRequest
+	17, // 16: chime.v1.Admin.TransferLeader:input_type -> chime.v1.TransferLeaderRequest
+	19, // 17: chime.v1.Admin.RemoveNode:input_type -> chime.v1.RemoveNodeRequest
+	21, // 18: chime.v1.Admin.Backup:input_type -> chime.v1.BackupRequest
+	1,  // 19: chime.v1.Admin.GetTopicRateLimits:input_type -> chime.v1.GetTopicRateLimitsRequest
+	2,  // 20: chime.v1.Admin.SetTopicRateLimits:input_type -> chime.v1.SetTopicRateLimitsRequest
+	9,  // 21: chime.v1.Admin.GetClusterMap:output_type -> chime.v1.ClusterMap
+	11, // 22: chime.v1.Admin.Status:output_type -> chime.v1.StatusResponse
+	14, // 23: chime.v1.Admin.NodeStatus:output_type -> chime.v1.NodeStatusResponse
+	16, // 24: chime.v1.Admin.Drain:output_type -> chime.v1.DrainResponse
+	18, // 25: chime.v1.Admin.TransferLeader:output_type -> chime.v1.TransferLeaderResponse
+	20, // 26: chime.v1.Admin.RemoveNode:output_type -> chime.v1.RemoveNodeResponse
+	22, // 27: chime.v1.Admin.Backup:output_type -> chime.v1.BackupChunk
+	3,  // 28: chime.v1.Admin.GetTopicRateLimits:output_type -> chime.v1.TopicRateLimitsResponse
+	3,  // 29: chime.v1.Admin.SetTopicRateLimits:output_type -> chime.v1.TopicRateLimitsResponse
+	21, // [21:30] is the sub-list for method output_type
+	12, // [12:21] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_admin_proto_init() }
@@ -1734,7 +1827,7 @@ func file_chime_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_admin_proto_rawDesc), len(file_chime_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

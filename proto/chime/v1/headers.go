@@ -33,6 +33,10 @@ const (
 	HeaderTopic   = "chime-topic"   // the topic the event was meant for
 	HeaderError   = "chime-error"   // the last produce error
 	HeaderDropped = "chime-dropped" // what the record left out to fit: "value" or "value,headers"
+	// Only on events scheduled through an ingest topic, which carry them as
+	// headers of their own (Get shows them), after the record's.
+	HeaderSource        = "chime-source"         // "<topic>/<partition>/<offset>" of the record the event came from
+	HeaderTombstoneBack = "chime-tombstone-back" // "true" on the tombstone Chime produces back to a schedules topic
 )
 
 // Headers are the chime-* headers of one produced record, parsed. A field

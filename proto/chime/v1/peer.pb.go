@@ -107,7 +107,10 @@ type ValidEvent struct {
 	Replace     bool   `protobuf:"varint,11,opt,name=replace,proto3" json:"replace,omitempty"`
 	Priority    uint32 `protobuf:"varint,12,opt,name=priority,proto3" json:"priority,omitempty"`
 	// Nanoseconds; 0: none.
-	Window        int64 `protobuf:"varint,13,opt,name=window,proto3" json:"window,omitempty"`
+	Window int64 `protobuf:"varint,13,opt,name=window,proto3" json:"window,omitempty"`
+	// Unset: the partitioner picks the partition.
+	Partition     *int32 `protobuf:"varint,14,opt,name=partition,proto3,oneof" json:"partition,omitempty"`
+	Tombstone     bool   `protobuf:"varint,15,opt,name=tombstone,proto3" json:"tombstone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -231,6 +234,20 @@ func (x *ValidEvent) GetWindow() int64 {
 		return x.Window
 	}
 	return 0
+}
+
+func (x *ValidEvent) GetPartition() int32 {
+	if x != nil && x.Partition != nil {
+		return *x.Partition
+	}
+	return 0
+}
+
+func (x *ValidEvent) GetTombstone() bool {
+	if x != nil {
+		return x.Tombstone
+	}
+	return false
 }
 
 type ShardScheduleRequest struct {
@@ -1401,8 +1418,10 @@ type ReplicasResponse struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// The node gossips that an operator is draining it.
-	Draining      bool             `protobuf:"varint,2,opt,name=draining,proto3" json:"draining,omitempty"`
-	Replicas      []*ReplicaStatus `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Draining bool             `protobuf:"varint,2,opt,name=draining,proto3" json:"draining,omitempty"`
+	Replicas []*ReplicaStatus `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// The ingest partitions the node consumes.
+	Ingest        []*IngestPartition `protobuf:"bytes,4,rep,name=ingest,proto3" json:"ingest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1454,6 +1473,13 @@ func (x *ReplicasResponse) GetDraining() bool {
 func (x *ReplicasResponse) GetReplicas() []*ReplicaStatus {
 	if x != nil {
 		return x.Replicas
+	}
+	return nil
+}
+
+func (x *ReplicasResponse) GetIngest() []*IngestPartition {
+	if x != nil {
+		return x.Ingest
 	}
 	return nil
 }
@@ -1543,7 +1569,7 @@ var File_chime_v1_peer_proto protoreflect.FileDescriptor
 
 const file_chime_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18chime/v1/recurring.proto\x1a\x18chime/v1/scheduler.proto\"\xf3\x02\n" +
+	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14chime/v1/admin.proto\x1a\x18chime/v1/recurring.proto\x1a\x18chime/v1/scheduler.proto\"\xc2\x03\n" +
 	"\n" +
 	"ValidEvent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -1560,7 +1586,11 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	" \x01(\x04R\vcontentHash\x12\x18\n" +
 	"\areplace\x18\v \x01(\bR\areplace\x12\x1a\n" +
 	"\bpriority\x18\f \x01(\rR\bpriority\x12\x16\n" +
-	"\x06window\x18\r \x01(\x03R\x06window\"Z\n" +
+	"\x06window\x18\r \x01(\x03R\x06window\x12!\n" +
+	"\tpartition\x18\x0e \x01(\x05H\x00R\tpartition\x88\x01\x01\x12\x1c\n" +
+	"\ttombstone\x18\x0f \x01(\bR\ttombstoneB\f\n" +
+	"\n" +
+	"_partition\"Z\n" +
 	"\x14ShardScheduleRequest\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12,\n" +
 	"\x06events\x18\x02 \x03(\v2\x14.chime.v1.ValidEventR\x06events\"\x81\x01\n" +
@@ -1646,11 +1676,12 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x05fired\x18\v \x01(\x04R\x05fired\x12\x1c\n" +
 	"\tcancelled\x18\f \x01(\x04R\tcancelled\x12#\n" +
 	"\rdead_lettered\x18\r \x01(\x04R\fdeadLettered\x12\x18\n" +
-	"\arefired\x18\x0e \x01(\x04R\arefired\"|\n" +
+	"\arefired\x18\x0e \x01(\x04R\arefired\"\xaf\x01\n" +
 	"\x10ReplicasResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1a\n" +
 	"\bdraining\x18\x02 \x01(\bR\bdraining\x123\n" +
-	"\breplicas\x18\x03 \x03(\v2\x17.chime.v1.ReplicaStatusR\breplicas\"#\n" +
+	"\breplicas\x18\x03 \x03(\v2\x17.chime.v1.ReplicaStatusR\breplicas\x121\n" +
+	"\x06ingest\x18\x04 \x03(\v2\x19.chime.v1.IngestPartitionR\x06ingest\"#\n" +
 	"\rForgetRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"\x10\n" +
 	"\x0eForgetResponse*\x8a\x01\n" +
@@ -1717,7 +1748,8 @@ var file_chime_v1_peer_proto_goTypes = []any{
 	(*EventFilter)(nil),              // 25: chime.v1.EventFilter
 	(*timestamppb.Timestamp)(nil),    // 26: google.protobuf.Timestamp
 	(*CancelMatchingProgress)(nil),   // 27: chime.v1.CancelMatchingProgress
-	(*CountResponse)(nil),            // 28: chime.v1.CountResponse
+	(*IngestPartition)(nil),          // 28: chime.v1.IngestPartition
+	(*CountResponse)(nil),            // 29: chime.v1.CountResponse
 }
 var file_chime_v1_peer_proto_depIdxs = []int32{
 	22, // 0: chime.v1.ValidEvent.headers:type_name -> chime.v1.Header
@@ -1734,33 +1766,34 @@ var file_chime_v1_peer_proto_depIdxs = []int32{
 	26, // 11: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
 	0,  // 12: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
 	18, // 13: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
-	17, // 14: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
-	20, // 15: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
-	14, // 16: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
-	14, // 17: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
-	14, // 18: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
-	12, // 19: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
-	2,  // 20: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
-	5,  // 21: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
-	7,  // 22: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
-	7,  // 23: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
-	10, // 24: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
-	19, // 25: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
-	21, // 26: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
-	15, // 27: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
-	28, // 28: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
-	16, // 29: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
-	13, // 30: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
-	4,  // 31: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
-	6,  // 32: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
-	8,  // 33: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
-	9,  // 34: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
-	11, // 35: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
-	25, // [25:36] is the sub-list for method output_type
-	14, // [14:25] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	28, // 14: chime.v1.ReplicasResponse.ingest:type_name -> chime.v1.IngestPartition
+	17, // 15: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
+	20, // 16: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
+	14, // 17: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
+	14, // 18: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
+	14, // 19: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
+	12, // 20: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
+	2,  // 21: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
+	5,  // 22: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
+	7,  // 23: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
+	7,  // 24: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
+	10, // 25: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
+	19, // 26: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
+	21, // 27: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
+	15, // 28: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
+	29, // 29: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
+	16, // 30: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
+	13, // 31: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
+	4,  // 32: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
+	6,  // 33: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
+	8,  // 34: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
+	9,  // 35: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
+	11, // 36: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
+	26, // [26:37] is the sub-list for method output_type
+	15, // [15:26] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_peer_proto_init() }
@@ -1768,8 +1801,10 @@ func file_chime_v1_peer_proto_init() {
 	if File_chime_v1_peer_proto != nil {
 		return
 	}
+	file_chime_v1_admin_proto_init()
 	file_chime_v1_recurring_proto_init()
 	file_chime_v1_scheduler_proto_init()
+	file_chime_v1_peer_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

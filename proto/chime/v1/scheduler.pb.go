@@ -249,7 +249,20 @@ type Event struct {
 	// fixed per event, so that a burst of windowed events due at one time
 	// reaches the topic as an even flow. Unset or zero: it fires at its due
 	// time.
-	Window        *durationpb.Duration `protobuf:"bytes,10,opt,name=window,proto3" json:"window,omitempty"`
+	Window *durationpb.Duration `protobuf:"bytes,10,opt,name=window,proto3" json:"window,omitempty"`
+	// The partition of the topic to produce the record to, 0 or more. Unset:
+	// Kafka's usual partitioner picks it from the key (murmur2, as the Java
+	// client does), so that a key always lands on the same partition. A
+	// record for a partition the topic does not have cannot be produced: when
+	// it fires it goes to the dead-letter topic, with an error naming the
+	// partition and the topic's partition count.
+	Partition *int32 `protobuf:"varint,11,opt,name=partition,proto3,oneof" json:"partition,omitempty"`
+	// Produce the record with a null value: a Kafka tombstone, which a
+	// compacted topic reads as the deletion of the record's key. The payload
+	// must then be empty (INVALID_ARGUMENT otherwise), and an Update cannot
+	// give the event one (FAILED_PRECONDITION). Without it the value is the
+	// payload, an empty one included.
+	Tombstone     bool `protobuf:"varint,12,opt,name=tombstone,proto3" json:"tombstone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +365,20 @@ func (x *Event) GetWindow() *durationpb.Duration {
 		return x.Window
 	}
 	return nil
+}
+
+func (x *Event) GetPartition() int32 {
+	if x != nil && x.Partition != nil {
+		return *x.Partition
+	}
+	return 0
+}
+
+func (x *Event) GetTombstone() bool {
+	if x != nil {
+		return x.Tombstone
+	}
+	return false
 }
 
 type ScheduleRequest struct {
@@ -808,7 +835,8 @@ func (x *GetRequest) GetId() string {
 type GetResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The event as stored: id, topic, key, payload and headers as scheduled,
-	// deliver_at set to the due time, delay unset.
+	// deliver_at set to the due time, delay unset, priority always set,
+	// window, partition and tombstone when the event has them.
 	Event *Event `protobuf:"bytes,1,opt,name=event,proto3" json:"event,omitempty"`
 	// Current state.
 	State EventState `protobuf:"varint,2,opt,name=state,proto3,enum=chime.v1.EventState" json:"state,omitempty"`
@@ -1602,7 +1630,7 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x18chime/v1/scheduler.proto\x12\bchime.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"0\n" +
 	"\x06Header\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\fR\x05value\"\x89\x03\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\xd8\x03\n" +
 	"\x05Event\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\n" +
@@ -1616,8 +1644,12 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"onConflict\x12\x1f\n" +
 	"\bpriority\x18\t \x01(\rH\x00R\bpriority\x88\x01\x01\x121\n" +
 	"\x06window\x18\n" +
-	" \x01(\v2\x19.google.protobuf.DurationR\x06windowB\v\n" +
-	"\t_priority\"8\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x06window\x12!\n" +
+	"\tpartition\x18\v \x01(\x05H\x01R\tpartition\x88\x01\x01\x12\x1c\n" +
+	"\ttombstone\x18\f \x01(\bR\ttombstoneB\v\n" +
+	"\t_priorityB\f\n" +
+	"\n" +
+	"_partition\"8\n" +
 	"\x0fScheduleRequest\x12%\n" +
 	"\x05event\x18\x01 \x01(\v2\x0f.chime.v1.EventR\x05event\"\x86\x01\n" +
 	"\x10ScheduleResponse\x12\x0e\n" +
