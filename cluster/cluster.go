@@ -55,6 +55,8 @@ type Cluster struct {
 	logger      *slog.Logger
 
 	host atomic.Pointer[host.Host] // set once the host is open
+	// ingest, once set, lists the ingest partitions this node consumes.
+	ingest atomic.Pointer[func() []*chimev1.IngestPartition]
 	// leaders caches the shards' leaders for the requests this node routes.
 	leaders *leaders
 	scopeOf func(context.Context) shard.Scope
@@ -272,6 +274,10 @@ func (c *Cluster) candidates(view membership.View, all []string) []string {
 
 // SetHost gives the cluster the node's shard host, once it is open.
 func (c *Cluster) SetHost(h *host.Host) { c.host.Store(h) }
+
+// SetIngest makes f tell the Peer service's Replicas, and so the Admin
+// API's Status, which ingest partitions this node consumes.
+func (c *Cluster) SetIngest(f func() []*chimev1.IngestPartition) { c.ingest.Store(&f) }
 
 // Host returns the node's shard host, nil until SetHost.
 func (c *Cluster) Host() *host.Host { return c.host.Load() }

@@ -123,6 +123,9 @@ func (c *Cluster) LocalReplicas(shards ...uint32) *chimev1.ReplicasResponse {
 	if m, ok := c.Member(c.self); ok {
 		resp.Draining = m.Meta.Draining
 	}
+	if f := c.ingest.Load(); f != nil {
+		resp.Ingest = (*f)()
+	}
 	h := c.host.Load()
 	if h == nil {
 		return resp

@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// specAlerts are the alert names issue 21 fixes; docs/operations.md#alerts
+// specAlerts are the alert names issues 21 and 40 fix; docs/operations.md#alerts
 // explains each under its name, and runbooks link there.
 var specAlerts = []string{
 	"ChimeNodeDown",
@@ -24,6 +24,8 @@ var specAlerts = []string{
 	"ChimeProduceFailing",
 	"ChimeDiskNearlyFull",
 	"ChimeIngestSlow",
+	"ChimeIngestTopicLagging",
+	"ChimeIngestTopicRejecting",
 }
 
 const runbook = "docs/operations.md#alerts"
@@ -181,14 +183,15 @@ type dashboard struct {
 
 // dashboardPanels are the panels issue 21 asks for, by title.
 var dashboardPanels = []string{"Fire lateness", "Fired/s", "Pending events", "Fire time by stage (p99)", "Raft leadership",
-	"Produce errors", "Ingest lag", "Disk free", "Voters vs replication factor"}
+	"Produce errors", "Ingest lag", "Disk free", "Voters vs replication factor", "Ingest topic lag", "Ingest topic records/s"}
 
 // dashboardMetrics are the series those panels are about: each must be
 // queried somewhere on the dashboard.
 var dashboardMetrics = []string{"chime_fire_lateness_seconds_bucket", "chime_fired_total", "chime_shard_pending_events",
 	"chime_fire_stage_seconds_bucket", "chime_shard_is_leader", "chime_shard_leadership_gained_total",
 	"chime_publish_retries_total", "chime_publish_failed_total", "chime_dead_lettered_total", "chime_ingest_seconds_bucket",
-	"chime_data_dir_free_bytes", "chime_data_dir_size_bytes", "chime_shard_voters", "chime_replication_factor"}
+	"chime_data_dir_free_bytes", "chime_data_dir_size_bytes", "chime_shard_voters", "chime_replication_factor",
+	"chime_ingest_topic_lag_records", "chime_ingest_topic_records_total"}
 
 const dsVar = "${DS_PROMETHEUS}"
 

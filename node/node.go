@@ -32,6 +32,7 @@ import (
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/rpc/auth"
 	"github.com/chimehq/chime/rpc/certs"
+	"github.com/chimehq/chime/rpc/ingest"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/host"
 	"github.com/chimehq/chime/shard/raftmux"
@@ -135,6 +136,13 @@ type Config struct {
 	// HTTPHandlers, when set, adds handlers to the HTTP port's mux (chimed's
 	// fault-test builds add the clock offset).
 	HTTPHandlers func(*http.ServeMux)
+	// Ingest, when it lists Sources, makes the node a member of the ingest
+	// consumer group: it reads its share of the source topics' partitions
+	// from Brokers and applies their records through its own Scheduler API
+	// (package rpc/ingest). The node fills in the brokers, their security,
+	// the API, the auth file's credential per topic, the batch limit, the
+	// logger and the metrics.
+	Ingest ingest.Config
 }
 
 // Node is a running node: Pebble, the shard host, the publisher, the
@@ -155,6 +163,7 @@ type Node struct {
 	grpc        *grpc.Server
 	http        *http.Server
 	authz       *auth.Authorizer // nil without AuthFile
+	ingest      *ingest.Consumer // nil without Config.Ingest.Sources
 
 	grpcAddr, httpAddr net.Addr
 	// What the node advertises: the listeners' ports at cfg.AdvertiseHost.
@@ -466,6 +475,11 @@ func (n *Node) Close(ctx context.Context) error {
 		if err := n.ml.Leave(2 * time.Second); err != nil {
 			n.cfg.Logger.Warn("leaving the gossip cluster", "err", err)
 		}
+	}
+	if n.ingest != nil {
+		// First: what it has applied is committed while the API still takes
+		// its calls.
+		n.ingest.Close()
 	}
 	if n.grpc != nil {
 		stopped := make(chan struct{})

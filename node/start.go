@@ -23,10 +23,12 @@ import (
 
 	controlplane "github.com/chimehq/chime/cluster"
 	"github.com/chimehq/chime/membership"
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/rpc/auth"
+	"github.com/chimehq/chime/rpc/ingest"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/host"
 	"github.com/chimehq/chime/shard/topiclimit"
@@ -81,11 +83,59 @@ func Start(cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := n.serveGRPC(lns, reg, backend); err != nil {
+	srv, err := n.serveGRPC(lns, reg, backend)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.startIngest(reg, srv); err != nil {
 		return nil, err
 	}
 	n.serveHTTP(lns, reg)
 	return n, nil
+}
+
+// startIngest joins the ingest consumer group when Config.Ingest lists
+// source topics: their records are applied through srv, as this node's
+// gRPC calls are, and on a secured node act for the credential the auth
+// file names for their topic.
+func (n *Node) startIngest(reg *prometheus.Registry, srv *rpc.Server) error {
+	cfg := n.cfg
+	ic := cfg.Ingest
+	if len(ic.Sources) == 0 {
+		return nil
+	}
+	for _, s := range ic.Sources {
+		// The tombstone back is an event like any other: it could never be
+		// scheduled, and every record of the topic would be rejected.
+		if why := cfg.Limits.ReservedTopic(s.Topic); s.TombstoneBack && why != "" {
+			return fmt.Errorf("--ingest-tombstone-back: topic %s is reserved (%s), so no event may produce to it: name a schedules topic of the scheduler Chime replaces", s.Topic, why)
+		}
+		if why := cfg.Limits.ReservedTopic(s.HistoryTopic); s.HistoryTopic != "" && why != "" {
+			return fmt.Errorf("--ingest-history-topic %s: reserved (%s), so no event may produce to it", s.HistoryTopic, why)
+		}
+	}
+	ic.Brokers, ic.Security, ic.API, ic.MaxBatch = cfg.Brokers, cfg.KafkaSecurity, srv, cfg.Limits.MaxBatch
+	ic.ClientID = "chime-" + cfg.NodeID
+	ic.Logger = cfg.Logger.With("component", "ingest")
+	ic.Metrics = ingest.NewMetrics()
+	reg.MustRegister(ic.Metrics.Collectors()...)
+	if n.authz != nil {
+		ic.Interceptor = n.authz.Ingest
+	}
+	c, err := ingest.New(ic)
+	if err != nil {
+		return fmt.Errorf("--ingest-topics: %w", err)
+	}
+	n.ingest = c
+	n.cluster.SetIngest(func() []*chimev1.IngestPartition {
+		st := c.Status()
+		out := make([]*chimev1.IngestPartition, len(st))
+		for i, p := range st {
+			out[i] = &chimev1.IngestPartition{Topic: p.Topic, Partition: p.Partition, NextOffset: p.Next, Lag: p.Lag}
+		}
+		return out
+	})
+	return nil
 }
 
 // listeners are the ports Start binds, closed by Start if it fails until a
@@ -301,7 +351,7 @@ func (n *Node) openShards(lns *listeners, reg *prometheus.Registry, existed bool
 // serveGRPC starts the gRPC server on its listener with the API, the Admin
 // API and the node-to-node Peer service, behind the authorizer when
 // Config.AuthFile is set.
-func (n *Node) serveGRPC(lns *listeners, reg *prometheus.Registry, backend rpc.Backend) error {
+func (n *Node) serveGRPC(lns *listeners, reg *prometheus.Registry, backend rpc.Backend) (*rpc.Server, error) {
 	cfg := n.cfg
 	// A request is bounded by the event limits (MaxRequestBytes), and so
 	// are the requests one connection can have in flight at once.
@@ -315,7 +365,7 @@ func (n *Node) serveGRPC(lns *listeners, reg *prometheus.Registry, backend rpc.B
 	if cfg.AuthFile != "" {
 		authz, err := n.newAuthorizer(backend)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		n.authz = authz
 		opts = append(opts, grpc.InTapHandle(authz.Tap),
@@ -334,7 +384,7 @@ func (n *Node) serveGRPC(lns *listeners, reg *prometheus.Registry, backend rpc.B
 	ln := netutil.LimitListener(lns.grpc, maxConns)
 	lns.grpc = nil
 	go func() { n.serveErr <- n.grpc.Serve(ln) }()
-	return nil
+	return srv, nil
 }
 
 // newAuthorizer reads Config.AuthFile into the authorizer every gRPC call

@@ -11,6 +11,9 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+	"github.com/twmb/franz-go/pkg/kgo"
+	kplain "github.com/twmb/franz-go/pkg/sasl/plain"
+	kscram "github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
 // The SASL mechanisms Chime speaks, by their Kafka names
@@ -24,8 +27,9 @@ const (
 // Security is how a client connects to the brokers: in TLS, with SASL
 // authentication, both, or neither (the zero value: plaintext, no
 // authentication). It holds what the connection needs, already loaded, and
-// no Kafka client's types, so that chimectl's consumers (franz-go) take the
-// same value as the Publisher (kafka-go). cmd/internal/kafkaflag builds it
+// no Kafka client's types, so that the franz-go clients (chimectl's
+// consumers, the ingest consumer: KgoOpts) take the same value as the
+// Publisher (kafka-go). cmd/internal/kafkaflag builds it
 // from the --kafka-tls* and --kafka-sasl-* flags.
 type Security struct {
 	// TLS, when set, wraps every connection to the brokers in TLS with
@@ -114,4 +118,21 @@ func ExplainClosed(err error) error {
 	}
 	return fmt.Errorf("%w (the broker closed the connection, as brokers do when the client's TLS or SASL "+
 		"does not match the listener's or its SASL credentials are refused)", err)
+}
+
+// KgoOpts are s as franz-go client options: its TLS configuration and SASL
+// mechanism. s has passed the checks of the flags that built it.
+func (s Security) KgoOpts() []kgo.Opt {
+	var opts []kgo.Opt
+	if s.TLS != nil {
+		opts = append(opts, kgo.DialTLSConfig(s.TLS))
+	}
+	switch m := s.SASL; {
+	case m == nil:
+	case m.Mechanism == SASLScramSHA512:
+		opts = append(opts, kgo.SASL(kscram.Auth{User: m.User, Pass: m.Password}.AsSha512Mechanism()))
+	default:
+		opts = append(opts, kgo.SASL(kplain.Auth{User: m.User, Pass: m.Password}.AsMechanism()))
+	}
+	return opts
 }

@@ -113,10 +113,12 @@ func (a *Admin) Status(ctx context.Context, _ *chimev1.StatusRequest) (*chimev1.
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	for _, id := range ids {
-		resp.Members = append(resp.Members, memberProto(view.Members[id], c.Removed(id)))
-	}
 	replicas := c.AllReplicas(ctx)
+	for _, id := range ids {
+		m := memberProto(view.Members[id], c.Removed(id))
+		m.Ingest = replicas[id].GetIngest()
+		resp.Members = append(resp.Members, m)
+	}
 	for s := range c.Shards() {
 		sh := &chimev1.Shard{Id: uint32(s), Desired: c.Desired(uint32(s))}
 		var best *chimev1.ReplicaStatus // the leader's replica, else the most advanced one

@@ -118,14 +118,27 @@ type memberJSON struct {
 	GossipAddr string  `json:"gossip_addr"`
 	HTTPAddr   string  `json:"http_addr"`
 	Since      *string `json:"since"` // RFC 3339 UTC; null when unknown
+	// Ingest lists the ingest partitions the member consumes ([] when none).
+	Ingest []ingestJSON `json:"ingest"`
+}
+
+type ingestJSON struct {
+	Topic      string `json:"topic"`
+	Partition  int32  `json:"partition"`
+	NextOffset int64  `json:"next_offset"` // -1 before the member committed any
+	Lag        int64  `json:"lag"`         // -1 before the member committed any
 }
 
 func membersJSON(ms []*chimev1.Member) []memberJSON {
 	out := []memberJSON{}
 	for _, m := range sortedMembers(ms) {
+		ingest := []ingestJSON{}
+		for _, p := range m.GetIngest() {
+			ingest = append(ingest, ingestJSON{Topic: p.GetTopic(), Partition: p.GetPartition(), NextOffset: p.GetNextOffset(), Lag: p.GetLag()})
+		}
 		out = append(out, memberJSON{
 			ID: m.GetId(), State: m.GetState(), GRPCAddr: m.GetGrpcAddr(), RaftAddr: m.GetRaftAddr(),
-			GossipAddr: m.GetGossipAddr(), HTTPAddr: m.GetHttpAddr(), Since: jsonTime(m.GetSince()),
+			GossipAddr: m.GetGossipAddr(), HTTPAddr: m.GetHttpAddr(), Since: jsonTime(m.GetSince()), Ingest: ingest,
 		})
 	}
 	return out
@@ -157,7 +170,9 @@ func statusCommand() *command {
 		summary: "show the cluster's members and every shard's leader, replicas and event counts",
 		about: `Status asks the node at --addr for the whole cluster as it sees it: one row
 per member (its gossip state - alive, suspect, dead, left, draining or
-removed - its addresses, and how long it has been in that state), then one
+removed - its addresses, and how long it has been in that state), the
+partitions of the ingest topics each member consumes (--ingest-topics: the
+offset of its next record and the records not yet applied), then one
 row per shard: its leader, its voters (the leader marked with *), non-voters
 still catching up, the leader's applied Raft index, and its pending, fired
 and refired event counts (refired: produced again after a leader change, so
@@ -268,6 +283,22 @@ func (c *cli) printStatus(r *chimev1.StatusResponse) error {
 		return err
 	}
 	fmt.Fprintln(c.stdout)
+	var ingest [][]string
+	for _, m := range sortedMembers(r.GetMembers()) {
+		for _, p := range m.GetIngest() {
+			next, lag := "-", "-"
+			if p.GetNextOffset() >= 0 {
+				next, lag = strconv.FormatInt(p.GetNextOffset(), 10), strconv.FormatInt(p.GetLag(), 10)
+			}
+			ingest = append(ingest, []string{m.GetId(), p.GetTopic(), strconv.Itoa(int(p.GetPartition())), next, lag})
+		}
+	}
+	if len(ingest) > 0 {
+		if err := table(c.stdout, []string{"INGEST", "TOPIC", "PARTITION", "NEXT OFFSET", "LAG"}, ingest); err != nil {
+			return err
+		}
+		fmt.Fprintln(c.stdout)
+	}
 
 	shards := sortedShards(r.GetShards())
 	var (

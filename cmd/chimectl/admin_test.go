@@ -202,6 +202,10 @@ func healthyStatus() *chimev1.StatusResponse {
 		member("node-0", "alive", 90*time.Minute),
 		member("node-2", "alive", 4*time.Second),
 	}}
+	r.Members[0].Ingest = []*chimev1.IngestPartition{
+		{Topic: "chime.schedule", Partition: 0, NextOffset: 1200, Lag: 30},
+		{Topic: "chime.schedule", Partition: 2, NextOffset: -1, Lag: -1},
+	}
 	for _, s := range []uint32{7, 0, 1, 2, 3, 4, 5, 6} {
 		r.Shards = append(r.Shards, &chimev1.Shard{
 			Id: s, Leader: "node-" + uitoa(s%3),
@@ -221,6 +225,10 @@ func TestStatusText(t *testing.T) {
 node-0  alive  10.0.0.0:7070  10.0.0.0:7071  10.0.0.0:7072  1h30m ago
 node-1  alive  10.0.0.1:7070  10.0.0.1:7071  10.0.0.1:7072  3m20s ago
 node-2  alive  10.0.0.2:7070  10.0.0.2:7071  10.0.0.2:7072  4s ago
+
+INGEST  TOPIC           PARTITION  NEXT OFFSET  LAG
+node-1  chime.schedule  0          1200         30
+node-1  chime.schedule  2          -            -
 
 SHARD  LEADER  VOTERS                 NONVOTERS  APPLIED  PENDING  FIRED  REFIRED  !
 0      node-0  node-0*,node-1,node-2  -          1000     0        0      0
@@ -318,7 +326,7 @@ func TestStatusJSON(t *testing.T) {
 		t.Errorf("top-level keys %v", got)
 	}
 	m0 := raw["members"].([]any)[0].(map[string]any)
-	if got := keys(m0); !slices.Equal(got, []string{"gossip_addr", "grpc_addr", "http_addr", "id", "raft_addr", "since", "state"}) {
+	if got := keys(m0); !slices.Equal(got, []string{"gossip_addr", "grpc_addr", "http_addr", "id", "ingest", "raft_addr", "since", "state"}) {
 		t.Errorf("member keys %v", got)
 	}
 	s0 := raw["shards"].([]any)[0].(map[string]any)
@@ -339,10 +347,11 @@ func TestStatusJSON(t *testing.T) {
 		t.Fatalf("status --json: %+v", got)
 	}
 	wantMembers := []memberJSON{
-		{"node-0", "alive", "10.0.0.0:7070", "10.0.0.0:7071", "10.0.0.0:7072", "10.0.0.0:7080", str("2026-03-01T10:30:00Z")},
-		{"node-1", "alive", "10.0.0.1:7070", "10.0.0.1:7071", "10.0.0.1:7072", "10.0.0.1:7080", str("2026-03-01T11:56:40Z")},
-		{"node-2", "alive", "10.0.0.2:7070", "10.0.0.2:7071", "10.0.0.2:7072", "10.0.0.2:7080", str("2026-03-01T11:59:56Z")},
-		{"node-9", "removed", "10.0.0.9:7070", "10.0.0.9:7071", "10.0.0.9:7072", "10.0.0.9:7080", nil},
+		{"node-0", "alive", "10.0.0.0:7070", "10.0.0.0:7071", "10.0.0.0:7072", "10.0.0.0:7080", str("2026-03-01T10:30:00Z"), []ingestJSON{}},
+		{"node-1", "alive", "10.0.0.1:7070", "10.0.0.1:7071", "10.0.0.1:7072", "10.0.0.1:7080", str("2026-03-01T11:56:40Z"),
+			[]ingestJSON{{"chime.schedule", 0, 1200, 30}, {"chime.schedule", 2, -1, -1}}},
+		{"node-2", "alive", "10.0.0.2:7070", "10.0.0.2:7071", "10.0.0.2:7072", "10.0.0.2:7080", str("2026-03-01T11:59:56Z"), []ingestJSON{}},
+		{"node-9", "removed", "10.0.0.9:7070", "10.0.0.9:7071", "10.0.0.9:7072", "10.0.0.9:7080", nil, []ingestJSON{}},
 	}
 	if !reflect.DeepEqual(got.Members, wantMembers) {
 		t.Errorf("members:\n got %+v\nwant %+v", got.Members, wantMembers)

@@ -11,8 +11,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
-	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
@@ -92,20 +90,7 @@ func kafkaOpts(f *kafkaflag.Flags, getenv func(string) string) ([]kgo.Opt, error
 	if err != nil {
 		return nil, usagef("%v", err)
 	}
-	var opts []kgo.Opt
-	if sec.TLS != nil {
-		opts = append(opts, kgo.DialTLSConfig(sec.TLS))
-	}
-	switch s := sec.SASL; {
-	case s == nil:
-	case s.Mechanism == publish.SASLPlain:
-		opts = append(opts, kgo.SASL(plain.Auth{User: s.User, Pass: s.Password}.AsMechanism()))
-	case s.Mechanism == publish.SASLScramSHA512:
-		opts = append(opts, kgo.SASL(scram.Auth{User: s.User, Pass: s.Password}.AsSha512Mechanism()))
-	default:
-		return nil, usagef("--kafka-sasl-mechanism %s: chimectl does not speak it", s.Mechanism)
-	}
-	return opts, nil
+	return sec.KgoOpts(), nil
 }
 
 // pingKafka asks the brokers for their metadata once, so that a consumer

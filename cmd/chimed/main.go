@@ -32,6 +32,7 @@ import (
 	"github.com/chimehq/chime/rpc"
 	"github.com/chimehq/chime/rpc/auth"
 	"github.com/chimehq/chime/rpc/certs"
+	"github.com/chimehq/chime/rpc/ingest"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/topiclimit"
 	"github.com/chimehq/chime/wheel"
@@ -120,6 +121,7 @@ type flags struct {
 	retention                                       daysDuration
 	deadTimeout, startupWait, diskFailure           time.Duration
 	kafka                                           *kafkaflag.Flags
+	ingest                                          *ingestFlags
 }
 
 func newFlags(cmd string, stderr io.Writer) *flags {
@@ -194,6 +196,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	fs.IntVar(&f.maxConnections, "max-connections", node.DefaultMaxConnections, "most client connections the gRPC port holds at once; one more waits in the kernel's\naccept queue until another closes")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	registerTopicFlags(fs, &f.reservedTopics, &f.allowTopics)
+	f.ingest = registerIngestFlags(fs, cmd)
 	fs.DurationVar(&f.diskFailure, "disk-failure-timeout", raftfsm.DefaultFailAfter, "how long --data-dir may fail writes (Pebble's flushes failing, or one write to Pebble or a\nRaft log stalled) before chimed exits with status 1, so that replicas on working disks lead\nits shards: a node that cannot write applies and fires nothing. What Pebble had not flushed\nis in the Raft log")
 	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced")
 	fs.DurationVar(&f.startupWait, "startup-wait", time.Minute, "how long to wait for shard leaders before printing the startup banner (the node serves either way)")
@@ -517,8 +520,17 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	lim.MaxCatchUp = f.maxCatchUp
-	setTopicLimits(&lim, f.reservedTopics, f.deadLetter, f.allowTopics)
+	own := []string{f.deadLetter}
+	if f.ingest.topics != "" {
+		own = append(own, f.ingest.rejected)
+	}
+	setTopicLimits(&lim, f.reservedTopics, f.allowTopics, own...)
 	if err := lim.Validate(); err != nil {
+		fmt.Fprintf(stderr, "chimed: %v\n", err)
+		return 2
+	}
+	sources, err := f.ingest.sources()
+	if err != nil {
 		fmt.Fprintf(stderr, "chimed: %v\n", err)
 		return 2
 	}
@@ -531,6 +543,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr, AdvertiseHost: f.advertiseHost,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
+		Ingest: ingest.Config{Sources: sources, Group: f.ingest.group, RejectedTopic: f.ingest.rejected},
 		// A node whose data directory cannot be written has logged why:
 		// the process ends at once, so that replicas on working disks
 		// lead its shards.
@@ -689,6 +702,17 @@ func printBanner(w io.Writer, cmd string, nodes []*node.Node, brokers, kafkaArgs
 		fmt.Fprintf(w, "  data   %s   (%d shards, replication %d, %s)\n", cfg.DataDir, cfg.Shards, cfg.Replication, ret)
 	}
 	fmt.Fprintf(w, "  Kafka  %s\n", kafka)
+	ingestTopic := ""
+	if srcs := first.Config().Ingest.Sources; len(srcs) > 0 {
+		topics := make([]string, len(srcs))
+		for i, s := range srcs {
+			topics[i] = s.Topic + " (" + s.Format + ")"
+		}
+		if f := srcs[0].Format; f == "" || f == "chime" {
+			ingestTopic = srcs[0].Topic
+		}
+		fmt.Fprintf(w, "  Ingest %s   (produce a record to schedule: docs/ingest.md)\n", strings.Join(topics, ", "))
+	}
 	tailArgs := ""
 	if len(kafkaArgs) > 0 {
 		tailArgs = " " + strings.Join(kafkaArgs, " ")
@@ -701,6 +725,9 @@ Try it:
 `, first.GRPCAddr(), brokers[0], tailArgs)
 	if len(kafkaArgs) == 0 {
 		fmt.Fprintf(w, "  kcat -C -b %s -t demo -f '%%s  %%h\\n'\n", brokers[0])
+		if ingestTopic != "" {
+			fmt.Fprintf(w, "  echo hello | kcat -P -b %s -t %s -k my-id -H chime-delay=2s -H chime-topic=demo\n", brokers[0], ingestTopic)
+		}
 	}
 	if len(nodes) > 1 {
 		fmt.Fprintf(w, "  go run ./cmd/chimectl --addr %s status\n", first.GRPCAddr())

@@ -130,7 +130,7 @@ func runRestore(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	var lim rpc.Limits
-	setTopicLimits(&lim, reservedTopics, *deadLetter, allowTopics)
+	setTopicLimits(&lim, reservedTopics, allowTopics, *deadLetter)
 	if err := lim.Validate(); err != nil {
 		return usage("%v", err)
 	}

@@ -25,12 +25,13 @@ func registerTopicFlags(fs *flag.FlagSet, reserved, allow *[]string) {
 }
 
 // setTopicLimits gives lim the reserved topics of the flags: --reserved-topics
-// (rpc.DefaultReservedTopics when reserved is nil) and the dead-letter
-// topic, and the --allow-topic exceptions. lim.Validate checks the patterns.
-func setTopicLimits(lim *rpc.Limits, reserved []string, deadLetter string, allow []string) {
+// (rpc.DefaultReservedTopics when reserved is nil), Chime's own topics (the
+// dead-letter topic, and the ingest's rejected topic when ingest is on),
+// and the --allow-topic exceptions. lim.Validate checks the patterns.
+func setTopicLimits(lim *rpc.Limits, reserved []string, allow []string, own ...string) {
 	if reserved == nil {
 		reserved = rpc.DefaultReservedTopics
 	}
-	lim.ReservedTopics = append(slices.Clone(reserved), deadLetter)
+	lim.ReservedTopics = append(slices.Clone(reserved), own...)
 	lim.AllowTopics = allow
 }

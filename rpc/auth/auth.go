@@ -97,6 +97,9 @@ type file struct {
 	RequireIDPrefixes bool    `json:"require_id_prefixes,omitempty"`
 	Tokens            []entry `json:"tokens"`
 	Certificates      []entry `json:"certificates"`
+	// Ingest names, by ingest topic, the credential the records of that
+	// topic act for.
+	Ingest map[string]string `json:"ingest,omitempty"`
 }
 
 // Table is a parsed auth file.
@@ -105,14 +108,21 @@ type Table struct {
 	certs  map[string]*Grant
 	// byName finds the grant a forwarded call names (CredentialMetadata).
 	byName map[string]*Grant
+	// ingest is the grant each ingest topic's records act for.
+	ingest map[string]*Grant
 }
 
 // Parse reads an auth file:
 //
 //	{"tokens": [{"name": "ops", "sha256": "<hex of the token's SHA-256>", "role": "admin"},
 //	            {"name": "billing", "sha256": "...", "role": "scheduler",
-//	             "topics": ["billing.*"], "id_prefixes": ["inv-"]}],
-//	 "certificates": [{"name": "dashboard", "common_name": "dash-1", "role": "reader"}]}
+//	             "topics": ["billing.*"], "id_prefixes": ["chime.schedule/inv-"]}],
+//	 "certificates": [{"name": "dashboard", "common_name": "dash-1", "role": "reader"}],
+//	 "ingest": {"chime.schedule": "billing"}}
+//
+// "ingest" names, by ingest topic, the credential (a scheduler or an admin)
+// whose roles, topics, id prefixes, rate and quotas apply to the topic's
+// records, as to that credential's own calls.
 //
 // With "require_id_prefixes": true, every scheduler must have id_prefixes,
 // and no two schedulers' prefixes may overlap (one a prefix of the other).
@@ -187,6 +197,19 @@ func Parse(b []byte) (*Table, error) {
 				t.certs[e.CommonName] = g
 			}
 		}
+	}
+	for topic, name := range f.Ingest {
+		g := t.byName[name]
+		switch {
+		case g == nil:
+			return nil, fmt.Errorf("ingest[%q]: %q names no credential of the file", topic, name)
+		case g.Role == RoleReader:
+			return nil, fmt.Errorf("ingest[%q]: %q is a reader; an ingest topic's records schedule and cancel, which needs a scheduler or an admin", topic, name)
+		}
+		if t.ingest == nil {
+			t.ingest = map[string]*Grant{}
+		}
+		t.ingest[topic] = g
 	}
 	return t, nil
 }
@@ -862,6 +885,37 @@ func (a *Authorizer) UnaryInterceptor(ctx context.Context, req any, info *grpc.U
 		a.audit(ctx, c, info.FullMethod, err)
 	}
 	return resp, err
+}
+
+// Ingest returns the interceptor the calls an ingest topic's records make
+// pass: they act for the credential the auth file names for the topic
+// ("ingest"), looked up at each call so that a reloaded file applies, and
+// are checked, limited and scoped as that credential's own gRPC calls are.
+// A topic the file names no credential for is refused with UNAUTHENTICATED
+// at each call (the consumer waits, and logs it, until the file names
+// one); Ingest itself reports it too, for the node to refuse to start.
+func (a *Authorizer) Ingest(topic string) (grpc.UnaryServerInterceptor, error) {
+	if a.table().ingest[topic] == nil {
+		return nil, fmt.Errorf("the auth file names no credential for ingest topic %q: add \"ingest\": {%q: \"<a scheduler's name>\"}", topic, topic)
+	}
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		g := a.table().ingest[topic]
+		if g == nil {
+			return nil, status.Errorf(codes.Unauthenticated, "the auth file names no credential for ingest topic %q", topic)
+		}
+		c := caller{grant: g, name: g.Name + " (ingest topic " + topic + ")"}
+		err := a.authorize(c, info.FullMethod)
+		if err == nil {
+			err = a.check(c, req)
+		}
+		if err == nil {
+			err = a.limit(ctx, c, req)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return handler(withScope(ctx, c), req)
+	}, nil
 }
 
 // audited reports whether a call that got through is written to the audit

@@ -578,3 +578,54 @@ func TestNodeCertificateMustNameAMember(t *testing.T) {
 		t.Errorf("Node was asked about %q, want n2, n9 and the certificate naming none", asked)
 	}
 }
+
+// TestIngestActsForTheTopicsCredential: an ingest topic's calls are held to
+// the credential the auth file names for the topic, as that credential's
+// own calls are, and follow the file when it is reloaded.
+func TestIngestActsForTheTopicsCredential(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.a.Ingest("chime.schedule"); err == nil || !strings.Contains(err.Error(), `names no credential for ingest topic "chime.schedule"`) {
+		t.Fatalf("Ingest of a topic the file does not name: %v", err)
+	}
+	withIngest := strings.Replace(testFile, `"certificates": [`, `"ingest": {"chime.schedule": "billing"},
+  "certificates": [`, 1)
+	writeFile(t, f.path, fmt.Sprintf(withIngest, hash("ops-token"), hash("billing-token"), hash("any-token"), hash("dash-token"), hash("bdash-token")))
+	f.now = f.now.Add(time.Hour) // past the reload interval
+	icpt, err := f.a.Ingest("chime.schedule")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(method string, req any) (*Grant, error) {
+		var scope *Grant
+		_, err := icpt(context.Background(), req, &grpc.UnaryServerInfo{FullMethod: method}, func(ctx context.Context, _ any) (any, error) {
+			scope = Scope(ctx)
+			return "ok", nil
+		})
+		return scope, err
+	}
+	scope, err := call(chimev1.Scheduler_BatchSchedule_FullMethodName, &chimev1.BatchScheduleRequest{Events: []*chimev1.Event{{Id: "inv-1", Topic: "billing.due"}}})
+	if err != nil || scope == nil || scope.Name != "billing" {
+		t.Fatalf("a schedule within billing's topics and ids: scope %v, %v; want billing's scope", scope, err)
+	}
+	if _, err := call(chimev1.Scheduler_BatchSchedule_FullMethodName, &chimev1.BatchScheduleRequest{Events: []*chimev1.Event{{Id: "inv-2", Topic: "reminders"}}}); status.Code(err) != codes.PermissionDenied ||
+		!strings.Contains(err.Error(), `"reminders" is outside "billing"'s topics`) {
+		t.Errorf("a schedule outside billing's topics: %v, want PERMISSION_DENIED naming the topic", err)
+	}
+	if _, err := call(chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "other-1"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a cancel outside billing's id prefixes: %v, want PERMISSION_DENIED", err)
+	}
+	if _, err := call(chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("an Admin call: %v, want PERMISSION_DENIED (billing is a scheduler)", err)
+	}
+
+	for _, tc := range []struct{ ingest, want string }{
+		{`{"chime.schedule": "nobody"}`, `ingest["chime.schedule"]: "nobody" names no credential of the file`},
+		{`{"chime.schedule": "dash"}`, `ingest["chime.schedule"]: "dash" is a reader`},
+	} {
+		file := fmt.Sprintf(strings.Replace(testFile, `"certificates": [`, `"ingest": `+tc.ingest+`,
+  "certificates": [`, 1), hash("ops-token"), hash("billing-token"), hash("any-token"), hash("dash-token"), hash("bdash-token"))
+		if _, err := Parse([]byte(file)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ingest %s: %v, want %q", tc.ingest, err, tc.want)
+		}
+	}
+}

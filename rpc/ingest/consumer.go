@@ -1,0 +1,796 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/rpc"
+)
+
+// Defaults of Config.
+const (
+	DefaultGroup         = "chime-ingest"
+	DefaultRejectedTopic = "chime.ingest.rejected"
+	// maxPoll bounds the records one poll hands over: about a second of a
+	// node's ingest, so that a rebalance, which waits for the records of
+	// the last poll to be applied and committed, is not held up longer.
+	maxPoll = 20000
+	// sessionTimeout is how long the group waits for a silent member.
+	sessionTimeout = 10 * time.Second
+)
+
+// Source is one topic the consumer reads and how.
+type Source struct {
+	Topic  string
+	Format string // "chime" (the default), "etf1", "karafka" or "sky"
+	DecodeOptions
+}
+
+// Config is a Consumer's.
+type Config struct {
+	Brokers  []string
+	Security publish.Security
+	// Group is the consumer group every node joins (DefaultGroup).
+	Group string
+	// ClientID names this node to the brokers.
+	ClientID string
+	Sources  []Source
+	// RejectedTopic receives the records that cannot be applied
+	// (DefaultRejectedTopic).
+	RejectedTopic string
+	// API is the node's Scheduler service, called in process: a record is
+	// validated, authorized and scheduled exactly as a gRPC call is.
+	API chimev1.SchedulerServer
+	// Interceptor, when set, returns what every call for a source topic
+	// passes through, as a gRPC call passes the node's authorizer: on a
+	// secured cluster, acting for the credential the auth file names for
+	// the topic.
+	Interceptor func(topic string) (grpc.UnaryServerInterceptor, error)
+	// MaxBatch bounds the events of one BatchSchedule (rpc.Limits.MaxBatch).
+	MaxBatch int
+	Logger   *slog.Logger
+	Metrics  *Metrics
+}
+
+// Consumer reads the source topics as a member of the ingest consumer group
+// and applies their records through the Scheduler API.
+type Consumer struct {
+	cfg      Config
+	cl       *kgo.Client
+	sources  map[string]*source
+	log      *slog.Logger
+	m        *Metrics
+	stop     context.CancelFunc
+	done     chan struct{}
+	closeErr error
+
+	mu  sync.Mutex
+	lag map[topicPartition]partitionState
+}
+
+type source struct {
+	Source
+	dec       Decoder
+	intercept grpc.UnaryServerInterceptor
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// partitionState is what the consumer knows of one assigned partition.
+type partitionState struct {
+	next int64 // the offset of the next record to apply
+	high int64 // the partition's high watermark at the last fetch
+}
+
+// New checks cfg, builds the decoders and starts consuming.
+func New(cfg Config) (*Consumer, error) {
+	if cfg.Group == "" {
+		cfg.Group = DefaultGroup
+	}
+	if cfg.RejectedTopic == "" {
+		cfg.RejectedTopic = DefaultRejectedTopic
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 1000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics()
+	}
+	switch {
+	case len(cfg.Brokers) == 0:
+		return nil, errors.New("ingest: no brokers")
+	case len(cfg.Sources) == 0:
+		return nil, errors.New("ingest: no source topics")
+	case cfg.API == nil:
+		return nil, errors.New("ingest: no Scheduler API")
+	}
+	c := &Consumer{cfg: cfg, sources: map[string]*source{}, log: cfg.Logger, m: cfg.Metrics,
+		done: make(chan struct{}), lag: map[topicPartition]partitionState{}}
+	topics := make([]string, 0, len(cfg.Sources))
+	for _, s := range cfg.Sources {
+		if s.Format == "" {
+			s.Format = "chime"
+		}
+		if _, dup := c.sources[s.Topic]; dup {
+			return nil, fmt.Errorf("ingest: topic %q listed twice", s.Topic)
+		}
+		if s.Topic == cfg.RejectedTopic {
+			return nil, fmt.Errorf("ingest: topic %q is the rejected topic; reading it would apply what was rejected", s.Topic)
+		}
+		dec, err := NewDecoder(s.Format, s.DecodeOptions)
+		if err != nil {
+			return nil, fmt.Errorf("ingest: topic %q: %w", s.Topic, err)
+		}
+		src := &source{Source: s, dec: dec}
+		if cfg.Interceptor != nil {
+			if src.intercept, err = cfg.Interceptor(s.Topic); err != nil {
+				return nil, fmt.Errorf("ingest: topic %q: %w", s.Topic, err)
+			}
+		}
+		c.sources[s.Topic] = src
+		topics = append(topics, s.Topic)
+	}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(topics...),
+		// Offsets are committed by the loop, only for records applied (or
+		// rejected) already; a rebalance waits for the records of the last
+		// poll to be, so no partition changes hands with records in flight.
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		// A new group starts at the beginning: a schedule produced before
+		// the first node joined is still a schedule.
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Aborted transactions never become schedules.
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// The rejected topic is created on first use where the brokers allow
+		// it, as the dead-letter topic is.
+		kgo.AllowAutoTopicCreation(),
+		// A crashed node's partitions go to the others after this long
+		// without its heartbeats (Kafka's default is 45 s; its brokers
+		// accept 6 s and more).
+		kgo.SessionTimeout(sessionTimeout),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(c.forget),
+		kgo.OnPartitionsLost(c.forget),
+		kgo.WithLogger(kgoLogger{cfg.Logger}),
+	}
+	if cfg.ClientID != "" {
+		opts = append(opts, kgo.ClientID(cfg.ClientID))
+	}
+	opts = append(opts, cfg.Security.KgoOpts()...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: %w", err)
+	}
+	c.cl = cl
+	ctx, stop := context.WithCancel(rpc.IngestContext(context.Background()))
+	c.stop = stop
+	go c.run(ctx)
+	return c, nil
+}
+
+// Close stops consuming: the records being applied are finished or left
+// uncommitted (to be read again, by this node or another), what was
+// applied is committed, and the node leaves the group.
+func (c *Consumer) Close() {
+	c.stop()
+	<-c.done
+	c.cl.CloseAllowingRebalance()
+}
+
+// assigned records the partitions the group gave this node.
+func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, got map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t, ps := range got {
+		for _, p := range ps {
+			if _, ok := c.lag[topicPartition{t, p}]; !ok {
+				c.lag[topicPartition{t, p}] = partitionState{next: -1}
+			}
+		}
+		c.m.partitions.WithLabelValues(t).Add(float64(len(ps)))
+	}
+}
+
+// forget drops the partitions the group took from this node.
+func (c *Consumer) forget(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t, ps := range lost {
+		for _, p := range ps {
+			delete(c.lag, topicPartition{t, p})
+			c.m.lag.DeleteLabelValues(t, strconv.Itoa(int(p)))
+		}
+		c.m.partitions.WithLabelValues(t).Sub(float64(len(ps)))
+	}
+}
+
+// PartitionStatus is one partition this node consumes.
+type PartitionStatus struct {
+	Topic     string
+	Partition int32
+	// Next is the offset of the next record to apply; Lag the records
+	// behind the partition's end. Both are -1 until this node committed
+	// one of the partition's records.
+	Next, Lag int64
+}
+
+// Status lists the partitions this node consumes, by topic and partition.
+func (c *Consumer) Status() []PartitionStatus {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]PartitionStatus, 0, len(c.lag))
+	for tp, st := range c.lag {
+		lag := int64(-1)
+		if st.next >= 0 {
+			lag = max(st.high-st.next, 0)
+		}
+		out = append(out, PartitionStatus{Topic: tp.topic, Partition: tp.partition, Next: st.next, Lag: lag})
+	}
+	slices.SortFunc(out, func(a, b PartitionStatus) int {
+		if c := strings.Compare(a.Topic, b.Topic); c != 0 {
+			return c
+		}
+		return int(a.Partition - b.Partition)
+	})
+	return out
+}
+
+func (c *Consumer) run(ctx context.Context) {
+	defer close(c.done)
+	for {
+		fs := c.cl.PollRecords(ctx, maxPoll)
+		if ctx.Err() != nil {
+			c.cl.AllowRebalance()
+			return
+		}
+		fs.EachError(func(topic string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				c.log.Warn("fetching", "topic", topic, "partition", p, "err", publish.ExplainClosed(err))
+			}
+		})
+		var parts []kgo.FetchTopicPartition
+		fs.EachPartition(func(p kgo.FetchTopicPartition) {
+			if len(p.Records) > 0 {
+				parts = append(parts, p)
+			}
+			c.setHigh(p.Topic, p.Partition, p.HighWatermark)
+		})
+		applied := make([]*kgo.Record, len(parts))
+		var wg sync.WaitGroup
+		for i := range parts {
+			wg.Go(func() { applied[i] = c.apply(ctx, parts[i].Records) })
+		}
+		wg.Wait()
+		c.commit(applied)
+		c.cl.AllowRebalance()
+	}
+}
+
+// commit commits the offset after each record in last (nil entries: none
+// applied), retrying for a while even once the consumer is stopping: an
+// applied record whose offset is not committed is applied again after a
+// restart, which is harmless but wasted.
+func (c *Consumer) commit(last []*kgo.Record) {
+	rs := slices.DeleteFunc(last, func(r *kgo.Record) bool { return r == nil })
+	if len(rs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.cl.CommitRecords(ctx, rs...); err != nil {
+		c.log.Warn("committing offsets; the records after the last commit will be applied again", "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range rs {
+		tp := topicPartition{r.Topic, r.Partition}
+		st := c.lag[tp]
+		st.next = r.Offset + 1
+		c.lag[tp] = st
+		c.m.lag.WithLabelValues(r.Topic, strconv.Itoa(int(r.Partition))).Set(float64(max(st.high-st.next, 0)))
+	}
+}
+
+func (c *Consumer) setHigh(topic string, p int32, high int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	tp := topicPartition{topic, p}
+	st, ok := c.lag[tp]
+	if !ok {
+		st.next = -1
+	}
+	st.high = high
+	c.lag[tp] = st
+	if st.next >= 0 {
+		c.m.lag.WithLabelValues(topic, strconv.Itoa(int(p))).Set(float64(max(st.high-st.next, 0)))
+	}
+}
+
+// item is one record on its way: decoded, then applied or rejected.
+type item struct {
+	rec *kgo.Record
+	op  Op
+	// reject, when set, is why the record is rejected.
+	reject error
+	// result is what the record did, for the metrics: "scheduled",
+	// "cancelled", "skipped", "stale" or "superseded".
+	result string
+}
+
+// apply applies the records of one partition in order and returns the
+// last one applied or rejected: every record before it was too. It stops
+// early only when ctx ends.
+func (c *Consumer) apply(ctx context.Context, recs []*kgo.Record) (last *kgo.Record) {
+	src := c.sources[recs[0].Topic]
+	items := make([]*item, len(recs))
+	// cancelledAt is, by id, the last record of recs that cancels it.
+	cancelledAt := map[string]int{}
+	for i, kr := range recs {
+		it := &item{rec: kr}
+		it.op, it.reject = c.decode(ctx, src, kr)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if it.reject == nil && it.op.Cancel {
+			for _, id := range it.op.IDs {
+				cancelledAt[id] = i
+			}
+		}
+		items[i] = it
+	}
+	b := batch{c: c, src: src, ids: map[string]bool{}}
+	for i, it := range items {
+		switch op := it.op; {
+		case it.reject != nil:
+			b.add(it)
+		case op.Skip:
+			it.result = "skipped"
+			b.add(it)
+		case op.Cancel:
+			if !b.flush(ctx) || !c.cancel(ctx, src, it) {
+				return b.last
+			}
+			b.add(it)
+		case cancelledAt[op.Events[0].GetId()] > i:
+			// A later record of this fetch cancels it: scheduling it first
+			// could fire it meanwhile (one due already, as a schedule the old
+			// scheduler fired and tombstoned is, read from the topic's start).
+			it.result = "superseded"
+			b.add(it)
+		default:
+			if b.collides(op) && !b.flush(ctx) {
+				return b.last
+			}
+			b.add(it)
+		}
+	}
+	b.flush(ctx)
+	return b.last
+}
+
+// decode decodes kr. A failure that is not the record's (a schema
+// registry that does not answer) is retried until it passes or ctx ends:
+// the record is not rejected for it.
+func (c *Consumer) decode(ctx context.Context, src *source, kr *kgo.Record) (Op, error) {
+	var bo *backoff.ExponentialBackOff
+	for {
+		op, err := src.dec.Decode(record(kr))
+		var re *RecordError
+		if err == nil || errors.As(err, &re) {
+			return op, err
+		}
+		if bo == nil {
+			bo = newBackoff()
+		}
+		if !c.wait(ctx, bo, "decoding a record of "+kr.Topic, err) {
+			return Op{}, err
+		}
+	}
+}
+
+// batch is a run of a partition's records whose schedules go in one
+// BatchSchedule: no two of its events share an id, so their order within
+// the call does not matter.
+type batch struct {
+	c      *Consumer
+	src    *source
+	items  []*item
+	events int
+	ids    map[string]bool
+	last   *kgo.Record // the last record of a flushed batch
+	start  time.Time
+}
+
+func (b *batch) collides(op Op) bool {
+	if b.events+len(op.Events) > b.c.cfg.MaxBatch {
+		return true
+	}
+	for _, e := range op.Events {
+		if b.ids[e.GetId()] {
+			return true
+		}
+	}
+	return false
+}
+
+func (b *batch) add(it *item) {
+	if len(b.items) == 0 {
+		b.start = time.Now()
+	}
+	b.items = append(b.items, it)
+	if it.reject == nil && !it.op.Cancel && it.result == "" {
+		for _, e := range it.op.Events {
+			b.ids[e.GetId()] = true
+		}
+		b.events += len(it.op.Events)
+	}
+}
+
+// flush schedules the batch's events, produces its rejected records, and
+// reports whether all of it is done; false only when ctx ended first.
+func (b *batch) flush(ctx context.Context) bool {
+	if len(b.items) == 0 {
+		return true
+	}
+	if !b.c.schedule(ctx, b.src, b.items) || !b.c.rejectAll(ctx, b.items) {
+		return false
+	}
+	for _, it := range b.items {
+		b.c.count(b.src.Topic, it)
+	}
+	b.c.m.apply.Observe(time.Since(b.start).Seconds())
+	b.last = b.items[len(b.items)-1].rec
+	b.items = b.items[:0]
+	b.events = 0
+	clear(b.ids)
+	return true
+}
+
+func (c *Consumer) count(topic string, it *item) {
+	if it.reject != nil {
+		c.m.records.WithLabelValues(topic, "rejected").Inc()
+		c.m.rejected.WithLabelValues(topic, reason(it.reject)).Inc()
+		return
+	}
+	c.m.records.WithLabelValues(topic, it.result).Inc()
+}
+
+// eventPrefix is the path BatchSchedule puts before an event's field.
+var eventPrefix = regexp.MustCompile(`^events\[\d+\]\.`)
+
+// pending is an event on its way to its shard.
+type pending struct {
+	it *item
+	ev *chimev1.Event
+	// replace: a conflict with a stored event replaces it when the record
+	// is newer (ON_CONFLICT_REPLACE); otherwise it rejects the record.
+	replace bool
+}
+
+// schedule schedules the events of items (those not rejected or skipped
+// already) in one BatchSchedule, then resolves each event the call could
+// not take: a conflict that is a newer record is replaced, one that is not
+// (a record read again) stays; a refusal rejects the record; anything else
+// (no leader, a shard that takes no writes, a rate limit) is retried until
+// it goes through or ctx ends, which it reports with false.
+func (c *Consumer) schedule(ctx context.Context, src *source, items []*item) bool {
+	var todo []pending
+	for _, it := range items {
+		if it.reject != nil || it.result != "" {
+			continue
+		}
+		it.result = "scheduled"
+		for _, ev := range it.op.Events {
+			// Sent first as REJECT, whatever the record asked: a conflict is
+			// answered, not acted on, so that replaceIfNewer can tell a
+			// record read again from a newer one.
+			todo = append(todo, pending{it, ev, ev.GetOnConflict() != chimev1.OnConflict_ON_CONFLICT_REJECT})
+			ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REJECT
+		}
+	}
+	return c.scheduleEvents(ctx, src, todo)
+}
+
+func (c *Consumer) scheduleEvents(ctx context.Context, src *source, todo []pending) bool {
+	bo := newBackoff()
+	for len(todo) > 0 {
+		evs := make([]*chimev1.Event, len(todo))
+		for i, p := range todo {
+			evs[i] = p.ev
+		}
+		resp, err := c.call(ctx, src, chimev1.Scheduler_BatchSchedule_FullMethodName, &chimev1.BatchScheduleRequest{Events: evs},
+			func(ctx context.Context, req any) (any, error) {
+				return c.cfg.API.BatchSchedule(ctx, req.(*chimev1.BatchScheduleRequest))
+			})
+		switch {
+		case err != nil && refused(status.Code(err)) && len(todo) > 1:
+			// The authorizer refuses a whole call for one event's topic or
+			// id: one at a time, the refusal rejects only that record.
+			for _, p := range todo {
+				if !c.scheduleEvents(ctx, src, []pending{p}) {
+					return false
+				}
+			}
+			return true
+		case err != nil && refused(status.Code(err)):
+			todo[0].it.reject = errors.New(status.Convert(err).Message())
+			return true
+		case err != nil:
+			if !c.wait(ctx, bo, "scheduling", err) {
+				return false
+			}
+			continue
+		}
+		var again []pending
+		var lastErr error
+		for i, r := range resp.(*chimev1.BatchScheduleResponse).GetResults() {
+			p := todo[i]
+			switch code := codes.Code(r.GetCode()); {
+			case code == codes.OK:
+			case code == codes.AlreadyExists && p.replace:
+				stale, err := c.replaceIfNewer(ctx, src, p.ev)
+				switch {
+				case ctx.Err() != nil:
+					return false
+				case err != nil && refused(status.Code(err)):
+					p.it.reject = errors.New(status.Convert(err).Message())
+				case err != nil:
+					again, lastErr = append(again, p), err
+				case stale && p.it.result == "scheduled":
+					p.it.result = "stale"
+				}
+			case refused(code):
+				if p.it.reject == nil {
+					p.it.reject = errors.New(eventPrefix.ReplaceAllString(r.GetMessage(), ""))
+				}
+			default:
+				again, lastErr = append(again, p), status.Error(code, r.GetMessage())
+			}
+		}
+		todo = again
+		if len(todo) > 0 && !c.wait(ctx, bo, "scheduling", lastErr) {
+			return false
+		}
+	}
+	return true
+}
+
+// replaceIfNewer replaces the event ev's id is bound to with ev, unless the
+// stored event came from the same partition at the same or a later offset
+// (stale: ev's record was read again, after a newer one applied).
+func (c *Consumer) replaceIfNewer(ctx context.Context, src *source, ev *chimev1.Event) (stale bool, err error) {
+	got, err := c.call(ctx, src, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: ev.GetId()},
+		func(ctx context.Context, req any) (any, error) { return c.cfg.API.Get(ctx, req.(*chimev1.GetRequest)) })
+	switch {
+	case status.Code(err) == codes.NotFound: // expired meanwhile: schedule it anew
+	case err != nil:
+		return false, err
+	default:
+		if notNewer(sourceOf(got.(*chimev1.GetResponse).GetEvent().GetHeaders()), sourceOf(ev.GetHeaders())) {
+			return true, nil
+		}
+	}
+	ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REPLACE
+	defer func() { ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REJECT }()
+	_, err = c.call(ctx, src, chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: ev},
+		func(ctx context.Context, req any) (any, error) {
+			return c.cfg.API.Schedule(ctx, req.(*chimev1.ScheduleRequest))
+		})
+	return false, err
+}
+
+// sourceOf is the chime-source header among hs, "" when there is none.
+func sourceOf(hs []*chimev1.Header) string {
+	for _, h := range hs {
+		if h.GetKey() == chimev1.HeaderSource {
+			return string(h.GetValue())
+		}
+	}
+	return ""
+}
+
+// notNewer reports whether the record at source next is not newer than
+// the one at stored: both from one partition, next at the same or an
+// earlier offset. A record from elsewhere (another partition or topic, or
+// an event scheduled through the API) is the latest word on its id.
+func notNewer(stored, next string) bool {
+	si, ni := strings.LastIndexByte(stored, '/'), strings.LastIndexByte(next, '/')
+	if si < 0 || ni < 0 || stored[:si] != next[:ni] {
+		return false
+	}
+	so, err1 := strconv.ParseInt(stored[si+1:], 10, 64)
+	no, err2 := strconv.ParseInt(next[ni+1:], 10, 64)
+	return err1 == nil && err2 == nil && no <= so
+}
+
+// cancel cancels the ids of it's operation, in order: an id with no event,
+// or one that fired already, is done with, and so is one whose event came
+// from a later record of the same partition (the cancel was read again,
+// after a newer schedule of its key). It reports false when ctx ended
+// first.
+func (c *Consumer) cancel(ctx context.Context, src *source, it *item) bool {
+	it.result = "cancelled"
+	at := sourceText(it.rec.Topic, it.rec.Partition, it.rec.Offset)
+	bo := newBackoff()
+	for _, id := range it.op.IDs {
+		for {
+			stale, err := c.cancelIfNewer(ctx, src, id, at)
+			code := status.Code(err)
+			if code == codes.OK || code == codes.NotFound || code == codes.FailedPrecondition {
+				if stale && it.result == "cancelled" {
+					it.result = "stale"
+				}
+				break
+			}
+			if refused(code) {
+				it.reject = errors.New(status.Convert(err).Message())
+				return true
+			}
+			if !c.wait(ctx, bo, "cancelling", err) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// cancelIfNewer cancels id unless its event came from a record of the
+// cancel's partition at a later offset than at.
+func (c *Consumer) cancelIfNewer(ctx context.Context, src *source, id, at string) (stale bool, err error) {
+	got, err := c.call(ctx, src, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: id},
+		func(ctx context.Context, req any) (any, error) { return c.cfg.API.Get(ctx, req.(*chimev1.GetRequest)) })
+	if err != nil {
+		return false, err
+	}
+	stored := sourceOf(got.(*chimev1.GetResponse).GetEvent().GetHeaders())
+	if stored != at && notNewer(stored, at) {
+		return true, nil
+	}
+	_, err = c.call(ctx, src, chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: id},
+		func(ctx context.Context, req any) (any, error) {
+			return c.cfg.API.Cancel(ctx, req.(*chimev1.CancelRequest))
+		})
+	return false, err
+}
+
+// refused reports whether code says the request itself is wrong, so that
+// sending it again cannot help: the record is rejected.
+func refused(code codes.Code) bool {
+	switch code {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.AlreadyExists, codes.OutOfRange:
+		return true
+	}
+	return false
+}
+
+// call runs one Scheduler call for src, through its interceptor when it has one.
+func (c *Consumer) call(ctx context.Context, src *source, method string, req any, h grpc.UnaryHandler) (any, error) {
+	if src.intercept == nil {
+		return h(ctx, req)
+	}
+	return src.intercept(ctx, req, &grpc.UnaryServerInfo{FullMethod: method}, h)
+}
+
+func newBackoff() *backoff.ExponentialBackOff {
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval = 50*time.Millisecond, 5*time.Second
+	return bo
+}
+
+// wait waits out the next backoff step after err, and reports false when
+// ctx ended first.
+func (c *Consumer) wait(ctx context.Context, bo *backoff.ExponentialBackOff, doing string, err error) bool {
+	c.m.retries.Inc()
+	d := bo.NextBackOff()
+	if d >= bo.MaxInterval {
+		c.log.Warn(doing+" keeps failing; the partition waits", "err", err, "retry_in", d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// rejectAll produces a copy of each rejected record among items to the
+// rejected topic, with why and where it came from, retrying until the
+// broker has them all; false when ctx ended first.
+func (c *Consumer) rejectAll(ctx context.Context, items []*item) bool {
+	var out []*kgo.Record
+	for _, it := range items {
+		if it.reject == nil {
+			continue
+		}
+		r := it.rec
+		hs := append(slices.Clip(r.Headers),
+			kgo.RecordHeader{Key: chimev1.HeaderError, Value: []byte(it.reject.Error())},
+			kgo.RecordHeader{Key: chimev1.HeaderSource, Value: []byte(sourceText(r.Topic, r.Partition, r.Offset))})
+		out = append(out, &kgo.Record{Topic: c.cfg.RejectedTopic, Key: r.Key, Value: r.Value, Headers: hs})
+		c.log.Debug("rejected a record", "source", sourceText(r.Topic, r.Partition, r.Offset), "err", it.reject)
+	}
+	if len(out) == 0 {
+		return true
+	}
+	bo := newBackoff()
+	for {
+		err := c.cl.ProduceSync(ctx, out...).FirstErr()
+		if err == nil {
+			return true
+		}
+		if !c.wait(ctx, bo, "producing rejected records to "+c.cfg.RejectedTopic, publish.ExplainClosed(err)) {
+			return false
+		}
+	}
+}
+
+func sourceText(topic string, p int32, offset int64) string {
+	return topic + "/" + strconv.Itoa(int(p)) + "/" + strconv.FormatInt(offset, 10)
+}
+
+// reason is the label a rejection is counted under: the field it names.
+func reason(err error) string {
+	var re *RecordError
+	if errors.As(err, &re) {
+		return re.Field
+	}
+	field, _, ok := strings.Cut(err.Error(), ":")
+	if !ok || strings.ContainsAny(field, " \"") {
+		return "other"
+	}
+	return field
+}
+
+// record is kr as a decoder reads it.
+func record(kr *kgo.Record) *Record {
+	r := &Record{Topic: kr.Topic, Partition: kr.Partition, Offset: kr.Offset, Key: kr.Key, Value: kr.Value, Timestamp: kr.Timestamp}
+	if len(kr.Headers) > 0 {
+		r.Headers = make([]Header, len(kr.Headers))
+		for i, h := range kr.Headers {
+			r.Headers[i] = Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return r
+}
+
+// kgoLogger passes franz-go's warnings and errors to the node's log.
+type kgoLogger struct{ l *slog.Logger }
+
+func (k kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelWarn }
+
+func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	args := append([]any{"component", "ingest"}, keyvals...)
+	if level == kgo.LogLevelError {
+		k.l.Error(msg, args...)
+		return
+	}
+	k.l.Warn(msg, args...)
+}
