@@ -44,18 +44,8 @@ var unknownChimeRule = func() string {
 
 type chimeDecoder struct{ common }
 
-// Decode decodes r in Chime's format.
-func (d chimeDecoder) Decode(r *Record) (Op, error) {
-	if isTombstoneBack(r) {
-		return Op{Skip: true}, nil
-	}
-	id, err := d.id(r)
-	if err != nil {
-		return Op{}, err
-	}
-	if r.Value == nil {
-		return d.cancel(id), nil
-	}
+// decode decodes the schedule r is in Chime's format.
+func (d chimeDecoder) decode(r *Record, id string) (Op, error) {
 	ev := &chimev1.Event{
 		Key:        r.Key,
 		Payload:    r.Value,

@@ -40,18 +40,8 @@ const (
 
 type etf1Decoder struct{ common }
 
-// Decode decodes r as etf1 reads a schedule.
-func (d etf1Decoder) Decode(r *Record) (Op, error) {
-	if isTombstoneBack(r) {
-		return Op{Skip: true}, nil
-	}
-	id, err := d.id(r)
-	if err != nil {
-		return Op{}, err
-	}
-	if r.Value == nil {
-		return d.cancel(id), nil
-	}
+// decode decodes the schedule r is, as etf1 reads it.
+func (d etf1Decoder) decode(r *Record, id string) (Op, error) {
 	epoch, topic, key := etf1Header(r, etf1Epoch), etf1Header(r, etf1TargetTopic), etf1Header(r, etf1TargetKey)
 	if len(epoch) == 0 {
 		return Op{}, &RecordError{Field: etf1Epoch, Rule: "required"}

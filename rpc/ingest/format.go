@@ -81,7 +81,6 @@ package ingest
 // record must not be reused while they are in use.
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -99,10 +98,28 @@ const (
 	tombstoneBackSuffix = "#tombstone-back"
 )
 
-// newSky builds the decoder of sky-uk's Avro format. sky.go sets it in its
-// init; until it does (a build without it), NewDecoder("sky") fails. It is
-// a variable so that this file builds before and without sky.go.
-var newSky func(DecodeOptions) (Decoder, error)
+// keyed is the Decoder of a format whose record key is the id and whose
+// tombstone cancels it (chime, etf1, sky): it does that much, skips
+// Chime's own tombstone back, and leaves the rest of a schedule to decode.
+type keyed struct {
+	common
+	decode func(r *Record, id string) (Op, error)
+}
+
+// Decode implements Decoder.
+func (k keyed) Decode(r *Record) (Op, error) {
+	if isTombstoneBack(r) {
+		return Op{Skip: true}, nil
+	}
+	id, err := k.id(r)
+	if err != nil {
+		return Op{}, err
+	}
+	if r.Value == nil {
+		return k.cancel(id), nil
+	}
+	return k.decode(r, id)
+}
 
 // NewDecoder returns the decoder of format: "chime", "etf1", "karafka" or
 // "sky".
@@ -110,16 +127,17 @@ func NewDecoder(format string, opts DecodeOptions) (Decoder, error) {
 	c := common{opts}
 	switch format {
 	case "chime":
-		return chimeDecoder{c}, nil
+		return keyed{c, chimeDecoder{c}.decode}, nil
 	case "etf1":
-		return etf1Decoder{c}, nil
+		return keyed{c, etf1Decoder{c}.decode}, nil
 	case "karafka":
 		return karafkaDecoder{c}, nil
 	case "sky":
-		if newSky == nil {
-			return nil, errors.New("sky: not built")
+		d, err := newSkyDecoder(opts)
+		if err != nil {
+			return nil, err
 		}
-		return newSky(opts)
+		return keyed{c, d.decode}, nil
 	}
 	return nil, fmt.Errorf("unknown format %q (chime, etf1, karafka or sky)", format)
 }

@@ -134,11 +134,6 @@ func TestNewDecoder(t *testing.T) {
 	if err == nil || err.Error() != `unknown format "kms" (chime, etf1, karafka or sky)` {
 		t.Errorf("unknown format: %v", err)
 	}
-	if newSky == nil {
-		if _, err := NewDecoder("sky", DecodeOptions{}); err == nil || err.Error() != "sky: not built" {
-			t.Errorf("sky without sky.go: %v", err)
-		}
-	}
 }
 
 // schedulesOf gives, per format, a record that schedules (id "k") and

@@ -63,8 +63,6 @@ import (
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 )
 
-func init() { newSky = newSkyDecoder }
-
 // The schemas of KMS's two schedule types, embedded: the decoder runs on
 // them. sky-schemas/README.md says where they come from.
 var (
@@ -127,7 +125,7 @@ type skyDecoder struct {
 	registry *skyRegistry
 }
 
-func newSkyDecoder(opts DecodeOptions) (Decoder, error) {
+func newSkyDecoder(opts DecodeOptions) (*skyDecoder, error) {
 	schemas, err := skySchemas()
 	if err != nil {
 		return nil, err
@@ -147,20 +145,10 @@ func newSkyDecoder(opts DecodeOptions) (Decoder, error) {
 	return d, nil
 }
 
-// Decode decodes r as KMS reads a schedule. An error that is not a
+// decode decodes the schedule r is, as KMS reads it. An error that is not a
 // *RecordError (the schema registry unreachable, or answering 5xx) says
 // nothing about the record: decoding it again later may succeed.
-func (d *skyDecoder) Decode(r *Record) (Op, error) {
-	if isTombstoneBack(r) {
-		return Op{Skip: true}, nil
-	}
-	id, err := d.id(r)
-	if err != nil {
-		return Op{}, err
-	}
-	if r.Value == nil {
-		return d.cancel(id), nil
-	}
+func (d *skyDecoder) decode(r *Record, id string) (Op, error) {
 	s, err := d.decodeValue(r.Value)
 	if err != nil {
 		return Op{}, err

@@ -43,14 +43,23 @@ func init() {
 	schedulesOf["sky"] = struct{ schedule, cancel *Record }{schedRecord("k", v), schedRecord("k", nil)}
 }
 
-func skyTestDecoder(t testing.TB, opts DecodeOptions) *skyDecoder {
+// skyTestDecoder is the sky Decoder and, for the tests of its registry
+// cache, the skyDecoder inside it.
+func skyTestDecoder(t testing.TB, opts DecodeOptions) skyTest {
 	t.Helper()
 	d, err := newSkyDecoder(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d.(*skyDecoder)
+	return skyTest{Decoder: keyed{d.common, d.decode}, skyDecoder: d}
 }
+
+type skyTest struct {
+	Decoder
+	*skyDecoder
+}
+
+func (s skyTest) Decode(r *Record) (Op, error) { return s.Decoder.Decode(r) }
 
 // skyEncode encodes in with the embedded schema with headers, or without.
 func skyEncode(t testing.TB, withHeaders bool, in skyIn) []byte {
@@ -113,8 +122,9 @@ func TestSkyIsAFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := d.(*skyDecoder); !ok {
-		t.Fatalf("NewDecoder(sky) is a %T", d)
+	op, err := d.Decode(skyRecord(skyEncode(t, true, skyIn{Time: 1, Topic: "out", Value: ptr([]byte("v"))})))
+	if err != nil || len(op.Events) != 1 || op.Events[0].GetTopic() != "out" {
+		t.Fatalf("NewDecoder(sky) decoded a sky schedule as %+v, %v", op, err)
 	}
 }
 
