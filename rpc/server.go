@@ -123,6 +123,12 @@ func (s *Server) BatchSchedule(ctx context.Context, in *chimev1.BatchScheduleReq
 		reqs = append(reqs, req)
 		at = append(at, i)
 	}
+	if len(reqs) > 0 && dryRun(ctx) {
+		for j, req := range reqs {
+			out[at[j]] = &chimev1.ScheduleResult{Id: req.ID}
+		}
+		return &chimev1.BatchScheduleResponse{Results: out}, nil
+	}
 	if len(reqs) > 0 {
 		results, err := s.backend.Schedule(ctx, reqs)
 		if err != nil {
@@ -249,18 +255,27 @@ func (s *Server) backendStatus(op string, err error) error {
 
 type ingestKey struct{}
 
+// ingestCall is what IngestContext put in a context.
+type ingestCall struct{ dryRun bool }
+
 // IngestContext marks ctx as a call of this node's Kafka ingest path
 // (package rpc/ingest), made in process: its events may carry the headers
 // that path adds, chime-source and chime-tombstone-back, which any other
-// caller is refused as Chime's. A remote caller cannot set it: context
-// values do not cross the wire.
-func IngestContext(ctx context.Context) context.Context {
-	return context.WithValue(ctx, ingestKey{}, true)
+// caller is refused as Chime's. With dryRun, a BatchSchedule validates its
+// events and schedules none (chimed --ingest-dry-run). A remote caller
+// cannot set it: context values do not cross the wire.
+func IngestContext(ctx context.Context, dryRun bool) context.Context {
+	return context.WithValue(ctx, ingestKey{}, ingestCall{dryRun: dryRun})
 }
 
 func fromIngest(ctx context.Context) bool {
-	v, _ := ctx.Value(ingestKey{}).(bool)
-	return v
+	_, ok := ctx.Value(ingestKey{}).(ingestCall)
+	return ok
+}
+
+func dryRun(ctx context.Context) bool {
+	c, _ := ctx.Value(ingestKey{}).(ingestCall)
+	return c.dryRun
 }
 
 // ScopeOf is the shard.Scope of the caller of ctx, as the node's authorizer put it: its grant

@@ -878,3 +878,46 @@ func TestDefaultReservedTopics(t *testing.T) {
 		}
 	}
 }
+
+// TestIngestContext: only a call the ingest path makes in process may carry
+// the headers that path adds, and its dry run validates without scheduling.
+func TestIngestContext(t *testing.T) {
+	b := rpctest.New(func() time.Time { return t0 })
+	srv := rpc.NewServer(b, rpc.Limits{}, func() time.Time { return t0 }, slog.New(slog.DiscardHandler))
+	withSource := func(id string) *chimev1.Event {
+		ev := validEvent()
+		ev.Id = id
+		ev.Headers = append(ev.Headers, &chimev1.Header{Key: chimev1.HeaderSource, Value: []byte("chime.schedule/0/7")})
+		return ev
+	}
+	batch := func(ctx context.Context, evs ...*chimev1.Event) []*chimev1.ScheduleResult {
+		t.Helper()
+		resp, err := srv.BatchSchedule(ctx, &chimev1.BatchScheduleRequest{Events: evs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetResults()
+	}
+
+	r := batch(context.Background(), withSource("a"))
+	if r[0].GetCode() != int32(codes.InvalidArgument) || !strings.Contains(r[0].GetMessage(), `the "chime-" prefix is reserved`) {
+		t.Errorf("chime-source from a caller that is not the ingest path: %+v, want INVALID_ARGUMENT", r[0])
+	}
+	r = batch(rpc.IngestContext(context.Background(), false), withSource("b"))
+	if r[0].GetCode() != 0 {
+		t.Errorf("chime-source from the ingest path: %+v, want it scheduled", r[0])
+	}
+	if len(b.Calls()) != 1 {
+		t.Fatalf("backend calls %v, want the one schedule", b.Calls())
+	}
+
+	bad := validEvent()
+	bad.Id, bad.Topic = "c", ""
+	r = batch(rpc.IngestContext(context.Background(), true), withSource("d"), bad)
+	if r[0].GetCode() != 0 || r[0].GetId() != "d" || r[1].GetCode() != int32(codes.InvalidArgument) {
+		t.Errorf("dry run: %+v, want d valid and c invalid", r)
+	}
+	if len(b.Calls()) != 1 {
+		t.Errorf("a dry run reached the backend: %v", b.Calls())
+	}
+}

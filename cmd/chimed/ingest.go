@@ -12,7 +12,7 @@ import (
 type ingestFlags struct {
 	topics, format, group, rejected string
 	history, registry               string
-	tombstoneBack, idFromKey        bool
+	tombstoneBack, idFromKey, dryRun bool
 }
 
 func registerIngestFlags(fs *flag.FlagSet, cmd string) *ingestFlags {
@@ -38,6 +38,10 @@ func registerIngestFlags(fs *flag.FlagSet, cmd string) *ingestFlags {
 		"and a rollback to that scheduler stays possible")
 	fs.BoolVar(&f.idFromKey, "ingest-id-from-key", false, "take the record key as the event id as it is; without it the id is <topic>/<key>, so that two\n"+
 		"ingest topics cannot collide")
+	fs.BoolVar(&f.dryRun, "ingest-dry-run", false, "decode and validate every record of --ingest-topics, and schedule and cancel nothing: a check of\n"+
+		"a topic another scheduler still serves. Records Chime would refuse go to --ingest-rejected-topic\n"+
+		"with chime-error; chime_ingest_topic_records_total{result=\"dry_run\"} counts the others. Give it\n"+
+		"its own --ingest-group, so the offsets it commits are not those of a real ingest")
 	fs.StringVar(&f.registry, "ingest-schema-registry", "", "`URL` of a Confluent schema registry for sky's Avro records in the registry's wire format\n"+
 		"(without it, the schemas sky publishes, committed with Chime)")
 	return f

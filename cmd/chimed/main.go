@@ -543,7 +543,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr, AdvertiseHost: f.advertiseHost,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
-		Ingest: ingest.Config{Sources: sources, Group: f.ingest.group, RejectedTopic: f.ingest.rejected},
+		Ingest: ingest.Config{Sources: sources, Group: f.ingest.group, RejectedTopic: f.ingest.rejected, DryRun: f.ingest.dryRun},
 		// A node whose data directory cannot be written has logged why:
 		// the process ends at once, so that replicas on working disks
 		// lead its shards.

@@ -62,6 +62,10 @@ type Config struct {
 	// secured cluster, acting for the credential the auth file names for
 	// the topic.
 	Interceptor func(topic string) (grpc.UnaryServerInterceptor, error)
+	// DryRun decodes and validates every record (a record that fails goes
+	// to the rejected topic, as always) and schedules and cancels nothing:
+	// a check of a topic's records before Chime takes them over.
+	DryRun bool
 	// MaxBatch bounds the events of one BatchSchedule (rpc.Limits.MaxBatch).
 	MaxBatch int
 	Logger   *slog.Logger
@@ -187,7 +191,7 @@ func New(cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("ingest: %w", err)
 	}
 	c.cl = cl
-	ctx, stop := context.WithCancel(rpc.IngestContext(context.Background()))
+	ctx, stop := context.WithCancel(rpc.IngestContext(context.Background(), cfg.DryRun))
 	c.stop = stop
 	go c.run(ctx)
 	return c, nil
@@ -372,6 +376,9 @@ func (c *Consumer) apply(ctx context.Context, recs []*kgo.Record) (last *kgo.Rec
 		case op.Skip:
 			it.result = "skipped"
 			b.add(it)
+		case op.Cancel && c.cfg.DryRun:
+			it.result = "dry_run"
+			b.add(it)
 		case op.Cancel:
 			if !b.flush(ctx) || !c.cancel(ctx, src, it) {
 				return b.last
@@ -506,6 +513,9 @@ func (c *Consumer) schedule(ctx context.Context, src *source, items []*item) boo
 			continue
 		}
 		it.result = "scheduled"
+		if c.cfg.DryRun {
+			it.result = "dry_run"
+		}
 		for _, ev := range it.op.Events {
 			// Sent first as REJECT, whatever the record asked: a conflict is
 			// answered, not acted on, so that replaceIfNewer can tell a

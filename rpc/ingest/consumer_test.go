@@ -31,7 +31,8 @@ import (
 // request path is checked by chimed's process tests.
 type fakeAPI struct {
 	chimev1.UnimplementedSchedulerServer
-	down atomic.Bool
+	down    atomic.Bool
+	cancels atomic.Int32 // Cancel calls
 
 	mu        sync.Mutex
 	events    map[string]*chimev1.Event
@@ -107,6 +108,7 @@ func (f *fakeAPI) Get(_ context.Context, in *chimev1.GetRequest) (*chimev1.GetRe
 }
 
 func (f *fakeAPI) Cancel(_ context.Context, in *chimev1.CancelRequest) (*chimev1.CancelResponse, error) {
+	f.cancels.Add(1)
 	if f.down.Load() {
 		return nil, errDown
 	}
@@ -178,8 +180,13 @@ func (h *harness) schedule(key, value string) {
 
 func (h *harness) start(group string) *Consumer {
 	h.t.Helper()
-	c, err := New(Config{Brokers: h.brokers, Group: group, Sources: []Source{{Topic: "in"}}, API: h.api,
-		Logger: slog.New(slog.DiscardHandler)})
+	return h.startWith(Config{Group: group})
+}
+
+func (h *harness) startWith(cfg Config) *Consumer {
+	h.t.Helper()
+	cfg.Brokers, cfg.Sources, cfg.API, cfg.Logger = h.brokers, []Source{{Topic: "in"}}, h.api, slog.New(slog.DiscardHandler)
+	c, err := New(cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -347,6 +354,27 @@ func byEventID(applied []string) map[string][]string {
 		out[id] = append(out[id], a)
 	}
 	return out
+}
+
+// TestDryRunCancelsNothing: a dry run sends its schedules to be validated
+// (the Scheduler service schedules none of a dry run's: rpc's
+// TestIngestContext) and its cancels nowhere.
+func TestDryRunCancelsNothing(t *testing.T) {
+	h := newHarness(t)
+	h.schedule("a", "1")
+	h.produce("b", nil)
+	h.api.events["in/b"] = &chimev1.Event{Id: "in/b", Topic: "out"} // scheduled before
+	c := h.startWith(Config{Group: "dry", DryRun: true})
+	h.waitFor("offset 2 committed", func() bool { return h.committed("dry") == 2 })
+	if got, want := h.api.applied(), []string{"schedule in/a 1"}; !slices.Equal(got, want) {
+		t.Errorf("calls %q, want only %q", got, want)
+	}
+	if n := h.api.cancels.Load(); n != 0 {
+		t.Errorf("%d Cancel calls in a dry run", n)
+	}
+	if n := testCounter(c.m.records.WithLabelValues("in", "dry_run")); n != 2 {
+		t.Errorf("%v records counted dry_run, want 2", n)
+	}
 }
 
 func TestNotNewer(t *testing.T) {

@@ -22,7 +22,7 @@ func NewMetrics() *Metrics {
 			Name: "chime_ingest_topic_records_total",
 			Help: "Records of the ingest topics this node applied, by topic and result: scheduled, cancelled, " +
 				"skipped (Chime's own tombstone back), stale (read again after a newer record of its id), " +
-				"superseded (a schedule a later record of the same fetch cancels) or rejected.",
+				"superseded (a schedule a later record of the same fetch cancels), dry_run (validated only: --ingest-dry-run) or rejected.",
 		}, []string{"topic", "result"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "chime_ingest_topic_rejected_total",
