@@ -346,3 +346,54 @@ func createTopic(t *testing.T, cl *kgo.Client, topic string, partitions int32) {
 		}
 	}
 }
+
+// TestIngestActsForTheTopicsCredential: on a secured node, an ingest
+// topic's records act for the credential the auth file names for the
+// topic: one within its topics and id prefixes fires, one outside them is
+// rejected with the authorizer's words, and the records after go on.
+func TestIngestActsForTheTopicsCredential(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a secured chimed; skipped with -short")
+	}
+	p := newSecurePKI(t)
+	app, err := p.clients.Client("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	authFile := p.dir + "/auth.json"
+	copyFileContent(t, authFile, fmt.Sprintf(`{
+  "tokens": [{"name": "billing", "sha256": "%s", "role": "scheduler", "topics": ["billing.*"], "id_prefixes": ["chime.schedule/inv-"]}],
+  "certificates": [{"name": "test-admin", "common_name": "app", "role": "admin"}],
+  "ingest": {"chime.schedule": "billing"}
+}`, sha256Hex("billing-token")))
+	c := &cluster{t: t, brokers: broker(t), nodes: map[string]*daemon{}}
+	c.addWith("n1", func(d *daemon) { p.secure(t, d, p.clients.File, authFile, app) },
+		"--ingest-topics", "chime.schedule", "--kafka-insecure", "--kafka-auto-create-topics")
+	prod := newIngestProducer(t, c.brokers...)
+	out := publishtest.Collect(t, c.brokers, "billing.due")
+	rejected := publishtest.Collect(t, c.brokers, "chime.ingest.rejected")
+	const src = "chime.schedule"
+	prod.produce(src, []byte("inv-1"), []byte("ok"), "chime-delay", "1s", "chime-topic", "billing.due")
+	prod.produce(src, []byte("inv-2"), []byte("x"), "chime-delay", "1s", "chime-topic", "reminders")
+	prod.produce(src, []byte("other-3"), []byte("x"), "chime-delay", "1s", "chime-topic", "billing.due")
+	prod.produce(src, []byte("inv-4"), []byte("ok"), "chime-delay", "1s", "chime-topic", "billing.due")
+
+	byID := out.WaitIDs(2, 60*time.Second).ByID
+	for _, id := range []string{"inv-1", "inv-4"} {
+		if _, ok := byID[src+"/"+id]; !ok {
+			t.Errorf("%s never fired; fired %v", id, keys(byID))
+		}
+	}
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		return len(rejected.Consumed().Records) >= 2, fmt.Sprintf("%d rejected records, want 2", len(rejected.Consumed().Records))
+	})
+	want := map[string]string{
+		"inv-2":   `"reminders" is outside "billing"'s topics`,
+		"other-3": `not permitted for credential "billing"`,
+	}
+	for _, r := range rejected.Consumed().Records {
+		if e := headerOf(r, "chime-error"); !strings.Contains(e, want[string(r.Kafka.Key)]) || want[string(r.Kafka.Key)] == "" {
+			t.Errorf("record %q rejected with %q, want it to say %q", r.Kafka.Key, e, want[string(r.Kafka.Key)])
+		}
+	}
+}
