@@ -263,8 +263,8 @@ func (lim *Limits) checkContent(path eventPath, ev *chimev1.Event, ingest bool) 
 		if h == nil { // cannot come off the wire, only from an in-process caller
 			return invalid(path.field(fmt.Sprintf("headers[%d]", i)), "required")
 		}
-		if len(h.Key) >= len(chimev1.HeaderPrefix) && strings.EqualFold(h.Key[:len(chimev1.HeaderPrefix)], chimev1.HeaderPrefix) &&
-			!(ingest && (h.Key == chimev1.HeaderSource || h.Key == chimev1.HeaderTombstoneBack)) {
+		ingestHeader := ingest && (h.Key == chimev1.HeaderSource || h.Key == chimev1.HeaderTombstoneBack)
+		if !ingestHeader && len(h.Key) >= len(chimev1.HeaderPrefix) && strings.EqualFold(h.Key[:len(chimev1.HeaderPrefix)], chimev1.HeaderPrefix) {
 			return invalid(path.field(fmt.Sprintf("headers[%d].key", i)),
 				"the %q prefix is reserved for headers Chime adds", chimev1.HeaderPrefix)
 		}

@@ -51,6 +51,27 @@ connection instead (--addr's nodes in turn, no leader routing, one attempt
 each), to compare the client's cost with: --batch 1 compares a single
 Schedule's ack latency.
 
+With --api topic, events go in as Kafka records instead, the way
+docs/ingest.md describes: one franz-go producer (asynchronous, linger 5 ms,
+--callers goroutines each taking --batch events at a time, paced by --rate)
+produces each event to --ingest-topic at --brokers, the key its id (the
+event's id in Chime is then <ingest-topic>/<key>), the value its payload,
+with chime-topic (--topic) and chime-delay (--delay), or chime-deliver-at in
+Unix milliseconds (--delay-max, --due-at), and with --priorities
+chime-priority. An event counts as acknowledged once Chime applied it: once
+the consumer group --ingest-group (chime-ingest, which commits an offset
+only after Raft committed the records before it) has committed offsets past
+its record, read every 100 ms with an OffsetFetch. Bench reports the rate
+the broker acknowledged the records at, the applied rate (events over the
+time from the first record produced to every one committed: the figure to
+compare with a gRPC run's acknowledged events/s), each record's time from
+the producer to its committed offset (100 ms resolution), and the consumer
+lag, the records the broker holds that the group has not committed, sampled
+every 100 ms (max and p99). Records the nodes reject (--ingest-rejected-topic)
+count as failed, with the first one's chime-error. When no offset moves for
+--wait after every record was produced, bench stops and counts the rest as
+failed.
+
 While it runs it prints one line a second: events acknowledged, fired (by
 the chime-fired header, one second behind) and consumed in that second. At
 the end it prints the totals, the acknowledgement latency of the calls
@@ -110,25 +131,28 @@ The consumer reaches a Kafka behind TLS or SASL with the --kafka-tls* and
 			o := benchOptions{}
 			fs.IntVar(&o.events, "events", 100000, "how many distinct `n` events to schedule")
 			fs.IntVar(&o.callers, "callers", 8, "concurrent callers")
-			fs.IntVar(&o.batch, "batch", 200, "events per call; 1 uses Schedule instead of ScheduleBatch (with --batcher: the most a call carries)")
+			fs.IntVar(&o.batch, "batch", 200, "events per call; 1 uses Schedule instead of ScheduleBatch (with --batcher: the most a call carries;\nwith --api topic: the events a producing caller takes at a time)")
 			fs.Float64Var(&o.rate, "rate", 0, "target events per second over all callers; 0 means as fast as acknowledged")
 			fs.DurationVar(&o.delay, "delay", 5*time.Second, "each event is due this long after it is sent")
 			fs.DurationVar(&o.delayMax, "delay-max", 0, "if set, delays are drawn uniformly from --delay to this")
 			fs.DurationVar(&o.dueAt, "due-at", 0, "if set, every event is due this long after the bench starts (see --spread), instead of --delay")
 			fs.DurationVar(&o.spread, "spread", 0, "with --due-at, due times are spread uniformly over this window")
 			fs.StringVar(&o.topic, "topic", "chime-bench", "Kafka `topic` the events are produced to")
-			fs.StringVar(&o.brokers, "brokers", "127.0.0.1:9092", "comma-separated Kafka bootstrap `addresses` for the consumer")
+			fs.StringVar(&o.brokers, "brokers", "127.0.0.1:9092", "comma-separated Kafka bootstrap `addresses` for the consumer (and --api topic's producer)")
 			fs.BoolVar(&o.noConsume, "no-consume", false, "do not read the records back (ingest only)")
 			fs.IntVar(&o.payload, "payload-size", 64, "payload `bytes` per event")
 			fs.BoolVar(&o.route, "route", true, "send each event to its shard's leader (from the cluster map) rather than to --addr")
 			fs.BoolVar(&o.batcher, "batcher", false, "each caller adds single events to one shared client.Batcher, answers awaited apart, instead of\nsending batches of --batch")
-			fs.StringVar(&o.api, "api", "client", "what sends the events: `client` (the Go client's methods), grpc (raw chime.v1 stubs on the\nclient's connection: no routing, no retries), or both, alternating call by call (with --batch 1\nand --route=false: the client's cost per call, measured at the same moments as the stubs')")
+			fs.StringVar(&o.api, "api", "client", "what sends the events: `client` (the Go client's methods), grpc (raw chime.v1 stubs on the\nclient's connection: no routing, no retries), both, alternating call by call (with --batch 1\nand --route=false: the client's cost per call, measured at the same moments as the stubs'), or\ntopic (Kafka records produced to --ingest-topic, acknowledged once --ingest-group committed\nthem)")
+			fs.StringVar(&o.ingestTopic, "ingest-topic", "chime.schedule", "with --api topic, the ingest `topic` the records are produced to (chimed --ingest-topics)")
+			fs.StringVar(&o.ingestGroup, "ingest-group", "chime-ingest", "with --api topic, the consumer `group` of the nodes' ingest (chimed --ingest-group), whose\ncommitted offsets say which records Chime applied")
+			fs.StringVar(&o.ingestRejected, "ingest-rejected-topic", "chime.ingest.rejected", "with --api topic, the `topic` the nodes produce the records they cannot apply to (chimed\n--ingest-rejected-topic); the consumer counts this run's as failed")
 			fs.StringVar(&o.metrics, "metrics", "", "comma-separated HTTP `addresses` (host:port) of the chimed nodes whose /metrics to read for CPU and memory (default: every member's, from the cluster map)")
 			fs.StringVar(&o.svg, "svg", "", "write a plot of rates and lateness per second to this `file`")
 			fs.StringVar(&o.prefix, "id-prefix", "", "event id `prefix` (default bench-<start time>-)")
 			fs.DurationVar(&o.wait, "wait", 30*time.Second, "how long to wait for records after the last one is due")
 			fs.BoolVar(&o.update, "update", false, "after scheduling, update every acknowledged event once and measure the updates")
-			kafka := kafkaflag.Register(fs, "the consumer")
+			kafka := kafkaflag.Register(fs, "the consumer (and --api topic's producer)")
 			fs.IntVar(&o.recurring, "recurring", 0, "instead of events, create `n` recurring schedules, each occurring every second for\n--recurring-for, and measure their occurrences as events (each one a due time)")
 			fs.DurationVar(&o.recurringFor, "recurring-for", time.Minute, "with --recurring, how long each schedule occurs")
 			fs.BoolVar(&o.recurringAligned, "recurring-aligned", false, "with --recurring, every schedule occurs at the same instant, each whole second (cron\n\"* * * * * *\"); without it, each is an interval of 1s whose phase is spread over the second")
@@ -163,8 +187,10 @@ type benchOptions struct {
 	prefix                          string
 	noConsume, route, update        bool
 	priorities, batcher             bool
-	api                             string // client or grpc
-	wait                            time.Duration
+	api                             string // client, grpc, both or topic
+	// --api topic: the ingest topic, its consumer group and rejected topic.
+	ingestTopic, ingestGroup, ingestRejected string
+	wait                                     time.Duration
 	// --recurring: schedules to create, how long each occurs, and when the
 	// first occurrence is.
 	recurring                   int
@@ -209,8 +235,14 @@ func (o *benchOptions) validate() error {
 		return usagef("--recurring-for and --recurring-lead must be at least 1s")
 	case o.recurring > 0 && (o.update || o.noConsume):
 		return usagef("--recurring measures occurrences as they arrive: it takes neither --update nor --no-consume")
-	case o.api != "client" && o.api != "grpc" && o.api != "both":
-		return usagef("--api %q: want client, grpc or both", o.api)
+	case o.api != "client" && o.api != "grpc" && o.api != "both" && o.api != "topic":
+		return usagef("--api %q: want client, grpc, both or topic", o.api)
+	case o.api == "topic" && (o.update || o.recurring > 0 || o.batcher):
+		return usagef("--api topic produces each event as a record to the ingest topic: it takes none of --update, --recurring and --batcher")
+	case o.api == "topic" && (o.ingestTopic == "" || o.ingestGroup == ""):
+		return usagef("--api topic needs --ingest-topic and --ingest-group")
+	case o.api == "topic" && (o.ingestTopic == o.topic || o.ingestRejected == o.topic):
+		return usagef("--topic %q is an ingest topic (--ingest-topic, --ingest-rejected-topic): the fired records would be read again", o.topic)
 	case o.api == "both" && (o.batch != 1 || o.route || o.update || o.recurring > 0):
 		return usagef("--api both compares single Schedule calls: it needs --batch 1 and --route=false, and takes neither --update nor --recurring")
 	case o.batcher && (o.api == "grpc" || o.recurring > 0):
@@ -266,6 +298,8 @@ type benchRun struct {
 	perSchedule int
 	// Each node process's CPU seconds when the first occurrence fell due.
 	cpuAtFirst map[string]float64
+	// topic is --api topic's producing state; nil otherwise.
+	topic *benchTopic
 	// unacked holds the records consumed before their event's ack, by
 	// event number, until the ack tells their due time.
 	unacked map[int]unackedRecord
@@ -304,13 +338,16 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	if o.reschedule != 0 {
 		r.moved = make([]bool, o.events)
 	}
+	if o.api == "topic" {
+		r.topic = &benchTopic{pending: newTopicPending()}
+	}
 	cl, err := c.dial(ctx, client.WithLeaderRouting(o.route), client.WithRetry(benchRetry))
 	if err != nil {
 		return err
 	}
 	defer func() { _ = cl.Close() }() // fails only for a client already closed
 	s := &benchSender{cl: cl}
-	if o.api != "client" {
+	if o.api == "grpc" || o.api == "both" {
 		s.alternate = o.api == "both"
 		s.raw, s.rawRecurring = chimev1.NewSchedulerClient(cl.Conn()), chimev1.NewRecurringClient(cl.Conn())
 	}
@@ -345,6 +382,12 @@ func (c *cli) bench(ctx context.Context, o benchOptions) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	switch {
+	case o.api == "topic":
+		if err := r.produceTopic(ctx); err != nil {
+			stopTicker()
+			<-tickerDone
+			return err
+		}
 	case o.recurring > 0:
 		for range o.callers {
 			wg.Go(func() { r.createSchedules(ctx, &next, s) })
@@ -956,9 +999,14 @@ func (r *benchRun) fail(err error, n int) {
 // record of this run; ready is closed once partitions are assigned.
 func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 	seeds := strings.Fields(strings.ReplaceAll(r.o.brokers, ",", " "))
+	topics := []string{r.o.topic}
+	if r.topic != nil {
+		// --api topic: what the nodes reject goes there, and is counted.
+		topics = append(topics, r.o.ingestRejected)
+	}
 	cl, err := kgo.NewClient(append([]kgo.Opt{
 		kgo.SeedBrokers(seeds...),
-		kgo.ConsumeTopics(r.o.topic),
+		kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AfterMilli(r.start.Add(-time.Second).UnixMilli())),
 		kgo.AllowAutoTopicCreation(),
 		kgo.FetchMaxWait(50 * time.Millisecond),
@@ -986,7 +1034,13 @@ func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 		}
 		now := time.Now()
 		r.mu.Lock()
-		fs.EachRecord(func(rec *kgo.Record) { r.record(rec, now) })
+		fs.EachRecord(func(rec *kgo.Record) {
+			if r.topic != nil && rec.Topic == r.o.ingestRejected {
+				r.rejectedRecord(rec)
+				return
+			}
+			r.record(rec, now)
+		})
 		r.mu.Unlock()
 	}
 }
@@ -995,6 +1049,9 @@ func (r *benchRun) consume(ctx context.Context, ready chan<- struct{}) error {
 func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 	h, _ := chimev1.ParseHeaders(rec.Headers)
 	rest, ok := strings.CutPrefix(h.ID, r.prefix)
+	if r.topic != nil {
+		rest, ok = topicIDRest(h.ID, r.o.ingestTopic, r.prefix)
+	}
 	if !ok {
 		return
 	}
@@ -1011,6 +1068,10 @@ func (r *benchRun) record(rec *kgo.Record, now time.Time) {
 	r.second(now).consumed++
 	if h.Fired.IsZero() {
 		return // no chime-fired: lateness unknown
+	}
+	if r.topic != nil {
+		r.topicRecord(n, h, now)
+		return
 	}
 	if r.dues[n] == 0 {
 		// Consumed before its ack came back (a short delay on a busy
@@ -1161,8 +1222,13 @@ func (r *benchRun) report(ctx context.Context, c *cli, cost *nodeCost) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	if !c.json {
-		fmt.Fprintf(c.stderr, "%6s %12s %12s %12s %8s %10s\n", "t", "acked/s", "fired/s", "consumed/s", "cpu%", "rss")
+		if r.topic != nil {
+			fmt.Fprintf(c.stderr, "%6s %12s %12s %10s %12s %12s %8s %10s\n", "t", "produced/s", "applied/s", "lag", "fired/s", "consumed/s", "cpu%", "rss")
+		} else {
+			fmt.Fprintf(c.stderr, "%6s %12s %12s %12s %8s %10s\n", "t", "acked/s", "fired/s", "consumed/s", "cpu%", "rss")
+		}
 	}
+	var prevProduced int64
 	prevCPU, _ := cost.sample(ctx)
 	prevT := time.Now()
 	// With --recurring, the nodes' CPU is read again when the first
@@ -1198,7 +1264,13 @@ func (r *benchRun) report(ctx context.Context, c *cli, cost *nodeCost) {
 			cpu, rss := cost.sample(ctx)
 			pct := 100 * (cpu - prevCPU) / now.Sub(prevT).Seconds()
 			prevCPU, prevT = cpu, now
-			if !c.json {
+			switch {
+			case c.json:
+			case r.topic != nil:
+				produced, lag := r.topic.progress()
+				fmt.Fprintf(c.stderr, "%5ds %12d %12d %10d %12d %12d %7.0f%% %10s\n", i+1, produced-prevProduced, cur.acked, lag, prev.fired, cur.consumed, pct, mib(rss))
+				prevProduced = produced
+			default:
 				fmt.Fprintf(c.stderr, "%5ds %12d %12d %12d %7.0f%% %10s\n", i+1, cur.acked, prev.fired, cur.consumed, pct, mib(rss))
 			}
 		}
@@ -1268,7 +1340,26 @@ type benchSummary struct {
 	UpdateP99Ms    float64 `json:"update_p99_ms,omitempty"`
 	// ByPriority is, with --priorities, the lateness of each priority,
 	// highest first.
-	ByPriority    []priorityLateness `json:"by_priority,omitempty"`
+	ByPriority []priorityLateness `json:"by_priority,omitempty"`
+	// With --api topic: Acked and AckedPerSec are the events Chime applied
+	// (their records' offsets committed by the ingest group) and their
+	// rate from the first record produced to the last committed
+	// (SendSeconds); the ack figures are each record's time from the
+	// producer to its committed offset (100 ms resolution). BrokerAcked
+	// records were acknowledged by the broker, the last BrokerSeconds after
+	// the first was produced. The consumer lag is the records the broker
+	// acknowledged that the group had not committed, sampled every 100 ms.
+	// Rejected records (the nodes' rejected topic) count as failed.
+	API               string  `json:"api,omitempty"`
+	IngestTopic       string  `json:"ingest_topic,omitempty"`
+	BrokerAcked       int64   `json:"broker_acked,omitempty"`
+	BrokerSeconds     float64 `json:"broker_seconds,omitempty"`
+	BrokerAckedPerSec float64 `json:"broker_acked_per_second,omitempty"`
+	Rejected          int     `json:"rejected,omitempty"`
+	LagSamples        int     `json:"consumer_lag_samples,omitempty"`
+	// Pointers: a lag of 0 is a figure, shown; other modes have none.
+	LagMaxRecords *float64 `json:"consumer_lag_max_records,omitempty"`
+	LagP99Records *float64 `json:"consumer_lag_p99_records,omitempty"`
 	consumeActive bool
 	reschedule    time.Duration // --reschedule, for the text
 }
@@ -1297,6 +1388,9 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 	s.AckedPerSec = float64(s.Acked) / s.SendSeconds
 	if !r.o.noConsume {
 		s.Missing = int(s.Acked) - r.consumed
+	}
+	if r.topic != nil {
+		r.topicSummary(&s)
 	}
 	lat := make([]float64, len(r.ackLat))
 	for i, d := range r.ackLat {
@@ -1366,11 +1460,15 @@ func (r *benchRun) summary(sendEnd, end time.Time, cost *nodeCost) benchSummary 
 
 func (s benchSummary) print(c *cli) {
 	w := c.stdout
-	fmt.Fprintf(w, "scheduled  %d of %d acknowledged in %.1f s: %.0f events/s (peak second %d)", s.Acked, s.Events, s.SendSeconds, s.AckedPerSec, s.PeakAckedSec)
-	if s.Failed > 0 {
-		fmt.Fprintf(w, "; %d failed, first: %s", s.Failed, s.FirstError)
+	if s.API == "topic" {
+		s.printTopic(w)
+	} else {
+		fmt.Fprintf(w, "scheduled  %d of %d acknowledged in %.1f s: %.0f events/s (peak second %d)", s.Acked, s.Events, s.SendSeconds, s.AckedPerSec, s.PeakAckedSec)
+		if s.Failed > 0 {
+			fmt.Fprintf(w, "; %d failed, first: %s", s.Failed, s.FirstError)
+		}
+		fmt.Fprintf(w, "\nack        %d calls: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", s.Calls, s.AckP50Ms, s.AckP99Ms, s.AckMaxMs)
 	}
-	fmt.Fprintf(w, "\nack        %d calls: p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", s.Calls, s.AckP50Ms, s.AckP99Ms, s.AckMaxMs)
 	if s.GRPCAckP50Ms > 0 {
 		fmt.Fprintf(w, "           the raw stubs' calls: p50 %.2f ms, p99 %.2f ms (client/raw p50 %.3f)\n", s.GRPCAckP50Ms, s.GRPCAckP99Ms, s.AckP50Ms/s.GRPCAckP50Ms)
 	}

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"net"
@@ -30,6 +31,7 @@ import (
 	"github.com/chimehq/chime/publish/publishtest"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
+	"github.com/chimehq/chime/rpc/ingest"
 	"github.com/chimehq/chime/shard/host"
 )
 
@@ -42,8 +44,9 @@ func startNode(t *testing.T) (addr string, brokers []string) {
 }
 
 // startNodeWith runs the node of startNode against brokers, which it
-// reaches with sec.
-func startNodeWith(t *testing.T, brokers []string, sec publish.Security) (addr string) {
+// reaches with sec; with ingestTopics, it consumes them as chimed's
+// --ingest-topics (group chime-ingest, Chime's format).
+func startNodeWith(t *testing.T, brokers []string, sec publish.Security, ingestTopics ...string) (addr string) {
 	t.Helper()
 	dir := t.TempDir()
 	store, err := raftfsm.OpenStore(filepath.Join(dir, "pebble"), raftfsm.StoreOptions{})
@@ -75,7 +78,18 @@ func startNodeWith(t *testing.T, brokers []string, sec publish.Security) (addr s
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	rpc.Register(gs, rpc.NewServer(cl, rpc.DefaultLimits(), time.Now, nil))
+	srv := rpc.NewServer(cl, rpc.DefaultLimits(), time.Now, nil)
+	rpc.Register(gs, srv)
+	var ic *ingest.Consumer
+	if len(ingestTopics) > 0 {
+		var srcs []ingest.Source
+		for _, topic := range ingestTopics {
+			srcs = append(srcs, ingest.Source{Topic: topic})
+		}
+		if ic, err = ingest.New(ingest.Config{Brokers: brokers, Security: sec, Sources: srcs, API: srv}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -85,6 +99,9 @@ func startNodeWith(t *testing.T, brokers []string, sec publish.Security) (addr s
 		}
 	}()
 	t.Cleanup(func() {
+		if ic != nil {
+			ic.Close()
+		}
 		gs.Stop()
 		<-done
 		cl.Close()
@@ -465,5 +482,197 @@ func TestBenchClientModes(t *testing.T) {
 	}
 	if s["grpc_ack_p50_ms"] == nil || s["grpc_ack_p50_ms"].(float64) <= 0 || s["ack_p50_ms"].(float64) <= 0 {
 		t.Errorf("--api both: no latency for each side: %v", s)
+	}
+}
+
+// TestBenchTopic: with --api topic, the events go in as records produced to
+// the ingest topic; bench counts them acknowledged once the node's ingest
+// group committed them, and matches the fired records, whose ids are
+// <ingest topic>/<key>, to them: every one back, none early, by delay
+// (chime-delay, the due time from the fired record) and by due time
+// (chime-deliver-at).
+func TestBenchTopic(t *testing.T) {
+	brokers := publishtest.NewBroker(t).Addrs()
+	addr := startNodeWith(t, brokers, publish.Security{}, "bench.ingest")
+	const events = 2000
+	for _, due := range [][]string{{"--delay", "500ms"}, {"--delay", "300ms", "--delay-max", "800ms", "--priorities"}} {
+		r := chimectl(t, nil, "", append([]string{"--addr", addr, "--json", "bench", "--api", "topic", "--ingest-topic", "bench.ingest",
+			"--events", fmt.Sprint(events), "--callers", "2", "--batch", "100", "--brokers", strings.Join(brokers, ","),
+			"--metrics", serveProcessMetrics(t), "--wait", "10s"}, due...)...)
+		if r.code != 0 {
+			t.Fatalf("%v: exit %d: %s", due, r.code, r.stderr)
+		}
+		var s map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &s); err != nil {
+			t.Fatalf("--json output: %v\n%s", err, r.stdout)
+		}
+		for k, want := range map[string]any{"api": "topic", "ingest_topic": "bench.ingest", "acked": float64(events), "broker_acked": float64(events),
+			"consumed": float64(events), "missing": 0.0, "early": 0.0, "failed": 0.0, "duplicates": 0.0, "calls": float64(events)} {
+			if s[k] != want {
+				t.Errorf("%v: %s = %v, want %v", due, k, s[k], want)
+			}
+		}
+		// Applied is the broker's acknowledgement and more: Raft's commit.
+		if a, b := s["acked_per_second"].(float64), s["broker_acked_per_second"].(float64); a <= 0 || b <= 0 || s["send_seconds"].(float64) < s["broker_seconds"].(float64) {
+			t.Errorf("%v: applied %v/s in %v s, broker %v/s in %v s", due, a, s["send_seconds"], b, s["broker_seconds"])
+		}
+		if s["consumer_lag_samples"] == nil || s["consumer_lag_max_records"] == nil || s["consumer_lag_max_records"].(float64) > events {
+			t.Errorf("%v: consumer lag: %v samples, max %v", due, s["consumer_lag_samples"], s["consumer_lag_max_records"])
+		}
+		if s["late_max_ms"].(float64) > 5000 || s["drain_fired"] != float64(events) {
+			t.Errorf("%v: implausible lateness: %s", due, r.stdout)
+		}
+	}
+}
+
+// TestBenchTopicUnapplied: against brokers no Chime consumes the ingest
+// topic of, --api topic stops --wait after the last record was produced,
+// saying what to check, and counts every record as failed.
+func TestBenchTopicUnapplied(t *testing.T) {
+	addr, brokers := startNode(t)
+	r := chimectl(t, nil, "", "--addr", addr, "--json", "bench", "--api", "topic", "--events", "50", "--callers", "1",
+		"--brokers", strings.Join(brokers, ","), "--no-consume", "--wait", "1s")
+	if r.code != 1 || !strings.Contains(r.stderr, "50 records not committed by consumer group chime-ingest") {
+		t.Fatalf("exit %d, stdout %s, stderr %s; want exit 1 saying the 50 records were not committed", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestBenchTopicFlags(t *testing.T) {
+	for _, c := range []struct{ args, msg string }{
+		{"--api rest", `--api "rest": want client, grpc, both or topic`},
+		{"--api topic --update", "--api topic produces each event as a record to the ingest topic: it takes none of"},
+		{"--api topic --recurring 3", "it takes none of --update, --recurring and --batcher"},
+		{"--api topic --batcher", "it takes none of --update, --recurring and --batcher"},
+		{"--api topic --ingest-group=", "--api topic needs --ingest-topic and --ingest-group"},
+		{"--api topic --topic chime.schedule", `--topic "chime.schedule" is an ingest topic`},
+		{"--api topic --topic x --ingest-rejected-topic x", `--topic "x" is an ingest topic`},
+	} {
+		r := chimectl(t, nil, "", append([]string{"bench"}, strings.Fields(c.args)...)...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.msg) {
+			t.Errorf("bench %s: exit %d, stderr %q; want 2 and %q", c.args, r.code, r.stderr, c.msg)
+		}
+	}
+	// The defaults are chimed's, and --batch, --priorities and the due
+	// options go with --api topic.
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	benchCommand().flags(&cli{}, fs)
+	for name, want := range map[string]string{"ingest-topic": "chime.schedule", "ingest-group": "chime-ingest", "ingest-rejected-topic": "chime.ingest.rejected"} {
+		if f := fs.Lookup(name); f == nil || f.DefValue != want {
+			t.Errorf("--%s: %v, want the default %q", name, f, want)
+		}
+	}
+	o := benchOptions{events: 1, callers: 1, batch: 500, updateBatch: 1, topic: "t", api: "topic", ingestTopic: "chime.schedule",
+		ingestGroup: "chime-ingest", ingestRejected: "chime.ingest.rejected", priorities: true, dueAt: time.Second, spread: time.Second}
+	if err := o.validate(); err != nil {
+		t.Errorf("--api topic --batch 500 --priorities --due-at 1s --spread 1s: %v", err)
+	}
+}
+
+// TestBenchTopicIDs: an event of the ingest topic is <topic>/<key> in
+// Chime, and the consumer side matches the fired records by that id (or by
+// the key alone, from a node with --ingest-id-from-key), takes the due time
+// from chime-due-unix-ms when the bench sent a delay, and counts the
+// records the nodes rejected.
+func TestBenchTopicIDs(t *testing.T) {
+	if got := topicEventID("chime.schedule", "bench-1-7"); got != "chime.schedule/bench-1-7" {
+		t.Errorf("topicEventID = %q", got)
+	}
+	for _, c := range []struct {
+		id, rest string
+		ok       bool
+	}{
+		{"chime.schedule/p-7", "7", true},
+		{"p-7", "7", true}, // --ingest-id-from-key
+		{"other.topic/p-7", "", false},
+		{"chime.schedule/q-7", "", false},
+		{"chime.schedule/", "", false},
+	} {
+		if rest, ok := topicIDRest(c.id, "chime.schedule", "p-"); rest != c.rest || ok != c.ok {
+			t.Errorf("topicIDRest(%q) = %q, %v; want %q, %v", c.id, rest, ok, c.rest, c.ok)
+		}
+	}
+
+	rec := func(id string, dueMs, firedMs int64) *kgo.Record {
+		return &kgo.Record{Topic: "chime-bench", Headers: []kgo.RecordHeader{{Key: chimev1.HeaderID, Value: []byte(id)},
+			{Key: chimev1.HeaderDue, Value: []byte(fmt.Sprint(dueMs))}, {Key: chimev1.HeaderFired, Value: []byte(fmt.Sprint(firedMs))}}}
+	}
+	o := benchOptions{api: "topic", ingestTopic: "chime.schedule", ingestRejected: "chime.ingest.rejected", delay: time.Second}
+	r := &benchRun{o: o, start: time.Unix(100, 0), prefix: "p-", dues: make([]int64, 4), seen: make([]bool, 4), topic: &benchTopic{pending: newTopicPending()}}
+	r.dues[2] = 101_000 * 1e6 // sent with chime-deliver-at 101 s
+	now := time.Unix(200, 0)
+	r.record(rec("chime.schedule/p-0", 102_000, 102_005), now) // chime-delay: due as the record says
+	r.record(rec("p-1", 103_000, 103_007), now)                // --ingest-id-from-key
+	r.record(rec("chime.schedule/p-2", 101_000, 101_003), now) // chime-deliver-at: due as sent
+	r.record(rec("chime.schedule/p-2", 101_000, 101_004), now) // a duplicate
+	r.record(rec("other/p-3", 101_000, 101_004), now)          // another topic's event
+	r.record(rec("chime.schedule/p-9", 101_000, 101_004), now) // not of this run
+	if want := []float64{5, 7, 3}; !slices.Equal(r.late, want) || r.consumed != 3 || r.dups != 1 || r.early != 0 || r.seen[3] {
+		t.Errorf("lateness %v, consumed %d, duplicates %d, early %d, seen[3] %v; want %v, 3, 1, 0, false", r.late, r.consumed, r.dups, r.early, r.seen[3], want)
+	}
+	// The gRPC path's ids are the bench's own: an ingest id is not one.
+	g := &benchRun{o: benchOptions{api: "client"}, start: time.Unix(100, 0), prefix: "p-", dues: make([]int64, 4), seen: make([]bool, 4)}
+	g.dues[0] = 102_000 * 1e6
+	g.record(rec("chime.schedule/p-0", 102_000, 102_005), now)
+	if g.consumed != 0 {
+		t.Errorf("the gRPC path counted an ingest id as its own")
+	}
+
+	// A record the nodes rejected counts as failed, with its chime-error,
+	// and is no acknowledged schedule.
+	r.rejectedRecord(&kgo.Record{Topic: "chime.ingest.rejected", Key: []byte("p-3"), Headers: []kgo.RecordHeader{{Key: "chime-error", Value: []byte("chime-topic: required")}}})
+	r.rejectedRecord(&kgo.Record{Topic: "chime.ingest.rejected", Key: []byte("q-3")})
+	r.acked.Store(4)
+	r.topic.firstProduce.Store(time.Unix(100, 0).UnixNano())
+	r.topic.applied = time.Unix(102, 0)
+	s := r.summary(time.Unix(102, 0), time.Unix(103, 0), &nodeCost{firstCPU: map[string]float64{}, lastCPU: map[string]float64{}})
+	if s.Rejected != 1 || s.Acked != 3 || s.Failed != 1 || s.SendSeconds != 2 || s.AckedPerSec != 1.5 || s.Missing != 0 ||
+		!strings.Contains(s.FirstError, "record p-3 rejected by chimed: chime-topic: required") {
+		t.Errorf("rejected %d, acked %d, failed %d, %v s, %v/s, missing %d, first error %q; want 1, 3, 1, 2 s, 1.5/s, 0 and p-3's",
+			s.Rejected, s.Acked, s.Failed, s.SendSeconds, s.AckedPerSec, s.Missing, s.FirstError)
+	}
+}
+
+// TestBenchTopicLag: the records of each partition count as applied once
+// the group's committed offset (the next one it reads) is past them,
+// whatever order the broker's acknowledgements came in, and the lag is the
+// rest.
+func TestBenchTopicLag(t *testing.T) {
+	p := newTopicPending()
+	for _, o := range []int64{10, 12, 11, 13, 14} { // out of order
+		p.add(0, pendingRecord{offset: o, n: int(o)})
+	}
+	for o := int64(100); o < 103; o++ {
+		p.add(1, pendingRecord{offset: o, n: int(o)})
+	}
+	p.add(2, pendingRecord{offset: 0, n: 0})
+	nums := func(rs []pendingRecord) []int {
+		var out []int
+		for _, r := range rs {
+			out = append(out, r.n)
+		}
+		slices.Sort(out)
+		return out
+	}
+	// Nothing committed yet (partition 1 at -1, 2 not answered): all lag.
+	applied, lag := p.advance(map[int32]int64{0: 10, 1: -1})
+	if len(applied) != 0 || lag != 9 {
+		t.Errorf("nothing committed: applied %v, lag %d; want none, 9", nums(applied), lag)
+	}
+	// 0 committed up to 13 (offsets 10-12 applied), 1 to 101 (100).
+	applied, lag = p.advance(map[int32]int64{0: 13, 1: 101})
+	if got := nums(applied); !slices.Equal(got, []int{10, 11, 12, 100}) || lag != 5 {
+		t.Errorf("applied %v, lag %d; want [10 11 12 100], 5", got, lag)
+	}
+	// A committed offset that went nowhere applies nothing again.
+	if applied, lag = p.advance(map[int32]int64{0: 13, 1: 101}); len(applied) != 0 || lag != 5 {
+		t.Errorf("again: applied %v, lag %d; want none, 5", nums(applied), lag)
+	}
+	p.add(0, pendingRecord{offset: 15, n: 15})
+	applied, lag = p.advance(map[int32]int64{0: 16, 1: 103, 2: 1})
+	if got := nums(applied); !slices.Equal(got, []int{0, 13, 14, 15, 101, 102}) || lag != 0 {
+		t.Errorf("all committed: applied %v, lag %d; want [0 13 14 15 101 102], 0", got, lag)
+	}
+	if got := p.partitions(); !slices.Equal(got, []int32{0, 1, 2}) {
+		t.Errorf("partitions %v", got)
 	}
 }

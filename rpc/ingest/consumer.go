@@ -75,14 +75,13 @@ type Config struct {
 // Consumer reads the source topics as a member of the ingest consumer group
 // and applies their records through the Scheduler API.
 type Consumer struct {
-	cfg      Config
-	cl       *kgo.Client
-	sources  map[string]*source
-	log      *slog.Logger
-	m        *Metrics
-	stop     context.CancelFunc
-	done     chan struct{}
-	closeErr error
+	cfg     Config
+	cl      *kgo.Client
+	sources map[string]*source
+	log     *slog.Logger
+	m       *Metrics
+	stop    context.CancelFunc
+	done    chan struct{}
 
 	mu  sync.Mutex
 	lag map[topicPartition]partitionState

@@ -352,7 +352,7 @@ func (g *skyRegistry) fetch(id uint32) (*skyWriter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sky: schema registry %s: %w", where, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // read to the end or abandoned: its error tells nothing more
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
 		return nil, fmt.Errorf("sky: schema registry %s: schema id %d: %w", where, id, err)

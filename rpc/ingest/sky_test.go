@@ -492,16 +492,16 @@ func newSkyRegistryServer(t *testing.T, schemas map[string]string) *skyRegistryS
 		w.Header().Set("Content-Type", "application/vnd.schemaregistry.v1+json")
 		if code := s.status[id]; code != 0 {
 			w.WriteHeader(code)
-			fmt.Fprintf(w, `{"error_code":%d,"message":"forced"}`, code*100)
+			_, _ = fmt.Fprintf(w, `{"error_code":%d,"message":"forced"}`, code*100)
 			return
 		}
 		schema, ok := s.schemas[id]
 		if !ok {
 			w.WriteHeader(http.StatusNotFound)
-			fmt.Fprintf(w, `{"error_code":40403,"message":"Schema %s not found"}`, id)
+			_, _ = fmt.Fprintf(w, `{"error_code":40403,"message":"Schema %s not found"}`, id)
 			return
 		}
-		json.NewEncoder(w).Encode(map[string]string{"schema": schema})
+		_ = json.NewEncoder(w).Encode(map[string]string{"schema": schema})
 	}))
 	t.Cleanup(func() { close(s.block); s.Close() })
 	return s
