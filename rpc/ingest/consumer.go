@@ -265,17 +265,31 @@ func (c *Consumer) Status() []PartitionStatus {
 
 func (c *Consumer) run(ctx context.Context) {
 	defer close(c.done)
+	var bo *backoff.ExponentialBackOff
 	for {
 		fs := c.cl.PollRecords(ctx, maxPoll)
 		if ctx.Err() != nil {
 			c.cl.AllowRebalance()
 			return
 		}
+		failed := false
 		fs.EachError(func(topic string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
-				c.log.Warn("fetching", "topic", topic, "partition", p, "err", publish.ExplainClosed(err))
-			}
+			failed = true
+			c.log.Warn("fetching", "topic", topic, "partition", p, "err", publish.ExplainClosed(err))
 		})
+		if failed && fs.NumRecords() == 0 {
+			// A poll that fails at once (a topic the brokers refuse to
+			// this client) would fail again at once.
+			c.cl.AllowRebalance()
+			if bo == nil {
+				bo = newBackoff()
+			}
+			if !c.wait(ctx, bo, "fetching", fs.Err()) {
+				return
+			}
+			continue
+		}
+		bo = nil
 		var parts []kgo.FetchTopicPartition
 		fs.EachPartition(func(p kgo.FetchTopicPartition) {
 			if len(p.Records) > 0 {
