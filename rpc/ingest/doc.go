@@ -16,7 +16,11 @@
 //     record.
 //   - The consumer (Consumer): a franz-go group member (cooperative-sticky
 //     balancing), with auto-commit off and rebalances held while a poll's
-//     records are applied. A partition's records are applied in order:
+//     records are applied. Not kafka-go, which produces the fired records:
+//     its consumer group rebalances eagerly (every partition stops at every
+//     join) and cannot hold a rebalance until the records in flight are
+//     committed, so a partition could change hands between a record's
+//     apply and its commit. A partition's records are applied in order:
 //     runs of schedules with distinct ids go in one BatchSchedule, a cancel
 //     waits for the run before it. A partition's offset is committed only
 //     once every record before it was committed by Raft or produced to the
