@@ -85,6 +85,9 @@ type Consumer struct {
 
 	mu  sync.Mutex
 	lag map[topicPartition]partitionState
+	// hurry, while a poll's records are applied, stops that work at its
+	// next wait (rebalanceDue).
+	hurry context.CancelFunc
 }
 
 type source struct {
@@ -177,6 +180,7 @@ func New(cfg Config) (*Consumer, error) {
 		// accept 6 s and more).
 		kgo.SessionTimeout(sessionTimeout),
 		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsCallbackBlocked(c.rebalanceDue),
 		kgo.OnPartitionsRevoked(c.forget),
 		kgo.OnPartitionsLost(c.forget),
 		kgo.WithLogger(kgoLogger{cfg.Logger}),
@@ -297,14 +301,67 @@ func (c *Consumer) run(ctx context.Context) {
 			}
 			c.setHigh(p.Topic, p.Partition, p.HighWatermark)
 		})
+		// A rebalance the group wants cannot wait for a partition stuck on
+		// a shard that takes no writes: that would stall every member. The
+		// poll's work stops at its next wait (hurry), what it applied is
+		// committed, and the rest is read again, here or by the partition's
+		// next owner.
+		pollCtx, hurry := context.WithCancel(ctx)
+		c.mu.Lock()
+		c.hurry = hurry
+		c.mu.Unlock()
 		applied := make([]*kgo.Record, len(parts))
 		var wg sync.WaitGroup
 		for i := range parts {
-			wg.Go(func() { applied[i] = c.apply(ctx, parts[i].Records) })
+			wg.Go(func() { applied[i] = c.apply(pollCtx, parts[i].Records) })
 		}
 		wg.Wait()
-		c.commit(applied)
+		c.mu.Lock()
+		c.hurry = nil
+		c.mu.Unlock()
+		hurry()
+		c.commit(slices.Clone(applied))
+		if ctx.Err() == nil {
+			c.rewind(parts, applied)
+		}
 		c.cl.AllowRebalance()
+	}
+}
+
+// rewind sets the consuming position of each partition of parts whose
+// records were not all applied (last, by partition: the last applied, nil
+// for none) back to the first record not applied, so that the next poll
+// returns it again. It runs before rebalances are allowed again: no
+// partition changes hands meanwhile.
+func (c *Consumer) rewind(parts []kgo.FetchTopicPartition, last []*kgo.Record) {
+	set := map[string]map[int32]kgo.EpochOffset{}
+	for i, p := range parts {
+		recs := p.Records
+		if l := last[i]; l != nil && l == recs[len(recs)-1] {
+			continue
+		}
+		next := recs[0]
+		if l := last[i]; l != nil {
+			next = recs[slices.Index(recs, l)+1]
+		}
+		if set[p.Topic] == nil {
+			set[p.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		set[p.Topic][p.Partition] = kgo.EpochOffset{Epoch: next.LeaderEpoch, Offset: next.Offset}
+		c.log.Info("a rebalance is due: the partition's records from this offset are read again", "topic", p.Topic, "partition", p.Partition, "offset", next.Offset)
+	}
+	if len(set) > 0 {
+		c.cl.SetOffsets(set)
+	}
+}
+
+// rebalanceDue is called (in a goroutine of franz-go's) when the group
+// wants a rebalance that the records of the current poll hold up.
+func (c *Consumer) rebalanceDue(context.Context, *kgo.Client) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hurry != nil {
+		c.hurry()
 	}
 }
 
@@ -665,6 +722,12 @@ func (c *Consumer) cancel(ctx context.Context, src *source, it *item) bool {
 		for {
 			stale, err := c.cancelIfNewer(ctx, src, id, at)
 			code := status.Code(err)
+			if code == codes.Aborted && c.cancelled(ctx, src, id) {
+				// Recorded, but a record of an earlier produce attempt may
+				// still reach Kafka: a doubt no retry can lift, since a
+				// cancelled event is never produced again.
+				code = codes.OK
+			}
 			if code == codes.OK || code == codes.NotFound || code == codes.FailedPrecondition {
 				if stale && it.result == "cancelled" {
 					it.result = "stale"
@@ -681,6 +744,13 @@ func (c *Consumer) cancel(ctx context.Context, src *source, it *item) bool {
 		}
 	}
 	return true
+}
+
+// cancelled reports whether the event id names is cancelled.
+func (c *Consumer) cancelled(ctx context.Context, src *source, id string) bool {
+	got, err := c.call(ctx, src, chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: id},
+		func(ctx context.Context, req any) (any, error) { return c.cfg.API.Get(ctx, req.(*chimev1.GetRequest)) })
+	return err == nil && got.(*chimev1.GetResponse).GetState() == chimev1.EventState_EVENT_STATE_CANCELLED
 }
 
 // cancelIfNewer cancels id unless its event came from a record of the

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -33,6 +34,10 @@ type fakeAPI struct {
 	chimev1.UnimplementedSchedulerServer
 	down    atomic.Bool
 	cancels atomic.Int32 // Cancel calls
+	// unsure makes a Cancel record the cancel and answer ABORTED, as a
+	// shard does when a record of an earlier produce attempt may still
+	// reach Kafka.
+	unsure atomic.Bool
 
 	mu        sync.Mutex
 	events    map[string]*chimev1.Event
@@ -104,7 +109,11 @@ func (f *fakeAPI) Get(_ context.Context, in *chimev1.GetRequest) (*chimev1.GetRe
 	if !ok {
 		return nil, status.Error(codes.NotFound, "id: no event")
 	}
-	return &chimev1.GetResponse{Event: proto.Clone(ev).(*chimev1.Event)}, nil
+	st := chimev1.EventState_EVENT_STATE_SCHEDULED
+	if f.cancelled[in.GetId()] {
+		st = chimev1.EventState_EVENT_STATE_CANCELLED
+	}
+	return &chimev1.GetResponse{Event: proto.Clone(ev).(*chimev1.Event), State: st}, nil
 }
 
 func (f *fakeAPI) Cancel(_ context.Context, in *chimev1.CancelRequest) (*chimev1.CancelResponse, error) {
@@ -121,6 +130,9 @@ func (f *fakeAPI) Cancel(_ context.Context, in *chimev1.CancelRequest) (*chimev1
 		f.log = append(f.log, "cancel "+in.GetId())
 	}
 	f.cancelled[in.GetId()] = true
+	if f.unsure.Load() {
+		return nil, status.Error(codes.Aborted, "cancelled, but a record from an earlier produce attempt may still reach Kafka")
+	}
 	return &chimev1.CancelResponse{Id: in.GetId()}, nil
 }
 
@@ -143,9 +155,12 @@ type harness struct {
 	api     *fakeAPI
 }
 
-func newHarness(t *testing.T) *harness {
+func newHarness(t *testing.T) *harness { return newHarnessN(t, 1) }
+
+// newHarnessN is a harness whose topics have n partitions.
+func newHarnessN(t *testing.T, n int) *harness {
 	t.Helper()
-	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
+	kc, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(n))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,6 +390,54 @@ func TestDryRunCancelsNothing(t *testing.T) {
 	if n := testCounter(c.m.records.WithLabelValues("in", "dry_run")); n != 2 {
 		t.Errorf("%v records counted dry_run, want 2", n)
 	}
+}
+
+// TestAnUnsureCancelIsApplied: a cancel the shard recorded but cannot
+// vouch for (ABORTED: an earlier produce attempt may still land) is done
+// with, not retried forever, and the records after it go on.
+func TestAnUnsureCancelIsApplied(t *testing.T) {
+	h := newHarness(t)
+	h.api.events["in/u"] = &chimev1.Event{Id: "in/u", Topic: "out"}
+	h.api.unsure.Store(true)
+	h.produce("u", nil)
+	h.schedule("after", "1")
+	h.start("g")
+	h.waitFor("offset 2 committed", func() bool { return h.committed("g") == 2 })
+	if got, want := h.api.applied(), []string{"cancel in/u", "schedule in/after 1"}; !slices.Equal(got, want) {
+		t.Errorf("applied %q, want %q", got, want)
+	}
+}
+
+// TestAStuckPartitionLetsTheGroupRebalance: a member whose records wait on
+// an API that takes no writes still lets a new member in: it stops, commits
+// what it applied, and reads the rest again once the group has settled; every
+// record is applied once the API takes writes.
+func TestAStuckPartitionLetsTheGroupRebalance(t *testing.T) {
+	h := newHarnessN(t, 2)
+	h.api.down.Store(true)
+	for i := range 20 {
+		r := &kgo.Record{Topic: "in", Partition: int32(i % 2), Key: []byte(fmt.Sprint("k", i)), Value: []byte("1"),
+			Headers: []kgo.RecordHeader{{Key: "chime-delay", Value: []byte("1h")}, {Key: "chime-topic", Value: []byte("out")}}}
+		if err := h.prod.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := h.start("g")
+	h.waitFor("the first member holds both partitions, stuck", func() bool {
+		return len(first.Status()) == 2 && testCounter(first.m.retries) >= 2
+	})
+	second := h.start("g")
+	// Well within the group's rebalance timeout (60 s), which a member that
+	// held on to its poll would make the group wait out.
+	deadline := time.Now().Add(15 * time.Second)
+	for len(second.Status()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 15 s the second member has no partition: the stuck one held the rebalance")
+		}
+		time.Sleep(50 * time.Millisecond) // polls the group's assignment
+	}
+	h.api.down.Store(false)
+	h.waitFor("every record applied", func() bool { return len(h.api.applied()) == 20 })
 }
 
 func TestNotNewer(t *testing.T) {
