@@ -54,6 +54,7 @@ type options struct {
 	nodes, clients, shards     int
 	burstSize, burstRate       int
 	burstEvery                 time.Duration
+	ingestShare                float64
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -76,6 +77,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.burstSize, "burst-size", 300, "events in each burst: all on one shard (shards in turn), due at once 2 s after they are sent,\nwith priorities 0-9, on topic "+burstTopic+", which the nodes rate-limit; the checker holds the\nleader to producing higher priorities first (0: no bursts, and no --topic-rate-limit)")
 	fs.DurationVar(&o.burstEvery, "burst-every", 15*time.Second, "send a burst this often (the first 3 s into the workload; 0: no bursts)")
 	fs.IntVar(&o.burstRate, "burst-rate", 0, "chimed --topic-rate-limit "+burstTopic+"=N/s for every node: the cluster's rate, of which each\nshard's leader enforces N/--shards (0: --burst-size/2 × --shards, so that a burst takes about 2 s\nto drain)")
+	fs.Float64Var(&o.ingestShare, "ingest-share", 0.2, "the share of new events scheduled by producing a record to the ingest topic "+ingestTopic+"\n"+
+		"(docs/ingest.md; every node runs with --ingest-topics "+ingestTopic+"), some followed by a tombstone\n"+
+		"or a second record of their key (checker: ingest_lost, ingest_after_tombstone, ingest_after_replace,\n"+
+		"ingest_rejected); 0: none, and the nodes consume no ingest topic")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `Usage: chime-jepsen [flags]   (as root)
 
@@ -85,9 +90,10 @@ workload of schedules (delays from 0 to --max-delay, some on tick boundaries),
 some with a priority or a window, re-sends (identical and conflicting,
 sometimes to two nodes at once), cancels (well before, within 50 ms of, and
 after due), updates, upserts, gets, lists and bulk cancels (CancelMatching) by
-id prefix, invalid requests, recurring schedules, and every --burst-every a
+id prefix, invalid requests, recurring schedules, every --burst-every a
 burst of --burst-size events due at once on one shard, on a topic the nodes
-rate-limit; and a nemesis that injects one fault about every 10 s. Every
+rate-limit, and --ingest-share of the new events produced as records to the
+ingest topic (some tombstoned or produced again); and a nemesis that injects one fault about every 10 s. Every
 --backup-every it takes a backup of the live cluster, through the code
 chimectl backup runs, from a node picked at random, into the run's folder.
 After the final heal and a drain it reads every record back and checks:
@@ -99,7 +105,10 @@ that add up, retention (no event gone early, none back after it was gone),
 backups (each completed backup holds every event acknowledged before it began,
 in a state the history allows, and no event never sent; a failed one leaves no
 manifest), priority (in each burst clear of faults, no lower-priority event
-produced clearly before a higher-priority one), duplicates by fault, lateness
+produced clearly before a higher-priority one), the ingest topic (every
+acknowledged record whose key was not tombstoned or produced again fires,
+none before its delay counted from its produce, none long after a later record
+of its key superseded it, none rejected), duplicates by fault, lateness
 per period, recovery time per fault, and that all replicas converged. Exits 0
 when the run is valid, 1 when a check failed.
 
@@ -112,6 +121,7 @@ Examples:
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis partition-halves,kill-leader --seed 42
   sudo go run ./cmd/chime-jepsen --time-limit 90s --backup-every 20s --out /tmp/jepsen-backups
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis none --burst-size 600 --burst-every 8s
+  sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis kafka-cut --ingest-share 0.5
 `)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -134,6 +144,10 @@ Examples:
 	}
 	if o.burstEvery == 0 {
 		o.burstSize = 0
+	}
+	if o.ingestShare < 0 || o.ingestShare > 1 {
+		fmt.Fprintln(stderr, "chime-jepsen: --ingest-share must be between 0 and 1 (0 produces nothing to the ingest topic)")
+		return 2
 	}
 	kinds, err := nemesisKinds(o.nemesis)
 	if err != nil {
@@ -195,7 +209,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	rateLimit := burstRateLimit(o.burstSize, o.shards, o.burstRate)
 	logger.Info("chime-jepsen", "out", out, "seed", o.seed, "nodes", o.nodes, "time-limit", o.timeLimit, "nemesis", kinds, "backup-every", o.backupEvery, "secure", o.secure,
-		"burst-size", o.burstSize, "burst-every", o.burstEvery, "topic-rate-limit", rateLimit)
+		"burst-size", o.burstSize, "burst-every", o.burstEvery, "topic-rate-limit", rateLimit, "ingest-share", o.ingestShare)
 
 	bin, err := buildChimed(out)
 	if err != nil {
@@ -220,9 +234,24 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	defer broker.Close()
 	appends := watchProduces(broker)
 
+	// The ingest topic exists, with its partitions, before any node joins
+	// the group.
+	var ingestProducer *kgo.Client
+	ingestTopics := ""
+	if o.ingestShare > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ingestProducer, err = newIngestProducer(ctx, net.JoinHostPort(hostIP, kafkaPort))
+		cancel()
+		if err != nil {
+			return res, fmt.Errorf("ingest: %w", err)
+		}
+		defer ingestProducer.Close()
+		ingestTopics = ingestTopic
+	}
+
 	var sec *security
 	if o.secure {
-		if sec, err = newSecurity(out); err != nil {
+		if sec, err = newSecurity(out, ingestTopics); err != nil {
 			return res, fmt.Errorf("--secure: %w", err)
 		}
 	}
@@ -230,7 +259,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	for i := 1; i <= o.nodes; i++ {
 		n := &node{i: i, id: fmt.Sprintf("n%d", i), ip: nodeIP(i), dataDir: filepath.Join(out, fmt.Sprintf("n%d", i)),
 			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards, retention: o.retention,
-			wheelHorizon: o.wheelHorizon, topicRateLimit: rateLimit, sec: sec}
+			wheelHorizon: o.wheelHorizon, topicRateLimit: rateLimit, ingestTopics: ingestTopics, sec: sec}
 		if i > 1 {
 			n.join = nodeIP(1) + ":7072"
 		}
@@ -257,7 +286,8 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 
 	h := &history{}
 	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention,
-		shards: o.shards, burstSize: o.burstSize, burstEvery: o.burstEvery, tenants: o.secure, versions: map[string]uint64{}}
+		shards: o.shards, burstSize: o.burstSize, burstEvery: o.burstEvery, tenants: o.secure, versions: map[string]uint64{},
+		ingest: ingestProducer, ingestShare: o.ingestShare}
 	nm := &nemesis{c: c, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.timeLimit)
@@ -329,7 +359,8 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 // a few seconds pass with nothing new.
 func readRecords(ctx context.Context, brokers []string, appends *appendLog, logger *slog.Logger) ([]checker.Record, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
-		kgo.ConsumeTopics(append(slices.Clone(topics), recurringTopic, burstTopic, tenantTopic, publish.DefaultDeadLetterTopic)...),
+		kgo.ConsumeTopics(append(slices.Clone(topics), recurringTopic, burstTopic, tenantTopic, publish.DefaultDeadLetterTopic,
+			checker.DefaultIngestRejectedTopic)...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
 	if err != nil {
 		return nil, err
@@ -347,6 +378,13 @@ func readRecords(ctx context.Context, brokers []string, appends *appendLog, logg
 			quiet = time.Now()
 			rec := checker.Record{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Payload: string(r.Value),
 				AppendMs: r.Timestamp.UnixMilli(), ReceivedNs: now}
+			if r.Topic == checker.DefaultIngestRejectedTopic {
+				// A record Chime could not apply: its id is <its ingest
+				// topic>/<key>, as Chime names it, and chime-error says why.
+				rec.ID, rec.Error = rejectedID(r), header(r, "chime-error")
+				recs = append(recs, rec)
+				return
+			}
 			h, _ := chimev1.ParseHeaders(r.Headers) // a malformed header leaves its field zero, as before
 			rec.ID, rec.Attempt, rec.Version = h.ID, h.Attempt, h.Version
 			rec.RecurringID = h.RecurringID
@@ -372,6 +410,23 @@ func readRecords(ctx context.Context, brokers []string, appends *appendLog, logg
 		logger.Warn("records whose produce request was not seen; their append time is the producer's timestamp", "records", unmatched)
 	}
 	return recs, ctx.Err()
+}
+
+// rejectedID is the event id a record on the rejected topic would have had:
+// <the topic of its chime-source>/<its key>.
+func rejectedID(r *kgo.Record) string {
+	src, _, _ := strings.Cut(header(r, "chime-source"), "/")
+	return src + "/" + string(r.Key)
+}
+
+// header is the value of r's header key, "" when it has none.
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
 // finalState waits (up to a minute) until every shard has one leader and
@@ -459,6 +514,7 @@ func summary(r checker.Results) string {
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d\n"+
 		"bursts: %d checked, %d skipped (a fault overlapped them, or nothing of them was acked or read back); priority_violations=%d\n"+
 		"tenants: %d probes refused, %d let through, %d unanswered; tenant_violations=%d\n"+
+		"ingest: %s; ingest_lost=%d ingest_after_tombstone=%d ingest_after_replace=%d ingest_rejected=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
 		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged, r.Crashes,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
@@ -466,5 +522,6 @@ func summary(r checker.Results) string {
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,
 		r.BurstsChecked, r.BurstsSkipped, r.PriorityViolations,
 		tp[checker.TypeFail], tp[checker.TypeOK], tp[checker.TypeInfo], r.TenantViolations,
+		r.IngestSummary(), r.IngestLost, r.IngestAfterTombstone, r.IngestAfterReplace, r.IngestRejected,
 		b[checker.TypeOK], b[checker.TypeFail]+b[checker.TypeInfo], r.BackupLost, r.BackupPhantom, r.BackupWrongState, r.BackupInvalid)
 }

@@ -35,6 +35,8 @@ type node struct {
 	wheelHorizon time.Duration
 	// topicRateLimit is chimed --topic-rate-limit ("": none).
 	topicRateLimit string
+	// ingestTopics is chimed --ingest-topics ("": none).
+	ingestTopics string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -139,6 +141,9 @@ func (n *node) serveArgs() ([]string, error) {
 		"--kafka-auto-create-topics", "--kafka-insecure"}
 	if n.topicRateLimit != "" {
 		args = append(args, "--topic-rate-limit", n.topicRateLimit)
+	}
+	if n.ingestTopics != "" {
+		args = append(args, "--ingest-topics", n.ingestTopics)
 	}
 	if n.sec == nil {
 		// The nodes listen on the test's own bridge, in namespaces it created.

@@ -33,7 +33,9 @@ type security struct {
 	tenantToken      string
 }
 
-func newSecurity(out string) (*security, error) {
+// newSecurity makes the run's PKI and auth file in out/pki. The auth file
+// names the workload's credential for ingestTopic's records, unless it is "".
+func newSecurity(out, ingestTopic string) (*security, error) {
 	s := &security{dir: filepath.Join(out, "pki")}
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return nil, err
@@ -60,14 +62,20 @@ func newSecurity(out string) (*security, error) {
 	}
 	s.token, s.tenantToken = newToken(), newToken()
 	s.authFile = filepath.Join(s.dir, "auth.json")
+	// The ingest topic's records act for the workload's credential: a
+	// scheduler of every topic and id, as the workload's calls are.
+	ingest := ""
+	if ingestTopic != "" {
+		ingest = fmt.Sprintf(",\n  \"ingest\": {%q: \"workload\"}", ingestTopic)
+	}
 	return s, os.WriteFile(s.authFile, fmt.Appendf(nil, `{
   "tokens": [
     {"name": "workload", "sha256": %q, "role": "scheduler", "topics": ["*"]},
     {"name": %q, "sha256": %q, "role": "scheduler", "topics": [%q], "id_prefixes": [%q]}
   ],
-  "certificates": [{"name": "driver", "common_name": "chime-jepsen", "role": "admin"}]
+  "certificates": [{"name": "driver", "common_name": "chime-jepsen", "role": "admin"}]%s
 }
-`, tokenSum(s.token), tenantName, tokenSum(s.tenantToken), tenantTopicGrant, tenantIDPrefix), 0o600)
+`, tokenSum(s.token), tenantName, tokenSum(s.tenantToken), tenantTopicGrant, tenantIDPrefix, ingest), 0o600)
 }
 
 func newToken() string {

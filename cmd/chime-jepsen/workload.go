@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -77,6 +78,10 @@ type workload struct {
 	// tenants: run tenant A's events and the prober (tenants.go); needs
 	// --secure, which makes A's token.
 	tenants bool
+	// ingest, when not nil, produces to the ingest topic (ingest.go) the
+	// share ingestShare of the new events.
+	ingest      *kgo.Client
+	ingestShare float64
 
 	mu     sync.Mutex
 	events []sent // every id ever sent (any outcome)
@@ -183,7 +188,8 @@ func (w *workload) record(op checker.Op) {
 	}
 }
 
-// client runs ops in these shares (per mille): schedule 550, identical
+// client runs ops in these shares (per mille): schedule 550 (of which
+// --ingest-share through the ingest topic, ingest.go), identical
 // re-send 60, conflicting re-send 30, one new id to two nodes 30, cancel 80,
 // update 60, upsertable schedule 10, upsert 10, get 115, list 20,
 // cancel_matching 5, invalid 30.
@@ -191,6 +197,10 @@ func (w *workload) client(ctx context.Context, p int, r *rand.Rand, cancels chan
 	for ctx.Err() == nil {
 		switch x := r.IntN(1000); {
 		case x < 550:
+			if w.ingest != nil && r.Float64() < w.ingestShare {
+				w.ingestNew(ctx, p, r)
+				break
+			}
 			ev := w.newEvent(r, "e")
 			if w.schedule(p, w.node(r), ev) && r.IntN(4) == 0 {
 				select { // a quarter of them get cancelled, at various times

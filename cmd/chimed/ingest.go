@@ -10,8 +10,8 @@ import (
 
 // ingestFlags are the --ingest-* flags.
 type ingestFlags struct {
-	topics, format, group, rejected string
-	history, registry               string
+	topics, format, group, rejected  string
+	history, registry                string
 	tombstoneBack, idFromKey, dryRun bool
 }
 

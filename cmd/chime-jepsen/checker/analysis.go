@@ -156,17 +156,47 @@ type analysis struct {
 	bulkOf map[*Op]*Op
 	// occurrences are the records of recurring schedules' occurrences (check 11).
 	occurrences []*Record
-	startNs     int64 // earliest op invocation (or record append when there are no ops)
-	endNs       int64 // latest time anything was seen
-	nRecords    int
+	// ingest: the ids of ingest ops (check 15), with their ops and records; judged there and
+	// by no check above.
+	ingest map[string]*ingestHistory
+	// ingestByPartition (acked ingest schedules by partition), ingestFirstFire (the first
+	// copy's append of each, ns) and the run's largest clock skew (maxSkew; skewKnown false
+	// when a skew window does not say its size) serve check 15 (c); indexIngest fills them.
+	ingestByPartition map[int32][]*Op
+	ingestTombstones  map[int32][]*Op // acked ingest tombstones by partition, by offset
+	ingestFirstFire   map[*Op]int64
+	maxSkew           int64
+	skewKnown         bool
+	startNs           int64 // earliest op invocation (or record append when there are no ops)
+	endNs             int64 // latest time anything was seen
+	nRecords          int
 }
 
 func analyze(ops []Op, recs []Record, cfg Config) *analysis {
-	a := &analysis{cfg: cfg.withDefaults(ops), ids: make(map[string]*idHistory), nRecords: len(recs), bulkOf: map[*Op]*Op{}}
+	a := &analysis{cfg: cfg.withDefaults(ops), ids: make(map[string]*idHistory), nRecords: len(recs), bulkOf: map[*Op]*Op{},
+		ingest: map[string]*ingestHistory{}}
 	created := map[string]bool{} // recurring schedules some ok or info create made
+	ingestOf := func(id string) *ingestHistory {
+		h := a.ingest[id]
+		if h == nil {
+			h = &ingestHistory{id: id}
+			a.ingest[id] = h
+		}
+		return h
+	}
 	for i := range ops {
-		if op := &ops[i]; op.F == FRecurring && op.Action == ActionCreate && op.Type != TypeFail {
+		op := &ops[i]
+		if op.F == FRecurring && op.Action == ActionCreate && op.Type != TypeFail {
 			created[op.ID] = true
+		}
+		if op.F == FIngest && op.ID != "" {
+			h := ingestOf(op.ID)
+			switch op.Type {
+			case TypeOK:
+				h.acked = append(h.acked, op)
+			case TypeInfo:
+				h.unknown = append(h.unknown, op)
+			}
 		}
 	}
 	get := func(id string) *idHistory {
@@ -237,6 +267,9 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 				if scheduleOf(id, created) {
 					continue // an occurrence: check 11 judges it by its records
 				}
+				if a.ingest[id] != nil {
+					continue // produced to an ingest topic: check 15 judges it
+				}
 				get(id) // an id only a backup holds is checked too (a phantom)
 			}
 		}
@@ -251,6 +284,15 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 			// An occurrence is judged with its schedule (check 11), not as an event of its
 			// own: no schedule op carries its id.
 			a.occurrences = append(a.occurrences, r)
+			continue
+		}
+		if r.Topic == a.cfg.IngestRejectedTopic {
+			h := ingestOf(r.ID)
+			h.rejected = append(h.rejected, r)
+			continue
+		}
+		if h := a.ingest[r.ID]; h != nil {
+			h.records = append(h.records, r)
 			continue
 		}
 		h := get(r.ID)
@@ -305,6 +347,9 @@ func analyze(ops []Op, recs []Record, cfg Config) *analysis {
 		}
 	}
 	slices.Sort(a.order)
+	for _, h := range a.ingest {
+		h.sort()
+	}
 
 	for _, l := range lists {
 		for _, id := range a.matching(l.Prefix) {

@@ -30,6 +30,8 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 			DeadLetterTopic:     a.cfg.DeadLetterTopic,
 			RetentionNs:         int64(a.cfg.Retention),
 			PriorityToleranceNs: int64(a.cfg.PriorityTolerance),
+			IngestBoundNs:       int64(a.cfg.IngestBound),
+			IngestRejectedTopic: a.cfg.IngestRejectedTopic,
 		},
 	}
 	note := func(check, id, format string, args ...any) {
@@ -281,6 +283,51 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		note(f.check, f.id, "%s", f.why)
 	}
 
+	// 15. ingest
+	ing := a.ingestCheck()
+	for _, f := range ing.findings {
+		switch f.check {
+		case "ingest_lost":
+			res.IngestLost++
+		case "ingest_after_tombstone":
+			res.IngestAfterTombstone++
+		case "ingest_after_replace":
+			res.IngestAfterReplace++
+		case "ingest_rejected":
+			res.IngestRejected++
+		case "early":
+			res.Early++
+		case "early_under_skew":
+			res.EarlyUnderSkew++
+		case "phantom":
+			res.Phantom++
+		case "backup_phantom":
+			res.BackupPhantom++
+		}
+		note(f.check, f.id, "%s", f.why)
+	}
+	for i, d := range ing.duplicates {
+		res.Duplicates++
+		res.DuplicatesByFault[ing.kinds[i]]++
+		note("duplicates", d.id, "%s", d.why)
+	}
+	for _, h := range a.ingest {
+		if len(h.acked)+len(h.unknown) > 0 {
+			res.Ingest.IDs++
+		}
+		if len(h.records) > 0 {
+			res.Ingest.Fired++
+		}
+		for _, op := range h.acked {
+			if op.Action == IngestTombstone {
+				res.Ingest.Tombstones++
+			} else {
+				res.Ingest.Schedules++
+			}
+		}
+		res.Ingest.Unknown += len(h.unknown)
+	}
+
 	// 8. convergence
 	res.ConvergenceProblems = convergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
@@ -296,7 +343,9 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
 		res.UpdateViolations == 0 && res.StaleReads == 0 && res.BulkCancelViolations == 0 &&
 		res.RecurringMissing == 0 && res.RecurringEarly == 0 && res.RecurringPhantom == 0 && res.RecurringAfterStop == 0 &&
-		res.PriorityViolations == 0 && res.TenantViolations == 0 && res.Converged && res.Crashes == 0
+		res.PriorityViolations == 0 && res.TenantViolations == 0 &&
+		res.IngestLost == 0 && res.IngestAfterTombstone == 0 && res.IngestAfterReplace == 0 && res.IngestRejected == 0 &&
+		res.Converged && res.Crashes == 0
 	return res
 }
 

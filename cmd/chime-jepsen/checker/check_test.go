@@ -32,6 +32,10 @@ func violations(res Results) map[string]int {
 		"priority_violations":    res.PriorityViolations,
 		"tenant_violations":      res.TenantViolations,
 		"crashes":                res.Crashes,
+		"ingest_lost":            res.IngestLost,
+		"ingest_after_tombstone": res.IngestAfterTombstone,
+		"ingest_after_replace":   res.IngestAfterReplace,
+		"ingest_rejected":        res.IngestRejected,
 	}
 }
 
@@ -91,8 +95,8 @@ func TestCleanHistoriesPass(t *testing.T) {
 					t.Fatalf("scenario %s has %d ids", sc, len(g.ids[sc]))
 				}
 			}
-			if res.Records != len(g.recs) || res.DeadLetterRecords != len(g.ids["deadletter"]) {
-				t.Errorf("records %d (dead-letter %d), want %d (%d)", res.Records, res.DeadLetterRecords, len(g.recs), len(g.ids["deadletter"]))
+			if dl := len(g.ids["deadletter"]) + len(g.ids["ingest_deadletter"]); res.Records != len(g.recs) || res.DeadLetterRecords != dl {
+				t.Errorf("records %d (dead-letter %d), want %d (%d)", res.Records, res.DeadLetterRecords, len(g.recs), dl)
 			}
 			if res.Ops[FSchedule][TypeOK] == 0 || res.Ops[FSchedule][TypeInfo] == 0 || res.Ops[FSchedule][TypeFail] == 0 ||
 				res.Ops[FNemesis][TypeInfo] != len(genWindows) {

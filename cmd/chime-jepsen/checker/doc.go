@@ -80,7 +80,9 @@
 // update_violations == 0 && stale_reads == 0 && bulk_cancel_violations == 0 &&
 // recurring_missing == 0 && recurring_early == 0 && recurring_phantom == 0 &&
 // recurring_after_stop == 0 && priority_violations == 0 && tenant_violations == 0 &&
-// converged.
+// ingest_lost == 0 && ingest_after_tombstone == 0 && ingest_after_replace == 0 &&
+// ingest_rejected == 0 && crashes == 0 && converged. (Check 15's early, phantom and
+// backup_phantom findings count in early, phantom and backup_phantom.)
 //
 //  1. lost (counts ids; design invariant 3). An id with at least one schedule op of type ok
 //     (existing or not) and no cancel op of type ok or info (a bulk cancel's synthesized
@@ -314,6 +316,74 @@
 //     the same: an upsert's or update's record carries its payload, and a cancel leaves
 //     the owner's event with no record and no cancel of the owner's (lost, 1).
 //
+//  15. The ingest topic (docs/ingest.md; design: "a Kafka ingest topic takes the same
+//     operations as records"). An ingest op (F "ingest") is one record the driver produced
+//     to the ingest topic with its own franz-go client (acks=all, idempotent, the key's
+//     partition by hash): Action "schedule" (value Payload, headers chime-topic Topic and
+//     chime-delay DelayNs or chime-deliver-at DeliverAtNs in Unix ms) or "tombstone" (null
+//     value); ID is the event id Chime gives it, "<ingest topic>/<key>". It is ok when the
+//     broker acknowledged it (the produce call returned no error, at CompleteNs), and then Partition
+//     and Offset say where it landed; info otherwise (it may have landed); a failed one
+//     produced nothing. Every record the driver produces carries a payload of its own, so a
+//     fired record names the produced record it came from by its payload. The ids of ingest
+//     ops and their records (and every record on Config.IngestRejectedTopic) are judged here
+//     and by no check above; a backup's ingest events only by (e). The driver produces one
+//     key's records one after the other, never again after an info one.
+//
+//     What the history cannot see is when Chime applied a record: after the broker appended
+//     it (which is after the op's invocation I), in partition order, but possibly long after
+//     the ack (a consumer cut off, killed or paused holds its partitions until the fault heals
+//     or the group's session timeout, 10 s, moves them). The rules take that into account:
+//
+//     (a) ingest_lost (counts ids): the id's last ok record (in partition order) is a
+//     schedule, and no record fired (any topic; a dead-letter copy counts) with its payload,
+//     or with the payload of an info schedule of the key (which may have landed after it);
+//     an info tombstone of the key excuses it. A record followed by another ok one of its key
+//     is owed nothing: it may have been superseded before it was due. A kafka-cut delays
+//     firing, never excuses it: the driver reads Kafka after the drain.
+//     (b) early (counts records, in early): a fired record appended more than
+//     EarlyTolerance before the earliest due its produced record can have had: its
+//     chime-deliver-at, or I + chime-delay. Chime counts the delay from when it accepts the
+//     record, which is after the broker appended it, which is after I; not from the ack,
+//     which a consumer can overtake, so "ack + delay" would be no bound. A skew window
+//     explains it as for check 2 (early_under_skew).
+//     (c) ingest_after_tombstone and ingest_after_replace (count records): a fired record of
+//     an ok produced record R, when the next ok record N of its key in the partition (a
+//     tombstone, or a schedule that replaces it) was applied before it was appended. Chime
+//     applies N only once no record of R's version can still land (a cancel or replace of an
+//     event being fired is retried until its produce is settled), so any later copy is a
+//     broken promise. N was certainly applied by the earlier of two deadlines:
+//     - the ack deadline: N's ack + IngestBound (default 15 s: the session timeout and a
+//     rebalance, plus retries), extended while a fault window begins by then to its heal +
+//     IngestBound (every kind of fault may hold a consumer or its calls; the extension
+//     repeats while windows chain);
+//     - the order deadline, first copies only: Chime applies a partition's records in
+//     offset order; schedules of distinct keys may go to it in one batch, but a tombstone
+//     waits for the batch before it and is done before the records after it are sent. Let T
+//     be N when N is a tombstone, else the first ok tombstone after N in the partition (of
+//     any key; without one there is no order deadline). Any ok schedule K after T in the
+//     partition was accepted after N was applied, and K's first fired copy F was appended
+//     after K's acceptance plus its chime-delay; so N was applied by F + 1 ms − max(0, delay
+//     − the run's largest |SkewNs|) + EarlyTolerance (F alone for a deliver-at, or when a
+//     skew window does not say its size). A later copy of R (a produce attempt that landed
+//     late, a duplicate) is held to the ack deadline only.
+//     A record appended after the deadline counts in ingest_after_tombstone when N is a
+//     tombstone, in ingest_after_replace when N is a schedule; the example names R, N, the
+//     deadline and which bound gave it. The driver gives the records a tombstone follows
+//     0.5-3 s later a delay of at least 20 s, so that outside faults a tombstone Chime did
+//     not apply shows.
+//     (d) ingest_rejected (counts records): a record on the rejected topic (its ID, set by
+//     the driver, is the chime-source topic / its key; Record.Error its chime-error). The
+//     driver produces only valid records, so each is a violation.
+//     (e) phantom (in phantom): a fired record of an ingest id whose payload no schedule of
+//     the key (ok or info) carried, or that reached another topic than that schedule's
+//     (dead-letter copies aside); backup_phantom (in backup_phantom): an ok backup that holds
+//     an ingest id no schedule of which was invoked before the backup completed.
+//     Duplicates: copies of one produced record beyond the first, attributed to faults as
+//     below. Ingest events are left out of lateness and recovery (their due time is set at
+//     acceptance, which the history does not see). Results.Ingest counts the ids, the ok
+//     schedules and tombstones, the info ops and the ids that fired.
+//
 // # What is measured, not judged
 //
 //   - duplicates: per id and version (chime-version, 1 when absent), the records beyond the
@@ -366,7 +436,10 @@
 //	 "idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
 //	 "backup_wrong_state", "backup_invalid", "update_violations", "stale_reads",
 //	 "bulk_cancel_violations", "recurring_missing", "recurring_early", "recurring_phantom",
-//	 "recurring_after_stop", "priority_violations", "bursts_checked", "bursts_skipped",
+//	 "recurring_after_stop", "priority_violations", "tenant_violations", "crashes", "ingest_lost",
+//	 "ingest_after_tombstone", "ingest_after_replace", "ingest_rejected",
+//	 "ingest": {"ids", "schedules", "tombstones", "unknown", "fired"},
+//	 "bursts_checked", "bursts_skipped",
 //	 "bursts": [{"burst", "due_ns", "events", "judged", "last_append_ns", "drain_ms",
 //	             "skipped", "violations"}],
 //	 "occurrences", "duplicates",
@@ -379,7 +452,8 @@
 //	 "bulk_cancels": {"ops", "matched", "cancelled", "skipped_fired", "skipped_held"},
 //	 "examples": {check: [{"id", "why"}]},
 //	 "config": {"early_tolerance_ns", "cancel_tolerance_ns", "duplicate_grace_ns",
-//	            "final_heal_ns", "dead_letter_topic", "retention_ns", "priority_tolerance_ns"}}
+//	            "final_heal_ns", "dead_letter_topic", "retention_ns", "priority_tolerance_ns",
+//	            "ingest_bound_ns", "ingest_rejected_topic"}}
 //
 // # report.html
 //

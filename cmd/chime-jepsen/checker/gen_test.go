@@ -368,6 +368,7 @@ func genClean(seed uint64, n int) *run {
 			record(e.id, "bursts", "p-"+e.id, due, max(appended, due))
 		}
 	}
+	g.addIngest(rand.New(rand.NewPCG(seed, 0x1e57)), max(n/8, len(ingestScenarios)))
 	g.addBackups(rand.New(rand.NewPCG(seed, 0xbac)))
 	// History order is invocation order.
 	slices.SortStableFunc(g.ops, func(a, b Op) int { return int(min(max(a.InvokeNs-b.InvokeNs, -1), 1)) })
@@ -533,7 +534,9 @@ func (g *run) addBackups(r *rand.Rand) {
 		}
 	}
 	for _, rec := range g.recs {
-		byID[rec.ID].recs = append(byID[rec.ID].recs, rec)
+		if h := byID[rec.ID]; h != nil { // ingest keys (addIngest) are no backup's here
+			h.recs = append(h.recs, rec)
+		}
 	}
 	for id, cs := range g.bulkCancels {
 		byID[id].cancels = append(byID[id].cancels, cs...)

@@ -136,6 +136,14 @@ func (r Results) ListSummary() string {
 	return fmt.Sprintf("%d ok, %d failed, %d unknown", l[TypeOK], l[TypeFail], l[TypeInfo])
 }
 
+// IngestSummary says what went through the ingest topic: "N ids (N fired): N schedules and
+// N tombstones acked, N failed, N unknown".
+func (r Results) IngestSummary() string {
+	i := r.Ingest
+	return fmt.Sprintf("%d ids (%d fired): %d schedules and %d tombstones acked, %d failed, %d unknown",
+		i.IDs, i.Fired, i.Schedules, i.Tombstones, r.Ops[FIngest][TypeFail], i.Unknown)
+}
+
 // BulkCancelSummary says how the cancel_matching ops ended and what the ok ones that were
 // not dry runs did: "N ok (N cancelled, N skipped fired, N skipped held), N dry runs, N
 // failed, N unknown".
@@ -242,6 +250,10 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("recurring_after_stop", res.RecurringAfterStop, true)
 	row("priority_violations", res.PriorityViolations, true)
 	row("tenant_violations", res.TenantViolations, true)
+	row("ingest_lost", res.IngestLost, true)
+	row("ingest_after_tombstone", res.IngestAfterTombstone, true)
+	row("ingest_after_replace", res.IngestAfterReplace, true)
+	row("ingest_rejected", res.IngestRejected, true)
 	row("crashes", res.Crashes, true)
 	conv, convClass := "yes", "good"
 	if !res.Converged {
@@ -255,6 +267,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 		reportCheck{Name: "lists", Count: res.ListSummary()},
 		reportCheck{Name: "bulk cancels", Count: res.BulkCancelSummary()},
 		reportCheck{Name: "recurring occurrences", Count: fmt.Sprint(res.Occurrences), Status: "measured"},
+		reportCheck{Name: "ingest", Count: res.IngestSummary(), Status: "measured"},
 		reportCheck{Name: "bursts checked / skipped", Count: fmt.Sprintf("%d / %d", res.BurstsChecked, res.BurstsSkipped)},
 		reportCheck{Name: "acked ids / delivered ids", Count: fmt.Sprintf("%d / %d", res.AckedIDs, res.DeliveredIDs)},
 		reportCheck{Name: "records (dead-letter)", Count: fmt.Sprintf("%d (%d)", res.Records, res.DeadLetterRecords)},

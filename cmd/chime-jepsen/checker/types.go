@@ -7,7 +7,7 @@ import "time"
 type Op struct {
 	Index   int    `json:"index"`
 	Process int    `json:"process"`
-	F       string `json:"f"`              // "schedule", "cancel", "get", "update", "list", "cancel_matching", "recurring", "invalid", "backup", "nemesis"
+	F       string `json:"f"`              // "schedule", "cancel", "get", "update", "list", "cancel_matching", "recurring", "ingest", "invalid", "backup", "nemesis", ...
 	Node    string `json:"node,omitempty"` // node the request was sent to
 
 	ID          string `json:"id,omitempty"`
@@ -98,6 +98,11 @@ type Op struct {
 	// Tenant_probe only (check 13): the credential the probe called with; Action is the call
 	// (Probe*), and Error the answer's status message.
 	Credential string `json:"credential,omitempty"`
+
+	// Ingest only (check 15): where the broker put an ok ingest op's record. Every record of
+	// a key goes to one partition, and Chime applies a partition's records in offset order.
+	Partition int32 `json:"partition,omitempty"`
+	Offset    int64 `json:"offset,omitempty"`
 
 	// Nemesis only: InvokeNs is the fault's start, CompleteNs its heal.
 	Kind    string   `json:"kind,omitempty"`
@@ -202,6 +207,9 @@ type Record struct {
 	// headers ("" and 0 for any other record).
 	RecurringID  string `json:"recurring_id,omitempty"`
 	OccurrenceMs int64  `json:"occurrence_ms,omitempty"`
+	// Error is the chime-error header of a record on the ingest rejected topic (whose ID the
+	// driver sets to <ingest topic>/<key>, as Chime names the id); "" for any other record.
+	Error string `json:"error,omitempty"`
 }
 
 // Cluster is the final state of the cluster after the last heal and the drain.
@@ -265,6 +273,12 @@ type Config struct {
 	// leader reserves rate-limit slots up to about 250 ms ahead, and produces batches
 	// concurrently, so neighbouring priorities overlap by that much.
 	PriorityTolerance time.Duration
+	// IngestBound: how long after the broker acknowledged an ingest record Chime may still be
+	// applying it, outside fault windows (check 15 (c)). Default DefaultIngestBound (15 s).
+	IngestBound time.Duration
+	// IngestRejectedTopic is where Chime puts the ingest records it cannot apply (default
+	// DefaultIngestRejectedTopic); their copies are judged by check 15 (d).
+	IngestRejectedTopic string
 }
 
 // Defaults of Config.
@@ -297,6 +311,12 @@ func (c Config) withDefaults(ops []Op) Config {
 	if c.DeadLetterTopic == "" {
 		c.DeadLetterTopic = DefaultDeadLetterTopic
 	}
+	if c.IngestBound <= 0 {
+		c.IngestBound = DefaultIngestBound
+	}
+	if c.IngestRejectedTopic == "" {
+		c.IngestRejectedTopic = DefaultIngestRejectedTopic
+	}
 	if c.FinalHealNs == 0 {
 		for _, op := range ops {
 			if op.F == FNemesis && op.CompleteNs > c.FinalHealNs {
@@ -311,8 +331,9 @@ func (c Config) withDefaults(ops []Op) Config {
 type Results struct {
 	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly,
 	// Resurrected, the four Backup counts, UpdateViolations, StaleReads,
-	// BulkCancelViolations, the four Recurring counts, PriorityViolations and
-	// TenantViolations are all zero and the final state converged.
+	// BulkCancelViolations, the four Recurring counts, PriorityViolations,
+	// TenantViolations, the four Ingest counts and Crashes are all zero and the final state
+	// converged.
 	Valid bool `json:"valid"`
 
 	Lost                  int `json:"lost"`                   // ids
@@ -336,6 +357,13 @@ type Results struct {
 	RecurringAfterStop    int `json:"recurring_after_stop"`   // occurrences
 	PriorityViolations    int `json:"priority_violations"`    // (lower, higher) pairs within a burst
 	TenantViolations      int `json:"tenant_violations"`      // tenant_probe ops and records
+	IngestLost            int `json:"ingest_lost"`            // ingest ids
+	IngestAfterTombstone  int `json:"ingest_after_tombstone"` // records
+	IngestAfterReplace    int `json:"ingest_after_replace"`   // records
+	IngestRejected        int `json:"ingest_rejected"`        // records on the rejected topic
+
+	// Ingest counts the ingest ops by action and type, and the ids they named (measured).
+	Ingest IngestTotals `json:"ingest"`
 
 	// BurstsChecked and BurstsSkipped count the bursts check 12 judged and those it left
 	// out (a fault window overlapped them, or nothing of them was acked or read back);
@@ -386,6 +414,15 @@ type BulkTotals struct {
 	Cancelled    uint64 `json:"cancelled"`
 	SkippedFired uint64 `json:"skipped_fired"`
 	SkippedHeld  uint64 `json:"skipped_held"`
+}
+
+// IngestTotals counts what went through the ingest topic (check 15).
+type IngestTotals struct {
+	IDs        int `json:"ids"`
+	Schedules  int `json:"schedules"`  // acknowledged by the broker
+	Tombstones int `json:"tombstones"` // acknowledged by the broker
+	Unknown    int `json:"unknown"`    // info: the broker's answer was lost
+	Fired      int `json:"fired"`      // ids with at least one fired record
 }
 
 // BurstResult is one burst as check 12 saw it.
@@ -447,4 +484,6 @@ type ConfigUsed struct {
 	DeadLetterTopic     string `json:"dead_letter_topic"`
 	RetentionNs         int64  `json:"retention_ns"`
 	PriorityToleranceNs int64  `json:"priority_tolerance_ns"`
+	IngestBoundNs       int64  `json:"ingest_bound_ns"`
+	IngestRejectedTopic string `json:"ingest_rejected_topic"`
 }
