@@ -438,37 +438,39 @@ func (c *Consumer) apply(ctx context.Context, recs []*kgo.Record) (last *kgo.Rec
 		}
 		items[i] = it
 	}
-	b := batch{c: c, src: src, ids: map[string]bool{}}
+	r := runs{c: c, src: src, cur: newRun()}
 	for i, it := range items {
 		switch op := it.op; {
 		case it.reject != nil:
-			b.add(it)
+			r.cur.add(it)
 		case op.Skip:
 			it.result = "skipped"
-			b.add(it)
+			r.cur.add(it)
 		case op.Cancel && c.cfg.DryRun:
 			it.result = "dry_run"
-			b.add(it)
+			r.cur.add(it)
 		case op.Cancel:
-			if !b.flush(ctx) || !c.cancel(ctx, src, it) {
-				return b.last
+			// After everything before it, alone: a cancel of an id a run in
+			// flight schedules must come after that run.
+			if !r.drain(ctx) || !c.cancel(ctx, src, it) {
+				return r.last
 			}
-			b.add(it)
+			r.cur.add(it)
 		case cancelledAt[op.Events[0].GetId()] > i:
 			// A later record of this fetch cancels it: scheduling it first
 			// could fire it meanwhile (one due already, as a schedule the old
 			// scheduler fired and tombstoned is, read from the topic's start).
 			it.result = "superseded"
-			b.add(it)
+			r.cur.add(it)
 		default:
-			if b.collides(op) && !b.flush(ctx) {
-				return b.last
+			if !r.place(ctx, op) {
+				return r.last
 			}
-			b.add(it)
+			r.cur.add(it)
 		}
 	}
-	b.flush(ctx)
-	return b.last
+	r.drain(ctx)
+	return r.last
 }
 
 // decode decodes kr. A failure that is not the record's (a schema
@@ -491,62 +493,127 @@ func (c *Consumer) decode(ctx context.Context, src *source, kr *kgo.Record) (Op,
 	}
 }
 
-// batch is a run of a partition's records whose schedules go in one
-// BatchSchedule: no two of its events share an id, so their order within
-// the call does not matter.
-type batch struct {
+// Runs of a partition's records: a run's schedules go in one
+// BatchSchedule, and up to maxRuns runs are in flight at once, so that a
+// partition keeps several shards' group commits busy rather than waiting
+// for one call's slowest shard before it sends the next.
+const (
+	runEvents = 2000
+	maxRuns   = 4
+)
+
+// runs are a partition's records on their way, in order: the run being
+// gathered, and the runs in flight, oldest first. No two runs gathered or
+// in flight share an id, so the order of their calls does not matter; a
+// cancel waits for every run before it.
+type runs struct {
 	c      *Consumer
 	src    *source
+	cur    *run
+	flying []*run
+	// last is the last record of the runs done in order: every record up
+	// to it was applied or rejected.
+	last   *kgo.Record
+	failed bool
+}
+
+// run is one call's worth of a partition's records.
+type run struct {
 	items  []*item
 	events int
 	ids    map[string]bool
-	last   *kgo.Record // the last record of a flushed batch
 	start  time.Time
+	done   chan struct{}
+	ok     bool
 }
 
-func (b *batch) collides(op Op) bool {
-	if b.events+len(op.Events) > b.c.cfg.MaxBatch {
-		return true
-	}
-	for _, e := range op.Events {
-		if b.ids[e.GetId()] {
-			return true
-		}
-	}
-	return false
-}
+func newRun() *run { return &run{ids: map[string]bool{}} }
 
-func (b *batch) add(it *item) {
-	if len(b.items) == 0 {
-		b.start = time.Now()
+func (r *run) add(it *item) {
+	if len(r.items) == 0 {
+		r.start = time.Now()
 	}
-	b.items = append(b.items, it)
+	r.items = append(r.items, it)
 	if it.reject == nil && !it.op.Cancel && it.result == "" {
 		for _, e := range it.op.Events {
-			b.ids[e.GetId()] = true
+			r.ids[e.GetId()] = true
 		}
-		b.events += len(it.op.Events)
+		r.events += len(it.op.Events)
 	}
 }
 
-// flush schedules the batch's events, produces its rejected records, and
-// reports whether all of it is done; false only when ctx ended first.
-func (b *batch) flush(ctx context.Context) bool {
-	if len(b.items) == 0 {
+// place makes room in the current run for op's events: when a run
+// gathered or in flight has one of op's ids, it waits for all of them
+// (op's event must come after that one); when the current run is full, it
+// starts it. False: ctx ended first.
+func (r *runs) place(ctx context.Context, op Op) bool {
+	for _, e := range op.Events {
+		if r.cur.ids[e.GetId()] {
+			return r.drain(ctx)
+		}
+		for _, f := range r.flying {
+			if f.ids[e.GetId()] {
+				return r.drain(ctx)
+			}
+		}
+	}
+	if r.cur.events+len(op.Events) > min(runEvents, r.c.cfg.MaxBatch) {
+		return r.launch(ctx)
+	}
+	return true
+}
+
+// launch starts the current run, after the oldest run in flight is done
+// when maxRuns are. False: ctx ended first.
+func (r *runs) launch(ctx context.Context) bool {
+	if len(r.cur.items) == 0 {
 		return true
 	}
-	if !b.c.schedule(ctx, b.src, b.items) || !b.c.rejectAll(ctx, b.items) {
+	if len(r.flying) == maxRuns && !r.land() {
 		return false
 	}
-	for _, it := range b.items {
-		b.c.count(b.src.Topic, it)
-	}
-	b.c.m.apply.Observe(time.Since(b.start).Seconds())
-	b.last = b.items[len(b.items)-1].rec
-	b.items = b.items[:0]
-	b.events = 0
-	clear(b.ids)
+	f := r.cur
+	f.done = make(chan struct{})
+	go func() {
+		defer close(f.done)
+		f.ok = r.c.schedule(ctx, r.src, f.items) && r.c.rejectAll(ctx, f.items)
+	}()
+	r.flying = append(r.flying, f)
+	r.cur = newRun()
 	return true
+}
+
+// land waits for the oldest run in flight and reports whether it, and
+// every run before it, was done.
+func (r *runs) land() bool {
+	f := r.flying[0]
+	<-f.done
+	r.flying = r.flying[1:]
+	if !f.ok || r.failed {
+		r.failed = true
+		return false
+	}
+	for _, it := range f.items {
+		r.c.count(r.src.Topic, it)
+	}
+	r.c.m.apply.Observe(time.Since(f.start).Seconds())
+	r.last = f.items[len(f.items)-1].rec
+	return true
+}
+
+// drain starts the current run and waits for every run in flight; false
+// when one was not done (ctx ended first).
+func (r *runs) drain(ctx context.Context) bool {
+	if !r.launch(ctx) {
+		for len(r.flying) > 0 {
+			r.land()
+		}
+		return false
+	}
+	for len(r.flying) > 0 {
+		r.land()
+	}
+	return !r.failed
 }
 
 func (c *Consumer) count(topic string, it *item) {
