@@ -21,8 +21,9 @@
 //     join) and cannot hold a rebalance until the records in flight are
 //     committed, so a partition could change hands between a record's
 //     apply and its commit. A partition's records are applied in order:
-//     runs of schedules with distinct ids go in one BatchSchedule, a cancel
-//     waits for the run before it. A partition's offset is committed only
+//     runs of schedules with distinct ids go in one BatchSchedule each, up
+//     to four runs in flight when no two share an id, and a cancel waits
+//     for every run before it. A partition's offset is committed only
 //     once every record before it was committed by Raft or produced to the
 //     rejected topic, so a crash or a rebalance reads again at most what was
 //     not committed, and reading a record again changes nothing: a schedule
@@ -53,6 +54,9 @@
 //
 //   - The poll loop, started by New and stopped by Close (cancel, then wait
 //     for it); Close then leaves the group. Each poll applies its
-//     partitions in parallel, one goroutine per partition, and waits for
-//     all of them before it commits.
+//     partitions in parallel, one goroutine per partition, each with up to
+//     four more for its runs in flight, and waits for all of them before
+//     it commits. A rebalance the group wants stops the poll's work at its
+//     next wait (rebalanceDue), so that one stuck partition cannot stall
+//     the group.
 package ingest
