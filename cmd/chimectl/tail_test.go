@@ -305,9 +305,9 @@ func TestTailSASLNeedsAPassword(t *testing.T) {
 
 // tail's and bench's help say what each --kafka-* flag does.
 func TestKafkaFlagsInHelp(t *testing.T) {
-	for _, cmd := range []string{"tail", "bench"} {
+	for cmd, who := range map[string]string{"tail": "the consumer", "bench": "the consumer (and --api topic's producer)"} {
 		r := chimectl(t, nil, "", cmd, "--help")
-		for _, want := range []string{"--kafka-tls\n      connect the consumer to the Kafka brokers over TLS",
+		for _, want := range []string{"--kafka-tls\n      connect " + who + " to the Kafka brokers over TLS",
 			"--kafka-tls-ca file\n      PEM file of the CA certificates", "--kafka-tls-cert file\n      PEM file of a client certificate",
 			"--kafka-tls-key file\n      PEM file of the private key", "--kafka-sasl-mechanism mechanism\n      authenticate to the brokers with SASL",
 			"--kafka-sasl-user name\n      SASL user name", "--kafka-sasl-password-file file\n      file holding the SASL password",
