@@ -598,12 +598,8 @@ func (r *benchRun) call(ctx context.Context, next *atomic.Int64, s *benchSender)
 	rnd := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
 	payload := benchPayload(o.payload)
 	for ctx.Err() == nil {
-		from := int(next.Add(int64(o.batch))) - o.batch
-		if from >= o.events {
-			return
-		}
-		to := min(from+o.batch, o.events)
-		if !r.pace(ctx, from) {
+		from, to, ok := r.claim(ctx, next)
+		if !ok {
 			return
 		}
 		if s.raw != nil && (!s.alternate || from%2 == 1) {
@@ -1501,4 +1497,15 @@ func (s benchSummary) print(c *cli) {
 	} else {
 		fmt.Fprintf(w, "cost       no chimed /metrics to read (see --metrics)\n")
 	}
+}
+
+// claim takes the next --batch events to send from next, [from, to), once
+// --rate lets them go; ok is false when every event is taken or ctx ended.
+func (r *benchRun) claim(ctx context.Context, next *atomic.Int64) (from, to int, ok bool) {
+	o := r.o
+	from = int(next.Add(int64(o.batch))) - o.batch
+	if from >= o.events {
+		return 0, 0, false
+	}
+	return from, min(from+o.batch, o.events), r.pace(ctx, from)
 }

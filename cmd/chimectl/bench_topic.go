@@ -189,12 +189,8 @@ func (r *benchRun) produceRecords(ctx context.Context, cl *kgo.Client, next *ato
 	topic := []byte(o.topic)
 	dues := make([]int64, o.batch)
 	for ctx.Err() == nil {
-		from := int(next.Add(int64(o.batch))) - o.batch
-		if from >= o.events {
-			return
-		}
-		to := min(from+o.batch, o.events)
-		if !r.pace(ctx, from) {
+		from, to, ok := r.claim(ctx, next)
+		if !ok {
 			return
 		}
 		t.firstProduce.CompareAndSwap(0, time.Now().UnixNano())
