@@ -346,7 +346,10 @@
 //     chime-deliver-at, or I + chime-delay. Chime counts the delay from when it accepts the
 //     record, which is after the broker appended it, which is after I; not from the ack,
 //     which a consumer can overtake, so "ack + delay" would be no bound. A skew window
-//     explains it as for check 2 (early_under_skew).
+//     explains it as for check 2 (early_under_skew), and so does, for a chime-delay, a
+//     window in which a clock was moved back by at least the earliness and that overlaps
+//     [I, append]: the leader counts the delay on its own clock, so a leader s behind
+//     gives the event a due s early, which it keeps after the heal.
 //     (c) ingest_after_tombstone and ingest_after_replace (count records): a fired record of
 //     an ok produced record R, when the next ok record N of its key in the partition (a
 //     tombstone, or a schedule that replaces it) was applied before it was appended. Chime

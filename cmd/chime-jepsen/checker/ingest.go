@@ -142,8 +142,8 @@ func (a *analysis) ingestCheck() ingestResult {
 
 			// (b) early: never before the earliest due the record can have had
 			if due := ingestEarliestDue(op); at < due-int64(a.cfg.EarlyTolerance) {
-				if w, ok := a.skewExplains(due, at); ok {
-					add("early_under_skew", id, "record %s of %s appended %s before its earliest due %s, inside skew window %s–%s (skew %s)",
+				if w, ok := a.ingestSkewExplains(op, due, at); ok {
+					add("early_under_skew", id, "record %s of %s appended %s before its earliest due %s, explained by skew window %s–%s (skew %s)",
 						recName(r), ingestName(op), time.Duration(due-at), a.rel(due), a.rel(w.start), a.rel(w.heal), time.Duration(w.skew))
 				} else {
 					add("early", id, "record %s of %s appended at %s, %s before its earliest due %s (tolerance %s)",
@@ -311,6 +311,31 @@ func ingestEarliestDue(op *Op) int64 {
 		return op.DeliverAtNs
 	}
 	return op.InvokeNs + op.DelayNs
+}
+
+// ingestSkewExplains returns the skew window that can explain record op appended at at being
+// early against its earliest due: one that skewExplains names, or, for a chime-delay, a
+// window in which a node's clock was behind (or by an unrecorded amount) that overlaps
+// [op's invocation, at] and is at least as large as the earliness. The leader that applies a
+// chime-delay counts it from its own clock's now, at some moment in that span, so a leader
+// whose clock is s behind gives the event a due s early, and fires it s early once healed;
+// a gRPC schedule is judged against the due its leader acknowledged, an ingest record has
+// no such acknowledgement.
+func (a *analysis) ingestSkewExplains(op *Op, due, at int64) (window, bool) {
+	if w, ok := a.skewExplains(due, at); ok || op.DeliverAtNs != 0 {
+		return w, ok
+	}
+	earliness := due - at
+	for _, w := range a.windows {
+		if w.kind != KindSkew || w.heal < op.InvokeNs || w.start > at || w.skew > 0 {
+			continue
+		}
+		if w.skew < 0 && earliness > -w.skew+int64(a.cfg.EarlyTolerance) {
+			continue
+		}
+		return w, true
+	}
+	return window{}, false
 }
 
 func ingestName(op *Op) string {

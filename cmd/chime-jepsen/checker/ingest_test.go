@@ -226,6 +226,55 @@ func TestPlantIngestEarly(t *testing.T) {
 	assertOnly(t, g.check(), "early", id)
 }
 
+// TestIngestEarlyUnderSkew: a chime-delay record applied while a leader's clock was behind
+// gets a due that much early, which it keeps after the heal, so a clock moved back by at
+// least the earliness in [invocation, append] explains it; a clock moved ahead, a smaller
+// move, or a chime-deliver-at (an absolute due, not counted on the leader's clock) does not.
+func TestIngestEarlyUnderSkew(t *testing.T) {
+	cases := []struct {
+		name      string
+		scenario  string
+		skew      time.Duration
+		early     time.Duration
+		underSkew bool
+	}{
+		{"clock behind by more", "ingest_plain", -3 * time.Second, 2500 * time.Millisecond, true},
+		{"clock behind by less", "ingest_plain", -2 * time.Second, 2500 * time.Millisecond, false},
+		{"clock ahead", "ingest_plain", 3 * time.Second, 2500 * time.Millisecond, false},
+		{"deliver-at", "ingest_deliver_at", -3 * time.Second, 2500 * time.Millisecond, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := ingestRun(t)
+			id := g.pick(tc.scenario, nil)
+			op := &g.ops[g.ingestOp(id, 0)]
+			due := op.DeliverAtNs
+			if due == 0 {
+				op.DelayNs = int64(10 * time.Second)
+				due = op.InvokeNs + op.DelayNs
+			}
+			// The one skew window of the run spans the produce and heals well before
+			// the record is appended.
+			for i := range g.ops {
+				if g.ops[i].Kind == KindSkew {
+					g.ops[i].InvokeNs, g.ops[i].CompleteNs = op.InvokeNs-int64(time.Second), op.InvokeNs+int64(100*time.Millisecond)
+					g.ops[i].SkewNs = int64(tc.skew)
+				}
+			}
+			g.recs[g.recsOf(id)[0]].AppendMs = (due - int64(tc.early)) / 1e6
+			res := g.check()
+			if !tc.underSkew {
+				assertOnly(t, res, "early", id)
+				return
+			}
+			assertClean(t, res)
+			if ex := res.Examples["early_under_skew"]; len(ex) != 1 || ex[0].ID != id {
+				t.Fatalf("early_under_skew examples %v, want one naming %s", ex, id)
+			}
+		})
+	}
+}
+
 // TestIngestEarlyBoundary: a record appended in the millisecond its delay ends, counted from
 // the producer's invocation (not its ack, which a consumer may overtake), is not early.
 func TestIngestEarlyBoundary(t *testing.T) {
