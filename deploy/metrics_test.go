@@ -118,6 +118,9 @@ func scrapeDev(chimed string) (map[string]string, error) {
 	}()
 	client := &http.Client{Timeout: 5 * time.Second}
 	deadline := time.Now().Add(90 * time.Second)
+	// Polls /readyz: the process reports readiness nowhere else.
+	poll := time.NewTicker(100 * time.Millisecond)
+	defer poll.Stop()
 	for {
 		resp, err := client.Get("http://" + httpAddr + "/readyz")
 		if err == nil {
@@ -134,7 +137,7 @@ func scrapeDev(chimed string) (map[string]string, error) {
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("chimed dev: /readyz not 200 within 90 s: %s", stderr.String())
 		}
-		time.Sleep(100 * time.Millisecond)
+		<-poll.C
 	}
 	resp, err := client.Get("http://" + httpAddr + "/metrics")
 	if err != nil {

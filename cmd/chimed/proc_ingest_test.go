@@ -292,6 +292,9 @@ func TestIngestSurvivesKillingItsBusiestConsumer(t *testing.T) {
 	killAt := time.Now().Add(5 * time.Second)
 	end := time.Now().Add(15 * time.Second)
 	killed := false
+	// A record every 20 ms: ~50 a second, a stream the kill lands in.
+	pace := time.NewTicker(20 * time.Millisecond)
+	defer pace.Stop()
 	for i := 0; time.Now().Before(end); i++ {
 		if !killed && time.Now().After(killAt) {
 			t.Logf("killing %s, which consumes %d partitions of %s", busiest.nodeID, most, src)
@@ -309,7 +312,7 @@ func TestIngestSurvivesKillingItsBusiestConsumer(t *testing.T) {
 		if err == nil {
 			acked[src+"/"+key] = sent{at, delay}
 		}
-		time.Sleep(20 * time.Millisecond) // paces the stream: ~50 records a second
+		<-pace.C
 	}
 	if len(acked) < 300 {
 		t.Fatalf("only %d records acknowledged by the broker", len(acked))

@@ -232,12 +232,21 @@ func (h *harness) committed(group string) int64 {
 
 func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	h.waitWithin(30*time.Second, what, cond)
+}
+
+// waitWithin polls cond, which the consumer's goroutines change, until it
+// holds, and fails the test if it does not within d.
+func (h *harness) waitWithin(d time.Duration, what string, cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
-			h.t.Fatalf("after 30s: %s; applied %q", what, h.api.applied())
+			h.t.Fatalf("after %v: %s; applied %q", d, what, h.api.applied())
 		}
-		time.Sleep(20 * time.Millisecond) // polls a broker in another goroutine
+		<-tick.C
 	}
 }
 
@@ -429,13 +438,8 @@ func TestAStuckPartitionLetsTheGroupRebalance(t *testing.T) {
 	second := h.start("g")
 	// Well within the group's rebalance timeout (60 s), which a member that
 	// held on to its poll would make the group wait out.
-	deadline := time.Now().Add(15 * time.Second)
-	for len(second.Status()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 15 s the second member has no partition: the stuck one held the rebalance")
-		}
-		time.Sleep(50 * time.Millisecond) // polls the group's assignment
-	}
+	h.waitWithin(15*time.Second, "the second member has a partition (else the stuck one held the rebalance)",
+		func() bool { return len(second.Status()) > 0 })
 	h.api.down.Store(false)
 	h.waitFor("every record applied", func() bool { return len(h.api.applied()) == 20 })
 }
