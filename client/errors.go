@@ -32,6 +32,9 @@ var (
 	ErrCancelled = errors.New("chime: cancelled")
 	// ErrNotPaused: Resume of a recurring schedule that is not paused.
 	ErrNotPaused = errors.New("chime: not paused")
+	// ErrCompleted: Trigger or Backfill of a recurring schedule that has
+	// completed (its rule has no further occurrence).
+	ErrCompleted = errors.New("chime: schedule completed")
 	// ErrPermissionDenied: the credential may not do this (to this id or
 	// topic).
 	ErrPermissionDenied = errors.New("chime: permission denied")
@@ -240,6 +243,12 @@ func mapError(op, id string, err error) error {
 			return &Error{Op: op, ID: id, kinds: []error{ErrCancelled}, st: st}
 		case strings.Contains(msg, "not paused"):
 			return &Error{Op: op, ID: id, kinds: []error{ErrNotPaused}, st: st}
+		case strings.Contains(msg, "is completed"):
+			return &Error{Op: op, ID: id, kinds: []error{ErrCompleted}, st: st}
+		case strings.HasPrefix(msg, "to: "):
+			// A Backfill's range that reaches past the pending occurrence:
+			// input the stored schedule refuses.
+			return &InvalidError{Field: "to", Rule: strings.TrimPrefix(msg, "to: "), st: st}
 		case strings.HasPrefix(msg, "payload: "):
 			// An Update's payload for a tombstone event: input the stored
 			// event refuses.

@@ -322,6 +322,100 @@ func (r *Recurring) Resume(ctx context.Context, id string) (RecurringSchedule, e
 	return s, finish("recurring.resume", id, err, tried)
 }
 
+// Occurrence is the occurrence Recurring.Trigger made, or found.
+type Occurrence struct {
+	// EventID is its event's id, "<schedule id>@<At Unix ms>": Client.Get
+	// and Cancel take it.
+	EventID string
+	// At is its time, to the millisecond (its chime-occurrence-unix-ms
+	// header), and Due when it is produced: At, or the server's clock when
+	// that is later.
+	At, Due time.Time
+	// Existing: the event existed already, made by an attempt of this call
+	// that went unanswered, or an occurrence of the rule at that very
+	// millisecond. Nothing more was created.
+	Existing bool
+}
+
+// Trigger produces one extra occurrence of schedule id now, with its
+// target, as an ordinary event "<id>@<unix ms>". It leaves the schedule's
+// own sequence alone: the pending occurrence stays pending, and the
+// triggered one neither moves the schedule on nor counts in Occurrences or
+// MaxOccurrences. A paused schedule may be triggered, and stays paused.
+// The occurrence's time is chosen once, from this machine's clock, before
+// the first attempt, and every retry sends it again, so that retries make
+// one occurrence. ErrNotFound for an unknown schedule, ErrCompleted for a
+// completed one.
+func (r *Recurring) Trigger(ctx context.Context, id string) (Occurrence, error) {
+	return r.TriggerAt(ctx, id, time.Now())
+}
+
+// TriggerAt is Trigger with the occurrence's time chosen by the caller: at
+// most a minute ahead of the server's clock and at most a day behind it.
+// The same id and at (to the millisecond) name the same occurrence, so a
+// caller that retries on its own (a form submitted twice) sends the at it
+// chose the first time.
+func (r *Recurring) TriggerAt(ctx context.Context, id string, at time.Time) (Occurrence, error) {
+	req := &chimev1.TriggerRecurringRequest{Id: id, At: timestamppb.New(at)}
+	var resp *chimev1.TriggerRecurringResponse
+	_, tried, err := r.c.call(ctx, id, true, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+		resp, err = chimev1.NewRecurringClient(cc).Trigger(ctx, req)
+		return err
+	})
+	if err != nil {
+		return Occurrence{}, finish("recurring.trigger", id, err, tried)
+	}
+	return Occurrence{EventID: resp.GetEventId(), At: timeOf(resp.GetOccurrence()), Due: timeOf(resp.GetDue()), Existing: resp.GetExisting()}, nil
+}
+
+// BackfillResult is what Recurring.Backfill did.
+type BackfillResult struct {
+	// Created are the nominal times of the occurrences it created, in
+	// order.
+	Created []time.Time
+	// Existing counts the nominal times in the range whose occurrence had
+	// an event already (fired, dead-lettered or pending, while the retention
+	// keeps it, or made by an attempt of this call that went unanswered). A
+	// cancelled occurrence is created anew and counts in Created.
+	Existing int
+}
+
+// MaxBackfill is the most nominal times one Backfill covers; a payload
+// above 64 KiB lowers it (64 MiB of targets per call).
+const MaxBackfill = 1000
+
+// Backfill creates one occurrence of schedule id for each nominal time of
+// its rule in [from, to), each "<id>@<nominal unix ms>" with
+// chime-occurrence-unix-ms the nominal time, due now: occurrences missed
+// while the schedule was paused, or that a catch-up policy skipped. A
+// nominal time whose event exists, and was not cancelled, is not made again
+// (Existing counts it),
+// so a retry is safe and retries run as for the other changes. It covers at
+// most MaxBackfill nominal times (*InvalidError naming to: split the
+// range); to may be at most a minute after the server's clock, and for an
+// active schedule not past its pending occurrence (*InvalidError naming
+// to), which the schedule makes itself with those after it. For a paused
+// schedule, what is backfilled counts as passed: a Resume does not catch it
+// up again. Backfilled occurrences do not count in Occurrences or
+// MaxOccurrences. ErrNotFound for an unknown schedule, ErrCompleted for a
+// completed one.
+func (r *Recurring) Backfill(ctx context.Context, id string, from, to time.Time) (BackfillResult, error) {
+	req := &chimev1.BackfillRecurringRequest{Id: id, From: timestamppb.New(from), To: timestamppb.New(to)}
+	var resp *chimev1.BackfillRecurringResponse
+	_, tried, err := r.c.call(ctx, id, true, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+		resp, err = chimev1.NewRecurringClient(cc).Backfill(ctx, req)
+		return err
+	})
+	if err != nil {
+		return BackfillResult{}, finish("recurring.backfill", id, err, tried)
+	}
+	out := BackfillResult{Existing: int(resp.GetExisting())}
+	for _, t := range resp.GetCreatedOccurrences() {
+		out.Created = append(out.Created, t.AsTime())
+	}
+	return out, nil
+}
+
 // do runs one call of the Recurring service about schedule id.
 func (r *Recurring) do(ctx context.Context, id string, f func(context.Context, chimev1.RecurringClient) (*chimev1.RecurringSchedule, error)) (RecurringSchedule, bool, []string, error) {
 	var resp *chimev1.RecurringSchedule

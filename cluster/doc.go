@@ -43,9 +43,10 @@
 //     view, else the shard's likely holders, then every live member) and
 //     emptied by a not-leader or UNAVAILABLE answer; lookups are counted
 //     (chime_cluster_leader_lookups_total). A missing leader is waited out
-//     for up to LeaderWait (awaitLeader). List, Count, CancelMatching and
-//     Recurring.List span every shard: each shard's part runs on its leader
-//     in parallel, and the answers merge here (query.go); a page token or a
+//     for up to LeaderWait (awaitLeader). List, Count, CancelMatching,
+//     Forecast and Recurring.List span every shard: each shard's part runs
+//     on its leader in parallel, and the answers merge here (query.go,
+//     forecast.go); a page token or a
 //     bulk cancel's step is a position, not state on any node, so the next
 //     part can run on any leader. The client's credential travels with a
 //     Peer call as its name (ForwardContext), which the leader's authorizer
@@ -59,9 +60,9 @@
 //     Members for releasing a replica, the Admin API's Status fan-out) and
 //     Forget, the fan-out of an operator's node removal; the request path's
 //     calls (ShardSchedule, ShardUpdate, ShardCancelEvent, ShardGet,
-//     ShardRecurring) and ShardList, ShardCount, ShardCancel and
-//     ShardSchedules, one shard's part of a List, Count, CancelMatching or
-//     Recurring.List. Each is answered by this node's replica alone, never
+//     ShardRecurring) and ShardList, ShardCount, ShardCancel,
+//     ShardForecast and ShardSchedules, one shard's part of a List, Count,
+//     CancelMatching, Forecast or Recurring.List. Each is answered by this node's replica alone, never
 //     forwarded further. Peer is node-to-node; the operator API (Admin, in
 //     package rpc) can change without breaking reconciliation.
 //   - A Cluster without gossip (Config.Membership nil, chimed dev): a view of

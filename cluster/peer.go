@@ -325,7 +325,8 @@ func (p peerServer) ShardRecurring(ctx context.Context, req *chimev1.ShardRecurr
 	if err != nil {
 		return nil, StatusOf(p.c.logger, "Recurring", err)
 	}
-	resp := &chimev1.ShardRecurringResponse{Outcome: uint32(res.Outcome), Error: res.Error}
+	resp := &chimev1.ShardRecurringResponse{Outcome: uint32(res.Outcome), Error: res.Error,
+		Created: res.Created, Existing: res.Existing, Due: res.Due}
 	if res.Schedule.ID != "" {
 		resp.Schedule = ScheduleProto(&res.Schedule)
 	}

@@ -25,7 +25,8 @@ func (c *Cluster) Recurring(ctx context.Context, rc raftfsm.Recurring, scope sha
 			if err != nil {
 				return nil, err
 			}
-			res := &raftfsm.RecurringResult{Outcome: raftfsm.RecurringOutcome(resp.Outcome), Error: resp.Error}
+			res := &raftfsm.RecurringResult{Outcome: raftfsm.RecurringOutcome(resp.Outcome), Error: resp.Error,
+				Created: resp.Created, Existing: resp.Existing, Due: resp.Due}
 			if resp.Schedule != nil {
 				if res.Schedule, err = FromScheduleProto(resp.Schedule); err != nil {
 					return nil, err

@@ -50,6 +50,10 @@ func sampleCommands() []Command {
 		&Recurring{Op: RecurringPause, ID: "r", CheckPending: true, Pending: 7, IfHash: 1<<64 - 1},
 		&Recurring{Op: RecurringDelete, ID: "r", IfVersion: 2, IfHash: 0xfeed},
 		&Recurring{Op: RecurringResume, ProposedAt: -1, ID: "r"},
+		&Recurring{Op: RecurringTrigger, ProposedAt: 5, ID: "r", At: 1_700_000_000_123_000_000},
+		&Recurring{Op: RecurringTrigger, ID: "r", IfHash: 9, At: -1},
+		&Recurring{Op: RecurringBackfill, ProposedAt: 5, ID: "r", From: -1 << 63, To: 1<<63 - 1, Limit: 1000, LimitBytes: 64 << 20},
+		&Recurring{Op: RecurringBackfill, ID: "r", IfHash: 1, From: 1, To: 2},
 	}
 }
 

@@ -24,6 +24,9 @@
 //     entry's time, and creates it, so that a leader change can neither skip nor repeat
 //     one. Pause, Delete and Update cancel the pending occurrence as a Cancel would; an
 //     Update or Replace of the occurrence's own id moves the schedule to its next version.
+//     Trigger and Backfill create occurrences outside that chain, from the definition as
+//     their entry finds it: ordinary events with the occurrence ids and headers that no
+//     cursor names, so that their settling moves nothing and counts in no schedule.
 //   - The applied index: which log entry the Pebble state reflects.
 //
 // It does not decide anything: timestamps, due times and content hashes arrive inside the
@@ -65,7 +68,10 @@
 //     no due-index key. An expired event has no key at all. The in-memory counters equal the
 //     counters stored in Pebble after every commit, and the in-memory pending set, once its
 //     background build is taken in, holds exactly the seqs of the due index (pendingMirror;
-//     until then apply tells a pending event by its due-index key, with the same results). A
+//     until then apply tells a pending event by its due-index key, with the same results),
+//     and, loaded with it, the in-memory due counts hold, minute by minute, how many of the due
+//     index's keys fall in each minute of Unix time (dueCounts, which Forecast reads instead of
+//     the due index; wantDueCounts checks it wherever wantPendingSet runs). A
 //     pending event's status is exactly {Scheduled, due}, which is what lets a MarkFired
 //     carrying due times (MarkFired.DueKnown) settle it without reading it.
 //  6. Idempotency (design invariant 6): an id is bound to the first event created with it
@@ -109,7 +115,7 @@
 // # Concurrency
 //
 // Apply, ApplyBatch, Snapshot and Restore are called by raft from one goroutine (the "apply
-// goroutine"). Reads (Get, ReadForFire, ForEachPending, List, Count, Stats, AppliedIndex) may
+// goroutine"). Reads (Get, ReadForFire, ForEachPending, List, Count, Forecast, Stats, AppliedIndex) may
 // run on any goroutine concurrently with them: each read uses one Pebble iterator (or clones
 // of one), so it sees one
 // committed state: during a Restore, the state before it until the swap, then the restored

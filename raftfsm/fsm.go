@@ -232,6 +232,16 @@ type FSM struct {
 	ap applier
 	// pending mirrors the due index; see pendingMirror.
 	pending pendingMirror
+	// pendingMu is held by whatever changes pending: apply, for a whole batch, and
+	// LoadPending, Restore and Close, which run on the apply goroutine too, so that a reader
+	// may take in a finished build (tryTakePending) when apply is not running: an idle
+	// shard may not apply for a long while, and until the build is taken in a forecast
+	// walks the due index.
+	pendingMu sync.Mutex
+	// dues counts the pending events by due minute once the pending set is loaded
+	// (duesLoaded), as of the last committed batch; guarded by mu, like meta.
+	dues       dueCounts
+	duesLoaded bool
 	// occ says which pending events are recurring schedules' occurrences.
 	occ occurrences
 
@@ -375,6 +385,8 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 	if f.restoring {
 		panic(fmt.Sprintf("raftfsm: shard %d: apply with an unfinished restore; the state is partial", f.shard))
 	}
+	f.pendingMu.Lock() // one uncontended lock a batch; see pendingMu
+	defer f.pendingMu.Unlock()
 	if !f.pending.loaded {
 		f.pollPending()
 		f.scanIDFilter() // for an owner that did not call LoadPending
@@ -412,6 +424,7 @@ func (f *FSM) apply(logs []*raft.Log, out []interface{}) {
 	f.mu.Lock()
 	f.meta = a.m
 	f.reclaimed += a.reclaimed
+	f.takeDueDeltas()
 	f.mu.Unlock()
 	if a.idfNext != nil {
 		f.scan(a.idfNext)
@@ -913,7 +926,7 @@ func (a *applier) putStatus(seq uint64, s status) {
 func (a *applier) settle(seq uint64, due int64) {
 	a.key = appendDueKey(a.key[:0], a.f.shard, due, seq)
 	a.del(a.key)
-	a.f.pending.remove(seq)
+	a.f.pending.remove(seq, due)
 	a.m.pending--
 	a.notes = append(a.notes, note{seq: seq})
 }
@@ -1007,7 +1020,7 @@ func (a *applier) create(e *NewEvent, createdAt int64, version uint64) (seq uint
 	a.key = appendDueKey(a.key[:0], a.f.shard, e.Due, seq)
 	a.val = appendDueValue(a.val[:0], e.Policy)
 	a.set(a.key, a.val)
-	a.f.pending.add(seq)
+	a.f.pending.add(seq, e.Due)
 	if !a.f.pending.loaded {
 		// Scheduled by this batch, so not in the committed due index that status
 		// reads until the pending set is loaded.

@@ -488,4 +488,5 @@ func wantPendingSet(t testing.TB, f *FSM) {
 	if got := f.pending.set.count(); got != n {
 		t.Fatalf("pending set holds %d events, the due index %d", got, n)
 	}
+	wantDueCounts(t, f)
 }

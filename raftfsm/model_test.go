@@ -259,6 +259,9 @@ type harness struct {
 	resp []interface{} // the response the FSM gave for log[i] when first applied
 	// walkDue makes List walk in due order under every prefix (Knobs.PrefixScanLimit 0).
 	walkDue bool
+	// countedChecks counts the forecasts checked against the due index with the due
+	// counts loaded.
+	countedChecks int
 }
 
 func (h *harness) close() {
@@ -420,6 +423,7 @@ func (h *harness) check() {
 	}
 
 	h.checkQueries()
+	h.checkForecast()
 
 	type pend struct {
 		seq uint64
@@ -517,6 +521,9 @@ func TestModel(t *testing.T) {
 			if s.Pending == 0 || s.Fired == 0 || s.Cancelled == 0 || s.DeadLettered == 0 || s.Refired == 0 || s.FiredAfterCancel == 0 || s.Expired == 0 || s.Retained == 0 ||
 				s.Replaced == 0 || s.Renewed == 0 {
 				t.Errorf("weak run, some outcome never happened: %+v", s)
+			}
+			if h.countedChecks == 0 {
+				t.Errorf("weak run: no forecast was answered from the due counts")
 			}
 			t.Logf("%d entries, %d restores, %d reopens, stats %+v", len(h.log), restores, reopens, s)
 		})

@@ -83,34 +83,51 @@ func (p *pendingSet) count() (n int) {
 // and removed at most once, after, so replaying an add or a remove the iterator already saw
 // changes nothing. Only the apply goroutine touches it (or the owner before raft starts),
 // except the build's own set, which apply reads once the build is done.
+//
+// The build counts the due times it reads too (dueCounts), and apply the ones it adds and
+// removes once loaded (deltas, taken into FSM.dues when its batch commits). Counts are not
+// idempotent as set bits are, so taking the build in replays an add only for a seq the
+// iterator did not see, and a remove only for one in the set: an add before the iterator
+// opened is in the set already, and a remove of a seq the iterator did not see (added and
+// removed meanwhile, or removed before it opened) finds no bit.
 type pendingMirror struct {
 	set    pendingSet
 	loaded bool
 	build  *pendingBuild // the running or finished build while !loaded
+	deltas []dueDelta    // due counts changed by the apply running, once loaded
+}
+
+// pendingChange is a seq apply added or removed while a build ran, and its due time.
+type pendingChange struct {
+	seq uint64
+	due int64
 }
 
 type pendingBuild struct {
-	adds, removes []uint64 // made by apply since the build began
+	adds, removes []pendingChange // made by apply since the build began
 	stop, done    chan struct{}
 	set           pendingSet // the build goroutine's until done is closed
+	dues          dueCounts  // likewise: the due times of set
 	ok            bool       // read the whole due index
 }
 
-func (m *pendingMirror) add(seq uint64) {
+func (m *pendingMirror) add(seq uint64, due int64) {
 	switch {
 	case m.loaded:
 		m.set.add(seq)
+		m.deltas = noteDue(m.deltas, due, 1)
 	case m.build != nil:
-		m.build.adds = append(m.build.adds, seq)
+		m.build.adds = append(m.build.adds, pendingChange{seq, due})
 	}
 }
 
-func (m *pendingMirror) remove(seq uint64) {
+func (m *pendingMirror) remove(seq uint64, due int64) {
 	switch {
 	case m.loaded:
 		m.set.remove(seq)
+		m.deltas = noteDue(m.deltas, due, -1)
 	case m.build != nil:
-		m.build.removes = append(m.build.removes, seq)
+		m.build.removes = append(m.build.removes, pendingChange{seq, due})
 	}
 }
 
@@ -161,11 +178,12 @@ func (b *pendingBuild) read(db *pebble.DB, lower, upper []byte, closing <-chan s
 	}
 	n := 0
 	for valid := it.First(); valid; valid = it.Next() {
-		_, seq, err := parseDueKey(it.Key())
+		due, seq, err := parseDueKey(it.Key())
 		if err != nil {
 			return false
 		}
 		b.set.add(seq)
+		b.dues.add(due, 1)
 		if n++; n%4096 == 0 {
 			select {
 			case <-b.stop:
@@ -199,23 +217,37 @@ func (f *FSM) pollPending() {
 	if !b.ok { // a read error or a closing store: the next apply starts another
 		return
 	}
-	for _, seq := range b.adds {
-		b.set.add(seq)
+	for _, c := range b.adds {
+		if !b.set.has(c.seq) {
+			b.set.add(c.seq)
+			b.dues.add(c.due, 1)
+		}
 	}
-	for _, seq := range b.removes {
-		b.set.remove(seq)
+	for _, c := range b.removes {
+		if b.set.has(c.seq) {
+			b.set.remove(c.seq)
+			b.dues.add(c.due, -1)
+		}
 	}
 	m.set, m.loaded = b.set, true
+	f.mu.Lock()
+	f.dues, f.duesLoaded = b.dues, true
+	f.mu.Unlock()
 }
 
 // stopPending ends a running build and forgets the mirror: Restore replaces what it
 // mirrors, and Close ends the FSM. Called on the apply goroutine, or after it has stopped.
 func (f *FSM) stopPending() {
+	f.pendingMu.Lock()
+	defer f.pendingMu.Unlock()
 	if b := f.pending.build; b != nil {
 		close(b.stop)
 		<-b.done
 	}
 	f.pending = pendingMirror{}
+	f.mu.Lock()
+	f.dues, f.duesLoaded = dueCounts{}, false
+	f.mu.Unlock()
 }
 
 // LoadPending starts building the FSM's in-memory set of pending events (see pendingMirror)
@@ -225,7 +257,9 @@ func (f *FSM) stopPending() {
 // apply goroutine). fn may be nil. It then starts the scan that completes the id filter
 // (idFilter).
 func (f *FSM) LoadPending(before int64, fn func(seq uint64, due int64, p Policy) error) error {
+	f.pendingMu.Lock()
 	f.startPending()
+	f.pendingMu.Unlock()
 	if fn != nil {
 		if err := f.ForEachPendingIn(minDue, before, fn); err != nil {
 			return err
@@ -233,4 +267,23 @@ func (f *FSM) LoadPending(before int64, fn func(seq uint64, due int64, p Policy)
 	}
 	f.scanIDFilter()
 	return nil
+}
+
+// tryTakePending takes in a finished build of the pending set, with its due counts, as the
+// next apply would, unless something holds pendingMu (an apply running, which takes it in
+// itself). Called by readers.
+func (f *FSM) tryTakePending() {
+	if !f.pendingMu.TryLock() {
+		return
+	}
+	defer f.pendingMu.Unlock()
+	m := &f.pending
+	if m.loaded || m.build == nil {
+		return
+	}
+	select {
+	case <-m.build.done:
+		f.pollPending()
+	default:
+	}
 }

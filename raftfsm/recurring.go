@@ -153,6 +153,11 @@ const (
 	RecurringDelete RecurringOp = 3
 	RecurringPause  RecurringOp = 4
 	RecurringResume RecurringOp = 5
+	// RecurringTrigger creates one extra occurrence at At, outside the schedule's sequence.
+	RecurringTrigger RecurringOp = 6
+	// RecurringBackfill creates the occurrences of the rule's nominal times in [From, To)
+	// that have no event, outside the schedule's sequence.
+	RecurringBackfill RecurringOp = 7
 )
 
 func (o RecurringOp) String() string {
@@ -167,12 +172,23 @@ func (o RecurringOp) String() string {
 		return "Pause"
 	case RecurringResume:
 		return "Resume"
+	case RecurringTrigger:
+		return "Trigger"
+	case RecurringBackfill:
+		return "Backfill"
 	}
 	return fmt.Sprintf("RecurringOp(%d)", uint8(o))
 }
 
-// Recurring creates, updates, deletes, pauses or resumes one recurring schedule. Apply
-// returns *RecurringResult.
+// Recurring creates, updates, deletes, pauses, resumes, triggers or backfills one recurring
+// schedule. Apply returns *RecurringResult.
+//
+// Trigger and Backfill create ordinary events from the definition as this entry finds it,
+// with the occurrence id scheme and headers, and never touch the cursor's pending
+// occurrence or count: the occurrence map does not name their events, so their settling
+// moves nothing. They are entries of their own, not Schedules the leader builds from a read
+// of the target, so that they see exactly the definition and state they apply to: one that
+// a Delete, Update or Pause committed before them cannot be produced from a stale read.
 //
 // Update, Delete and Pause remove the schedule's pending occurrence, as a Cancel of it would
 // (it becomes Cancelled); with CheckPending they apply only while that occurrence is seq
@@ -196,6 +212,16 @@ type Recurring struct {
 	// Create with the same hash is Existing) and the whole new definition.
 	Hash uint64
 	Def  Definition
+	// At is a Trigger's occurrence instant (unix ns, a whole millisecond): its event id is
+	// OccurrenceID(ID, At), and it is due at At or ProposedAt, whichever is later.
+	At int64
+	// From and To (unix ns) bound a Backfill's nominal times, [From, To). Limit and
+	// LimitBytes bound what one Backfill creates: at most Limit nominal times in the range,
+	// and at most LimitBytes of targets over them (RecurringTooMany otherwise, nothing
+	// created), so that one entry's Pebble batch stays bounded whatever the payload.
+	From, To   int64
+	Limit      uint32
+	LimitBytes uint64
 }
 
 func (*Recurring) Type() CommandType { return TypeRecurring }
@@ -226,6 +252,21 @@ const (
 	// RecurringInvalid: the definition's rule does not parse here (the leader checked it:
 	// a node built with another zone database may know other zones). Nothing changed.
 	RecurringInvalid RecurringOutcome = 12
+	// RecurringTriggered: a Trigger's occurrence was created (Created holds At) or existed
+	// (Existing is 1); Due is its due time.
+	RecurringTriggered RecurringOutcome = 13
+	// RecurringBackfilled: a Backfill created the occurrences of Created and found Existing
+	// others.
+	RecurringBackfilled RecurringOutcome = 14
+	// RecurringCompletedState: a Trigger or Backfill of a completed schedule. Nothing changed.
+	RecurringCompletedState RecurringOutcome = 15
+	// RecurringTooMany: a Backfill's range holds more than Limit nominal times, or more than
+	// LimitBytes of targets (Error says which). Nothing changed.
+	RecurringTooMany RecurringOutcome = 16
+	// RecurringBeyondPending: a Backfill of an active schedule whose range holds a nominal
+	// time after its pending occurrence's, which the schedule makes itself (Error names
+	// both). Nothing changed.
+	RecurringBeyondPending RecurringOutcome = 17
 )
 
 func (o RecurringOutcome) String() string {
@@ -254,17 +295,33 @@ func (o RecurringOutcome) String() string {
 		return "NotPaused"
 	case RecurringInvalid:
 		return "Invalid"
+	case RecurringTriggered:
+		return "Triggered"
+	case RecurringBackfilled:
+		return "Backfilled"
+	case RecurringCompletedState:
+		return "CompletedState"
+	case RecurringTooMany:
+		return "TooMany"
+	case RecurringBeyondPending:
+		return "BeyondPending"
 	}
 	return fmt.Sprintf("RecurringOutcome(%d)", uint8(o))
 }
 
 // RecurringResult is the response to a Recurring entry: the outcome and the schedule as it
 // is after the entry (as it was before, if nothing changed; the zero Schedule if there is
-// none). Error is set with RecurringInvalid.
+// none). Error is set with RecurringInvalid, RecurringTooMany and RecurringBeyondPending.
 type RecurringResult struct {
 	Outcome  RecurringOutcome
 	Schedule Schedule
 	Error    string
+	// Trigger and Backfill: the nominal instants (unix ns) of the occurrences created, in
+	// order; how many of the instants asked for had an event already; and a Trigger's
+	// occurrence's due time.
+	Created  []int64
+	Existing uint32
+	Due      int64
 }
 
 // Schedule is a recurring schedule as reads report it.
@@ -370,16 +427,24 @@ func AppendRecurring(dst []byte, c *Recurring) []byte {
 	if c.IfHash != 0 {
 		dst = binary.LittleEndian.AppendUint64(dst, c.IfHash)
 	}
-	if c.Op == RecurringCreate || c.Op == RecurringUpdate {
+	switch c.Op {
+	case RecurringCreate, RecurringUpdate:
 		dst = binary.LittleEndian.AppendUint64(dst, c.Hash)
 		dst = appendDefinition(dst, &c.Def)
+	case RecurringTrigger:
+		dst = binary.AppendVarint(dst, c.At)
+	case RecurringBackfill:
+		dst = binary.AppendVarint(dst, c.From)
+		dst = binary.AppendVarint(dst, c.To)
+		dst = binary.AppendUvarint(dst, uint64(c.Limit))
+		dst = binary.AppendUvarint(dst, c.LimitBytes)
 	}
 	return dst
 }
 
 func (d *decoder) recurring() *Recurring {
 	c := &Recurring{Op: RecurringOp(d.byte1("op"))}
-	if d.err == nil && (c.Op < RecurringCreate || c.Op > RecurringResume) {
+	if d.err == nil && (c.Op < RecurringCreate || c.Op > RecurringBackfill) {
 		d.fail("op", "unknown op %d", c.Op)
 	}
 	c.ProposedAt = d.varint("proposedAt")
@@ -397,9 +462,17 @@ func (d *decoder) recurring() *Recurring {
 			d.fail("ifHash", "0 with its flag set")
 		}
 	}
-	if c.Op == RecurringCreate || c.Op == RecurringUpdate {
+	switch c.Op {
+	case RecurringCreate, RecurringUpdate:
 		c.Hash = d.fixed64("hash")
 		c.Def = d.definition()
+	case RecurringTrigger:
+		c.At = d.varint("at")
+	case RecurringBackfill:
+		c.From = d.varint("from")
+		c.To = d.varint("to")
+		c.Limit = d.uint32("limit")
+		c.LimitBytes = d.uvarint("limitBytes")
 	}
 	return c
 }
@@ -730,6 +803,8 @@ func (a *applier) recurring(c *Recurring) *RecurringResult {
 		return report(RecurringPaused)
 	case c.Op == RecurringResume && e.cur.state != SchedulePaused:
 		return report(RecurringNotPaused)
+	case (c.Op == RecurringTrigger || c.Op == RecurringBackfill) && e.cur.state == ScheduleCompleted:
+		return report(RecurringCompletedState)
 	case c.CheckPending && c.Pending != e.cur.pendingSeq:
 		return report(RecurringMoved)
 	}
@@ -789,6 +864,10 @@ func (a *applier) recurring(c *Recurring) *RecurringResult {
 		a.materialise(c.ID, e, now)
 		a.putCursor(c.ID, e)
 		return report(RecurringResumed)
+	case RecurringTrigger:
+		return report(a.trigger(c, e, res))
+	case RecurringBackfill:
+		return report(a.backfill(c, e, res))
 	}
 	a.fatal("no apply for recurring op %v", c.Op)
 	return nil
@@ -900,22 +979,7 @@ func (a *applier) materialise(id string, e *scheduleEntry, now int64) {
 		complete()
 		return
 	}
-	if !e.target {
-		// Too large to keep in memory (maxCachedTarget): read from the definition.
-		e.def, e.target = a.readDefinition(id), true
-	}
-	ms := strconv.FormatInt(next.UnixMilli(), 10)
-	ev := NewEvent{
-		ID:      id + OccurrenceSeparator + ms,
-		Due:     next.Add(r.Jitter(id, next)).UnixNano(),
-		Topic:   e.def.Topic,
-		Key:     e.def.Key,
-		Payload: e.def.Payload,
-		Headers: append(append(make([]Header, 0, len(e.def.Headers)+2), e.def.Headers...),
-			Header{Key: HeaderRecurringID, Value: []byte(id)}, Header{Key: HeaderOccurrenceUnix, Value: []byte(ms)}),
-	}
-	ev.Priority = e.def.Priority
-	ev.ContentHash = ContentHash(ev.Topic, ev.Key, ev.Payload, ev.Headers, ev.Due, 0, true, false, ev.Policy, ev.Output)
+	ev := a.occurrence(id, e, next, next.Add(r.Jitter(id, next)).UnixNano())
 	var seq uint64
 	if ref, bound := a.lookupID(ev.ID); bound {
 		// The id of an occurrence a Pause, Delete or Update cancelled, now due again; or an
@@ -926,6 +990,113 @@ func (a *applier) materialise(id string, e *scheduleEntry, now int64) {
 	}
 	e.cur.pendingSeq, e.cur.pendingAt, e.cur.pendingDue = seq, next.UnixNano(), ev.Due
 	a.f.occ.bySeq[seq] = id
+}
+
+// occurrence is the event of schedule id's occurrence at nominal instant at, due at due:
+// the definition's target, then the headers that name the schedule and the instant.
+func (a *applier) occurrence(id string, e *scheduleEntry, at time.Time, due int64) NewEvent {
+	if !e.target {
+		// Too large to keep in memory (maxCachedTarget): read from the definition.
+		e.def, e.target = a.readDefinition(id), true
+	}
+	ms := strconv.FormatInt(at.UnixMilli(), 10)
+	ev := NewEvent{
+		ID:      id + OccurrenceSeparator + ms,
+		Due:     due,
+		Topic:   e.def.Topic,
+		Key:     e.def.Key,
+		Payload: e.def.Payload,
+		Headers: append(append(make([]Header, 0, len(e.def.Headers)+2), e.def.Headers...),
+			Header{Key: HeaderRecurringID, Value: []byte(id)}, Header{Key: HeaderOccurrenceUnix, Value: []byte(ms)}),
+	}
+	ev.Priority = e.def.Priority
+	ev.ContentHash = ContentHash(ev.Topic, ev.Key, ev.Payload, ev.Headers, ev.Due, 0, true, false, ev.Policy, ev.Output)
+	return ev
+}
+
+// trigger creates the occurrence of schedule id (e, active or paused) at c.At, due at c.At
+// or the entry's time, whichever is later, unless its event id is bound already: a retry
+// of the same Trigger, or an occurrence of the rule at that very instant (pending, say),
+// which is then that occurrence. The cursor does not change: the event is not the
+// schedule's pending occurrence, so occurred never sees it settle.
+func (a *applier) trigger(c *Recurring, e *scheduleEntry, res *RecurringResult) RecurringOutcome {
+	at := time.Unix(0, c.At)
+	if ref, bound := a.lookupID(OccurrenceID(c.ID, at)); bound {
+		res.Existing, res.Due = 1, ref.due
+		return RecurringTriggered
+	}
+	ev := a.occurrence(c.ID, e, at, max(c.At, c.ProposedAt))
+	a.createNew(&ev, c.ProposedAt)
+	res.Created, res.Due = []int64{at.UnixMilli() * int64(time.Millisecond)}, ev.Due
+	return RecurringTriggered
+}
+
+// backfill creates an occurrence of schedule id (e, active or paused) for each nominal
+// instant of its rule in [c.From, c.To) whose event id is bound to nothing or to a
+// cancelled event, due at the entry's time, or at its nominal instant if that is later
+// (never early). It refuses, with nothing created, a range of more than c.Limit instants
+// or c.LimitBytes of targets, and for an active schedule one that reaches past its pending
+// occurrence: the rule's instants after that one are the schedule's own to make, and an
+// event created for one of them now would be taken over (renewed, produced again) when the
+// schedule reaches it. A paused schedule's cursor moves past the last instant of the range
+// instead, for the same reason: a Resume then catches up only what follows it.
+func (a *applier) backfill(c *Recurring, e *scheduleEntry, res *RecurringResult) RecurringOutcome {
+	r, err := a.rule(e)
+	if err != nil {
+		res.Error = err.Error()
+		return RecurringInvalid
+	}
+	var times []time.Time
+	to := time.Unix(0, c.To)
+	for t, ok := r.Next(time.Unix(0, c.From-1)); ok && t.Before(to); t, ok = r.Next(t) {
+		if len(times) == int(c.Limit) {
+			res.Error = fmt.Sprintf("the range holds more than %d occurrences of the rule, the most one Backfill creates", c.Limit)
+			return RecurringTooMany
+		}
+		if e.cur.state == ScheduleActive && t.UnixNano() > e.cur.pendingAt {
+			res.Error = fmt.Sprintf("the range holds %s, after the pending occurrence at %s: the schedule makes that one and those after it itself",
+				t.UTC().Format(time.RFC3339Nano), time.Unix(0, e.cur.pendingAt).UTC().Format(time.RFC3339Nano))
+			return RecurringBeyondPending
+		}
+		times = append(times, t)
+	}
+	if !e.target {
+		// Too large to keep in memory (maxCachedTarget): read to be weighed and copied.
+		e.def, e.target = a.readDefinition(c.ID), true
+	}
+	if size := uint64(len(times)) * uint64(targetSize(&e.def)+len(e.def.Topic)); size > c.LimitBytes {
+		res.Error = fmt.Sprintf("the range's %d occurrences carry %d bytes of targets, more than the %d one Backfill writes", len(times), size, c.LimitBytes)
+		return RecurringTooMany
+	}
+	ids := make([]string, len(times))
+	for i, t := range times {
+		ids[i] = OccurrenceID(c.ID, t)
+	}
+	if len(ids) > 1 {
+		a.preload(ids)
+	}
+	for i, t := range times {
+		ref, bound := a.lookupID(ids[i])
+		if bound && a.status(ref.seq, ref.due).state != StateCancelled {
+			res.Existing++
+			continue
+		}
+		ev := a.occurrence(c.ID, e, t, max(t.UnixNano(), c.ProposedAt))
+		if bound {
+			// Cancelled: by the Pause, Delete or Update that dropped it as the schedule's
+			// pending occurrence, most often, which is what a backfill makes up for. It takes
+			// the cancelled event's place, as materialise's would.
+			a.replace(&ev, ref, c.ProposedAt)
+		} else {
+			a.createNew(&ev, c.ProposedAt)
+		}
+		res.Created = append(res.Created, t.UnixNano())
+	}
+	if e.cur.state == SchedulePaused && len(times) > 0 {
+		e.cur.after = max(e.cur.after, times[len(times)-1].UnixNano())
+		a.putCursor(c.ID, e)
+	}
+	return RecurringBackfilled
 }
 
 // ScheduleIDRule is the rule a recurring schedule's id follows beyond an event id's: it

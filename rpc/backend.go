@@ -39,8 +39,8 @@ type Backend interface {
 	// one call at a time. Every event a step counts as cancelled has the
 	// promise Cancel gives.
 	CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bool, progress func(shard.CancelStep)) error
-	// Recurring creates, updates, deletes, pauses or resumes one recurring
-	// schedule on its shard's leader (shard.Shard.Recurring), which refuses
+	// Recurring creates, updates, deletes, pauses, resumes, triggers or
+	// backfills one recurring schedule on its shard's leader (shard.Shard.Recurring), which refuses
 	// (a *shard.NotPermittedError) a stored schedule outside scope.
 	Recurring(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error)
 	// GetSchedule reads one recurring schedule, linearizably unless stale.

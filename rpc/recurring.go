@@ -266,6 +266,101 @@ func (rs *RecurringServer) Resume(ctx context.Context, in *chimev1.ResumeRecurri
 	return cluster.ScheduleProto(&res.Schedule), nil
 }
 
+// Bounds of Trigger and Backfill.
+const (
+	// triggerSkew is how far after this node's clock a Trigger's at may be:
+	// the caller chose it on its own clock.
+	triggerSkew = time.Minute
+	// triggerMaxAge is how far before this node's clock a Trigger's at may
+	// be. at is the time the trigger was asked for, fixed for the retries of
+	// one Trigger, which end within minutes; an older instant is a
+	// Backfill's, which follows the rule.
+	triggerMaxAge = 24 * time.Hour
+	// maxBackfill is the most nominal times one Backfill covers, and
+	// maxBackfillBytes the most bytes of targets it writes: all of a
+	// Backfill's occurrences are created by one Raft entry, in one Pebble
+	// batch, which must stay bounded whatever the schedule's payload (a 1 MiB
+	// payload allows 64 occurrences a call).
+	maxBackfill      = 1000
+	maxBackfillBytes = 64 << 20
+)
+
+// Trigger produces one extra occurrence of a schedule now.
+func (rs *RecurringServer) Trigger(ctx context.Context, in *chimev1.TriggerRecurringRequest) (*chimev1.TriggerRecurringResponse, error) {
+	s := rs.s
+	if err := s.checkScheduleID(in.GetId()); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	at := now
+	if in.At != nil {
+		if err := in.At.CheckValid(); err != nil {
+			return nil, invalidArgument("at", "not a valid Timestamp: %v", err)
+		}
+		at = in.At.AsTime()
+		switch {
+		case at.After(now.Add(triggerSkew)):
+			return nil, invalidArgument("at", "%s is more than %v after this node's clock (%s): a trigger happens now; at names the moment it was asked for",
+				at.UTC().Format(time.RFC3339Nano), triggerSkew, now.UTC().Format(time.RFC3339Nano))
+		case at.Before(now.Add(-triggerMaxAge)):
+			return nil, invalidArgument("at", "%s is more than %v before this node's clock (%s): Backfill makes past occurrences of the rule",
+				at.UTC().Format(time.RFC3339Nano), triggerMaxAge, now.UTC().Format(time.RFC3339Nano))
+		}
+	}
+	// The occurrence's id names the millisecond: so does the entry.
+	at = time.UnixMilli(at.UnixMilli())
+	res, err := rs.op(ctx, "Trigger", raftfsm.Recurring{Op: raftfsm.RecurringTrigger, ID: in.Id, At: at.UnixNano()}, raftfsm.RecurringTriggered)
+	if err != nil {
+		return nil, err
+	}
+	return &chimev1.TriggerRecurringResponse{
+		EventId:    raftfsm.OccurrenceID(in.Id, at),
+		Occurrence: timestamppb.New(at),
+		Due:        timestamppb.New(time.Unix(0, res.Due)),
+		Existing:   res.Existing != 0,
+	}, nil
+}
+
+// Backfill creates the occurrences of a range of a schedule's rule that
+// have no event.
+func (rs *RecurringServer) Backfill(ctx context.Context, in *chimev1.BackfillRecurringRequest) (*chimev1.BackfillRecurringResponse, error) {
+	s := rs.s
+	if err := s.checkScheduleID(in.GetId()); err != nil {
+		return nil, err
+	}
+	var bounds [2]time.Time
+	for i, ts := range []struct {
+		field string
+		ts    *timestamppb.Timestamp
+	}{{"from", in.From}, {"to", in.To}} {
+		if ts.ts == nil {
+			return nil, invalidArgument(ts.field, "required: the occurrences backfilled are the rule's nominal times in [from, to)")
+		}
+		if err := ts.ts.CheckValid(); err != nil {
+			return nil, invalidArgument(ts.field, "not a valid Timestamp: %v", err)
+		}
+		bounds[i] = ts.ts.AsTime()
+	}
+	from, to, now := bounds[0], bounds[1], s.now()
+	switch {
+	case !from.Before(to):
+		return nil, invalidArgument("to", "%s is not after from (%s): the range [from, to) is empty", to.UTC().Format(time.RFC3339Nano), from.UTC().Format(time.RFC3339Nano))
+	case to.After(now.Add(triggerSkew)):
+		return nil, invalidArgument("to", "%s is in the future (this node's clock says %s, %v of skew allowed): a backfill makes occurrences that were missed; the schedule makes future ones",
+			to.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano), triggerSkew)
+	}
+	rc := raftfsm.Recurring{Op: raftfsm.RecurringBackfill, ID: in.Id, From: from.UnixNano(), To: to.UnixNano(), Limit: maxBackfill, LimitBytes: maxBackfillBytes}
+	res, err := rs.op(ctx, "Backfill", rc, raftfsm.RecurringBackfilled)
+	if err != nil {
+		return nil, err
+	}
+	resp := &chimev1.BackfillRecurringResponse{Created: uint32(len(res.Created)), Existing: res.Existing}
+	for _, ns := range res.Created {
+		resp.CreatedOccurrences = append(resp.CreatedOccurrences, timestamppb.New(time.Unix(0, ns)))
+	}
+	return resp, nil
+}
+
 // current reads schedule id as its shard's leader has it: the definition
 // an Update without a rule or a target keeps. A schedule that does not
 // exist, or is not the caller's, is answered from that read.
@@ -326,6 +421,12 @@ func (rs *RecurringServer) outcomeStatus(op, id string, expected uint64, res *ra
 		return status.Errorf(codes.Aborted, "recurring schedule %q: its pending occurrence changed while the %s was proposed; nothing was changed: retry", id, op)
 	case raftfsm.RecurringInvalid:
 		return status.Errorf(codes.InvalidArgument, "rule: %s", res.Error)
+	case raftfsm.RecurringCompletedState:
+		return status.Errorf(codes.FailedPrecondition, "recurring schedule %q is completed (its rule has no further occurrence): a %s acts on an active or paused schedule; an Update gives it occurrences again", id, op)
+	case raftfsm.RecurringTooMany:
+		return status.Errorf(codes.InvalidArgument, "to: %s; end the range [from, to) earlier, or split it into several Backfills", res.Error)
+	case raftfsm.RecurringBeyondPending:
+		return status.Errorf(codes.FailedPrecondition, "to: %s; end the range at or before it", res.Error)
 	}
 	return rs.s.backendStatus(op, errors.New("unexpected outcome "+res.Outcome.String()))
 }

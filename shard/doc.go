@@ -36,11 +36,13 @@
 //     NotPermittedError, the same whether or not the id exists.
 //   - Changes of recurring schedules (recurring.go): an Update, Delete or
 //     Pause removes the schedule's pending occurrence, so it is pinned and
-//     named in the entry as an event Update's is; Create and Resume remove
-//     none and are proposed as they come. Reads of schedules follow the
-//     queries' rules.
-//   - Queries and bulk cancels of one shard (query.go): List and Count under
-//     the lease (or, when the caller allows a stale read, on any replica),
+//     named in the entry as an event Update's is; Create, Resume, Trigger
+//     and Backfill remove none and are proposed as they come (Trigger and
+//     Backfill create events from the definition the entry finds). Reads of
+//     schedules follow the queries' rules.
+//   - Queries and bulk cancels of one shard (query.go, forecast.go): List,
+//     Count and Forecast under the lease (or, when the caller allows a stale
+//     read, on any replica),
 //     and the steps of a bulk cancel: list the next pending matches, leave
 //     out those a record of may be on its way, cancel the rest in one Raft
 //     entry and give each Cancel's promise. Merging the shards' answers

@@ -409,6 +409,7 @@ func (s *Shard) mark(b *fireBatch, out []publish.Record, outcomes []publish.Outc
 				s.metrics.RateLimitedLateness.Observe(late)
 			} else {
 				s.metrics.Lateness.Observe(late)
+				s.metrics.observeFired(out[i].Topic, late)
 			}
 		}
 	}

@@ -1,6 +1,10 @@
 package shard
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the node-wide instruments the shards update. Per-shard state
 // (pending, leader, applied index) is read on scrape by the host's collector.
@@ -11,6 +15,16 @@ type Metrics struct {
 	// than once).
 	Lateness            prometheus.Histogram
 	RateLimitedLateness prometheus.Histogram
+	// TopicLateness is Lateness by the record's topic, and Early counts, by
+	// topic, the records Kafka acknowledged before the time they were to
+	// fire at, which the firing path's hold rules out: both for the web
+	// console's timeliness page, which reads them from the node's registry.
+	// Topics past the first maxTopicLabels a node fires to are labelled
+	// otherTopics, so a client naming many topics cannot grow them without
+	// bound.
+	TopicLateness       *prometheus.HistogramVec
+	Early               *prometheus.CounterVec
+	topics              topicLabels
 	RateLimited         *prometheus.CounterVec
 	Fired               prometheus.Counter
 	DeadLettered        prometheus.Counter
@@ -39,6 +53,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from an event's due time (or, with a window, the point of it it was to fire at) to Kafka acknowledging its record; events a topic rate limit held back are in chime_fire_rate_limited_lateness_seconds instead.",
 			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}),
+		TopicLateness: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "chime_fire_topic_lateness_seconds",
+			Help:    "chime_fire_lateness_seconds by the record's topic (the first 200 topics a node fires to; the rest as topic \"_other\").",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"topic"}),
+		Early: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "chime_fire_early_total",
+			Help: "Records Kafka acknowledged, by this node's clock, before the time they were to fire at, by topic: the firing path holds every record until that time, so a count means a bug, or the clock stepping back while a record was produced.",
+		}, []string{"topic"}),
 		RateLimitedLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "chime_fire_rate_limited_lateness_seconds",
 			Help:    "Time from an event's due time to Kafka acknowledging its record, for events a topic rate limit (--topic-rate-limit) held back: lateness the limit caused.",
@@ -77,7 +100,48 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"stage"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Lateness, m.RateLimitedLateness, m.RateLimited, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.Ingest, m.LeaderChanges, m.FireStage)
+		reg.MustRegister(m.Lateness, m.TopicLateness, m.Early, m.RateLimitedLateness, m.RateLimited, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.Ingest, m.LeaderChanges, m.FireStage)
 	}
 	return m
+}
+
+// maxTopicLabels bounds the topic label values of TopicLateness and Early.
+const maxTopicLabels = 200
+
+// otherTopics labels the topics past maxTopicLabels.
+const otherTopics = "_other"
+
+// topicLabels is the topics a node has labelled a metric with.
+type topicLabels struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+// topicLabel returns the label value for topic: the topic itself, or
+// otherTopics once maxTopicLabels others have been seen.
+func (m *Metrics) topicLabel(topic string) string {
+	t := &m.topics
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.seen[topic]; ok {
+		return topic
+	}
+	if len(t.seen) >= maxTopicLabels {
+		return otherTopics
+	}
+	if t.seen == nil {
+		t.seen = make(map[string]struct{})
+	}
+	t.seen[topic] = struct{}{}
+	return topic
+}
+
+// observeFired records the lateness of a record of topic fired late
+// seconds after the time it was to fire at.
+func (m *Metrics) observeFired(topic string, late float64) {
+	label := m.topicLabel(topic)
+	m.TopicLateness.WithLabelValues(label).Observe(late)
+	if late < 0 {
+		m.Early.WithLabelValues(label).Inc()
+	}
 }

@@ -9,14 +9,14 @@ import (
 	"github.com/chimehq/chime/raftfsm"
 )
 
-// Recurring applies c, a Create, Update, Delete, Pause or Resume of one
-// recurring schedule, through Raft; the leader sets its time. When an
-// Update, Delete or Pause reports success, no record of the occurrence it
-// cancelled will be produced from then on, as an Update of that event
-// promises: the occurrence was in no fire batch when the change was
-// proposed, was kept out of the wheel until it committed, and no produce
-// attempt of it is unanswered (ErrFiring, ErrProduceUnknown otherwise, with
-// nothing changed).
+// Recurring applies c, a Create, Update, Delete, Pause, Resume, Trigger or
+// Backfill of one recurring schedule, through Raft; the leader sets its
+// time. When an Update, Delete or Pause reports success, no record of the
+// occurrence it cancelled will be produced from then on, as an Update of
+// that event promises: the occurrence was in no fire batch when the change
+// was proposed, was kept out of the wheel until it committed, and no
+// produce attempt of it is unanswered (ErrFiring, ErrProduceUnknown
+// otherwise, with nothing changed).
 //
 // scope is what the caller's credential may act on (nil: anything). For any
 // operation but Create, the schedule as stored must be in it: checked in
@@ -24,7 +24,10 @@ import (
 // then names (IfHash), so the state machine applies it only to what was
 // checked. An outcome the state already decides (an unknown schedule, one
 // outside scope, another version, a Pause of a paused schedule, a Resume of
-// an active one) is answered from that read, without an entry.
+// an active one, a Trigger or Backfill of a completed one) is answered from
+// that read, without an entry. A Trigger or a Backfill removes no
+// occurrence: it pins nothing, and its entry creates its events from the
+// definition the entry finds, not from this read.
 func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring, scope Scope) (*raftfsm.RecurringResult, error) {
 	if c.Op == raftfsm.RecurringCreate {
 		// A Create changes nothing stored; the caller checked the new
@@ -54,13 +57,14 @@ func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring, scope Scope)
 			return answer(raftfsm.RecurringPaused)
 		case c.Op == raftfsm.RecurringResume && sched.State != raftfsm.SchedulePaused:
 			return answer(raftfsm.RecurringNotPaused)
+		case (c.Op == raftfsm.RecurringTrigger || c.Op == raftfsm.RecurringBackfill) && sched.State == raftfsm.ScheduleCompleted:
+			return answer(raftfsm.RecurringCompletedState)
 		}
 		if scope != nil {
 			c.IfHash = sched.Hash
 		}
 		var pinned uint64
-		if c.Op != raftfsm.RecurringResume {
-			// A Resume removes no occurrence: there is nothing to pin.
+		if removesOccurrence(c.Op) {
 			c.CheckPending, c.Pending = true, sched.NextSeq
 			if pinned, err = s.pinOccurrence(c.ID, &sched); err != nil {
 				return nil, err
@@ -86,6 +90,25 @@ func (s *Shard) Recurring(ctx context.Context, c raftfsm.Recurring, scope Scope)
 			return nil, ErrChanging
 		}
 	}
+}
+
+// removesOccurrence reports whether op cancels the schedule's pending
+// occurrence (Update, Delete, Pause), which must then be out of every fire
+// batch when it applies. Resume, Trigger and Backfill leave it pending.
+func removesOccurrence(op raftfsm.RecurringOp) bool {
+	return op == raftfsm.RecurringUpdate || op == raftfsm.RecurringDelete || op == raftfsm.RecurringPause
+}
+
+// retryable reports whether an entry of op, which may have been appended
+// before leadership went, answers the same when applied a second time, so
+// that it may be proposed again: a Create (Existing), a Pause (Paused), a
+// Trigger and a Backfill (what the first made counts as existing).
+func retryable(op raftfsm.RecurringOp) bool {
+	switch op {
+	case raftfsm.RecurringCreate, raftfsm.RecurringPause, raftfsm.RecurringTrigger, raftfsm.RecurringBackfill:
+		return true
+	}
+	return false
 }
 
 // pinOccurrence keeps sched's pending occurrence, if it has one, out of
@@ -117,10 +140,9 @@ func permitsSchedule(scope Scope, sched *raftfsm.Schedule) bool {
 func (s *Shard) proposeRecurring(ctx context.Context, c raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
 	c.ProposedAt = s.cfg.Now().UnixNano()
 	resp, err := s.apply(ctx, raftfsm.AppendRecurring(nil, &c))
-	if errors.Is(err, ErrNotLeader) && c.Op != raftfsm.RecurringCreate && c.Op != raftfsm.RecurringPause {
+	if errors.Is(err, ErrNotLeader) && !retryable(c.Op) {
 		// The entry may have been appended before leadership went; a retry
-		// would apply it again, and these answer differently the second
-		// time. A Create (Existing) and a Pause (Paused) answer the same.
+		// would apply it again, and these answer differently the second time.
 		return nil, fmt.Errorf("%w (%v)", ErrChangeUnknown, err)
 	}
 	if err != nil {

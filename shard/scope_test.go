@@ -117,7 +117,8 @@ func createSchedule(t *testing.T, s *Shard, id string, d raftfsm.Definition) {
 }
 
 // TestScopeGuardsTheStoredSchedule: a credential cannot update, delete,
-// pause or resume another's recurring schedule by naming its id; each is
+// pause, resume, trigger or backfill another's recurring schedule by naming
+// its id; each is
 // refused in the same words from the leader's read, and like every outcome
 // that read decides (an unknown id, a Pause of a paused schedule, a Resume
 // of an active one), writes nothing to the Raft log. A schedule deleted and
@@ -142,7 +143,8 @@ func TestScopeGuardsTheStoredSchedule(t *testing.T) {
 	createSchedule(t, s, "a-s", everySecond("a.x", "a's"))
 	applied := s.fsm.AppliedIndex()
 
-	for _, op := range []raftfsm.RecurringOp{raftfsm.RecurringUpdate, raftfsm.RecurringDelete, raftfsm.RecurringPause, raftfsm.RecurringResume} {
+	for _, op := range []raftfsm.RecurringOp{raftfsm.RecurringUpdate, raftfsm.RecurringDelete, raftfsm.RecurringPause, raftfsm.RecurringResume,
+		raftfsm.RecurringTrigger, raftfsm.RecurringBackfill} {
 		c := raftfsm.Recurring{Op: op, ID: "b-s"}
 		if op == raftfsm.RecurringUpdate {
 			c.Def = everySecond("a.x", "taken")
@@ -161,6 +163,8 @@ func TestScopeGuardsTheStoredSchedule(t *testing.T) {
 		{raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: "a-404"}, raftfsm.RecurringNotFound},
 		{raftfsm.Recurring{Op: raftfsm.RecurringPause, ID: "a-404"}, raftfsm.RecurringNotFound},
 		{raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: "a-404"}, raftfsm.RecurringNotFound},
+		{raftfsm.Recurring{Op: raftfsm.RecurringTrigger, ID: "a-404", At: 1}, raftfsm.RecurringNotFound},
+		{raftfsm.Recurring{Op: raftfsm.RecurringBackfill, ID: "a-404", From: 1, To: 2, Limit: 1}, raftfsm.RecurringNotFound},
 		{raftfsm.Recurring{Op: raftfsm.RecurringResume, ID: "a-s"}, raftfsm.RecurringNotPaused},
 		{raftfsm.Recurring{Op: raftfsm.RecurringDelete, ID: "a-s", IfVersion: 7}, raftfsm.RecurringVersionMismatch},
 	}

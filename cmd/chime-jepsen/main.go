@@ -511,7 +511,7 @@ func summary(r checker.Results) string {
 	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v crashes=%d\n"+
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
-		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d\n"+
+		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d recurring_trigger_lost=%d recurring_trigger_early=%d recurring_backfill_lost=%d recurring_backfill_outside=%d\n"+
 		"bursts: %d checked, %d skipped (a fault overlapped them, or nothing of them was acked or read back); priority_violations=%d\n"+
 		"tenants: %d probes refused, %d let through, %d unanswered; tenant_violations=%d\n"+
 		"ingest: %s; ingest_lost=%d ingest_after_tombstone=%d ingest_after_replace=%d ingest_rejected=%d\n"+
@@ -520,6 +520,7 @@ func summary(r checker.Results) string {
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,
+		r.RecurringTriggerLost, r.RecurringTriggerEarly, r.RecurringBackfillLost, r.RecurringBackfillOutside,
 		r.BurstsChecked, r.BurstsSkipped, r.PriorityViolations,
 		tp[checker.TypeFail], tp[checker.TypeOK], tp[checker.TypeInfo], r.TenantViolations,
 		r.IngestSummary(), r.IngestLost, r.IngestAfterTombstone, r.IngestAfterReplace, r.IngestRejected,

@@ -32,10 +32,27 @@ var recurringSchedules = []struct {
 
 const recurringTopic = "jepsen.r"
 
-// recurrer is process p of the workload: it creates the recurring schedules, then pauses a
-// random one and resumes it a few seconds later, over and over, and deletes rd half-way to
-// end. When ctx ends it still resumes what it paused, for a few seconds at most, so that
-// the schedules run to their end.
+// backfillSchedule is an interval schedule whose rule starts backfillPast before it is
+// created: its own sequence never makes those instants, so any record of one was made by
+// a backfill, which the checker holds to the backfill's range (check 11 h).
+const (
+	backfillSchedule = "rb"
+	backfillPast     = 10 * time.Minute
+)
+
+// The rates of the extra recurring ops, per round of the pause loop (one round every 1.5 to
+// 8.5 s): small, so that the schedules' own sequences stay what most of the run checks.
+const (
+	triggerChance       = 3 // 1 in 3 rounds triggers a random schedule
+	backfillChance      = 4 // 1 in 4 rounds backfills a stretch of rb's past
+	pauseBackfillChance = 3 // 1 in 3 pauses backfills what the pause held back
+)
+
+// recurrer is process p of the workload: it creates the recurring schedules and rb, then
+// pauses a random one and resumes it a few seconds later, over and over, and deletes rd
+// half-way to end. Now and then it triggers a schedule, backfills a stretch of rb's past,
+// or backfills what a pause held back before resuming. When ctx ends it still resumes what
+// it paused, for a few seconds at most, so that the schedules run to their end.
 func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.Time) {
 	start := time.Now().Truncate(time.Second).Add(2 * time.Second)
 	for _, s := range recurringSchedules {
@@ -49,6 +66,18 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 		}
 		req := &chimev1.CreateRecurringRequest{Id: s.id, Rule: rule, Target: &chimev1.RecurringTarget{Topic: recurringTopic, Payload: []byte(op.Payload)}}
 		// A create is idempotent: sent again until it is acked.
+		w.untilDone(ctx, r, op, func(ctx context.Context, rc chimev1.RecurringClient) error {
+			_, err := rc.Create(ctx, req)
+			return err
+		})
+	}
+	rbStart := start.Add(-backfillPast)
+	{
+		rule := &chimev1.RecurringRule{Rule: &chimev1.RecurringRule_Every{Every: durationpb.New(time.Second)},
+			Start: timestamppb.New(rbStart), End: timestamppb.New(end), CatchUp: chimev1.CatchUp_CATCH_UP_ALL}
+		op := checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionCreate, ID: backfillSchedule, EveryNs: int64(time.Second),
+			StartNs: rbStart.UnixNano(), EndNs: end.UnixNano(), CatchUp: "all", Topic: recurringTopic, Payload: "p-" + backfillSchedule}
+		req := &chimev1.CreateRecurringRequest{Id: backfillSchedule, Rule: rule, Target: &chimev1.RecurringTarget{Topic: recurringTopic, Payload: []byte(op.Payload)}}
 		w.untilDone(ctx, r, op, func(ctx context.Context, rc chimev1.RecurringClient) error {
 			_, err := rc.Create(ctx, req)
 			return err
@@ -71,10 +100,22 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 					return err
 				})
 		}
+		if r.IntN(triggerChance) == 0 {
+			ids := []string{backfillSchedule}
+			for _, s := range recurringSchedules {
+				ids = append(ids, s.id)
+			}
+			w.trigger(p, r, ids[r.IntN(len(ids))])
+		}
+		if r.IntN(backfillChance) == 0 {
+			from := rbStart.Add(time.Duration(r.IntN(int(backfillPast/time.Second)-60)) * time.Second).Add(time.Duration(r.IntN(1000)) * time.Millisecond)
+			w.backfill(p, r, backfillSchedule, from, from.Add(time.Duration(1+r.IntN(30))*time.Second))
+		}
 		s := recurringSchedules[r.IntN(len(recurringSchedules)-1)] // not rd
 		if !sleep(ctx, time.Duration(1000+r.IntN(4000))*time.Millisecond) {
 			return
 		}
+		pausedAt := time.Now()
 		paused := w.recurringOp(r, checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionPause, ID: s.id},
 			func(ctx context.Context, rc chimev1.RecurringClient) error {
 				_, err := rc.Pause(ctx, &chimev1.PauseRecurringRequest{Id: s.id})
@@ -84,7 +125,15 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 			continue
 		}
 		rctx, cancel := context.WithCancel(context.Background())
-		if !sleep(ctx, time.Duration(500+r.IntN(3000))*time.Millisecond) {
+		live := sleep(ctx, time.Duration(500+r.IntN(3000))*time.Millisecond)
+		if live && r.IntN(pauseBackfillChance) == 0 {
+			// What the pause held back, from just before it: the pending occurrence it
+			// cancelled is made anew, and the resume catches up only after the range. If the
+			// pause did not take, the schedule is active and its pending occurrence ends
+			// the range it may cover: FAILED_PRECONDITION, nothing made.
+			w.backfill(p, r, s.id, pausedAt.Add(-2*time.Second), time.Now())
+		}
+		if !live {
 			// The workload is over, and the nemesis holds its last fault until this
 			// returns: a few seconds of tries, then the schedule stays paused (the checker
 			// then demands nothing after the pause).
@@ -103,14 +152,55 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 	}
 }
 
+// trigger triggers schedule id once, with an occurrence time chosen before the call, as a
+// client retrying it would send each time. It is never on a millisecond that is a multiple
+// of 500: every rule of the run occurs only at such instants, and a trigger there would be
+// that occurrence.
+func (w *workload) trigger(p int, r *rand.Rand, id string) {
+	at := time.Now()
+	if at.UnixMilli()%500 == 0 {
+		at = at.Add(time.Millisecond)
+	}
+	op := checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionTrigger, ID: id, AtNs: at.UnixNano()}
+	req := &chimev1.TriggerRecurringRequest{Id: id, At: timestamppb.New(at)}
+	w.recurringOpFill(r, op, func(ctx context.Context, rc chimev1.RecurringClient, op *checker.Op) error {
+		resp, err := rc.Trigger(ctx, req)
+		if err == nil {
+			op.Existing = resp.Existing
+		}
+		return err
+	})
+}
+
+// backfill backfills schedule id's rule over [from, to).
+func (w *workload) backfill(p int, r *rand.Rand, id string, from, to time.Time) {
+	op := checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionBackfill, ID: id, FromNs: from.UnixNano(), ToNs: to.UnixNano()}
+	req := &chimev1.BackfillRecurringRequest{Id: id, From: timestamppb.New(from), To: timestamppb.New(to)}
+	w.recurringOpFill(r, op, func(ctx context.Context, rc chimev1.RecurringClient, op *checker.Op) error {
+		resp, err := rc.Backfill(ctx, req)
+		if err == nil {
+			op.BackfillExisting = int(resp.Existing)
+			for _, t := range resp.CreatedOccurrences {
+				op.CreatedNs = append(op.CreatedNs, t.AsTime().UnixNano())
+			}
+		}
+		return err
+	})
+}
+
 // recurringOp sends one recurring op to a random node and records it. ABORTED means that the
 // change was refused while an occurrence was being produced: nothing changed.
 func (w *workload) recurringOp(r *rand.Rand, op checker.Op, call func(context.Context, chimev1.RecurringClient) error) string {
+	return w.recurringOpFill(r, op, func(ctx context.Context, rc chimev1.RecurringClient, _ *checker.Op) error { return call(ctx, rc) })
+}
+
+// recurringOpFill is recurringOp for a call that records what the answer said in op.
+func (w *workload) recurringOpFill(r *rand.Rand, op checker.Op, call func(context.Context, chimev1.RecurringClient, *checker.Op) error) string {
 	n := w.node(r)
 	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
 	defer cancel()
 	op.Node, op.InvokeNs = n.id, time.Now().UnixNano()
-	err := call(ctx, n.recurring())
+	err := call(ctx, n.recurring(), &op)
 	op.CompleteNs = time.Now().UnixNano()
 	op.Type, op.Code = classify(err)
 	if status.Code(err) == codes.Aborted {

@@ -76,7 +76,7 @@ type command struct {
 
 func commands() []*command {
 	return []*command{
-		scheduleCommand(), updateCommand(), cancelCommand(), getCommand(), listCommand(), countCommand(), recurringCommand(), tailCommand(), benchCommand(),
+		scheduleCommand(), updateCommand(), cancelCommand(), getCommand(), listCommand(), countCommand(), forecastCommand(), recurringCommand(), tailCommand(), benchCommand(),
 		statusCommand(), drainCommand(), transferLeaderCommand(), removeCommand(), clusterMapCommand(), rateLimitCommand(), backupCommand(),
 	}
 }

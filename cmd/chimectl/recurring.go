@@ -22,20 +22,22 @@ import (
 
 // recurringActions are recurring's sub-commands, and the flags each takes.
 var recurringActions = map[string][]string{
-	"create": {"id", "topic", "cron", "every", "tz", "start", "end", "max", "jitter", "catch-up", "key", "payload", "payload-file", "header", "priority"},
-	"update": {"topic", "cron", "every", "tz", "start", "end", "max", "jitter", "catch-up", "key", "payload", "payload-file", "header", "priority", "if-version"},
-	"delete": {"if-version"},
-	"get":    {"stale"},
-	"list":   {"prefix", "limit", "stale"},
-	"pause":  {},
-	"resume": {},
+	"create":   {"id", "topic", "cron", "every", "tz", "start", "end", "max", "jitter", "catch-up", "key", "payload", "payload-file", "header", "priority"},
+	"update":   {"topic", "cron", "every", "tz", "start", "end", "max", "jitter", "catch-up", "key", "payload", "payload-file", "header", "priority", "if-version"},
+	"delete":   {"if-version"},
+	"get":      {"stale"},
+	"list":     {"prefix", "limit", "stale"},
+	"pause":    {},
+	"resume":   {},
+	"trigger":  {},
+	"backfill": {"from", "to"},
 }
 
 func recurringCommand() *command {
 	return &command{
 		name:    "recurring",
-		summary: "create, change, pause, resume, show and delete recurring schedules",
-		args:    "create|update|delete|get|list|pause|resume [ID]",
+		summary: "create, change, pause, resume, trigger, backfill, show and delete recurring schedules",
+		args:    "create|update|delete|get|list|pause|resume|trigger|backfill [ID]",
 		about: `Recurring manages recurring schedules: a rule (--cron EXPR, five fields or six
 with seconds first, or a descriptor such as @hourly or "@every 90s"; or
 --every D, a fixed interval) read in the IANA zone --tz, and a target (--topic,
@@ -56,6 +58,20 @@ last (the default: the latest one), skip (none) or all (each, up to chimed's
   list [--prefix P]  a table of schedules in id order
   pause ID           cancels the pending occurrence; none follows until resume
   resume ID
+  trigger ID         produces one extra occurrence now, as the event
+                     ID@<unix ms>, with the schedule's target; the schedule's
+                     own sequence goes on untouched (the pending occurrence
+                     stays, occurrences does not count it), and a paused
+                     schedule may be triggered (it stays paused). Retried
+                     with the same time, it makes one occurrence.
+  backfill ID --from T [--to T]
+                     creates, due now, the occurrences of the rule's times in
+                     [from, to) that have no event yet: those missed while
+                     paused, or that the catch-up skipped. T is an RFC 3339
+                     time or a duration from now like -2h; --to defaults to
+                     now. At most 1000 times a call; for an active schedule
+                     the range ends at its pending occurrence at the latest;
+                     for a paused one, resume then catches up only after it.
   delete ID          removes the schedule; its past occurrences stay readable
 
 Once pause, update or delete returns, no record of the occurrence it cancelled
@@ -85,14 +101,16 @@ changing nothing (try again in a moment).`,
 			prefix := fs.String("prefix", "", "list the schedules whose id starts with this `prefix`")
 			limit := fs.Int("limit", 100, "list at most this many schedules; 0 lists all")
 			stale := fs.Bool("stale", false, "let any replica answer, possibly a little behind the leaders")
+			from := fs.String("from", "", "backfill the rule's times from this `time` on, inclusive: RFC 3339, or a duration from now like -2h")
+			to := fs.String("to", "", "backfill the rule's times before this `time`, exclusive: RFC 3339, or a duration from now like -30m; now when unset")
 			return func(ctx context.Context, args []string) error {
 				if len(args) == 0 {
-					return usagef("give an action: create, update, delete, get, list, pause or resume")
+					return usagef("give an action: create, update, delete, get, list, pause, resume, trigger or backfill")
 				}
 				action, args := args[0], args[1:]
 				allowed, ok := recurringActions[action]
 				if !ok {
-					return usagef("unknown action %q: create, update, delete, get, list, pause or resume", action)
+					return usagef("unknown action %q: create, update, delete, get, list, pause, resume, trigger or backfill", action)
 				}
 				set := map[string]bool{}
 				var stray []string
@@ -162,8 +180,13 @@ changing nothing (try again in a moment).`,
 				if action == "update" && target != nil && !set["topic"] {
 					return usagef("--topic is required with any target flag: the target is replaced whole")
 				}
-				if action == "list" {
+				switch action {
+				case "list":
 					return c.listRecurring(ctx, *prefix, *limit, *stale)
+				case "trigger":
+					return c.triggerRecurring(ctx, schedID)
+				case "backfill":
+					return c.backfillRecurring(ctx, schedID, *from, *to)
 				}
 
 				var resp *chimev1.RecurringSchedule
@@ -211,6 +234,92 @@ changing nothing (try again in a moment).`,
 			}
 		},
 	}
+}
+
+// triggerRecurring runs recurring trigger. The occurrence's time is chosen
+// once, here, and every retry sends it again: the server recognises a retry
+// by it, so a retried trigger makes one occurrence.
+func (c *cli) triggerRecurring(ctx context.Context, id string) error {
+	req := &chimev1.TriggerRecurringRequest{Id: id, At: timestamppb.New(c.now())}
+	var resp *chimev1.TriggerRecurringResponse
+	err := c.callRecurring(ctx, true, func(ctx context.Context, rc chimev1.RecurringClient) (err error) {
+		resp, err = rc.Trigger(ctx, req)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printProtoJSON(resp)
+	}
+	verb := "triggered"
+	if resp.Existing {
+		verb = "exists already, not triggered again:"
+	}
+	fmt.Fprintf(c.stdout, "%s occurrence %s of recurring schedule %s\n", verb, resp.EventId, id)
+	return printBlock(c.stdout, [][2]string{
+		{"event", resp.EventId},
+		{"occurrence", c.localTime(resp.Occurrence.AsTime())},
+		{"due", c.localTime(resp.Due.AsTime())},
+	})
+}
+
+// backfillShown is how many created occurrence times backfill lists in
+// text; --json lists all.
+const backfillShown = 10
+
+// backfillRecurring runs recurring backfill. A retry is safe: what an
+// earlier attempt created counts as existing.
+func (c *cli) backfillRecurring(ctx context.Context, id, fromFlag, toFlag string) error {
+	now := c.now()
+	if fromFlag == "" {
+		return usagef("recurring backfill wants --from: the start of the range of the rule's times to backfill, like -2h or 2030-01-02T09:00:00Z")
+	}
+	from, err := flagTime("from", fromFlag, now)
+	if err != nil {
+		return err
+	}
+	to := timestamppb.New(now)
+	if toFlag != "" {
+		if to, err = flagTime("to", toFlag, now); err != nil {
+			return err
+		}
+	}
+	if !from.AsTime().Before(to.AsTime()) {
+		return usagef("--from %s is not before --to %s: the range [from, to) is empty", from.AsTime().UTC().Format(time.RFC3339), to.AsTime().UTC().Format(time.RFC3339))
+	}
+	req := &chimev1.BackfillRecurringRequest{Id: id, From: from, To: to}
+	var resp *chimev1.BackfillRecurringResponse
+	err = c.callRecurring(ctx, true, func(ctx context.Context, rc chimev1.RecurringClient) (err error) {
+		resp, err = rc.Backfill(ctx, req)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if c.json {
+		return c.printProtoJSON(resp)
+	}
+	fmt.Fprintf(c.stdout, "backfilled recurring schedule %s from %s to %s: %d created, %d existed already\n",
+		id, from.AsTime().UTC().Format(time.RFC3339), to.AsTime().UTC().Format(time.RFC3339), resp.Created, resp.Existing)
+	var rows [][2]string
+	for i, t := range resp.CreatedOccurrences {
+		if i == backfillShown {
+			rows = append(rows, [2]string{"", fmt.Sprintf("and %d more (--json lists them all)", len(resp.CreatedOccurrences)-backfillShown)})
+			break
+		}
+		label := ""
+		if i == 0 {
+			label = "created"
+		}
+		rows = append(rows, [2]string{label, t.AsTime().UTC().Format(time.RFC3339Nano) + "  " + occurrenceID(id, t.AsTime())})
+	}
+	return printBlock(c.stdout, rows)
+}
+
+// occurrenceID is the event id of schedule id's occurrence at at: id@<unix ms>.
+func occurrenceID(id string, at time.Time) string {
+	return fmt.Sprintf("%s@%d", id, at.UnixMilli())
 }
 
 // ruleFlags builds a rule from the rule flags.

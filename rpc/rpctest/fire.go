@@ -114,13 +114,18 @@ func (s *schedule) occurrenceID() string { return raftfsm.OccurrenceID(s.s.ID, t
 // occurrence is the event of s's pending occurrence, as raftfsm's
 // materialise makes it, pending.
 func (s *schedule) occurrence() *raftfsm.Record {
+	return s.occurrenceAt(time.Unix(0, s.s.Next), s.s.NextDue)
+}
+
+// occurrenceAt is the event of s's occurrence at nominal instant next, due
+// at due, pending.
+func (s *schedule) occurrenceAt(next time.Time, due int64) *raftfsm.Record {
 	d := &s.s.Definition
-	next := time.Unix(0, s.s.Next)
 	ms := strconv.FormatInt(next.UnixMilli(), 10)
 	rec := &raftfsm.Record{
-		ID:      s.occurrenceID(),
+		ID:      raftfsm.OccurrenceID(s.s.ID, next),
 		State:   raftfsm.StateScheduled,
-		Due:     s.s.NextDue,
+		Due:     due,
 		Topic:   d.Topic,
 		Key:     slices.Clone(d.Key),
 		Payload: slices.Clone(d.Payload),

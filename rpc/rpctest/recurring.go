@@ -3,6 +3,7 @@ package rpctest
 import (
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +62,8 @@ func (b *Backend) Recurring(ctx context.Context, rc raftfsm.Recurring, scope sha
 		return answer(raftfsm.RecurringPaused)
 	case rc.Op == raftfsm.RecurringResume && cur.s.State != raftfsm.SchedulePaused:
 		return answer(raftfsm.RecurringNotPaused)
+	case (rc.Op == raftfsm.RecurringTrigger || rc.Op == raftfsm.RecurringBackfill) && cur.s.State == raftfsm.ScheduleCompleted:
+		return answer(raftfsm.RecurringCompletedState)
 	}
 	switch rc.Op {
 	case raftfsm.RecurringCreate, raftfsm.RecurringUpdate:
@@ -91,11 +94,87 @@ func (b *Backend) Recurring(ctx context.Context, rc raftfsm.Recurring, scope sha
 		cur.s.State, cur.s.PausedAt = raftfsm.SchedulePaused, now.UnixNano()
 		cur.s.Next, cur.s.NextDue, cur.s.NextSeq = 0, 0, 0
 		return answer(raftfsm.RecurringPaused)
+	case raftfsm.RecurringTrigger:
+		res, _ := answer(raftfsm.RecurringTriggered)
+		at := time.Unix(0, rc.At)
+		if ok, due := b.occurrenceExists(cur, at); ok {
+			res.Existing, res.Due = 1, due
+			return res, nil
+		}
+		rec := b.addOccurrence(cur, at, max(rc.At, now.UnixNano()), now)
+		res.Created, res.Due = []int64{at.UnixMilli() * int64(time.Millisecond)}, rec.Due
+		return res, nil
+	case raftfsm.RecurringBackfill:
+		return b.backfill(cur, rc, now)
 	default:
 		cur.s.State, cur.s.PausedAt = raftfsm.ScheduleActive, 0
 		next(&cur.s, now)
 		return answer(raftfsm.RecurringResumed)
 	}
+}
+
+// occurrenceExists reports whether schedule cur's occurrence at at has an
+// event, or is cur's pending occurrence (which has none here until it
+// fires), and its due time. Called with b.mu held.
+func (b *Backend) occurrenceExists(cur *schedule, at time.Time) (bool, int64) {
+	id := raftfsm.OccurrenceID(cur.s.ID, at)
+	if rec, ok := b.events[id]; ok {
+		return true, rec.Due
+	}
+	if cur.s.NextSeq != 0 && cur.occurrenceID() == id {
+		return true, cur.s.NextDue
+	}
+	return false, 0
+}
+
+// addOccurrence stores schedule cur's occurrence at at, due at due, as a
+// pending event outside its sequence, as raftfsm's trigger and backfill
+// make it. Called with b.mu held.
+func (b *Backend) addOccurrence(cur *schedule, at time.Time, due int64, now time.Time) *raftfsm.Record {
+	rec := cur.occurrenceAt(at, due)
+	rec.Seq, rec.CreatedAt = b.nextSeq, now.UnixNano()
+	b.nextSeq++
+	b.events[rec.ID] = rec
+	return rec
+}
+
+// backfill follows raftfsm's: the rule's nominal times in [From, To), at
+// most Limit of them and none after the pending occurrence, each created
+// unless its event exists and is not cancelled. LimitBytes is not weighed here. Called with b.mu
+// held.
+func (b *Backend) backfill(cur *schedule, rc raftfsm.Recurring, now time.Time) (*raftfsm.RecurringResult, error) {
+	res := &raftfsm.RecurringResult{Outcome: raftfsm.RecurringBackfilled, Schedule: cur.s}
+	r, err := recurrence.Parse(cur.s.Definition.Spec())
+	if err != nil {
+		res.Outcome, res.Error = raftfsm.RecurringInvalid, err.Error()
+		return res, nil
+	}
+	var times []time.Time
+	to := time.Unix(0, rc.To)
+	for t, ok := r.Next(time.Unix(0, rc.From-1)); ok && t.Before(to); t, ok = r.Next(t) {
+		switch {
+		case len(times) == int(rc.Limit):
+			res.Outcome, res.Error = raftfsm.RecurringTooMany, "the range holds more than "+strconv.Itoa(int(rc.Limit))+" occurrences of the rule"
+			return res, nil
+		case cur.s.State == raftfsm.ScheduleActive && cur.s.NextSeq != 0 && t.UnixNano() > cur.s.Next:
+			res.Outcome, res.Error = raftfsm.RecurringBeyondPending, "the range holds "+t.UTC().Format(time.RFC3339Nano)+", after the pending occurrence"
+			return res, nil
+		}
+		times = append(times, t)
+	}
+	for _, t := range times {
+		if rec, ok := b.events[raftfsm.OccurrenceID(cur.s.ID, t)]; ok && rec.State == raftfsm.StateCancelled {
+			// Made anew, as raftfsm's backfill renews a cancelled occurrence.
+			delete(b.events, rec.ID)
+		}
+		if ok, _ := b.occurrenceExists(cur, t); ok {
+			res.Existing++
+			continue
+		}
+		b.addOccurrence(cur, t, max(t.UnixNano(), now.UnixNano()), now)
+		res.Created = append(res.Created, t.UnixNano())
+	}
+	return res, nil
 }
 
 // next sets s's pending occurrence to its rule's first after now, or

@@ -256,6 +256,14 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 			res.RecurringPhantom++
 		case "recurring_after_stop":
 			res.RecurringAfterStop++
+		case "recurring_trigger_lost":
+			res.RecurringTriggerLost++
+		case "recurring_trigger_early":
+			res.RecurringTriggerEarly++
+		case "recurring_backfill_lost":
+			res.RecurringBackfillLost++
+		case "recurring_backfill_outside":
+			res.RecurringBackfillOutside++
 		case "early_under_skew":
 			res.EarlyUnderSkew++
 		}
@@ -343,6 +351,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&
 		res.UpdateViolations == 0 && res.StaleReads == 0 && res.BulkCancelViolations == 0 &&
 		res.RecurringMissing == 0 && res.RecurringEarly == 0 && res.RecurringPhantom == 0 && res.RecurringAfterStop == 0 &&
+		res.RecurringTriggerLost == 0 && res.RecurringTriggerEarly == 0 && res.RecurringBackfillLost == 0 && res.RecurringBackfillOutside == 0 &&
 		res.PriorityViolations == 0 && res.TenantViolations == 0 &&
 		res.IngestLost == 0 && res.IngestAfterTombstone == 0 && res.IngestAfterReplace == 0 && res.IngestRejected == 0 &&
 		res.Converged && res.Crashes == 0

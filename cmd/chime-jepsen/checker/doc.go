@@ -79,7 +79,9 @@
 // backup_phantom == 0 && backup_wrong_state == 0 && backup_invalid == 0 &&
 // update_violations == 0 && stale_reads == 0 && bulk_cancel_violations == 0 &&
 // recurring_missing == 0 && recurring_early == 0 && recurring_phantom == 0 &&
-// recurring_after_stop == 0 && priority_violations == 0 && tenant_violations == 0 &&
+// recurring_after_stop == 0 && recurring_trigger_lost == 0 && recurring_trigger_early == 0 &&
+// recurring_backfill_lost == 0 && recurring_backfill_outside == 0 &&
+// priority_violations == 0 && tenant_violations == 0 &&
 // ingest_lost == 0 && ingest_after_tombstone == 0 && ingest_after_replace == 0 &&
 // ingest_rejected == 0 && crashes == 0 && converged. (Check 15's early, phantom and
 // backup_phantom findings count in early, phantom and backup_phantom.)
@@ -239,7 +241,7 @@
 //  11. Recurring schedules (design invariant 9). A record with a chime-recurring-id header
 //     (Record.RecurringID, OccurrenceMs) is an occurrence of that schedule: it is judged here
 //     and by no check above (no schedule op carries its id). A recurring op (F "recurring")
-//     creates, pauses, resumes or deletes one (Op.Action). The rule is the first ok or info
+//     creates, pauses, resumes, deletes, triggers or backfills one (Op.Action). The rule is the first ok or info
 //     create's, and the checker computes it by itself: "*/k * * * * *" (k dividing 60)
 //     occurs at every Unix second divisible by k, in any zone (every offset is a whole number
 //     of minutes, and a transition skips or repeats whole minutes, so the set of instants
@@ -262,6 +264,25 @@
 //     Resume excuses nothing (catch-up all produces what it held back), and one not so
 //     followed ends the demand at its invocation. The driver waits for the drain past every
 //     schedule's end.
+//     A trigger (ok or info) explains the records of its occurrence, at AtNs's millisecond,
+//     when the rule does not generate that instant (the workload never triggers at one):
+//     they are judged by (e) and the phantom rule's id, topic and payload tests, count as
+//     occurrences, and are not the rule's, so (c) and (d) ignore them. A record of a
+//     nominal time inside the range of a backfill (ok or info) appended after that backfill
+//     was invoked is not after a stop for (c): the backfill made it.
+//     (e) recurring_trigger_lost (counts trigger ops): an ok trigger whose answer did not
+//     say existing has no record of its occurrence. The triggered event is not the
+//     schedule's pending occurrence, so no later pause or delete cancels it.
+//     (f) recurring_trigger_early (counts records): a record of a triggered occurrence
+//     appended more than EarlyTolerance before the first trigger of that instant was
+//     invoked; a skew window explains it as for (b) (early_under_skew).
+//     (g) recurring_backfill_lost (counts occurrences): a nominal time an ok backfill's
+//     answer lists as created has no record.
+//     (h) recurring_backfill_outside (counts records): a record whose nominal time is more
+//     than backfillOnlyMargin before the schedule's first create was invoked, which only a
+//     backfill can make (the rule's own sequence starts after its creation, on a leader
+//     clock the skew nemesis moves by at most 5 s), and that lies in no backfill's (ok or
+//     info) [FromNs, ToNs) invoked before it was appended (EarlyTolerance allowed).
 //
 //  12. priority_violations (counts pairs of events; the firing policy of issue 20: under a
 //     backlog, a shard's leader produces the due events of higher priority first). A burst is
@@ -439,7 +460,9 @@
 //	 "idempotency_violations", "expired_early", "resurrected", "backup_lost", "backup_phantom",
 //	 "backup_wrong_state", "backup_invalid", "update_violations", "stale_reads",
 //	 "bulk_cancel_violations", "recurring_missing", "recurring_early", "recurring_phantom",
-//	 "recurring_after_stop", "priority_violations", "tenant_violations", "crashes", "ingest_lost",
+//	 "recurring_after_stop", "recurring_trigger_lost", "recurring_trigger_early",
+//	 "recurring_backfill_lost", "recurring_backfill_outside",
+//	 "priority_violations", "tenant_violations", "crashes", "ingest_lost",
 //	 "ingest_after_tombstone", "ingest_after_replace", "ingest_rejected",
 //	 "ingest": {"ids", "schedules", "tombstones", "unknown", "fired"},
 //	 "bursts_checked", "bursts_skipped",

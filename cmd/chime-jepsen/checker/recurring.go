@@ -65,8 +65,16 @@ type schedHistory struct {
 	create  *Op   // the first ok or info create
 	okOnce  *Op   // the first ok create
 	changes []*Op // pause, resume and delete ops, in invocation order
-	records []*Record
+	// triggers and backfills are the trigger and backfill ops, in invocation order.
+	triggers, backfills []*Op
+	records             []*Record
 }
+
+// backfillOnlyMargin: a schedule's own occurrences are the rule's instants after its
+// creation applied, on the leader's clock, which the skew nemesis moves by at most 5 s from
+// the driver's. An occurrence more than this before the create was invoked was made by a
+// backfill (check 11 h).
+const backfillOnlyMargin = 10 * time.Second
 
 // idFinding is a finding about one schedule.
 type idFinding struct {
@@ -92,6 +100,10 @@ func (a *analysis) recurring(ops []Op) (findings []idFinding, occurrences int) {
 		}
 		s := get(op.ID)
 		switch {
+		case op.Action == ActionTrigger:
+			s.triggers = append(s.triggers, op)
+		case op.Action == ActionBackfill:
+			s.backfills = append(s.backfills, op)
 		case op.Action != ActionCreate:
 			s.changes = append(s.changes, op)
 		case op.Type == TypeFail:
@@ -115,7 +127,9 @@ func (a *analysis) recurring(ops []Op) (findings []idFinding, occurrences int) {
 	slices.Sort(ids)
 	for _, id := range ids {
 		s := scheds[id]
-		slices.SortFunc(s.changes, func(x, y *Op) int { return int(x.InvokeNs - y.InvokeNs) })
+		for _, l := range [][]*Op{s.changes, s.triggers, s.backfills} {
+			slices.SortFunc(l, func(x, y *Op) int { return int(x.InvokeNs - y.InvokeNs) })
+		}
 		fs, n := a.schedule(s)
 		findings = append(findings, fs...)
 		occurrences += n
@@ -132,16 +146,54 @@ func (a *analysis) schedule(s *schedHistory) (findings []idFinding, occurrences 
 		rule = ruleOf(s.create)
 	}
 
-	// Each record: phantom, early. first holds each occurrence's first append.
-	first := map[int64]int64{}
+	// The first trigger (ok or info) of each instant, to the millisecond: what explains a
+	// record of it.
+	triggered := map[int64]*Op{}
+	for _, op := range s.triggers {
+		if ms := op.AtNs / 1e6 * 1e6; op.Type != TypeFail && triggered[ms] == nil {
+			triggered[ms] = op
+		}
+	}
+	// backfilled reports whether a backfill (ok or info) invoked before at covers nominal.
+	backfilled := func(nominal, at int64) bool {
+		for _, op := range s.backfills {
+			if op.Type != TypeFail && nominal >= op.FromNs && nominal < op.ToNs && at >= op.InvokeNs-int64(a.cfg.EarlyTolerance) {
+				return true
+			}
+		}
+		return false
+	}
+
+	// Each record: phantom, early. first holds each occurrence's first append, and
+	// triggerFirst each triggered one's.
+	first, triggerFirst := map[int64]int64{}, map[int64]int64{}
 	for _, r := range s.records {
 		at, nominal := r.AppendMs*1e6, r.OccurrenceMs*1e6
+		trig := triggered[nominal]
 		switch {
 		case s.create == nil:
 			add("recurring_phantom", "record %s of schedule %s, which no ok or info create made", recName(r), s.id)
 			continue
 		case r.ID != s.id+"@"+strconv.FormatInt(r.OccurrenceMs, 10):
 			add("recurring_phantom", "record %s has id %q, not %s@%d", recName(r), r.ID, s.id, r.OccurrenceMs)
+			continue
+		case trig != nil && !(rule.supported && rule.generates(nominal)):
+			if r.Payload != rule.payload || r.Topic != rule.topic && r.Topic != a.cfg.DeadLetterTopic {
+				add("recurring_phantom", "record %s carries %s/%q, the schedule's target is %s/%q", recName(r), r.Topic, r.Payload, rule.topic, rule.payload)
+				continue
+			}
+			if at < trig.InvokeNs-int64(a.cfg.EarlyTolerance) {
+				if w, ok := a.skewExplains(trig.InvokeNs, at); ok {
+					add("early_under_skew", "triggered occurrence record %s appended %s before the trigger was invoked at %s, inside skew window %s–%s",
+						recName(r), time.Duration(trig.InvokeNs-at), a.rel(trig.InvokeNs), a.rel(w.start), a.rel(w.heal))
+				} else {
+					add("recurring_trigger_early", "record %s of the occurrence triggered at %s appended at %s, %s before the trigger was invoked (tolerance %s)",
+						recName(r), a.rel(nominal), a.rel(at), time.Duration(trig.InvokeNs-at), a.cfg.EarlyTolerance)
+				}
+			}
+			if f, seen := triggerFirst[nominal]; !seen || at < f {
+				triggerFirst[nominal] = at
+			}
 			continue
 		case !rule.supported:
 			add("recurring_phantom", "record %s of schedule %s, whose rule %q the checker cannot compute", recName(r), s.id, s.create.Cron)
@@ -163,8 +215,35 @@ func (a *analysis) schedule(s *schedHistory) (findings []idFinding, occurrences 
 					recName(r), a.rel(at), time.Duration(nominal-at), a.rel(nominal), a.cfg.EarlyTolerance)
 			}
 		}
+		if nominal < s.create.InvokeNs-int64(backfillOnlyMargin) && !backfilled(nominal, at) {
+			add("recurring_backfill_outside", "record %s is occurrence %s, before the schedule was created at %s (so only a backfill makes it), in no backfill's range invoked before %s",
+				recName(r), a.rel(nominal), a.rel(s.create.InvokeNs), a.rel(at))
+		}
 		if f, seen := first[nominal]; !seen || at < f {
 			first[nominal] = at
+		}
+	}
+
+	// Every acknowledged trigger and backfill reached Kafka.
+	for _, op := range s.triggers {
+		if op.Type != TypeOK || op.Existing {
+			continue
+		}
+		if _, ok := triggerFirst[op.AtNs/1e6*1e6]; !ok {
+			if _, ok := first[op.AtNs/1e6*1e6]; !ok {
+				add("recurring_trigger_lost", "the occurrence triggered at %s (acked at %s) never reached Kafka", a.rel(op.AtNs/1e6*1e6), a.rel(op.CompleteNs))
+			}
+		}
+	}
+	for _, op := range s.backfills {
+		if op.Type != TypeOK {
+			continue
+		}
+		for _, nominal := range op.CreatedNs {
+			if _, ok := first[nominal/1e6*1e6]; !ok {
+				add("recurring_backfill_lost", "occurrence %s, which the backfill of [%s, %s) acked at %s created, never reached Kafka",
+					a.rel(nominal), a.rel(op.FromNs), a.rel(op.ToNs), a.rel(op.CompleteNs))
+			}
 		}
 	}
 
@@ -185,7 +264,7 @@ func (a *analysis) schedule(s *schedHistory) (findings []idFinding, occurrences 
 			}
 		}
 		for nominal, at := range first {
-			if at > from && at < until {
+			if at > from && at < until && !backfilled(nominal, at) {
 				add("recurring_after_stop", "occurrence %s first appended at %s, %s after the %s acked at %s",
 					a.rel(nominal), a.rel(at), time.Duration(at-op.CompleteNs), op.Action, a.rel(op.CompleteNs))
 			}
@@ -196,8 +275,9 @@ func (a *analysis) schedule(s *schedHistory) (findings []idFinding, occurrences 
 	// schedule that catches up every missed occurrence, was never (maybe) deleted, and is
 	// not (maybe) paused at the end. A pause is followed by a Resume that catches up what it
 	// missed, so it excuses nothing.
+	occurrences = len(first) + len(triggerFirst)
 	if s.okOnce == nil || !rule.supported || rule.end == 0 || rule.catchUp != "all" {
-		return findings, len(first)
+		return findings, occurrences
 	}
 	end := rule.end
 	for i, op := range s.changes {
@@ -205,7 +285,7 @@ func (a *analysis) schedule(s *schedHistory) (findings []idFinding, occurrences 
 			continue
 		}
 		if op.Action == ActionDelete {
-			return findings, len(first)
+			return findings, occurrences
 		}
 		if op.Action != ActionPause {
 			continue
@@ -224,5 +304,5 @@ func (a *analysis) schedule(s *schedHistory) (findings []idFinding, occurrences 
 			add("recurring_missing", "occurrence %s of %s (acked created at %s) never reached Kafka", a.rel(nominal), rule.text, a.rel(s.okOnce.CompleteNs))
 		}
 	}
-	return findings, len(first)
+	return findings, occurrences
 }

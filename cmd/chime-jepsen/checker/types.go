@@ -94,6 +94,16 @@ type Op struct {
 	StartNs  int64  `json:"start_ns,omitempty"`
 	EndNs    int64  `json:"end_ns,omitempty"`
 	CatchUp  string `json:"catch_up,omitempty"` // skip, last or all
+	// Trigger: AtNs is the occurrence time it sent (the server keeps its millisecond), and
+	// Existing, for an ok one, that the answer said the occurrence existed already.
+	// Backfill: FromNs and ToNs bound the nominal times it asked for, [FromNs, ToNs); for an
+	// ok one, CreatedNs are the nominal times the answer says it created and
+	// BackfillExisting how many it found existing.
+	AtNs             int64   `json:"at_ns,omitempty"`
+	FromNs           int64   `json:"from_ns,omitempty"`
+	ToNs             int64   `json:"to_ns,omitempty"`
+	CreatedNs        []int64 `json:"created_ns,omitempty"`
+	BackfillExisting int     `json:"backfill_existing,omitempty"`
 
 	// Tenant_probe only (check 13): the credential the probe called with; Action is the call
 	// (Probe*), and Error the answer's status message.
@@ -135,7 +145,8 @@ const (
 	// CancelMatching by id prefix (Op.Prefix, Op.DryRun and its totals).
 	FList           = "list"
 	FCancelMatching = "cancel_matching"
-	// FRecurring creates, pauses, resumes or deletes a recurring schedule (Op.Action).
+	// FRecurring creates, pauses, resumes, deletes, triggers or backfills a recurring
+	// schedule (Op.Action).
 	FRecurring = "recurring"
 )
 
@@ -145,6 +156,10 @@ const (
 	ActionPause  = "pause"
 	ActionResume = "resume"
 	ActionDelete = "delete"
+	// ActionTrigger makes one extra occurrence at Op.AtNs; ActionBackfill the rule's
+	// occurrences in [Op.FromNs, Op.ToNs) that have none.
+	ActionTrigger  = "trigger"
+	ActionBackfill = "backfill"
 )
 
 // Listed is one entry of a list op: an event as List showed it.
@@ -331,7 +346,7 @@ func (c Config) withDefaults(ops []Op) Config {
 type Results struct {
 	// Valid: Lost, Early, CancelViolations, Phantom, IdempotencyViolations, ExpiredEarly,
 	// Resurrected, the four Backup counts, UpdateViolations, StaleReads,
-	// BulkCancelViolations, the four Recurring counts, PriorityViolations,
+	// BulkCancelViolations, the eight Recurring counts, PriorityViolations,
 	// TenantViolations, the four Ingest counts and Crashes are all zero and the final state
 	// converged.
 	Valid bool `json:"valid"`
@@ -355,12 +370,17 @@ type Results struct {
 	RecurringEarly        int `json:"recurring_early"`        // records
 	RecurringPhantom      int `json:"recurring_phantom"`      // records
 	RecurringAfterStop    int `json:"recurring_after_stop"`   // occurrences
-	PriorityViolations    int `json:"priority_violations"`    // (lower, higher) pairs within a burst
-	TenantViolations      int `json:"tenant_violations"`      // tenant_probe ops and records
-	IngestLost            int `json:"ingest_lost"`            // ingest ids
-	IngestAfterTombstone  int `json:"ingest_after_tombstone"` // records
-	IngestAfterReplace    int `json:"ingest_after_replace"`   // records
-	IngestRejected        int `json:"ingest_rejected"`        // records on the rejected topic
+	// Trigger and Backfill of recurring schedules.
+	RecurringTriggerLost     int `json:"recurring_trigger_lost"`     // trigger ops
+	RecurringTriggerEarly    int `json:"recurring_trigger_early"`    // records
+	RecurringBackfillLost    int `json:"recurring_backfill_lost"`    // occurrences
+	RecurringBackfillOutside int `json:"recurring_backfill_outside"` // records
+	PriorityViolations       int `json:"priority_violations"`        // (lower, higher) pairs within a burst
+	TenantViolations         int `json:"tenant_violations"`          // tenant_probe ops and records
+	IngestLost               int `json:"ingest_lost"`                // ingest ids
+	IngestAfterTombstone     int `json:"ingest_after_tombstone"`     // records
+	IngestAfterReplace       int `json:"ingest_after_replace"`       // records
+	IngestRejected           int `json:"ingest_rejected"`            // records on the rejected topic
 
 	// Ingest counts the ingest ops by action and type, and the ids they named (measured).
 	Ingest IngestTotals `json:"ingest"`

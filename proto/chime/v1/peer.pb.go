@@ -795,9 +795,15 @@ func (x *ShardRecurringRequest) GetCommand() []byte {
 type ShardRecurringResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A raftfsm.RecurringOutcome.
-	Outcome       uint32             `protobuf:"varint,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
-	Schedule      *RecurringSchedule `protobuf:"bytes,2,opt,name=schedule,proto3" json:"schedule,omitempty"`
-	Error         string             `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Outcome  uint32             `protobuf:"varint,1,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	Schedule *RecurringSchedule `protobuf:"bytes,2,opt,name=schedule,proto3" json:"schedule,omitempty"`
+	Error    string             `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// Trigger and Backfill: the nominal times (Unix ns) of the occurrences
+	// created, how many existed already, and a Trigger's occurrence's due
+	// time (Unix ns).
+	Created       []int64 `protobuf:"varint,4,rep,packed,name=created,proto3" json:"created,omitempty"`
+	Existing      uint32  `protobuf:"varint,5,opt,name=existing,proto3" json:"existing,omitempty"`
+	Due           int64   `protobuf:"varint,6,opt,name=due,proto3" json:"due,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -851,6 +857,27 @@ func (x *ShardRecurringResponse) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *ShardRecurringResponse) GetCreated() []int64 {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *ShardRecurringResponse) GetExisting() uint32 {
+	if x != nil {
+		return x.Existing
+	}
+	return 0
+}
+
+func (x *ShardRecurringResponse) GetDue() int64 {
+	if x != nil {
+		return x.Due
+	}
+	return 0
 }
 
 type ShardSchedulesQuery struct {
@@ -1565,6 +1592,59 @@ func (*ForgetResponse) Descriptor() ([]byte, []int) {
 	return file_chime_v1_peer_proto_rawDescGZIP(), []int{20}
 }
 
+type ShardForecastRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Shard uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	// The client's request, as the asking node validated it.
+	Request       *ForecastRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardForecastRequest) Reset() {
+	*x = ShardForecastRequest{}
+	mi := &file_chime_v1_peer_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardForecastRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardForecastRequest) ProtoMessage() {}
+
+func (x *ShardForecastRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardForecastRequest.ProtoReflect.Descriptor instead.
+func (*ShardForecastRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ShardForecastRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+func (x *ShardForecastRequest) GetRequest() *ForecastRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
 var File_chime_v1_peer_proto protoreflect.FileDescriptor
 
 const file_chime_v1_peer_proto_rawDesc = "" +
@@ -1626,11 +1706,14 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x05found\x18\x01 \x01(\bR\x05found\x12+\n" +
 	"\x05event\x18\x02 \x01(\v2\x15.chime.v1.GetResponseR\x05event\"1\n" +
 	"\x15ShardRecurringRequest\x12\x18\n" +
-	"\acommand\x18\x01 \x01(\fR\acommand\"\x81\x01\n" +
+	"\acommand\x18\x01 \x01(\fR\acommand\"\xc9\x01\n" +
 	"\x16ShardRecurringResponse\x12\x18\n" +
 	"\aoutcome\x18\x01 \x01(\rR\aoutcome\x127\n" +
 	"\bschedule\x18\x02 \x01(\v2\x1b.chime.v1.RecurringScheduleR\bschedule\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"\x94\x01\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x18\n" +
+	"\acreated\x18\x04 \x03(\x03R\acreated\x12\x1a\n" +
+	"\bexisting\x18\x05 \x01(\rR\bexisting\x12\x10\n" +
+	"\x03due\x18\x06 \x01(\x03R\x03due\"\x94\x01\n" +
 	"\x13ShardSchedulesQuery\x12\x14\n" +
 	"\x05shard\x18\x01 \x01(\rR\x05shard\x12\x1b\n" +
 	"\tid_prefix\x18\x02 \x01(\tR\bidPrefix\x12\x19\n" +
@@ -1684,13 +1767,16 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x06ingest\x18\x04 \x03(\v2\x19.chime.v1.IngestPartitionR\x06ingest\"#\n" +
 	"\rForgetRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\"\x10\n" +
-	"\x0eForgetResponse*\x8a\x01\n" +
+	"\x0eForgetResponse\"a\n" +
+	"\x14ShardForecastRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\x123\n" +
+	"\arequest\x18\x02 \x01(\v2\x19.chime.v1.ForecastRequestR\arequest*\x8a\x01\n" +
 	"\tRaftState\x12\x1a\n" +
 	"\x16RAFT_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xa7\x06\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xf4\x06\n" +
 	"\x04Peer\x12A\n" +
 	"\bReplicas\x12\x19.chime.v1.ReplicasRequest\x1a\x1a.chime.v1.ReplicasResponse\x12;\n" +
 	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x12>\n" +
@@ -1698,7 +1784,8 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"ShardCount\x12\x14.chime.v1.ShardQuery\x1a\x17.chime.v1.CountResponse\x12B\n" +
 	"\vShardCancel\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponse\x12Q\n" +
-	"\x0eShardSchedules\x12\x1d.chime.v1.ShardSchedulesQuery\x1a .chime.v1.ShardSchedulesResponse\x12P\n" +
+	"\x0eShardSchedules\x12\x1d.chime.v1.ShardSchedulesQuery\x1a .chime.v1.ShardSchedulesResponse\x12K\n" +
+	"\rShardForecast\x12\x1e.chime.v1.ShardForecastRequest\x1a\x1a.chime.v1.ForecastResponse\x12P\n" +
 	"\rShardSchedule\x12\x1e.chime.v1.ShardScheduleRequest\x1a\x1f.chime.v1.ShardScheduleResponse\x12J\n" +
 	"\vShardUpdate\x12\x1c.chime.v1.ShardUpdateRequest\x1a\x1d.chime.v1.ShardUpdateResponse\x12S\n" +
 	"\x10ShardCancelEvent\x12\x1b.chime.v1.ShardEventRequest\x1a\".chime.v1.ShardCancelEventResponse\x12C\n" +
@@ -1718,7 +1805,7 @@ func file_chime_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_chime_v1_peer_proto_goTypes = []any{
 	(RaftState)(0),                   // 0: chime.v1.RaftState
 	(*ValidEvent)(nil),               // 1: chime.v1.ValidEvent
@@ -1742,58 +1829,64 @@ var file_chime_v1_peer_proto_goTypes = []any{
 	(*ReplicasResponse)(nil),         // 19: chime.v1.ReplicasResponse
 	(*ForgetRequest)(nil),            // 20: chime.v1.ForgetRequest
 	(*ForgetResponse)(nil),           // 21: chime.v1.ForgetResponse
-	(*Header)(nil),                   // 22: chime.v1.Header
-	(*GetResponse)(nil),              // 23: chime.v1.GetResponse
-	(*RecurringSchedule)(nil),        // 24: chime.v1.RecurringSchedule
-	(*EventFilter)(nil),              // 25: chime.v1.EventFilter
-	(*timestamppb.Timestamp)(nil),    // 26: google.protobuf.Timestamp
-	(*CancelMatchingProgress)(nil),   // 27: chime.v1.CancelMatchingProgress
-	(*IngestPartition)(nil),          // 28: chime.v1.IngestPartition
-	(*CountResponse)(nil),            // 29: chime.v1.CountResponse
+	(*ShardForecastRequest)(nil),     // 22: chime.v1.ShardForecastRequest
+	(*Header)(nil),                   // 23: chime.v1.Header
+	(*GetResponse)(nil),              // 24: chime.v1.GetResponse
+	(*RecurringSchedule)(nil),        // 25: chime.v1.RecurringSchedule
+	(*EventFilter)(nil),              // 26: chime.v1.EventFilter
+	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
+	(*CancelMatchingProgress)(nil),   // 28: chime.v1.CancelMatchingProgress
+	(*IngestPartition)(nil),          // 29: chime.v1.IngestPartition
+	(*ForecastRequest)(nil),          // 30: chime.v1.ForecastRequest
+	(*CountResponse)(nil),            // 31: chime.v1.CountResponse
+	(*ForecastResponse)(nil),         // 32: chime.v1.ForecastResponse
 }
 var file_chime_v1_peer_proto_depIdxs = []int32{
-	22, // 0: chime.v1.ValidEvent.headers:type_name -> chime.v1.Header
+	23, // 0: chime.v1.ValidEvent.headers:type_name -> chime.v1.Header
 	1,  // 1: chime.v1.ShardScheduleRequest.events:type_name -> chime.v1.ValidEvent
 	3,  // 2: chime.v1.ShardScheduleResponse.results:type_name -> chime.v1.ShardResult
-	22, // 3: chime.v1.ShardUpdateRequest.headers:type_name -> chime.v1.Header
-	23, // 4: chime.v1.ShardGetResponse.event:type_name -> chime.v1.GetResponse
-	24, // 5: chime.v1.ShardRecurringResponse.schedule:type_name -> chime.v1.RecurringSchedule
-	24, // 6: chime.v1.ShardSchedulesResponse.schedules:type_name -> chime.v1.RecurringSchedule
-	25, // 7: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
-	26, // 8: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
-	23, // 9: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
-	27, // 10: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
-	26, // 11: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
+	23, // 3: chime.v1.ShardUpdateRequest.headers:type_name -> chime.v1.Header
+	24, // 4: chime.v1.ShardGetResponse.event:type_name -> chime.v1.GetResponse
+	25, // 5: chime.v1.ShardRecurringResponse.schedule:type_name -> chime.v1.RecurringSchedule
+	25, // 6: chime.v1.ShardSchedulesResponse.schedules:type_name -> chime.v1.RecurringSchedule
+	26, // 7: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
+	27, // 8: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
+	24, // 9: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
+	28, // 10: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
+	27, // 11: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
 	0,  // 12: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
 	18, // 13: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
-	28, // 14: chime.v1.ReplicasResponse.ingest:type_name -> chime.v1.IngestPartition
-	17, // 15: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
-	20, // 16: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
-	14, // 17: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
-	14, // 18: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
-	14, // 19: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
-	12, // 20: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
-	2,  // 21: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
-	5,  // 22: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
-	7,  // 23: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
-	7,  // 24: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
-	10, // 25: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
-	19, // 26: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
-	21, // 27: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
-	15, // 28: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
-	29, // 29: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
-	16, // 30: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
-	13, // 31: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
-	4,  // 32: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
-	6,  // 33: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
-	8,  // 34: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
-	9,  // 35: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
-	11, // 36: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
-	26, // [26:37] is the sub-list for method output_type
-	15, // [15:26] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	29, // 14: chime.v1.ReplicasResponse.ingest:type_name -> chime.v1.IngestPartition
+	30, // 15: chime.v1.ShardForecastRequest.request:type_name -> chime.v1.ForecastRequest
+	17, // 16: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
+	20, // 17: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
+	14, // 18: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
+	14, // 19: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
+	14, // 20: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
+	12, // 21: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
+	22, // 22: chime.v1.Peer.ShardForecast:input_type -> chime.v1.ShardForecastRequest
+	2,  // 23: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
+	5,  // 24: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
+	7,  // 25: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
+	7,  // 26: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
+	10, // 27: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
+	19, // 28: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
+	21, // 29: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
+	15, // 30: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
+	31, // 31: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
+	16, // 32: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
+	13, // 33: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
+	32, // 34: chime.v1.Peer.ShardForecast:output_type -> chime.v1.ForecastResponse
+	4,  // 35: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
+	6,  // 36: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
+	8,  // 37: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
+	9,  // 38: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
+	11, // 39: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
+	28, // [28:40] is the sub-list for method output_type
+	16, // [16:28] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_peer_proto_init() }
@@ -1811,7 +1904,7 @@ func file_chime_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_peer_proto_rawDesc), len(file_chime_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

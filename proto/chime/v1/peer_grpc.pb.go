@@ -34,6 +34,7 @@ const (
 	Peer_ShardCount_FullMethodName       = "/chime.v1.Peer/ShardCount"
 	Peer_ShardCancel_FullMethodName      = "/chime.v1.Peer/ShardCancel"
 	Peer_ShardSchedules_FullMethodName   = "/chime.v1.Peer/ShardSchedules"
+	Peer_ShardForecast_FullMethodName    = "/chime.v1.Peer/ShardForecast"
 	Peer_ShardSchedule_FullMethodName    = "/chime.v1.Peer/ShardSchedule"
 	Peer_ShardUpdate_FullMethodName      = "/chime.v1.Peer/ShardUpdate"
 	Peer_ShardCancelEvent_FullMethodName = "/chime.v1.Peer/ShardCancelEvent"
@@ -62,6 +63,8 @@ type PeerClient interface {
 	ShardCancel(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardCancelResponse, error)
 	// ShardSchedules is one shard's part of a Recurring.List.
 	ShardSchedules(ctx context.Context, in *ShardSchedulesQuery, opts ...grpc.CallOption) (*ShardSchedulesResponse, error)
+	// ShardForecast is one shard's part of a Scheduler.Forecast.
+	ShardForecast(ctx context.Context, in *ShardForecastRequest, opts ...grpc.CallOption) (*ForecastResponse, error)
 	// ShardSchedule proposes a batch of events of one shard.
 	ShardSchedule(ctx context.Context, in *ShardScheduleRequest, opts ...grpc.CallOption) (*ShardScheduleResponse, error)
 	// ShardUpdate proposes one change of a pending event.
@@ -142,6 +145,16 @@ func (c *peerClient) ShardSchedules(ctx context.Context, in *ShardSchedulesQuery
 	return out, nil
 }
 
+func (c *peerClient) ShardForecast(ctx context.Context, in *ShardForecastRequest, opts ...grpc.CallOption) (*ForecastResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForecastResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardForecast_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *peerClient) ShardSchedule(ctx context.Context, in *ShardScheduleRequest, opts ...grpc.CallOption) (*ShardScheduleResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShardScheduleResponse)
@@ -213,6 +226,8 @@ type PeerServer interface {
 	ShardCancel(context.Context, *ShardQuery) (*ShardCancelResponse, error)
 	// ShardSchedules is one shard's part of a Recurring.List.
 	ShardSchedules(context.Context, *ShardSchedulesQuery) (*ShardSchedulesResponse, error)
+	// ShardForecast is one shard's part of a Scheduler.Forecast.
+	ShardForecast(context.Context, *ShardForecastRequest) (*ForecastResponse, error)
 	// ShardSchedule proposes a batch of events of one shard.
 	ShardSchedule(context.Context, *ShardScheduleRequest) (*ShardScheduleResponse, error)
 	// ShardUpdate proposes one change of a pending event.
@@ -250,6 +265,9 @@ func (UnimplementedPeerServer) ShardCancel(context.Context, *ShardQuery) (*Shard
 }
 func (UnimplementedPeerServer) ShardSchedules(context.Context, *ShardSchedulesQuery) (*ShardSchedulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShardSchedules not implemented")
+}
+func (UnimplementedPeerServer) ShardForecast(context.Context, *ShardForecastRequest) (*ForecastResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardForecast not implemented")
 }
 func (UnimplementedPeerServer) ShardSchedule(context.Context, *ShardScheduleRequest) (*ShardScheduleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShardSchedule not implemented")
@@ -395,6 +413,24 @@ func _Peer_ShardSchedules_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ShardForecast_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardForecastRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardForecast(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardForecast_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardForecast(ctx, req.(*ShardForecastRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Peer_ShardSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ShardScheduleRequest)
 	if err := dec(in); err != nil {
@@ -515,6 +551,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ShardSchedules",
 			Handler:    _Peer_ShardSchedules_Handler,
+		},
+		{
+			MethodName: "ShardForecast",
+			Handler:    _Peer_ShardForecast_Handler,
 		},
 		{
 			MethodName: "ShardSchedule",

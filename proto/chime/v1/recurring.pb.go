@@ -1018,6 +1018,266 @@ func (x *RecurringSchedule) GetExisting() bool {
 	return false
 }
 
+type TriggerRecurringRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The occurrence's time, to the millisecond: its event id is
+	// <id>@<at Unix ms>, and its chime-occurrence-unix-ms header says at.
+	// Choose it once, before the first attempt (the time the operator asked),
+	// and send the same at on every retry: that is how a retry is recognised.
+	// At most 1 minute after the server's clock (clock skew), at most 24 hours
+	// before it; the occurrence is due at at or now, whichever is later. When
+	// unset, the clock of the node that received the call: a retry of such a
+	// Trigger by its caller is another Trigger.
+	At            *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TriggerRecurringRequest) Reset() {
+	*x = TriggerRecurringRequest{}
+	mi := &file_chime_v1_recurring_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TriggerRecurringRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TriggerRecurringRequest) ProtoMessage() {}
+
+func (x *TriggerRecurringRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_recurring_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TriggerRecurringRequest.ProtoReflect.Descriptor instead.
+func (*TriggerRecurringRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_recurring_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *TriggerRecurringRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TriggerRecurringRequest) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+type TriggerRecurringResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The occurrence's event id: <id>@<at Unix ms>.
+	EventId string `protobuf:"bytes,1,opt,name=event_id,json=eventId,proto3" json:"event_id,omitempty"`
+	// Its time (at, to the millisecond) and its due time.
+	Occurrence *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=occurrence,proto3" json:"occurrence,omitempty"`
+	Due        *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=due,proto3" json:"due,omitempty"`
+	// The event existed already (an earlier attempt of this Trigger, or an
+	// occurrence of the rule at that instant): nothing was created.
+	Existing      bool `protobuf:"varint,4,opt,name=existing,proto3" json:"existing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TriggerRecurringResponse) Reset() {
+	*x = TriggerRecurringResponse{}
+	mi := &file_chime_v1_recurring_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TriggerRecurringResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TriggerRecurringResponse) ProtoMessage() {}
+
+func (x *TriggerRecurringResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_recurring_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TriggerRecurringResponse.ProtoReflect.Descriptor instead.
+func (*TriggerRecurringResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_recurring_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *TriggerRecurringResponse) GetEventId() string {
+	if x != nil {
+		return x.EventId
+	}
+	return ""
+}
+
+func (x *TriggerRecurringResponse) GetOccurrence() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Occurrence
+	}
+	return nil
+}
+
+func (x *TriggerRecurringResponse) GetDue() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Due
+	}
+	return nil
+}
+
+func (x *TriggerRecurringResponse) GetExisting() bool {
+	if x != nil {
+		return x.Existing
+	}
+	return false
+}
+
+type BackfillRecurringRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Required.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The nominal times backfilled are those of the rule in [from, to).
+	// Both required; from before to; to at most a minute after the server's
+	// clock (skew: a later nominal time is the schedule's to make).
+	From          *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	To            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackfillRecurringRequest) Reset() {
+	*x = BackfillRecurringRequest{}
+	mi := &file_chime_v1_recurring_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackfillRecurringRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackfillRecurringRequest) ProtoMessage() {}
+
+func (x *BackfillRecurringRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_recurring_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackfillRecurringRequest.ProtoReflect.Descriptor instead.
+func (*BackfillRecurringRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_recurring_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *BackfillRecurringRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *BackfillRecurringRequest) GetFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.From
+	}
+	return nil
+}
+
+func (x *BackfillRecurringRequest) GetTo() *timestamppb.Timestamp {
+	if x != nil {
+		return x.To
+	}
+	return nil
+}
+
+type BackfillRecurringResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many occurrences were created, and how many nominal times in the
+	// range had their event already.
+	Created  uint32 `protobuf:"varint,1,opt,name=created,proto3" json:"created,omitempty"`
+	Existing uint32 `protobuf:"varint,2,opt,name=existing,proto3" json:"existing,omitempty"`
+	// The nominal times of the occurrences created, in order.
+	CreatedOccurrences []*timestamppb.Timestamp `protobuf:"bytes,3,rep,name=created_occurrences,json=createdOccurrences,proto3" json:"created_occurrences,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *BackfillRecurringResponse) Reset() {
+	*x = BackfillRecurringResponse{}
+	mi := &file_chime_v1_recurring_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackfillRecurringResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackfillRecurringResponse) ProtoMessage() {}
+
+func (x *BackfillRecurringResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_recurring_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackfillRecurringResponse.ProtoReflect.Descriptor instead.
+func (*BackfillRecurringResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_recurring_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *BackfillRecurringResponse) GetCreated() uint32 {
+	if x != nil {
+		return x.Created
+	}
+	return 0
+}
+
+func (x *BackfillRecurringResponse) GetExisting() uint32 {
+	if x != nil {
+		return x.Existing
+	}
+	return 0
+}
+
+func (x *BackfillRecurringResponse) GetCreatedOccurrences() []*timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedOccurrences
+	}
+	return nil
+}
+
 var File_chime_v1_recurring_proto protoreflect.FileDescriptor
 
 const file_chime_v1_recurring_proto_rawDesc = "" +
@@ -1086,7 +1346,25 @@ const file_chime_v1_recurring_proto_rawDesc = "" +
 	"\bnext_due\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\anextDue\x12 \n" +
 	"\voccurrences\x18\f \x01(\x04R\voccurrences\x126\n" +
 	"\bupcoming\x18\r \x03(\v2\x1a.google.protobuf.TimestampR\bupcoming\x12\x1a\n" +
-	"\bexisting\x18\x0e \x01(\bR\bexisting*[\n" +
+	"\bexisting\x18\x0e \x01(\bR\bexisting\"U\n" +
+	"\x17TriggerRecurringRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbb\x01\n" +
+	"\x18TriggerRecurringResponse\x12\x19\n" +
+	"\bevent_id\x18\x01 \x01(\tR\aeventId\x12:\n" +
+	"\n" +
+	"occurrence\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"occurrence\x12,\n" +
+	"\x03due\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x03due\x12\x1a\n" +
+	"\bexisting\x18\x04 \x01(\bR\bexisting\"\x86\x01\n" +
+	"\x18BackfillRecurringRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12.\n" +
+	"\x04from\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04from\x12*\n" +
+	"\x02to\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02to\"\x9e\x01\n" +
+	"\x19BackfillRecurringResponse\x12\x18\n" +
+	"\acreated\x18\x01 \x01(\rR\acreated\x12\x1a\n" +
+	"\bexisting\x18\x02 \x01(\rR\bexisting\x12K\n" +
+	"\x13created_occurrences\x18\x03 \x03(\v2\x1a.google.protobuf.TimestampR\x12createdOccurrences*[\n" +
 	"\aCatchUp\x12\x18\n" +
 	"\x14CATCH_UP_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCATCH_UP_SKIP\x10\x01\x12\x11\n" +
@@ -1096,7 +1374,7 @@ const file_chime_v1_recurring_proto_rawDesc = "" +
 	"\x1bRECURRING_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16RECURRING_STATE_ACTIVE\x10\x01\x12\x1a\n" +
 	"\x16RECURRING_STATE_PAUSED\x10\x02\x12\x1d\n" +
-	"\x19RECURRING_STATE_COMPLETED\x10\x032\x88\x04\n" +
+	"\x19RECURRING_STATE_COMPLETED\x10\x032\xaf\x05\n" +
 	"\tRecurring\x12G\n" +
 	"\x06Create\x12 .chime.v1.CreateRecurringRequest\x1a\x1b.chime.v1.RecurringSchedule\x12G\n" +
 	"\x06Update\x12 .chime.v1.UpdateRecurringRequest\x1a\x1b.chime.v1.RecurringSchedule\x12M\n" +
@@ -1104,7 +1382,9 @@ const file_chime_v1_recurring_proto_rawDesc = "" +
 	"\x03Get\x12\x1d.chime.v1.GetRecurringRequest\x1a\x1b.chime.v1.RecurringSchedule\x12G\n" +
 	"\x04List\x12\x1e.chime.v1.ListRecurringRequest\x1a\x1f.chime.v1.ListRecurringResponse\x12E\n" +
 	"\x05Pause\x12\x1f.chime.v1.PauseRecurringRequest\x1a\x1b.chime.v1.RecurringSchedule\x12G\n" +
-	"\x06Resume\x12 .chime.v1.ResumeRecurringRequest\x1a\x1b.chime.v1.RecurringScheduleB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
+	"\x06Resume\x12 .chime.v1.ResumeRecurringRequest\x1a\x1b.chime.v1.RecurringSchedule\x12P\n" +
+	"\aTrigger\x12!.chime.v1.TriggerRecurringRequest\x1a\".chime.v1.TriggerRecurringResponse\x12S\n" +
+	"\bBackfill\x12\".chime.v1.BackfillRecurringRequest\x1a#.chime.v1.BackfillRecurringResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
 
 var (
 	file_chime_v1_recurring_proto_rawDescOnce sync.Once
@@ -1119,33 +1399,37 @@ func file_chime_v1_recurring_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_recurring_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_chime_v1_recurring_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_chime_v1_recurring_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_chime_v1_recurring_proto_goTypes = []any{
-	(CatchUp)(0),                    // 0: chime.v1.CatchUp
-	(RecurringState)(0),             // 1: chime.v1.RecurringState
-	(*RecurringRule)(nil),           // 2: chime.v1.RecurringRule
-	(*RecurringTarget)(nil),         // 3: chime.v1.RecurringTarget
-	(*CreateRecurringRequest)(nil),  // 4: chime.v1.CreateRecurringRequest
-	(*UpdateRecurringRequest)(nil),  // 5: chime.v1.UpdateRecurringRequest
-	(*DeleteRecurringRequest)(nil),  // 6: chime.v1.DeleteRecurringRequest
-	(*DeleteRecurringResponse)(nil), // 7: chime.v1.DeleteRecurringResponse
-	(*GetRecurringRequest)(nil),     // 8: chime.v1.GetRecurringRequest
-	(*PauseRecurringRequest)(nil),   // 9: chime.v1.PauseRecurringRequest
-	(*ResumeRecurringRequest)(nil),  // 10: chime.v1.ResumeRecurringRequest
-	(*ListRecurringRequest)(nil),    // 11: chime.v1.ListRecurringRequest
-	(*ListRecurringResponse)(nil),   // 12: chime.v1.ListRecurringResponse
-	(*RecurringSchedule)(nil),       // 13: chime.v1.RecurringSchedule
-	(*durationpb.Duration)(nil),     // 14: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),   // 15: google.protobuf.Timestamp
-	(*Header)(nil),                  // 16: chime.v1.Header
+	(CatchUp)(0),                      // 0: chime.v1.CatchUp
+	(RecurringState)(0),               // 1: chime.v1.RecurringState
+	(*RecurringRule)(nil),             // 2: chime.v1.RecurringRule
+	(*RecurringTarget)(nil),           // 3: chime.v1.RecurringTarget
+	(*CreateRecurringRequest)(nil),    // 4: chime.v1.CreateRecurringRequest
+	(*UpdateRecurringRequest)(nil),    // 5: chime.v1.UpdateRecurringRequest
+	(*DeleteRecurringRequest)(nil),    // 6: chime.v1.DeleteRecurringRequest
+	(*DeleteRecurringResponse)(nil),   // 7: chime.v1.DeleteRecurringResponse
+	(*GetRecurringRequest)(nil),       // 8: chime.v1.GetRecurringRequest
+	(*PauseRecurringRequest)(nil),     // 9: chime.v1.PauseRecurringRequest
+	(*ResumeRecurringRequest)(nil),    // 10: chime.v1.ResumeRecurringRequest
+	(*ListRecurringRequest)(nil),      // 11: chime.v1.ListRecurringRequest
+	(*ListRecurringResponse)(nil),     // 12: chime.v1.ListRecurringResponse
+	(*RecurringSchedule)(nil),         // 13: chime.v1.RecurringSchedule
+	(*TriggerRecurringRequest)(nil),   // 14: chime.v1.TriggerRecurringRequest
+	(*TriggerRecurringResponse)(nil),  // 15: chime.v1.TriggerRecurringResponse
+	(*BackfillRecurringRequest)(nil),  // 16: chime.v1.BackfillRecurringRequest
+	(*BackfillRecurringResponse)(nil), // 17: chime.v1.BackfillRecurringResponse
+	(*durationpb.Duration)(nil),       // 18: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 19: google.protobuf.Timestamp
+	(*Header)(nil),                    // 20: chime.v1.Header
 }
 var file_chime_v1_recurring_proto_depIdxs = []int32{
-	14, // 0: chime.v1.RecurringRule.every:type_name -> google.protobuf.Duration
-	15, // 1: chime.v1.RecurringRule.start:type_name -> google.protobuf.Timestamp
-	15, // 2: chime.v1.RecurringRule.end:type_name -> google.protobuf.Timestamp
-	14, // 3: chime.v1.RecurringRule.jitter:type_name -> google.protobuf.Duration
+	18, // 0: chime.v1.RecurringRule.every:type_name -> google.protobuf.Duration
+	19, // 1: chime.v1.RecurringRule.start:type_name -> google.protobuf.Timestamp
+	19, // 2: chime.v1.RecurringRule.end:type_name -> google.protobuf.Timestamp
+	18, // 3: chime.v1.RecurringRule.jitter:type_name -> google.protobuf.Duration
 	0,  // 4: chime.v1.RecurringRule.catch_up:type_name -> chime.v1.CatchUp
-	16, // 5: chime.v1.RecurringTarget.headers:type_name -> chime.v1.Header
+	20, // 5: chime.v1.RecurringTarget.headers:type_name -> chime.v1.Header
 	2,  // 6: chime.v1.CreateRecurringRequest.rule:type_name -> chime.v1.RecurringRule
 	3,  // 7: chime.v1.CreateRecurringRequest.target:type_name -> chime.v1.RecurringTarget
 	2,  // 8: chime.v1.UpdateRecurringRequest.rule:type_name -> chime.v1.RecurringRule
@@ -1154,31 +1438,41 @@ var file_chime_v1_recurring_proto_depIdxs = []int32{
 	2,  // 11: chime.v1.RecurringSchedule.rule:type_name -> chime.v1.RecurringRule
 	3,  // 12: chime.v1.RecurringSchedule.target:type_name -> chime.v1.RecurringTarget
 	1,  // 13: chime.v1.RecurringSchedule.state:type_name -> chime.v1.RecurringState
-	15, // 14: chime.v1.RecurringSchedule.created_at:type_name -> google.protobuf.Timestamp
-	15, // 15: chime.v1.RecurringSchedule.updated_at:type_name -> google.protobuf.Timestamp
-	15, // 16: chime.v1.RecurringSchedule.paused_at:type_name -> google.protobuf.Timestamp
-	15, // 17: chime.v1.RecurringSchedule.next_occurrence:type_name -> google.protobuf.Timestamp
-	15, // 18: chime.v1.RecurringSchedule.next_due:type_name -> google.protobuf.Timestamp
-	15, // 19: chime.v1.RecurringSchedule.upcoming:type_name -> google.protobuf.Timestamp
-	4,  // 20: chime.v1.Recurring.Create:input_type -> chime.v1.CreateRecurringRequest
-	5,  // 21: chime.v1.Recurring.Update:input_type -> chime.v1.UpdateRecurringRequest
-	6,  // 22: chime.v1.Recurring.Delete:input_type -> chime.v1.DeleteRecurringRequest
-	8,  // 23: chime.v1.Recurring.Get:input_type -> chime.v1.GetRecurringRequest
-	11, // 24: chime.v1.Recurring.List:input_type -> chime.v1.ListRecurringRequest
-	9,  // 25: chime.v1.Recurring.Pause:input_type -> chime.v1.PauseRecurringRequest
-	10, // 26: chime.v1.Recurring.Resume:input_type -> chime.v1.ResumeRecurringRequest
-	13, // 27: chime.v1.Recurring.Create:output_type -> chime.v1.RecurringSchedule
-	13, // 28: chime.v1.Recurring.Update:output_type -> chime.v1.RecurringSchedule
-	7,  // 29: chime.v1.Recurring.Delete:output_type -> chime.v1.DeleteRecurringResponse
-	13, // 30: chime.v1.Recurring.Get:output_type -> chime.v1.RecurringSchedule
-	12, // 31: chime.v1.Recurring.List:output_type -> chime.v1.ListRecurringResponse
-	13, // 32: chime.v1.Recurring.Pause:output_type -> chime.v1.RecurringSchedule
-	13, // 33: chime.v1.Recurring.Resume:output_type -> chime.v1.RecurringSchedule
-	27, // [27:34] is the sub-list for method output_type
-	20, // [20:27] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	19, // 14: chime.v1.RecurringSchedule.created_at:type_name -> google.protobuf.Timestamp
+	19, // 15: chime.v1.RecurringSchedule.updated_at:type_name -> google.protobuf.Timestamp
+	19, // 16: chime.v1.RecurringSchedule.paused_at:type_name -> google.protobuf.Timestamp
+	19, // 17: chime.v1.RecurringSchedule.next_occurrence:type_name -> google.protobuf.Timestamp
+	19, // 18: chime.v1.RecurringSchedule.next_due:type_name -> google.protobuf.Timestamp
+	19, // 19: chime.v1.RecurringSchedule.upcoming:type_name -> google.protobuf.Timestamp
+	19, // 20: chime.v1.TriggerRecurringRequest.at:type_name -> google.protobuf.Timestamp
+	19, // 21: chime.v1.TriggerRecurringResponse.occurrence:type_name -> google.protobuf.Timestamp
+	19, // 22: chime.v1.TriggerRecurringResponse.due:type_name -> google.protobuf.Timestamp
+	19, // 23: chime.v1.BackfillRecurringRequest.from:type_name -> google.protobuf.Timestamp
+	19, // 24: chime.v1.BackfillRecurringRequest.to:type_name -> google.protobuf.Timestamp
+	19, // 25: chime.v1.BackfillRecurringResponse.created_occurrences:type_name -> google.protobuf.Timestamp
+	4,  // 26: chime.v1.Recurring.Create:input_type -> chime.v1.CreateRecurringRequest
+	5,  // 27: chime.v1.Recurring.Update:input_type -> chime.v1.UpdateRecurringRequest
+	6,  // 28: chime.v1.Recurring.Delete:input_type -> chime.v1.DeleteRecurringRequest
+	8,  // 29: chime.v1.Recurring.Get:input_type -> chime.v1.GetRecurringRequest
+	11, // 30: chime.v1.Recurring.List:input_type -> chime.v1.ListRecurringRequest
+	9,  // 31: chime.v1.Recurring.Pause:input_type -> chime.v1.PauseRecurringRequest
+	10, // 32: chime.v1.Recurring.Resume:input_type -> chime.v1.ResumeRecurringRequest
+	14, // 33: chime.v1.Recurring.Trigger:input_type -> chime.v1.TriggerRecurringRequest
+	16, // 34: chime.v1.Recurring.Backfill:input_type -> chime.v1.BackfillRecurringRequest
+	13, // 35: chime.v1.Recurring.Create:output_type -> chime.v1.RecurringSchedule
+	13, // 36: chime.v1.Recurring.Update:output_type -> chime.v1.RecurringSchedule
+	7,  // 37: chime.v1.Recurring.Delete:output_type -> chime.v1.DeleteRecurringResponse
+	13, // 38: chime.v1.Recurring.Get:output_type -> chime.v1.RecurringSchedule
+	12, // 39: chime.v1.Recurring.List:output_type -> chime.v1.ListRecurringResponse
+	13, // 40: chime.v1.Recurring.Pause:output_type -> chime.v1.RecurringSchedule
+	13, // 41: chime.v1.Recurring.Resume:output_type -> chime.v1.RecurringSchedule
+	15, // 42: chime.v1.Recurring.Trigger:output_type -> chime.v1.TriggerRecurringResponse
+	17, // 43: chime.v1.Recurring.Backfill:output_type -> chime.v1.BackfillRecurringResponse
+	35, // [35:44] is the sub-list for method output_type
+	26, // [26:35] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_recurring_proto_init() }
@@ -1198,7 +1492,7 @@ func file_chime_v1_recurring_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_recurring_proto_rawDesc), len(file_chime_v1_recurring_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   12,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

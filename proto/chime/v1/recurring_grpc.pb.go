@@ -22,13 +22,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Recurring_Create_FullMethodName = "/chime.v1.Recurring/Create"
-	Recurring_Update_FullMethodName = "/chime.v1.Recurring/Update"
-	Recurring_Delete_FullMethodName = "/chime.v1.Recurring/Delete"
-	Recurring_Get_FullMethodName    = "/chime.v1.Recurring/Get"
-	Recurring_List_FullMethodName   = "/chime.v1.Recurring/List"
-	Recurring_Pause_FullMethodName  = "/chime.v1.Recurring/Pause"
-	Recurring_Resume_FullMethodName = "/chime.v1.Recurring/Resume"
+	Recurring_Create_FullMethodName   = "/chime.v1.Recurring/Create"
+	Recurring_Update_FullMethodName   = "/chime.v1.Recurring/Update"
+	Recurring_Delete_FullMethodName   = "/chime.v1.Recurring/Delete"
+	Recurring_Get_FullMethodName      = "/chime.v1.Recurring/Get"
+	Recurring_List_FullMethodName     = "/chime.v1.Recurring/List"
+	Recurring_Pause_FullMethodName    = "/chime.v1.Recurring/Pause"
+	Recurring_Resume_FullMethodName   = "/chime.v1.Recurring/Resume"
+	Recurring_Trigger_FullMethodName  = "/chime.v1.Recurring/Trigger"
+	Recurring_Backfill_FullMethodName = "/chime.v1.Recurring/Backfill"
 )
 
 // RecurringClient is the client API for Recurring service.
@@ -84,6 +86,38 @@ type RecurringClient interface {
 	// says which of those that fell due while it was paused happen.
 	// FAILED_PRECONDITION for a schedule that is not paused.
 	Resume(ctx context.Context, in *ResumeRecurringRequest, opts ...grpc.CallOption) (*RecurringSchedule, error)
+	// Trigger produces one extra occurrence of an active or paused schedule
+	// now, with its target, as an ordinary event with the id
+	// <schedule id>@<at Unix ms> and the headers chime-recurring-id and
+	// chime-occurrence-unix-ms (= at). It leaves the schedule's own sequence
+	// alone: the pending occurrence stays pending, and the triggered one, when
+	// it settles, neither moves the schedule on nor counts in occurrences or
+	// max_occurrences. A paused schedule may be triggered (an operator's
+	// explicit act; it stays paused). FAILED_PRECONDITION for a completed
+	// schedule, NOT_FOUND for an unknown one. Idempotent by at: a retry with
+	// the same at finds the occurrence and answers existing = true, for as
+	// long as the retention keeps it. An at that is a nominal time of the rule
+	// names that occurrence: if it exists (pending, say) the Trigger answers
+	// existing and creates nothing.
+	Trigger(ctx context.Context, in *TriggerRecurringRequest, opts ...grpc.CallOption) (*TriggerRecurringResponse, error)
+	// Backfill creates one occurrence for each nominal time of the rule in
+	// [from, to), with the id <schedule id>@<nominal Unix ms> and
+	// chime-occurrence-unix-ms = the nominal time, due now (never before its
+	// nominal time). A nominal time whose event exists (an occurrence that
+	// fired, was dead-lettered or is pending, while the retention keeps it)
+	// is not created again: it counts as existing. One whose occurrence was
+	// cancelled (by a Pause, a Delete or an Update, or by id) is created
+	// anew. Backfilled occurrences, like triggered ones, neither move the
+	// schedule on nor count in occurrences or max_occurrences. It covers at most 1000 nominal times, and at most
+	// 64 MiB of targets, per call (INVALID_ARGUMENT naming to and the limit:
+	// split the range). For an active schedule, to must not pass the pending
+	// occurrence's nominal time (FAILED_PRECONDITION): the schedule produces
+	// that one and those after it itself. For a paused schedule, the times
+	// backfilled count as passed, so a Resume's catch_up does not produce
+	// them again. FAILED_PRECONDITION for a completed schedule, NOT_FOUND for
+	// an unknown one. Retrying a Backfill is safe: what the first attempt
+	// created counts as existing the second time.
+	Backfill(ctx context.Context, in *BackfillRecurringRequest, opts ...grpc.CallOption) (*BackfillRecurringResponse, error)
 }
 
 type recurringClient struct {
@@ -164,6 +198,26 @@ func (c *recurringClient) Resume(ctx context.Context, in *ResumeRecurringRequest
 	return out, nil
 }
 
+func (c *recurringClient) Trigger(ctx context.Context, in *TriggerRecurringRequest, opts ...grpc.CallOption) (*TriggerRecurringResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TriggerRecurringResponse)
+	err := c.cc.Invoke(ctx, Recurring_Trigger_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *recurringClient) Backfill(ctx context.Context, in *BackfillRecurringRequest, opts ...grpc.CallOption) (*BackfillRecurringResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BackfillRecurringResponse)
+	err := c.cc.Invoke(ctx, Recurring_Backfill_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RecurringServer is the server API for Recurring service.
 // All implementations must embed UnimplementedRecurringServer
 // for forward compatibility.
@@ -217,6 +271,38 @@ type RecurringServer interface {
 	// says which of those that fell due while it was paused happen.
 	// FAILED_PRECONDITION for a schedule that is not paused.
 	Resume(context.Context, *ResumeRecurringRequest) (*RecurringSchedule, error)
+	// Trigger produces one extra occurrence of an active or paused schedule
+	// now, with its target, as an ordinary event with the id
+	// <schedule id>@<at Unix ms> and the headers chime-recurring-id and
+	// chime-occurrence-unix-ms (= at). It leaves the schedule's own sequence
+	// alone: the pending occurrence stays pending, and the triggered one, when
+	// it settles, neither moves the schedule on nor counts in occurrences or
+	// max_occurrences. A paused schedule may be triggered (an operator's
+	// explicit act; it stays paused). FAILED_PRECONDITION for a completed
+	// schedule, NOT_FOUND for an unknown one. Idempotent by at: a retry with
+	// the same at finds the occurrence and answers existing = true, for as
+	// long as the retention keeps it. An at that is a nominal time of the rule
+	// names that occurrence: if it exists (pending, say) the Trigger answers
+	// existing and creates nothing.
+	Trigger(context.Context, *TriggerRecurringRequest) (*TriggerRecurringResponse, error)
+	// Backfill creates one occurrence for each nominal time of the rule in
+	// [from, to), with the id <schedule id>@<nominal Unix ms> and
+	// chime-occurrence-unix-ms = the nominal time, due now (never before its
+	// nominal time). A nominal time whose event exists (an occurrence that
+	// fired, was dead-lettered or is pending, while the retention keeps it)
+	// is not created again: it counts as existing. One whose occurrence was
+	// cancelled (by a Pause, a Delete or an Update, or by id) is created
+	// anew. Backfilled occurrences, like triggered ones, neither move the
+	// schedule on nor count in occurrences or max_occurrences. It covers at most 1000 nominal times, and at most
+	// 64 MiB of targets, per call (INVALID_ARGUMENT naming to and the limit:
+	// split the range). For an active schedule, to must not pass the pending
+	// occurrence's nominal time (FAILED_PRECONDITION): the schedule produces
+	// that one and those after it itself. For a paused schedule, the times
+	// backfilled count as passed, so a Resume's catch_up does not produce
+	// them again. FAILED_PRECONDITION for a completed schedule, NOT_FOUND for
+	// an unknown one. Retrying a Backfill is safe: what the first attempt
+	// created counts as existing the second time.
+	Backfill(context.Context, *BackfillRecurringRequest) (*BackfillRecurringResponse, error)
 	mustEmbedUnimplementedRecurringServer()
 }
 
@@ -247,6 +333,12 @@ func (UnimplementedRecurringServer) Pause(context.Context, *PauseRecurringReques
 }
 func (UnimplementedRecurringServer) Resume(context.Context, *ResumeRecurringRequest) (*RecurringSchedule, error) {
 	return nil, status.Error(codes.Unimplemented, "method Resume not implemented")
+}
+func (UnimplementedRecurringServer) Trigger(context.Context, *TriggerRecurringRequest) (*TriggerRecurringResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Trigger not implemented")
+}
+func (UnimplementedRecurringServer) Backfill(context.Context, *BackfillRecurringRequest) (*BackfillRecurringResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Backfill not implemented")
 }
 func (UnimplementedRecurringServer) mustEmbedUnimplementedRecurringServer() {}
 func (UnimplementedRecurringServer) testEmbeddedByValue()                   {}
@@ -395,6 +487,42 @@ func _Recurring_Resume_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Recurring_Trigger_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TriggerRecurringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RecurringServer).Trigger(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Recurring_Trigger_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RecurringServer).Trigger(ctx, req.(*TriggerRecurringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Recurring_Backfill_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BackfillRecurringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RecurringServer).Backfill(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Recurring_Backfill_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RecurringServer).Backfill(ctx, req.(*BackfillRecurringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Recurring_ServiceDesc is the grpc.ServiceDesc for Recurring service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -429,6 +557,14 @@ var Recurring_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Resume",
 			Handler:    _Recurring_Resume_Handler,
+		},
+		{
+			MethodName: "Trigger",
+			Handler:    _Recurring_Trigger_Handler,
+		},
+		{
+			MethodName: "Backfill",
+			Handler:    _Recurring_Backfill_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

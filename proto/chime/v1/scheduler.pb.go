@@ -1623,6 +1623,252 @@ func (x *CancelMatchingProgress) GetDone() bool {
 	return false
 }
 
+type ForecastRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ranges to count in: 1 to 8 series.
+	Series []*ForecastSeries `protobuf:"bytes,1,rep,name=series,proto3" json:"series,omitempty"`
+	// As in ListRequest.
+	StaleOk       bool `protobuf:"varint,2,opt,name=stale_ok,json=staleOk,proto3" json:"stale_ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForecastRequest) Reset() {
+	*x = ForecastRequest{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForecastRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForecastRequest) ProtoMessage() {}
+
+func (x *ForecastRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForecastRequest.ProtoReflect.Descriptor instead.
+func (*ForecastRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ForecastRequest) GetSeries() []*ForecastSeries {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+func (x *ForecastRequest) GetStaleOk() bool {
+	if x != nil {
+		return x.StaleOk
+	}
+	return false
+}
+
+// ForecastSeries is buckets consecutive ranges of due time, each step long,
+// from start: [start, start+step), [start+step, start+2*step), ...
+type ForecastSeries struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A whole minute of Unix time (seconds a multiple of 60, no nanos).
+	Start *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=start,proto3" json:"start,omitempty"`
+	// Whole minutes, at least one.
+	Step *durationpb.Duration `protobuf:"bytes,2,opt,name=step,proto3" json:"step,omitempty"`
+	// 1 to 1500.
+	Buckets       uint32 `protobuf:"varint,3,opt,name=buckets,proto3" json:"buckets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForecastSeries) Reset() {
+	*x = ForecastSeries{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForecastSeries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForecastSeries) ProtoMessage() {}
+
+func (x *ForecastSeries) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForecastSeries.ProtoReflect.Descriptor instead.
+func (*ForecastSeries) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ForecastSeries) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *ForecastSeries) GetStep() *durationpb.Duration {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *ForecastSeries) GetBuckets() uint32 {
+	if x != nil {
+		return x.Buckets
+	}
+	return 0
+}
+
+type ForecastResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per series asked for, in order.
+	Series []*ForecastCounts `protobuf:"bytes,1,rep,name=series,proto3" json:"series,omitempty"`
+	// Pending events due before the first series' start: overdue, when it
+	// starts now.
+	DueBefore uint64 `protobuf:"varint,2,opt,name=due_before,json=dueBefore,proto3" json:"due_before,omitempty"`
+	// Every pending event.
+	Pending uint64 `protobuf:"varint,3,opt,name=pending,proto3" json:"pending,omitempty"`
+	// The due times of the earliest and the latest pending event; unset when
+	// none is pending.
+	EarliestDue   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=earliest_due,json=earliestDue,proto3" json:"earliest_due,omitempty"`
+	LatestDue     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=latest_due,json=latestDue,proto3" json:"latest_due,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForecastResponse) Reset() {
+	*x = ForecastResponse{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForecastResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForecastResponse) ProtoMessage() {}
+
+func (x *ForecastResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForecastResponse.ProtoReflect.Descriptor instead.
+func (*ForecastResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ForecastResponse) GetSeries() []*ForecastCounts {
+	if x != nil {
+		return x.Series
+	}
+	return nil
+}
+
+func (x *ForecastResponse) GetDueBefore() uint64 {
+	if x != nil {
+		return x.DueBefore
+	}
+	return 0
+}
+
+func (x *ForecastResponse) GetPending() uint64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *ForecastResponse) GetEarliestDue() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EarliestDue
+	}
+	return nil
+}
+
+func (x *ForecastResponse) GetLatestDue() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LatestDue
+	}
+	return nil
+}
+
+type ForecastCounts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pending events due in each range of the series, in order.
+	Counts        []uint64 `protobuf:"varint,1,rep,packed,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForecastCounts) Reset() {
+	*x = ForecastCounts{}
+	mi := &file_chime_v1_scheduler_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForecastCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForecastCounts) ProtoMessage() {}
+
+func (x *ForecastCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_scheduler_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForecastCounts.ProtoReflect.Descriptor instead.
+func (*ForecastCounts) Descriptor() ([]byte, []int) {
+	return file_chime_v1_scheduler_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ForecastCounts) GetCounts() []uint64 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
 var File_chime_v1_scheduler_proto protoreflect.FileDescriptor
 
 const file_chime_v1_scheduler_proto_rawDesc = "" +
@@ -1738,7 +1984,24 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\tcancelled\x18\x02 \x01(\x04R\tcancelled\x12#\n" +
 	"\rskipped_fired\x18\x03 \x01(\x04R\fskippedFired\x12!\n" +
 	"\fskipped_held\x18\x04 \x01(\x04R\vskippedHeld\x12\x12\n" +
-	"\x04done\x18\x05 \x01(\bR\x04done*Z\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done\"^\n" +
+	"\x0fForecastRequest\x120\n" +
+	"\x06series\x18\x01 \x03(\v2\x18.chime.v1.ForecastSeriesR\x06series\x12\x19\n" +
+	"\bstale_ok\x18\x02 \x01(\bR\astaleOk\"\x8b\x01\n" +
+	"\x0eForecastSeries\x120\n" +
+	"\x05start\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x12-\n" +
+	"\x04step\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04step\x12\x18\n" +
+	"\abuckets\x18\x03 \x01(\rR\abuckets\"\xf7\x01\n" +
+	"\x10ForecastResponse\x120\n" +
+	"\x06series\x18\x01 \x03(\v2\x18.chime.v1.ForecastCountsR\x06series\x12\x1d\n" +
+	"\n" +
+	"due_before\x18\x02 \x01(\x04R\tdueBefore\x12\x18\n" +
+	"\apending\x18\x03 \x01(\x04R\apending\x12=\n" +
+	"\fearliest_due\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vearliestDue\x129\n" +
+	"\n" +
+	"latest_due\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tlatestDue\"(\n" +
+	"\x0eForecastCounts\x12\x16\n" +
+	"\x06counts\x18\x01 \x03(\x04R\x06counts*Z\n" +
 	"\n" +
 	"OnConflict\x12\x1b\n" +
 	"\x17ON_CONFLICT_UNSPECIFIED\x10\x00\x12\x16\n" +
@@ -1750,7 +2013,7 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x15EVENT_STATE_SCHEDULED\x10\x01\x12\x15\n" +
 	"\x11EVENT_STATE_FIRED\x10\x02\x12\x19\n" +
 	"\x15EVENT_STATE_CANCELLED\x10\x03\x12\x1d\n" +
-	"\x19EVENT_STATE_DEAD_LETTERED\x10\x042\x96\x04\n" +
+	"\x19EVENT_STATE_DEAD_LETTERED\x10\x042\xd9\x04\n" +
 	"\tScheduler\x12A\n" +
 	"\bSchedule\x12\x19.chime.v1.ScheduleRequest\x1a\x1a.chime.v1.ScheduleResponse\x12P\n" +
 	"\rBatchSchedule\x12\x1e.chime.v1.BatchScheduleRequest\x1a\x1f.chime.v1.BatchScheduleResponse\x12;\n" +
@@ -1759,7 +2022,8 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x06Update\x12\x17.chime.v1.UpdateRequest\x1a\x18.chime.v1.UpdateResponse\x125\n" +
 	"\x04List\x12\x15.chime.v1.ListRequest\x1a\x16.chime.v1.ListResponse\x128\n" +
 	"\x05Count\x12\x16.chime.v1.CountRequest\x1a\x17.chime.v1.CountResponse\x12U\n" +
-	"\x0eCancelMatching\x12\x1f.chime.v1.CancelMatchingRequest\x1a .chime.v1.CancelMatchingProgress0\x01B1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
+	"\x0eCancelMatching\x12\x1f.chime.v1.CancelMatchingRequest\x1a .chime.v1.CancelMatchingProgress0\x01\x12A\n" +
+	"\bForecast\x12\x19.chime.v1.ForecastRequest\x1a\x1a.chime.v1.ForecastResponseB1Z/github.com/chimehq/chime/proto/chime/v1;chimev1b\x06proto3"
 
 var (
 	file_chime_v1_scheduler_proto_rawDescOnce sync.Once
@@ -1774,7 +2038,7 @@ func file_chime_v1_scheduler_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_scheduler_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_chime_v1_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_chime_v1_scheduler_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_chime_v1_scheduler_proto_goTypes = []any{
 	(OnConflict)(0),                // 0: chime.v1.OnConflict
 	(EventState)(0),                // 1: chime.v1.EventState
@@ -1799,60 +2063,72 @@ var file_chime_v1_scheduler_proto_goTypes = []any{
 	(*CountResponse)(nil),          // 20: chime.v1.CountResponse
 	(*CancelMatchingRequest)(nil),  // 21: chime.v1.CancelMatchingRequest
 	(*CancelMatchingProgress)(nil), // 22: chime.v1.CancelMatchingProgress
-	(*timestamppb.Timestamp)(nil),  // 23: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 24: google.protobuf.Duration
+	(*ForecastRequest)(nil),        // 23: chime.v1.ForecastRequest
+	(*ForecastSeries)(nil),         // 24: chime.v1.ForecastSeries
+	(*ForecastResponse)(nil),       // 25: chime.v1.ForecastResponse
+	(*ForecastCounts)(nil),         // 26: chime.v1.ForecastCounts
+	(*timestamppb.Timestamp)(nil),  // 27: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 28: google.protobuf.Duration
 }
 var file_chime_v1_scheduler_proto_depIdxs = []int32{
-	23, // 0: chime.v1.Event.deliver_at:type_name -> google.protobuf.Timestamp
-	24, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
+	27, // 0: chime.v1.Event.deliver_at:type_name -> google.protobuf.Timestamp
+	28, // 1: chime.v1.Event.delay:type_name -> google.protobuf.Duration
 	2,  // 2: chime.v1.Event.headers:type_name -> chime.v1.Header
 	0,  // 3: chime.v1.Event.on_conflict:type_name -> chime.v1.OnConflict
-	24, // 4: chime.v1.Event.window:type_name -> google.protobuf.Duration
+	28, // 4: chime.v1.Event.window:type_name -> google.protobuf.Duration
 	3,  // 5: chime.v1.ScheduleRequest.event:type_name -> chime.v1.Event
-	23, // 6: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
+	27, // 6: chime.v1.ScheduleResponse.due:type_name -> google.protobuf.Timestamp
 	3,  // 7: chime.v1.BatchScheduleRequest.events:type_name -> chime.v1.Event
 	8,  // 8: chime.v1.BatchScheduleResponse.results:type_name -> chime.v1.ScheduleResult
-	23, // 9: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
+	27, // 9: chime.v1.ScheduleResult.due:type_name -> google.protobuf.Timestamp
 	1,  // 10: chime.v1.CancelResponse.state:type_name -> chime.v1.EventState
 	3,  // 11: chime.v1.GetResponse.event:type_name -> chime.v1.Event
 	1,  // 12: chime.v1.GetResponse.state:type_name -> chime.v1.EventState
-	23, // 13: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
-	23, // 14: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
-	23, // 15: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
-	23, // 16: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
-	23, // 17: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
-	24, // 18: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
+	27, // 13: chime.v1.GetResponse.due:type_name -> google.protobuf.Timestamp
+	27, // 14: chime.v1.GetResponse.created_at:type_name -> google.protobuf.Timestamp
+	27, // 15: chime.v1.GetResponse.fired_at:type_name -> google.protobuf.Timestamp
+	27, // 16: chime.v1.GetResponse.cancelled_at:type_name -> google.protobuf.Timestamp
+	27, // 17: chime.v1.UpdateRequest.deliver_at:type_name -> google.protobuf.Timestamp
+	28, // 18: chime.v1.UpdateRequest.delay:type_name -> google.protobuf.Duration
 	14, // 19: chime.v1.UpdateRequest.headers:type_name -> chime.v1.HeaderList
 	2,  // 20: chime.v1.HeaderList.headers:type_name -> chime.v1.Header
-	23, // 21: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
+	27, // 21: chime.v1.UpdateResponse.due:type_name -> google.protobuf.Timestamp
 	1,  // 22: chime.v1.EventFilter.states:type_name -> chime.v1.EventState
-	23, // 23: chime.v1.EventFilter.due_after:type_name -> google.protobuf.Timestamp
-	23, // 24: chime.v1.EventFilter.due_before:type_name -> google.protobuf.Timestamp
+	27, // 23: chime.v1.EventFilter.due_after:type_name -> google.protobuf.Timestamp
+	27, // 24: chime.v1.EventFilter.due_before:type_name -> google.protobuf.Timestamp
 	16, // 25: chime.v1.ListRequest.filter:type_name -> chime.v1.EventFilter
 	12, // 26: chime.v1.ListResponse.events:type_name -> chime.v1.GetResponse
 	16, // 27: chime.v1.CountRequest.filter:type_name -> chime.v1.EventFilter
 	16, // 28: chime.v1.CancelMatchingRequest.filter:type_name -> chime.v1.EventFilter
-	4,  // 29: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
-	6,  // 30: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
-	9,  // 31: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
-	11, // 32: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
-	13, // 33: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
-	17, // 34: chime.v1.Scheduler.List:input_type -> chime.v1.ListRequest
-	19, // 35: chime.v1.Scheduler.Count:input_type -> chime.v1.CountRequest
-	21, // 36: chime.v1.Scheduler.CancelMatching:input_type -> chime.v1.CancelMatchingRequest
-	5,  // 37: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
-	7,  // 38: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
-	10, // 39: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
-	12, // 40: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
-	15, // 41: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
-	18, // 42: chime.v1.Scheduler.List:output_type -> chime.v1.ListResponse
-	20, // 43: chime.v1.Scheduler.Count:output_type -> chime.v1.CountResponse
-	22, // 44: chime.v1.Scheduler.CancelMatching:output_type -> chime.v1.CancelMatchingProgress
-	37, // [37:45] is the sub-list for method output_type
-	29, // [29:37] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	24, // 29: chime.v1.ForecastRequest.series:type_name -> chime.v1.ForecastSeries
+	27, // 30: chime.v1.ForecastSeries.start:type_name -> google.protobuf.Timestamp
+	28, // 31: chime.v1.ForecastSeries.step:type_name -> google.protobuf.Duration
+	26, // 32: chime.v1.ForecastResponse.series:type_name -> chime.v1.ForecastCounts
+	27, // 33: chime.v1.ForecastResponse.earliest_due:type_name -> google.protobuf.Timestamp
+	27, // 34: chime.v1.ForecastResponse.latest_due:type_name -> google.protobuf.Timestamp
+	4,  // 35: chime.v1.Scheduler.Schedule:input_type -> chime.v1.ScheduleRequest
+	6,  // 36: chime.v1.Scheduler.BatchSchedule:input_type -> chime.v1.BatchScheduleRequest
+	9,  // 37: chime.v1.Scheduler.Cancel:input_type -> chime.v1.CancelRequest
+	11, // 38: chime.v1.Scheduler.Get:input_type -> chime.v1.GetRequest
+	13, // 39: chime.v1.Scheduler.Update:input_type -> chime.v1.UpdateRequest
+	17, // 40: chime.v1.Scheduler.List:input_type -> chime.v1.ListRequest
+	19, // 41: chime.v1.Scheduler.Count:input_type -> chime.v1.CountRequest
+	21, // 42: chime.v1.Scheduler.CancelMatching:input_type -> chime.v1.CancelMatchingRequest
+	23, // 43: chime.v1.Scheduler.Forecast:input_type -> chime.v1.ForecastRequest
+	5,  // 44: chime.v1.Scheduler.Schedule:output_type -> chime.v1.ScheduleResponse
+	7,  // 45: chime.v1.Scheduler.BatchSchedule:output_type -> chime.v1.BatchScheduleResponse
+	10, // 46: chime.v1.Scheduler.Cancel:output_type -> chime.v1.CancelResponse
+	12, // 47: chime.v1.Scheduler.Get:output_type -> chime.v1.GetResponse
+	15, // 48: chime.v1.Scheduler.Update:output_type -> chime.v1.UpdateResponse
+	18, // 49: chime.v1.Scheduler.List:output_type -> chime.v1.ListResponse
+	20, // 50: chime.v1.Scheduler.Count:output_type -> chime.v1.CountResponse
+	22, // 51: chime.v1.Scheduler.CancelMatching:output_type -> chime.v1.CancelMatchingProgress
+	25, // 52: chime.v1.Scheduler.Forecast:output_type -> chime.v1.ForecastResponse
+	44, // [44:53] is the sub-list for method output_type
+	35, // [35:44] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_scheduler_proto_init() }
@@ -1868,7 +2144,7 @@ func file_chime_v1_scheduler_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_scheduler_proto_rawDesc), len(file_chime_v1_scheduler_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   21,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

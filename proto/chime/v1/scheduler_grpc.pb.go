@@ -31,6 +31,7 @@ const (
 	Scheduler_List_FullMethodName           = "/chime.v1.Scheduler/List"
 	Scheduler_Count_FullMethodName          = "/chime.v1.Scheduler/Count"
 	Scheduler_CancelMatching_FullMethodName = "/chime.v1.Scheduler/CancelMatching"
+	Scheduler_Forecast_FullMethodName       = "/chime.v1.Scheduler/Forecast"
 )
 
 // SchedulerClient is the client API for Scheduler service.
@@ -114,6 +115,23 @@ type SchedulerClient interface {
 	// The filter's states must be empty or SCHEDULED. With dry_run it only
 	// counts the matches.
 	CancelMatching(ctx context.Context, in *CancelMatchingRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CancelMatchingProgress], error)
+	// Forecast counts the pending events due in consecutive ranges of time
+	// (say per minute for the next hour, per hour for the next day and per
+	// day for the next month), summed over every shard, with how many are
+	// overdue and the earliest and latest due time of any. Each shard answers
+	// from counts of its pending events by due minute that every replica
+	// keeps in memory, so a forecast reads no event, however many are
+	// pending; ranges therefore start and step on whole minutes.
+	//
+	// It counts every pending event, whatever its topic and id: a credential
+	// limited to some topics or id prefixes is refused (PERMISSION_DENIED),
+	// and counts its own with Count and a due range. Linearizable unless
+	// stale_ok.
+	//
+	// Fails with INVALID_ARGUMENT for no series or more than 8, a start or a
+	// step that is not whole minutes, or a series of no ranges or more than
+	// 1500.
+	Forecast(ctx context.Context, in *ForecastRequest, opts ...grpc.CallOption) (*ForecastResponse, error)
 }
 
 type schedulerClient struct {
@@ -213,6 +231,16 @@ func (c *schedulerClient) CancelMatching(ctx context.Context, in *CancelMatching
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Scheduler_CancelMatchingClient = grpc.ServerStreamingClient[CancelMatchingProgress]
 
+func (c *schedulerClient) Forecast(ctx context.Context, in *ForecastRequest, opts ...grpc.CallOption) (*ForecastResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForecastResponse)
+	err := c.cc.Invoke(ctx, Scheduler_Forecast_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SchedulerServer is the server API for Scheduler service.
 // All implementations must embed UnimplementedSchedulerServer
 // for forward compatibility.
@@ -294,6 +322,23 @@ type SchedulerServer interface {
 	// The filter's states must be empty or SCHEDULED. With dry_run it only
 	// counts the matches.
 	CancelMatching(*CancelMatchingRequest, grpc.ServerStreamingServer[CancelMatchingProgress]) error
+	// Forecast counts the pending events due in consecutive ranges of time
+	// (say per minute for the next hour, per hour for the next day and per
+	// day for the next month), summed over every shard, with how many are
+	// overdue and the earliest and latest due time of any. Each shard answers
+	// from counts of its pending events by due minute that every replica
+	// keeps in memory, so a forecast reads no event, however many are
+	// pending; ranges therefore start and step on whole minutes.
+	//
+	// It counts every pending event, whatever its topic and id: a credential
+	// limited to some topics or id prefixes is refused (PERMISSION_DENIED),
+	// and counts its own with Count and a due range. Linearizable unless
+	// stale_ok.
+	//
+	// Fails with INVALID_ARGUMENT for no series or more than 8, a start or a
+	// step that is not whole minutes, or a series of no ranges or more than
+	// 1500.
+	Forecast(context.Context, *ForecastRequest) (*ForecastResponse, error)
 	mustEmbedUnimplementedSchedulerServer()
 }
 
@@ -327,6 +372,9 @@ func (UnimplementedSchedulerServer) Count(context.Context, *CountRequest) (*Coun
 }
 func (UnimplementedSchedulerServer) CancelMatching(*CancelMatchingRequest, grpc.ServerStreamingServer[CancelMatchingProgress]) error {
 	return status.Error(codes.Unimplemented, "method CancelMatching not implemented")
+}
+func (UnimplementedSchedulerServer) Forecast(context.Context, *ForecastRequest) (*ForecastResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Forecast not implemented")
 }
 func (UnimplementedSchedulerServer) mustEmbedUnimplementedSchedulerServer() {}
 func (UnimplementedSchedulerServer) testEmbeddedByValue()                   {}
@@ -486,6 +534,24 @@ func _Scheduler_CancelMatching_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Scheduler_CancelMatchingServer = grpc.ServerStreamingServer[CancelMatchingProgress]
 
+func _Scheduler_Forecast_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForecastRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).Forecast(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_Forecast_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).Forecast(ctx, req.(*ForecastRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scheduler_ServiceDesc is the grpc.ServiceDesc for Scheduler service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -520,6 +586,10 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Count",
 			Handler:    _Scheduler_Count_Handler,
+		},
+		{
+			MethodName: "Forecast",
+			Handler:    _Scheduler_Forecast_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

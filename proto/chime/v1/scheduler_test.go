@@ -109,6 +109,7 @@ func TestSchedulerServiceHasEveryMethod(t *testing.T) {
 		{"List", &ListRequest{}, &ListResponse{}, false},
 		{"Count", &CountRequest{}, &CountResponse{}, false},
 		{"CancelMatching", &CancelMatchingRequest{}, &CancelMatchingProgress{}, true},
+		{"Forecast", &ForecastRequest{}, &ForecastResponse{}, false},
 	}
 	if got := svc.Methods().Len(); got != len(want) {
 		t.Errorf("chime.v1.Scheduler has %d methods, want %d", got, len(want))
