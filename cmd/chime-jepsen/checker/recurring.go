@@ -177,7 +177,7 @@ func (a *analysis) schedule(s *schedHistory) (findings []idFinding, occurrences 
 		case r.ID != s.id+"@"+strconv.FormatInt(r.OccurrenceMs, 10):
 			add("recurring_phantom", "record %s has id %q, not %s@%d", recName(r), r.ID, s.id, r.OccurrenceMs)
 			continue
-		case trig != nil && !(rule.supported && rule.generates(nominal)):
+		case trig != nil && (!rule.supported || !rule.generates(nominal)):
 			if r.Payload != rule.payload || r.Topic != rule.topic && r.Topic != a.cfg.DeadLetterTopic {
 				add("recurring_phantom", "record %s carries %s/%q, the schedule's target is %s/%q", recName(r), r.Topic, r.Payload, rule.topic, rule.payload)
 				continue
