@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -352,6 +353,30 @@ func TestListPaging(t *testing.T) {
 		t.Errorf("%d List calls after a break at the fifth event, want 1", f.n("List")-before)
 	}
 
+	// ListPage gives the same order a page at a time, each continuing
+	// where the token of the one before left off.
+	var paged []client.Event
+	token := ""
+	for {
+		p, err := c.ListPage(ctx, client.Filter{IDPrefix: "l-"}, 1000, token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Events) > 1000 {
+			t.Fatalf("a page of %d events, asked for 1000", len(p.Events))
+		}
+		paged = append(paged, p.Events...)
+		if token = p.Next; token == "" {
+			break
+		}
+	}
+	if !slices.EqualFunc(paged, got, func(a, b client.Event) bool { return a.ID == b.ID }) {
+		t.Errorf("ListPage's pages hold %d events, not List's %d in its order", len(paged), len(got))
+	}
+	if _, err := c.ListPage(ctx, client.Filter{}, 1001, ""); !errors.Is(err, client.ErrInvalid) {
+		t.Errorf("ListPage of 1001 = %v, want ErrInvalid", err)
+	}
+
 	cnt, err := c.Count(ctx, client.Filter{IDPrefix: "l-", DueBefore: harnessStart.Add(time.Minute)})
 	if err != nil || cnt != (n+6)/7 {
 		t.Errorf("Count = %d, %v; want %d", cnt, err, (n+6)/7)
@@ -412,5 +437,53 @@ func TestCancelMatching(t *testing.T) {
 	}
 	if _, err := c.CancelMatching(ctx, client.Filter{}); !errors.Is(err, client.ErrInvalid) {
 		t.Errorf("CancelMatching with an empty filter = %v", err)
+	}
+}
+
+func TestShiftMatching(t *testing.T) {
+	h := newHarness(t)
+	c := h.dial(t)
+	ctx := testCtx(t)
+	const n = 1500
+	evs := make([]client.Event, n)
+	for i := range evs {
+		evs[i] = client.Event{ID: fmt.Sprintf("s-%04d", i), Topic: "t", Due: harnessStart.Add(time.Duration(i) * time.Second)}
+	}
+	if _, err := c.ScheduleBatch(ctx, append(evs, client.Event{ID: "other", Topic: "t", Due: harnessStart.Add(time.Hour)})); err != nil {
+		t.Fatal(err)
+	}
+	// One of them is cancelled before the shift: it is not listed.
+	if err := c.Cancel(ctx, "s-0007"); err != nil {
+		t.Fatal(err)
+	}
+	var last client.ShiftResult
+	res, err := c.ShiftMatching(ctx, client.Filter{IDPrefix: "s-"}, time.Hour, func(p client.ShiftResult) { last = p })
+	if err != nil || res.Matched != n-1 || res.Moved != n-1 || res.Skipped != 0 || !res.Done || last != res {
+		t.Fatalf("ShiftMatching = %+v, %v (last progress %+v); want %d moved, done", res, err, last, n-1)
+	}
+	for _, id := range []string{"s-0000", "s-1499"} {
+		ev, err := c.Get(ctx, id)
+		i, _ := strconv.Atoi(id[2:])
+		if err != nil || !ev.Due.Equal(harnessStart.Add(time.Duration(i)*time.Second+time.Hour)) || ev.Version != 2 {
+			t.Errorf("%s after the shift: %+v, %v", id, ev, err)
+		}
+	}
+	if ev, _ := c.Get(ctx, "other"); ev.Version != 1 {
+		t.Errorf("an event outside the filter moved: %+v", ev)
+	}
+	for _, tc := range []struct {
+		name string
+		f    client.Filter
+		by   time.Duration
+		rule string
+	}{
+		{"no offset", client.Filter{IDPrefix: "s-"}, 0, "by"},
+		{"every event", client.Filter{}, time.Hour, "filter"},
+		{"fired events", client.Filter{IDPrefix: "s-", States: []client.State{client.StateFired}}, time.Hour, "filter.states"},
+	} {
+		var inv *client.InvalidError
+		if _, err := c.ShiftMatching(ctx, tc.f, tc.by, nil); !errors.As(err, &inv) || inv.Field != tc.rule {
+			t.Errorf("%s: %v, want an InvalidError of %s", tc.name, err, tc.rule)
+		}
 	}
 }

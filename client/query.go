@@ -94,6 +94,38 @@ func (c *Client) List(ctx context.Context, f Filter) iter.Seq2[Event, error] {
 	}
 }
 
+// Page is one page of ListPage: its events, in List's order, and the token
+// that continues after them ("" after the last page).
+type Page struct {
+	Events []Event
+	Next   string
+}
+
+// ListPage returns one page of up to size events f selects (1 to 1000),
+// starting where token, a Page's Next, left off ("" starts at the
+// beginning): for a user interface that shows a page at a time and keeps
+// the token in its link. A token holds its place across changes and
+// nodes, as List's pages do; it is only valid with the same filter.
+func (c *Client) ListPage(ctx context.Context, f Filter, size int, token string) (Page, error) {
+	if size < 1 || size > listPage {
+		return Page{}, invalidf("limit", "must be 1 to %d (got %d)", listPage, size)
+	}
+	req := &chimev1.ListRequest{Filter: f.proto(), Limit: uint32(size), StaleOk: f.StaleOK, PageToken: token}
+	var resp *chimev1.ListResponse
+	_, tried, err := c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
+		resp, err = chimev1.NewSchedulerClient(cc).List(ctx, req)
+		return err
+	})
+	if err != nil {
+		return Page{}, finish("list", "", err, tried)
+	}
+	p := Page{Events: make([]Event, 0, len(resp.Events)), Next: resp.NextPageToken}
+	for _, g := range resp.Events {
+		p.Events = append(p.Events, eventFrom(g))
+	}
+	return p, nil
+}
+
 // Count returns how many events f selects, as List would list them.
 func (c *Client) Count(ctx context.Context, f Filter) (int64, error) {
 	var resp *chimev1.CountResponse

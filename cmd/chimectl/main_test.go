@@ -171,6 +171,10 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"list", "order-42"}, `list takes no arguments, got ["order-42"] (filter with --prefix)`},
 		{[]string{"cancel", "x", "--prefix", "order-"}, "give an event id or filters (--prefix, --topic, --due-before, --due-after), not both"},
 		{[]string{"cancel", "x", "--dry-run"}, "--dry-run needs filters (--prefix, --topic, --due-before, --due-after)"},
+		{[]string{"update", "--prefix", "order-"}, "with filters, give --shift, a duration like 1h or -30m: how far each event moves"},
+		{[]string{"update", "--shift", "1h"}, "--shift and --dry-run need filters (--prefix, --topic, --due-before, --due-after)"},
+		{[]string{"update", "x", "--prefix", "order-", "--shift", "1h"}, "give an event id or filters (--prefix, --topic, --due-before, --due-after) with --shift, not both"},
+		{[]string{"update", "--prefix", "order-", "--shift", "1h", "--payload", "p"}, "--payload changes one event: with filters, only --shift (and --dry-run) apply"},
 	} {
 		cmd := tc.args[0]
 		r := chimectl(t, nil, "", append([]string{"--addr", addr}, tc.args...)...)
@@ -559,6 +563,12 @@ func TestListCountAndBulkCancel(t *testing.T) {
 	chimectl(t, nil, "", "--addr", addr, "count", "--prefix", "order-4").want(t, 0, "5\n", "")
 	chimectl(t, nil, "", "--addr", addr, "count", "--state", "scheduled,fired", "--json").want(t, 0, `{"count":5}`+"\n", "")
 
+	chimectl(t, nil, "", "--addr", addr, "update", "--prefix", "order-42/", "--shift", "1h", "--dry-run").
+		want(t, 0, "matched  3\nmoved    0 (dry run)\n", "")
+	chimectl(t, nil, "", "--addr", addr, "update", "--prefix", "order-42/", "--shift", "1h", "--json").
+		want(t, 0, `{"matched":3,"moved":3,"skipped":0}`+"\n", "")
+	// Nothing scheduled due within the hour is left: all three moved.
+	chimectl(t, nil, "", "--addr", addr, "count", "--prefix", "order-42/", "--state", "scheduled", "--due-before", "1h").want(t, 0, "0\n", "")
 	chimectl(t, nil, "", "--addr", addr, "cancel", "--prefix", "order-42/", "--dry-run").
 		want(t, 0, "matched    3\ncancelled  0 (dry run)\n", "")
 	chimectl(t, nil, "", "--addr", addr, "cancel", "--prefix", "order-42/").
