@@ -487,6 +487,7 @@ func (a *Authorizer) table() *Table {
 type caller struct {
 	node      bool
 	forwarded bool // a node forwarding a client's call
+	actingFor bool // a node calling for grant's credential (the console)
 	grant     *Grant
 	name      string // for the audit log
 }
@@ -554,7 +555,8 @@ func (a *Authorizer) callerOf(ctx context.Context) (caller, error) {
 	if err != nil || !c.node {
 		return c, err
 	}
-	// Only a node's word is taken for whose call it forwards.
+	// Only a node's word is taken for whose call it forwards, or whom it
+	// acts for.
 	c.forwarded = len(md.Get(chimev1.ForwardedMetadata)) > 0
 	if names := md.Get(chimev1.CredentialMetadata); c.forwarded && len(names) > 0 {
 		g := a.table().byName[names[0]]
@@ -562,6 +564,12 @@ func (a *Authorizer) callerOf(ctx context.Context) (caller, error) {
 			return c, status.Errorf(codes.Unauthenticated, "%s forwarded a call of credential %q, which this node's auth file does not list (the nodes' auth files differ)", c.name, names[0])
 		}
 		c.grant, c.name = g, g.Name+" (forwarded by "+c.name+")"
+	} else if names := md.Get(chimev1.ActingForMetadata); !c.forwarded && len(names) > 0 {
+		g := a.table().byName[names[0]]
+		if g == nil {
+			return c, status.Errorf(codes.Unauthenticated, "%s called for credential %q, which this node's auth file does not list (revoked since it signed in, or the nodes' auth files differ)", c.name, names[0])
+		}
+		c.grant, c.actingFor, c.name = g, true, g.Name+" (console on "+strings.TrimPrefix(c.name, "node ")+")"
 	}
 	return c, nil
 }
@@ -577,7 +585,7 @@ const (
 
 var readMethods = map[string]bool{
 	chimev1.Scheduler_Get_FullMethodName: true, chimev1.Scheduler_List_FullMethodName: true, chimev1.Scheduler_Count_FullMethodName: true,
-	chimev1.Recurring_Get_FullMethodName: true, chimev1.Recurring_List_FullMethodName: true,
+	chimev1.Scheduler_Forecast_FullMethodName: true, chimev1.Recurring_Get_FullMethodName: true, chimev1.Recurring_List_FullMethodName: true,
 }
 
 // authorize checks that c may call method; req is the request, or nil for a
@@ -682,6 +690,10 @@ func (a *Authorizer) check(c caller, req any) error {
 		return byID(r.GetId())
 	case *chimev1.ResumeRecurringRequest:
 		return byID(r.GetId())
+	case *chimev1.TriggerRecurringRequest:
+		return byID(r.GetId())
+	case *chimev1.BackfillRecurringRequest:
+		return byID(r.GetId())
 	case *chimev1.GetRecurringRequest:
 		return byID(r.GetId())
 	case *chimev1.ListRecurringRequest:
@@ -723,7 +735,9 @@ func cost(req any) int {
 
 // limit applies the caller's rate and pending-event quota to req.
 func (a *Authorizer) limit(ctx context.Context, c caller, req any) error {
-	if c.node {
+	// A forwarded call was limited where it arrived; a call a node makes
+	// for a console user arrives here, and is that user's.
+	if c.node && !c.actingFor {
 		return nil
 	}
 	g := c.grant
@@ -747,6 +761,13 @@ func (a *Authorizer) limit(ctx context.Context, c caller, req any) error {
 			n = len(r.GetEvents())
 		case *chimev1.CreateRecurringRequest:
 			n = 1 // its pending occurrence
+		case *chimev1.TriggerRecurringRequest:
+			n = 1
+		case *chimev1.BackfillRecurringRequest:
+			// How many rule times fall in its range is known only where it
+			// applies: counted as one. Each is due at once, so they pend only
+			// until fired, and a backfill makes at most 1000.
+			n = 1
 		}
 		if n > 0 {
 			return a.takePending(ctx, g, uint64(n))
@@ -919,9 +940,15 @@ func (a *Authorizer) Ingest(topic string) (grpc.UnaryServerInterceptor, error) {
 }
 
 // audited reports whether a call that got through is written to the audit
-// log: an admin's Admin calls, and every call a node certificate makes on
-// its own behalf to the client APIs, which no role or topic limits.
+// log: an admin's Admin calls, every call a node certificate makes on
+// its own behalf to the client APIs, which no role or topic limits, and
+// every call but a read a node makes for a signed-in console user: what
+// an operator did by hand is kept.
 func (a *Authorizer) audited(c caller, method string) bool {
+	if c.actingFor {
+		return !readMethods[method] && method != chimev1.Admin_GetClusterMap_FullMethodName &&
+			method != chimev1.Admin_Status_FullMethodName && method != chimev1.Admin_GetTopicRateLimits_FullMethodName
+	}
 	if c.node {
 		return !c.forwarded && !strings.HasPrefix(method, peerPrefix) && !strings.HasPrefix(method, reflectionPrefix)
 	}
@@ -1013,6 +1040,35 @@ func (a *Authorizer) write(l auditLine) {
 		a.o.Logger.Error("writing the audit log", "err", err)
 	}
 }
+
+// SignIn names the credential of a person signing in to the web console:
+// the token when one is given, otherwise the client certificate the
+// request's TLS connection presented. A node certificate signs no one in.
+// A refusal is audited, and its error says why.
+func (a *Authorizer) SignIn(r *http.Request, token string) (*Grant, error) {
+	var id certs.Identity
+	if token == "" && r.TLS != nil && len(r.TLS.PeerCertificates) > 0 && a.o.Identify != nil {
+		id, _ = a.o.Identify(r.TLS.PeerCertificates)
+	}
+	var c caller
+	var err error
+	if id.Node {
+		c, err = caller{name: "node certificate " + id.Name}, status.Error(codes.Unauthenticated, "a node certificate signs no one in: sign in with a token, or a client certificate listed in the auth file")
+	} else {
+		c, err = a.identify(token, token != "", id)
+	}
+	if err != nil {
+		a.refusals.add(auditLine{Time: a.o.Now().UTC().Format(time.RFC3339Nano), Who: c.name, Peer: r.RemoteAddr, Method: "console sign-in",
+			Result: status.Code(err).String(), Detail: status.Convert(err).Message()})
+		return nil, errors.New(status.Convert(err).Message())
+	}
+	a.write(auditLine{Time: a.o.Now().UTC().Format(time.RFC3339Nano), Who: c.name, Peer: r.RemoteAddr, Method: "console sign-in", Result: codes.OK.String()})
+	return c.grant, nil
+}
+
+// Grant returns the grant of the credential the auth file names name, or
+// nil when it names none (any more).
+func (a *Authorizer) Grant(name string) *Grant { return a.table().byName[name] }
 
 // AdminHTTP lets only an admin (or a node) through to next: a bearer token
 // in the Authorization header, or a client certificate listed in the file.

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -435,6 +438,12 @@ func TestRateAndPendingQuota(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || retryDelay(err) != 100*time.Millisecond {
 		t.Fatalf("over the rate: %v (retry in %v), want RESOURCE_EXHAUSTED, retry in 100ms", err, retryDelay(err))
 	}
+	// The console, acting for the credential with a node's certificate, is
+	// held to its rate too.
+	consoleCall := metadata.NewIncomingContext(callCtx("", certs.Identity{Node: true, Name: "n1"}), metadata.Pairs(chimev1.ActingForMetadata, "paced"))
+	if err := f.call(consoleCall, chimev1.Scheduler_Schedule_FullMethodName, &chimev1.ScheduleRequest{Event: &chimev1.Event{Topic: "t", Id: "c-1"}}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("the console over paced's rate: %v, want RESOURCE_EXHAUSTED", err)
+	}
 	now = now.Add(100 * time.Millisecond)
 	if err := batch("paced-token", 1); err != nil {
 		t.Fatalf("after the retry delay: %v", err)
@@ -627,5 +636,93 @@ func TestIngestActsForTheTopicsCredential(t *testing.T) {
 		if _, err := Parse([]byte(file)); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("ingest %s: %v, want %q", tc.ingest, err, tc.want)
 		}
+	}
+}
+
+// TestANodeActsForAConsoleUser: a node's call naming a credential it acts
+// for (the console) is that credential's: its role and limits apply, its
+// changes are audited under its name, its reads are not; a client cannot
+// claim it; a credential the file no longer lists is refused.
+func TestANodeActsForAConsoleUser(t *testing.T) {
+	f := newFixture(t)
+	node := certs.Identity{Node: true, Name: "n1", NodeID: "n1"}
+	acting := func(cred string) context.Context {
+		return metadata.NewIncomingContext(callCtx("", node), metadata.Pairs(chimev1.ActingForMetadata, cred))
+	}
+	sched := func(id, topic string) *chimev1.ScheduleRequest {
+		return &chimev1.ScheduleRequest{Event: &chimev1.Event{Id: id, Topic: topic}}
+	}
+	f.callWant(t, acting("billing"), chimev1.Scheduler_Schedule_FullMethodName, sched("inv-1", "billing.a"), codes.OK)
+	f.callWant(t, acting("billing"), chimev1.Scheduler_Schedule_FullMethodName, sched("order-1", "billing.a"), codes.PermissionDenied)
+	f.callWant(t, acting("dash"), chimev1.Scheduler_Cancel_FullMethodName, &chimev1.CancelRequest{Id: "inv-1"}, codes.PermissionDenied)
+	f.callWant(t, acting("dash"), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "inv-1"}, codes.OK)
+	f.callWant(t, acting("billing"), chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.PermissionDenied)
+	f.callWant(t, acting("nobody"), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "x"}, codes.Unauthenticated)
+	// Trigger and Backfill are checked by id as Pause is, for a console
+	// user as for a client.
+	f.callWant(t, acting("billing"), chimev1.Recurring_Trigger_FullMethodName, &chimev1.TriggerRecurringRequest{Id: "inv-daily"}, codes.OK)
+	f.callWant(t, acting("billing"), chimev1.Recurring_Trigger_FullMethodName, &chimev1.TriggerRecurringRequest{Id: "payroll-daily"}, codes.PermissionDenied)
+	f.callWant(t, callCtx("billing-token", certs.Identity{}), chimev1.Recurring_Backfill_FullMethodName, &chimev1.BackfillRecurringRequest{Id: "payroll-daily"}, codes.PermissionDenied)
+	// A client's claim to act for someone is not taken: it is itself.
+	claim := metadata.NewIncomingContext(callCtx("", certs.Identity{}), metadata.Pairs("authorization", "Bearer dash-token", chimev1.ActingForMetadata, "ops"))
+	f.callWant(t, claim, chimev1.Admin_Drain_FullMethodName, &chimev1.DrainRequest{}, codes.PermissionDenied)
+	if scope, err := f.scopedCall(acting("billing"), chimev1.Scheduler_Get_FullMethodName, &chimev1.GetRequest{Id: "inv-1"}); err != nil || scope == nil || scope.Name != "billing" {
+		t.Errorf("acting for billing: scope %v, %v", scope, err)
+	}
+
+	audit := f.audit.String()
+	for _, want := range []string{
+		`"who":"billing (console on n1)","peer":"10.0.0.9:5","method":"/chime.v1.Scheduler/Schedule","result":"OK"`,
+		`"who":"dash (console on n1)"`, // the refused cancel
+	} {
+		if !strings.Contains(audit, want) {
+			t.Errorf("audit log lacks %s:\n%s", want, audit)
+		}
+	}
+	if strings.Contains(audit, "Scheduler/Get\",\"result\":\"OK\"") {
+		t.Errorf("a console read was audited:\n%s", audit)
+	}
+}
+
+// TestSignIn: a token or a listed client certificate names the console
+// session's credential; a wrong token, an unlisted certificate and a
+// node's certificate sign no one in; each attempt is audited.
+func TestSignIn(t *testing.T) {
+	f := newFixture(t)
+	f.a.o.Identify = func(chain []*x509.Certificate) (certs.Identity, error) {
+		if chain[0].Subject.CommonName == "n1" {
+			return certs.Identity{Node: true, Name: "n1", NodeID: "n1"}, nil
+		}
+		return certs.Identity{Cert: true, Name: chain[0].Subject.CommonName}, nil
+	}
+	req := func(cn string) *http.Request {
+		r := httptest.NewRequest(http.MethodPost, "/ui/login", nil)
+		if cn != "" {
+			r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{{Subject: pkix.Name{CommonName: cn}}}}
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name, token, cn, want, err string
+	}{
+		{"token", "billing-token", "", "billing", ""},
+		{"token over a certificate", "dash-token", "app-1", "dash", ""},
+		{"certificate", "", "app-1", "app", ""},
+		{"wrong token", "guess", "", "", "not in the node's auth file"},
+		{"unlisted certificate", "", "other", "", "has no role"},
+		{"node certificate", "", "n1", "", "a node certificate signs no one in"},
+		{"nothing", "", "", "", "no credentials"},
+	} {
+		g, err := f.a.SignIn(req(tc.cn), tc.token)
+		switch {
+		case tc.err == "" && (err != nil || g.Name != tc.want):
+			t.Errorf("%s: %v, %v; want %s", tc.name, g, err, tc.want)
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, %v; want an error saying %q", tc.name, g, err, tc.err)
+		}
+	}
+	f.a.Close() // writes the refusals held back
+	if n := strings.Count(f.audit.String(), `"method":"console sign-in"`); n != 7 {
+		t.Errorf("%d sign-in lines, want 7:\n%s", n, f.audit)
 	}
 }

@@ -11,8 +11,10 @@
 //   - Identifying the caller of every call: a node (a certificate rpc/certs
 //     classified as a node's) acts for itself, unlimited, or, on a call it
 //     forwarded (chimev1.ForwardedMetadata), for the credential that
-//     chimev1.CredentialMetadata names, looked up in this node's file;
-//     otherwise a bearer token ("authorization: Bearer <token>" metadata)
+//     chimev1.CredentialMetadata names, looked up in this node's file; on
+//     a call it makes as a client for a signed-in console user
+//     (chimev1.ActingForMetadata), for that credential too, and the call
+//     then travels as a client's would; otherwise a bearer token ("authorization: Bearer <token>" metadata)
 //     or a client certificate listed in the file. No credentials, an
 //     unknown token or an unlisted certificate is UNAUTHENTICATED.
 //   - The roles. admin: everything (the Admin service, the debug
@@ -33,9 +35,12 @@
 //     which decides whether that one is the caller's: auth never looks an
 //     id up, so that the answer cannot race the operation, and an id
 //     refused reads the same whether or not it exists.
+//   - Console sign-in ([Authorizer.SignIn]): a token or the browser's
+//     client certificate names the credential a console session acts for.
 //   - The audit log: one JSON line per Admin call from a client, per call
-//     a node certificate makes for itself, and per refused call: when,
-//     who, what, the result.
+//     a node certificate makes for itself, per console sign-in and change
+//     a node makes for a console user, and per refused call: when, who,
+//     what, the result.
 //
 // # What it must never do
 //
