@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/chimehq/chime/node/console"
 	"github.com/chimehq/chime/publish"
 )
 
@@ -79,6 +80,7 @@ func StartDev(ctx context.Context, dataDir string, edit func(*Config)) (_ *Dev, 
 		DeadLetter:  publish.DefaultDeadLetterTopic,
 		Logger:      slog.New(slog.DiscardHandler),
 		Now:         time.Now,
+		Console:     console.On,
 	}
 	if edit != nil {
 		edit(&cfg)

@@ -27,6 +27,7 @@ import (
 	controlplane "github.com/chimehq/chime/cluster"
 	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/membership"
+	"github.com/chimehq/chime/node/console"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
@@ -136,6 +137,11 @@ type Config struct {
 	// HTTPHandlers, when set, adds handlers to the HTTP port's mux (chimed's
 	// fault-test builds add the clock offset).
 	HTTPHandlers func(*http.ServeMux)
+	// Console serves the web console (package node/console) on the HTTP
+	// port under /ui/: off, read-only (every page, no action) or on (the
+	// actions the signed-in credential's role permits). With AuthFile every
+	// page asks for a sign-in.
+	Console console.Mode
 	// Ingest, when it lists Sources, makes the node a member of the ingest
 	// consumer group: it reads its share of the source topics' partitions
 	// from Brokers and applies their records through its own Scheduler API
@@ -164,6 +170,7 @@ type Node struct {
 	http        *http.Server
 	authz       *auth.Authorizer // nil without AuthFile
 	ingest      *ingest.Consumer // nil without Config.Ingest.Sources
+	console     *console.Console // nil with Config.Console off
 
 	grpcAddr, httpAddr net.Addr
 	// What the node advertises: the listeners' ports at cfg.AdvertiseHost.
@@ -497,6 +504,12 @@ func (n *Node) Close(ctx context.Context) error {
 		// logs it as it does a failed Leave.
 		if err := n.http.Shutdown(ctx); err != nil {
 			n.cfg.Logger.Warn("stopping the HTTP server", "err", err)
+		}
+	}
+	if n.console != nil {
+		// Its bulk jobs call the gRPC API, which has stopped: they end.
+		if err := n.console.Close(); err != nil {
+			n.cfg.Logger.Warn("closing the console", "err", err)
 		}
 	}
 	if n.authz != nil {

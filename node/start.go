@@ -23,6 +23,7 @@ import (
 
 	controlplane "github.com/chimehq/chime/cluster"
 	"github.com/chimehq/chime/membership"
+	"github.com/chimehq/chime/node/console"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
@@ -89,6 +90,16 @@ func Start(cfg Config) (_ *Node, err error) {
 	}
 	if err := n.startIngest(reg, srv); err != nil {
 		return nil, err
+	}
+	if cfg.Console != console.Off {
+		cc := console.Config{Mode: cfg.Console, Target: n.grpcAdvertised, Auth: n.authz, SecureCookie: cfg.TLS != nil,
+			NodeID: cfg.NodeID, Logger: cfg.Logger.With("component", "console"), Now: cfg.Now, Metrics: reg}
+		if cfg.TLS != nil {
+			cc.TLS = cfg.TLS.PeerClientConfig()
+		}
+		if n.console, err = console.New(cc); err != nil {
+			return nil, err
+		}
 	}
 	n.serveHTTP(lns, reg)
 	return n, nil
@@ -173,6 +184,9 @@ func checkConfig(cfg Config) error {
 	}
 	if cfg.AuthFile != "" && cfg.Cluster && cfg.TLS == nil {
 		return errors.New("--auth-file needs TLS (--tls-cert, --tls-key, --tls-ca) in a cluster: nodes prove to each other that they are nodes with their certificates")
+	}
+	if cfg.AuthFile != "" && cfg.Console != console.Off && cfg.TLS == nil {
+		return errors.New("--console with --auth-file needs TLS (--tls-cert, --tls-key, --tls-ca): a sign-in sends a token, which plaintext HTTP would show to the network, and the console acts for the signed-in credential with the node's certificate; give TLS, or --console=off")
 	}
 	if cfg.GossipKeyFile != "" && !cfg.Cluster {
 		return fmt.Errorf("gossip key file %s: this node does not gossip (not in cluster mode)", cfg.GossipKeyFile)
@@ -476,6 +490,9 @@ func (n *Node) httpMux(reg *prometheus.Registry) *http.ServeMux {
 		mux.Handle("/debug/pprof/profile", debug(pprof.Profile))
 		mux.Handle("/debug/pprof/trace", debug(pprof.Trace))
 		mux.Handle("/debug/pebble", debug(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, n.store.LSM()) }))
+	}
+	if n.console != nil {
+		mux.Handle("/ui/", n.console.Handler())
 	}
 	if cfg.HTTPHandlers != nil {
 		cfg.HTTPHandlers(mux)

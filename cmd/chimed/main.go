@@ -27,6 +27,7 @@ import (
 	"github.com/chimehq/chime/cmd/internal/kafkaflag"
 	"github.com/chimehq/chime/membership"
 	"github.com/chimehq/chime/node"
+	"github.com/chimehq/chime/node/console"
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/rpc"
@@ -111,6 +112,7 @@ type flags struct {
 	advertiseHost                                   string
 	allowTopics                                     []string
 	debugEndpoints, insecure                        bool
+	console                                         string
 	autoCreateTopics, kafkaInsecure                 bool
 	reservedTopics                                  []string
 	shards, maxPayload, maxInFlight, maxCatchUp     int
@@ -194,6 +196,15 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 		gossips+". Re-read when it changes: to rotate, add the new key as a second line\n"+
 		"everywhere, then move it first everywhere, then remove the old one (docs/operations.md)")
 	fs.IntVar(&f.maxConnections, "max-connections", node.DefaultMaxConnections, "most client connections the gRPC port holds at once; one more waits in the kernel's\naccept queue until another closes")
+	consoleDefault, consoleWhy := "read-only", "read-only in serve: a console that changes events is turned on, not found on"
+	if cmd == "dev" {
+		consoleDefault, consoleWhy = "on", "on in dev"
+	}
+	fs.StringVar(&f.console, "console", consoleDefault, "the web console on the HTTP port under /ui/: off, read-only (find and read events, the\n"+
+		"cluster), or on (also cancel, reschedule, fire now, edit, bulk cancel, as the signed-in\n"+
+		"credential's role permits); "+consoleWhy+". With --auth-file it asks for a sign-in\n"+
+		"(a token, or a client certificate the browser presents), acts as that credential and\n"+
+		"needs TLS (--auth-file without --tls-cert turns the default off)")
 	fs.BoolVar(&f.debugEndpoints, "debug-endpoints", false, "serve /debug/pprof/ (profiles) and /debug/pebble (the LSM report) on the HTTP port")
 	registerTopicFlags(fs, &f.reservedTopics, &f.allowTopics)
 	f.ingest = registerIngestFlags(fs, cmd)
@@ -534,12 +545,24 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "chimed: %v\n", err)
 		return 2
 	}
+	consoleMode, err := console.ParseMode(f.console)
+	if err != nil {
+		fmt.Fprintf(stderr, "chimed: %v\n", err)
+		return 2
+	}
+	consoleGiven := false
+	f.fs.Visit(func(fl *flag.Flag) { consoleGiven = consoleGiven || fl.Name == "console" })
+	if !consoleGiven && f.authFile != "" && f.tlsCert == "" {
+		// A signed-in console needs TLS: by default, a node secured by
+		// tokens alone serves none rather than refusing to start.
+		consoleMode = console.Off
+	}
 	base := node.Config{
 		NodeID: f.nodeID, DataDir: f.dataDir, GRPCAddr: f.grpcAddr, HTTPAddr: f.httpAddr,
 		RaftAddr: f.raftAddr, Brokers: brokers, KafkaSecurity: kafkaSec, KafkaExistingTopicsOnly: !f.autoCreateTopics, Shards: f.shards, Limits: lim, TopicLimits: topicLimits,
 		Tuning: shard.Tuning{Resolution: f.resolution, ClockSkewBound: f.maxClockSkew, Retention: time.Duration(f.retention),
 			WheelHorizon: f.wheelHorizon, DiskFailAfter: f.diskFailure},
-		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints, MaxConnections: f.maxConnections,
+		MaxInFlight: f.maxInFlight, MaxAttempts: f.maxAttempts, DeadLetter: f.deadLetter, DebugEndpoints: f.debugEndpoints, Console: consoleMode, MaxConnections: f.maxConnections,
 		Logger: logger, Now: nodeClock(), Cluster: cmd == "serve" || f.nodes > 1, GossipAddr: f.gossipAddr, AdvertiseHost: f.advertiseHost,
 		Join: strings.Fields(strings.ReplaceAll(f.join, ",", " ")), Replication: f.replication, DeadTimeout: f.deadTimeout,
 		HTTPHandlers: registerFaultHandlers, TLS: tlsSource, AuthFile: f.authFile, Audit: audit, GossipKeyFile: f.gossipKeyFile,
@@ -690,7 +713,14 @@ func printBanner(w io.Writer, cmd string, nodes []*node.Node, brokers, kafkaArgs
 			fmt.Fprintf(w, "  %s\n", cfg.NodeID)
 		}
 		fmt.Fprintf(w, "  gRPC   %s   (chime.v1.Scheduler, server reflection on)\n", n.GRPCAddr())
-		fmt.Fprintf(w, "  HTTP   http://%s   (/healthz /readyz /metrics)\n", n.HTTPAddr())
+		scheme := "http"
+		if cfg.TLS != nil {
+			scheme = "https"
+		}
+		fmt.Fprintf(w, "  HTTP   %s://%s   (/healthz /readyz /metrics)\n", scheme, n.HTTPAddr())
+		if cfg.Console != console.Off {
+			fmt.Fprintf(w, "  UI     %s://%s/ui/   (the web console, %s)\n", scheme, n.HTTPAddr(), cfg.Console)
+		}
 		fmt.Fprintf(w, "  Raft   %s\n", n.RaftAddr())
 		if g := n.GossipAddr(); g != "" {
 			fmt.Fprintf(w, "  gossip %s\n", g)

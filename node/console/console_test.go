@@ -1,0 +1,400 @@
+package console_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chimehq/chime/client"
+	"github.com/chimehq/chime/node"
+	"github.com/chimehq/chime/node/console"
+	"github.com/chimehq/chime/node/nodetest"
+	"github.com/chimehq/chime/rpc/certs"
+	"github.com/chimehq/chime/rpc/certs/certstest"
+)
+
+// browser is a cookie-keeping HTTP client of one console, as a person's
+// browser is: it follows redirects and reads each form's CSRF token.
+type browser struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+}
+
+func newBrowser(t *testing.T, base string, tlsCfg *tls.Config) *browser {
+	jar, _ := cookiejar.New(nil)
+	return &browser{t: t, base: base, hc: &http.Client{Jar: jar, Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: tlsCfg}}}
+}
+
+// get returns the status and body of path.
+func (b *browser) get(path string) (int, string) {
+	b.t.Helper()
+	resp, err := b.hc.Get(b.base + path)
+	if err != nil {
+		b.t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+// post submits form to path with the CSRF token of the page at from.
+func (b *browser) post(from, path string, form url.Values) (int, string, *url.URL) {
+	b.t.Helper()
+	if from != "" {
+		_, page := b.get(from)
+		m := csrfRE.FindStringSubmatch(page)
+		if m == nil {
+			b.t.Fatalf("no CSRF token on %s:\n%s", from, page)
+		}
+		form.Set("csrf", m[1])
+	}
+	resp, err := b.hc.PostForm(b.base+path, form)
+	if err != nil {
+		b.t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body), resp.Request.URL
+}
+
+func startDev(t *testing.T, edit func(*node.Config)) *node.Dev {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := node.StartDev(ctx, t.TempDir(), edit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := d.Close(ctx); err != nil {
+			t.Errorf("closing the node: %v", err)
+		}
+	})
+	return d
+}
+
+func dial(t *testing.T, addr string, opts ...client.Option) *client.Client {
+	t.Helper()
+	c, err := client.Dial(context.Background(), addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func schedule(t *testing.T, c *client.Client, prefix string, n int, in time.Duration) {
+	t.Helper()
+	evs := make([]client.Event, n)
+	for i := range evs {
+		evs[i] = client.Event{ID: fmt.Sprintf("%s%04d", prefix, i), Topic: "console", Payload: []byte(`{"n":` + strconv.Itoa(i) + `}`)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := c.ScheduleBatch(ctx, evs, client.In(in)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFindActAndBulkCancel walks the console of a dev node (no auth file):
+// find by prefix and by exact id, reschedule and fire one with the version
+// check, and a bulk cancel that wants its count typed.
+func TestFindActAndBulkCancel(t *testing.T) {
+	d := startDev(t, nil)
+	c := dial(t, d.GRPCAddr())
+	schedule(t, c, "order-", 120, time.Hour)
+	schedule(t, c, "other-", 5, time.Hour)
+	b := newBrowser(t, "http://"+d.HTTPAddr(), nil)
+
+	code, page := b.get("/ui/events?q=order-&size=50")
+	if code != 200 || !strings.Contains(page, `<strong id="count">120</strong>`) || strings.Contains(page, "other-0000") {
+		t.Fatalf("search by prefix: %d\n%s", code, page)
+	}
+	if n := strings.Count(page, `<td class="id">`); n != 50 {
+		t.Errorf("first page rows = %d, want 50", n)
+	}
+	next := regexp.MustCompile(`id="next" href="([^"]+)"`).FindStringSubmatch(page)
+	if next == nil {
+		t.Fatal("no next page link")
+	}
+	_, page2 := b.get(strings.ReplaceAll(next[1], "&amp;", "&"))
+	ids := regexp.MustCompile(`id=(order-\d+)"`)
+	seen := map[string]bool{}
+	for _, m := range ids.FindAllStringSubmatch(page, -1) {
+		seen[m[1]] = true
+	}
+	second := ids.FindAllStringSubmatch(page2, -1)
+	for _, m := range second {
+		if seen[m[1]] {
+			t.Errorf("%s is on the first page and the second", m[1])
+		}
+	}
+	if len(seen) != 50 || len(second) != 50 {
+		t.Errorf("pages of %d and %d events, want 50 and 50", len(seen), len(second))
+	}
+	if code, page := b.get("/ui/events?state=nonsense"); code != 400 || !strings.Contains(page, "state: must be one of") {
+		t.Errorf("bad state filter: %d %s", code, page)
+	}
+
+	// An exact id opens the event.
+	resp, err := b.hc.Get(b.base + "/ui/events?q=order-0007")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.Request.URL.Path != "/ui/event" || resp.Request.URL.Query().Get("id") != "order-0007" {
+		t.Fatalf("exact id landed on %s", resp.Request.URL)
+	}
+
+	// Reschedule with the version seen; a second change with the old
+	// version is refused and changes nothing.
+	at := time.Now().Add(3 * time.Hour).UTC().Truncate(time.Second)
+	code, page, _ = b.post("/ui/event?id=order-0007", "/ui/event/reschedule", url.Values{"id": {"order-0007"}, "version": {"1"}, "due": {at.Format(time.RFC3339)}})
+	if code != 200 || !strings.Contains(page, "Done: rescheduled") {
+		t.Fatalf("reschedule: %d\n%s", code, page)
+	}
+	ev, err := c.Get(context.Background(), "order-0007")
+	if err != nil || !ev.Due.Equal(at) || ev.Version != 2 {
+		t.Fatalf("after reschedule: %+v %v", ev, err)
+	}
+	code, page, _ = b.post("/ui/event?id=order-0007", "/ui/event/fire", url.Values{"id": {"order-0007"}, "version": {"1"}})
+	if code != http.StatusConflict {
+		t.Errorf("fire now at a stale version: %d\n%s", code, page)
+	}
+	code, _, _ = b.post("/ui/event?id=order-0007", "/ui/event/fire", url.Values{"id": {"order-0007"}, "version": {"2"}})
+	if code != 200 {
+		t.Fatalf("fire now: %d", code)
+	}
+	waitState(t, c, "order-0007", client.StateFired)
+
+	// A change without the session's CSRF token is refused.
+	if code, _, _ := b.post("", "/ui/event/cancel", url.Values{"id": {"order-0008"}, "csrf": {"forged"}}); code != http.StatusForbidden {
+		t.Errorf("cancel with a forged CSRF token: %d", code)
+	}
+
+	// Bulk cancel: the dry run's count, a wrong count typed, the right one.
+	code, page = b.get("/ui/bulk?q=order-")
+	if code != 200 || !strings.Contains(page, `<strong id="matched">119</strong>`) {
+		t.Fatalf("bulk dry run: %d\n%s", code, page)
+	}
+	form := url.Values{"q": {"order-"}, "expect": {"119"}, "confirm": {"118"}}
+	if code, page, _ := b.post("/ui/bulk?q=order-", "/ui/bulk", form); code != 400 || !strings.Contains(page, "type the number") {
+		t.Errorf("bulk cancel with the wrong count typed: %d %s", code, page)
+	}
+	if n, _ := c.Count(context.Background(), client.Filter{IDPrefix: "order-", States: []client.State{client.StateScheduled}}); n != 119 {
+		t.Fatalf("a refused bulk cancel cancelled something: %d pending", n)
+	}
+	form.Set("confirm", "119")
+	code, _, jobURL := b.post("/ui/bulk?q=order-", "/ui/bulk", form)
+	if code != 200 || !strings.HasPrefix(jobURL.Path, "/ui/jobs/") {
+		t.Fatalf("bulk cancel: %d at %s", code, jobURL)
+	}
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		_, page = b.get(jobURL.Path)
+		return strings.Contains(page, "Bulk cancel done"), "the bulk cancel finishes:\n" + page
+	})
+	if !strings.Contains(page, `<dd id="job-cancelled">119</dd>`) {
+		t.Errorf("job page:\n%s", page)
+	}
+	if n, _ := c.Count(context.Background(), client.Filter{IDPrefix: "other-", States: []client.State{client.StateScheduled}}); n != 5 {
+		t.Errorf("the bulk cancel reached beyond its prefix: other- pending %d", n)
+	}
+	// Move all matching by an hour: the count typed, every event moved.
+	schedule(t, c, "shift-", 20, time.Hour)
+	before, _ := c.Get(context.Background(), "shift-0003")
+	code, page = b.get("/ui/bulk?kind=shift&by=1h&q=shift-")
+	if code != 200 || !strings.Contains(page, `<strong id="matched">20</strong>`) {
+		t.Fatalf("shift dry run: %d\n%s", code, page)
+	}
+	code, _, jobURL = b.post("/ui/bulk?kind=shift&by=1h&q=shift-", "/ui/bulk", url.Values{"kind": {"shift"}, "by": {"1h"}, "q": {"shift-"}, "expect": {"20"}, "confirm": {"20"}})
+	if code != 200 || !strings.HasPrefix(jobURL.Path, "/ui/jobs/") {
+		t.Fatalf("shift: %d at %s", code, jobURL)
+	}
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		_, page = b.get(jobURL.Path)
+		return !strings.Contains(page, "running") && strings.Contains(page, `<dd id="job-moved">20</dd>`), "the shift finishes:\n" + page
+	})
+	if after, err := c.Get(context.Background(), "shift-0003"); err != nil || !after.Due.Equal(before.Due.Add(time.Hour)) || after.Version != 2 {
+		t.Errorf("shift-0003 after the shift: %+v %v (was due %s)", after, err, before.Due)
+	}
+	if code, page := b.get("/ui/bulk?kind=shift&by=soon&q=shift-"); code != 400 || !strings.Contains(page, "by: how far") {
+		t.Errorf("a shift by nonsense: %d %s", code, page)
+	}
+
+	// The cluster page's rate limits, set from the form as chimectl
+	// rate-limit set takes them, one rule a line.
+	code, page, _ = b.post("/ui/cluster", "/ui/cluster/rate-limits", url.Values{"rules": {"reports=5000/s\nbilling.*=10/m"}})
+	if code != 200 || !strings.Contains(page, "2 topic rate limits set") || !strings.Contains(page, "billing.*=0.16666666666666666/s") {
+		t.Fatalf("setting rate limits: %d\n%s", code, page)
+	}
+	if code, page, _ := b.post("/ui/cluster", "/ui/cluster/rate-limits", url.Values{"rules": {"reports=fast"}}); code != 400 || !strings.Contains(page, "rules:") {
+		t.Errorf("bad rules: %d\n%s", code, page)
+	}
+
+	if code, page := b.get("/ui/bulk"); code != 400 || !strings.Contains(page, "needs a filter") {
+		t.Errorf("bulk cancel of everything: %d %s", code, page)
+	}
+}
+
+func waitState(t *testing.T, c *client.Client, id string, want client.State) {
+	t.Helper()
+	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {
+		ev, err := c.Get(context.Background(), id)
+		return err == nil && ev.State == want, fmt.Sprintf("%s is %s (%v), want %s", id, ev.State, err, want)
+	})
+}
+
+// TestReadOnlyOffersNoAction: a read-only console shows events and refuses
+// every change, whatever the form says.
+func TestReadOnlyOffersNoAction(t *testing.T) {
+	d := startDev(t, func(cfg *node.Config) { cfg.Console = console.ReadOnly })
+	c := dial(t, d.GRPCAddr())
+	schedule(t, c, "ro-", 3, time.Hour)
+	b := newBrowser(t, "http://"+d.HTTPAddr(), nil)
+	code, page := b.get("/ui/event?id=ro-0001")
+	if code != 200 || strings.Contains(page, `id="cancel"`) || !strings.Contains(page, "read-only") {
+		t.Fatalf("read-only event page: %d\n%s", code, page)
+	}
+	code, page, _ = b.post("", "/ui/event/cancel", url.Values{"id": {"ro-0001"}})
+	if code != http.StatusForbidden || !strings.Contains(page, "read-only") {
+		t.Errorf("cancel on a read-only console: %d %s", code, page)
+	}
+	if ev, _ := c.Get(context.Background(), "ro-0001"); ev.State != client.StateScheduled {
+		t.Errorf("ro-0001 is %s", ev.State)
+	}
+}
+
+func sha(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
+}
+
+// TestSignInActsAsTheCredential: on a node with TLS and an auth file, no
+// page without a sign-in; a wrong token is refused; a scheduler limited to
+// a prefix sees and changes only its own events; a reader is offered no
+// action and the API refuses the one it forges; the cookie is Secure,
+// HttpOnly and SameSite=Strict; signing out ends the session.
+func TestSignInActsAsTheCredential(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := certstest.NewCA(dir, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := ca.Node("dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := certs.Load(certs.Files{Cert: pair.Cert, Key: pair.Key, CA: ca.File}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	authFile := filepath.Join(dir, "auth.json")
+	if err := os.WriteFile(authFile, fmt.Appendf(nil, `{
+  "tokens": [
+    {"name": "ops", "sha256": %q, "role": "admin"},
+    {"name": "billing", "sha256": %q, "role": "scheduler", "topics": ["console"], "id_prefixes": ["bill-"]},
+    {"name": "dashboard", "sha256": %q, "role": "reader"}
+  ]
+}`, sha("ops-token"), sha("billing-token"), sha("reader-token")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDev(t, func(cfg *node.Config) { cfg.TLS, cfg.AuthFile = src, authFile })
+	c := dial(t, "localhost:"+port(d.GRPCAddr()), client.WithTLSFiles(ca.File, "", ""), client.WithToken("ops-token"))
+	schedule(t, c, "bill-", 3, time.Hour)
+	schedule(t, c, "ship-", 3, time.Hour)
+
+	pool := x509.NewCertPool()
+	pem, _ := os.ReadFile(ca.File)
+	pool.AppendCertsFromPEM(pem)
+	base := "https://localhost:" + port(d.HTTPAddr())
+	tlsCfg := &tls.Config{RootCAs: pool}
+
+	b := newBrowser(t, base, tlsCfg)
+	if _, page := b.get("/ui/events"); !strings.Contains(page, `id="signin"`) {
+		t.Fatalf("an unsigned visitor sees:\n%s", page)
+	}
+	if code, page, _ := b.post("", "/ui/login", url.Values{"token": {"billing-token"}}); code != http.StatusForbidden || !strings.Contains(page, "CSRF") {
+		t.Errorf("a sign-in without the form's CSRF token: %d\n%s", code, page)
+	}
+	if code, page, _ := b.post("/ui/login", "/ui/login", url.Values{"token": {"guess"}}); code != http.StatusUnauthorized || !strings.Contains(page, "is not in the node") {
+		t.Errorf("a wrong token: %d\n%s", code, page)
+	}
+	_, login := b.get("/ui/login")
+	resp, err := b.hc.PostForm(base+"/ui/login", url.Values{"token": {"billing-token"}, "next": {"/ui/events?q=bill-&topic=console"},
+		"csrf": {csrfRE.FindStringSubmatch(login)[1]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	var ck *http.Cookie
+	for _, r := range resp.Request.Response.Cookies() {
+		if r.Name == "chime_console" {
+			ck = r
+		}
+	}
+	if ck == nil || !ck.Secure || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.MaxAge <= 0 {
+		t.Errorf("session cookie %+v", ck)
+	}
+	if resp.Request.URL.RequestURI() != "/ui/events?q=bill-&topic=console" {
+		t.Errorf("after sign-in at %s", resp.Request.URL)
+	}
+
+	// The scheduler's own events, and not another's.
+	if _, page := b.get("/ui/events?q=bill-&topic=console"); !strings.Contains(page, `<strong id="count">3</strong>`) {
+		t.Errorf("billing's search:\n%s", page)
+	}
+	if code, _ := b.get("/ui/event?id=ship-0001"); code != http.StatusForbidden {
+		t.Errorf("billing opens ship-0001: %d", code)
+	}
+	code, page, _ := b.post("/ui/event?id=bill-0001", "/ui/event/cancel", url.Values{"id": {"bill-0001"}})
+	if code != 200 || !strings.Contains(page, "Done: cancelled") {
+		t.Fatalf("billing cancels bill-0001: %d\n%s", code, page)
+	}
+
+	// A reader: no action offered; a forged one is refused by the console,
+	// and the API would refuse it too.
+	r := newBrowser(t, base, tlsCfg)
+	r.post("/ui/login", "/ui/login", url.Values{"token": {"reader-token"}})
+	code, page = r.get("/ui/event?id=bill-0002")
+	if code != 200 || strings.Contains(page, `id="cancel"`) {
+		t.Fatalf("the reader's event page: %d\n%s", code, page)
+	}
+	if code, _, _ := r.post("/ui/event?id=bill-0002", "/ui/event/cancel", url.Values{"id": {"bill-0002"}}); code != http.StatusForbidden {
+		t.Errorf("the reader cancels: %d", code)
+	}
+	if ev, _ := c.Get(context.Background(), "bill-0002"); ev.State != client.StateScheduled {
+		t.Errorf("bill-0002 is %s after the reader's cancel", ev.State)
+	}
+
+	// The cluster's controls are an admin's.
+	if code, _, _ := b.post("/ui/event?id=bill-0002", "/ui/cluster/rate-limits", url.Values{"rules": {""}}); code != http.StatusForbidden {
+		t.Errorf("billing sets rate limits: %d", code)
+	}
+
+	// Signing out ends the session: the old cookie opens nothing.
+	b.post("/ui/events", "/ui/logout", url.Values{})
+	if _, page := b.get("/ui/events"); !strings.Contains(page, `id="signin"`) {
+		t.Errorf("after sign-out:\n%s", page)
+	}
+}
+
+func port(addr string) string { return addr[strings.LastIndexByte(addr, ':')+1:] }

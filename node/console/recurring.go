@@ -1,0 +1,210 @@
+package console
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/chimehq/chime/client"
+)
+
+// maxRecurringRows is how many schedules the recurring page lists at once:
+// a prefix narrows a longer list.
+const maxRecurringRows = 500
+
+// ruleText says a rule in one line, as chimectl recurring get does.
+func ruleText(r client.Rule) string {
+	var b strings.Builder
+	if r.Cron != "" {
+		b.WriteString("cron " + r.Cron)
+		if r.TimeZone != "" {
+			b.WriteString(" in " + r.TimeZone)
+		} else {
+			b.WriteString(" in UTC")
+		}
+	} else {
+		b.WriteString("every " + r.Every.String())
+	}
+	if !r.Start.IsZero() {
+		b.WriteString(", from " + r.Start.UTC().Format(time.RFC3339))
+	}
+	if !r.End.IsZero() {
+		b.WriteString(", until " + r.End.UTC().Format(time.RFC3339))
+	}
+	if r.MaxOccurrences > 0 {
+		b.WriteString(", at most " + strconv.FormatUint(r.MaxOccurrences, 10) + " times")
+	}
+	if r.Jitter > 0 {
+		b.WriteString(", jitter " + r.Jitter.String())
+	}
+	return b.String()
+}
+
+// recurringRow is one schedule of the list.
+type recurringRow struct {
+	client.RecurringSchedule
+	Rule, In string
+}
+
+func (c *Console) recurringPage(w http.ResponseWriter, r *http.Request, s *session) {
+	prefix := strings.TrimSpace(r.URL.Query().Get("q"))
+	cl, err := c.clientFor(s)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	defer cancel()
+	now := c.cfg.Now()
+	var rows []recurringRow
+	more := false
+	for rs, err := range cl.Recurring().List(ctx, prefix) {
+		if err != nil {
+			c.fail(w, r, s, err)
+			return
+		}
+		if len(rows) == maxRecurringRows {
+			more = true
+			break
+		}
+		rows = append(rows, recurringRow{RecurringSchedule: rs, Rule: ruleText(rs.Rule), In: relative(rs.NextDue, now)})
+	}
+	cmd := "chimectl recurring list"
+	if prefix != "" {
+		cmd += " --prefix " + shellQuote(prefix)
+	}
+	c.render(w, r, s, "recurring", http.StatusOK, map[string]any{"Q": prefix, "Done": r.URL.Query().Get("done"), "Rows": rows, "More": more, "Max": maxRecurringRows, "Cmd": cmd})
+}
+
+func (c *Console) recurringOnePage(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.URL.Query().Get("id")
+	if id == "" {
+		c.fail(w, r, s, badInput("id: the schedule's id is required"))
+		return
+	}
+	cl, err := c.clientFor(s)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	defer cancel()
+	rs, err := cl.Recurring().Get(ctx, id)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	now := c.cfg.Now()
+	loc := time.UTC
+	if rs.Rule.TimeZone != "" {
+		if l, err := time.LoadLocation(rs.Rule.TimeZone); err == nil {
+			loc = l
+		}
+	}
+	type upcoming struct{ UTC, Zone, In string }
+	var up []upcoming
+	for _, t := range rs.Upcoming {
+		up = append(up, upcoming{UTC: t.UTC().Format("2006-01-02 15:04:05 MST"), Zone: t.In(loc).Format("2006-01-02 15:04:05 MST"), In: relative(t, now)})
+	}
+	q := shellQuote(id)
+	c.render(w, r, s, "recurring-one", http.StatusOK, map[string]any{
+		"S": rs, "Rule": ruleText(rs.Rule), "Upcoming": up, "ID": id, "Done": r.URL.Query().Get("done"),
+		"Occurrences": "/ui/events?q=" + url.QueryEscape(id+"@"),
+		// The trigger form carries the moment the page was drawn: the
+		// occurrence's time, so that the form sent twice (a double click, a
+		// browser's resend) makes one occurrence.
+		"TriggerAt": strconv.FormatInt(now.UnixMilli(), 10),
+		"Cmd": map[string]string{"get": "chimectl recurring get " + q, "pause": "chimectl recurring pause " + q,
+			"resume": "chimectl recurring resume " + q, "delete": "chimectl recurring delete " + q,
+			"trigger": "chimectl recurring trigger " + q, "backfill": "chimectl recurring backfill " + q + " --from -2h --to -1h"},
+	})
+}
+
+// triggerFormAge is how long the time a trigger form was drawn at stays the
+// occurrence's time. A form sent later is a new request, made at the time
+// it arrives; a resend of it within the age is recognised as the same.
+const triggerFormAge = time.Hour
+
+// triggerAt is the occurrence time a trigger form names: the moment its page
+// was drawn, while that is recent, and now otherwise.
+func triggerAt(v string, now time.Time) time.Time {
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return now
+	}
+	at := time.UnixMilli(ms)
+	if at.After(now) || now.Sub(at) > triggerFormAge {
+		return now
+	}
+	return at
+}
+
+// recurringAction pauses, resumes, deletes, triggers or backfills a
+// schedule.
+func (c *Console) recurringAction(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PostForm.Get("id")
+	if id == "" {
+		c.fail(w, r, s, badInput("id: the schedule's id is required"))
+		return
+	}
+	cl, err := c.clientFor(s)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	defer cancel()
+	var done string
+	switch r.PathValue("action") {
+	case "pause":
+		_, err = cl.Recurring().Pause(ctx, id)
+		done = "paused"
+	case "resume":
+		_, err = cl.Recurring().Resume(ctx, id)
+		done = "resumed"
+	case "delete":
+		if err = cl.Recurring().Delete(ctx, id); err == nil {
+			http.Redirect(w, r, "/ui/recurring?done="+url.QueryEscape("deleted "+id), http.StatusSeeOther)
+			return
+		}
+	case "trigger":
+		var o client.Occurrence
+		if o, err = cl.Recurring().TriggerAt(ctx, id, triggerAt(r.PostForm.Get("at"), c.cfg.Now())); err == nil {
+			done = "triggered " + o.EventID
+			if o.Existing {
+				done = o.EventID + " exists already, not triggered again"
+			}
+		}
+	case "backfill":
+		now := c.cfg.Now()
+		from, ferr := parseWhen("from", strings.TrimSpace(r.PostForm.Get("from")), now)
+		to, terr := parseWhen("to", strings.TrimSpace(r.PostForm.Get("to")), now)
+		switch {
+		case ferr != nil:
+			err = ferr
+		case terr != nil:
+			err = terr
+		case from.IsZero():
+			err = badInput("from: required, the start of the range of the rule's times to backfill (like -2h)")
+		default:
+			if to.IsZero() {
+				to = now
+			}
+			var res client.BackfillResult
+			if res, err = cl.Recurring().Backfill(ctx, id, from, to); err == nil {
+				done = "backfilled " + strconv.Itoa(len(res.Created)) + " occurrences, " + strconv.Itoa(res.Existing) + " existed already"
+			}
+		}
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	if err != nil {
+		c.fail(w, r, s, err)
+		return
+	}
+	http.Redirect(w, r, "/ui/recurring/one?id="+url.QueryEscape(id)+"&done="+url.QueryEscape(done), http.StatusSeeOther)
+}
