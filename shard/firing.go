@@ -183,24 +183,31 @@ func (f *firing) wake() {
 
 // sleep waits d (at most an hour), a kick or the end of ctx, which it
 // reports as false: the firing loop's wait between takes, until the time
-// take returned or until the wheel changed.
+// take returned or until the wheel changed since take read it.
 func (f *firing) sleep(ctx context.Context, timer *time.Timer, d time.Duration) bool {
-	// Drain a stale kick before sleeping: the wheel was read after it.
-	select {
-	case <-f.kick:
-	default:
-	}
+	// Reset and Stop leave no stale tick in timer.C (Go 1.23's timers), so
+	// a kick needs no drain of it.
 	timer.Reset(min(max(d, 0), time.Hour))
 	select {
 	case <-timer.C:
 	case <-f.kick:
-		if !timer.Stop() {
-			<-timer.C
-		}
+		timer.Stop()
 	case <-ctx.Done():
 		return false
 	}
 	return true
+}
+
+// drainKick forgets a kick the next take will see anyway: it comes before
+// that take reads the wheel. A kick after this, during the take or before
+// the sleep, stays and ends the sleep at once; draining it in sleep lost the
+// wake-up of a retry requeued between take and sleep, which then waited for
+// the next event or probe (up to an hour).
+func (f *firing) drainKick() {
+	select {
+	case <-f.kick:
+	default:
+	}
 }
 
 // replace swaps in a wheel rebuilt from Pebble, which holds every pending
@@ -436,6 +443,7 @@ func (f *firing) run(ctx context.Context, lead int64, max int, onTime func(late 
 		wakeAt  int64
 	)
 	for {
+		f.drainKick()
 		now := f.now().UnixNano()
 		due, batches, wakeAt = f.take(now, lead, max, due, batches[:0], onTime)
 		if len(batches) > 0 {
