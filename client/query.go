@@ -31,16 +31,30 @@ type Filter struct {
 	// DueAfter).
 	DueAfter  time.Time
 	DueBefore time.Time
+	// Priorities: events of one of these priorities (0 to 9); every
+	// priority when empty. An event scheduled without Priority has 5, so
+	// 5 selects it. Every node must run a release that knows the filter:
+	// an earlier one ignores it and answers for every priority (cancels
+	// every priority, for CancelMatching).
+	Priorities []int
 	// StaleOK lets List and Count be answered by any replica from what it
 	// has applied, sparing the shard leaders; the answer may miss the
 	// latest changes. Off, reads are linearizable.
 	StaleOK bool
 }
 
-func (f Filter) proto() *chimev1.EventFilter {
+func (f Filter) proto() (*chimev1.EventFilter, error) {
 	pf := &chimev1.EventFilter{IdPrefix: f.IDPrefix, Topic: f.Topic}
 	for _, s := range f.States {
 		pf.States = append(pf.States, chimev1.EventState(s))
+	}
+	for i, p := range f.Priorities {
+		// The server refuses a priority above 9 too; a negative one would
+		// reach it as a large uint32, so it is refused here by its value.
+		if p < 0 || p > 9 {
+			return nil, invalidf("filter.priorities["+strconv.Itoa(i)+"]", "%d, must be 0 (lowest) to 9 (highest)", p)
+		}
+		pf.Priorities = append(pf.Priorities, uint32(p))
 	}
 	if !f.DueAfter.IsZero() {
 		pf.DueAfter = timestamppb.New(f.DueAfter)
@@ -48,7 +62,7 @@ func (f Filter) proto() *chimev1.EventFilter {
 	if !f.DueBefore.IsZero() {
 		pf.DueBefore = timestamppb.New(f.DueBefore)
 	}
-	return pf
+	return pf, nil
 }
 
 // listPage is how many events List asks for at a time (the server's most).
@@ -70,7 +84,12 @@ const listPage = 1000
 //	}
 func (c *Client) List(ctx context.Context, f Filter) iter.Seq2[Event, error] {
 	return func(yield func(Event, error) bool) {
-		req := &chimev1.ListRequest{Filter: f.proto(), Limit: listPage, StaleOk: f.StaleOK}
+		pf, err := f.proto()
+		if err != nil {
+			yield(Event{}, err)
+			return
+		}
+		req := &chimev1.ListRequest{Filter: pf, Limit: listPage, StaleOk: f.StaleOK}
 		for {
 			var resp *chimev1.ListResponse
 			_, tried, err := c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
@@ -110,7 +129,11 @@ func (c *Client) ListPage(ctx context.Context, f Filter, size int, token string)
 	if size < 1 || size > listPage {
 		return Page{}, invalidf("limit", "must be 1 to %d (got %d)", listPage, size)
 	}
-	req := &chimev1.ListRequest{Filter: f.proto(), Limit: uint32(size), StaleOk: f.StaleOK, PageToken: token}
+	pf, err := f.proto()
+	if err != nil {
+		return Page{}, err
+	}
+	req := &chimev1.ListRequest{Filter: pf, Limit: uint32(size), StaleOk: f.StaleOK, PageToken: token}
 	var resp *chimev1.ListResponse
 	_, tried, err := c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
 		resp, err = chimev1.NewSchedulerClient(cc).List(ctx, req)
@@ -128,9 +151,13 @@ func (c *Client) ListPage(ctx context.Context, f Filter, size int, token string)
 
 // Count returns how many events f selects, as List would list them.
 func (c *Client) Count(ctx context.Context, f Filter) (int64, error) {
+	pf, err := f.proto()
+	if err != nil {
+		return 0, err
+	}
 	var resp *chimev1.CountResponse
 	_, tried, err := c.call(ctx, "", false, func(ctx context.Context, cc grpc.ClientConnInterface) (err error) {
-		resp, err = chimev1.NewSchedulerClient(cc).Count(ctx, &chimev1.CountRequest{Filter: f.proto(), StaleOk: f.StaleOK})
+		resp, err = chimev1.NewSchedulerClient(cc).Count(ctx, &chimev1.CountRequest{Filter: pf, StaleOk: f.StaleOK})
 		return err
 	})
 	if err != nil {
@@ -193,7 +220,11 @@ func (c *Client) CancelMatching(ctx context.Context, f Filter, opts ...CancelMat
 	if c.closed.Load() {
 		return CancelMatchingResult{}, finish("cancel-matching", "", errClosed, nil)
 	}
-	req := &chimev1.CancelMatchingRequest{Filter: f.proto(), DryRun: o.dryRun}
+	pf, err := f.proto()
+	if err != nil {
+		return CancelMatchingResult{}, err
+	}
+	req := &chimev1.CancelMatchingRequest{Filter: pf, DryRun: o.dryRun}
 	var base CancelMatchingResult // what the runs cut short before this one settled
 	a := newAttempts(ctx, c.retry, false)
 	for {

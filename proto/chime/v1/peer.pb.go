@@ -1776,14 +1776,17 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xf4\x06\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xbb\b\n" +
 	"\x04Peer\x12A\n" +
 	"\bReplicas\x12\x19.chime.v1.ReplicasRequest\x1a\x1a.chime.v1.ReplicasResponse\x12;\n" +
 	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x12>\n" +
 	"\tShardList\x12\x14.chime.v1.ShardQuery\x1a\x1b.chime.v1.ShardListResponse\x12;\n" +
 	"\n" +
 	"ShardCount\x12\x14.chime.v1.ShardQuery\x1a\x17.chime.v1.CountResponse\x12B\n" +
-	"\vShardCancel\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponse\x12Q\n" +
+	"\vShardCancel\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponse\x12@\n" +
+	"\vShardListV2\x12\x14.chime.v1.ShardQuery\x1a\x1b.chime.v1.ShardListResponse\x12=\n" +
+	"\fShardCountV2\x12\x14.chime.v1.ShardQuery\x1a\x17.chime.v1.CountResponse\x12D\n" +
+	"\rShardCancelV2\x12\x14.chime.v1.ShardQuery\x1a\x1d.chime.v1.ShardCancelResponse\x12Q\n" +
 	"\x0eShardSchedules\x12\x1d.chime.v1.ShardSchedulesQuery\x1a .chime.v1.ShardSchedulesResponse\x12K\n" +
 	"\rShardForecast\x12\x1e.chime.v1.ShardForecastRequest\x1a\x1a.chime.v1.ForecastResponse\x12P\n" +
 	"\rShardSchedule\x12\x1e.chime.v1.ShardScheduleRequest\x1a\x1f.chime.v1.ShardScheduleResponse\x12J\n" +
@@ -1863,27 +1866,33 @@ var file_chime_v1_peer_proto_depIdxs = []int32{
 	14, // 18: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
 	14, // 19: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
 	14, // 20: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
-	12, // 21: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
-	22, // 22: chime.v1.Peer.ShardForecast:input_type -> chime.v1.ShardForecastRequest
-	2,  // 23: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
-	5,  // 24: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
-	7,  // 25: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
-	7,  // 26: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
-	10, // 27: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
-	19, // 28: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
-	21, // 29: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
-	15, // 30: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
-	31, // 31: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
-	16, // 32: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
-	13, // 33: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
-	32, // 34: chime.v1.Peer.ShardForecast:output_type -> chime.v1.ForecastResponse
-	4,  // 35: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
-	6,  // 36: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
-	8,  // 37: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
-	9,  // 38: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
-	11, // 39: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
-	28, // [28:40] is the sub-list for method output_type
-	16, // [16:28] is the sub-list for method input_type
+	14, // 21: chime.v1.Peer.ShardListV2:input_type -> chime.v1.ShardQuery
+	14, // 22: chime.v1.Peer.ShardCountV2:input_type -> chime.v1.ShardQuery
+	14, // 23: chime.v1.Peer.ShardCancelV2:input_type -> chime.v1.ShardQuery
+	12, // 24: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
+	22, // 25: chime.v1.Peer.ShardForecast:input_type -> chime.v1.ShardForecastRequest
+	2,  // 26: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
+	5,  // 27: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
+	7,  // 28: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
+	7,  // 29: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
+	10, // 30: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
+	19, // 31: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
+	21, // 32: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
+	15, // 33: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
+	31, // 34: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
+	16, // 35: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
+	15, // 36: chime.v1.Peer.ShardListV2:output_type -> chime.v1.ShardListResponse
+	31, // 37: chime.v1.Peer.ShardCountV2:output_type -> chime.v1.CountResponse
+	16, // 38: chime.v1.Peer.ShardCancelV2:output_type -> chime.v1.ShardCancelResponse
+	13, // 39: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
+	32, // 40: chime.v1.Peer.ShardForecast:output_type -> chime.v1.ForecastResponse
+	4,  // 41: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
+	6,  // 42: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
+	8,  // 43: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
+	9,  // 44: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
+	11, // 45: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
+	31, // [31:46] is the sub-list for method output_type
+	16, // [16:31] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name

@@ -33,6 +33,9 @@ const (
 	Peer_ShardList_FullMethodName        = "/chime.v1.Peer/ShardList"
 	Peer_ShardCount_FullMethodName       = "/chime.v1.Peer/ShardCount"
 	Peer_ShardCancel_FullMethodName      = "/chime.v1.Peer/ShardCancel"
+	Peer_ShardListV2_FullMethodName      = "/chime.v1.Peer/ShardListV2"
+	Peer_ShardCountV2_FullMethodName     = "/chime.v1.Peer/ShardCountV2"
+	Peer_ShardCancelV2_FullMethodName    = "/chime.v1.Peer/ShardCancelV2"
 	Peer_ShardSchedules_FullMethodName   = "/chime.v1.Peer/ShardSchedules"
 	Peer_ShardForecast_FullMethodName    = "/chime.v1.Peer/ShardForecast"
 	Peer_ShardSchedule_FullMethodName    = "/chime.v1.Peer/ShardSchedule"
@@ -61,6 +64,14 @@ type PeerClient interface {
 	ShardCount(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*CountResponse, error)
 	// ShardCancel is one step of a CancelMatching on one shard's leader.
 	ShardCancel(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardCancelResponse, error)
+	// ShardListV2, ShardCountV2 and ShardCancelV2 are ShardList, ShardCount
+	// and ShardCancel for a filter with priorities. A node of a release
+	// before EventFilter.priorities would ignore the field, and list, count
+	// or cancel every priority; under these names it answers UNIMPLEMENTED
+	// instead, and acts on nothing.
+	ShardListV2(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardListResponse, error)
+	ShardCountV2(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*CountResponse, error)
+	ShardCancelV2(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardCancelResponse, error)
 	// ShardSchedules is one shard's part of a Recurring.List.
 	ShardSchedules(ctx context.Context, in *ShardSchedulesQuery, opts ...grpc.CallOption) (*ShardSchedulesResponse, error)
 	// ShardForecast is one shard's part of a Scheduler.Forecast.
@@ -129,6 +140,36 @@ func (c *peerClient) ShardCancel(ctx context.Context, in *ShardQuery, opts ...gr
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ShardCancelResponse)
 	err := c.cc.Invoke(ctx, Peer_ShardCancel_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardListV2(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardListResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardListV2_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardCountV2(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*CountResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CountResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardCountV2_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardCancelV2(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardCancelResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardCancelResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardCancelV2_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -224,6 +265,14 @@ type PeerServer interface {
 	ShardCount(context.Context, *ShardQuery) (*CountResponse, error)
 	// ShardCancel is one step of a CancelMatching on one shard's leader.
 	ShardCancel(context.Context, *ShardQuery) (*ShardCancelResponse, error)
+	// ShardListV2, ShardCountV2 and ShardCancelV2 are ShardList, ShardCount
+	// and ShardCancel for a filter with priorities. A node of a release
+	// before EventFilter.priorities would ignore the field, and list, count
+	// or cancel every priority; under these names it answers UNIMPLEMENTED
+	// instead, and acts on nothing.
+	ShardListV2(context.Context, *ShardQuery) (*ShardListResponse, error)
+	ShardCountV2(context.Context, *ShardQuery) (*CountResponse, error)
+	ShardCancelV2(context.Context, *ShardQuery) (*ShardCancelResponse, error)
 	// ShardSchedules is one shard's part of a Recurring.List.
 	ShardSchedules(context.Context, *ShardSchedulesQuery) (*ShardSchedulesResponse, error)
 	// ShardForecast is one shard's part of a Scheduler.Forecast.
@@ -262,6 +311,15 @@ func (UnimplementedPeerServer) ShardCount(context.Context, *ShardQuery) (*CountR
 }
 func (UnimplementedPeerServer) ShardCancel(context.Context, *ShardQuery) (*ShardCancelResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShardCancel not implemented")
+}
+func (UnimplementedPeerServer) ShardListV2(context.Context, *ShardQuery) (*ShardListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardListV2 not implemented")
+}
+func (UnimplementedPeerServer) ShardCountV2(context.Context, *ShardQuery) (*CountResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardCountV2 not implemented")
+}
+func (UnimplementedPeerServer) ShardCancelV2(context.Context, *ShardQuery) (*ShardCancelResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardCancelV2 not implemented")
 }
 func (UnimplementedPeerServer) ShardSchedules(context.Context, *ShardSchedulesQuery) (*ShardSchedulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShardSchedules not implemented")
@@ -391,6 +449,60 @@ func _Peer_ShardCancel_Handler(srv interface{}, ctx context.Context, dec func(in
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(PeerServer).ShardCancel(ctx, req.(*ShardQuery))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardListV2_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardQuery)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardListV2(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardListV2_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardListV2(ctx, req.(*ShardQuery))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardCountV2_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardQuery)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardCountV2(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardCountV2_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardCountV2(ctx, req.(*ShardQuery))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardCancelV2_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardQuery)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardCancelV2(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardCancelV2_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardCancelV2(ctx, req.(*ShardQuery))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -547,6 +659,18 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ShardCancel",
 			Handler:    _Peer_ShardCancel_Handler,
+		},
+		{
+			MethodName: "ShardListV2",
+			Handler:    _Peer_ShardListV2_Handler,
+		},
+		{
+			MethodName: "ShardCountV2",
+			Handler:    _Peer_ShardCountV2_Handler,
+		},
+		{
+			MethodName: "ShardCancelV2",
+			Handler:    _Peer_ShardCancelV2_Handler,
 		},
 		{
 			MethodName: "ShardSchedules",

@@ -1187,7 +1187,13 @@ type EventFilter struct {
 	// Events due at or after this time.
 	DueAfter *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=due_after,json=dueAfter,proto3" json:"due_after,omitempty"`
 	// Events due before this time. Must be after due_after.
-	DueBefore     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=due_before,json=dueBefore,proto3" json:"due_before,omitempty"`
+	DueBefore *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=due_before,json=dueBefore,proto3" json:"due_before,omitempty"`
+	// Events of one of these priorities (0 to 9); every priority when empty.
+	// An event scheduled without a priority has 5, and is selected by 5.
+	// A node of a release before this field ignores it and answers for every
+	// priority: filter by priority only once every node runs a release that
+	// knows it.
+	Priorities    []uint32 `protobuf:"varint,6,rep,packed,name=priorities,proto3" json:"priorities,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1253,6 +1259,13 @@ func (x *EventFilter) GetDueAfter() *timestamppb.Timestamp {
 func (x *EventFilter) GetDueBefore() *timestamppb.Timestamp {
 	if x != nil {
 		return x.DueBefore
+	}
+	return nil
+}
+
+func (x *EventFilter) GetPriorities() []uint32 {
+	if x != nil {
+		return x.Priorities
 	}
 	return nil
 }
@@ -1954,14 +1967,17 @@ const file_chime_v1_scheduler_proto_rawDesc = "" +
 	"\x0eUpdateResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x03due\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x03due\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\x04R\aversion\"\xe2\x01\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"\x82\x02\n" +
 	"\vEventFilter\x12\x1b\n" +
 	"\tid_prefix\x18\x01 \x01(\tR\bidPrefix\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12,\n" +
 	"\x06states\x18\x03 \x03(\x0e2\x14.chime.v1.EventStateR\x06states\x127\n" +
 	"\tdue_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\bdueAfter\x129\n" +
 	"\n" +
-	"due_before\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tdueBefore\"\x8c\x01\n" +
+	"due_before\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tdueBefore\x12\x1e\n" +
+	"\n" +
+	"priorities\x18\x06 \x03(\rR\n" +
+	"priorities\"\x8c\x01\n" +
 	"\vListRequest\x12-\n" +
 	"\x06filter\x18\x01 \x01(\v2\x15.chime.v1.EventFilterR\x06filter\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x1d\n" +
