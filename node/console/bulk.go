@@ -193,12 +193,10 @@ func (c *Console) bulkPage(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, err)
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, time.Minute)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Minute)
 	defer cancel()
 	var matched int64
 	if b.Kind == "shift" {

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -25,12 +24,10 @@ func (c *Console) clusterAction(w http.ResponseWriter, r *http.Request, s *sessi
 		http.Error(w, fmt.Sprintf("%q is a %s: the cluster's controls are an admin's", s.name, s.role), http.StatusForbidden)
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	admin := chimev1.NewAdminClient(cl.Conn())
 	var done string

@@ -378,6 +378,20 @@ func (c *Console) clientFor(s *session) (*client.Client, error) {
 	return cl, nil
 }
 
+// callsFor returns the client acting for s and a context that bounds a
+// page's calls to the cluster to timeout and ends with the request, which
+// the caller cancels when done. When there is no client it shows the
+// error page and ok is false: the handler then has nothing more to do.
+func (c *Console) callsFor(w http.ResponseWriter, r *http.Request, s *session, timeout time.Duration) (cl *client.Client, ctx context.Context, cancel context.CancelFunc, ok bool) {
+	cl, err := c.clientFor(s)
+	if err != nil {
+		c.fail(w, r, s, err)
+		return nil, nil, nil, false
+	}
+	ctx, cancel = context.WithTimeout(r.Context(), timeout)
+	return cl, ctx, cancel, true
+}
+
 // actingFor names the credential a call is made for.
 type actingFor string
 

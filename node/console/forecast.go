@@ -1,7 +1,6 @@
 package console
 
 import (
-	"context"
 	"net/http"
 	"time"
 
@@ -29,12 +28,10 @@ type forecastView struct {
 }
 
 func (c *Console) forecastPage(w http.ResponseWriter, r *http.Request, s *session) {
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	now := c.cfg.Now()
 	q := client.ForecastAhead(now)

@@ -2,7 +2,6 @@ package console
 
 import (
 	"bytes"
-	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -232,12 +231,10 @@ func (c *Console) eventsPage(w http.ResponseWriter, r *http.Request, s *session)
 		c.fail(w, r, s, err)
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	data := map[string]any{"F": ff, "States": States, "Sizes": pageSizes}
 	// An exact id opens its event: the search box's first job.
@@ -341,12 +338,10 @@ func (c *Console) eventPage(w http.ResponseWriter, r *http.Request, s *session) 
 		c.fail(w, r, s, badInput("id: the event's id is required"))
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	ev, err := cl.Get(ctx, id)
 	if err != nil {
@@ -387,15 +382,14 @@ func (c *Console) eventAction(w http.ResponseWriter, r *http.Request, s *session
 		c.fail(w, r, s, badInput("id: the event's id is required"))
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	action := r.PathValue("action")
 	var done string
+	var err error
 	var opts []client.UpdateOption
 	if action != "cancel" {
 		v, err := strconv.ParseUint(r.PostForm.Get("version"), 10, 64)
@@ -463,12 +457,10 @@ func parseHeaders(text string) ([]client.Header, error) {
 }
 
 func (c *Console) clusterPage(w http.ResponseWriter, r *http.Request, s *session) {
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	admin := chimev1.NewAdminClient(cl.Conn())
 	data := map[string]any{}

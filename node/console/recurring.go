@@ -1,7 +1,6 @@
 package console
 
 import (
-	"context"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -51,12 +50,10 @@ type recurringRow struct {
 
 func (c *Console) recurringPage(w http.ResponseWriter, r *http.Request, s *session) {
 	prefix := strings.TrimSpace(r.URL.Query().Get("q"))
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	now := c.cfg.Now()
 	var rows []recurringRow
@@ -85,12 +82,10 @@ func (c *Console) recurringOnePage(w http.ResponseWriter, r *http.Request, s *se
 		c.fail(w, r, s, badInput("id: the schedule's id is required"))
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	rs, err := cl.Recurring().Get(ctx, id)
 	if err != nil {
@@ -150,14 +145,13 @@ func (c *Console) recurringAction(w http.ResponseWriter, r *http.Request, s *ses
 		c.fail(w, r, s, badInput("id: the schedule's id is required"))
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.fail(w, r, s, err)
+	cl, ctx, cancel, ok := c.callsFor(w, r, s, callTimeout)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	var done string
+	var err error
 	switch r.PathValue("action") {
 	case "pause":
 		_, err = cl.Recurring().Pause(ctx, id)
