@@ -164,7 +164,10 @@
 // them; a query without a prefix, or with one matching more than prefixScanLimit ids, walks
 // the bodies in due order, which is List's order, and reads each event's id and topic from
 // the head of its body. A topic alone is matched that way: Count by topic reads every body,
-// which is why no topic index costs every Schedule a fourth key.
+// which is why no topic index costs every Schedule a fourth key. A priority is matched the
+// same way, from the body's tail (reached by skipping the key, payload and headers by their
+// lengths; a body without a policy has the default priority), except that Count of pending
+// events by priority reads the due index alone, whose values hold each event's policy.
 //
 // An event is an immutable body and, once it is settled, a small status. Bodies are keyed by
 // due time: a fire batch is the events that fall due together, and reading them is a walk

@@ -77,6 +77,17 @@ func FuzzDecodeStored(f *testing.F) {
 			t.Fatalf("body %x: decodeBody says %v, checkBody %v", b, err, cerr)
 		}
 		_, _, _ = bodyIDTopic(b) // must not panic; what it returns for b is not checked here
+		all := Query{Priorities: 1<<(MaxPriority+1) - 1}
+		if _, ok, merr := all.matchBody(b); err == nil {
+			// A body that decodes has its priority found where decodeBody found it.
+			this, others := Query{Priorities: PrioritiesOf(e.Priority)}, Query{Priorities: all.Priorities &^ PrioritiesOf(e.Priority)}
+			id, ok, merr := this.matchBody(b)
+			if _, not, oerr := others.matchBody(b); merr != nil || !ok || string(id) != e.ID || oerr != nil || not {
+				t.Fatalf("body %x of priority %d: matchBody says %v, %v for it and %v, %v for the others", b, e.Priority, ok, merr, not, oerr)
+			}
+		} else if merr == nil && !ok {
+			t.Fatalf("body %x: matchBody refuses it with every priority and no error", b)
+		}
 		if d, err := decodeStoredDefinition(b); err == nil {
 			if again, err := decodeStoredDefinition(appendStoredDefinition(nil, &d)); err != nil || !reflect.DeepEqual(again, d) {
 				t.Fatalf("definition %x decodes to %+v; re-encoded, to %+v, %v", b, d, again, err)

@@ -23,7 +23,25 @@ type Query struct {
 	States StateSet
 	// Due keeps the events due in [Due.From, Due.To).
 	Due DueRange
+	// Priorities keeps the events of one of these priorities; zero keeps every priority. An
+	// event's priority is its Policy's: DefaultPriority for one scheduled without any.
+	Priorities PrioritySet
 }
+
+// PrioritySet is a set of priorities (0 to MaxPriority), one bit each.
+type PrioritySet uint16
+
+// PrioritiesOf returns the set holding ps, which are at most MaxPriority.
+func PrioritiesOf(ps ...uint8) PrioritySet {
+	var s PrioritySet
+	for _, p := range ps {
+		s |= 1 << p
+	}
+	return s
+}
+
+// Has reports whether the set holds p; the empty set stands for every priority.
+func (s PrioritySet) Has(p uint8) bool { return s == 0 || s&(1<<p) != 0 }
 
 // StateSet is a set of States, one bit each.
 type StateSet uint8
@@ -56,8 +74,12 @@ func (r DueRange) unbounded() bool { return r == AnyDue }
 // Matches reports whether rec is selected by q.
 func (q *Query) Matches(rec *Record) bool {
 	return strings.HasPrefix(rec.ID, q.Prefix) && (q.Topic == "" || rec.Topic == q.Topic) &&
-		q.States.Has(rec.State) && q.Due.has(rec.Due)
+		q.States.Has(rec.State) && q.Due.has(rec.Due) && q.Priorities.Has(rec.Priority)
 }
+
+// bodyFiltered reports whether q selects by what only an event's body holds: its topic or
+// its priority.
+func (q *Query) bodyFiltered() bool { return q.Topic != "" || q.Priorities != 0 }
 
 // Position is a place in the order List returns events in: by due time, then by id. A List
 // from a position returns the events after it, so a page that ended at an event continues
@@ -299,7 +321,8 @@ func (v *listView) prefixRefs(q Query, after *Position, scanLimit int) (refs []L
 	return refs, true, nil
 }
 
-// emitRefs reads each of refs (in order) until limit of them match q's topic and states.
+// emitRefs reads each of refs (in order) until limit of them match q's states, topic and
+// priorities.
 func (v *listView) emitRefs(q Query, refs []Listed, limit int, emit func(Listed, []byte, status) error) error {
 	n := 0
 	for _, l := range refs {
@@ -314,10 +337,10 @@ func (v *listView) emitRefs(q Query, refs []Listed, limit int, emit func(Listed,
 		if err != nil {
 			return err
 		}
-		if q.Topic != "" {
-			if _, topic, err := bodyIDTopic(b); err != nil {
+		if q.bodyFiltered() {
+			if _, ok, err := q.matchBody(b); err != nil {
 				return fmt.Errorf("%w: shard %d: event %d: %v", ErrCorrupt, v.f.shard, l.Seq, err)
-			} else if string(topic) != q.Topic {
+			} else if !ok {
 				continue
 			}
 		}
@@ -386,11 +409,11 @@ func (v *listView) scanDue(q Query, after *Position, fn func(Listed, []byte, sta
 		k := v.bodies.Key()
 		due, seq := int64(binary.BigEndian.Uint64(k[shardPrefixLen+1:])^1<<63), binary.BigEndian.Uint64(k[shardPrefixLen+9:])
 		b := v.bodies.Value()
-		id, topic, err := bodyIDTopic(b)
+		id, ok, err := q.matchBody(b)
 		if err != nil {
 			return fmt.Errorf("%w: shard %d: event %d: %v", ErrCorrupt, v.f.shard, seq, err)
 		}
-		if !bytes.HasPrefix(id, prefix) || q.Topic != "" && string(topic) != q.Topic {
+		if !ok || !bytes.HasPrefix(id, prefix) {
 			continue
 		}
 		if after != nil && due == after.Due && string(id) <= after.ID {
@@ -426,13 +449,48 @@ func bodyIDTopic(b []byte) (id, topic []byte, err error) {
 	return id, topic, d.err
 }
 
+// matchBody reads an event's id from its body and reports whether q's topic and priorities
+// select it, decoding no more than that: the id and topic head the body; the priority, only
+// when q names priorities, is in a format 3 or 4 body's tail, reached by skipping the key,
+// payload and headers by their lengths (a body of format 1 or 2 has DefaultPriority).
+func (q *Query) matchBody(b []byte) (id []byte, ok bool, err error) {
+	d := decoder{b: b}
+	format := d.bodyFormat()
+	id = d.bytes("id")
+	d.varint("createdAt")
+	topic := d.bytes("topic")
+	switch {
+	case d.err != nil:
+		return nil, false, d.err
+	case q.Topic != "" && string(topic) != q.Topic:
+		return id, false, nil
+	case q.Priorities == 0:
+		return id, true, nil
+	}
+	p := uint8(DefaultPriority)
+	if format >= formatV3 {
+		d.bytes("key")
+		d.bytes("payload")
+		for n := d.count("headers", minHeaderLen); n > 0; n-- {
+			d.bytes("headers.key")
+			d.bytes("headers.value")
+		}
+		d.fixed64("contentHash")
+		d.uvarint("version")
+		if p = d.priority(); d.err != nil {
+			return nil, false, d.err
+		}
+	}
+	return id, q.Priorities.Has(p), nil
+}
+
 // Count returns how many events q selects, from one consistent view of the shard. Its cost
 // is the part of the shard it reads: the counters alone for a query by state (pending, or
 // every state), the id index under a prefix (and each match's state or body when the query
-// names states or a topic), the due index for pending events in a due range, and the bodies
-// otherwise.
+// names states, a topic or priorities), the due index for pending events in a due range (and
+// each one's policy there when the query names priorities), and the bodies otherwise.
 func (f *FSM) Count(q Query) (n uint64, err error) {
-	if q.Prefix == "" && q.Topic == "" && q.Due.unbounded() {
+	if q.Prefix == "" && !q.bodyFiltered() && q.Due.unbounded() {
 		st := f.Stats()
 		switch q.States {
 		case 0:
@@ -450,7 +508,7 @@ func (f *FSM) Count(q Query) (n uint64, err error) {
 	case q.Prefix != "":
 		return v.countPrefix(q)
 	case q.Topic == "" && q.States.OnlyPending():
-		return v.countPending(q.Due)
+		return v.countPending(q.Due, q.Priorities)
 	}
 	err = v.scanDue(q, nil, func(Listed, []byte, status) bool { n++; return true })
 	return n, err
@@ -458,7 +516,7 @@ func (f *FSM) Count(q Query) (n uint64, err error) {
 
 func (v *listView) countPrefix(q Query) (n uint64, err error) {
 	v.prefixRange(q.Prefix)
-	plain := q.Topic == "" && q.States == 0
+	plain := !q.bodyFiltered() && q.States == 0
 	for valid := v.ids.First(); valid; valid = v.ids.Next() {
 		if plain && q.Due.unbounded() {
 			n++
@@ -479,15 +537,14 @@ func (v *listView) countPrefix(q Query) (n uint64, err error) {
 			if !q.States.Has(st.state) {
 				continue
 			}
-			if q.Topic != "" {
+			if q.bodyFiltered() {
 				b, err := v.body(ref.seq, ref.due)
 				if err != nil {
 					return 0, err
 				}
-				if _, topic, err := bodyIDTopic(b); err != nil || string(topic) != q.Topic {
-					if err != nil {
-						return 0, fmt.Errorf("%w: shard %d: event %d: %v", ErrCorrupt, v.f.shard, ref.seq, err)
-					}
+				if _, ok, err := q.matchBody(b); err != nil {
+					return 0, fmt.Errorf("%w: shard %d: event %d: %v", ErrCorrupt, v.f.shard, ref.seq, err)
+				} else if !ok {
 					continue
 				}
 			}
@@ -497,13 +554,24 @@ func (v *listView) countPrefix(q Query) (n uint64, err error) {
 	return n, v.ids.Error()
 }
 
-func (v *listView) countPending(r DueRange) (n uint64, err error) {
+// countPending counts the pending events due in r whose priority ps holds, from the due
+// index alone: a due-index value holds the event's policy.
+func (v *listView) countPending(r DueRange, ps PrioritySet) (n uint64, err error) {
 	upper := appendShardTag(nil, v.f.shard, tagDue+1)
 	if r.To != math.MaxInt64 {
 		upper = appendDueKey(nil, v.f.shard, r.To, 0)
 	}
 	v.due.SetBounds(appendDueKey(nil, v.f.shard, r.From, 0), upper)
 	for valid := v.due.First(); valid; valid = v.due.Next() {
+		if ps != 0 {
+			p, err := decodeDueValue(v.due.Value())
+			if err != nil {
+				return 0, fmt.Errorf("raftfsm: shard %d: %w", v.f.shard, err)
+			}
+			if !ps.Has(p.Priority) {
+				continue
+			}
+		}
 		n++
 	}
 	return n, v.due.Error()
@@ -511,7 +579,7 @@ func (v *listView) countPending(r DueRange) (n uint64, err error) {
 
 // PendingUnder returns up to limit pending events whose id starts with q.Prefix and comes
 // after afterID (from the first when afterID is ""), in id order, that q's due range and
-// topic select (q.States is ignored: only pending events are returned). It is what a bulk
+// topic and priorities select (q.States is ignored: only pending events are returned). It is what a bulk
 // cancel by prefix walks: the id index in key order, which needs no bodies, and the due
 // index for each candidate, so that a step costs its own matches however many events of the
 // prefix were cancelled before it, where a walk in due order would read every body between
@@ -550,6 +618,10 @@ func (f *FSM) PendingUnder(q Query, afterID string, limit int) (out []Listed, er
 		}
 		for _, c := range cands {
 			if c.State != StateScheduled || len(out) == limit {
+				continue
+			}
+			if !q.Priorities.Has(c.Policy.Priority) {
+				// markPending read a pending event's policy from the due index.
 				continue
 			}
 			if q.Topic != "" {

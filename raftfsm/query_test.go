@@ -11,7 +11,7 @@ import (
 )
 
 // checkQueries compares List, ListRefs and Count with the model for queries of every kind:
-// by prefix (narrow, broad, none), topic, states and due range, paged in small pages, each
+// by prefix (narrow, broad, none), topic, states, priorities and due range, paged in small pages, each
 // through both of List's ways of finding matches (the id index under a prefix, and the walk
 // in due order).
 func (h *harness) checkQueries() {
@@ -54,6 +54,9 @@ func (h *harness) checkQueries() {
 		}
 		if rng.IntN(2) == 0 {
 			q.States = StateSet(rng.IntN(16)) << 1
+		}
+		if rng.IntN(3) == 0 {
+			q.Priorities = PrioritySet(rng.IntN(1 << (MaxPriority + 1)))
 		}
 		if rng.IntN(2) == 0 && len(all) > 0 {
 			a, b := all[rng.IntN(len(all))].Due, all[rng.IntN(len(all))].Due
