@@ -62,7 +62,11 @@
 //     calls (ShardSchedule, ShardUpdate, ShardCancelEvent, ShardGet,
 //     ShardRecurring) and ShardList, ShardCount, ShardCancel,
 //     ShardForecast and ShardSchedules, one shard's part of a List, Count,
-//     CancelMatching, Forecast or Recurring.List. Each is answered by this node's replica alone, never
+//     CancelMatching, Forecast or Recurring.List; a List, Count or
+//     CancelMatching by priority is sent as ShardListV2, ShardCountV2 or
+//     ShardCancelV2, which a node of a release before priorities does not
+//     serve, so that it refuses the query rather than ignore the filter and
+//     act on every priority. Each is answered by this node's replica alone, never
 //     forwarded further. Peer is node-to-node; the operator API (Admin, in
 //     package rpc) can change without breaking reconciliation.
 //   - A Cluster without gossip (Config.Membership nil, chimed dev): a view of

@@ -36,6 +36,12 @@ func FilterQuery(f *chimev1.EventFilter) (raftfsm.Query, error) {
 		}
 		q.States |= raftfsm.StatesOf(s)
 	}
+	for i, p := range f.GetPriorities() {
+		if p > raftfsm.MaxPriority {
+			return q, fmt.Errorf("filter.priorities[%d]: %d above %d; priorities are 0 (lowest) to %d (highest)", i, p, raftfsm.MaxPriority, raftfsm.MaxPriority)
+		}
+		q.Priorities |= raftfsm.PrioritiesOf(uint8(p))
+	}
 	if t := f.GetDueAfter(); t != nil {
 		if err := t.CheckValid(); err != nil {
 			return q, fmt.Errorf("filter.due_after: %v", err)
@@ -60,6 +66,11 @@ func Filter(q raftfsm.Query) *chimev1.EventFilter {
 	for _, p := range states {
 		if q.States != 0 && q.States.Has(p.fsm) {
 			f.States = append(f.States, p.api)
+		}
+	}
+	for p := range uint32(raftfsm.MaxPriority + 1) {
+		if q.Priorities != 0 && q.Priorities.Has(uint8(p)) {
+			f.Priorities = append(f.Priorities, p)
 		}
 	}
 	if q.Due.From != math.MinInt64 {
@@ -167,6 +178,45 @@ func optionalTime(unixNano int64) *timestamppb.Timestamp {
 	return timestamppb.New(time.Unix(0, unixNano))
 }
 
+// A query by priority goes to another node as ShardListV2, ShardCountV2 or ShardCancelV2: a
+// node of a release before priorities would ignore the field in ShardList, ShardCount or
+// ShardCancel and list, count or cancel every priority, where the V2 name it does not serve
+// makes it answer UNIMPLEMENTED, acting on nothing. Every other query keeps the first names,
+// which every release serves, so that a cluster being upgraded answers it throughout.
+
+func shardList(ctx context.Context, p chimev1.PeerClient, sq *chimev1.ShardQuery) (*chimev1.ShardListResponse, error) {
+	if len(sq.Filter.GetPriorities()) == 0 {
+		return p.ShardList(ctx, sq)
+	}
+	resp, err := p.ShardListV2(ctx, sq)
+	return resp, earlierRelease(sq.Shard, err)
+}
+
+func shardCount(ctx context.Context, p chimev1.PeerClient, sq *chimev1.ShardQuery) (*chimev1.CountResponse, error) {
+	if len(sq.Filter.GetPriorities()) == 0 {
+		return p.ShardCount(ctx, sq)
+	}
+	resp, err := p.ShardCountV2(ctx, sq)
+	return resp, earlierRelease(sq.Shard, err)
+}
+
+func shardCancel(ctx context.Context, p chimev1.PeerClient, sq *chimev1.ShardQuery) (*chimev1.ShardCancelResponse, error) {
+	if len(sq.Filter.GetPriorities()) == 0 {
+		return p.ShardCancel(ctx, sq)
+	}
+	resp, err := p.ShardCancelV2(ctx, sq)
+	return resp, earlierRelease(sq.Shard, err)
+}
+
+// earlierRelease names what an UNIMPLEMENTED answer to a V2 shard query means: the shard's
+// leader runs a release that cannot filter by priority.
+func earlierRelease(s uint32, err error) error {
+	if status.Code(err) != codes.Unimplemented {
+		return err
+	}
+	return status.Errorf(codes.FailedPrecondition, "filter.priorities: the leader of shard %d runs an earlier release, which cannot filter by priority, and did nothing; filter by priority once every node runs this release (%v)", s, status.Convert(err).Message())
+}
+
 func shardQuery(s uint32, q raftfsm.Query, after *raftfsm.Position, limit int, stale bool) *chimev1.ShardQuery {
 	sq := &chimev1.ShardQuery{Shard: s, Filter: Filter(q), Limit: uint32(limit), StaleOk: stale}
 	if after != nil {
@@ -200,7 +250,7 @@ func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Posi
 				return part{recs: recs}, err
 			},
 			func(ctx context.Context, p chimev1.PeerClient) (part, error) {
-				resp, err := p.ShardList(ctx, shardQuery(s, q, after, limit, stale))
+				resp, err := shardList(ctx, p, shardQuery(s, q, after, limit, stale))
 				if err != nil {
 					return part{}, err
 				}
@@ -245,7 +295,7 @@ func (c *Cluster) Count(ctx context.Context, q raftfsm.Query, stale bool) (uint6
 		counts[s], err = on(ctx, c, s, stale, nil,
 			func(r *shard.Shard) (uint64, error) { return r.Count(ctx, q, stale) },
 			func(ctx context.Context, p chimev1.PeerClient) (uint64, error) {
-				resp, err := p.ShardCount(ctx, shardQuery(s, q, nil, 0, stale))
+				resp, err := shardCount(ctx, p, shardQuery(s, q, nil, 0, stale))
 				return resp.GetCount(), err
 			})
 		return err
@@ -275,7 +325,7 @@ func (c *Cluster) CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bo
 				func(ctx context.Context, p chimev1.PeerClient) (shard.CancelStep, error) {
 					sq := shardQuery(s, q, after, CancelStepSize, false)
 					sq.DryRun = dryRun
-					resp, err := p.ShardCancel(ctx, sq)
+					resp, err := shardCancel(ctx, p, sq)
 					if err != nil {
 						return shard.CancelStep{}, err
 					}
@@ -351,6 +401,21 @@ func (p peerServer) ShardCount(ctx context.Context, sq *chimev1.ShardQuery) (*ch
 		return nil, StatusOf(p.c.logger, "Count", err)
 	}
 	return &chimev1.CountResponse{Count: n}, nil
+}
+
+// ShardListV2, ShardCountV2 and ShardCancelV2 are the names a query by priority is sent
+// under (shardList); they answer as the first names do, which take priorities too.
+
+func (p peerServer) ShardListV2(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ShardListResponse, error) {
+	return p.ShardList(ctx, sq)
+}
+
+func (p peerServer) ShardCountV2(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.CountResponse, error) {
+	return p.ShardCount(ctx, sq)
+}
+
+func (p peerServer) ShardCancelV2(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ShardCancelResponse, error) {
+	return p.ShardCancel(ctx, sq)
 }
 
 func (p peerServer) ShardCancel(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ShardCancelResponse, error) {

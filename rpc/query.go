@@ -65,6 +65,11 @@ func queryHash(q raftfsm.Query) uint64 {
 	b = append(b, byte(q.States))
 	b = binary.BigEndian.AppendUint64(b, uint64(q.Due.From))
 	b = binary.BigEndian.AppendUint64(b, uint64(q.Due.To))
+	if q.Priorities != 0 {
+		// Appended only when set, so that a token issued before priorities existed, for a
+		// query without them, still continues its list.
+		b = binary.BigEndian.AppendUint16(b, uint16(q.Priorities))
+	}
 	return xxhash.Sum64(b)
 }
 
@@ -169,6 +174,9 @@ func (s *Server) CancelMatching(in *chimev1.CancelMatchingRequest, stream grpc.S
 		return invalidArgument("filter.states", "CancelMatching cancels pending events only: leave states empty or give SCHEDULED alone")
 	}
 	if q.Prefix == "" && q.Topic == "" && f.GetDueAfter() == nil && f.GetDueBefore() == nil {
+		if q.Priorities != 0 {
+			return invalidArgument("filter", "priorities alone select too much for a bulk cancel; give an id_prefix, a topic or a due range as well (to cancel every pending event of these priorities, a due range that covers them all)")
+		}
 		return invalidArgument("filter", "empty; give an id_prefix, a topic or a due range (to cancel every pending event, a due range that covers them all)")
 	}
 	var (

@@ -37,6 +37,8 @@ func TestQueriesRejectInvalidRequestsAndChangeNothing(t *testing.T) {
 		{&chimev1.EventFilter{States: []chimev1.EventState{chimev1.EventState(9)}}, 0, "", "filter.states[0]: unknown state 9; one of SCHEDULED, FIRED, CANCELLED, DEAD_LETTERED"},
 		{&chimev1.EventFilter{States: []chimev1.EventState{chimev1.EventState_EVENT_STATE_UNSPECIFIED}}, 0, "", "filter.states[0]: unknown state EVENT_STATE_UNSPECIFIED; one of SCHEDULED, FIRED, CANCELLED, DEAD_LETTERED"},
 		{&chimev1.EventFilter{DueAfter: timestamppb.New(t0), DueBefore: timestamppb.New(t0.Add(-time.Second))}, 0, "", "filter.due_before: 2026-03-01T11:59:59Z is not after filter.due_after 2026-03-01T12:00:00Z"},
+		{&chimev1.EventFilter{Priorities: []uint32{9, 10}}, 0, "", "filter.priorities[1]: 10 above 9; priorities are 0 (lowest) to 9 (highest)"},
+		{&chimev1.EventFilter{IdPrefix: "order-", Priorities: []uint32{5}}, 1, first.NextPageToken, "page_token: issued for another query: give the same filter as the page it came from, or no token to start over"},
 		{nil, 1001, "", "limit: 1001, at most 1000 allowed"},
 		{&chimev1.EventFilter{IdPrefix: "order-4"}, 1, first.NextPageToken, "page_token: issued for another query: give the same filter as the page it came from, or no token to start over"},
 		{nil, 0, "garbage!", "page_token: not a token this server issued"},
@@ -54,6 +56,8 @@ func TestQueriesRejectInvalidRequestsAndChangeNothing(t *testing.T) {
 	}{
 		{nil, "filter: empty; give an id_prefix, a topic or a due range (to cancel every pending event, a due range that covers them all)"},
 		{&chimev1.EventFilter{IdPrefix: "order-", States: []chimev1.EventState{chimev1.EventState_EVENT_STATE_FIRED}}, "filter.states: CancelMatching cancels pending events only: leave states empty or give SCHEDULED alone"},
+		{&chimev1.EventFilter{Priorities: []uint32{9}}, "filter: priorities alone select too much for a bulk cancel; give an id_prefix, a topic or a due range as well (to cancel every pending event of these priorities, a due range that covers them all)"},
+		{&chimev1.EventFilter{IdPrefix: "order-", Priorities: []uint32{12}}, "filter.priorities[0]: 12 above 9; priorities are 0 (lowest) to 9 (highest)"},
 	} {
 		stream, err := e.client.CancelMatching(ctx(t), &chimev1.CancelMatchingRequest{Filter: tc.filter})
 		if err == nil {
