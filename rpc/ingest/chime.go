@@ -103,20 +103,17 @@ func chimeHeaderIndex(name string) int {
 // setChimeHeader sets the field of ev that h, one of chimeHeaders, says.
 func setChimeHeader(ev *chimev1.Event, h Header) error {
 	v := h.Value
-	bad := func(format string, args ...any) error {
-		return &RecordError{Field: h.Key, Rule: fmt.Sprintf("%q ", v) + fmt.Sprintf(format, args...)}
-	}
 	switch h.Key {
 	case HeaderDeliverAt:
 		at, rule := parseDeliverAt(string(v))
 		if rule != "" {
-			return bad("%s", rule)
+			return badHeader(h, rule)
 		}
 		ev.DeliverAt = at
 	case HeaderDelay:
 		d, err := time.ParseDuration(string(v))
 		if err != nil {
-			return bad("is not a Go duration (such as 90s or 1h30m)")
+			return badHeader(h, "is not a Go duration (such as 90s or 1h30m)")
 		}
 		ev.Delay = durationpb.New(d)
 	case HeaderTargetTopic:
@@ -131,14 +128,14 @@ func setChimeHeader(ev *chimev1.Event, h Header) error {
 		ev.Partition = p
 	case HeaderPriority:
 		if len(v) != 1 || v[0] < '0' || v[0] > '9' {
-			return bad("is not a priority: one digit, 0 (lowest) to 9 (highest)")
+			return badHeader(h, "is not a priority: one digit, 0 (lowest) to 9 (highest)")
 		}
 		p := uint32(v[0] - '0')
 		ev.Priority = &p
 	case HeaderWindow:
 		w, err := time.ParseDuration(string(v))
 		if err != nil {
-			return bad("is not a Go duration (such as 90s or 1h30m)")
+			return badHeader(h, "is not a Go duration (such as 90s or 1h30m)")
 		}
 		ev.Window = durationpb.New(w)
 	case HeaderOnConflict:
@@ -148,7 +145,7 @@ func setChimeHeader(ev *chimev1.Event, h Header) error {
 		case "reject":
 			ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REJECT
 		default:
-			return bad("is neither replace nor reject")
+			return badHeader(h, "is neither replace nor reject")
 		}
 	case HeaderDeliverTombstone:
 		switch string(v) {
@@ -156,10 +153,16 @@ func setChimeHeader(ev *chimev1.Event, h Header) error {
 			ev.Tombstone = true
 		case "false":
 		default:
-			return bad("is neither true nor false")
+			return badHeader(h, "is neither true nor false")
 		}
 	}
 	return nil
+}
+
+// badHeader is the error of a header of Chime's format whose value breaks
+// rule.
+func badHeader(h Header, rule string) error {
+	return &RecordError{Field: h.Key, Rule: fmt.Sprintf("%q %s", h.Value, rule)}
 }
 
 // secondsAsMillis: a chime-deliver-at in Unix milliseconds below it (and

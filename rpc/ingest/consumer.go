@@ -422,12 +422,16 @@ type item struct {
 // early only when ctx ends.
 func (c *Consumer) apply(ctx context.Context, recs []*kgo.Record) (last *kgo.Record) {
 	src := c.sources[recs[0].Topic]
-	items := make([]*item, len(recs))
+	items := make([]item, len(recs))
 	// cancelledAt is, by id, the last record of recs that cancels it.
 	cancelledAt := map[string]int{}
+	// One Record, refilled for each: decoders keep the key, value and
+	// header values it aliases, never the Record or its header slice.
+	var rec Record
 	for i, kr := range recs {
-		it := &item{rec: kr}
-		it.op, it.reject = c.decode(ctx, src, kr)
+		it := &items[i]
+		it.rec = kr
+		it.op, it.reject = c.decode(ctx, src, kr, &rec)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -436,52 +440,55 @@ func (c *Consumer) apply(ctx context.Context, recs []*kgo.Record) (last *kgo.Rec
 				cancelledAt[id] = i
 			}
 		}
-		items[i] = it
 	}
-	r := runs{c: c, src: src, cur: newRun()}
-	for i, it := range items {
+	r := runs{c: c, src: src, cur: &run{}, ids: make(map[string]int, len(recs))}
+	for i := range items {
+		it := &items[i]
 		switch op := it.op; {
 		case it.reject != nil:
-			r.cur.add(it)
+			r.add(it)
 		case op.Skip:
 			it.result = "skipped"
-			r.cur.add(it)
+			r.add(it)
 		case op.Cancel && c.cfg.DryRun:
 			it.result = "dry_run"
-			r.cur.add(it)
+			r.add(it)
 		case op.Cancel:
 			// After everything before it, alone: a cancel of an id a run in
 			// flight schedules must come after that run.
 			if !r.drain(ctx) || !c.cancel(ctx, src, it) {
 				return r.last
 			}
-			r.cur.add(it)
-		case cancelledAt[op.Events[0].GetId()] > i:
+			r.add(it)
+		case len(cancelledAt) > 0 && cancelledAt[op.Events[0].GetId()] > i:
 			// A later record of this fetch cancels it: scheduling it first
 			// could fire it meanwhile (one due already, as a schedule the old
 			// scheduler fired and tombstoned is, read from the topic's start).
 			it.result = "superseded"
-			r.cur.add(it)
+			r.add(it)
 		default:
 			if !r.place(ctx, op) {
 				return r.last
 			}
-			r.cur.add(it)
+			r.add(it)
 		}
 	}
 	r.drain(ctx)
 	return r.last
 }
 
-// decode decodes kr. A failure that is not the record's (a schema
+// decode decodes kr, read into rec. A failure that is not the record's (a schema
 // registry that does not answer) is retried until it passes or ctx ends:
 // the record is not rejected for it.
-func (c *Consumer) decode(ctx context.Context, src *source, kr *kgo.Record) (Op, error) {
+func (c *Consumer) decode(ctx context.Context, src *source, kr *kgo.Record, rec *Record) (Op, error) {
 	var bo *backoff.ExponentialBackOff
 	for {
-		op, err := src.dec.Decode(record(kr))
-		var re *RecordError
-		if err == nil || errors.As(err, &re) {
+		fillRecord(rec, kr)
+		op, err := src.dec.Decode(rec)
+		if err == nil {
+			return op, nil
+		}
+		if re := (*RecordError)(nil); errors.As(err, &re) {
 			return op, err
 		}
 		if bo == nil {
@@ -511,6 +518,11 @@ type runs struct {
 	src    *source
 	cur    *run
 	flying []*run
+	// ids holds, for each id scheduled by a run, the number of the last
+	// such run: the id is in a run gathered or in flight when that number
+	// is at least the oldest run's not landed (one map for every run of
+	// the poll, rather than one each, which every event would look up).
+	ids map[string]int
 	// last is the last record of the runs done in order: every record up
 	// to it was applied or rejected.
 	last   *kgo.Record
@@ -519,27 +531,35 @@ type runs struct {
 
 // run is one call's worth of a partition's records.
 type run struct {
+	n      int // runs are numbered from 0 in the order they are gathered
 	items  []*item
 	events int
-	ids    map[string]bool
 	start  time.Time
 	done   chan struct{}
 	ok     bool
 }
 
-func newRun() *run { return &run{ids: map[string]bool{}} }
-
-func (r *run) add(it *item) {
-	if len(r.items) == 0 {
-		r.start = time.Now()
+// add adds it to the current run.
+func (r *runs) add(it *item) {
+	cur := r.cur
+	if len(cur.items) == 0 {
+		cur.start = time.Now()
 	}
-	r.items = append(r.items, it)
+	cur.items = append(cur.items, it)
 	if it.reject == nil && !it.op.Cancel && it.result == "" {
 		for _, e := range it.op.Events {
-			r.ids[e.GetId()] = true
+			r.ids[e.GetId()] = cur.n
 		}
-		r.events += len(it.op.Events)
+		cur.events += len(it.op.Events)
 	}
+}
+
+// unlanded is the number of the oldest run gathered or in flight.
+func (r *runs) unlanded() int {
+	if len(r.flying) > 0 {
+		return r.flying[0].n
+	}
+	return r.cur.n
 }
 
 // place makes room in the current run for op's events: when a run
@@ -548,13 +568,8 @@ func (r *run) add(it *item) {
 // starts it. False: ctx ended first.
 func (r *runs) place(ctx context.Context, op Op) bool {
 	for _, e := range op.Events {
-		if r.cur.ids[e.GetId()] {
+		if n, ok := r.ids[e.GetId()]; ok && n >= r.unlanded() {
 			return r.drain(ctx)
-		}
-		for _, f := range r.flying {
-			if f.ids[e.GetId()] {
-				return r.drain(ctx)
-			}
 		}
 	}
 	if r.cur.events+len(op.Events) > min(runEvents, r.c.cfg.MaxBatch) {
@@ -579,7 +594,7 @@ func (r *runs) launch(ctx context.Context) bool {
 		f.ok = r.c.schedule(ctx, r.src, f.items) && r.c.rejectAll(ctx, f.items)
 	}()
 	r.flying = append(r.flying, f)
-	r.cur = newRun()
+	r.cur = &run{n: f.n + 1}
 	return true
 }
 
@@ -593,9 +608,7 @@ func (r *runs) land() bool {
 		r.failed = true
 		return false
 	}
-	for _, it := range f.items {
-		r.c.count(r.src.Topic, it)
-	}
+	r.c.count(r.src.Topic, f.items)
 	r.c.m.apply.Observe(time.Since(f.start).Seconds())
 	r.last = f.items[len(f.items)-1].rec
 	return true
@@ -616,13 +629,32 @@ func (r *runs) drain(ctx context.Context) bool {
 	return !r.failed
 }
 
-func (c *Consumer) count(topic string, it *item) {
-	if it.reject != nil {
-		c.m.records.WithLabelValues(topic, "rejected").Inc()
-		c.m.rejected.WithLabelValues(topic, reason(it.reject)).Inc()
-		return
+// count counts what the records of items did, a counter update for each
+// stretch of one result rather than one for each record.
+func (c *Consumer) count(topic string, items []*item) {
+	result, n := "", 0
+	flush := func() {
+		if n > 0 {
+			c.m.records.WithLabelValues(topic, result).Add(float64(n))
+		}
 	}
-	c.m.records.WithLabelValues(topic, it.result).Inc()
+	for _, it := range items {
+		if it.reject != nil {
+			c.m.rejected.WithLabelValues(topic, reason(it.reject)).Inc()
+			if result != "rejected" {
+				flush()
+				result, n = "rejected", 0
+			}
+			n++
+			continue
+		}
+		if it.result != result {
+			flush()
+			result, n = it.result, 0
+		}
+		n++
+	}
+	flush()
 }
 
 // eventPrefix is the path BatchSchedule puts before an event's field.
@@ -893,7 +925,7 @@ func (c *Consumer) rejectAll(ctx context.Context, items []*item) bool {
 		r := it.rec
 		hs := append(slices.Clip(r.Headers),
 			kgo.RecordHeader{Key: chimev1.HeaderError, Value: []byte(it.reject.Error())},
-			kgo.RecordHeader{Key: chimev1.HeaderSource, Value: []byte(sourceText(r.Topic, r.Partition, r.Offset))})
+			kgo.RecordHeader{Key: chimev1.HeaderSource, Value: sourceBytes(r.Topic, r.Partition, r.Offset)})
 		out = append(out, &kgo.Record{Topic: c.cfg.RejectedTopic, Key: r.Key, Value: r.Value, Headers: hs})
 		c.log.Debug("rejected a record", "source", sourceText(r.Topic, r.Partition, r.Offset), "err", it.reject)
 	}
@@ -913,7 +945,18 @@ func (c *Consumer) rejectAll(ctx context.Context, items []*item) bool {
 }
 
 func sourceText(topic string, p int32, offset int64) string {
-	return topic + "/" + strconv.Itoa(int(p)) + "/" + strconv.FormatInt(offset, 10)
+	return string(sourceBytes(topic, p, offset))
+}
+
+// sourceBytes is sourceText as bytes, in one allocation: every scheduled
+// event carries it as its chime-source header.
+func sourceBytes(topic string, p int32, offset int64) []byte {
+	b := make([]byte, 0, len(topic)+2+10+20)
+	b = append(b, topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(p), 10)
+	b = append(b, '/')
+	return strconv.AppendInt(b, offset, 10)
 }
 
 // reason is the label a rejection is counted under: the field it names.
@@ -929,16 +972,13 @@ func reason(err error) string {
 	return field
 }
 
-// record is kr as a decoder reads it.
-func record(kr *kgo.Record) *Record {
-	r := &Record{Topic: kr.Topic, Partition: kr.Partition, Offset: kr.Offset, Key: kr.Key, Value: kr.Value, Timestamp: kr.Timestamp}
-	if len(kr.Headers) > 0 {
-		r.Headers = make([]Header, len(kr.Headers))
-		for i, h := range kr.Headers {
-			r.Headers[i] = Header{Key: h.Key, Value: h.Value}
-		}
+// fillRecord sets r to kr as a decoder reads it, reusing r's header slice.
+func fillRecord(r *Record, kr *kgo.Record) {
+	hs := r.Headers[:0]
+	for _, h := range kr.Headers {
+		hs = append(hs, Header{Key: h.Key, Value: h.Value})
 	}
-	return r
+	*r = Record{Topic: kr.Topic, Partition: kr.Partition, Offset: kr.Offset, Key: kr.Key, Value: kr.Value, Headers: hs, Timestamp: kr.Timestamp}
 }
 
 // kgoLogger passes franz-go's warnings and errors to the node's log.

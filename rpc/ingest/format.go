@@ -195,14 +195,25 @@ func (c common) cancel(id string) Op {
 // Op that schedules it: its id and chime-source header set, followed by
 // its companions.
 func (c common) schedule(r *Record, id string, ev *chimev1.Event) Op {
-	src := &chimev1.Header{Key: chimev1.HeaderSource, Value: []byte(sourceText(r.Topic, r.Partition, r.Offset))}
+	// The chime-source header, and the slices that hold it and ev, in one
+	// allocation: every record of a schedules topic takes this path.
+	s := &sourced{src: chimev1.Header{Key: chimev1.HeaderSource, Value: sourceBytes(r.Topic, r.Partition, r.Offset)}}
+	src := &s.src
 	ev.Id = id
-	ev.Headers = append(ev.Headers, src)
+	if ev.Headers == nil {
+		s.hs[0] = src
+		ev.Headers = s.hs[:]
+	} else {
+		ev.Headers = append(ev.Headers, src)
+	}
 	if ev.OnConflict == chimev1.OnConflict_ON_CONFLICT_UNSPECIFIED {
 		ev.OnConflict = chimev1.OnConflict_ON_CONFLICT_REJECT
 	}
-	evs := make([]*chimev1.Event, 1, 3)
-	evs[0] = ev
+	s.evs[0] = ev
+	evs := s.evs[:]
+	if c.opts.HistoryTopic != "" || c.opts.TombstoneBack {
+		evs = slices.Grow(evs, 2)
+	}
 	// The companions share ev's immutable parts (times, header messages,
 	// bytes) but not its slices, which the consumer may change per event.
 	if c.opts.HistoryTopic != "" {
@@ -242,6 +253,15 @@ func (c common) schedule(r *Record, id string, ev *chimev1.Event) Op {
 		})
 	}
 	return Op{Events: evs}
+}
+
+// sourced holds what schedule adds to an event: its chime-source header,
+// the header slice when the event has no other header, and the slice of
+// events.
+type sourced struct {
+	src chimev1.Header
+	hs  [1]*chimev1.Header
+	evs [1]*chimev1.Event
 }
 
 // copyHeader is h as an event header.
