@@ -283,7 +283,7 @@ func cancelCommand() *command {
 	return &command{
 		name:    "cancel",
 		summary: "cancel a scheduled event, or every one a filter selects",
-		args:    "ID | --prefix P [--topic T] [--due-before T] [--due-after T] [--dry-run]",
+		args:    "ID | --prefix P [--topic T] [--priority N] [--due-before T] [--due-after T] [--dry-run]",
 		about: `Cancel stops the event with id ID from being produced. When it returns
 successfully, the record will not be produced. Cancelling an event that is
 already cancelled succeeds again. It fails with NotFound for an unknown id
@@ -299,10 +299,13 @@ cancelled will not be produced. --dry-run only counts the matches. It is
 safe to run again: a run cut short by a node restarting or a leader change
 is run again at once, which finds what is still pending, and one cut short
 by Ctrl-C is finished by running it again. A bulk cancel is not bound by
---timeout unless --timeout is given.`,
+--timeout unless --timeout is given. --priority narrows the other filters
+(alone it is refused as too broad): cancel by priority only once every node
+runs a release that knows it, as an earlier node refuses nothing and would
+cancel every priority.`,
 		example: `  chimectl cancel order-42-reminder
   chimectl cancel --prefix order-42/ --dry-run
-  chimectl cancel --topic reminders --due-before 24h --json`,
+  chimectl cancel --topic payments --priority 9 --due-before 24h --json`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			var ff filterFlags
 			ff.register(fs, false)
@@ -310,7 +313,10 @@ by Ctrl-C is finished by running it again. A bulk cancel is not bound by
 			return func(ctx context.Context, args []string) error {
 				if ff.given() {
 					if len(args) > 0 {
-						return usagef("give an event id or filters (--prefix, --topic, --due-before, --due-after), not both")
+						return usagef("give an event id or filters (--prefix, --topic, --priority, --due-before, --due-after), not both")
+					}
+					if !ff.narrows() {
+						return usagef("--priority alone selects too much to cancel: add --prefix, --topic or a due range (--due-before, --due-after)")
 					}
 					filter, err := ff.filter(c.now())
 					if err != nil {
@@ -324,7 +330,7 @@ by Ctrl-C is finished by running it again. A bulk cancel is not bound by
 					return c.bulkCancel(ctx, filter, *dryRun)
 				}
 				if *dryRun {
-					return usagef("--dry-run needs filters (--prefix, --topic, --due-before, --due-after)")
+					return usagef("--dry-run needs filters (--prefix, --topic, --priority, --due-before, --due-after)")
 				}
 				id, err := oneID(args)
 				if err != nil {

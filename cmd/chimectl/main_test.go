@@ -169,11 +169,16 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{[]string{"list", "--due-before", "1h", "--due-after", "2h"}, "--due-before 1h is not after --due-after 2h"},
 		{[]string{"count", "--due-after", "yesterday"}, `--due-after "yesterday" is neither an RFC 3339 time like 2030-01-02T09:00:00Z nor a duration from now like 2h or -30m`},
 		{[]string{"list", "order-42"}, `list takes no arguments, got ["order-42"] (filter with --prefix)`},
-		{[]string{"cancel", "x", "--prefix", "order-"}, "give an event id or filters (--prefix, --topic, --due-before, --due-after), not both"},
-		{[]string{"cancel", "x", "--dry-run"}, "--dry-run needs filters (--prefix, --topic, --due-before, --due-after)"},
+		{[]string{"list", "--priority", "9,10"}, `--priority "10": want 0 (lowest) to 9 (highest)`},
+		{[]string{"count", "--priority", "high"}, `--priority "high": want 0 (lowest) to 9 (highest)`},
+		{[]string{"cancel", "--priority", "9"}, "--priority alone selects too much to cancel: add --prefix, --topic or a due range (--due-before, --due-after)"},
+		{[]string{"update", "--priority", "9", "--shift", "1h"}, "--priority alone selects too much to shift: add --prefix, --topic or a due range (--due-before, --due-after)"},
+		{[]string{"update", "--topic", "t", "--priority", "-1", "--shift", "1h"}, `--priority "-1": want 0 (lowest) to 9 (highest)`},
+		{[]string{"cancel", "x", "--prefix", "order-"}, "give an event id or filters (--prefix, --topic, --priority, --due-before, --due-after), not both"},
+		{[]string{"cancel", "x", "--dry-run"}, "--dry-run needs filters (--prefix, --topic, --priority, --due-before, --due-after)"},
 		{[]string{"update", "--prefix", "order-"}, "with filters, give --shift, a duration like 1h or -30m: how far each event moves"},
-		{[]string{"update", "--shift", "1h"}, "--shift and --dry-run need filters (--prefix, --topic, --due-before, --due-after)"},
-		{[]string{"update", "x", "--prefix", "order-", "--shift", "1h"}, "give an event id or filters (--prefix, --topic, --due-before, --due-after) with --shift, not both"},
+		{[]string{"update", "--shift", "1h"}, "--shift and --dry-run need filters (--prefix, --topic, --priority, --due-before, --due-after)"},
+		{[]string{"update", "x", "--prefix", "order-", "--shift", "1h"}, "give an event id or filters (--prefix, --topic, --priority, --due-before, --due-after) with --shift, not both"},
 		{[]string{"update", "--prefix", "order-", "--shift", "1h", "--payload", "p"}, "--payload changes one event: with filters, only --shift (and --dry-run) apply"},
 	} {
 		cmd := tc.args[0]
@@ -576,6 +581,31 @@ func TestListCountAndBulkCancel(t *testing.T) {
 	chimectl(t, nil, "", "--addr", addr, "cancel", "--prefix", "order-42/", "--json").
 		want(t, 0, `{"dry_run":false,"matched":0,"cancelled":0,"skipped_fired":0,"skipped_held":0}`+"\n", "")
 	chimectl(t, nil, "", "--addr", addr, "count", "--state", "cancelled").want(t, 0, "3\n", "")
+}
+
+func TestFilterFlagsByPriority(t *testing.T) {
+	addr, _ := startChime(t)
+	for _, ev := range [][]string{
+		{"p/0", "orders", "--priority", "9"},
+		{"p/1", "orders"},
+		{"p/2", "mail", "--priority", "9"},
+		{"p/3", "orders", "--priority", "0"},
+	} {
+		chimectl(t, nil, "", append([]string{"--addr", addr, "schedule", "--id", ev[0], "--topic", ev[1], "--in", "1h", "--json"}, ev[2:]...)...)
+	}
+	chimectl(t, nil, "", "--addr", addr, "count", "--priority", "9").want(t, 0, "2\n", "")
+	// An event scheduled without --priority has 5.
+	chimectl(t, nil, "", "--addr", addr, "count", "--prefix", "p/", "--priority", "5").want(t, 0, "1\n", "")
+	chimectl(t, nil, "", "--addr", addr, "count", "--priority", "0", "--priority", "9,5").want(t, 0, "4\n", "")
+	r := chimectl(t, nil, "", "--addr", addr, "list", "--topic", "orders", "--priority", "9,0", "--json")
+	if r.code != 0 || strings.Count(r.stdout, "\n") != 2 || !strings.Contains(r.stdout, `"id":"p/0"`) || !strings.Contains(r.stdout, `"id":"p/3"`) {
+		t.Fatalf("list --topic orders --priority 9,0: %+v", r)
+	}
+	chimectl(t, nil, "", "--addr", addr, "update", "--prefix", "p/", "--priority", "5", "--shift", "1h", "--dry-run").
+		want(t, 0, "matched  1\nmoved    0 (dry run)\n", "")
+	chimectl(t, nil, "", "--addr", addr, "cancel", "--topic", "orders", "--priority", "9").
+		want(t, 0, "matched        1\ncancelled      1\nskipped_fired  0\nskipped_held   0\n", "")
+	chimectl(t, nil, "", "--addr", addr, "count", "--state", "scheduled", "--priority", "9").want(t, 0, "1\n", "")
 }
 
 // TestTokenNeverInPlaintextBeyondLoopback: chimectl refuses to send a

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,12 +21,13 @@ import (
 // cancel's bulk form.
 type filterFlags struct {
 	prefix, topic, dueBefore, dueAfter string
-	states                             multiFlag
+	states, priorities                 multiFlag
 }
 
 func (f *filterFlags) register(fs *flag.FlagSet, withState bool) {
 	fs.StringVar(&f.prefix, "prefix", "", "only events whose id starts with this `prefix`")
 	fs.StringVar(&f.topic, "topic", "", "only events of this `topic`")
+	fs.Var(&f.priorities, "priority", "only events of this `priority`, 0 (lowest) to 9 (highest); an event scheduled without --priority has 5; repeatable, or comma-separated")
 	if withState {
 		fs.Var(&f.states, "state", "only events in this `state`: scheduled, fired, cancelled or dead_lettered; repeatable, or comma-separated")
 	}
@@ -35,7 +37,13 @@ func (f *filterFlags) register(fs *flag.FlagSet, withState bool) {
 
 // given reports whether any filter flag was set.
 func (f *filterFlags) given() bool {
-	return f.prefix != "" || f.topic != "" || len(f.states) > 0 || f.dueBefore != "" || f.dueAfter != ""
+	return f.prefix != "" || f.topic != "" || len(f.states) > 0 || len(f.priorities) > 0 || f.dueBefore != "" || f.dueAfter != ""
+}
+
+// narrows reports whether a flag other than --state and --priority was set: what a bulk
+// cancel or shift needs, as either alone selects too many events to act on.
+func (f *filterFlags) narrows() bool {
+	return f.prefix != "" || f.topic != "" || f.dueBefore != "" || f.dueAfter != ""
 }
 
 func (f *filterFlags) filter(now time.Time) (*chimev1.EventFilter, error) {
@@ -47,6 +55,15 @@ func (f *filterFlags) filter(now time.Time) (*chimev1.EventFilter, error) {
 				return nil, usagef("--state %q: want scheduled, fired, cancelled or dead_lettered", s)
 			}
 			out.States = append(out.States, chimev1.EventState(st))
+		}
+	}
+	for _, v := range f.priorities {
+		for _, s := range strings.Split(v, ",") {
+			p, err := strconv.ParseUint(strings.TrimSpace(s), 10, 8)
+			if err != nil || p > 9 {
+				return nil, usagef("--priority %q: want 0 (lowest) to 9 (highest)", s)
+			}
+			out.Priorities = append(out.Priorities, uint32(p))
 		}
 	}
 	var err error
@@ -79,7 +96,7 @@ func flagTime(name, v string, now time.Time) (*timestamppb.Timestamp, error) {
 func listCommand() *command {
 	return &command{
 		name:    "list",
-		summary: "list events by id prefix, topic, state and due time",
+		summary: "list events by id prefix, topic, state, priority and due time",
 		about: `List shows the events the filters select, scheduled ones and settled ones
 (fired, cancelled and dead-lettered events are kept for the cluster's
 retention), ordered by due time, then id, across every shard: a table by
@@ -89,9 +106,12 @@ more follow, it says so on standard error with the --page-token that
 continues the list, on any node. The answer is linearizable (it reflects
 every change acknowledged before it began) unless --stale lets any replica
 answer. An id prefix is the fast filter: it is answered from the id index,
-however many events the cluster holds.`,
+however many events the cluster holds. --priority selects by the priority
+the events were scheduled with (5 for one scheduled without --priority);
+every node must run a release that knows it: an earlier node answers for
+every priority.`,
 		example: `  chimectl list --prefix order-42/
-  chimectl list --state scheduled --due-before 1h --limit 20
+  chimectl list --state scheduled --priority 9 --due-before 1h --limit 20
   chimectl list --topic reminders --state fired --due-after -24h --limit 0 --json | jq -r .id`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			var ff filterFlags
@@ -180,14 +200,15 @@ however many events the cluster holds.`,
 func countCommand() *command {
 	return &command{
 		name:    "count",
-		summary: "count events by id prefix, topic, state and due time",
+		summary: "count events by id prefix, topic, state, priority and due time",
 		about: `Count prints how many events the filters select, as list would list them,
 across every shard. Counting by state alone is read from counters; by id
 prefix, from the id index (about a second for ten million events);
-anything else reads the events themselves.`,
+scheduled events by due time and priority, from the due index; anything
+else reads the events themselves.`,
 		example: `  chimectl count --state scheduled
   chimectl count --prefix order-42/
-  chimectl count --topic reminders --due-before 1h --json`,
+  chimectl count --topic reminders --priority 8,9 --due-before 1h --json`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			var ff filterFlags
 			ff.register(fs, true)
@@ -270,6 +291,9 @@ func clientFilter(f *chimev1.EventFilter) client.Filter {
 	cf := client.Filter{IDPrefix: f.GetIdPrefix(), Topic: f.GetTopic()}
 	for _, s := range f.GetStates() {
 		cf.States = append(cf.States, client.State(s))
+	}
+	for _, p := range f.GetPriorities() {
+		cf.Priorities = append(cf.Priorities, int(p))
 	}
 	if f.GetDueAfter() != nil {
 		cf.DueAfter = f.GetDueAfter().AsTime()

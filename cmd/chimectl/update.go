@@ -13,7 +13,7 @@ func updateCommand() *command {
 	return &command{
 		name:    "update",
 		summary: "change a scheduled event's due time, payload, key or headers",
-		args:    "ID | --prefix P [--topic T] [--due-before T] [--due-after T] --shift D [--dry-run]",
+		args:    "ID | --prefix P [--topic T] [--priority N] [--due-before T] [--due-after T] --shift D [--dry-run]",
 		about: `Update changes the scheduled event with id ID: its due time (--in from now, or
 at --at), and the content given with --payload or --payload-file, --key and
 --header (which replace all of the event's headers; --no-headers removes
@@ -35,10 +35,11 @@ then updates each at the version it listed, so an event that fired, was
 cancelled or was changed by someone else meanwhile is left alone and
 counted as skipped. It shows its progress while it runs and the totals at
 the end. --dry-run only counts the matches. Running it again moves the
-events again. It is not bound by --timeout unless --timeout is given.`,
+events again. It is not bound by --timeout unless --timeout is given.
+--priority narrows the other filters (alone it is refused as too broad).`,
 		example: `  chimectl update order-42-reminder --in 2h
   chimectl update order-42-reminder --at 2030-01-02T09:00:00Z --payload '{"order":42,"second":true}'
-  chimectl update --prefix order-42/ --due-before 2h --shift 1h --dry-run`,
+  chimectl update --prefix order-42/ --priority 9 --due-before 2h --shift 1h --dry-run`,
 		flags: func(c *cli, fs *flag.FlagSet) func(context.Context, []string) error {
 			in := fs.Duration("in", 0, "the event is due this long from now, a `duration` like 2s, 90m or 36h")
 			at := fs.String("at", "", "the event is due at this RFC 3339 `time`, e.g. 2030-01-02T09:00:00Z")
@@ -124,9 +125,11 @@ events again. It is not bound by --timeout unless --timeout is given.`,
 func (c *cli) bulkShift(ctx context.Context, ff filterFlags, set map[string]bool, args []string, shift time.Duration, dryRun bool) error {
 	switch {
 	case len(args) > 0:
-		return usagef("give an event id or filters (--prefix, --topic, --due-before, --due-after) with --shift, not both")
+		return usagef("give an event id or filters (--prefix, --topic, --priority, --due-before, --due-after) with --shift, not both")
 	case !ff.given():
-		return usagef("--shift and --dry-run need filters (--prefix, --topic, --due-before, --due-after)")
+		return usagef("--shift and --dry-run need filters (--prefix, --topic, --priority, --due-before, --due-after)")
+	case !ff.narrows():
+		return usagef("--priority alone selects too much to shift: add --prefix, --topic or a due range (--due-before, --due-after)")
 	case shift == 0:
 		return usagef("with filters, give --shift, a duration like 1h or -30m: how far each event moves")
 	}
@@ -147,7 +150,7 @@ func (c *cli) bulkShift(ctx context.Context, ff filterFlags, set map[string]bool
 		var n int64
 		err := c.call(ctx, func(ctx context.Context, cl *client.Client) (err error) {
 			n, err = cl.Count(ctx, client.Filter{IDPrefix: f.IDPrefix, Topic: f.Topic, DueAfter: f.DueAfter, DueBefore: f.DueBefore,
-				States: []client.State{client.StateScheduled}})
+				Priorities: f.Priorities, States: []client.State{client.StateScheduled}})
 			return err
 		})
 		if err != nil {
