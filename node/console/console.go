@@ -177,6 +177,7 @@ func (c *Console) routes() {
 	mux.HandleFunc("POST /ui/login", c.login)
 	mux.HandleFunc("POST /ui/logout", c.signedIn(c.logout))
 	mux.HandleFunc("GET /ui/events", c.signedIn(c.startWithin(c.eventsPage, true)))
+	mux.HandleFunc("GET /ui/events/count", c.signedInJSON(c.countEndpoint))
 	mux.HandleFunc("GET /ui/event", c.signedIn(c.eventPage))
 	mux.HandleFunc("POST /ui/event/{action}", c.acting(c.eventAction))
 	mux.HandleFunc("GET /ui/bulk", c.signedIn(c.bulkPage))

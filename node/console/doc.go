@@ -22,7 +22,14 @@
 //   - The pages: server-rendered Go templates and a stylesheet embedded in
 //     the binary. Every page reads without scripts, and its filters are
 //     in its URL, so it can be bookmarked and shared. Each action names the
-//     chimectl command that does the same.
+//     chimectl command that does the same. The events page counts its
+//     matches beside its first page, in a goroutine its request owns and
+//     cancels when it ends, and waits for the count only within a short
+//     budget (countBudget): a broad filter's count reads every match. A
+//     count not done in time is filled in by a script from
+//     /ui/events/count, or, without scripts, by a link to the page that
+//     waits for it. Each events page says its server time in a
+//     Server-Timing header.
 //   - The timeliness figures: a sampler goroutine, owned by the Console
 //     (started by New when Config.Metrics is set, stopped by Close), reads
 //     the node's metrics registry every ten seconds into rings in memory

@@ -98,19 +98,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, s *session, pag
 
 // fail shows err on page's layout with code, and the page's data.
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, s *session, err error) {
-	code := http.StatusBadGateway
-	var inv *client.InvalidError
-	switch {
-	case errors.As(err, &inv), errors.Is(err, errBadInput):
-		code = http.StatusBadRequest
-	case errors.Is(err, client.ErrNotFound):
-		code = http.StatusNotFound
-	case errors.Is(err, client.ErrPermissionDenied), errors.Is(err, client.ErrUnauthenticated):
-		code = http.StatusForbidden
-	case errors.Is(err, client.ErrConflict), errors.Is(err, client.ErrAlreadyFired), errors.Is(err, client.ErrCancelled):
-		code = http.StatusConflict
-	}
-	c.render(w, r, s, "error", code, map[string]any{"Error": err.Error(), "Back": r.Referer()})
+	c.render(w, r, s, "error", errorCode(err), map[string]any{"Error": err.Error(), "Back": r.Referer()})
 }
 
 var errBadInput = errors.New("bad input")
@@ -225,6 +213,7 @@ type row struct {
 }
 
 func (c *Console) eventsPage(w http.ResponseWriter, r *http.Request, s *session) {
+	began := time.Now()
 	now := c.cfg.Now()
 	ff, f, err := readFilter(r.URL.Query(), now)
 	if err != nil {
@@ -247,17 +236,23 @@ func (c *Console) eventsPage(w http.ResponseWriter, r *http.Request, s *session)
 			return
 		}
 	}
+	// The count runs beside the list and is waited for only until
+	// countBudget is spent: counting a broad selection reads every match,
+	// and a first page that waited for it would take as long.
 	start := time.Now()
+	answer, stopCount := startCount(ctx, cl, f)
+	defer stopCount()
 	page, err := cl.ListPage(ctx, f, ff.Size, ff.Page)
 	if err != nil {
 		c.fail(w, r, s, err)
 		return
 	}
+	listTook := time.Since(start)
 	rows := make([]row, len(page.Events))
 	for i, ev := range page.Events {
 		rows[i] = row{Event: ev, In: relative(ev.Due, now)}
 	}
-	data["Rows"], data["Took"] = rows, time.Since(start).Round(time.Millisecond)
+	data["Rows"], data["Took"] = rows, listTook.Round(time.Millisecond)
 	if page.Next != "" {
 		q := ff.query()
 		q.Set("page", page.Next)
@@ -266,13 +261,34 @@ func (c *Console) eventsPage(w http.ResponseWriter, r *http.Request, s *session)
 	if ff.Page != "" {
 		data["First"] = ff.Query()
 	}
-	// The count is a second call: a list that answered is worth showing
-	// even when counting a large selection runs out of time.
-	if n, err := cl.Count(ctx, f); err == nil {
-		data["Count"] = n
+	var res counted
+	done := false
+	if r.URL.Query().Get("count") == "wait" {
+		// The link a page without scripts offers: this page waits for
+		// its count as long as any call.
+		res, done = <-answer, true
 	} else {
-		data["CountError"] = err.Error()
+		res, done = awaitCount(answer, start)
 	}
+	timing := serverTiming{}
+	timing.add("list", listTook)
+	switch {
+	case !done:
+		timing.note("count", "pending")
+		wait := ff.query()
+		wait.Set("count", "wait")
+		data["CountLater"], data["CountWait"] = ff.Query(), template.URL(wait.Encode()) // as Query: url.Values encoded it
+	case res.err != nil:
+		// A list that answered is worth showing even when counting a
+		// large selection failed or ran out of time.
+		timing.add("count", res.took)
+		data["CountError"] = res.err.Error()
+	default:
+		timing.add("count", res.took)
+		data["Count"] = res.n
+	}
+	timing.add("total", time.Since(began))
+	timing.set(w)
 	data["Cmd"] = "chimectl list" + ff.chimectl() + stateFlag(ff.State)
 	c.render(w, r, s, "events", http.StatusOK, data)
 }
