@@ -323,6 +323,11 @@ func TestConsoleInABrowser(t *testing.T) {
 	b.shoot("reader-events")
 	b.navigate("/ui/recurring/one?id=" + consoleSchedule)
 	b.waitJS("the schedule's page for the reader", `document.querySelector("#rstate") !== null`)
+	if hasTrigger {
+		// The triggered occurrence fired: the page shows it as the last.
+		b.waitPage("/ui/recurring/one?id="+consoleSchedule, "the triggered occurrence as the last fired",
+			`document.querySelector("#last-fired a")?.textContent.startsWith(`+jsString(consoleSchedule+"@")+`)`)
+	}
 	b.eval(`Array.from(document.querySelectorAll("main button")).map(e => e.id || e.textContent)`, &offered)
 	if len(offered) > 0 {
 		t.Errorf("the reader's recurring page offers actions: %v", offered)

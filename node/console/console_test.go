@@ -342,6 +342,48 @@ func TestCountAfterThePage(t *testing.T) {
 	}
 }
 
+// TestRecurringLastFired: a schedule's page shows its latest fired
+// occurrence, linked, with when it fired and how late; none before one
+// fired.
+func TestRecurringLastFired(t *testing.T) {
+	d := startDev(t, nil)
+	c := dial(t, d.GRPCAddr())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const id = "report-hourly"
+	if _, err := c.Recurring().Create(ctx, id, client.Every(time.Hour, client.StartAt(time.Now().Add(time.Hour).Truncate(time.Second))),
+		client.Target{Topic: "console", Payload: []byte("r")}); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, "http://"+d.HTTPAddr(), nil)
+	lastRE := regexp.MustCompile(`<dd id="last-fired"><a href="/ui/event\?id=([^"]+)">`)
+	code, page := b.get("/ui/recurring/one?id=" + id)
+	if code != 200 || lastRE.MatchString(page) || !strings.Contains(page, "none among the events") {
+		t.Fatalf("the page of a schedule that never fired: %d\n%s", code, page)
+	}
+	// Two extra occurrences, an hour apart in time, both fired: the later
+	// is the last.
+	var ids []string
+	for _, ago := range []time.Duration{2 * time.Hour, time.Minute} {
+		o, err := c.Recurring().TriggerAt(ctx, id, time.Now().Add(-ago))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, o.EventID)
+	}
+	for _, eid := range ids {
+		waitState(t, c, eid, client.StateFired)
+	}
+	code, page = b.get("/ui/recurring/one?id=" + id)
+	var linked string
+	if m := lastRE.FindStringSubmatch(page); m != nil {
+		linked, _ = url.QueryUnescape(m[1])
+	}
+	if code != 200 || linked != ids[1] || !strings.Contains(page, "after its due time") {
+		t.Fatalf("the last fired occurrence, want %s:\n%s", ids[1], page)
+	}
+}
+
 func waitState(t *testing.T, c *client.Client, id string, want client.State) {
 	t.Helper()
 	nodetest.WaitFor(t, 20*time.Second, func() (bool, string) {

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -9,6 +10,10 @@ import (
 
 	"github.com/chimehq/chime/client"
 )
+
+// occurrencePrefix is what the event ids of schedule id's occurrences start
+// with: the client documents them as "<schedule id>@<occurrence Unix ms>".
+func occurrencePrefix(id string) string { return id + "@" }
 
 // maxRecurringRows is how many schedules the recurring page lists at once:
 // a prefix narrows a longer list.
@@ -104,10 +109,17 @@ func (c *Console) recurringOnePage(w http.ResponseWriter, r *http.Request, s *se
 	for _, t := range rs.Upcoming {
 		up = append(up, upcoming{UTC: t.UTC().Format("2006-01-02 15:04:05 MST"), Zone: t.In(loc).Format("2006-01-02 15:04:05 MST"), In: relative(t, now)})
 	}
+	last := map[string]any{}
+	if ev, found, more, err := lastFired(ctx, cl, rs, now); err != nil {
+		last["Error"] = err.Error()
+	} else if found {
+		last["E"], last["In"], last["Late"], last["More"] = ev, relative(ev.FiredAt, now), ev.FiredAt.Sub(ev.Due).Round(time.Millisecond), more
+	}
 	q := shellQuote(id)
 	c.render(w, r, s, "recurring-one", http.StatusOK, map[string]any{
-		"S": rs, "Rule": ruleText(rs.Rule), "Upcoming": up, "ID": id, "Done": r.URL.Query().Get("done"),
-		"Occurrences": "/ui/events?q=" + url.QueryEscape(id+"@"),
+		"S": rs, "Rule": ruleText(rs.Rule), "Upcoming": up, "ID": id, "Done": r.URL.Query().Get("done"), "Last": last, "LastMax": lastFiredPages * lastFiredPage,
+		"LastCmd": "chimectl list --prefix " + shellQuote(occurrencePrefix(id)) + " --state fired",
+		"Occurrences": "/ui/events?q=" + url.QueryEscape(occurrencePrefix(id)),
 		// The trigger form carries the moment the page was drawn: the
 		// occurrence's time, so that the form sent twice (a double click, a
 		// browser's resend) makes one occurrence.
@@ -116,6 +128,63 @@ func (c *Console) recurringOnePage(w http.ResponseWriter, r *http.Request, s *se
 			"resume": "chimectl recurring resume " + q, "delete": "chimectl recurring delete " + q,
 			"trigger": "chimectl recurring trigger " + q, "backfill": "chimectl recurring backfill " + q + " --from -2h --to -1h"},
 	})
+}
+
+// lastFiredSteps is how many ever wider windows of due times lastFired
+// looks back through, each lastFiredGrowth times the one before, before it
+// lists every fired occurrence of the schedule; lastFiredPages bounds the
+// pages of lastFiredPage events it reads in the first window that has
+// one.
+const (
+	lastFiredSteps  = 6
+	lastFiredGrowth = 8
+	lastFiredPages  = 5
+	lastFiredPage   = 200
+)
+
+// lastFired returns the latest fired occurrence of schedule rs, by due
+// time: the schedule keeps no record of it, and its occurrences are events
+// with ids under "<id>@". List has them in due order from the earliest, so
+// it reads a window of due times before now, from about two periods of the
+// rule (the pending occurrence is the next) widened until it holds one:
+// a few calls, each reading the schedule's own occurrences in the id
+// index, and none for a schedule that fires as it should. The filter names
+// the target's topic, the topic the occurrences are produced to, so that a
+// credential limited to topics may ask. more reports that the window held
+// more than lastFiredPages pages: ev is then the latest of those read.
+func lastFired(ctx context.Context, cl *client.Client, rs client.RecurringSchedule, now time.Time) (ev client.Event, found, more bool, err error) {
+	period := rs.Rule.Every
+	if period <= 0 && len(rs.Upcoming) >= 2 {
+		period = rs.Upcoming[1].Sub(rs.Upcoming[0])
+	}
+	if period <= 0 {
+		period = time.Hour
+	}
+	window := 2*period + rs.Rule.Jitter + time.Minute
+	f := client.Filter{IDPrefix: occurrencePrefix(rs.ID), Topic: rs.Target.Topic, States: []client.State{client.StateFired}}
+	for step := 0; ; step++ {
+		f.DueAfter = time.Time{}
+		if step < lastFiredSteps {
+			f.DueAfter = now.Add(-window)
+		}
+		token := ""
+		for range lastFiredPages {
+			p, err := cl.ListPage(ctx, f, lastFiredPage, token)
+			if err != nil {
+				return client.Event{}, false, false, err
+			}
+			if n := len(p.Events); n > 0 {
+				ev, found = p.Events[n-1], true
+			}
+			if token, more = p.Next, p.Next != ""; !more {
+				break
+			}
+		}
+		if found || step >= lastFiredSteps {
+			return ev, found, more, nil
+		}
+		window *= lastFiredGrowth
+	}
 }
 
 // triggerFormAge is how long the time a trigger form was drawn at stays the
