@@ -166,6 +166,20 @@ func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
 	if _, err := c.nodes[other].client().BatchSchedule(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
+	adm := c.admin(leader)
+	// The term the leader is paused in: what must end once it resumes.
+	pausedTerm := uint64(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ns, err := adm.NodeStatus(ctx, &chimev1.NodeStatusRequest{})
+	cancel()
+	for _, r := range ns.GetReplicas() {
+		if r.Shard == s && r.RaftState == "Leader" {
+			pausedTerm = r.Term
+		}
+	}
+	if pausedTerm == 0 {
+		t.Fatalf("%s does not report leading shard %d before the pause: %v %v", leader, s, ns.GetReplicas(), err)
+	}
 	if err := c.nodes[leader].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatalf("pausing %s: %v", leader, err)
 	}
@@ -195,16 +209,23 @@ func TestClusterPausedLeaderProducesNothingAfterCancel(t *testing.T) {
 		t.Fatalf("resuming %s: %v", leader, err)
 	}
 	// The window below starts once the resumed node itself no longer leads
-	// the shard: on a loaded machine its first contact with a peer can come
-	// late, and a window that ended before it would prove nothing.
-	adm := c.admin(leader)
+	// the shard in the term it was paused in: on a loaded machine its first
+	// contact with a peer can come late, and a window that ended before it
+	// would prove nothing. It may lead again in a later term, and often
+	// does within seconds: its return is a membership change, and
+	// the new leader then hands leadership back to the preferred leader,
+	// which it is. A later term is as good as stepping down: raft elects
+	// only a replica whose log holds every committed entry, the cancels
+	// included, and a poll that came after the hand-back (a slow answer
+	// from the just-resumed process) would otherwise see Leader for good.
 	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		ns, err := adm.NodeStatus(ctx, &chimev1.NodeStatusRequest{})
 		for _, r := range ns.GetReplicas() {
 			if r.Shard == s {
-				return r.RaftState != "Leader", fmt.Sprintf("resumed %s to step down as shard %d's leader: %s", leader, s, r.RaftState)
+				return r.RaftState != "Leader" || r.Term > pausedTerm,
+					fmt.Sprintf("resumed %s to step down as shard %d's leader of term %d: %s in term %d", leader, s, pausedTerm, r.RaftState, r.Term)
 			}
 		}
 		return false, fmt.Sprintf("resumed %s to report shard %d: %v", leader, s, err)
