@@ -479,6 +479,7 @@ func TestShiftMatching(t *testing.T) {
 	}{
 		{"no offset", client.Filter{IDPrefix: "s-"}, 0, "by"},
 		{"every event", client.Filter{}, time.Hour, "filter"},
+		{"priorities alone", client.Filter{Priorities: []int{9}}, time.Hour, "filter"},
 		{"fired events", client.Filter{IDPrefix: "s-", States: []client.State{client.StateFired}}, time.Hour, "filter.states"},
 	} {
 		var inv *client.InvalidError

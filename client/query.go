@@ -200,8 +200,9 @@ type CancelMatchingResult struct {
 	Held int64
 }
 
-// CancelMatching cancels every pending event f selects (f must not be
-// empty, and its States none or StateScheduled alone), in batches through
+// CancelMatching cancels every pending event f selects (f must name an id
+// prefix, a topic or a due range, which its Priorities only narrow, and its
+// States none or StateScheduled alone), in batches through
 // Raft: every event it counts as cancelled will not be produced. Events
 // that fired first, or that a record of may already be on its way to
 // Kafka, are skipped and counted.

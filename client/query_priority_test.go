@@ -9,7 +9,8 @@ import (
 	"github.com/chimehq/chime/client"
 )
 
-// TestFilterByPriority: List, ListPage, Count and CancelMatching select by
+// TestFilterByPriority: List, ListPage, Count, ShiftMatching and
+// CancelMatching select by
 // priority through the server, an event scheduled without a priority being
 // one of priority 5, and a priority outside 0..9 is refused by field before
 // anything is sent.
@@ -68,6 +69,14 @@ func TestFilterByPriority(t *testing.T) {
 	}
 	if p2, err := c.ListPage(ctx, client.Filter{IDPrefix: "pr-", Priorities: []int{9}}, 1, p.Next); err != nil || len(p2.Events) != 1 || p2.Events[0].ID == p.Events[0].ID {
 		t.Errorf("the second page of priority 9 = %+v, %v", p2, err)
+	}
+
+	sh, err := c.ShiftMatching(ctx, client.Filter{IDPrefix: "pr-", Priorities: []int{0}}, time.Hour, nil)
+	if err != nil || sh.Matched != 1 || sh.Moved != 1 {
+		t.Fatalf("ShiftMatching of priority 0 = %+v, %v; want the one event moved", sh, err)
+	}
+	if ev, err := c.Get(ctx, "pr-0"); err != nil || ev.Version != 2 {
+		t.Fatalf("pr-0 after the shift: %+v, %v; want version 2", ev, err)
 	}
 
 	res, err := c.CancelMatching(ctx, client.Filter{Topic: "payments", Priorities: []int{9, 5}})

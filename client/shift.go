@@ -39,8 +39,9 @@ type ShiftResult struct {
 // progress, when not nil, is called with the running totals about every
 // second and once at the end (Done set), from the calling goroutine.
 //
-// f must select something (not the zero Filter), and its States none or
-// StateScheduled alone. Running it again moves the events again: it lists
+// f must select something (an id prefix, a topic or a due range; its
+// Priorities only narrow those), and its States none or StateScheduled
+// alone. Running it again moves the events again: it lists
 // anew. An error that is not the event's (no node answered within the
 // RetryPolicy) stops it, with the totals so far.
 func (c *Client) ShiftMatching(ctx context.Context, f Filter, by time.Duration, progress func(ShiftResult)) (ShiftResult, error) {
@@ -48,6 +49,8 @@ func (c *Client) ShiftMatching(ctx context.Context, f Filter, by time.Duration, 
 	switch {
 	case by == 0:
 		return res, invalidf("by", "must not be zero: it is how far each event moves")
+	case f.IDPrefix == "" && f.Topic == "" && f.DueAfter.IsZero() && f.DueBefore.IsZero() && len(f.Priorities) > 0:
+		return res, invalidf("filter", "priorities alone select too much for a shift: give an id prefix, a topic or a due range as well")
 	case f.IDPrefix == "" && f.Topic == "" && f.DueAfter.IsZero() && f.DueBefore.IsZero():
 		return res, invalidf("filter", "must select something (an id prefix, a topic or a due range): a shift of every event is refused")
 	case len(f.States) > 1 || len(f.States) == 1 && f.States[0] != StateScheduled:
