@@ -24,9 +24,10 @@ import (
 const countBudget = 150 * time.Millisecond
 
 // countWait is how long the events page waits for its count, in
-// nanoseconds: countBudget, or below zero not at all (the count is then
-// always left to the script; a test sets that with export_test.go, as the
-// count of a small test cluster is always in time).
+// nanoseconds: countBudget, or below zero not at all, not even for a
+// count already done (the count is then always left to the script; a
+// test sets that with export_test.go, as the count of a small test
+// cluster is always in time).
 var countWait atomic.Int64
 
 func init() { countWait.Store(int64(countBudget)) }
@@ -57,12 +58,16 @@ func startCount(ctx context.Context, cl *client.Client, f client.Filter) (answer
 // spent, and reports whether it came. A count already done is taken
 // whatever the budget.
 func awaitCount(answer <-chan counted, start time.Time) (counted, bool) {
+	budget := time.Duration(countWait.Load())
+	if budget < 0 {
+		return counted{}, false
+	}
 	select {
 	case res := <-answer:
 		return res, true
 	default:
 	}
-	wait := time.Duration(countWait.Load()) - time.Since(start)
+	wait := budget - time.Since(start)
 	if wait <= 0 {
 		return counted{}, false
 	}
