@@ -168,8 +168,8 @@ func readBulk(q url.Values, now time.Time) (bulkForm, filterForm, client.Filter,
 	default:
 		return b, ff, f, badInput("kind: cancel or shift (got %q)", b.Kind)
 	}
-	if ff.Empty() {
-		return b, ff, f, badInput("filter: a bulk change needs a filter (an id prefix, a topic or a due range); it will not change every event")
+	if !ff.Narrows() {
+		return b, ff, f, badInput("filter: a bulk change needs a filter (an id prefix, a topic or a due range); it will not change every event, nor every event of a state or a priority")
 	}
 	if ff.State != "" && ff.State != "scheduled" {
 		return b, ff, f, badInput("state: only scheduled events can be changed (got %q)", ff.State)

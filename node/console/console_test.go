@@ -342,6 +342,63 @@ func TestCountAfterThePage(t *testing.T) {
 	}
 }
 
+// TestPriorityFilter: the events page's priority filter lists, counts,
+// dry-runs and bulk-cancels only the events of that priority, stays in the
+// links, and alone is refused for a bulk change.
+func TestPriorityFilter(t *testing.T) {
+	d := startDev(t, nil)
+	c := dial(t, d.GRPCAddr())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i := range 12 {
+		ev := client.Event{ID: fmt.Sprintf("prio-%02d", i), Topic: "console", Payload: []byte("p")}
+		opts := []client.ScheduleOption{client.In(time.Hour)}
+		if i%3 == 0 {
+			opts = append(opts, client.Priority(9)) // prio-00, 03, 06, 09
+		}
+		if _, err := c.Schedule(ctx, ev, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := newBrowser(t, "http://"+d.HTTPAddr(), nil)
+	restore := console.DeferCount() // the count endpoint's filter too
+	defer restore()
+	code, page := b.get("/ui/events?q=prio-&priority=9")
+	if n, ok := b.countOf(page); code != 200 || !ok || n != 4 || strings.Count(page, `<td class="id">`) != 4 || strings.Contains(page, "prio-01") {
+		t.Fatalf("priority 9 under prio-: %d, count %d %v\n%s", code, n, ok, page)
+	}
+	if !strings.Contains(page, `<option selected>9</option>`) || !strings.Contains(page, "--priority 9") ||
+		!strings.Contains(page, `href="/ui/bulk?priority=9&amp;q=prio-"`) {
+		t.Errorf("the page does not keep the priority in its form, its command and its links:\n%s", page)
+	}
+	if code, page := b.get("/ui/events?priority=10"); code != 400 || !strings.Contains(page, "priority: must be 0") {
+		t.Errorf("priority 10: %d %s", code, page)
+	}
+	if code, page := b.get("/ui/bulk?priority=9"); code != 400 || !strings.Contains(page, "needs a filter") {
+		t.Errorf("a bulk cancel by priority alone: %d %s", code, page)
+	}
+	code, page = b.get("/ui/bulk?q=prio-&priority=9")
+	if code != 200 || !strings.Contains(page, `<strong id="matched">4</strong>`) || !strings.Contains(page, `name="priority" value="9"`) {
+		t.Fatalf("the dry run by priority: %d\n%s", code, page)
+	}
+	code, _, jobURL := b.post("/ui/bulk?q=prio-&priority=9", "/ui/bulk", url.Values{"q": {"prio-"}, "priority": {"9"}, "expect": {"4"}, "confirm": {"4"}})
+	if code != 200 || !strings.HasPrefix(jobURL.Path, "/ui/jobs/") {
+		t.Fatalf("the bulk cancel by priority: %d at %s", code, jobURL)
+	}
+	nodetest.WaitFor(t, 30*time.Second, func() (bool, string) {
+		_, page = b.get(jobURL.Path)
+		return strings.Contains(page, "Bulk cancel done"), "the bulk cancel finishes:\n" + page
+	})
+	for _, q := range []struct {
+		prio []int
+		want int64
+	}{{[]int{9}, 0}, {[]int{5}, 8}} {
+		if n, err := c.Count(ctx, client.Filter{IDPrefix: "prio-", Priorities: q.prio, States: []client.State{client.StateScheduled}}); err != nil || n != q.want {
+			t.Errorf("after the bulk cancel of priority 9, priority %v pending: %d %v, want %d", q.prio, n, err, q.want)
+		}
+	}
+}
+
 // TestRecurringLastFired: a schedule's page shows its latest fired
 // occurrence, linked, with when it fired and how late; none before one
 // fired.

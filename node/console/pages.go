@@ -111,6 +111,7 @@ func badInput(format string, args ...any) error {
 // every list is a bookmarkable URL.
 type filterForm struct {
 	Q, Topic, State, From, To string
+	Priority                  string // "" for any, or 0 to 9
 	Size                      int
 	Page                      string // List's page token
 }
@@ -123,9 +124,13 @@ var stateNames = map[string]client.State{
 // States are the state filter's choices, in order.
 var States = []string{"scheduled", "fired", "cancelled", "dead-lettered"}
 
+// Priorities are the priority filter's choices: an event's priority is 0
+// (lowest) to 9 (highest), 5 when it was scheduled without one.
+var Priorities = []string{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9"}
+
 func readFilter(q url.Values, now time.Time) (filterForm, client.Filter, error) {
 	ff := filterForm{Q: strings.TrimSpace(q.Get("q")), Topic: strings.TrimSpace(q.Get("topic")), State: q.Get("state"),
-		From: strings.TrimSpace(q.Get("from")), To: strings.TrimSpace(q.Get("to")), Page: q.Get("page"), Size: pageSizes[0]}
+		From: strings.TrimSpace(q.Get("from")), To: strings.TrimSpace(q.Get("to")), Priority: q.Get("priority"), Page: q.Get("page"), Size: pageSizes[0]}
 	f := client.Filter{IDPrefix: ff.Q, Topic: ff.Topic}
 	if ff.State != "" {
 		st, ok := stateNames[ff.State]
@@ -133,6 +138,13 @@ func readFilter(q url.Values, now time.Time) (filterForm, client.Filter, error) 
 			return ff, f, badInput("state: must be one of %s (got %q)", strings.Join(States, ", "), ff.State)
 		}
 		f.States = []client.State{st}
+	}
+	if ff.Priority != "" {
+		if !slices.Contains(Priorities, ff.Priority) {
+			return ff, f, badInput("priority: must be 0 (lowest) to 9 (highest), or empty for any (got %q)", ff.Priority)
+		}
+		p, _ := strconv.Atoi(ff.Priority) // one of Priorities
+		f.Priorities = []int{p}
 	}
 	var err error
 	if f.DueAfter, err = parseWhen("from", ff.From, now); err != nil {
@@ -172,7 +184,7 @@ func parseWhen(field, v string, now time.Time) (time.Time, error) {
 // query is the filter's query string, without the page token.
 func (ff filterForm) query() url.Values {
 	q := url.Values{}
-	for k, v := range map[string]string{"q": ff.Q, "topic": ff.Topic, "state": ff.State, "from": ff.From, "to": ff.To} {
+	for k, v := range map[string]string{"q": ff.Q, "topic": ff.Topic, "state": ff.State, "priority": ff.Priority, "from": ff.From, "to": ff.To} {
 		if v != "" {
 			q.Set(k, v)
 		}
@@ -192,13 +204,20 @@ func (ff filterForm) Query() template.URL { return template.URL(ff.query().Encod
 
 // Empty reports a filter that selects every event.
 func (ff filterForm) Empty() bool {
-	return ff.Q == "" && ff.Topic == "" && ff.State == "" && ff.From == "" && ff.To == ""
+	return ff.Q == "" && ff.Topic == "" && ff.State == "" && ff.Priority == "" && ff.From == "" && ff.To == ""
+}
+
+// Narrows reports a filter narrower than a state and a priority: what a
+// bulk change needs, as either alone selects about every event (the API
+// refuses a bulk cancel by priorities alone).
+func (ff filterForm) Narrows() bool {
+	return ff.Q != "" || ff.Topic != "" || ff.From != "" || ff.To != ""
 }
 
 // chimectl returns the chimectl flags that select what ff selects.
 func (ff filterForm) chimectl() string {
 	var b strings.Builder
-	for _, kv := range [][2]string{{"--prefix", ff.Q}, {"--topic", ff.Topic}, {"--due-after", ff.From}, {"--due-before", ff.To}} {
+	for _, kv := range [][2]string{{"--prefix", ff.Q}, {"--topic", ff.Topic}, {"--priority", ff.Priority}, {"--due-after", ff.From}, {"--due-before", ff.To}} {
 		if kv[1] != "" {
 			fmt.Fprintf(&b, " %s %s", kv[0], shellQuote(kv[1]))
 		}
@@ -225,7 +244,7 @@ func (c *Console) eventsPage(w http.ResponseWriter, r *http.Request, s *session)
 		return
 	}
 	defer cancel()
-	data := map[string]any{"F": ff, "States": States, "Sizes": pageSizes}
+	data := map[string]any{"F": ff, "States": States, "Priorities": Priorities, "Sizes": pageSizes}
 	// An exact id opens its event: the search box's first job.
 	if ff.Q != "" && ff.Page == "" && r.URL.Query().Get("prefix") == "" {
 		if _, err := cl.Get(ctx, ff.Q); err == nil {
