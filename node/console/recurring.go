@@ -118,7 +118,7 @@ func (c *Console) recurringOnePage(w http.ResponseWriter, r *http.Request, s *se
 	q := shellQuote(id)
 	c.render(w, r, s, "recurring-one", http.StatusOK, map[string]any{
 		"S": rs, "Rule": ruleText(rs.Rule), "Upcoming": up, "ID": id, "Done": r.URL.Query().Get("done"), "Last": last, "LastMax": lastFiredPages * lastFiredPage,
-		"LastCmd": "chimectl list --prefix " + shellQuote(occurrencePrefix(id)) + " --state fired",
+		"LastCmd":     "chimectl list --prefix " + shellQuote(occurrencePrefix(id)) + " --state fired",
 		"Occurrences": "/ui/events?q=" + url.QueryEscape(occurrencePrefix(id)),
 		// The trigger form carries the moment the page was drawn: the
 		// occurrence's time, so that the form sent twice (a double click, a
