@@ -137,20 +137,20 @@ func (c *Cluster) LeaderLookups() prometheus.Counter { return c.leaders.lookups 
 // else the leader a lookup finds (LeaderNode), which is cached. Inside a gRPC handler it tells a client that routes to leaders,
 // by the LeaderMovedHeader, that its map is stale.
 func (c *Cluster) locate(ctx context.Context, s uint32, stale bool) (target, error) {
-	var hint string // the leader this node's replica follows, if it has one
+	var (
+		replica bool   // this node holds a replica of s
+		hint    string // the leader that replica follows, if it knows one
+	)
 	if h := c.host.Load(); h != nil {
 		if r := h.Replica(s); r != nil {
 			if stale || r.IsLeader() {
 				return target{local: r}, nil
 			}
-			hint = r.Leader()
+			replica, hint = true, r.Leader()
 		}
 	}
 	t, ok := c.leaders.get(s)
-	// A replica here hears of a new leader within a heartbeat, sooner than
-	// a call to the cached one fails: a leader that stalls (paused, or cut
-	// off without its connections breaking) answers nothing at all.
-	if !ok || (hint != "" && hint != t.node) {
+	if !ok || !cacheHolds(replica, hint, t.node) {
 		c.leaders.lookups.Inc()
 		node, err := c.LeaderNode(ctx, s)
 		if err != nil {
@@ -172,6 +172,20 @@ func (c *Cluster) locate(ctx context.Context, s uint32, stale bool) (target, err
 	// is told.
 	_ = grpc.SetHeader(ctx, metadata.Pairs(chimev1.LeaderMovedHeader, t.node))
 	return t, nil
+}
+
+// cacheHolds reports whether locate may call cached, the node it last found
+// to lead a shard, given whether this node holds a replica of the shard and
+// the leader that replica follows (empty: none it knows of). A replica hears
+// of a new leader within a heartbeat, sooner than a call to the cached one
+// fails, and a leader that stalls (paused, or cut off without its
+// connections breaking) answers nothing at all: so the cache holds only
+// while the replica follows the same node. A replica that follows none is in
+// an election, whose loser may well be the cached leader, stalled: a call to
+// it would wait out the caller's whole deadline, where a lookup asks each
+// node for a bounded time and the election ends within a second or two.
+func cacheHolds(replica bool, hint, cached string) bool {
+	return !replica || hint == cached
 }
 
 // on runs one shard's part of a request where locate says, waiting out a

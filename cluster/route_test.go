@@ -106,3 +106,25 @@ func TestAwaitLeaderStops(t *testing.T) {
 		t.Fatalf("awaitLeader waited %v past a 100 ms deadline", d)
 	}
 }
+
+// TestCacheHoldsOnlyWhileTheReplicaFollowsIt: the cached leader is called
+// only while this node's replica follows the same node (or this node holds
+// no replica to ask). A replica in an election follows none, and its loser,
+// often the cached leader, may be stalled: asking it would wait out the
+// caller's deadline, so a lookup goes first.
+func TestCacheHoldsOnlyWhileTheReplicaFollowsIt(t *testing.T) {
+	for _, c := range []struct {
+		replica      bool
+		hint, cached string
+		want         bool
+	}{
+		{replica: false, hint: "", cached: "n2", want: true},
+		{replica: true, hint: "n2", cached: "n2", want: true},
+		{replica: true, hint: "n3", cached: "n2", want: false},
+		{replica: true, hint: "", cached: "n2", want: false},
+	} {
+		if got := cacheHolds(c.replica, c.hint, c.cached); got != c.want {
+			t.Errorf("cacheHolds(replica %v, follows %q, cached %q) = %v, want %v", c.replica, c.hint, c.cached, got, c.want)
+		}
+	}
+}
