@@ -37,6 +37,13 @@ import (
 // gRPC in, Raft with fsync and Pebble underneath, records out to a kfake
 // broker that lives in the test process, so killing chimed loses nothing
 // Kafka had acknowledged.
+//
+// A test of processes that spends its time waiting (for elections, failure
+// detection, due times) calls t.Parallel, so that its waits overlap
+// another's: each process has ports of its own (freeAddr never hands one
+// out twice), its own data directory and its own broker. Tests that set
+// environment variables (t.Setenv), run chimed dev (whose ports follow
+// --grpc-addr unreserved), or are busy rather than waiting run alone.
 
 var chimedBin, chimectlBin string
 
@@ -440,6 +447,7 @@ func TestUpdateThroughChimed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("watches two events for 12 s through a chimed process; skipped with -short")
 	}
+	t.Parallel()
 	brokers := broker(t)
 	d := newDaemon(t, brokers)
 	d.start()
@@ -492,6 +500,7 @@ func TestReplaceThroughChimed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("watches two events for 6 s through a chimed process; skipped with -short")
 	}
+	t.Parallel()
 	brokers := broker(t)
 	d := newDaemon(t, brokers)
 	d.start()
@@ -611,6 +620,7 @@ func TestKillAndRestart(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills and restarts a chimed process; skipped with -short")
 	}
+	t.Parallel()
 	brokers := broker(t)
 	d := newDaemon(t, brokers)
 	d.start()
@@ -857,6 +867,7 @@ func TestDebugEndpointsOnlyWhenAsked(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts two chimed processes; skipped with -short")
 	}
+	t.Parallel()
 	brokers := broker(t)
 	for _, on := range []bool{false, true} {
 		d := newDaemon(t, brokers)

@@ -111,6 +111,7 @@ func TestClientRetriesALostAnswer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a chimed process; skipped with -short")
 	}
+	t.Parallel()
 	brokers := broker(t)
 	d := newDaemon(t, brokers)
 	d.start()
@@ -160,6 +161,7 @@ func TestClientRidesOutALeaderKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process cluster; skipped with -short")
 	}
+	t.Parallel()
 	c := newCluster(t, 3)
 	st := c.waitSettled(60 * time.Second)
 	victim := st.Shards[0].Leader
@@ -283,6 +285,7 @@ func TestClientUpdateAtAStaleVersion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a chimed process; skipped with -short")
 	}
+	t.Parallel()
 	d := newDaemon(t, broker(t))
 	d.start()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -30,6 +30,7 @@ import (
 // with the same environment; chimed health answers for a node; and a node
 // drains itself with chimectl drain and no node id, as a stop hook does.
 func TestContainerStyleCluster(t *testing.T) {
+	t.Parallel()
 	brokers := broker(t)
 	port := func() string {
 		_, p, _ := net.SplitHostPort(freeAddr(t))

@@ -22,6 +22,7 @@ import (
 // status 1 once its flushes have failed for --disk-failure-timeout, saying why, and log the
 // repeated error sparingly.
 func TestExitsWhenTheDataDirectoryCannotBeWritten(t *testing.T) {
+	t.Parallel()
 	d := newDaemon(t, broker(t))
 	// One shard, so that the calls below pass its snapshot threshold (256 entries): the
 	// snapshot waits for a flush, and after 10 s asks for one.
@@ -62,6 +63,7 @@ func TestClusterOutlivesALeaderWhoseDiskFails(t *testing.T) {
 	if testing.Short() {
 		t.Skip("three chimed processes, one of which loses its disk; skipped with -short")
 	}
+	t.Parallel()
 	c := newCluster(t, 3, "--disk-failure-timeout", "1s")
 	st := c.waitSettled(60 * time.Second)
 	broken := c.nodes[st.GetShards()[0].GetLeader()]

@@ -31,6 +31,7 @@ func TestGossipKeysRefuseStrangersAndRotateLive(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process cluster and five more nodes; skipped with -short")
 	}
+	t.Parallel()
 	dir := t.TempDir()
 	k1, k2, other := newGossipKey(t), newGossipKey(t), newGossipKey(t)
 	keyFile := func(id string) string { return filepath.Join(dir, id+".keys") }

@@ -262,6 +262,7 @@ func TestIngestSurvivesKillingItsBusiestConsumer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process cluster for a minute; skipped with -short")
 	}
+	t.Parallel()
 	const src, target = "chime.schedule", "ingest.out"
 	c := newCluster(t, 3, "--ingest-topics", src)
 	prod := newIngestProducer(t, c.brokers...)
@@ -358,6 +359,7 @@ func TestIngestActsForTheTopicsCredential(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a secured chimed; skipped with -short")
 	}
+	t.Parallel()
 	p := newSecurePKI(t)
 	app, err := p.clients.Client("app")
 	if err != nil {

@@ -80,6 +80,7 @@ func TestQueriesAndBulkCancelAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process cluster with 160,000 events for about 40 s; skipped with -short")
 	}
+	t.Parallel()
 	c := newCluster(t, 3)
 	st := c.waitSettled(30 * time.Second)
 	cl := c.nodes["n1"].client()

@@ -26,6 +26,7 @@ func TestTopicRateLimitAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process cluster for about half a minute; skipped with -short")
 	}
+	t.Parallel()
 	c := newCluster(t, 3, "--topic-rate-limit", "proc.limited=40/s")
 	c.waitSettled(30 * time.Second)
 	col := collect(t, c.brokers, "proc.limited")

@@ -68,6 +68,7 @@ func TestRecurringAcrossProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process cluster for about a minute; skipped with -short")
 	}
+	t.Parallel()
 	c := newCluster(t, 3)
 	st := c.waitSettled(30 * time.Second)
 	rc := c.nodes["n1"].recurring()

@@ -85,6 +85,7 @@ func (p *securePKI) secure(t *testing.T, d *daemon, clientCA, authFile string, c
 // node's (on the Raft port) or a known client's (on the gRPC and HTTP ports)
 // is refused, and that a rotated client CA applies without a restart.
 func TestSecuredClusterRefusesWhatItMust(t *testing.T) {
+	t.Parallel()
 	p := newSecurePKI(t)
 	clientCA := p.dir + "/client-ca.pem"
 	copyFile(t, p.clients.File, clientCA)

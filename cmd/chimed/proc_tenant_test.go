@@ -28,6 +28,7 @@ func TestTenantsCannotTouchEachOther(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process secured cluster; skipped with -short")
 	}
+	t.Parallel()
 	p := newSecurePKI(t)
 	clientCA := p.dir + "/client-ca.pem"
 	copyFile(t, p.clients.File, clientCA)

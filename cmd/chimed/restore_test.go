@@ -43,6 +43,7 @@ func TestBackupRestoreIntoANewCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a 3-process cluster, backs it up and restores it into a new one; skipped with -short")
 	}
+	t.Parallel()
 	const topic = "restore.events"
 	c := newCluster(t, 3, "--retention", "36h")
 	c.waitSettled(30 * time.Second)
