@@ -497,32 +497,8 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	// The lock file is empty; the lock goes with the process in any case.
 	defer func() { _ = lock.Close() }()
 
-	var brokers []string
-	if cmd == "dev" {
-		broker, err := node.StartBroker(f.kafkaAddr, f.dataDir, kafkaSec.SASL)
-		if err != nil {
-			return fail(fmt.Errorf("--kafka-addr %s: %w", f.kafkaAddr, err))
-		}
-		defer broker.Close()
-		brokers = broker.ListenAddrs()
-	} else {
-		brokers = strings.Fields(strings.ReplaceAll(f.brokers, ",", " ")) // commas or spaces separate
-		if len(brokers) == 0 {
-			fmt.Fprintln(stderr, "chimed serve: --kafka-brokers is required (for example --kafka-brokers localhost:9092)")
-			return 2
-		}
-		if tlsSource != nil && kafkaSec.TLS == nil && !f.kafkaInsecure {
-			fmt.Fprintln(stderr, "chimed serve: this node serves TLS (--tls-cert) but would produce to Kafka in plaintext: give --kafka-tls (or --kafka-tls-ca), or --kafka-insecure if the brokers are on a network you trust")
-			return 2
-		}
-		if s := kafkaSec.SASL; s != nil && s.Mechanism == publish.SASLPlain && kafkaSec.TLS == nil {
-			logger.Warn("--kafka-sasl-mechanism PLAIN without --kafka-tls sends the Kafka password in the clear")
-		}
-	}
-	if f.wheelHorizon < time.Second {
-		fmt.Fprintf(stderr, "chimed: --wheel-horizon %v: must be at least 1s (the wheel must hold the events about to fire, and those a load brings in)\n", f.wheelHorizon)
-		return 2
-	}
+	// Every check of the flags comes before anything is started: a bad
+	// value stops chimed dev before its embedded broker takes its port.
 	lim := rpc.DefaultLimits()
 	lim.MaxPayloadBytes = f.maxPayload
 	lim.MaxHorizon = f.maxHorizon
@@ -548,6 +524,32 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	consoleMode, err := console.ParseMode(f.console)
 	if err != nil {
 		fmt.Fprintf(stderr, "chimed: %v\n", err)
+		return 2
+	}
+	var brokers []string
+	if cmd == "dev" {
+		broker, err := node.StartBroker(f.kafkaAddr, f.dataDir, kafkaSec.SASL)
+		if err != nil {
+			return fail(fmt.Errorf("--kafka-addr %s: %w", f.kafkaAddr, err))
+		}
+		defer broker.Close()
+		brokers = broker.ListenAddrs()
+	} else {
+		brokers = strings.Fields(strings.ReplaceAll(f.brokers, ",", " ")) // commas or spaces separate
+		if len(brokers) == 0 {
+			fmt.Fprintln(stderr, "chimed serve: --kafka-brokers is required (for example --kafka-brokers localhost:9092)")
+			return 2
+		}
+		if tlsSource != nil && kafkaSec.TLS == nil && !f.kafkaInsecure {
+			fmt.Fprintln(stderr, "chimed serve: this node serves TLS (--tls-cert) but would produce to Kafka in plaintext: give --kafka-tls (or --kafka-tls-ca), or --kafka-insecure if the brokers are on a network you trust")
+			return 2
+		}
+		if s := kafkaSec.SASL; s != nil && s.Mechanism == publish.SASLPlain && kafkaSec.TLS == nil {
+			logger.Warn("--kafka-sasl-mechanism PLAIN without --kafka-tls sends the Kafka password in the clear")
+		}
+	}
+	if f.wheelHorizon < time.Second {
+		fmt.Fprintf(stderr, "chimed: --wheel-horizon %v: must be at least 1s (the wheel must hold the events about to fire, and those a load brings in)\n", f.wheelHorizon)
 		return 2
 	}
 	consoleGiven := false
