@@ -185,6 +185,7 @@ func (c *Console) routes() {
 	mux.HandleFunc("GET /ui/jobs/{id}", c.signedIn(c.jobPage))
 	mux.HandleFunc("GET /ui/recurring", c.signedIn(c.startWithin(c.recurringPage, false)))
 	mux.HandleFunc("GET /ui/recurring/one", c.signedIn(c.recurringOnePage))
+	mux.HandleFunc("GET /ui/recurring/last", c.signedInJSON(c.lastFiredEndpoint))
 	mux.HandleFunc("POST /ui/recurring/{action}", c.acting(c.recurringAction))
 	mux.HandleFunc("GET /ui/cluster", c.signedIn(c.clusterPage))
 	mux.HandleFunc("POST /ui/cluster/{action}", c.acting(c.clusterAction))

@@ -418,6 +418,18 @@ func TestRecurringLastFired(t *testing.T) {
 	if code != 200 || lastRE.MatchString(page) || !strings.Contains(page, "none among the events") {
 		t.Fatalf("the page of a schedule that never fired: %d\n%s", code, page)
 	}
+	// The list draws a cell for each schedule that its script fills in
+	// from /ui/recurring/last.
+	code, page = b.get("/ui/recurring")
+	if code != 200 || !strings.Contains(page, `data-last="/ui/recurring/last?id=`+id+`"`) || !strings.Contains(page, "/ui/static/lastfired.js") {
+		t.Fatalf("the recurring list has no last fired cell for %s: %d\n%s", id, code, page)
+	}
+	if code, body := b.get("/ui/recurring/last?id=" + id); code != 200 || strings.TrimSpace(body) != `{"none":true}` {
+		t.Fatalf("/ui/recurring/last of a schedule that never fired: %d %s", code, body)
+	}
+	if code, body := b.get("/ui/recurring/last?id=no-such-schedule"); code != http.StatusNotFound || !strings.Contains(body, `"error"`) {
+		t.Errorf("/ui/recurring/last of no schedule: %d %s, want 404 with an error", code, body)
+	}
 	// Two extra occurrences, an hour apart in time, both fired: the later
 	// is the last.
 	var ids []string
@@ -438,6 +450,15 @@ func TestRecurringLastFired(t *testing.T) {
 	}
 	if code != 200 || linked != ids[1] || !strings.Contains(page, "after its due time") {
 		t.Fatalf("the last fired occurrence, want %s:\n%s", ids[1], page)
+	}
+	code, body := b.get("/ui/recurring/last?id=" + id)
+	var last struct{ ID, FiredAt, Late string }
+	if err := json.Unmarshal([]byte(body), &struct {
+		ID      *string `json:"id"`
+		FiredAt *string `json:"fired_at"`
+		Late    *string `json:"late"`
+	}{&last.ID, &last.FiredAt, &last.Late}); code != 200 || err != nil || last.ID != ids[1] || last.FiredAt == "" || last.Late == "" {
+		t.Fatalf("/ui/recurring/last: %d %s, want %s with when it fired and how late", code, body, ids[1])
 	}
 }
 

@@ -130,6 +130,52 @@ func (c *Console) recurringOnePage(w http.ResponseWriter, r *http.Request, s *se
 	})
 }
 
+// lastFiredJSON is what /ui/recurring/last answers: the schedule's latest
+// fired occurrence, none, or why not.
+type lastFiredJSON struct {
+	ID      string `json:"id,omitempty"`
+	FiredAt string `json:"fired_at,omitempty"` // UTC, as the pages show times
+	In      string `json:"in,omitempty"`       // "4m ago"
+	Late    string `json:"late,omitempty"`     // after its due time
+	None    bool   `json:"none,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// lastFiredEndpoint answers the latest fired occurrence of the schedule
+// ?id= names, for the recurring list's script: the list shows up to
+// maxRecurringRows schedules, and finding each one's last fire is a search
+// of its occurrences, so the page is drawn first and each cell asks after.
+func (c *Console) lastFiredEndpoint(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.URL.Query().Get("id")
+	if id == "" {
+		c.failJSON(w, badInput("id: the schedule's id is required"))
+		return
+	}
+	cl, err := c.clientFor(s)
+	if err != nil {
+		c.failJSON(w, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	defer cancel()
+	rs, err := cl.Recurring().Get(ctx, id)
+	if err != nil {
+		c.failJSON(w, err)
+		return
+	}
+	now := c.cfg.Now()
+	ev, found, _, err := lastFired(ctx, cl, rs, now)
+	switch {
+	case err != nil:
+		c.failJSON(w, err)
+	case !found:
+		writeJSON(w, http.StatusOK, lastFiredJSON{None: true})
+	default:
+		writeJSON(w, http.StatusOK, lastFiredJSON{ID: ev.ID, FiredAt: ev.FiredAt.UTC().Format("2006-01-02 15:04:05 MST"),
+			In: relative(ev.FiredAt, now), Late: ev.FiredAt.Sub(ev.Due).Round(time.Millisecond).String()})
+	}
+}
+
 // lastFiredSteps is how many ever wider windows of due times lastFired
 // looks back through, each lastFiredGrowth times the one before, before it
 // lists every fired occurrence of the schedule; lastFiredPages bounds the
