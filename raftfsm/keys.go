@@ -458,6 +458,14 @@ func checkBody(b []byte) error {
 	d.bytes("id")
 	d.varint("createdAt")
 	d.bytes("topic")
+	d.skipContent()
+	d.bodyTail(format)
+	return d.finish()
+}
+
+// skipContent reads past the part of a body between its topic and its tail: the key, the
+// payload, the headers and the content hash, by their lengths.
+func (d *decoder) skipContent() {
 	d.bytes("key")
 	d.bytes("payload")
 	for n := d.count("headers", minHeaderLen); n > 0; n-- {
@@ -465,8 +473,6 @@ func checkBody(b []byte) error {
 		d.bytes("headers.value")
 	}
 	d.fixed64("contentHash")
-	d.bodyTail(format)
-	return d.finish()
 }
 
 // Record is an event as stored: what Get and ReadForFire return. Its byte slices are the

@@ -467,21 +467,15 @@ func (q *Query) matchBody(b []byte) (id []byte, ok bool, err error) {
 	case q.Priorities == 0:
 		return id, true, nil
 	}
-	p := uint8(DefaultPriority)
-	if format >= formatV3 {
-		d.bytes("key")
-		d.bytes("payload")
-		for n := d.count("headers", minHeaderLen); n > 0; n-- {
-			d.bytes("headers.key")
-			d.bytes("headers.value")
-		}
-		d.fixed64("contentHash")
-		d.uvarint("version")
-		if p = d.priority(); d.err != nil {
-			return nil, false, d.err
-		}
+	if format < formatV3 {
+		return id, q.Priorities.Has(DefaultPriority), nil
 	}
-	return id, q.Priorities.Has(p), nil
+	d.skipContent()
+	_, p, _ := d.bodyTail(format)
+	if d.err != nil {
+		return nil, false, d.err
+	}
+	return id, q.Priorities.Has(p.Priority), nil
 }
 
 // Count returns how many events q selects, from one consistent view of the shard. Its cost

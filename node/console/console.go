@@ -394,6 +394,18 @@ func (c *Console) callsFor(w http.ResponseWriter, r *http.Request, s *session, t
 	return cl, ctx, cancel, true
 }
 
+// jsonCallsFor is callsFor for an endpoint a script reads: without a client
+// it answers the error as JSON (failJSON) rather than with the error page.
+func (c *Console) jsonCallsFor(w http.ResponseWriter, r *http.Request, s *session) (cl *client.Client, ctx context.Context, cancel context.CancelFunc, ok bool) {
+	cl, err := c.clientFor(s)
+	if err != nil {
+		c.failJSON(w, err)
+		return nil, nil, nil, false
+	}
+	ctx, cancel = context.WithTimeout(r.Context(), callTimeout)
+	return cl, ctx, cancel, true
+}
+
 // actingFor names the credential a call is made for.
 type actingFor string
 

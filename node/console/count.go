@@ -97,12 +97,10 @@ func (c *Console) countEndpoint(w http.ResponseWriter, r *http.Request, s *sessi
 		c.failJSON(w, err)
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.failJSON(w, err)
+	cl, ctx, cancel, ok := c.jsonCallsFor(w, r, s)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	start := time.Now()
 	n, err := cl.Count(ctx, f)

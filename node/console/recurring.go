@@ -151,12 +151,10 @@ func (c *Console) lastFiredEndpoint(w http.ResponseWriter, r *http.Request, s *s
 		c.failJSON(w, badInput("id: the schedule's id is required"))
 		return
 	}
-	cl, err := c.clientFor(s)
-	if err != nil {
-		c.failJSON(w, err)
+	cl, ctx, cancel, ok := c.jsonCallsFor(w, r, s)
+	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
 	defer cancel()
 	rs, err := cl.Recurring().Get(ctx, id)
 	if err != nil {
