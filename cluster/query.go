@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -184,27 +185,14 @@ func optionalTime(unixNano int64) *timestamppb.Timestamp {
 // makes it answer UNIMPLEMENTED, acting on nothing. Every other query keeps the first names,
 // which every release serves, so that a cluster being upgraded answers it throughout.
 
-func shardList(ctx context.Context, p chimev1.PeerClient, sq *chimev1.ShardQuery) (*chimev1.ShardListResponse, error) {
+// shardCall calls a shard query under its first name, or under its V2 name when the
+// query is by priority.
+func shardCall[R any](ctx context.Context, sq *chimev1.ShardQuery,
+	first, v2 func(context.Context, *chimev1.ShardQuery, ...grpc.CallOption) (R, error)) (R, error) {
 	if len(sq.Filter.GetPriorities()) == 0 {
-		return p.ShardList(ctx, sq)
+		return first(ctx, sq)
 	}
-	resp, err := p.ShardListV2(ctx, sq)
-	return resp, earlierRelease(sq.Shard, err)
-}
-
-func shardCount(ctx context.Context, p chimev1.PeerClient, sq *chimev1.ShardQuery) (*chimev1.CountResponse, error) {
-	if len(sq.Filter.GetPriorities()) == 0 {
-		return p.ShardCount(ctx, sq)
-	}
-	resp, err := p.ShardCountV2(ctx, sq)
-	return resp, earlierRelease(sq.Shard, err)
-}
-
-func shardCancel(ctx context.Context, p chimev1.PeerClient, sq *chimev1.ShardQuery) (*chimev1.ShardCancelResponse, error) {
-	if len(sq.Filter.GetPriorities()) == 0 {
-		return p.ShardCancel(ctx, sq)
-	}
-	resp, err := p.ShardCancelV2(ctx, sq)
+	resp, err := v2(ctx, sq)
 	return resp, earlierRelease(sq.Shard, err)
 }
 
@@ -250,7 +238,7 @@ func (c *Cluster) List(ctx context.Context, q raftfsm.Query, after *raftfsm.Posi
 				return part{recs: recs}, err
 			},
 			func(ctx context.Context, p chimev1.PeerClient) (part, error) {
-				resp, err := shardList(ctx, p, shardQuery(s, q, after, limit, stale))
+				resp, err := shardCall(ctx, shardQuery(s, q, after, limit, stale), p.ShardList, p.ShardListV2)
 				if err != nil {
 					return part{}, err
 				}
@@ -295,7 +283,7 @@ func (c *Cluster) Count(ctx context.Context, q raftfsm.Query, stale bool) (uint6
 		counts[s], err = on(ctx, c, s, stale, nil,
 			func(r *shard.Shard) (uint64, error) { return r.Count(ctx, q, stale) },
 			func(ctx context.Context, p chimev1.PeerClient) (uint64, error) {
-				resp, err := shardCount(ctx, p, shardQuery(s, q, nil, 0, stale))
+				resp, err := shardCall(ctx, shardQuery(s, q, nil, 0, stale), p.ShardCount, p.ShardCountV2)
 				return resp.GetCount(), err
 			})
 		return err
@@ -325,7 +313,7 @@ func (c *Cluster) CancelMatching(ctx context.Context, q raftfsm.Query, dryRun bo
 				func(ctx context.Context, p chimev1.PeerClient) (shard.CancelStep, error) {
 					sq := shardQuery(s, q, after, CancelStepSize, false)
 					sq.DryRun = dryRun
-					resp, err := shardCancel(ctx, p, sq)
+					resp, err := shardCall(ctx, sq, p.ShardCancel, p.ShardCancelV2)
 					if err != nil {
 						return shard.CancelStep{}, err
 					}
@@ -404,7 +392,7 @@ func (p peerServer) ShardCount(ctx context.Context, sq *chimev1.ShardQuery) (*ch
 }
 
 // ShardListV2, ShardCountV2 and ShardCancelV2 are the names a query by priority is sent
-// under (shardList); they answer as the first names do, which take priorities too.
+// under (shardCall); they answer as the first names do, which take priorities too.
 
 func (p peerServer) ShardListV2(ctx context.Context, sq *chimev1.ShardQuery) (*chimev1.ShardListResponse, error) {
 	return p.ShardList(ctx, sq)

@@ -91,23 +91,23 @@ func TestQueryByPriorityRefusedByAnEarlierRelease(t *testing.T) {
 			t.Errorf("%s by priority on an earlier release: %v; want FAILED_PRECONDITION naming filter.priorities", what, err)
 		}
 	}
-	_, err = shardList(ctx, p, shardQuery(3, byPriority, nil, 10, false))
+	_, err = shardCall(ctx, shardQuery(3, byPriority, nil, 10, false), p.ShardList, p.ShardListV2)
 	refused("ShardList", err)
-	_, err = shardCount(ctx, p, shardQuery(3, byPriority, nil, 0, false))
+	_, err = shardCall(ctx, shardQuery(3, byPriority, nil, 0, false), p.ShardCount, p.ShardCountV2)
 	refused("ShardCount", err)
-	_, err = shardCancel(ctx, p, shardQuery(3, byPriority, nil, CancelStepSize, false))
+	_, err = shardCall(ctx, shardQuery(3, byPriority, nil, CancelStepSize, false), p.ShardCancel, p.ShardCancelV2)
 	refused("ShardCancel", err)
 	if len(old.calls) != 0 {
 		t.Fatalf("the earlier release was asked %v for a query by priority", old.calls)
 	}
 
-	if _, err := shardList(ctx, p, shardQuery(3, plain, nil, 10, false)); err != nil {
+	if _, err := shardCall(ctx, shardQuery(3, plain, nil, 10, false), p.ShardList, p.ShardListV2); err != nil {
 		t.Errorf("ShardList without priorities: %v", err)
 	}
-	if resp, err := shardCount(ctx, p, shardQuery(3, plain, nil, 0, false)); err != nil || resp.Count != 7 {
+	if resp, err := shardCall(ctx, shardQuery(3, plain, nil, 0, false), p.ShardCount, p.ShardCountV2); err != nil || resp.Count != 7 {
 		t.Errorf("ShardCount without priorities: %v, %v", resp, err)
 	}
-	if resp, err := shardCancel(ctx, p, shardQuery(3, plain, nil, CancelStepSize, false)); err != nil || resp.Step.GetCancelled() != 7 {
+	if resp, err := shardCall(ctx, shardQuery(3, plain, nil, CancelStepSize, false), p.ShardCancel, p.ShardCancelV2); err != nil || resp.Step.GetCancelled() != 7 {
 		t.Errorf("ShardCancel without priorities: %v, %v", resp, err)
 	}
 	if want := []string{"ShardList", "ShardCount", "ShardCancel"}; !slices.Equal(old.calls, want) {
