@@ -68,7 +68,8 @@ func (b *backer) take(ctx context.Context) {
 	b.n++
 	name := fmt.Sprintf("backup-%03d", b.n)
 	dir := filepath.Join(b.out, name)
-	n := b.c.nodes[b.r.IntN(len(b.c.nodes))]
+	ns := b.c.active()
+	n := ns[b.r.IntN(len(ns))]
 	op := checker.Op{Process: backupProcess, F: checker.FBackup, Node: n.id, Dir: name}
 	ctx, cancel := context.WithTimeout(ctx, backupLimit)
 	defer cancel()

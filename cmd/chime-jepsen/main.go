@@ -1,8 +1,8 @@
 // Command chime-jepsen is Chime's fault-test driver, in the manner of Jepsen:
 // it runs real chimed processes in network namespaces of its own, a client
 // workload that records every operation in a history, and a nemesis that
-// kills, pauses, partitions, slows, skews and cuts nodes off from Kafka on a
-// schedule, and a backer that takes a backup of the live cluster every
+// kills, pauses, partitions, slows, skews, cuts nodes off from Kafka and
+// joins, drains, removes and replaces nodes on a schedule, and a backer that takes a backup of the live cluster every
 // --backup-every; after a final heal it reads every record from Kafka with a
 // client of its own and checks the history, backups included, against
 // Chime's promises.
@@ -93,7 +93,14 @@ after due), updates, upserts, gets, lists and bulk cancels (CancelMatching) by
 id prefix, invalid requests, recurring schedules, every --burst-every a
 burst of --burst-size events due at once on one shard, on a topic the nodes
 rate-limit, and --ingest-share of the new events produced as records to the
-ingest topic (some tombstoned or produced again); and a nemesis that injects one fault about every 10 s. Every
+ingest topic (some tombstoned or produced again); and a nemesis that injects one
+fault about every 10 s, every kind once before any repeats. The membership
+fault changes who the members are, as an operator does: it joins a new node,
+drains a node and stops it, kills a node, removes it (RemoveNode) and joins a
+fresh one in its place (maybe at the removed node's address), or starts a
+drained node again, keeping --nodes ± 1 running; a drain or a removal waits
+until every shard is back at its replication factor. A run whose kinds
+include it changes the membership first. Every
 --backup-every it takes a backup of the live cluster, through the code
 chimectl backup runs, from a node picked at random, into the run's folder.
 After the final heal and a drain it reads every record back and checks:
@@ -109,7 +116,9 @@ produced clearly before a higher-priority one), the ingest topic (every
 acknowledged record whose key was not tombstoned or produced again fires,
 none before its delay counted from its produce, none long after a later record
 of its key superseded it, none rejected), duplicates by fault, lateness
-per period, recovery time per fault, and that all replicas converged. Exits 0
+per period, recovery time per fault, and that all replicas converged, every
+shard ending with 3 voters (the replication factor) on running members and
+none on a removed node. Exits 0
 when the run is valid, 1 when a check failed.
 
 Flags:
@@ -215,11 +224,18 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	if err != nil {
 		return res, err
 	}
-	if err := setupNetwork(o.nodes); err != nil {
-		teardownNetwork(o.nodes)
+	// The membership nemesis adds a node before it stops or removes one:
+	// the cluster grows to --nodes+1, and a new node may take the slot of
+	// one removed, so one more slot than that is never needed.
+	slots := o.nodes
+	if slices.Contains(kinds, "membership") {
+		slots = o.nodes + 2
+	}
+	if err := setupNetwork(slots); err != nil {
+		teardownNetwork(slots)
 		return res, fmt.Errorf("network: %w", err)
 	}
-	defer teardownNetwork(o.nodes)
+	defer teardownNetwork(slots)
 
 	// The broker runs here, on the host side of the bridge, so "when did a
 	// record reach Kafka" is measured on the same clock as the history
@@ -255,18 +271,20 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 			return res, fmt.Errorf("--secure: %w", err)
 		}
 	}
-	c := &cluster{}
-	for i := 1; i <= o.nodes; i++ {
-		n := &node{i: i, id: fmt.Sprintf("n%d", i), ip: nodeIP(i), dataDir: filepath.Join(out, fmt.Sprintf("n%d", i)),
-			logPath: filepath.Join(out, fmt.Sprintf("n%d.log", i)), bin: bin, shards: o.shards, retention: o.retention,
+	c := &cluster{slots: slots, nextID: o.nodes + 1, newNode: func(i int, id string) *node {
+		return &node{i: i, id: id, ip: nodeIP(i), dataDir: filepath.Join(out, id),
+			logPath: filepath.Join(out, id+".log"), bin: bin, shards: o.shards, retention: o.retention,
 			wheelHorizon: o.wheelHorizon, topicRateLimit: rateLimit, ingestTopics: ingestTopics, sec: sec}
+	}}
+	for i := 1; i <= o.nodes; i++ {
+		n := c.newNode(i, fmt.Sprintf("n%d", i))
 		if i > 1 {
 			n.join = nodeIP(1) + ":7072"
 		}
 		c.nodes = append(c.nodes, n)
 	}
 	defer func() {
-		for _, n := range c.nodes {
+		for _, n := range c.everyNode() {
 			n.closeClients()
 			n.kill()
 		}
@@ -288,7 +306,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention,
 		shards: o.shards, burstSize: o.burstSize, burstEvery: o.burstEvery, tenants: o.secure, versions: map[string]uint64{},
 		ingest: ingestProducer, ingestShare: o.ingestShare}
-	nm := &nemesis{c: c, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
+	nm := &nemesis{c: c, size: o.nodes, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.timeLimit)
 	done := make(chan struct{})
@@ -335,7 +353,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	if err != nil {
 		logger.Warn("final state", "err", err)
 	}
-	for _, n := range c.nodes {
+	for _, n := range c.everyNode() {
 		final.Crashes = append(final.Crashes, n.ended()...)
 	}
 	for _, cr := range final.Crashes {
@@ -436,7 +454,7 @@ func finalState(ctx context.Context, c *cluster, logger *slog.Logger) (checker.C
 	deadline := time.Now().Add(time.Minute)
 	for {
 		last = snapshotState(ctx, c)
-		if converged(last) {
+		if len(checker.ConvergenceProblems(last)) == 0 {
 			return last, nil
 		}
 		if time.Now().After(deadline) {
@@ -446,10 +464,23 @@ func finalState(ctx context.Context, c *cluster, logger *slog.Logger) (checker.C
 	}
 }
 
+// replication is the clusters' replication factor: chimed's default, which
+// the driver does not change.
+const replication = 3
+
 func snapshotState(ctx context.Context, c *cluster) checker.Cluster {
+	out := checker.Cluster{Replication: replication}
+	for _, n := range c.members() {
+		if n.alive() {
+			out.Live = append(out.Live, n.id)
+		}
+	}
+	c.mu.Lock()
+	out.Removed = ids(c.removed)
+	c.mu.Unlock()
 	byShard := map[uint32]*checker.ShardState{}
 	members := map[uint32][]string{} // the leader's voters and non-voters
-	for _, n := range c.nodes {
+	for _, n := range c.members() {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		st, err := n.admin().NodeStatus(cctx, &chimev1.NodeStatusRequest{Digest: true})
 		cancel()
@@ -464,12 +495,12 @@ func snapshotState(ctx context.Context, c *cluster) checker.Cluster {
 			}
 			if r.RaftState == "Leader" {
 				s.Leaders = append(s.Leaders, n.id)
+				s.Voters, s.Nonvoters = slices.Sorted(slices.Values(r.Voters)), slices.Sorted(slices.Values(r.Nonvoters))
 				members[r.Shard] = append(slices.Clone(r.Voters), r.Nonvoters...)
 			}
 			s.Replicas = append(s.Replicas, checker.ReplicaState{Node: n.id, AppliedIndex: r.DigestIndex, Digest: r.Digest})
 		}
 	}
-	var out checker.Cluster
 	for id, s := range byShard {
 		// A replica that left the configuration is released lazily; only
 		// the configuration's members must agree.
@@ -480,23 +511,6 @@ func snapshotState(ctx context.Context, c *cluster) checker.Cluster {
 	}
 	slices.SortFunc(out.Shards, func(a, b checker.ShardState) int { return int(a.ID) - int(b.ID) })
 	return out
-}
-
-func converged(c checker.Cluster) bool {
-	if len(c.Shards) == 0 {
-		return false
-	}
-	for _, s := range c.Shards {
-		if len(s.Leaders) != 1 || len(s.Replicas) == 0 {
-			return false
-		}
-		for _, r := range s.Replicas {
-			if r != (checker.ReplicaState{Node: r.Node, AppliedIndex: s.Replicas[0].AppliedIndex, Digest: s.Replicas[0].Digest}) {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 func summary(r checker.Results) string {

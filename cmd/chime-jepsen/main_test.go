@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -36,5 +37,23 @@ func TestWhyEnded(t *testing.T) {
 	}
 	if got := whyEnded(path, int64(len(earlier))); got != `level=ERROR msg="listen: address in use"` {
 		t.Errorf("whyEnded = %q, want the last line", got)
+	}
+}
+
+// TestDeal: every kind is drawn once a round, and a run whose kinds include membership
+// changes the membership first, so that CI's two-minute run always does.
+func TestDeal(t *testing.T) {
+	for seed := range uint64(20) {
+		nm := &nemesis{kinds: faultKinds, r: newRand(seed, 7)}
+		first := nm.deal(true)
+		if first[0] != "membership" {
+			t.Errorf("seed %d: the first round starts with %s", seed, first[0])
+		}
+		for _, round := range [][]string{first, nm.deal(false)} {
+			got := slices.Sorted(slices.Values(round))
+			if want := slices.Sorted(slices.Values(faultKinds)); !slices.Equal(got, want) {
+				t.Fatalf("seed %d: a round draws %v, want every kind once", seed, round)
+			}
+		}
 	}
 }

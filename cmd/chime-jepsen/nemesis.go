@@ -18,10 +18,13 @@ import (
 
 // faultKinds are the nemeses --nemesis can name; "mixed" draws from all.
 var faultKinds = []string{"kill", "kill-minority", "kill-leader", "kill-all", "pause", "pause-leader",
-	"partition-one", "partition-halves", "partition-bridge", "partition-leader", "loss", "slow", "skew", "kafka-cut"}
+	"partition-one", "partition-halves", "partition-bridge", "partition-leader", "loss", "slow", "skew", "kafka-cut", "membership"}
 
 type nemesis struct {
-	c      *cluster
+	c *cluster
+	// size is the number of members the run starts with, which the
+	// membership nemesis keeps it within one of.
+	size   int
 	h      *history
 	kinds  []string
 	r      *rand.Rand
@@ -43,8 +46,15 @@ func (nm *nemesis) run(ctx context.Context, healthyStart time.Duration) {
 		return
 	case <-time.After(healthyStart):
 	}
+	var deck []string
+	first := true
 	for ctx.Err() == nil {
-		kind := nm.kinds[nm.r.IntN(len(nm.kinds))]
+		if len(deck) == 0 {
+			deck = nm.deal(first)
+			first = false
+		}
+		kind := deck[0]
+		deck = deck[1:]
 		f, err := nm.apply(ctx, kind)
 		if err != nil {
 			nm.logger.Warn("nemesis", "kind", kind, "err", err)
@@ -68,9 +78,22 @@ func (nm *nemesis) run(ctx context.Context, healthyStart time.Duration) {
 	}
 }
 
-// pick returns k distinct random nodes.
+// deal shuffles the kinds for the next round: every kind is drawn once
+// before any is drawn again, so a 10-minute mixed run meets each about
+// twice. In the first round a membership change comes first, so that even a
+// short run (CI's) changes the membership under load.
+func (nm *nemesis) deal(first bool) []string {
+	deck := slices.Clone(nm.kinds)
+	nm.r.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+	if i := slices.Index(deck, "membership"); first && i > 0 {
+		deck[0], deck[i] = deck[i], deck[0]
+	}
+	return deck
+}
+
+// pick returns k distinct random active nodes.
 func (nm *nemesis) pick(k int) []*node {
-	ns := slices.Clone(nm.c.nodes)
+	ns := nm.c.active()
 	nm.r.Shuffle(len(ns), func(i, j int) { ns[i], ns[j] = ns[j], ns[i] })
 	return ns[:k]
 }
@@ -78,7 +101,8 @@ func (nm *nemesis) pick(k int) []*node {
 func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 	c := nm.c
 	op := checker.Op{F: "nemesis", Kind: kind, InvokeNs: time.Now().UnixNano()}
-	minority := len(c.nodes) / 2
+	nodes := c.active()
+	minority := len(nodes) / 2
 	var targets []*node
 	var heal func()
 	var err error
@@ -92,7 +116,7 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 		case "kill-leader":
 			targets = []*node{c.leaderOfMost(ctx)}
 		default:
-			targets = c.nodes
+			targets = nodes
 		}
 		for _, n := range targets {
 			n.kill()
@@ -129,7 +153,7 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 		}
 		if kind == "partition-bridge" {
 			// Two halves that only the bridge node can reach both of.
-			ns := nm.pick(len(c.nodes))
+			ns := nm.pick(len(nodes))
 			bridgeNode := ns[0]
 			a, b := ns[1:1+len(ns[1:])/2], ns[1+len(ns[1:])/2:]
 			groups = [][]*node{a, b}
@@ -137,7 +161,7 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 			op.Targets = []string{"bridge:" + bridgeNode.id, "a:" + joinIDs(a), "b:" + joinIDs(b)}
 		} else {
 			rest := []*node{}
-			for _, n := range c.nodes {
+			for _, n := range nodes {
 				if !slices.Contains(targets, n) {
 					rest = append(rest, n)
 				}
@@ -147,9 +171,9 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 		err = partition(groups[0], groups[1])
 		heal = nm.healAll
 	case "loss":
-		targets = nm.pick(1 + nm.r.IntN(len(c.nodes)))
+		targets = nm.pick(1 + nm.r.IntN(len(nodes)))
 		for _, n := range targets {
-			if err = lose(n.i, 0.3, otherIPs(c, n)...); err != nil {
+			if err = lose(n.i, 0.3, otherIPs(nodes, n)...); err != nil {
 				break
 			}
 		}
@@ -185,6 +209,13 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 		targets = []*node{c.leaderOfMost(ctx)}
 		err = cutKafka(targets[0].i, kafkaPort)
 		heal = nm.healAll
+	case "membership":
+		// The change stays; the heal only closes its window.
+		op.Targets, err = nm.membershipChange(ctx, nm.size)
+		if op.Targets == nil {
+			return nil, err
+		}
+		heal = func() {}
 	default:
 		return nil, fmt.Errorf("unknown nemesis %q", kind)
 	}
@@ -195,10 +226,11 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 	return &fault{op: op, heal: heal}, err
 }
 
-// healAll removes every network fault.
+// healAll removes every network fault, in every slot: a node a rule was
+// made for may have left the slot since.
 func (nm *nemesis) healAll() {
-	for _, n := range nm.c.nodes {
-		if err := heal(n.i); err != nil {
+	for i := 1; i <= nm.c.slots; i++ {
+		if err := heal(i); err != nil {
 			nm.logger.Error("heal", "err", err)
 		}
 	}
@@ -219,9 +251,9 @@ func partition(a, b []*node) error {
 	return nil
 }
 
-func otherIPs(c *cluster, n *node) []string {
+func otherIPs(nodes []*node, n *node) []string {
 	var out []string
-	for _, o := range c.nodes {
+	for _, o := range nodes {
 		if o != n {
 			out = append(out, o.ip)
 		}
@@ -229,10 +261,12 @@ func otherIPs(c *cluster, n *node) []string {
 	return out
 }
 
-// finalHeal ends every fault: network rules, pauses, dead processes, skew.
+// finalHeal ends every fault: network rules, pauses, dead processes (a
+// drained and stopped member too), skew. Removed nodes stay down.
 func (nm *nemesis) finalHeal() {
 	nm.healAll()
-	for _, n := range nm.c.nodes {
+	members := nm.c.members()
+	for _, n := range members {
 		n.signal(syscall.SIGCONT)
 		if !n.alive() {
 			if err := n.start(); err != nil {
@@ -240,7 +274,7 @@ func (nm *nemesis) finalHeal() {
 			}
 		}
 	}
-	for _, n := range nm.c.nodes {
+	for _, n := range members {
 		if err := n.setClockOffset(0); err != nil {
 			nm.logger.Error("healing clock skew", "node", n.id, "err", err)
 		}

@@ -43,6 +43,9 @@ type node struct {
 	exited  chan struct{}
 	stopped bool // SIGSTOPped
 	killing bool // kill ended (or is ending) the process
+	// parked: the membership nemesis drained the node and stopped it; it
+	// stays down until that nemesis or the final heal starts it again.
+	parked  bool
 	crashes []checker.Crash
 
 	// sec, with --secure, secures the node and the driver's calls to it.
@@ -85,7 +88,7 @@ func (n *node) start() error {
 		_ = logf.Close() // nothing written by this start; err says why
 		return err
 	}
-	n.cmd, n.exited, n.stopped, n.killing = cmd, make(chan struct{}), false, false
+	n.cmd, n.exited, n.stopped, n.killing, n.parked = cmd, make(chan struct{}), false, false, false
 	exited := n.exited
 	go func() {
 		err := cmd.Wait()
@@ -159,6 +162,12 @@ func (n *node) serveArgs() ([]string, error) {
 		args = append(args, "--join", n.join)
 	}
 	return args, nil
+}
+
+func (n *node) isParked() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.parked
 }
 
 func (n *node) alive() bool {
@@ -301,15 +310,53 @@ func buildChimed(dir string) (string, error) {
 	return bin, nil
 }
 
-// cluster is the set of nodes of a run.
+// cluster is the set of nodes of a run. The membership nemesis changes it
+// while the workload and the other nemeses read it, hence mu.
 type cluster struct {
+	// slots is the number of network namespaces: node i lives in slot i
+	// (nsName, nodeIP); a node the run removed frees its slot for a new one.
+	slots int
+
+	mu sync.Mutex
+	// nodes are the members: every node the run started and has not removed,
+	// running or not.
 	nodes []*node
+	// removed are the nodes the run removed for good (RemoveNode): killed,
+	// never started again, and never to hold a replica.
+	removed []*node
+	// newNode makes the node with the given id in slot i (not started).
+	newNode func(i int, id string) *node
+	// nextID numbers the nodes the membership nemesis adds: n<nextID>.
+	nextID int
+}
+
+// members are the nodes the run has not removed.
+func (c *cluster) members() []*node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.nodes)
+}
+
+// active are the members the workload and the other nemeses use: all but
+// those drained and stopped by the membership nemesis, which a client no
+// longer reaches and a fault cannot touch.
+func (c *cluster) active() []*node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(c.nodes), (*node).isParked)
+}
+
+// everyNode is every node the run started, members and removed.
+func (c *cluster) everyNode() []*node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append(slices.Clone(c.nodes), c.removed...)
 }
 
 // status asks any answering node for the cluster status.
 func (c *cluster) status(ctx context.Context) (*chimev1.StatusResponse, error) {
 	var last error
-	for _, n := range c.nodes {
+	for _, n := range c.active() {
 		if !n.alive() {
 			continue
 		}
@@ -347,16 +394,17 @@ func (c *cluster) waitConverged(ctx context.Context, d time.Duration) error {
 
 // leaderOfMost returns the node leading the most shards.
 func (c *cluster) leaderOfMost(ctx context.Context) *node {
+	ns := c.active()
 	st, err := c.status(ctx)
 	if err != nil {
-		return c.nodes[0]
+		return ns[0]
 	}
 	counts := map[string]int{}
 	for _, s := range st.Shards {
 		counts[s.Leader]++
 	}
-	best := c.nodes[0]
-	for _, n := range c.nodes {
+	best := ns[0]
+	for _, n := range ns {
 		if counts[n.id] > counts[best.id] {
 			best = n
 		}

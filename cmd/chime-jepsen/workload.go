@@ -176,7 +176,10 @@ func (w *workload) run(ctx context.Context, clients int, seed uint64) {
 	wg.Wait()
 }
 
-func (w *workload) node(r *rand.Rand) *node { return w.c.nodes[r.IntN(len(w.c.nodes))] }
+func (w *workload) node(r *rand.Rand) *node {
+	ns := w.c.active()
+	return ns[r.IntN(len(ns))]
+}
 
 // record adds op to the history. After an unknown outcome (a node down or
 // unreachable answers at once), the client waits a little, as a real client

@@ -337,7 +337,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	}
 
 	// 8. convergence
-	res.ConvergenceProblems = convergenceProblems(final)
+	res.ConvergenceProblems = ConvergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
 
 	// 14. crashes: a node's process ends only when the nemesis ends it
@@ -619,9 +619,11 @@ func (a *analysis) recovery() []Recovery {
 	return out
 }
 
-// convergenceProblems: every shard has exactly one leader, which is one of its replicas, and
+// ConvergenceProblems: every shard has exactly one leader, which is one of its replicas, and
 // replicas agree on the applied index; replicas at the same applied index agree on the digest.
-func convergenceProblems(final Cluster) []string {
+// With final.Replication set, every shard's configuration is also its replication factor of
+// voters, all live members, none a removed node, and no non-voter left mid-change.
+func ConvergenceProblems(final Cluster) []string {
 	problems := []string{}
 	if len(final.Shards) == 0 {
 		return append(problems, "the final state lists no shards")
@@ -640,6 +642,9 @@ func convergenceProblems(final Cluster) []string {
 			problems = append(problems, fmt.Sprintf("shard %d: no leader", s.ID))
 		case len(leaders) > 1:
 			problems = append(problems, fmt.Sprintf("shard %d: %d leaders (%s)", s.ID, len(leaders), strings.Join(leaders, ", ")))
+		}
+		if final.Replication > 0 {
+			problems = append(problems, membershipProblems(s, final)...)
 		}
 		if len(s.Replicas) == 0 {
 			problems = append(problems, fmt.Sprintf("shard %d: no replicas", s.ID))
@@ -680,6 +685,31 @@ func convergenceProblems(final Cluster) []string {
 				problems = append(problems, fmt.Sprintf("shard %d: digests differ at applied index %d (%s)",
 					s.ID, i, strings.Join(parts, " ")))
 			}
+		}
+	}
+	return problems
+}
+
+// membershipProblems: the shard's configuration after membership changes is its replication
+// factor of voters on live members, none of them removed, and no non-voter still catching up.
+func membershipProblems(s ShardState, final Cluster) []string {
+	var problems []string
+	if len(s.Leaders) == 0 {
+		return nil // no leader reported a configuration; "no leader" says so
+	}
+	if len(s.Voters) != final.Replication {
+		problems = append(problems, fmt.Sprintf("shard %d: %d voters (%s), want the replication factor %d",
+			s.ID, len(s.Voters), strings.Join(s.Voters, ", "), final.Replication))
+	}
+	if len(s.Nonvoters) > 0 {
+		problems = append(problems, fmt.Sprintf("shard %d: non-voters left in the configuration (%s)", s.ID, strings.Join(s.Nonvoters, ", ")))
+	}
+	for _, v := range s.Voters {
+		switch {
+		case slices.Contains(final.Removed, v):
+			problems = append(problems, fmt.Sprintf("shard %d: voter %s is a removed node", s.ID, v))
+		case !slices.Contains(final.Live, v):
+			problems = append(problems, fmt.Sprintf("shard %d: voter %s is not a live member", s.ID, v))
 		}
 	}
 	return problems

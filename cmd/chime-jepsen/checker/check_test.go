@@ -1066,3 +1066,49 @@ func TestBulkPromisesOnlyWhatItMatched(t *testing.T) {
 		assertClean(t, g.check())
 	})
 }
+
+// TestPlantMembershipNotConverged: with the replication factor given, a shard whose
+// configuration is not that many voters on live members (a removed node kept, a voter short,
+// a non-voter left mid-change, a voter that is not running) has not converged, though its
+// replicas agree.
+func TestPlantMembershipNotConverged(t *testing.T) {
+	clean := func() *run {
+		g := genClean(3, 200)
+		g.final.Replication = 3
+		g.final.Live = []string{"n1", "n2", "n3", "n4", "n5", "n6"}
+		g.final.Removed = []string{"n7"}
+		for i := range g.final.Shards {
+			s := &g.final.Shards[i]
+			for _, r := range s.Replicas {
+				s.Voters = append(s.Voters, r.Node)
+			}
+		}
+		return g
+	}
+	if res := clean().check(); !res.Converged || !res.Valid {
+		t.Fatalf("the clean run: converged %v, valid %v: %v", res.Converged, res.Valid, res.ConvergenceProblems)
+	}
+	cases := []struct {
+		name, want string
+		plant      func(s *ShardState)
+	}{
+		{"a removed node still a voter", "voter n7 is a removed node", func(s *ShardState) { s.Voters[1] = "n7" }},
+		{"a voter short", "2 voters", func(s *ShardState) { s.Voters = s.Voters[:2] }},
+		{"a non-voter left", "non-voters left in the configuration (n6)", func(s *ShardState) { s.Nonvoters = []string{"n6"} }},
+		{"a voter not running", "voter n8 is not a live member", func(s *ShardState) { s.Voters[2] = "n8" }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			g := clean()
+			tc.plant(&g.final.Shards[2])
+			res := g.check()
+			if res.Valid || res.Converged {
+				t.Errorf("valid %v converged %v, want both false", res.Valid, res.Converged)
+			}
+			p := res.ConvergenceProblems
+			if len(p) != 1 || !strings.HasPrefix(p[0], "shard 2: ") || !strings.Contains(p[0], tc.want) {
+				t.Fatalf("problems %q, want one about shard 2 saying %q", p, tc.want)
+			}
+		})
+	}
+}

@@ -230,6 +230,13 @@ type Record struct {
 // Cluster is the final state of the cluster after the last heal and the drain.
 type Cluster struct {
 	Shards []ShardState `json:"shards"`
+	// Replication is the cluster's replication factor; 0 leaves the shards'
+	// configurations unchecked (Voters, Live and Removed unread).
+	Replication int `json:"replication,omitempty"`
+	// Live are the members running at the end; Removed, the nodes the run
+	// removed for good. Every shard's voters must be Replication live nodes.
+	Live    []string `json:"live,omitempty"`
+	Removed []string `json:"removed,omitempty"`
 	// Crashes are the times a node's process ended that the nemesis did not end it.
 	Crashes []Crash `json:"crashes,omitempty"`
 }
@@ -249,6 +256,10 @@ type ShardState struct {
 	ID       uint32         `json:"id"`
 	Leaders  []string       `json:"leaders"` // every node that claims leadership of the shard
 	Replicas []ReplicaState `json:"replicas"`
+	// Voters and Nonvoters are the shard's Raft configuration as its leader
+	// reported it.
+	Voters    []string `json:"voters,omitempty"`
+	Nonvoters []string `json:"nonvoters,omitempty"`
 }
 
 // ReplicaState is one replica's applied index and state digest.
