@@ -211,6 +211,11 @@ const (
 	applyTimeout = 5 * time.Second
 	// markTimeout bounds recording a firing result through Raft.
 	markTimeout = 10 * time.Second
+	// handoffWait bounds how long a leader about to hand its shard over
+	// waits for its batches in flight to be produced and marked: a marked
+	// batch is not fired again by the next leader. Under load a produce
+	// and its MarkFired take tens of milliseconds.
+	handoffWait = 2 * time.Second
 	// barrierTimeout bounds the barrier a new leader issues before firing;
 	// barrierRetry is the pause before it tries again.
 	barrierTimeout = 10 * time.Second

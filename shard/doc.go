@@ -60,7 +60,11 @@
 //     its injected clock (Config.Now), which the firing loop (firing.run)
 //     advances it by, and the lease only from its own (monotonic); so
 //     hold, retry, probe, heal, lease expiry and the priority take are
-//     tested on a synctest bubble's clock.
+//     tested on a synctest bubble's clock. Before a planned handover (a
+//     drain, leadership balancing, TransferLeadership) the leader holds
+//     every firing slot until its batches in flight are marked (quiesce),
+//     and revokes its lease once the transfer succeeds: a batch produced
+//     and not yet marked would be fired again by the next leader.
 //   - Carrying an event's Output (its partition, its tombstone) from the
 //     record read for a fire batch to the publish.Record, and keeping an
 //     Update from giving a tombstone a payload (ErrTombstonePayload), which
@@ -125,6 +129,9 @@
 //     and its wait for a lease, the lease bounds its produce (plus
 //     publish.Config.WriteTimeout for an answer under way), markTimeout its
 //     marks.
+//   - quiesce's wait for the marks in flight: started by a handover once it
+//     holds every firing slot, so no batch starts meanwhile; it ends when
+//     they do (markTimeout), whether or not the handover waited that long.
 //   - lease renewals (lease.renew): started by lease.deadline, at most
 //     maxLeaseRenewals at once, each bounded by the lease length (its
 //     Barrier's timeout); fireLoop waits for them (lease.end) before it

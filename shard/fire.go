@@ -142,14 +142,70 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		s.lease.end()
 	}()
 
-	slots := make(chan struct{}, s.tune.MaxFiring)
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	t := &firingTerm{slots: make(chan struct{}, s.tune.MaxFiring)}
+	s.term.Store(t)
+	defer t.wg.Wait()
+	defer s.term.Store(nil)
 	wake := s.metrics.FireStage.WithLabelValues("wake")
 	onTime := func(late int64) { wake.Observe(time.Duration(late).Seconds()) }
 	s.firing.run(ctx, int64(s.tune.FireLead), s.tune.FireBatch, onTime, func(batches []*fireBatch) bool {
-		return s.dispatch(ctx, batches, slots, &wg)
+		return s.dispatch(ctx, batches, t.slots, &t.wg)
 	})
+}
+
+// firingTerm is one leadership's firing: the slots that bound its batches
+// in flight, and the batches' goroutines.
+type firingTerm struct {
+	slots chan struct{}
+	wg    sync.WaitGroup
+}
+
+// quiesce stops this leader starting produces and waits, at most
+// handoffWait, for the batches it has produced to commit their MarkFired;
+// it returns the function that lets firing go on. A leader calls it before
+// handing its shard over (a drain, leadership balancing, an operator's
+// TransferLeader): a batch produced but not yet marked when leadership
+// moves is fired again by the next leader, and during the transfer raft
+// refuses the MarkFired itself, so every batch in flight became a
+// duplicate.
+//
+// Holding every firing slot is what stops it: a batch holds one from before
+// its produce until Kafka answers, so once all are held no produce is under
+// way or can start, and the batches' goroutines left are marking. A batch
+// taken early holds its slot until its due time, at most FireLead away.
+func (s *Shard) quiesce() (resume func()) {
+	t := s.term.Load()
+	if t == nil {
+		return func() {}
+	}
+	timeout := time.NewTimer(handoffWait)
+	defer timeout.Stop()
+	held := 0
+	release := func() {
+		for range held {
+			<-t.slots
+		}
+	}
+	for held < cap(t.slots) {
+		select {
+		case t.slots <- struct{}{}:
+			held++
+		case <-timeout.C:
+			return release
+		}
+	}
+	// With every slot held no batch starts, so no Add races this Wait; the
+	// goroutine ends when the marks in flight do (each within markTimeout).
+	marked := make(chan struct{})
+	go func() {
+		t.wg.Wait()
+		close(marked)
+	}()
+	select {
+	case <-marked:
+	case <-timeout.C:
+	}
+	return release
 }
 
 // barrier waits until every entry committed before this term has been

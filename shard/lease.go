@@ -37,6 +37,9 @@ type lease struct {
 	renewing int
 	changed  chan struct{}
 	err      error
+	// revoked is when the lease was last revoked: a renewal asked before
+	// then grants nothing.
+	revoked time.Time
 
 	wg sync.WaitGroup // renew goroutines; end waits for them
 }
@@ -95,13 +98,23 @@ func (l *lease) renew(asked time.Time) {
 	defer l.wg.Done()
 	err := l.confirm(l.length)
 	l.mu.Lock()
-	if err == nil && asked.After(l.asked) {
+	if err == nil && asked.After(l.asked) && asked.After(l.revoked) {
 		l.asked = asked
 	}
 	l.err = err
 	l.renewing--
 	close(l.changed)
 	l.changed = make(chan struct{})
+	l.mu.Unlock()
+}
+
+// revoke ends the lease at once. After a leadership transfer the new leader
+// is elected without waiting out a heartbeat timeout, so what is left of a
+// lease proves nothing; a renewal in flight, asked before, grants nothing
+// either.
+func (l *lease) revoke() {
+	l.mu.Lock()
+	l.asked, l.revoked = time.Time{}, l.now()
 	l.mu.Unlock()
 }
 

@@ -174,3 +174,33 @@ func TestGetOnlyUnderALease(t *testing.T) {
 		return err == nil && ok
 	})
 }
+
+// TestLeaseRevoked: after a leadership transfer the lease is revoked at
+// once, and a renewal asked before the revocation (a Barrier that committed
+// just before the transfer) does not bring it back: the next batch waits for
+// a renewal asked after it.
+func TestLeaseRevoked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const length, quorum = 100 * time.Millisecond, 10 * time.Millisecond
+		l := newLease(length, time.Now, func(time.Duration) error { time.Sleep(quorum); return nil })
+		defer l.end()
+		ctx := context.Background()
+		if _, err := l.deadline(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(length / 2) // a renewal is due: the next batch starts one in the background
+		if _, err := l.deadline(ctx); err != nil {
+			t.Fatal(err)
+		}
+		revokedAt := time.Now()
+		l.revoke() // while that renewal is in flight
+		synctest.Wait()
+		d, err := l.deadline(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if asked := d.Add(-length); !asked.After(revokedAt) {
+			t.Errorf("after revoke, a lease from %v before the revocation", revokedAt.Sub(asked))
+		}
+	})
+}

@@ -235,7 +235,7 @@ func (s *Shard) transferLeadership(ctx context.Context, to []string) {
 		if !ok {
 			continue
 		}
-		if err := s.raft.LeadershipTransferToServer(raft.ServerID(n), raft.ServerAddress(addr)).Error(); err != nil {
+		if err := s.handOver(n, addr); err != nil {
 			s.logger.Warn("leadership transfer", "to", n, "err", err)
 		} else {
 			s.logger.Info("leadership transferred", "to", n)
@@ -249,7 +249,21 @@ func (s *Shard) TransferLeadership(node, addr string) error {
 	if !s.IsLeader() {
 		return ErrNotLeader
 	}
-	return raftErr(s.raft.LeadershipTransferToServer(raft.ServerID(node), raft.ServerAddress(addr)).Error())
+	return raftErr(s.handOver(node, addr))
+}
+
+// handOver transfers leadership to node once the batches in flight are
+// marked (see quiesce). Firing goes on here if the transfer fails; if it
+// succeeds, the lease is revoked before firing resumes, so a batch started
+// before this replica hears it lost leadership produces nothing.
+func (s *Shard) handOver(node, addr string) error {
+	resume := s.quiesce()
+	defer resume()
+	err := s.raft.LeadershipTransferToServer(raft.ServerID(node), raft.ServerAddress(addr)).Error()
+	if err == nil {
+		s.lease.revoke()
+	}
+	return err
 }
 
 // caughtUp reports whether node's replica holds nearly every entry of this

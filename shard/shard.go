@@ -42,6 +42,9 @@ type Shard struct {
 	firing *firing
 	// lease is the leader's firing lease, under its own mutex.
 	lease *lease
+	// term is the firing of the current leadership (nil while this replica
+	// does not fire), for a planned handover to quiesce (see quiesce).
+	term atomic.Pointer[firingTerm]
 	// limits is this shard's share of the node's topic rate limits.
 	limits *topiclimit.Limiter
 	// notesOpen is set between the observer's BeginNotes and EndNotes, and
