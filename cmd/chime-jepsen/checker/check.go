@@ -17,6 +17,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	a := analyze(ops, recs, cfg)
 	res := Results{
 		DuplicatesByFault:   map[string]int{"none": 0},
+		DuplicatesByStep:    map[string]int{},
 		ConvergenceProblems: []string{},
 		Recovery:            []Recovery{},
 		Ops:                 map[string]map[string]int{},
@@ -206,11 +207,12 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 				continue
 			}
 			at := r.AppendMs * 1e6
-			kind := a.attribute(at)
+			kind, step := a.attribute(at), duplicateStep(first, r)
 			res.Duplicates++
 			res.DuplicatesByFault[kind]++
-			note("duplicates", id, "copy %s appended at %s after the first at %s (attributed to %s)",
-				recName(r), a.rel(at), a.rel(first.AppendMs*1e6), kind)
+			res.DuplicatesByStep[step]++
+			note("duplicates", id, "copy %s (attempt %d) appended at %s after the first (attempt %d) at %s: %s, attributed to %s",
+				recName(r), r.Attempt, a.rel(at), first.Attempt, a.rel(first.AppendMs*1e6), step, kind)
 		}
 
 		// lateness, of the first copy of every event the history knows
@@ -317,6 +319,7 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	for i, d := range ing.duplicates {
 		res.Duplicates++
 		res.DuplicatesByFault[ing.kinds[i]]++
+		res.DuplicatesByStep[ing.steps[i]]++
 		note("duplicates", d.id, "%s", d.why)
 	}
 	for _, h := range a.ingest {
@@ -688,6 +691,15 @@ func ConvergenceProblems(final Cluster) []string {
 		}
 	}
 	return problems
+}
+
+// duplicateStep names the step of the fire path that made copy, a later record of first's
+// event and version (see Results.DuplicatesByStep).
+func duplicateStep(first, copy *Record) string {
+	if copy.Attempt > first.Attempt {
+		return "retried"
+	}
+	return "refired"
 }
 
 // membershipProblems: the shard's configuration after membership changes is its replication

@@ -460,6 +460,9 @@ func TestDuplicatesAttributedToFault(t *testing.T) {
 		if id == "dup-dlq" {
 			rec.Topic = DefaultDeadLetterTopic
 		}
+		if id == "dup-kafka" || id == "dup-none" {
+			rec.Attempt++ // a produce sent again after one its leader could not confirm
+		}
 		g.recs = append(g.recs, rec)
 	}
 	res := g.check()
@@ -467,6 +470,9 @@ func TestDuplicatesAttributedToFault(t *testing.T) {
 	want := map[string]int{"kill": 2, "partition": 2, "skew": 1, "pause": 0, "kafka": 1, "none": 2}
 	if fmt.Sprint(res.DuplicatesByFault) != fmt.Sprint(want) {
 		t.Errorf("duplicates_by_fault = %v, want %v", res.DuplicatesByFault, want)
+	}
+	if want := map[string]int{"refired": 6, "retried": 2}; fmt.Sprint(res.DuplicatesByStep) != fmt.Sprint(want) {
+		t.Errorf("duplicates_by_step = %v, want %v", res.DuplicatesByStep, want)
 	}
 	if res.Duplicates != len(copies) {
 		t.Errorf("duplicates = %d, want %d", res.Duplicates, len(copies))

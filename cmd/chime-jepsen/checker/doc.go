@@ -417,7 +417,10 @@
 //     started last when several do, else to "none". DuplicateGrace defaults to 10 s: elections,
 //     Raft catch-up and produce retries (backoff up to 5 s) settle within it. Invariant 3 says
 //     duplicates happen only around leader changes and Kafka retries, so "none" is the count
-//     to look at.
+//     to look at. Each copy is also given the step of the fire path that made it
+//     (duplicates_by_step), from its chime-attempt header against the first copy's: the same
+//     attempt is "refired" (taken from the shard's state again: its MarkFired never
+//     committed), a later one "retried" (a produce its leader could not confirm, sent again).
 //   - lateness_ms: for the first copy of every id some ok or info schedule carried,
 //     lateness = (append − max(due, created)) / 1e6 ms, where created is the invocation of
 //     the ok schedule that created the event (existing=false), else of the first schedule

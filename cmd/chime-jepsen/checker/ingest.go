@@ -63,6 +63,7 @@ type ingestResult struct {
 	findings   []idFinding
 	duplicates []idFinding // check "duplicates", why names the fault it is attributed to
 	kinds      []string    // the fault each duplicate is attributed to, parallel to duplicates
+	steps      []string    // the fire path's step that made each duplicate (duplicateStep)
 }
 
 // ingestDeadline is the latest a record acknowledged at ack can still be being applied:
@@ -123,6 +124,7 @@ func (a *analysis) ingestCheck() ingestResult {
 		}
 
 		copies := map[string]int{}
+		firstOf := map[string]*Record{}
 		for _, r := range h.records {
 			op := h.producedBy(r)
 			// phantom: no record the driver produced carries its payload, or it went to
@@ -134,10 +136,13 @@ func (a *analysis) ingestCheck() ingestResult {
 			}
 			at := r.AppendMs * 1e6
 			if copies[r.Payload]++; copies[r.Payload] > 1 {
-				kind := a.attribute(at)
+				kind, step := a.attribute(at), duplicateStep(firstOf[r.Payload], r)
 				res.duplicates = append(res.duplicates, idFinding{id: id, finding: finding{check: "duplicates",
-					why: fmt.Sprintf("copy %s of %s appended at %s (attributed to %s)", recName(r), ingestName(op), a.rel(at), kind)}})
+					why: fmt.Sprintf("copy %s of %s appended at %s: %s, attributed to %s", recName(r), ingestName(op), a.rel(at), step, kind)}})
 				res.kinds = append(res.kinds, kind)
+				res.steps = append(res.steps, step)
+			} else {
+				firstOf[r.Payload] = r
 			}
 
 			// (b) early: never before the earliest due the record can have had

@@ -412,6 +412,12 @@ type Results struct {
 
 	Duplicates        int            `json:"duplicates"`          // extra copies
 	DuplicatesByFault map[string]int `json:"duplicates_by_fault"` // nemesis kind or "none" → extra copies
+	// DuplicatesByStep: which step of the fire path made each copy, read from its
+	// chime-attempt header against the first copy's. "refired": the same attempt number, so
+	// the event was taken from the shard's state again, its MarkFired never having committed
+	// (a new leader, or its leader after a failed mark); "retried": a later attempt, so a
+	// produce its leader could not confirm was sent again, and the first had landed.
+	DuplicatesByStep map[string]int `json:"duplicates_by_step"`
 
 	Converged           bool     `json:"converged"`
 	ConvergenceProblems []string `json:"convergence_problems"`
