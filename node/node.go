@@ -292,47 +292,34 @@ func (n *Node) raftTLS(src *certs.Source) *raftmux.TLS {
 			return n.peerRefusal(certs.PeerNodeID(cs), shard.LayerShard(layer))
 		},
 		Dialled: func(layer uint32, addr string, cs tls.ConnectionState) error {
-			id, sh := certs.PeerNodeID(cs), shard.LayerShard(layer)
-			if err := raftAddrConflict(n.cluster.View().Members, addr, id, func(owner string) bool { return n.vacated(owner, sh) }); err != nil {
+			id := certs.PeerNodeID(cs)
+			if err := dialledRefusal(n.cluster.View().Members, addr, id); err != nil {
 				return err
 			}
-			return n.peerRefusal(id, sh)
+			return n.peerRefusal(id, shard.LayerShard(layer))
 		}}
 }
 
-// raftAddrConflict says why node id, whose certificate answered at addr, may
-// not carry Raft traffic dialled there: another member advertises addr, and
-// has not vacated it. Raft messages name no recipient, so a node answering
-// at another's address would have its replies counted as the other's, one
-// disk counted twice towards a quorum.
-func raftAddrConflict(members map[string]membership.Member, addr, id string, vacated func(owner string) bool) error {
+// dialledRefusal says why node id, whose certificate answered at addr, may
+// not carry the Raft traffic dialled there. Raft names the node it means in
+// every address it dials (raftmux.Bind), and only that node may answer: a
+// message meant for one node and taken by another (a removed node's address
+// given to its replacement) would count one replica's answers as another's.
+// A bare address, from a dialler that named no node, must not be another
+// member's advertised Raft address.
+func dialledRefusal(members map[string]membership.Member, addr, id string) error {
+	if want, at, ok := raftmux.Bound(addr); ok {
+		if id != want {
+			return fmt.Errorf("node %q was dialled at %s, but the certificate there is node %q's", want, at, id)
+		}
+		return nil
+	}
 	for owner, m := range members {
-		if m.Meta.RaftAddr == addr && owner != id && !vacated(owner) {
+		if m.Meta.RaftAddr == addr && owner != id {
 			return fmt.Errorf("%s is node %q's Raft address, but the certificate there is node %q's", addr, owner, id)
 		}
 	}
 	return nil
-}
-
-// vacated: an operator removed owner and shard's configuration here no
-// longer lists it, so its Raft address may be another node's now (a
-// replacement given the removed node's IP, as a Kubernetes pod or a DHCP
-// lease is): nothing this shard sends to the address is meant for owner.
-// A replica here whose configuration cannot be read has not vacated it.
-func (n *Node) vacated(owner string, shardID uint32) bool {
-	if !n.cluster.Removed(owner) {
-		return false
-	}
-	h := n.cluster.Host()
-	if h == nil {
-		return false
-	}
-	r := h.Replica(shardID)
-	if r == nil {
-		return false
-	}
-	voters, nonvoters, err := r.Configuration()
-	return err == nil && !slices.Contains(voters, owner) && !slices.Contains(nonvoters, owner)
 }
 
 // peerRefusal says why node id may not speak Raft with this node, or call

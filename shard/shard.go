@@ -175,6 +175,7 @@ func (s *Shard) startRaft() error {
 			s.trans = snapshot.NewTransport(nt, snapshot.TransportConfig{Layer: cfg.InstallLayer, Dir: cfg.Dir,
 				LastLog: logs.LastIndex, Logger: s.logger, Timeout: raftRPCTimeout, SendHook: cfg.Knobs.InstallSend})
 		}
+		s.trans = boundTransport{s.trans}
 	}
 	var (
 		logStore raft.LogStore    = logs

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +24,26 @@ const (
 	muxHeaderWait   = 5 * time.Second // a peer that connects must name its shard promptly
 	muxAcceptBuffer = 16
 )
+
+// Bind names, in the address a layer dials, the node meant there:
+// "<node>@<host:port>". Dialled then sees which node the dial was for, and
+// can take that node's certificate alone. Raft messages name no recipient,
+// and an address can change hands (a removed node's IP given to its
+// replacement); a connection meant for one node that reached another would
+// carry one node's replication to the other's replica.
+func Bind(node raft.ServerID, addr raft.ServerAddress) raft.ServerAddress {
+	return raft.ServerAddress(string(node) + "@" + string(addr))
+}
+
+// Bound splits an address Bind made into the node and its host:port; ok is
+// false for a bare host:port.
+func Bound(addr string) (node, hostport string, ok bool) {
+	i := strings.LastIndexByte(addr, '@')
+	if i < 0 {
+		return "", addr, false
+	}
+	return addr[:i], addr[i+1:], true
+}
 
 // Mux accepts Raft connections on one listener and hands each to the stream
 // layer of the shard it names.
@@ -68,7 +89,8 @@ type TLS struct {
 	Admit func(layer uint32, cs tls.ConnectionState) error
 	// Dialled is asked about each connection a layer dials, once its
 	// handshake is done (layer is the dialling layer's id, addr the address
-	// dialled); an error fails the dial.
+	// dialled, as Bind made it when the dialler named the node); an error
+	// fails the dial.
 	Dialled func(layer uint32, addr string, cs tls.ConnectionState) error
 }
 
@@ -300,7 +322,11 @@ func (l *streamLayer) Addr() net.Addr { return l.mux.ln.Addr() }
 
 func (l *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	deadline := time.Now().Add(timeout)
-	c, err := net.DialTimeout("tcp", string(addr), timeout)
+	hostport := string(addr)
+	if _, at, ok := Bound(string(addr)); ok {
+		hostport = at
+	}
+	c, err := net.DialTimeout("tcp", hostport, timeout)
 	if err != nil {
 		return nil, err
 	}

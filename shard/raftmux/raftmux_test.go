@@ -271,9 +271,12 @@ func TestAdmitAndDialled(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := raft.ServerAddress(ln.Addr().String())
-	dial := func(node string, dialled func(uint32, string, tls.ConnectionState) error) (net.Conn, error) {
+	dialAt := func(node string, at raft.ServerAddress, dialled func(uint32, string, tls.ConnectionState) error) (net.Conn, error) {
 		s := source(node)
-		return (&streamLayer{mux: &Mux{tls: &TLS{Server: s.PeerServerConfig(), Client: s.PeerClientConfig(), Dialled: dialled}}, id: 7}).Dial(addr, 5*time.Second)
+		return (&streamLayer{mux: &Mux{tls: &TLS{Server: s.PeerServerConfig(), Client: s.PeerClientConfig(), Dialled: dialled}}, id: 7}).Dial(at, 5*time.Second)
+	}
+	dial := func(node string, dialled func(uint32, string, tls.ConnectionState) error) (net.Conn, error) {
+		return dialAt(node, addr, dialled)
 	}
 
 	c, err := dial("n2", nil)
@@ -324,6 +327,22 @@ func TestAdmitAndDialled(t *testing.T) {
 	})
 	if err == nil || !strings.Contains(err.Error(), `is node "n1"'s address, not n4's`) {
 		t.Fatalf("Dial to n1's address expecting n4: %v", err)
+	}
+
+	// An address bound to a node (Bind) is dialled at its host:port, and
+	// Dialled is told which node the dial meant.
+	cb, err := dialAt("n2", Bind("n1", addr), func(_ uint32, a string, cs tls.ConnectionState) error {
+		if node, at, ok := Bound(a); !ok || node != "n1" || at != string(addr) || certs.PeerNodeID(cs) != "n1" {
+			return fmt.Errorf("Dialled was told %q (%q %q %v), reaching %s", a, node, at, ok, certs.PeerNodeID(cs))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Dial of a bound address: %v", err)
+	}
+	_ = cb.Close()
+	if _, at, ok := Bound("10.0.0.1:7071"); ok || at != "10.0.0.1:7071" {
+		t.Errorf("a bare address reads as bound (%v) or changes (%q)", ok, at)
 	}
 }
 
