@@ -23,7 +23,9 @@ func TestDialledRefusal(t *testing.T) {
 		"n2": member("10.0.0.2:7071", membership.Alive),
 		"n7": member("10.0.0.1:7071", membership.Alive),
 	}
-	bound := func(node, addr string) string { return string(raftmux.Bind(raft.ServerID("n"+node), raft.ServerAddress(addr))) }
+	bound := func(node, addr string) string {
+		return string(raftmux.Bind(raft.ServerID("n"+node), raft.ServerAddress(addr)))
+	}
 	for _, tc := range []struct {
 		name, addr, id string
 		refused        string // what the refusal says; "" for none
