@@ -216,6 +216,10 @@ const (
 	// batch is not fired again by the next leader. Under load a produce
 	// and its MarkFired take tens of milliseconds.
 	handoffWait = 2 * time.Second
+	// closeHandoffWait bounds how long a closing leader looks for a voter
+	// to hand its shard to; the transfer itself is bounded by raft (an
+	// election timeout).
+	closeHandoffWait = 3 * time.Second
 	// barrierTimeout bounds the barrier a new leader issues before firing;
 	// barrierRetry is the pause before it tries again.
 	barrierTimeout = 10 * time.Second

@@ -64,7 +64,8 @@
 //     drain, leadership balancing, TransferLeadership) the leader holds
 //     every firing slot until its batches in flight are marked (quiesce),
 //     and revokes its lease once the transfer succeeds: a batch produced
-//     and not yet marked would be fired again by the next leader.
+//     and not yet marked would be fired again by the next leader. A leader
+//     that closes hands its shard over the same way first (handOffOnClose).
 //   - Carrying an event's Output (its partition, its tombstone) from the
 //     record read for a fire batch to the publish.Record, and keeping an
 //     Update from giving a tombstone a payload (ErrTombstonePayload), which

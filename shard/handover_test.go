@@ -2,11 +2,17 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/raft"
+
+	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/publish/publishtest"
+	"github.com/chimehq/chime/raftfsm"
 )
 
 // TestQuiesceBeforeHandover: while events fall due steadily, a leader about
@@ -55,4 +61,87 @@ func TestQuiesceBeforeHandover(t *testing.T) {
 	if got := c.WaitIDs(events, 30*time.Second); len(got.ByID) != events {
 		t.Fatalf("%d of %d events arrived after resume", len(got.ByID), events)
 	}
+}
+
+// pairDirectory places shard 0 on n1 and n2 and answers LogIndex from the
+// replicas themselves.
+type pairDirectory struct {
+	Directory
+	addrs    map[string]string
+	replicas sync.Map // node id → *Shard
+}
+
+func (d *pairDirectory) Desired(uint32) []string          { return []string{"n1", "n2"} }
+func (d *pairDirectory) RaftAddr(n string) (string, bool) { a, ok := d.addrs[n]; return a, ok }
+func (d *pairDirectory) Removed(string) bool              { return false }
+func (d *pairDirectory) Leaving(string) bool              { return false }
+func (d *pairDirectory) Replication() int                 { return 2 }
+func (d *pairDirectory) Epoch() uint64                    { return 0 }
+func (d *pairDirectory) LogIndex(_ context.Context, n string, _ uint32) (uint64, error) {
+	r, ok := d.replicas.Load(n)
+	if !ok {
+		return 0, errors.New("no replica")
+	}
+	return r.(*Shard).raft.LastIndex(), nil
+}
+
+// TestCloseHandsLeadershipOver: a leader that closes hands its shard to the
+// other voter before its Raft shuts down, so the shard has a leader again at
+// once rather than after a heartbeat timeout and an election.
+func TestCloseHandsLeadershipOver(t *testing.T) {
+	brokers := startBroker(t)
+	dir := &pairDirectory{addrs: map[string]string{}}
+	trans := map[string]*raft.InmemTransport{}
+	var servers []raft.Server
+	for _, id := range []string{"n1", "n2"} {
+		addr, tr := raft.NewInmemTransport("")
+		trans[id], dir.addrs[id] = tr, string(addr)
+		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: addr})
+	}
+	trans["n1"].Connect(raft.ServerAddress(dir.addrs["n2"]), trans["n2"])
+	trans["n2"].Connect(raft.ServerAddress(dir.addrs["n1"]), trans["n1"])
+	pub, err := publish.New(publish.Config{Brokers: brokers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pub.Close() })
+	const heartbeat = time.Second
+	shards := map[string]*Shard{}
+	for _, id := range []string{"n1", "n2"} {
+		d := t.TempDir()
+		store, err := raftfsm.OpenStore(d+"/pebble", raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { store.Close() })
+		s, err := Open(Config{ID: 0, NodeID: id, Dir: d + "/raft", Store: store, Transport: trans[id], Publisher: pub,
+			Directory: dir, Bootstrap: servers,
+			Tuning: Tuning{HeartbeatTimeout: heartbeat, ElectionTimeout: heartbeat, LeaderLeaseTimeout: heartbeat / 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		shards[id] = s
+		dir.replicas.Store(id, s)
+	}
+	var leader, other *Shard
+	waitFor(t, 30*time.Second, "a leader", func() bool {
+		switch {
+		case shards["n1"].IsLeader():
+			leader, other = shards["n1"], shards["n2"]
+		case shards["n2"].IsLeader():
+			leader, other = shards["n2"], shards["n1"]
+		}
+		return leader != nil
+	})
+	if _, err := leader.Schedule(context.Background(), []Request{{ID: "e1", Delay: time.Hour, HasDelay: true, Topic: "t", Payload: []byte("p")}}); err != nil {
+		t.Fatal(err)
+	}
+	closed := time.Now()
+	if err := leader.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// An election would take a heartbeat timeout (1 s) after the close.
+	waitFor(t, heartbeat/4, "the other voter leads once the leader has closed", other.IsLeader)
+	t.Logf("the other voter led %v after the close began", time.Since(closed).Round(time.Millisecond))
 }

@@ -244,6 +244,25 @@ func (s *Shard) transferLeadership(ctx context.Context, to []string) {
 	}
 }
 
+// handOffOnClose, on a leader in a cluster, hands the shard to a caught-up
+// voter before Raft shuts down (at most closeHandoffWait). Left to an
+// election, the other voters would wait out a heartbeat timeout first, the
+// events due meanwhile waiting too, and the batches produced but not yet
+// marked would be fired again: a rolling restart or upgrade made a
+// duplicate of every batch in flight on every shard each stopped node led.
+func (s *Shard) handOffOnClose() {
+	if s.cfg.Directory == nil || !s.IsLeader() {
+		return
+	}
+	voters, _, err := s.Configuration()
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeHandoffWait)
+	defer cancel()
+	s.transferLeadership(ctx, voters)
+}
+
 // TransferLeadership hands this leader's shard to node, a voter.
 func (s *Shard) TransferLeadership(node, addr string) error {
 	if !s.IsLeader() {

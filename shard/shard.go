@@ -242,12 +242,14 @@ func (s *Shard) IsLeader() bool { return s.raft.State() == raft.Leader }
 // Stats returns the shard's replicated counters, as of its applied index.
 func (s *Shard) Stats() raftfsm.Stats { return s.fsm.Stats() }
 
-// Close stops the shard gracefully: no new proposals, the firing loop
-// finishes what it started, Raft shuts down, and the FSM is released. The
-// Pebble store and the Publisher belong to the caller.
+// Close stops the shard gracefully: a leader hands the shard to a caught-up
+// voter, no new proposals, the firing loop finishes what it started, Raft
+// shuts down, and the FSM is released. The Pebble store and the Publisher
+// belong to the caller.
 func (s *Shard) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
+		s.handOffOnClose()
 		close(s.stop)
 		s.wg.Wait()
 		s.snaps.StopKeepingLog()
