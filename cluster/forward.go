@@ -158,7 +158,9 @@ func (c *Cluster) Cancel(ctx context.Context, id string, scope shard.Scope) (raf
 }
 
 // Update implements rpc.Backend. Only a missing leader before anything was
-// proposed is retried: a change is not idempotent.
+// proposed is retried: a change is not idempotent, so a forwarded call
+// that failed once it may have reached the leader is UNKNOWN
+// (changeOutcome).
 func (c *Cluster) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeResult, error) {
 	return on(ctx, c, shard.For(ch.ID, c.shards), false, ch.Scope,
 		func(r *shard.Shard) (raftfsm.ChangeResult, error) { return r.Update(ctx, ch) },
@@ -166,7 +168,7 @@ func (c *Cluster) Update(ctx context.Context, ch shard.Change) (raftfsm.ChangeRe
 			resp, err := p.ShardUpdate(ctx, &chimev1.ShardUpdateRequest{Id: ch.ID, IfVersion: ch.IfVersion, Fields: uint32(ch.Fields),
 				Due: ch.Due, Delay: int64(ch.Delay), HasDelay: ch.HasDelay, Key: ch.Key, Payload: ch.Payload, Headers: headersProto(ch.Headers)})
 			if err != nil {
-				return raftfsm.ChangeResult{}, err
+				return raftfsm.ChangeResult{}, changeOutcome(err)
 			}
 			return raftfsm.ChangeResult{Outcome: raftfsm.UpdateOutcome(resp.Outcome), State: raftfsm.State(resp.State),
 				Due: resp.Due, Version: resp.Version}, nil

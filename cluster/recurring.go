@@ -16,12 +16,16 @@ import (
 
 // Recurring implements rpc.Backend: rc applies on the leader of its
 // schedule's shard, which checks scope against the schedule as it stores
-// it. Only a missing leader before anything was proposed is retried.
+// it. Only a missing leader before anything was proposed is retried, unless
+// the command answers the same the second time (changeOutcome).
 func (c *Cluster) Recurring(ctx context.Context, rc raftfsm.Recurring, scope shard.Scope) (*raftfsm.RecurringResult, error) {
 	return on(ctx, c, shard.For(rc.ID, c.shards), false, scope,
 		func(r *shard.Shard) (*raftfsm.RecurringResult, error) { return r.Recurring(ctx, rc, scope) },
 		func(ctx context.Context, p chimev1.PeerClient) (*raftfsm.RecurringResult, error) {
 			resp, err := p.ShardRecurring(ctx, &chimev1.ShardRecurringRequest{Command: raftfsm.AppendRecurring(nil, &rc)})
+			if err != nil && !shard.Retryable(rc.Op) {
+				return nil, changeOutcome(err)
+			}
 			if err != nil {
 				return nil, err
 			}

@@ -205,8 +205,9 @@ func on[T any](ctx context.Context, c *Cluster, s uint32, stale bool, scope shar
 			return local(t.local)
 		}
 		v, err := remote(peerContext(ctx, scope), t.peer)
-		if leaderMissing(err) || status.Code(err) == codes.DeadlineExceeded {
-			// A leader that did not answer in time may have stalled: the
+		if code := status.Code(err); leaderMissing(err) || code == codes.DeadlineExceeded || code == codes.Unknown {
+			// A leader that did not answer in time, or lost its leadership or
+			// its connection under a change, may have stalled or gone: the
 			// next request looks it up again.
 			c.leaders.forget(s, t.node)
 		}

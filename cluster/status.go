@@ -36,12 +36,46 @@ import (
 //   - Anything else: INTERNAL, logged with the operation (to logger, when
 //     not nil), because it is a bug or a broken node, not something the
 //     client can fix.
+// The words of the UNAVAILABLE answers a leader gives for a change it did
+// not propose (a change whose proposal's outcome is unknown answers
+// UNKNOWN instead): a node forwarding a change that is not idempotent
+// tries it again only after one of these (nothingProposed).
+const (
+	leadershipMoving = "(leadership is moving)"
+	shuttingDown     = "(this node is shutting down)"
+	movingReplicas   = "(the cluster is moving replicas)"
+)
+
+// nothingProposed reports an answer of a shard's leader saying it proposed
+// nothing. UNAVAILABLE alone does not say it: the connection to the leader
+// failing after the call was sent (the leader killed as it committed the
+// change) is UNAVAILABLE too, and a change retried then was applied twice
+// (an update answered "has already fired" for the version it had made).
+func nothingProposed(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return false
+	}
+	m := st.Message()
+	return strings.Contains(m, leadershipMoving) || strings.Contains(m, shuttingDown) || strings.Contains(m, movingReplicas)
+}
+
+// changeOutcome is the error a forwarded change that is not idempotent
+// ends with: a leader's answer as it is, but a failed call that may have
+// reached the leader UNKNOWN, which no node or client retries blindly.
+func changeOutcome(err error) error {
+	if err == nil || nothingProposed(err) || status.Code(err) != codes.Unavailable {
+		return err
+	}
+	return status.Errorf(codes.Unknown, "%v; the call to the shard's leader failed after it was sent, so the change may or may not take effect (Get shows the event's version)", err)
+}
+
 func StatusOf(logger *slog.Logger, op string, err error) error {
 	switch {
 	case errors.Is(err, shard.ErrNotLeader):
-		return status.Errorf(codes.Unavailable, "%v (leadership is moving); retry in a moment", err)
+		return status.Errorf(codes.Unavailable, "%v %s; retry in a moment", err, leadershipMoving)
 	case errors.Is(err, shard.ErrStopped):
-		return status.Errorf(codes.Unavailable, "%v (this node is shutting down); retry on another node", err)
+		return status.Errorf(codes.Unavailable, "%v %s; retry on another node", err, shuttingDown)
 	case errors.Is(err, shard.ErrProduceUnknown):
 		return status.Errorf(codes.Aborted, "%v; nothing was changed: retry the %s once Kafka is reachable (it then fails with FAILED_PRECONDITION if the event fired)", err, strings.ToLower(op))
 	case errors.Is(err, shard.ErrFiring):
@@ -55,7 +89,7 @@ func StatusOf(logger *slog.Logger, op string, err error) error {
 	case errors.Is(err, shard.ErrCancelUnsure):
 		return status.Errorf(codes.Aborted, "%v; the cancel is recorded (Get shows CANCELLED)", err)
 	case errors.Is(err, shard.ErrUnknownShard):
-		return status.Errorf(codes.Unavailable, "%v (the cluster is moving replicas); retry in a moment or on another node", err)
+		return status.Errorf(codes.Unavailable, "%v %s; retry in a moment or on another node", err, movingReplicas)
 	case errors.As(err, new(*shard.NotPermittedError)):
 		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

@@ -82,9 +82,10 @@ func (s *Shard) proposeUpdate(ctx context.Context, ch Change) (raftfsm.ChangeRes
 	}
 	cmd := raftfsm.Update{ProposedAt: now, Changes: []raftfsm.Change{ch.Change}}
 	resp, err := s.apply(ctx, raftfsm.AppendUpdate(nil, &cmd))
-	if errors.Is(err, ErrNotLeader) {
-		// The entry may have been appended before leadership went: a retry
-		// that found this leader gone would apply the change again.
+	if errors.Is(err, ErrNotLeader) || errors.Is(err, ErrStopped) {
+		// The entry may have been appended before leadership went, or
+		// before the replica closed under it: a retry that found this
+		// leader gone would apply the change again.
 		return raftfsm.ChangeResult{}, fmt.Errorf("%w (%v)", ErrChangeUnknown, err)
 	}
 	if err != nil {
