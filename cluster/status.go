@@ -36,6 +36,7 @@ import (
 //   - Anything else: INTERNAL, logged with the operation (to logger, when
 //     not nil), because it is a bug or a broken node, not something the
 //     client can fix.
+//
 // The words of the UNAVAILABLE answers a leader gives for a change it did
 // not propose (a change whose proposal's outcome is unknown answers
 // UNKNOWN instead): a node forwarding a change that is not idempotent
