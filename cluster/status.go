@@ -11,32 +11,6 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// StatusOf is the one place an error of a request (of a replica, of the
-// request path, of a Peer call) becomes the gRPC status a client or the
-// asking node is sent, on every path:
-//
-//   - shard.ErrNotLeader, ErrStopped, ErrUnknownShard: UNAVAILABLE. Nothing
-//     was proposed (or the outcome is unknown because the node is going
-//     away), and a retry, after a short backoff or on another node, can
-//     succeed. Schedule with a client-chosen id is idempotent, so retrying it
-//     is always safe.
-//   - shard.ErrProduceUnknown, ErrFiring, ErrChanging: ABORTED. Nothing was
-//     changed; a retry once the event's firing is over can succeed (or say
-//     that it fired). ErrCancelUnsure: ABORTED, and the message says the
-//     cancel is recorded. ErrChangeUnknown: UNKNOWN, the outcome of a change
-//     that is not idempotent, so not to be retried blindly.
-//   - shard.ErrTombstonePayload: FAILED_PRECONDITION, naming the payload:
-//     the stored event, not the request alone, refuses it.
-//   - *shard.NotPermittedError: PERMISSION_DENIED, in its own words, which
-//     are the same whether or not the id exists.
-//   - context.DeadlineExceeded / context.Canceled: DEADLINE_EXCEEDED /
-//     CANCELED. The outcome is unknown: the proposal may still commit.
-//   - An error that already carries a gRPC status (a call the Backend
-//     forwarded to another node) keeps it.
-//   - Anything else: INTERNAL, logged with the operation (to logger, when
-//     not nil), because it is a bug or a broken node, not something the
-//     client can fix.
-//
 // The words of the UNAVAILABLE answers a leader gives for a change it did
 // not propose (a change whose proposal's outcome is unknown answers
 // UNKNOWN instead): a node forwarding a change that is not idempotent
@@ -71,6 +45,31 @@ func changeOutcome(err error) error {
 	return status.Errorf(codes.Unknown, "%v; the call to the shard's leader failed after it was sent, so the change may or may not take effect (Get shows the event's version)", err)
 }
 
+// StatusOf is the one place an error of a request (of a replica, of the
+// request path, of a Peer call) becomes the gRPC status a client or the
+// asking node is sent, on every path:
+//
+//   - shard.ErrNotLeader, ErrStopped, ErrUnknownShard: UNAVAILABLE. Nothing
+//     was proposed (or the outcome is unknown because the node is going
+//     away), and a retry, after a short backoff or on another node, can
+//     succeed. Schedule with a client-chosen id is idempotent, so retrying it
+//     is always safe.
+//   - shard.ErrProduceUnknown, ErrFiring, ErrChanging: ABORTED. Nothing was
+//     changed; a retry once the event's firing is over can succeed (or say
+//     that it fired). ErrCancelUnsure: ABORTED, and the message says the
+//     cancel is recorded. ErrChangeUnknown: UNKNOWN, the outcome of a change
+//     that is not idempotent, so not to be retried blindly.
+//   - shard.ErrTombstonePayload: FAILED_PRECONDITION, naming the payload:
+//     the stored event, not the request alone, refuses it.
+//   - *shard.NotPermittedError: PERMISSION_DENIED, in its own words, which
+//     are the same whether or not the id exists.
+//   - context.DeadlineExceeded / context.Canceled: DEADLINE_EXCEEDED /
+//     CANCELED. The outcome is unknown: the proposal may still commit.
+//   - An error that already carries a gRPC status (a call the Backend
+//     forwarded to another node) keeps it.
+//   - Anything else: INTERNAL, logged with the operation (to logger, when
+//     not nil), because it is a bug or a broken node, not something the
+//     client can fix.
 func StatusOf(logger *slog.Logger, op string, err error) error {
 	switch {
 	case errors.Is(err, shard.ErrNotLeader):
