@@ -289,6 +289,7 @@ func otherIPs(c *cluster, n *node) []string {
 // started on the current one: the old one would only refuse it again.
 func (nm *nemesis) finalHeal() {
 	nm.healAll()
+	var started []*node
 	for _, n := range nm.c.nodes {
 		n.signal(syscall.SIGCONT)
 		if n.refusedLast() && nm.current != nil {
@@ -299,9 +300,13 @@ func (nm *nemesis) finalHeal() {
 			if err := n.start(); err != nil {
 				nm.logger.Error("restarting", "node", n.id, "err", err)
 			}
+			started = append(started, n)
 		}
 	}
 	for _, n := range nm.c.nodes {
+		if slices.Contains(started, n) {
+			continue // a process just started has no offset, and may not listen yet
+		}
 		if err := n.setClockOffset(0); err != nil {
 			nm.logger.Error("healing clock skew", "node", n.id, "err", err)
 		}

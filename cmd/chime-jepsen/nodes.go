@@ -218,7 +218,7 @@ func (n *node) kill() {
 // stop ends the process as an operator would before replacing its binary: SIGTERM, which
 // chimed answers with a graceful shutdown (finishing in-flight requests and fire batches,
 // within its --shutdown-timeout, 30 s), then SIGKILL if it is still there after grace. It
-// returns how the process exited ("" when no process ran): a graceful stop that exits
+// returns how the process exited ("" when none was running): a graceful stop that exits
 // non-zero is worth a look, though not a crash.
 func (n *node) stop(grace time.Duration) string {
 	n.mu.Lock()
@@ -229,6 +229,11 @@ func (n *node) stop(grace time.Duration) string {
 	n.mu.Unlock()
 	if cmd == nil {
 		return ""
+	}
+	select {
+	case <-exited:
+		return "" // it had ended already, and ended() has its crash if it was one
+	default:
 	}
 	// As in kill: a signal fails only for a process that has already exited.
 	_ = cmd.Process.Signal(syscall.SIGCONT)
