@@ -217,7 +217,8 @@ func (n *node) kill() {
 
 // stop ends the process as an operator would before replacing its binary: SIGTERM, which
 // chimed answers with a graceful shutdown (finishing in-flight requests and fire batches,
-// within its --shutdown-timeout, 30 s), then SIGKILL if it is still there after grace. It
+// within its --shutdown-timeout, 30 s), then SIGQUIT if it is still there after grace, and
+// SIGKILL if that did not end it either. It
 // returns how the process exited ("" when none was running): a graceful stop that exits
 // non-zero is worth a look, though not a crash.
 func (n *node) stop(grace time.Duration) string {
@@ -240,12 +241,20 @@ func (n *node) stop(grace time.Duration) string {
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-exited:
+		return cmd.ProcessState.String()
 	case <-time.After(grace):
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-exited
-		return fmt.Sprintf("still running %v after SIGTERM: killed", grace)
 	}
-	return cmd.ProcessState.String()
+	// SIGQUIT makes a Go process write every goroutine's stack to its log before it
+	// exits: what the shutdown waits on.
+	_ = cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-exited:
+		return fmt.Sprintf("still running %v after SIGTERM: quit (its goroutines are in its log)", grace)
+	case <-time.After(5 * time.Second):
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+	return fmt.Sprintf("still running %v after SIGTERM, and after SIGQUIT: killed", grace)
 }
 
 // refusedLast reports whether the node's process is not running because its build refused
