@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"golang.org/x/time/rate"
 
@@ -167,9 +168,7 @@ func (s *Shard) startRaft() error {
 	s.logs = logs
 	s.trans = cfg.Transport
 	if s.trans == nil {
-		nt := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream: cfg.Layer, MaxPool: 3, Timeout: raftRPCTimeout, Logger: rc.Logger,
-		})
+		nt := raft.NewNetworkTransportWithConfig(transportConfig(cfg.Layer, rc.Logger))
 		s.trans = nt
 		if cfg.InstallLayer != nil {
 			s.trans = snapshot.NewTransport(nt, snapshot.TransportConfig{Layer: cfg.InstallLayer, Dir: cfg.Dir,
@@ -532,4 +531,19 @@ func (s *Shard) rebuildWheel() error {
 	}
 	s.firing.replace(ws, until)
 	return nil
+}
+
+// transportConfig is the configuration of a replica's Raft network transport over layer.
+//
+// MaxRPCsInFlight 1 turns raft's pipelined replication off: every AppendEntries is a
+// request and its answer, bounded by raftRPCTimeout. The pipeline (raft 1.7.3) can wedge
+// for good after a follower answers Success=false: its decoder stops reading answers
+// while the replication goroutine parks sending the next request into the full pipeline,
+// and only the pipeline's Close, deferred in that same goroutine, would free it. The
+// follower then gets heartbeats but never another entry, and raft's Shutdown waits for the
+// parked goroutine forever: in a fault test a leader's shutdown hung 40 s in
+// netPipeline.AppendEntries until SIGQUIT. raft's own measurements found the pipeline of
+// little benefit to batched replication, which is what a shard's group commit sends.
+func transportConfig(layer raft.StreamLayer, logger hclog.Logger) *raft.NetworkTransportConfig {
+	return &raft.NetworkTransportConfig{Stream: layer, MaxPool: 3, MaxRPCsInFlight: 1, Timeout: raftRPCTimeout, Logger: logger}
 }

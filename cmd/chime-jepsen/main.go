@@ -55,6 +55,10 @@ type options struct {
 	burstSize, burstRate       int
 	burstEvery                 time.Duration
 	ingestShare                float64
+	// oldCommit and oldBinary are the build the upgrade nemesis starts on; oldGiven says
+	// that one of them was given, which lets mixed draw upgrade.
+	oldCommit, oldBinary string
+	oldGiven             bool
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -62,7 +66,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("chime-jepsen", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.DurationVar(&o.timeLimit, "time-limit", 5*time.Minute, "how long the workload and the nemesis run (then: final heal, drain, read, check)")
-	fs.StringVar(&o.nemesis, "nemesis", "mixed", "faults to inject: mixed, none, or a comma-separated list of "+strings.Join(faultKinds, ", "))
+	fs.StringVar(&o.nemesis, "nemesis", "mixed", "faults to inject: mixed, none, or a comma-separated list of "+strings.Join(faultKinds, ", ")+
+		";\nmixed draws upgrade only when --old-commit or --old-binary is given")
+	fs.StringVar(&o.oldCommit, "old-commit", defaultOldCommit, "with the upgrade nemesis: the commit of this repository whose chimed (built with -tags chimefault\n"+
+		"into <out>/chimed-old) the cluster starts on; the default is the last commit that changed a\n"+
+		"Raft entry, stored value or snapshot format (46e202a: the Recurring command's Trigger and\n"+
+		"Backfill ops). Flags the driver passes that its serve --help does not list are dropped")
+	fs.StringVar(&o.oldBinary, "old-binary", "", "with the upgrade nemesis: a chimed to start the cluster on instead of building --old-commit")
 	fs.StringVar(&o.out, "out", "", "directory for the run's history, records, results.json and report.html (default jepsen-out/<time>)")
 	fs.Uint64Var(&o.seed, "seed", 0, "random seed for the workload and the nemesis (default: from the clock; printed and saved)")
 	fs.BoolVar(&o.secure, "secure", false, "run the cluster secured: TLS on every port with client certificates (CAs made for the run, in\n<out>/pki), an auth file, the workload with a scheduler token and the driver with an admin\ncertificate, and two tenants: tenant A's own events, and a client with A's token that keeps trying the\nworkload's ids and schedules (checker: tenant_violations)")
@@ -100,7 +110,9 @@ drains a node and stops it, kills a node, removes it (RemoveNode) and joins a
 fresh one in its place (maybe at the removed node's address), or starts a
 drained node again, keeping --nodes ± 1 running; a drain or a removal waits
 until every shard is back at its replication factor. A run whose kinds
-include it changes the membership first. Every
+include it changes the membership first. With upgrade, the cluster starts on
+the chimed of --old-commit, or --old-binary, and the nemesis moves one node at
+a time to the current build and, once all run it, back. Every
 --backup-every it takes a backup of the live cluster, through the code
 chimectl backup runs, from a node picked at random, into the run's folder.
 After the final heal and a drain it reads every record back and checks:
@@ -116,9 +128,10 @@ produced clearly before a higher-priority one), the ingest topic (every
 acknowledged record whose key was not tombstoned or produced again fires,
 none before its delay counted from its produce, none long after a later record
 of its key superseded it, none rejected), duplicates by fault, lateness
-per period, recovery time per fault, and that all replicas converged, every
+per period, recovery time per fault, that all replicas converged, every
 shard ending with 3 voters (the replication factor) on running members and
-none on a removed node. Exits 0
+none on a removed node, and that no node ended by itself (but for the old
+build refusing, loudly, what the current one wrote: format_refusals). Exits 0
 when the run is valid, 1 when a check failed.
 
 Flags:
@@ -131,6 +144,7 @@ Examples:
   sudo go run ./cmd/chime-jepsen --time-limit 90s --backup-every 20s --out /tmp/jepsen-backups
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis none --burst-size 600 --burst-every 8s
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis kafka-cut --ingest-share 0.5
+  sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis upgrade --secure
 `)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -158,7 +172,8 @@ Examples:
 		fmt.Fprintln(stderr, "chime-jepsen: --ingest-share must be between 0 and 1 (0 produces nothing to the ingest topic)")
 		return 2
 	}
-	kinds, err := nemesisKinds(o.nemesis)
+	fs.Visit(func(f *flag.Flag) { o.oldGiven = o.oldGiven || f.Name == "old-commit" || f.Name == "old-binary" })
+	kinds, err := nemesisKinds(o.nemesis, o.oldGiven)
 	if err != nil {
 		fmt.Fprintf(stderr, "chime-jepsen: --nemesis: %v\n", err)
 		return 2
@@ -182,10 +197,16 @@ Examples:
 	return 0
 }
 
-func nemesisKinds(s string) ([]string, error) {
+// nemesisKinds are the faults --nemesis names. mixed draws upgrade only when the old build
+// was chosen (withUpgrade): starting every mixed run on an older build would make every
+// other fault's findings about that build.
+func nemesisKinds(s string, withUpgrade bool) ([]string, error) {
 	switch s {
 	case "mixed":
-		return faultKinds, nil
+		if withUpgrade {
+			return faultKinds, nil
+		}
+		return slices.DeleteFunc(slices.Clone(faultKinds), func(k string) bool { return k == "upgrade" }), nil
 	case "none", "":
 		return nil, nil
 	}
@@ -223,6 +244,16 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	bin, err := buildChimed(out)
 	if err != nil {
 		return res, err
+	}
+	// With the upgrade nemesis every node starts on the old build; its crashes are labelled
+	// with the build that ran.
+	current, old := &chimedBuild{bin: bin}, (*chimedBuild)(nil)
+	first := current
+	if slices.Contains(kinds, "upgrade") {
+		if current, old, err = upgradeBuilds(o, out, bin, logger); err != nil {
+			return res, err
+		}
+		first = old
 	}
 	// The membership nemesis adds a node before it stops or removes one:
 	// the cluster grows to --nodes+1, and a new node may take the slot of
@@ -273,11 +304,12 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	c := &cluster{slots: slots, nextID: o.nodes + 1, newNode: func(i int, id string) *node {
 		return &node{i: i, id: id, ip: nodeIP(i), dataDir: filepath.Join(out, id),
-			logPath: filepath.Join(out, id+".log"), bin: bin, shards: o.shards, retention: o.retention,
+			logPath: filepath.Join(out, id+".log"), build: current, shards: o.shards, retention: o.retention,
 			wheelHorizon: o.wheelHorizon, topicRateLimit: rateLimit, ingestTopics: ingestTopics, sec: sec}
 	}}
 	for i := 1; i <= o.nodes; i++ {
 		n := c.newNode(i, fmt.Sprintf("n%d", i))
+		n.build = first // a node the membership nemesis adds later runs the current build
 		if i > 1 {
 			n.join = nodeIP(1) + ":7072"
 		}
@@ -300,13 +332,22 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	if err := c.waitConverged(ctx, 90*time.Second); err != nil {
 		return res, err
 	}
+	if old != nil {
+		args, err := c.nodes[0].serveArgs()
+		if err != nil {
+			return res, err
+		}
+		if dropped := old.droppedFlags(args); len(dropped) > 0 {
+			logger.Warn("the old build does not know these flags of the driver; its nodes run without them", "flags", dropped)
+		}
+	}
 	logger.Info("cluster converged; starting workload and nemesis")
 
 	h := &history{}
 	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention,
 		shards: o.shards, burstSize: o.burstSize, burstEvery: o.burstEvery, tenants: o.secure, versions: map[string]uint64{},
 		ingest: ingestProducer, ingestShare: o.ingestShare}
-	nm := &nemesis{c: c, size: o.nodes, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger}
+	nm := &nemesis{c: c, size: o.nodes, h: h, kinds: kinds, r: newRand(o.seed, 7), logger: logger, current: current, old: old}
 	start := time.Now()
 	runCtx, cancel := context.WithTimeout(ctx, o.timeLimit)
 	done := make(chan struct{})
@@ -371,6 +412,19 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 		return res, err
 	}
 	return res, nil
+}
+
+// upgradeBuilds are the current build and the old one the upgrade nemesis starts on:
+// --old-binary, or --old-commit built into out.
+func upgradeBuilds(o options, out, bin string, logger *slog.Logger) (current, old *chimedBuild, err error) {
+	oldBin := o.oldBinary
+	if oldBin == "" {
+		logger.Info("building the old chimed", "commit", o.oldCommit)
+		if oldBin, err = buildOldChimed(out, o.oldCommit); err != nil {
+			return nil, nil, err
+		}
+	}
+	return newBuilds(bin, oldBin)
 }
 
 // readRecords reads every record of every Chime topic from the start, until
@@ -522,7 +576,7 @@ func summary(r checker.Results) string {
 	u := r.Ops[checker.FUpdate]
 	rc := r.Ops[checker.FRecurring]
 	tp := r.Ops[checker.FTenantProbe]
-	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d (refired %d, retried %d) converged=%v crashes=%d\n"+
+	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d (refired %d, retried %d) converged=%v crashes=%d format_refusals=%d\n"+
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d recurring_trigger_lost=%d recurring_trigger_early=%d recurring_backfill_lost=%d recurring_backfill_outside=%d\n"+
@@ -530,7 +584,7 @@ func summary(r checker.Results) string {
 		"tenants: %d probes refused, %d let through, %d unanswered; tenant_violations=%d\n"+
 		"ingest: %s; ingest_lost=%d ingest_after_tombstone=%d ingest_after_replace=%d ingest_rejected=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
-		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.DuplicatesByStep["refired"], r.DuplicatesByStep["retried"], r.Converged, r.Crashes,
+		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.DuplicatesByStep["refired"], r.DuplicatesByStep["retried"], r.Converged, r.Crashes, r.FormatRefusals,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,

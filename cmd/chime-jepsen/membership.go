@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
@@ -31,8 +30,6 @@ const (
 	// settleLimit bounds the wait for every shard to be at its replication
 	// factor before a drain or a removal.
 	settleLimit = 45 * time.Second
-	// stopLimit bounds a graceful stop (SIGTERM) before SIGKILL.
-	stopLimit = 20 * time.Second
 )
 
 // membershipChange makes one membership change and returns its targets,
@@ -167,7 +164,9 @@ func (nm *nemesis) drainAndStop(ctx context.Context, n *node, running []*node) e
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	n.stop()
+	if exit := n.stop(stopGrace); exit != "" && exit != "exit status 0" {
+		nm.logger.Warn("a drained node's graceful stop ended otherwise than with exit status 0", "node", n.id, "exit", exit)
+	}
 	n.mu.Lock()
 	n.parked = true
 	n.mu.Unlock()
@@ -225,26 +224,4 @@ func anyAlive(ns []*node, not *node) *node {
 		}
 	}
 	return nil
-}
-
-// stop ends the process gracefully (SIGTERM: chimed hands off its
-// leaderships and closes its stores), or with SIGKILL after stopLimit.
-func (n *node) stop() {
-	n.mu.Lock()
-	cmd, exited := n.cmd, n.exited
-	if cmd != nil {
-		n.killing = true
-	}
-	n.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGCONT) // fails only for a process that has exited
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-exited:
-	case <-time.After(stopLimit):
-		_ = cmd.Process.Signal(syscall.SIGKILL)
-		<-exited
-	}
 }

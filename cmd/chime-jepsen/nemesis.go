@@ -16,9 +16,11 @@ import (
 // about every 10 s, held 5-20 s, healed, and a final heal at the end. Each
 // fault is recorded in the history as a window [start, heal].
 
-// faultKinds are the nemeses --nemesis can name; "mixed" draws from all.
+// faultKinds are the nemeses --nemesis can name; "mixed" draws from all but upgrade, which
+// it draws only when --old-commit or --old-binary is given (nemesisKinds).
 var faultKinds = []string{"kill", "kill-minority", "kill-leader", "kill-all", "pause", "pause-leader",
-	"partition-one", "partition-halves", "partition-bridge", "partition-leader", "loss", "slow", "skew", "kafka-cut", "membership"}
+	"partition-one", "partition-halves", "partition-bridge", "partition-leader", "loss", "slow", "skew", "kafka-cut",
+	"membership", "upgrade"}
 
 type nemesis struct {
 	c *cluster
@@ -29,7 +31,18 @@ type nemesis struct {
 	kinds  []string
 	r      *rand.Rand
 	logger *slog.Logger
+
+	// The upgrade nemesis's builds (nil without it) and its direction: it moves one node
+	// at a time from old to current until none runs old, then back until none runs
+	// current, and so on, so that the cluster is mixed most of the time and every node
+	// meets data the other build wrote.
+	current, old *chimedBuild
+	downgrading  bool
 }
+
+// stopGrace is how long an upgrade's graceful stop waits before it kills: chimed's own
+// --shutdown-timeout (30 s) and a margin.
+const stopGrace = 40 * time.Second
 
 // fault is an applied fault and how to heal it.
 type fault struct {
@@ -216,6 +229,24 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 			return nil, err
 		}
 		heal = func() {}
+	case "upgrade":
+		n, to := nm.nextUpgrade()
+		targets = []*node{n}
+		op.Targets = []string{n.id + ":" + to.label}
+		// Two in three stop as an operator would (SIGTERM, a graceful shutdown); the
+		// rest are killed, as a node that crashes just before its upgrade is.
+		how := "SIGTERM"
+		if nm.r.IntN(3) == 0 {
+			how = "SIGKILL"
+			n.kill()
+		} else if exit := n.stop(stopGrace); exit != "" && exit != "exit status 0" {
+			nm.logger.Warn("a graceful stop ended otherwise than with exit status 0", "node", n.id, "exit", exit)
+		}
+		n.setBuild(to)
+		err = n.start()
+		nm.logger.Info("upgrade", "node", n.id, "stop", how, "build", to.label, "bin", to.bin)
+		// The node stays on its new build: the next upgrade moves another one.
+		heal = func() {}
 	default:
 		return nil, fmt.Errorf("unknown nemesis %q", kind)
 	}
@@ -224,6 +255,30 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 	}
 	nm.logger.Info("fault", "kind", kind, "targets", op.Targets, "skew", time.Duration(op.SkewNs))
 	return &fault{op: op, heal: heal}, err
+}
+
+// nextUpgrade picks the node the upgrade nemesis moves and the build it moves it to.
+func (nm *nemesis) nextUpgrade() (*node, *chimedBuild) {
+	on := func(b *chimedBuild) []*node {
+		var out []*node
+		for _, n := range nm.c.active() {
+			if n.currentBuild() == b {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	if !nm.downgrading && len(on(nm.old)) == 0 {
+		nm.downgrading = true
+	} else if nm.downgrading && len(on(nm.current)) == 0 {
+		nm.downgrading = false
+	}
+	from, to := nm.old, nm.current
+	if nm.downgrading {
+		from, to = nm.current, nm.old
+	}
+	ns := on(from)
+	return ns[nm.r.IntN(len(ns))], to
 }
 
 // healAll removes every network fault, in every slot: a node a rule was
@@ -262,19 +317,31 @@ func otherIPs(nodes []*node, n *node) []string {
 }
 
 // finalHeal ends every fault: network rules, pauses, dead processes (a
-// drained and stopped member too), skew. Removed nodes stay down.
+// drained and stopped member too), skew. Removed nodes stay down. Nodes keep
+// the build they run, but one whose old build stopped refusing what the
+// current build wrote is started on the current one: the old one would only
+// refuse it again.
 func (nm *nemesis) finalHeal() {
 	nm.healAll()
 	members := nm.c.members()
+	var started []*node
 	for _, n := range members {
 		n.signal(syscall.SIGCONT)
+		if n.refusedLast() && nm.current != nil {
+			nm.logger.Info("final heal: the old build refused a format; restarting on the current one", "node", n.id)
+			n.setBuild(nm.current)
+		}
 		if !n.alive() {
 			if err := n.start(); err != nil {
 				nm.logger.Error("restarting", "node", n.id, "err", err)
 			}
+			started = append(started, n)
 		}
 	}
 	for _, n := range members {
+		if slices.Contains(started, n) {
+			continue // a process just started has no offset, and may not listen yet
+		}
 		if err := n.setClockOffset(0); err != nil {
 			nm.logger.Error("healing clock skew", "node", n.id, "err", err)
 		}

@@ -27,7 +27,6 @@ type node struct {
 	ip        string
 	dataDir   string
 	logPath   string
-	bin       string
 	join      string
 	shards    int
 	retention time.Duration
@@ -38,14 +37,18 @@ type node struct {
 	// ingestTopics is chimed --ingest-topics ("": none).
 	ingestTopics string
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// build is the chimed the node runs, and runs again when restarted; the upgrade
+	// nemesis changes it (setBuild).
+	build   *chimedBuild
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	stopped bool // SIGSTOPped
-	killing bool // kill ended (or is ending) the process
+	killing bool // kill or stop ended (or is ending) the process
+	refused bool // the process ended by itself refusing a format (checker.RefusedFormat)
 	// parked: the membership nemesis drained the node and stopped it; it
 	// stays down until that nemesis or the final heal starts it again.
-	parked  bool
+	parked bool
 	crashes []checker.Crash
 
 	// sec, with --secure, secures the node and the driver's calls to it.
@@ -81,14 +84,16 @@ func (n *node) start() error {
 		return err
 	}
 	logStart := fi.Size() // where this process's output begins
-	cmd := exec.Command("ip", append([]string{"netns", "exec", nsName(n.i), n.bin}, args...)...)
+	build := n.build
+	args = build.args(args)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", nsName(n.i), build.bin}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		_ = logf.Close() // nothing written by this start; err says why
 		return err
 	}
-	n.cmd, n.exited, n.stopped, n.killing, n.parked = cmd, make(chan struct{}), false, false, false
+	n.cmd, n.exited, n.stopped, n.killing, n.refused, n.parked = cmd, make(chan struct{}), false, false, false, false
 	exited := n.exited
 	go func() {
 		err := cmd.Wait()
@@ -98,8 +103,10 @@ func (n *node) start() error {
 		_ = logf.Close()
 		n.mu.Lock()
 		if !n.killing {
-			n.crashes = append(n.crashes, checker.Crash{Node: n.id, AtNs: at.UnixNano(), Exit: fmt.Sprint(err),
-				Line: whyEnded(n.logPath, logStart)})
+			c := checker.Crash{Node: n.id, AtNs: at.UnixNano(), Exit: fmt.Sprint(err),
+				Line: whyEnded(n.logPath, logStart), Build: build.label}
+			n.crashes = append(n.crashes, c)
+			n.refused = checker.RefusedFormat(c)
 		}
 		n.mu.Unlock()
 		close(exited)
@@ -130,7 +137,8 @@ func (n *node) ended() []checker.Crash {
 	return slices.Clone(n.crashes)
 }
 
-// serveArgs are the arguments of the node's chimed.
+// serveArgs are the arguments of the node's chimed, of the current build: start drops
+// those the node's build does not know.
 func (n *node) serveArgs() ([]string, error) {
 	args := []string{"serve",
 		"--node-id", n.id, "--data-dir", n.dataDir,
@@ -162,6 +170,20 @@ func (n *node) serveArgs() ([]string, error) {
 		args = append(args, "--join", n.join)
 	}
 	return args, nil
+}
+
+// setBuild makes the node's next start run b.
+func (n *node) setBuild(b *chimedBuild) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.build = b
+}
+
+// currentBuild is the build the node runs (or ran last, or runs when next started).
+func (n *node) currentBuild() *chimedBuild {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.build
 }
 
 func (n *node) isParked() bool {
@@ -200,6 +222,56 @@ func (n *node) kill() {
 	_ = cmd.Process.Signal(syscall.SIGCONT) // a paused process must not linger
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	<-exited
+}
+
+// stop ends the process as an operator would before replacing its binary: SIGTERM, which
+// chimed answers with a graceful shutdown (finishing in-flight requests and fire batches,
+// within its --shutdown-timeout, 30 s), then SIGQUIT if it is still there after grace, and
+// SIGKILL if that did not end it either. It
+// returns how the process exited ("" when none was running): a graceful stop that exits
+// non-zero is worth a look, though not a crash.
+func (n *node) stop(grace time.Duration) string {
+	n.mu.Lock()
+	cmd, exited := n.cmd, n.exited
+	if cmd != nil {
+		n.killing = true
+	}
+	n.mu.Unlock()
+	if cmd == nil {
+		return ""
+	}
+	select {
+	case <-exited:
+		return "" // it had ended already, and ended() has its crash if it was one
+	default:
+	}
+	// As in kill: a signal fails only for a process that has already exited.
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+		return cmd.ProcessState.String()
+	case <-time.After(grace):
+	}
+	// SIGQUIT makes a Go process write every goroutine's stack to its log before it
+	// exits: what the shutdown waits on.
+	_ = cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-exited:
+		return fmt.Sprintf("still running %v after SIGTERM: quit (its goroutines are in its log)", grace)
+	case <-time.After(5 * time.Second):
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+	return fmt.Sprintf("still running %v after SIGTERM, and after SIGQUIT: killed", grace)
+}
+
+// refusedLast reports whether the node's process is not running because its build refused
+// data it cannot read (checker.RefusedFormat).
+func (n *node) refusedLast() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.refused
 }
 
 func (n *node) signal(sig syscall.Signal) {

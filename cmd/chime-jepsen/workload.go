@@ -123,6 +123,10 @@ func classify(err error) (typ, code string) {
 	switch st.Code() {
 	case codes.InvalidArgument, codes.AlreadyExists, codes.NotFound, codes.FailedPrecondition:
 		return "fail", st.Code().String()
+	case codes.Unimplemented:
+		// A node of an older build (the upgrade nemesis's) that does not serve the method:
+		// gRPC answers so before any handler runs, so nothing was done.
+		return "fail", st.Code().String()
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return "info", codes.DeadlineExceeded.String()

@@ -209,7 +209,7 @@ func newFlags(cmd string, stderr io.Writer) *flags {
 	registerTopicFlags(fs, &f.reservedTopics, &f.allowTopics)
 	f.ingest = registerIngestFlags(fs, cmd)
 	fs.DurationVar(&f.diskFailure, "disk-failure-timeout", raftfsm.DefaultFailAfter, "how long --data-dir may fail writes (Pebble's flushes failing, or one write to Pebble or a\nRaft log stalled) before chimed exits with status 1, so that replicas on working disks lead\nits shards: a node that cannot write applies and fires nothing. What Pebble had not flushed\nis in the Raft log")
-	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced")
+	fs.DurationVar(&f.timeout, "shutdown-timeout", 30*time.Second, "how long a graceful shutdown may take before it is forced: what has not stopped 5 s\nlater is left, and chimed exits with status 1")
 	fs.DurationVar(&f.startupWait, "startup-wait", time.Minute, "how long to wait for shard leaders before printing the startup banner (the node serves either way)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.Usage = func() {
@@ -664,7 +664,7 @@ func runNode(cmd string, args []string, stdout, stderr io.Writer) int {
 	logger.Info("shutting down", "timeout", f.timeout)
 	sctx, cancel := context.WithTimeout(context.Background(), f.timeout)
 	defer cancel()
-	if err := closeAll(sctx); err != nil {
+	if err := closeWithin(sctx, shutdownGrace, closeAll); err != nil {
 		return fail(fmt.Errorf("shutdown: %w", err))
 	}
 	logger.Info("stopped")

@@ -15,6 +15,9 @@
 //     reader closed, so a send raft starts again sends the same bytes.
 //     Whether raft restores its latest snapshot when the replica starts
 //     (RestoreOnStart), and ErrStateLost when Pebble is behind a reference.
+//     What a killed process left half-written, expansions and raft's
+//     <id>.tmp snapshot directories, is deleted when the store opens
+//     (TestOpenRemovesHalfWrittenSnapshots).
 //   - Copies between replicas (Transport, install.go): sent on the shard's
 //     install layer of the node's raft port, resumed where a cut send left
 //     off (the follower keeps what it received of one copy), then handed to

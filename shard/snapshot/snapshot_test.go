@@ -223,3 +223,62 @@ func TestInstallRefusesACopyOlderThanTheLog(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenRemovesHalfWrittenSnapshots: a snapshot that raft's file store was writing when
+// the process was killed (its sink neither closed nor cancelled) is gone once the store
+// opens again, and a complete one is kept. The store never reaped one, and a kill during
+// the receipt of a leader's copy left a copy of the shard behind for good.
+func TestOpenRemovesHalfWrittenSnapshots(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := raft.Configuration{Servers: []raft.Server{{ID: "n1", Address: "n1:7071"}}}
+	done, err := s.Create(raft.SnapshotVersionMax, 10, 1, conf, 10, addrEncoder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := done.Write([]byte("a complete snapshot")); err != nil {
+		t.Fatal(err)
+	}
+	if err := done.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cut, err := s.Create(raft.SnapshotVersionMax, 20, 1, conf, 20, addrEncoder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cut.Write([]byte("the first bytes of a copy")); err != nil {
+		t.Fatal(err)
+	}
+	tmps := func() []string {
+		m, err := filepath.Glob(filepath.Join(dir, "snapshots", "*.tmp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if len(tmps()) != 1 {
+		t.Fatalf("half-written snapshots %q, want the one being written", tmps())
+	}
+
+	// The process is killed here: the sink is never closed.
+	if _, err := Open(Config{Dir: dir}); err != nil {
+		t.Fatal(err)
+	}
+	if left := tmps(); len(left) != 0 {
+		t.Fatalf("half-written snapshots left after opening: %q", left)
+	}
+	again, err := Open(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := again.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Index != 10 {
+		t.Fatalf("snapshots after opening %+v, want the complete one (index 10)", list)
+	}
+}

@@ -96,8 +96,8 @@ type Store struct {
 
 var _ raft.SnapshotStore = (*Store)(nil)
 
-// Open opens the snapshot store in cfg.Dir and deletes the expansions a
-// crash left behind.
+// Open opens the snapshot store in cfg.Dir and deletes the expansions and the
+// half-written snapshots a crash left behind.
 func Open(cfg Config) (*Store, error) {
 	cfg.Knobs.fill()
 	files, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, 2, cfg.Logger)
@@ -320,8 +320,30 @@ func (s *Store) removeLeftovers() error {
 			err = rerr
 		}
 	}
+	// A snapshot raft's file store was writing when the process ended stays in a
+	// directory named <id>.tmp, which the store skips when it lists and never reaps:
+	// each kill during a Persist, or during the receipt of a leader's full copy of the
+	// shard, left one for good, a copy the size of the shard for the second. Only the
+	// sink that created one ever renames it, so none is in use while the store opens.
+	tmps, gerr := filepath.Glob(filepath.Join(s.dir, snapshotsDir, "*"+snapshotTmpSuffix))
+	if err == nil {
+		err = gerr
+	}
+	for _, name := range tmps {
+		if rerr := os.RemoveAll(name); err == nil {
+			err = rerr
+		}
+	}
 	return err
 }
+
+// snapshotsDir and snapshotTmpSuffix are where raft's file snapshot store keeps its
+// snapshots in the replica's raft directory, and how it names one being written
+// (raft.FileSnapshotStore's unexported snapPath and tmpSuffix).
+const (
+	snapshotsDir      = "snapshots"
+	snapshotTmpSuffix = ".tmp"
+)
 
 // Sent is how many full copies of the shard this store has opened to send
 // to followers too far behind for its log, since it opened.

@@ -343,8 +343,14 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	res.ConvergenceProblems = ConvergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
 
-	// 14. crashes: a node's process ends only when the nemesis ends it
+	// 14. crashes: a node's process ends only when the nemesis ends it, or, of the old
+	// build in an upgrade run, when it refuses what the current build wrote
 	for _, c := range final.Crashes {
+		if RefusedFormat(c) {
+			res.FormatRefusals++
+			note("format_refusals", c.Node, "%s (old build) refused a format at %s (%s): %s", c.Node, a.rel(c.AtNs), c.Exit, c.Line)
+			continue
+		}
 		res.Crashes++
 		note("crashes", c.Node, "%s ended by itself at %s (%s): %s", c.Node, a.rel(c.AtNs), c.Exit, c.Line)
 	}

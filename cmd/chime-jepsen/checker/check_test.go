@@ -430,6 +430,42 @@ func TestPlantCrash(t *testing.T) {
 	}
 }
 
+// TestPlantFormatRefusal: in an upgrade run, the old build stopping on a Raft entry of a
+// kind it does not know is the refusal it owes (counted, the run valid); the same line from
+// the current build, or any other end of the old build, is a crash.
+func TestPlantFormatRefusal(t *testing.T) {
+	const refusal = "panic: raftfsm: shard 3: log entry 812 (term 2) cannot be applied: raftfsm: malformed command: Recurring: op: unknown op 6"
+	for _, tc := range []struct {
+		name              string
+		crash             Crash
+		crashes, refusals int
+	}{
+		{"old build refuses an unknown op", Crash{Node: "n2", Build: "old", Exit: "exit status 2", Line: refusal}, 0, 1},
+		{"old build refuses an unknown body format", Crash{Node: "n2", Build: "old", Exit: "exit status 2",
+			Line: "panic: raftfsm: shard 1: read for fire: body: format: unknown body format 5"}, 0, 1},
+		{"the current build may not refuse", Crash{Node: "n2", Build: "new", Exit: "exit status 2", Line: refusal}, 1, 0},
+		{"a run without upgrades may not refuse", Crash{Node: "n2", Exit: "exit status 2", Line: refusal}, 1, 0},
+		{"old build's truncated entry is a crash", Crash{Node: "n2", Build: "old", Exit: "exit status 2",
+			Line: "panic: raftfsm: shard 3: log entry 812 (term 2) cannot be applied: raftfsm: malformed command: Recurring: id: truncated"}, 1, 0},
+		{"old build's other panic is a crash", Crash{Node: "n2", Build: "old", Exit: "exit status 2",
+			Line: "panic: sealed segment has no index block [recovered, repanicked]"}, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(3, 200)
+			tc.crash.AtNs = g.ops[0].InvokeNs
+			g.final.Crashes = []Crash{tc.crash}
+			res := g.check()
+			if res.Crashes != tc.crashes || res.FormatRefusals != tc.refusals || res.Valid != (tc.crashes == 0) || !res.Converged {
+				t.Fatalf("crashes %d format_refusals %d valid %v converged %v, want %d %d %v true",
+					res.Crashes, res.FormatRefusals, res.Valid, res.Converged, tc.crashes, tc.refusals, tc.crashes == 0)
+			}
+			if tc.refusals == 1 && (len(res.Examples["format_refusals"]) != 1 || !strings.Contains(res.Examples["format_refusals"][0].Why, "unknown")) {
+				t.Fatalf("examples %+v, want the refusal's line", res.Examples["format_refusals"])
+			}
+		})
+	}
+}
+
 // event returns an acked schedule due at due and its record appended late after due, with
 // exact millisecond times so that lateness is known exactly.
 func event(id string, due, late time.Duration) (Op, Record) {

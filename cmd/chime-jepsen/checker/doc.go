@@ -337,6 +337,14 @@
 //     the same: an upsert's or update's record carries its payload, and a cancel leaves
 //     the owner's event with no record and no cancel of the owner's (lost, 1).
 //
+//  14. crashes (counts process ends). A node's process ends only when the nemesis ends it
+//     (Cluster.Crashes lists every other end, with the log line that says why). One
+//     exception, format_refusals (measured): in an upgrade run a process of the old build
+//     (Crash.Build "old") that stops with the line of a Raft entry or stored value of an
+//     unknown kind, op, flag or format (RefusedFormat) refused what the current build
+//     wrote, loudly, as it must rather than misread it. The same line from the current
+//     build, or a malformed entry that is not of an unknown kind, is a crash.
+//
 //  15. The ingest topic (docs/ingest.md; design: "a Kafka ingest topic takes the same
 //     operations as records"). An ingest op (F "ingest") is one record the driver produced
 //     to the ingest topic with its own franz-go client (acks=all, idempotent, the key's

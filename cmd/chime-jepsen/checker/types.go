@@ -1,6 +1,9 @@
 package checker
 
-import "time"
+import (
+	"regexp"
+	"time"
+)
 
 // Op is one client operation or one nemesis fault window, as the driver recorded it. Times
 // are Unix nanoseconds on the driver's single clock.
@@ -249,6 +252,24 @@ type Crash struct {
 	// Line is the log's first line that says why ("panic: ...", "fatal error: ..."),
 	// or its last line.
 	Line string `json:"line"`
+	// Build is the chimed the process ran: "old" or "new" in a run with the upgrade
+	// nemesis, "" otherwise.
+	Build string `json:"build,omitempty"`
+}
+
+// refusals are the lines with which a chimed stops because a Raft entry or a stored value
+// is in a format it does not know (raftfsm: an entry that cannot be decoded stops the
+// node). Only these are a refusal: a malformed entry that is not of an unknown kind, type,
+// op, flag or format is a bug of whichever build wrote it.
+var refusals = regexp.MustCompile(`^panic: raftfsm: shard \d+: log entry \d+ \(term \d+\) cannot be applied: raftfsm: malformed command: .*unknown (command type|op|flags|fields|catch-up) ` +
+	`|^panic: raftfsm: .*unknown (body|status) format \d+`)
+
+// RefusedFormat reports whether c is a node of the old build in an upgrade run stopping
+// because the current build wrote something it cannot read: the loud refusal it owes, which
+// is not a crash. The same line from the current build is a crash: nothing of the current
+// format may be unreadable to it.
+func RefusedFormat(c Crash) bool {
+	return c.Build == "old" && refusals.MatchString(c.Line)
 }
 
 // ShardState is one shard as every node reported it.
@@ -422,8 +443,12 @@ type Results struct {
 	Converged           bool     `json:"converged"`
 	ConvergenceProblems []string `json:"convergence_problems"`
 
-	// Crashes counts the node processes that ended without the nemesis ending them.
+	// Crashes counts the node processes that ended without the nemesis ending them, but
+	// for the old build's refusals (RefusedFormat).
 	Crashes int `json:"crashes"`
+	// FormatRefusals counts the old build's processes that stopped refusing data the
+	// current build wrote (RefusedFormat): measured, not judged.
+	FormatRefusals int `json:"format_refusals"`
 
 	LatenessMs Lateness   `json:"lateness_ms"`
 	Recovery   []Recovery `json:"recovery"`
