@@ -48,7 +48,7 @@ type node struct {
 	refused bool // the process ended by itself refusing a format (checker.RefusedFormat)
 	// parked: the membership nemesis drained the node and stopped it; it
 	// stays down until that nemesis or the final heal starts it again.
-	parked bool
+	parked  bool
 	crashes []checker.Crash
 
 	// sec, with --secure, secures the node and the driver's calls to it.
