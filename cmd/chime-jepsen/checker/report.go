@@ -266,6 +266,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	v.Checks = append(v.Checks, reportCheck{Name: "converged", Count: fmt.Sprintf("%d problems", len(res.ConvergenceProblems)), Class: convClass, Status: conv})
 	row("early_under_skew", res.EarlyUnderSkew, false)
 	row("invalid_accepted", res.InvalidAccepted, false)
+	row("disk_exits", res.DiskExits, false)
 	v.Checks = append(v.Checks,
 		reportCheck{Name: "duplicates (extra copies)", Count: fmt.Sprint(res.Duplicates), Status: "measured"},
 		reportCheck{Name: "lists", Count: res.ListSummary()},

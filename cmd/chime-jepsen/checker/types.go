@@ -405,8 +405,12 @@ type Results struct {
 	Converged           bool     `json:"converged"`
 	ConvergenceProblems []string `json:"convergence_problems"`
 
-	// Crashes counts the node processes that ended without the nemesis ending them.
+	// Crashes counts the node processes that ended without the nemesis ending them, other
+	// than DiskExits.
 	Crashes int `json:"crashes"`
+	// DiskExits counts the node processes that stopped because a disk fault on them left
+	// their data directory unwritable, as chimed must (check 14; measured, not judged).
+	DiskExits int `json:"disk_exits"`
 
 	LatenessMs Lateness   `json:"lateness_ms"`
 	Recovery   []Recovery `json:"recovery"`
