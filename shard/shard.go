@@ -33,7 +33,10 @@ type Shard struct {
 	raft    *raft.Raft
 	trans   raft.Transport
 	logs    *logStore
-	snaps   *snapshot.Store
+	// transferFailedAt is when reconcile's last leadership transfer to each
+	// node failed; the reconcile loop's goroutine alone uses it.
+	transferFailedAt map[string]time.Time
+	snaps            *snapshot.Store
 	// pace bounds the rate of the full snapshots this replica writes:
 	// expansions sent to followers and backups (Config.Installs).
 	pace *rate.Limiter
