@@ -1,17 +1,18 @@
 // Command chime-jepsen is Chime's fault-test driver, in the manner of Jepsen:
 // it runs real chimed processes in network namespaces of its own, a client
 // workload that records every operation in a history, and a nemesis that
-// kills, pauses, partitions, slows, skews and cuts nodes off from Kafka on a
-// schedule, and a backer that takes a backup of the live cluster every
+// kills, pauses, partitions, slows, skews, cuts nodes off from Kafka, and fills
+// or freezes their disks on a schedule, and a backer that takes a backup of the live cluster every
 // --backup-every; after a final heal it reads every record from Kafka with a
 // client of its own and checks the history, backups included, against
 // Chime's promises.
 //
 //	sudo go run ./cmd/chime-jepsen --time-limit 10m --nemesis mixed --out jepsen-out
 //
-// It needs root (network namespaces, iptables, tc) and touches only the
-// namespaces, bridge and addresses (10.77.0.0/24) it creates, all removed
-// when it ends.
+// It needs root (network namespaces, iptables, tc; with the disk faults,
+// loop devices, mkfs.ext4, mount and fsfreeze) and touches only the
+// namespaces, bridge and addresses (10.77.0.0/24) and the loop devices of
+// images in its --out folder it creates, all removed when it ends.
 package main
 
 import (
@@ -93,7 +94,12 @@ after due), updates, upserts, gets, lists and bulk cancels (CancelMatching) by
 id prefix, invalid requests, recurring schedules, every --burst-every a
 burst of --burst-size events due at once on one shard, on a topic the nodes
 rate-limit, and --ingest-share of the new events produced as records to the
-ingest topic (some tombstoned or produced again); and a nemesis that injects one fault about every 10 s. Every
+ingest topic (some tombstoned or produced again); and a nemesis that injects one fault about every 10 s:
+kills, pauses, partitions, loss, slowness, clock skew, a Kafka cut, and with disk-full or disk-stall
+a full or frozen filesystem under the leader of most shards (each node's data directory is then an
+ext4 of 1 GiB on a loop device the driver makes; disk-full fills it with ballast, disk-stall freezes
+it with fsfreeze for 3-30 s, beyond chimed's --disk-failure-timeout about a third of the time; a node
+that stops saying its disk failed, in such a window, is a disk exit, not a crash). Every
 --backup-every it takes a backup of the live cluster, through the code
 chimectl backup runs, from a node picked at random, into the run's folder.
 After the final heal and a drain it reads every record back and checks:
@@ -122,6 +128,7 @@ Examples:
   sudo go run ./cmd/chime-jepsen --time-limit 90s --backup-every 20s --out /tmp/jepsen-backups
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis none --burst-size 600 --burst-every 8s
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis kafka-cut --ingest-share 0.5
+  sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis disk-full,disk-stall
 `)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -131,7 +138,7 @@ Examples:
 		return 2
 	}
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(stderr, "chime-jepsen: must run as root: it creates network namespaces, a bridge, veth pairs and iptables rules (try: sudo go run ./cmd/chime-jepsen)")
+		fmt.Fprintln(stderr, "chime-jepsen: must run as root: it creates network namespaces, a bridge, veth pairs and iptables rules, and for the disk faults loop devices and mounts (try: sudo go run ./cmd/chime-jepsen)")
 		return 2
 	}
 	if o.backupEvery < 0 {
@@ -265,9 +272,32 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 		}
 		c.nodes = append(c.nodes, n)
 	}
+	if slices.ContainsFunc(kinds, func(k string) bool { return slices.Contains(checker.DiskFaultKinds, k) }) {
+		cleanupDisks()
+		for _, n := range c.nodes {
+			d, err := setupDisk(out, n.i, n.dataDir)
+			if d != nil {
+				n.disk = d
+				defer func() { // after the kill below: a mounted filesystem in use does not unmount
+					if used, err := d.used(); err == nil {
+						logger.Info("node filesystem", "node", n.id, "used", fmt.Sprintf("%.1f MiB", float64(used)/(1<<20)))
+					}
+					d.teardown()
+				}()
+			}
+			if err != nil {
+				return res, fmt.Errorf("node %s's filesystem: %w", n.id, err)
+			}
+		}
+	}
 	defer func() {
 		for _, n := range c.nodes {
 			n.closeClients()
+			// A process whose filesystem is frozen cannot end (its threads wait in the
+			// kernel for the thaw): kill would wait forever.
+			if n.disk != nil {
+				n.disk.thaw()
+			}
 			n.kill()
 		}
 	}()
@@ -508,7 +538,7 @@ func summary(r checker.Results) string {
 	u := r.Ops[checker.FUpdate]
 	rc := r.Ops[checker.FRecurring]
 	tp := r.Ops[checker.FTenantProbe]
-	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v crashes=%d\n"+
+	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d converged=%v crashes=%d disk_exits=%d\n"+
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d recurring_trigger_lost=%d recurring_trigger_early=%d recurring_backfill_lost=%d recurring_backfill_outside=%d\n"+
@@ -516,7 +546,7 @@ func summary(r checker.Results) string {
 		"tenants: %d probes refused, %d let through, %d unanswered; tenant_violations=%d\n"+
 		"ingest: %s; ingest_lost=%d ingest_after_tombstone=%d ingest_after_replace=%d ingest_rejected=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
-		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged, r.Crashes,
+		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.Converged, r.Crashes, r.DiskExits,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,
