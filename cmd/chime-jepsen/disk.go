@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Each node's data directory is, for the disk faults, an ext4 filesystem of its own: a
@@ -189,7 +190,12 @@ func cleanupDisks() {
 		}
 		for _, mp := range mountpointsOf(dev) {
 			_ = exec.Command("fsfreeze", "-u", mp).Run() // EINVAL when not frozen
-			_ = exec.Command("umount", mp).Run()         // what fails here, losetup -d leaves attached
+			// The crashed run's nodes died with it (Pdeathsig), but one that waited on
+			// the frozen filesystem ends only now that it thawed, and holds the mount
+			// until it has: a few tries, then losetup -d leaves what still fails.
+			for try := 0; try < 10 && exec.Command("umount", mp).Run() != nil; try++ {
+				time.Sleep(200 * time.Millisecond)
+			}
 		}
 		_ = exec.Command("losetup", "-d", dev).Run() // best effort, as teardownNetwork
 	}
