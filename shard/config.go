@@ -64,7 +64,8 @@ type Config struct {
 	Metrics     *Metrics
 	// DiskFailed, when set, is called when a write to the shard's Raft log
 	// or stable store has been under way for Tuning.DiskFailAfter (see
-	// watchedLog); the node stops its process on it. nil: not watched.
+	// watchedLog); the node stops its process on it. nil: nothing is called
+	// (a stalled write still silences the leader after DiskStallAfter).
 	DiskFailed func(error)
 	// Knobs are for tests; the zero value is production's.
 	Knobs Knobs
@@ -103,6 +104,9 @@ type Knobs struct {
 	// (snapshot.Knobs, which fills them).
 	KeepLogGrace   time.Duration
 	ExpansionReuse time.Duration
+	// LogWrite, if set, runs before each write to the Raft log or stable
+	// store, inside its watch, so that a test can make the disk hang.
+	LogWrite func()
 	// StuckAfter, if positive, replaces how long raft may refuse every
 	// entry of this leader for a leadership transfer before the replica
 	// counts as Stuck (twice what a transfer that works can take).
@@ -133,6 +137,11 @@ type Tuning struct {
 	// DiskFailAfter is how long one write to the Raft log may be under way
 	// before Config.DiskFailed is called.
 	DiskFailAfter time.Duration
+	// DiskStallAfter is how long one write to the Raft log may be under way
+	// before the replica stops sending AppendEntries, heartbeats included,
+	// until the write returns: a leader whose disk hangs so hands its shard
+	// to a follower instead of holding it while it can persist nothing.
+	DiskStallAfter time.Duration
 	// ProposeBatch is how many events an entry gathers before it is
 	// proposed (one Schedule call is never split for it, so an entry may
 	// hold more); ProposeBytes bounds an entry's encoded events: a call
@@ -316,6 +325,13 @@ func (t *Tuning) fill() {
 	setDur(&t.ElectionTimeout, t.HeartbeatTimeout)
 	setDur(&t.LeaderLeaseTimeout, t.HeartbeatTimeout/2)
 	setDur(&t.CommitTimeout, 500*time.Millisecond)
+	// An election timeout: an fsync takes 170-290 µs here, so an append
+	// still under way after 750 ms is a disk that hangs, not a busy one.
+	// A write that returns soon after costs nothing (the followers hear
+	// from the leader before a heartbeat timeout of silence makes them
+	// stand); one that does not hands the shard over a heartbeat timeout
+	// later, where the process stopping would take DiskFailAfter (20 s).
+	setDur(&t.DiskStallAfter, t.ElectionTimeout)
 	// Snapshots are references to the state in Pebble (snapshot.Store); each
 	// waits for Pebble's next flush (Pebble runs without a WAL) and costs
 	// little else, so take them often: the log after the last one is what a

@@ -243,4 +243,11 @@
 //     and a follower that installs one over its own log takes the entries
 //     after it, raft-wal refusing a gap (TestRaftSeesAMonotonicLog,
 //     TestFollowerWithALogInstallsASnapshot).
+//  15. A leader whose Raft log writes hang (a frozen or wedged disk, the
+//     process running and its network fine) stops leading: once a write has
+//     been under way for Tuning.DiskStallAfter it sends no AppendEntries,
+//     heartbeats included, until the write returns, so its followers elect
+//     another leader a heartbeat timeout later instead of waiting out
+//     DiskFailAfter for the process to stop; once its disk returns it
+//     follows and catches up (TestLeaderWhoseDiskHangsStopsLeading).
 package shard

@@ -61,6 +61,9 @@ type Directory interface {
 //  5. for a while after the membership changed, leadership moves to the
 //     preferred leader (the first desired node), which spreads leaders
 //     evenly over the nodes.
+//
+// Neither 4 nor 5 hands leadership to a node a transfer to which failed
+// within transferBackoff.
 
 const (
 	reconcileInterval = 500 * time.Millisecond
@@ -73,6 +76,13 @@ const (
 	caughtUpLag    = 64
 	configTimeout  = 10 * time.Second
 	caughtUpPolled = 2 * time.Second
+	// transferBackoff is how long a node a leadership transfer to which
+	// failed is not handed leadership again by reconcile. raft refuses
+	// every entry while a transfer is under way (up to an election timeout),
+	// and a node that answers its peers but cannot write (its disk frozen)
+	// counts as caught up and then fails every transfer: handed leadership
+	// on every reconcile, it stalled the shard for as long as its disk did.
+	transferBackoff = 30 * time.Second
 )
 
 func (s *Shard) reconcileLoop(ctx context.Context) {
@@ -107,6 +117,12 @@ func (s *Shard) reconcile(ctx context.Context, balance bool) {
 		replication: dir.Replication(), removed: dir.Removed, leaving: dir.Leaving,
 		caughtUp: func(n string) bool { return s.caughtUp(ctx, n) },
 		opened:   func(n string) bool { return s.opened(ctx, n) }, balance: balance,
+		transferFailed: func(n string) bool {
+			s.transferMu.Lock()
+			defer s.transferMu.Unlock()
+			at, ok := s.transferFailedAt[n]
+			return ok && time.Since(at) < transferBackoff
+		},
 	}
 	act := plan(st)
 	if act.kind == noChange {
@@ -134,13 +150,20 @@ func (s *Shard) reconcile(ctx context.Context, balance bool) {
 // configState is what a shard leader decides its next configuration change
 // from. The functions answer for one node: removed by an operator, leaving
 // (draining), caught up with the leader's log, holding an open replica of
-// the shard.
+// the shard, refused a leadership transfer within transferBackoff.
 type configState struct {
 	self                               string
 	voters, nonvoters, desired         []string
 	replication                        int
 	removed, leaving, caughtUp, opened func(node string) bool
+	transferFailed                     func(node string) bool // nil: none did
 	balance                            bool
+}
+
+// mayLead reports whether reconcile may hand node leadership: no transfer to it
+// failed lately.
+func (st configState) mayLead(node string) bool {
+	return st.transferFailed == nil || !st.transferFailed(node)
 }
 
 type actionKind int
@@ -215,11 +238,15 @@ func plan(st configState) action {
 			continue
 		}
 		if v == st.self {
-			return action{kind: transfer, to: st.desired, why: "handing leadership over before leaving the shard"}
+			to := slices.DeleteFunc(slices.Clone(st.desired), func(n string) bool { return !st.mayLead(n) })
+			if len(to) == 0 {
+				return action{} // every desired voter failed a transfer lately: wait
+			}
+			return action{kind: transfer, to: to, why: "handing leadership over before leaving the shard"}
 		}
 		return action{kind: removeServer, node: v, why: "removing a voter the placement no longer wants"}
 	}
-	if st.balance && st.desired[0] != st.self && slices.Contains(st.voters, st.desired[0]) { // 5
+	if st.balance && st.desired[0] != st.self && slices.Contains(st.voters, st.desired[0]) && st.mayLead(st.desired[0]) { // 5
 		return action{kind: transfer, to: st.desired[:1], why: "handing leadership to the preferred leader"}
 	}
 	return action{}
@@ -236,7 +263,13 @@ func (s *Shard) transferLeadership(ctx context.Context, to []string) {
 			continue
 		}
 		if err := s.handOver(n, addr); err != nil {
-			s.logger.Warn("leadership transfer", "to", n, "err", err)
+			s.logger.Warn("leadership transfer", "to", n, "err", err, "retry_after", transferBackoff)
+			s.transferMu.Lock()
+			if s.transferFailedAt == nil {
+				s.transferFailedAt = map[string]time.Time{}
+			}
+			s.transferFailedAt[n] = time.Now()
+			s.transferMu.Unlock()
 		} else {
 			s.logger.Info("leadership transferred", "to", n)
 		}

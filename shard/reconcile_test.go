@@ -72,6 +72,20 @@ func TestPlan(t *testing.T) {
 			s.desired, s.balance = []string{"b", "a", "c"}, true
 		}, transfer, "", "b"},
 		{"no balancing outside the window", func(s *configState) { s.desired = []string{"b", "a", "c"} }, noChange, "", ""},
+		// Regression (found by chime-jepsen's disk-stall): a preferred leader
+		// whose disk was frozen answered its peers, counted as caught up,
+		// and failed every transfer; handed leadership on every reconcile,
+		// with raft refusing entries through each transfer, the shard took
+		// nothing for as long as the disk hung.
+		{"balance: no transfer to a node that failed one lately", func(s *configState) {
+			s.desired, s.balance, s.transferFailed = []string{"b", "a", "c"}, true, set("b")
+		}, noChange, "", ""},
+		{"leader leaving skips a node that failed a transfer lately", func(s *configState) {
+			s.voters, s.desired, s.transferFailed = []string{"a", "b", "c", "d"}, []string{"b", "c", "d"}, set("b")
+		}, transfer, "", "c"},
+		{"leader leaving waits when every desired node failed a transfer lately", func(s *configState) {
+			s.voters, s.desired, s.transferFailed = []string{"a", "b", "c", "d"}, []string{"b", "c", "d"}, set("b", "c", "d")
+		}, noChange, "", ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

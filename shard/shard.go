@@ -34,7 +34,12 @@ type Shard struct {
 	raft    *raft.Raft
 	trans   raft.Transport
 	logs    *logStore
-	snaps   *snapshot.Store
+	// transferFailedAt is when the last leadership transfer to each node
+	// failed, under transferMu: reconcile's and a closing replica's
+	// handovers both record it.
+	transferMu       sync.Mutex
+	transferFailedAt map[string]time.Time
+	snaps            *snapshot.Store
 	// pace bounds the rate of the full snapshots this replica writes:
 	// expansions sent to followers and backups (Config.Installs).
 	pace *rate.Limiter
@@ -176,21 +181,22 @@ func (s *Shard) startRaft() error {
 		}
 		s.trans = boundTransport{s.trans}
 	}
-	var (
-		logStore raft.LogStore    = logs
-		stable   raft.StableStore = logs
-	)
-	if cfg.DiskFailed != nil {
-		w := &watchedLog{LogStore: logs, stable: logs, shard: cfg.ID, after: s.tune.DiskFailAfter, failed: cfg.DiskFailed}
-		logStore, stable = w, w
+	// Every write to the log is watched; raft sends through the gate that silences
+	// the replica while one is stalled (watchedLog, stallGate).
+	stalled := new(atomic.Int64)
+	watched := &watchedLog{LogStore: logs, stable: logs, shard: cfg.ID, after: s.tune.DiskFailAfter, failed: cfg.DiskFailed,
+		stallAfter: s.tune.DiskStallAfter, stalled: stalled, before: cfg.Knobs.LogWrite}
+	trans := s.trans
+	if t, ok := s.trans.(gatedTransport); ok {
+		trans = &stallGate{gatedTransport: t, stalled: stalled}
 	}
-	cache, err := raft.NewLogCache(logCacheEntries, logStore)
+	cache, err := raft.NewLogCache(logCacheEntries, watched)
 	if err != nil {
 		s.closeTransport()
 		_ = logs.Close()
 		return err
 	}
-	r, err := s.newRaft(rc, snapshot.KeepSnapshotEntry(cache), stable, snaps)
+	r, err := s.newRaft(rc, snapshot.KeepSnapshotEntry(cache), watched, snaps, trans)
 	if err != nil {
 		s.closeTransport()
 		_ = logs.Close()
@@ -201,17 +207,18 @@ func (s *Shard) startRaft() error {
 }
 
 // newRaft bootstraps the group if this node founds it, then starts raft.
-func (s *Shard) newRaft(rc *raft.Config, cache raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore) (*raft.Raft, error) {
+// trans is s.trans as raft sees it (stallGate).
+func (s *Shard) newRaft(rc *raft.Config, cache raft.LogStore, stable raft.StableStore, snaps raft.SnapshotStore, trans raft.Transport) (*raft.Raft, error) {
 	existing, err := raft.HasExistingState(cache, stable, snaps)
 	if err != nil {
 		return nil, err
 	}
 	if !existing && len(s.cfg.Bootstrap) > 0 {
-		if err := raft.BootstrapCluster(rc, cache, stable, snaps, s.trans, raft.Configuration{Servers: s.cfg.Bootstrap}); err != nil {
+		if err := raft.BootstrapCluster(rc, cache, stable, snaps, trans, raft.Configuration{Servers: s.cfg.Bootstrap}); err != nil {
 			return nil, fmt.Errorf("shard %d: bootstrap: %w", s.id, err)
 		}
 	}
-	r, err := raft.NewRaft(rc, s.fsm, cache, stable, snaps, s.trans)
+	r, err := raft.NewRaft(rc, s.fsm, cache, stable, snaps, trans)
 	if err != nil {
 		return nil, fmt.Errorf("shard %d: raft: %w", s.id, err)
 	}

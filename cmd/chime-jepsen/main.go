@@ -1,17 +1,19 @@
 // Command chime-jepsen is Chime's fault-test driver, in the manner of Jepsen:
 // it runs real chimed processes in network namespaces of its own, a client
 // workload that records every operation in a history, and a nemesis that
-// kills, pauses, partitions, slows, skews, cuts nodes off from Kafka and
-// joins, drains, removes and replaces nodes on a schedule, and a backer that takes a backup of the live cluster every
+// kills, pauses, partitions, slows, skews, cuts nodes off from Kafka, fills
+// or freezes their disks, joins, drains, removes, replaces and upgrades nodes
+// on a schedule, and a backer that takes a backup of the live cluster every
 // --backup-every; after a final heal it reads every record from Kafka with a
 // client of its own and checks the history, backups included, against
 // Chime's promises.
 //
 //	sudo go run ./cmd/chime-jepsen --time-limit 10m --nemesis mixed --out jepsen-out
 //
-// It needs root (network namespaces, iptables, tc) and touches only the
-// namespaces, bridge and addresses (10.77.0.0/24) it creates, all removed
-// when it ends.
+// It needs root (network namespaces, iptables, tc; with the disk faults,
+// loop devices, mkfs.ext4, mount and fsfreeze) and touches only the
+// namespaces, bridge and addresses (10.77.0.0/24) and the loop devices of
+// images in its --out folder it creates, all removed when it ends.
 package main
 
 import (
@@ -112,7 +114,12 @@ drained node again, keeping --nodes ± 1 running; a drain or a removal waits
 until every shard is back at its replication factor. A run whose kinds
 include it changes the membership first. With upgrade, the cluster starts on
 the chimed of --old-commit, or --old-binary, and the nemesis moves one node at
-a time to the current build and, once all run it, back. Every
+a time to the current build and, once all run it, back. With disk-full or
+disk-stall, each node's data directory is an ext4 of 1 GiB on a loop device the
+driver makes; disk-full fills that of the leader of most shards with ballast,
+disk-stall freezes it with fsfreeze for 3-30 s, beyond chimed's
+--disk-failure-timeout about a third of the time (a node that stops saying its
+disk failed, in such a window, is a disk exit, not a crash). Every
 --backup-every it takes a backup of the live cluster, through the code
 chimectl backup runs, from a node picked at random, into the run's folder.
 After the final heal and a drain it reads every record back and checks:
@@ -145,6 +152,7 @@ Examples:
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis none --burst-size 600 --burst-every 8s
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis kafka-cut --ingest-share 0.5
   sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis upgrade --secure
+  sudo go run ./cmd/chime-jepsen --time-limit 2m --nemesis disk-full,disk-stall
 `)
 	}
 	if err := fs.Parse(args); err != nil {
@@ -154,7 +162,7 @@ Examples:
 		return 2
 	}
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(stderr, "chime-jepsen: must run as root: it creates network namespaces, a bridge, veth pairs and iptables rules (try: sudo go run ./cmd/chime-jepsen)")
+		fmt.Fprintln(stderr, "chime-jepsen: must run as root: it creates network namespaces, a bridge, veth pairs and iptables rules, and for the disk faults loop devices and mounts (try: sudo go run ./cmd/chime-jepsen)")
 		return 2
 	}
 	if o.backupEvery < 0 {
@@ -315,9 +323,34 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 		}
 		c.nodes = append(c.nodes, n)
 	}
+	if slices.ContainsFunc(kinds, func(k string) bool { return slices.Contains(checker.DiskFaultKinds, k) }) {
+		cleanupDisks()
+		c.diskDir = out // the nodes the membership nemesis adds get one too
+		defer func() { // after the kill below: a mounted filesystem in use does not unmount
+			for _, n := range c.everyNode() {
+				if n.disk == nil {
+					continue
+				}
+				if used, err := n.disk.used(); err == nil {
+					logger.Info("node filesystem", "node", n.id, "used", fmt.Sprintf("%.1f MiB", float64(used)/(1<<20)))
+				}
+				n.disk.teardown()
+			}
+		}()
+		for _, n := range c.nodes {
+			if err := c.giveDisk(n); err != nil {
+				return res, err
+			}
+		}
+	}
 	defer func() {
 		for _, n := range c.everyNode() {
 			n.closeClients()
+			// A process whose filesystem is frozen cannot end (its threads wait in the
+			// kernel for the thaw): kill would wait forever.
+			if n.disk != nil {
+				n.disk.thaw()
+			}
 			n.kill()
 		}
 	}()
@@ -576,7 +609,7 @@ func summary(r checker.Results) string {
 	u := r.Ops[checker.FUpdate]
 	rc := r.Ops[checker.FRecurring]
 	tp := r.Ops[checker.FTenantProbe]
-	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d (refired %d, retried %d) converged=%v crashes=%d format_refusals=%d\n"+
+	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d (refired %d, retried %d) converged=%v crashes=%d format_refusals=%d disk_exits=%d\n"+
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d recurring_trigger_lost=%d recurring_trigger_early=%d recurring_backfill_lost=%d recurring_backfill_outside=%d\n"+
@@ -584,7 +617,7 @@ func summary(r checker.Results) string {
 		"tenants: %d probes refused, %d let through, %d unanswered; tenant_violations=%d\n"+
 		"ingest: %s; ingest_lost=%d ingest_after_tombstone=%d ingest_after_replace=%d ingest_rejected=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
-		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.DuplicatesByStep["refired"], r.DuplicatesByStep["retried"], r.Converged, r.Crashes, r.FormatRefusals,
+		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.DuplicatesByStep["refired"], r.DuplicatesByStep["retried"], r.Converged, r.Crashes, r.FormatRefusals, r.DiskExits,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,

@@ -57,3 +57,37 @@ func TestDeal(t *testing.T) {
 		}
 	}
 }
+
+// TestWhyEndedSaysTheDisk: a node that stops because its data directory cannot be written
+// is reported by that line, though other goroutines logged after it, so that the checker
+// can tell its exit from a crash.
+func TestWhyEndedSaysTheDisk(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "n1.log")
+	disk := `level=ERROR msg="` + checker.DiskExitLine + `: stopping so that other replicas lead this node's shards" err="shard 2: a Raft log append has been under way for 20s"`
+	log := "level=INFO msg=started\n" + disk + "\nlevel=WARN msg=\"marking fired events\" shard=2\n"
+	if err := os.WriteFile(path, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := whyEnded(path, 0); got != disk {
+		t.Errorf("whyEnded = %q, want the disk's line", got)
+	}
+}
+
+// TestDiskImagePattern: leftovers are recognised by their image's name alone, deleted or
+// not, and no other loop device is.
+func TestDiskImagePattern(t *testing.T) {
+	for back, want := range map[string]bool{
+		"/tmp/jd-1/" + diskImageName(3):                   true,
+		"/tmp/jd-1/" + diskImageName(12) + " (deleted)":   true,
+		"/tmp/jd-1/" + diskImageName(2) + `\x20(deleted)`: true,
+		"/var/lib/snapd/snaps/core_1.snap":                false,
+		"/tmp/jd-1/chj-disk-n3.img.bak":                   false,
+	} {
+		if got := diskImagePattern.MatchString(back); got != want {
+			t.Errorf("%q: %v, want %v", back, got, want)
+		}
+	}
+	if got := unescapeMount(`/tmp/a\040b\134c`); got != `/tmp/a b\c` {
+		t.Errorf("unescapeMount = %q", got)
+	}
+}

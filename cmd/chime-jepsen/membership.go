@@ -134,6 +134,9 @@ func (nm *nemesis) addNode() (*node, error) {
 	n.join = strings.Join(seeds, ",")
 	c.nodes = append(c.nodes, n)
 	c.mu.Unlock()
+	if err := c.giveDisk(n); err != nil {
+		return n, err
+	}
 	return n, n.start()
 }
 

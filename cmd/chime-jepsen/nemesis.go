@@ -20,7 +20,7 @@ import (
 // it draws only when --old-commit or --old-binary is given (nemesisKinds).
 var faultKinds = []string{"kill", "kill-minority", "kill-leader", "kill-all", "pause", "pause-leader",
 	"partition-one", "partition-halves", "partition-bridge", "partition-leader", "loss", "slow", "skew", "kafka-cut",
-	"membership", "upgrade"}
+	"membership", "upgrade", "disk-full", "disk-stall"}
 
 type nemesis struct {
 	c *cluster
@@ -48,6 +48,8 @@ const stopGrace = 40 * time.Second
 type fault struct {
 	op   checker.Op
 	heal func()
+	// hold is how long the fault lasts; 0 draws the usual 5-20 s.
+	hold time.Duration
 }
 
 func (nm *nemesis) run(ctx context.Context, healthyStart time.Duration) {
@@ -73,6 +75,9 @@ func (nm *nemesis) run(ctx context.Context, healthyStart time.Duration) {
 			nm.logger.Warn("nemesis", "kind", kind, "err", err)
 		}
 		hold := 5*time.Second + time.Duration(nm.r.Int64N(int64(15*time.Second)))
+		if f != nil && f.hold > 0 {
+			hold = f.hold
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(hold):
@@ -118,6 +123,7 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 	minority := len(nodes) / 2
 	var targets []*node
 	var heal func()
+	var hold time.Duration
 	var err error
 	switch kind {
 	case "kill", "kill-minority", "kill-leader", "kill-all":
@@ -247,6 +253,35 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 		nm.logger.Info("upgrade", "node", n.id, "stop", how, "build", to.label, "bin", to.bin)
 		// The node stays on its new build: the next upgrade moves another one.
 		heal = func() {}
+	case "disk-full", "disk-stall":
+		// The leader of the most shards: a follower whose disk fails only falls behind,
+		// while a leader must hand its shards over rather than hold them while it can
+		// persist nothing.
+		n := c.leaderOfMost(ctx)
+		targets = []*node{n}
+		if n.disk == nil {
+			return nil, fmt.Errorf("%s has no filesystem of its own", n.id)
+		}
+		if kind == "disk-full" {
+			err = n.disk.fill()
+			heal = func() {
+				if err := n.disk.empty(); err != nil {
+					nm.logger.Error("emptying the disk", "node", n.id, "err", err)
+				}
+				nm.restartIfEnded(n)
+			}
+			break
+		}
+		// Held 3-30 s: most stalls are shorter than chimed's --disk-failure-timeout
+		// (raftfsm.DefaultFailAfter, 20 s), which a node must live through by handing its
+		// shards over; about a third are longer, after which it must exit, and come back
+		// once restarted.
+		hold = 3*time.Second + time.Duration(nm.r.Int64N(int64(27*time.Second)))
+		err = n.disk.freeze()
+		heal = func() {
+			n.disk.thaw()
+			nm.restartIfEnded(n)
+		}
 	default:
 		return nil, fmt.Errorf("unknown nemesis %q", kind)
 	}
@@ -254,7 +289,27 @@ func (nm *nemesis) apply(ctx context.Context, kind string) (*fault, error) {
 		op.Targets = ids(targets)
 	}
 	nm.logger.Info("fault", "kind", kind, "targets", op.Targets, "skew", time.Duration(op.SkewNs))
-	return &fault{op: op, heal: heal}, err
+	return &fault{op: op, heal: heal, hold: hold}, err
+}
+
+// restartIfEnded starts n again if its process ended, waiting a moment for one that is
+// ending: a node that gave up on its frozen disk ends only once the filesystem thaws.
+func (nm *nemesis) restartIfEnded(n *node) {
+	n.mu.Lock()
+	exited := n.exited
+	n.mu.Unlock()
+	if exited != nil {
+		select {
+		case <-exited:
+		case <-time.After(2 * time.Second):
+		}
+	}
+	if n.alive() {
+		return
+	}
+	if err := n.start(); err != nil {
+		nm.logger.Error("restarting", "node", n.id, "err", err)
+	}
 }
 
 // nextUpgrade picks the node the upgrade nemesis moves and the build it moves it to.
@@ -316,14 +371,22 @@ func otherIPs(nodes []*node, n *node) []string {
 	return out
 }
 
-// finalHeal ends every fault: network rules, pauses, dead processes (a
-// drained and stopped member too), skew. Removed nodes stay down. Nodes keep
-// the build they run, but one whose old build stopped refusing what the
-// current build wrote is started on the current one: the old one would only
-// refuse it again.
+// finalHeal ends every fault: network rules, frozen and full disks, pauses,
+// dead processes (a drained and stopped member too), skew. Removed nodes stay
+// down. Nodes keep the build they run, but one whose old build stopped
+// refusing what the current build wrote is started on the current one: the
+// old one would only refuse it again.
 func (nm *nemesis) finalHeal() {
 	nm.healAll()
 	members := nm.c.members()
+	for _, n := range members {
+		if n.disk != nil {
+			n.disk.thaw()
+			if err := n.disk.empty(); err != nil {
+				nm.logger.Error("emptying the disk", "node", n.id, "err", err)
+			}
+		}
+	}
 	var started []*node
 	for _, n := range members {
 		n.signal(syscall.SIGCONT)

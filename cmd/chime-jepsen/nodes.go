@@ -53,6 +53,8 @@ type node struct {
 
 	// sec, with --secure, secures the node and the driver's calls to it.
 	sec *security
+	// disk is the filesystem mounted at dataDir when --nemesis names a disk fault, else nil.
+	disk *disk
 
 	// The node's clients, each dialled on first use to this node alone,
 	// without leader routing: every call goes to this node, which forwards
@@ -115,7 +117,8 @@ func (n *node) start() error {
 }
 
 // whyEnded is the first line of a log, from offset on, that says why a Go process ended
-// ("panic: ...", "fatal error: ..."), or else its last line.
+// ("panic: ...", "fatal error: ...", or chimed's own line saying that its data directory
+// cannot be written, after which other goroutines may still log), or else its last line.
 func whyEnded(path string, offset int64) string {
 	b, err := os.ReadFile(path)
 	if err != nil || offset > int64(len(b)) {
@@ -123,7 +126,7 @@ func whyEnded(path string, offset int64) string {
 	}
 	lines := strings.Split(strings.TrimSpace(string(b[offset:])), "\n")
 	for _, l := range lines {
-		if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") {
+		if strings.HasPrefix(l, "panic: ") || strings.HasPrefix(l, "fatal error: ") || strings.Contains(l, checker.DiskExitLine) {
 			return l
 		}
 	}
@@ -400,6 +403,9 @@ type cluster struct {
 	newNode func(i int, id string) *node
 	// nextID numbers the nodes the membership nemesis adds: n<nextID>.
 	nextID int
+	// diskDir, when the run has disk faults, is where each node's
+	// filesystem image is made (giveDisk).
+	diskDir string
 }
 
 // members are the nodes the run has not removed.

@@ -343,12 +343,19 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 	res.ConvergenceProblems = ConvergenceProblems(final)
 	res.Converged = len(res.ConvergenceProblems) == 0
 
-	// 14. crashes: a node's process ends only when the nemesis ends it, or, of the old
+	// 14. crashes: a node's process ends only when the nemesis ends it; or, of the old
 	// build in an upgrade run, when it refuses what the current build wrote
+	// (format_refusals); or when a disk fault on it made it stop as it must (disk_exits)
 	for _, c := range final.Crashes {
 		if RefusedFormat(c) {
 			res.FormatRefusals++
 			note("format_refusals", c.Node, "%s (old build) refused a format at %s (%s): %s", c.Node, a.rel(c.AtNs), c.Exit, c.Line)
+			continue
+		}
+		if w, ok := a.diskExplains(c); ok {
+			res.DiskExits++
+			note("disk_exits", c.Node, "%s stopped at %s (%s) in a %s window on it (%s–%s): %s",
+				c.Node, a.rel(c.AtNs), c.Exit, w.kind, a.rel(w.start), a.rel(w.heal), c.Line)
 			continue
 		}
 		res.Crashes++
@@ -365,6 +372,35 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		res.IngestLost == 0 && res.IngestAfterTombstone == 0 && res.IngestAfterReplace == 0 && res.IngestRejected == 0 &&
 		res.Converged && res.Crashes == 0
 	return res
+}
+
+// DiskFaultKinds are the nemeses that take a node's disk away (its filesystem full, or
+// frozen); inside their windows a node may stop by itself (check 14).
+var DiskFaultKinds = []string{"disk-full", "disk-stall"}
+
+// DiskExitLine is what chimed logs, last, when it stops because its data directory cannot
+// be written (node.Node's diskFailed): the only reason a disk fault excuses an exit.
+const DiskExitLine = "the data directory cannot be written"
+
+// DiskExitGrace is how long after a disk fault's heal an exit the fault caused may still
+// come: a process whose disk was frozen ends only once the filesystem thaws (its threads wait
+// in the kernel until then), and its last error may come a moment after.
+const DiskExitGrace = 10 * time.Second
+
+// diskExplains returns the disk fault window on c's node that explains its exit: c's line
+// says the data directory could not be written, and c came between the window's start and
+// DiskExitGrace after its heal. Any other exit, in a disk window or not, is a crash.
+func (a *analysis) diskExplains(c Crash) (window, bool) {
+	if !strings.Contains(c.Line, DiskExitLine) {
+		return window{}, false
+	}
+	for _, w := range a.windows {
+		if slices.Contains(DiskFaultKinds, w.kind) && slices.Contains(w.targets, c.Node) &&
+			c.AtNs >= w.start && c.AtNs <= w.heal+int64(DiskExitGrace) {
+			return w, true
+		}
+	}
+	return window{}, false
 }
 
 // cancelMayHaveHappened: some cancel of the id was acked (ok) or may have taken effect

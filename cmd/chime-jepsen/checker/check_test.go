@@ -466,6 +466,55 @@ func TestPlantFormatRefusal(t *testing.T) {
 	}
 }
 
+// TestPlantCrashInDiskFault: a node that stops saying its data directory cannot be written,
+// inside a disk fault on it or just after its heal, stopped as chimed must (disk_exits);
+// every other exit is still a crash: a panic in the window, the disk's line from a node the
+// fault did not touch, long after the heal, or in a window of another kind.
+func TestPlantCrashInDiskFault(t *testing.T) {
+	diskLine := `level=ERROR msg="` + DiskExitLine + `: stopping so that other replicas lead this node's shards" err="shard 3: a Raft log append has been under way for 20s"`
+	base := genClean(3, 200).ops[0].InvokeNs
+	start, heal := base+int64(40*time.Second), base+int64(55*time.Second)
+	windows := []Op{
+		{F: FNemesis, Type: TypeOK, Kind: "disk-stall", Targets: []string{"n2"}, InvokeNs: start, CompleteNs: heal},
+		{F: FNemesis, Type: TypeOK, Kind: "disk-full", Targets: []string{"n4"}, InvokeNs: start, CompleteNs: heal},
+		{F: FNemesis, Type: TypeOK, Kind: "pause", Targets: []string{"n5"}, InvokeNs: start, CompleteNs: heal},
+	}
+	for _, tc := range []struct {
+		name    string
+		crash   Crash
+		excused bool
+	}{
+		{"stall, in the window", Crash{Node: "n2", AtNs: start + int64(20*time.Second), Line: diskLine}, true},
+		{"stall, just after the heal", Crash{Node: "n2", AtNs: heal + int64(DiskExitGrace) - 1, Line: diskLine}, true},
+		{"full, in the window", Crash{Node: "n4", AtNs: heal - 1, Line: diskLine}, true},
+		{"a panic in the window", Crash{Node: "n2", AtNs: start + 1, Line: "panic: runtime error: index out of range"}, false},
+		{"a node the fault did not touch", Crash{Node: "n3", AtNs: start + 1, Line: diskLine}, false},
+		{"before the window", Crash{Node: "n2", AtNs: start - 1, Line: diskLine}, false},
+		{"long after the heal", Crash{Node: "n2", AtNs: heal + int64(DiskExitGrace) + 1, Line: diskLine}, false},
+		{"in a window of another kind", Crash{Node: "n5", AtNs: start + 1, Line: diskLine}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := genClean(3, 200)
+			for _, w := range windows {
+				w.Index = len(g.ops)
+				g.ops = append(g.ops, w)
+			}
+			tc.crash.Exit = "exit status 1"
+			g.final.Crashes = []Crash{tc.crash}
+			res := g.check()
+			if tc.excused {
+				if !res.Valid || res.Crashes != 0 || res.DiskExits != 1 || len(res.Examples["disk_exits"]) != 1 {
+					t.Fatalf("valid %v crashes %d disk_exits %d, want true 0 1; examples %v", res.Valid, res.Crashes, res.DiskExits, res.Examples)
+				}
+				return
+			}
+			if res.Valid || res.Crashes != 1 || res.DiskExits != 0 {
+				t.Fatalf("valid %v crashes %d disk_exits %d, want false 1 0", res.Valid, res.Crashes, res.DiskExits)
+			}
+		})
+	}
+}
+
 // event returns an acked schedule due at due and its record appended late after due, with
 // exact millisecond times so that lateness is known exactly.
 func event(id string, due, late time.Duration) (Op, Record) {

@@ -337,13 +337,18 @@
 //     the same: an upsert's or update's record carries its payload, and a cancel leaves
 //     the owner's event with no record and no cancel of the owner's (lost, 1).
 //
-//  14. crashes (counts process ends). A node's process ends only when the nemesis ends it
-//     (Cluster.Crashes lists every other end, with the log line that says why). One
-//     exception, format_refusals (measured): in an upgrade run a process of the old build
-//     (Crash.Build "old") that stops with the line of a Raft entry or stored value of an
-//     unknown kind, op, flag or format (RefusedFormat) refused what the current build
-//     wrote, loudly, as it must rather than misread it. The same line from the current
-//     build, or a malformed entry that is not of an unknown kind, is a crash.
+//  14. crashes (counts node processes). Every time a node's process ended without the
+//     nemesis ending it (Cluster.Crashes) is a crash, with two exceptions, measured, not
+//     judged. format_refusals: in an upgrade run a process of the old build (Crash.Build
+//     "old") that stops with the line of a Raft entry or stored value of an unknown kind,
+//     op, flag or format (RefusedFormat) refused what the current build wrote, loudly, as it
+//     must rather than misread it; the same line from the current build, or a malformed
+//     entry that is not of an unknown kind, is a crash. disk_exits: a node that stops saying
+//     DiskExitLine (its data directory cannot be written, so it hands its shards to
+//     replicas on working disks, as chimed must), inside a disk-full or disk-stall window
+//     on that node or up to DiskExitGrace (10 s) after its heal (a process whose filesystem
+//     is frozen ends only once it thaws); any other line, another node, another kind of
+//     window, or a time outside that range is a crash.
 //
 //  15. The ingest topic (docs/ingest.md; design: "a Kafka ingest topic takes the same
 //     operations as records"). An ingest op (F "ingest") is one record the driver produced
@@ -484,7 +489,7 @@
 //	 "converged", "convergence_problems": [string],
 //	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},
 //	 "recovery": [{"kind", "targets", "start_ns", "heal_ns", "recovery_ms"}],
-//	 "invalid_accepted", "ops": {f: {type: n}}, "acked_ids", "delivered_ids", "records",
+//	 "disk_exits", "invalid_accepted", "ops": {f: {type: n}}, "acked_ids", "delivered_ids", "records",
 //	 "dead_letter_records",
 //	 "bulk_cancels": {"ops", "matched", "cancelled", "skipped_fired", "skipped_held"},
 //	 "examples": {check: [{"id", "why"}]},

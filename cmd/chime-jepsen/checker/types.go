@@ -444,11 +444,14 @@ type Results struct {
 	ConvergenceProblems []string `json:"convergence_problems"`
 
 	// Crashes counts the node processes that ended without the nemesis ending them, but
-	// for the old build's refusals (RefusedFormat).
+	// for the old build's refusals (RefusedFormat) and DiskExits.
 	Crashes int `json:"crashes"`
 	// FormatRefusals counts the old build's processes that stopped refusing data the
 	// current build wrote (RefusedFormat): measured, not judged.
 	FormatRefusals int `json:"format_refusals"`
+	// DiskExits counts the node processes that stopped because a disk fault on them left
+	// their data directory unwritable, as chimed must (check 14; measured, not judged).
+	DiskExits int `json:"disk_exits"`
 
 	LatenessMs Lateness   `json:"lateness_ms"`
 	Recovery   []Recovery `json:"recovery"`
