@@ -326,7 +326,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	if slices.ContainsFunc(kinds, func(k string) bool { return slices.Contains(checker.DiskFaultKinds, k) }) {
 		cleanupDisks()
 		c.diskDir = out // the nodes the membership nemesis adds get one too
-		defer func() { // after the kill below: a mounted filesystem in use does not unmount
+		defer func() {  // after the kill below: a mounted filesystem in use does not unmount
 			for _, n := range c.everyNode() {
 				if n.disk == nil {
 					continue
