@@ -209,14 +209,21 @@ func (n *node) alive() bool {
 	}
 }
 
-// kill sends SIGKILL and waits for the process to go.
-func (n *node) kill() {
+// ending marks the node's process as ended by the driver (its end is no
+// crash) and returns it and the channel closed when it has gone; cmd is nil
+// when the node never started.
+func (n *node) ending() (cmd *exec.Cmd, exited chan struct{}) {
 	n.mu.Lock()
-	cmd, exited := n.cmd, n.exited
-	if cmd != nil {
+	defer n.mu.Unlock()
+	if n.cmd != nil {
 		n.killing = true
 	}
-	n.mu.Unlock()
+	return n.cmd, n.exited
+}
+
+// kill sends SIGKILL and waits for the process to go.
+func (n *node) kill() {
+	cmd, exited := n.ending()
 	if cmd == nil {
 		return
 	}
@@ -234,12 +241,7 @@ func (n *node) kill() {
 // returns how the process exited ("" when none was running): a graceful stop that exits
 // non-zero is worth a look, though not a crash.
 func (n *node) stop(grace time.Duration) string {
-	n.mu.Lock()
-	cmd, exited := n.cmd, n.exited
-	if cmd != nil {
-		n.killing = true
-	}
-	n.mu.Unlock()
+	cmd, exited := n.ending()
 	if cmd == nil {
 		return ""
 	}
