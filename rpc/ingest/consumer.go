@@ -86,8 +86,12 @@ type Consumer struct {
 	mu  sync.Mutex
 	lag map[topicPartition]partitionState
 	// hurry, while a poll's records are applied, stops that work at its
-	// next wait (rebalanceDue).
-	hurry context.CancelFunc
+	// next wait (rebalanceDue). rebalanceWanted records a call of
+	// rebalanceDue that came while no poll's work had its hurry yet (the
+	// poll had returned, its work not begun): that poll's work is hurried
+	// as it begins, or the group waits for it, stuck, a rebalance timeout.
+	hurry           context.CancelFunc
+	rebalanceWanted bool
 }
 
 type source struct {
@@ -309,6 +313,10 @@ func (c *Consumer) run(ctx context.Context) {
 		pollCtx, hurry := context.WithCancel(ctx)
 		c.mu.Lock()
 		c.hurry = hurry
+		if c.rebalanceWanted {
+			c.rebalanceWanted = false
+			hurry()
+		}
 		c.mu.Unlock()
 		applied := make([]*kgo.Record, len(parts))
 		var wg sync.WaitGroup
@@ -362,7 +370,9 @@ func (c *Consumer) rebalanceDue(context.Context, *kgo.Client) {
 	defer c.mu.Unlock()
 	if c.hurry != nil {
 		c.hurry()
+		return
 	}
+	c.rebalanceWanted = true
 }
 
 // commit commits the offset after each record in last (nil entries: none
