@@ -23,10 +23,10 @@ func (c *Cluster) Recurring(ctx context.Context, rc raftfsm.Recurring, scope sha
 		func(r *shard.Shard) (*raftfsm.RecurringResult, error) { return r.Recurring(ctx, rc, scope) },
 		func(ctx context.Context, p chimev1.PeerClient) (*raftfsm.RecurringResult, error) {
 			resp, err := p.ShardRecurring(ctx, &chimev1.ShardRecurringRequest{Command: raftfsm.AppendRecurring(nil, &rc)})
-			if err != nil && !shard.Retryable(rc.Op) {
-				return nil, changeOutcome(err)
-			}
 			if err != nil {
+				if !shard.Retryable(rc.Op) {
+					err = changeOutcome(err)
+				}
 				return nil, err
 			}
 			res := &raftfsm.RecurringResult{Outcome: raftfsm.RecurringOutcome(resp.Outcome), Error: resp.Error,

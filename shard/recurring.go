@@ -99,15 +99,11 @@ func removesOccurrence(op raftfsm.RecurringOp) bool {
 	return op == raftfsm.RecurringUpdate || op == raftfsm.RecurringDelete || op == raftfsm.RecurringPause
 }
 
-// retryable reports whether an entry of op, which may have been appended
-// before leadership went, answers the same when applied a second time, so
-// that it may be proposed again: a Create (Existing), a Pause (Paused), a
-// Trigger and a Backfill (what the first made counts as existing).
-func retryable(op raftfsm.RecurringOp) bool { return Retryable(op) }
-
-// Retryable reports whether a recurring command may be proposed again after
-// an attempt whose outcome is unknown: those that answer the same the
-// second time.
+// Retryable reports whether an entry of op, which may have been appended
+// before leadership went (or reached a leader that then went), answers the
+// same when applied a second time, so that it may be proposed again: a
+// Create (Existing), a Pause (Paused), a Trigger and a Backfill (what the
+// first made counts as existing).
 func Retryable(op raftfsm.RecurringOp) bool {
 	switch op {
 	case raftfsm.RecurringCreate, raftfsm.RecurringPause, raftfsm.RecurringTrigger, raftfsm.RecurringBackfill:
@@ -145,7 +141,7 @@ func permitsSchedule(scope Scope, sched *raftfsm.Schedule) bool {
 func (s *Shard) proposeRecurring(ctx context.Context, c raftfsm.Recurring) (*raftfsm.RecurringResult, error) {
 	c.ProposedAt = s.cfg.Now().UnixNano()
 	resp, err := s.apply(ctx, raftfsm.AppendRecurring(nil, &c))
-	if (errors.Is(err, ErrNotLeader) || errors.Is(err, ErrStopped)) && !retryable(c.Op) {
+	if (errors.Is(err, ErrNotLeader) || errors.Is(err, ErrStopped)) && !Retryable(c.Op) {
 		// The entry may have been appended before leadership went (or the
 		// replica closed under it); a retry would apply it again, and these
 		// answer differently the second time.
