@@ -54,8 +54,9 @@
 //     lease.go): after a barrier, take what falls due out of the wheel,
 //     highest priority first when more is due than a batch holds, read it,
 //     ask the topic rate limits, hold an early batch until it is due, drop
-//     what was cancelled meanwhile, take the lease, produce through the
-//     Publisher, mark the outcome through Raft, and settle the batch. The
+//     what was cancelled meanwhile, wait while a mark is stuck uncommitted
+//     (a leader cut off from its followers; markFlight), take the lease,
+//     produce through the Publisher, mark the outcome through Raft, and settle the batch. The
 //     firing state (the firing type, with the wheel) reads time only from
 //     its injected clock (Config.Now), which the firing loop (firing.run)
 //     advances it by, and the lease only from its own (monotonic); so

@@ -307,6 +307,14 @@ func (s *Shard) fire(ctx context.Context, b *fireBatch, release func()) {
 		s.firing.settleBatch(b, nil, 0)
 		return
 	}
+	waited, err := s.awaitMarks(ctx)
+	if waited {
+		start = s.observeStage("stalled", start)
+	}
+	if err != nil {
+		s.firing.settleBatch(b, b.all(), leaseRetry)
+		return
+	}
 	// The lease is taken after the read, just before the produce: a read of
 	// a thousand events can take longer than what is left of a lease, and
 	// when it was taken first, a draining backlog spent its CPU reading

@@ -89,9 +89,27 @@ func (d *pairDirectory) LogIndex(_ context.Context, n string, _ uint32) (uint64,
 // other voter before its Raft shuts down, so the shard has a leader again at
 // once rather than after a heartbeat timeout and an election.
 func TestCloseHandsLeadershipOver(t *testing.T) {
-	brokers := startBroker(t)
+	const heartbeat = time.Second
+	leader, other, _ := openPair(t, startBroker(t), heartbeat)
+	if _, err := leader.Schedule(context.Background(), []Request{{ID: "e1", Delay: time.Hour, HasDelay: true, Topic: "t", Payload: []byte("p")}}); err != nil {
+		t.Fatal(err)
+	}
+	closed := time.Now()
+	if err := leader.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// An election would take a heartbeat timeout (1 s) after the close.
+	waitFor(t, heartbeat/4, "the other voter leads once the leader has closed", other.IsLeader)
+	t.Logf("the other voter led %v after the close began", time.Since(closed).Round(time.Millisecond))
+}
+
+// openPair opens shard 0 on two voters, n1 and n2, joined by an in-memory
+// transport, with a LeaderLeaseTimeout of half the heartbeat, and returns
+// them once one leads, with the transports by node id.
+func openPair(t *testing.T, brokers []string, heartbeat time.Duration) (leader, other *Shard, trans map[string]*raft.InmemTransport) {
+	t.Helper()
 	dir := &pairDirectory{addrs: map[string]string{}}
-	trans := map[string]*raft.InmemTransport{}
+	trans = map[string]*raft.InmemTransport{}
 	var servers []raft.Server
 	for _, id := range []string{"n1", "n2"} {
 		addr, tr := raft.NewInmemTransport("")
@@ -105,7 +123,6 @@ func TestCloseHandsLeadershipOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pub.Close() })
-	const heartbeat = time.Second
 	shards := map[string]*Shard{}
 	for _, id := range []string{"n1", "n2"} {
 		d := t.TempDir()
@@ -124,7 +141,6 @@ func TestCloseHandsLeadershipOver(t *testing.T) {
 		shards[id] = s
 		dir.replicas.Store(id, s)
 	}
-	var leader, other *Shard
 	waitFor(t, 30*time.Second, "a leader", func() bool {
 		switch {
 		case shards["n1"].IsLeader():
@@ -134,14 +150,5 @@ func TestCloseHandsLeadershipOver(t *testing.T) {
 		}
 		return leader != nil
 	})
-	if _, err := leader.Schedule(context.Background(), []Request{{ID: "e1", Delay: time.Hour, HasDelay: true, Topic: "t", Payload: []byte("p")}}); err != nil {
-		t.Fatal(err)
-	}
-	closed := time.Now()
-	if err := leader.Close(); err != nil {
-		t.Fatal(err)
-	}
-	// An election would take a heartbeat timeout (1 s) after the close.
-	waitFor(t, heartbeat/4, "the other voter leads once the leader has closed", other.IsLeader)
-	t.Logf("the other voter led %v after the close began", time.Since(closed).Round(time.Millisecond))
+	return leader, other, trans
 }

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/chimehq/chime/raftfsm"
@@ -27,6 +28,68 @@ const maxMarkBatch = 8192
 // costs is that a leader change within it finds those events still pending,
 // and their new leader fires them again.
 const markLinger = 20 * time.Millisecond
+
+// markStall is how long the MarkFired entry in flight may go uncommitted
+// before the leader stops starting produces (see markFlight). Under load an
+// entry commits in a few to a few tens of milliseconds after its linger.
+const markStall = 100 * time.Millisecond
+
+// markFlight is the MarkFired entry markLoop has in flight. A leader cut
+// off from its followers but not from Kafka keeps its lease for up to
+// LeaderLeaseTimeout after it last confirmed it, and every batch it
+// produced in that time reached Kafka with a mark that could not commit:
+// the next leader fired them all again. In the fault tests that made most
+// of the duplicates (partition-leader, partition-one, partition-bridge,
+// loss). A mark stuck for markStall is the first sign of such a cut, well
+// inside the lease, so batches wait for it (awaitMarks) before they
+// produce: a cut leader's duplicates are then what it produced in that
+// time, not in the lease's.
+type markFlight struct {
+	mu    sync.Mutex
+	since time.Time     // when the entry in flight was proposed; zero if none
+	done  chan struct{} // closed when it is answered
+}
+
+func (f *markFlight) begin() {
+	f.mu.Lock()
+	f.since, f.done = time.Now(), make(chan struct{})
+	f.mu.Unlock()
+}
+
+func (f *markFlight) end() {
+	f.mu.Lock()
+	close(f.done)
+	f.since, f.done = time.Time{}, nil
+	f.mu.Unlock()
+}
+
+// stalled returns, if the entry in flight has been waiting for longer than
+// markStall, a channel closed when it is answered.
+func (f *markFlight) stalled() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.since.IsZero() || time.Since(f.since) < markStall {
+		return nil
+	}
+	return f.done
+}
+
+// awaitMarks waits while the shard's marks are stalled (see markFlight)
+// and reports whether it waited.
+func (s *Shard) awaitMarks(ctx context.Context) (waited bool, err error) {
+	for {
+		done := s.markFlight.stalled()
+		if done == nil {
+			return waited, nil
+		}
+		waited = true
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return waited, ctx.Err()
+		}
+	}
+}
 
 type markRequest struct {
 	fired []raftfsm.Fired
@@ -94,7 +157,9 @@ loop:
 		for _, r := range reqs {
 			cmd.Entries = append(cmd.Entries, r.fired...)
 		}
+		s.markFlight.begin()
 		err := s.raft.Apply(raftfsm.AppendMarkFired(nil, &cmd), applyTimeout).Error()
+		s.markFlight.end()
 		s.noteRaft(err)
 		if err != nil {
 			err = raftErr(err)

@@ -38,9 +38,11 @@ type Metrics struct {
 	// its due time the batch went on: taken out of the wheel, or, for a
 	// batch taken early (Tuning.FireLead), let go by its hold), slot
 	// (waiting for a free firing slot), read (Pebble), hold (a batch taken
-	// early waiting for its due time), lease (waiting for a renewed leader
+	// early waiting for its due time), stalled (observed only for a batch
+	// that waited for a MarkFired stuck uncommitted, the sign of a leader
+	// cut off from its followers), lease (waiting for a renewed leader
 	// lease), produce (until Kafka acknowledged) and mark (until MarkFired
-	// committed). A batch is late by wake, plus lease, plus, if it was not
+	// committed). A batch is late by wake, plus stalled and lease, plus, if it was not
 	// taken early, slot and read.
 	FireStage *prometheus.HistogramVec
 }
@@ -95,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		FireStage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "chime_fire_stage_seconds",
-			Help:    "Time a fire batch spent in each stage of firing (wake, slot, read, hold, lease, produce, mark).",
+			Help:    "Time a fire batch spent in each stage of firing (wake, slot, read, hold, stalled, lease, produce, mark); stalled is observed only for a batch that waited for a MarkFired stuck uncommitted.",
 			Buckets: []float64{.0001, .0005, .001, .002, .005, .01, .02, .05, .1, .25, .5, 1, 2.5, 5},
 		}, []string{"stage"}),
 	}

@@ -48,6 +48,8 @@ type Shard struct {
 	firing *firing
 	// lease is the leader's firing lease, under its own mutex.
 	lease *lease
+	// markFlight is markLoop's MarkFired entry in flight, for awaitMarks.
+	markFlight markFlight
 	// term is the firing of the current leadership (nil while this replica
 	// does not fire), for a planned handover to quiesce (see quiesce).
 	term atomic.Pointer[firingTerm]
