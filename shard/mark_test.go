@@ -62,3 +62,39 @@ func TestCutLeaderStopsProducing(t *testing.T) {
 		}
 	}
 }
+
+// TestMarkStallFollowsCommits: an entry in flight counts as stuck after
+// markStall while marks commit quickly, and only after several times their
+// usual time while they commit slowly (a drained backlog's large marks).
+func TestMarkStallFollowsCommits(t *testing.T) {
+	var f markFlight
+	if got := f.stallAfter(); got != markStall {
+		t.Fatalf("before any commit: stuck after %v, want %v", got, markStall)
+	}
+	for range 20 {
+		f.observe(5 * time.Millisecond)
+	}
+	if got := f.stallAfter(); got != markStall {
+		t.Errorf("after 5 ms commits: stuck after %v, want %v", got, markStall)
+	}
+	for i := range 20 {
+		f.observe(time.Duration(200+50*(i%3)) * time.Millisecond)
+	}
+	if got := f.stallAfter(); got < 300*time.Millisecond || got > time.Second {
+		t.Errorf("after 200-300 ms commits: stuck after %v, want 300 ms to 1 s", got)
+	}
+	// A commit answered with an error teaches nothing.
+	before := f.stallAfter()
+	f.begin()
+	f.since = f.since.Add(-time.Minute)
+	if f.stalled() == nil {
+		t.Error("an entry a minute old does not count as stuck")
+	}
+	f.end(false)
+	if got := f.stallAfter(); got != before {
+		t.Errorf("an entry answered with an error moved the threshold from %v to %v", before, got)
+	}
+	if f.stalled() != nil {
+		t.Error("stuck with no entry in flight")
+	}
+}
