@@ -48,8 +48,8 @@ func TestCutLeaderStopsProducing(t *testing.T) {
 		t.Fatalf("only %d records in Kafka before the cut: the test did not fire steadily", inKafka)
 	}
 	// At one event a millisecond, producing to the end of the lease would
-	// leave 500-1000 records unmarked; markStall and the marks in flight
-	// at the cut about 150.
+	// leave 500-1000 records unmarked; the stall threshold and the marks in
+	// flight at the cut 50-150.
 	if limit := int(heartbeat / 2 / every * 2 / 5); unmarked > limit {
 		t.Errorf("%d records produced without a committed mark after the cut %v ago; want at most %d", unmarked, time.Since(cut).Round(time.Millisecond), limit)
 	}
