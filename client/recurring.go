@@ -157,6 +157,12 @@ type RecurringSchedule struct {
 
 	CreatedAt, UpdatedAt time.Time
 	PausedAt             time.Time // while paused
+	// ResumesFrom, while paused, is the first of the rule's times the
+	// schedule has not made (nor counted as passed by a Backfill): a Resume
+	// makes it first, or catches up from it as CatchUp says. The pending
+	// occurrence a Pause cancelled is here; backfill from it to keep the
+	// pause from skipping any.
+	ResumesFrom time.Time
 
 	// The pending occurrence, while active: its nominal time, its event id
 	// and its due time (nominal plus jitter).
@@ -511,6 +517,7 @@ func scheduleFrom(p *chimev1.RecurringSchedule) RecurringSchedule {
 		CreatedAt:      timeOf(p.GetCreatedAt()),
 		UpdatedAt:      timeOf(p.GetUpdatedAt()),
 		PausedAt:       timeOf(p.GetPausedAt()),
+		ResumesFrom:    timeOf(p.GetResumesFrom()),
 		NextOccurrence: timeOf(p.GetNextOccurrence()),
 		NextEventID:    p.GetNextEventId(),
 		NextDue:        timeOf(p.GetNextDue()),

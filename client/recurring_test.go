@@ -64,7 +64,8 @@ func TestRecurring(t *testing.T) {
 	}
 
 	// Pause and Resume.
-	if s, err = rec.Pause(ctx, "hourly"); err != nil || s.State != client.RecurringPaused || s.PausedAt.IsZero() {
+	pending := s.NextOccurrence
+	if s, err = rec.Pause(ctx, "hourly"); err != nil || s.State != client.RecurringPaused || s.PausedAt.IsZero() || !s.ResumesFrom.Equal(pending) {
 		t.Errorf("Pause = %+v, %v", s, err)
 	}
 	if s, err = rec.Pause(ctx, "hourly"); err != nil || s.State != client.RecurringPaused {

@@ -218,13 +218,15 @@ func ScheduleProto(s *raftfsm.Schedule) *chimev1.RecurringSchedule {
 		p.NextEventId = raftfsm.OccurrenceID(s.ID, time.Unix(0, s.Next))
 		p.NextDue = timestamppb.New(time.Unix(0, s.NextDue))
 	}
+	p.ResumesFrom = optionalTime(s.ResumesFrom)
 	return p
 }
 
 // FromScheduleProto reads a schedule another node answered with.
 func FromScheduleProto(p *chimev1.RecurringSchedule) (raftfsm.Schedule, error) {
 	s := raftfsm.Schedule{ID: p.Id, Version: p.Version, Occurrences: p.Occurrences,
-		CreatedAt: unixNano(p.CreatedAt), UpdatedAt: unixNano(p.UpdatedAt), PausedAt: unixNano(p.PausedAt)}
+		CreatedAt: unixNano(p.CreatedAt), UpdatedAt: unixNano(p.UpdatedAt), PausedAt: unixNano(p.PausedAt),
+		ResumesFrom: unixNano(p.ResumesFrom)}
 	for st, api := range scheduleStates {
 		if api == p.State {
 			s.State = st

@@ -141,8 +141,8 @@ func TestScheduleThroughANonLeader(t *testing.T) {
 	if err != nil || rs.Id != rid || rs.GetRule().GetTimeZone() != "Europe/Paris" {
 		t.Fatalf("recurring create through %s: %v, %v", via.ID, rs, err)
 	}
-	if _, err := via.Recurring().Pause(ctx, &chimev1.PauseRecurringRequest{Id: rid}); err != nil {
-		t.Fatalf("recurring pause through %s: %v", via.ID, err)
+	if p, err := via.Recurring().Pause(ctx, &chimev1.PauseRecurringRequest{Id: rid}); err != nil || !p.GetResumesFrom().AsTime().Equal(rs.GetNextOccurrence().AsTime()) {
+		t.Fatalf("recurring pause through %s: %v, %v; want it to resume from the cancelled %v", via.ID, p, err, rs.GetNextOccurrence().AsTime())
 	}
 	if got := metric(t, via, lookups) - viaLookups; got != 1 {
 		t.Errorf("after every operation on shard 0: %v lookups, want the first one only", got)

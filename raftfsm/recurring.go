@@ -343,9 +343,16 @@ type Schedule struct {
 	NextSeq uint64
 	// Occurrences counts the occurrences that settled.
 	Occurrences uint64
+	// ResumesFrom, while paused, is the first of the rule's instants after the last one the
+	// schedule made or counts as passed: what a Resume makes first (or catches up from), and
+	// so where a Backfill must start for the Pause to have skipped nothing. 0 when the rule
+	// has no instant left.
+	ResumesFrom int64
 }
 
-func (c *cursor) schedule(id string, d *Definition) Schedule {
+// schedule is the schedule id as c and its definition d say; r is d's rule, parsed, or nil
+// to parse it here if it is needed.
+func (c *cursor) schedule(id string, d *Definition, r *recurrence.Rule) Schedule {
 	s := Schedule{ID: id, State: c.state, Version: c.version, Hash: c.hash, CreatedAt: c.createdAt, UpdatedAt: c.updatedAt,
 		Occurrences: c.count, NextSeq: c.pendingSeq}
 	if d != nil {
@@ -353,6 +360,14 @@ func (c *cursor) schedule(id string, d *Definition) Schedule {
 	}
 	if c.state == SchedulePaused {
 		s.PausedAt = c.pausedAt
+		if r == nil && d != nil {
+			r, _ = recurrence.Parse(d.Spec()) // unparseable: a zone this build lacks, nothing to resume
+		}
+		if r != nil && d != nil && (d.MaxOccurrences == 0 || c.count < d.MaxOccurrences) {
+			if next, ok := r.Next(time.Unix(0, c.after)); ok {
+				s.ResumesFrom = next.UnixNano()
+			}
+		}
 	}
 	if c.pendingSeq != 0 {
 		s.Next, s.NextDue = c.pendingAt, c.pendingDue
@@ -783,7 +798,11 @@ func (a *applier) recurring(c *Recurring) *RecurringResult {
 		res.Outcome = o
 		if e != nil && !e.gone {
 			d := cloneDefinition(e.def) // e's may be kept in f.occ once the batch commits
-			res.Schedule = e.cur.schedule(c.ID, &d)
+			var r *recurrence.Rule
+			if e.cur.state == SchedulePaused {
+				r, _ = a.rule(e)
+			}
+			res.Schedule = e.cur.schedule(c.ID, &d, r)
 		}
 		return res
 	}
@@ -1141,7 +1160,7 @@ func (f *FSM) readSchedule(it *pebble.Iterator, id string) (Schedule, bool, erro
 		return Schedule{}, false, fmt.Errorf("raftfsm: shard %d: schedule %q: %w", f.shard, id, err)
 	}
 	d = cloneDefinition(d)
-	return c.schedule(id, &d), true, nil
+	return c.schedule(id, &d, nil), true, nil
 }
 
 // ListSchedules returns up to limit schedules of this shard, in id order, starting after

@@ -212,9 +212,15 @@ func TestRecurringBackfill(t *testing.T) {
 	def.MaxCatchUp = 100
 	h.rec(&Recurring{Op: RecurringCreate, ProposedAt: sec(0.5).UnixNano(), ID: "p", Hash: 1, Def: def})
 	h.fire("p", sec(1))
-	h.rec(&Recurring{Op: RecurringPause, ProposedAt: sec(1.5).UnixNano(), ID: "p"}) // cancels 2
+	// The pause answers, and a read says, where a Resume would start: the cancelled 2.
+	if res := h.rec(&Recurring{Op: RecurringPause, ProposedAt: sec(1.5).UnixNano(), ID: "p"}); res.Schedule.ResumesFrom != sec(2).UnixNano() {
+		t.Fatalf("Pause: resumes from %v, want 2 s", time.Unix(0, res.Schedule.ResumesFrom).Sub(t0))
+	}
 	if ev := h.event(OccurrenceID("p", sec(2))); ev.State != StateCancelled {
 		t.Fatalf("the paused occurrence: %v", ev.State)
+	}
+	if s := h.get("p"); s.ResumesFrom != sec(2).UnixNano() {
+		t.Fatalf("paused: read resumes from %v, want 2 s", time.Unix(0, s.ResumesFrom).Sub(t0))
 	}
 	res = h.rec(&Recurring{Op: RecurringBackfill, ProposedAt: sec(6.5).UnixNano(), ID: "p", From: sec(1.5).UnixNano(), To: sec(6).UnixNano(), Limit: 1000, LimitBytes: 1 << 20})
 	if want := []int64{sec(2).UnixNano(), sec(3).UnixNano(), sec(4).UnixNano(), sec(5).UnixNano()}; res.Outcome != RecurringBackfilled || res.Existing != 0 || !reflect.DeepEqual(res.Created, want) {
@@ -223,10 +229,12 @@ func TestRecurringBackfill(t *testing.T) {
 	if ev := h.event(OccurrenceID("p", sec(2))); ev.State != StateScheduled || ev.Version != 2 {
 		t.Fatalf("the cancelled occurrence, backfilled: %v version %d, want pending version 2", ev.State, ev.Version)
 	}
-	if s := h.get("p"); s.State != SchedulePaused || s.NextSeq != 0 || s.Occurrences != 1 {
+	if s := h.get("p"); s.State != SchedulePaused || s.NextSeq != 0 || s.Occurrences != 1 || s.ResumesFrom != sec(6).UnixNano() {
 		t.Fatalf("Backfill of a paused schedule: %+v", s)
 	}
-	h.rec(&Recurring{Op: RecurringResume, ProposedAt: sec(7.5).UnixNano(), ID: "p"})
+	if res := h.rec(&Recurring{Op: RecurringResume, ProposedAt: sec(7.5).UnixNano(), ID: "p"}); res.Schedule.ResumesFrom != 0 {
+		t.Fatalf("Resume: still resumes from %v", time.Unix(0, res.Schedule.ResumesFrom).Sub(t0))
+	}
 	if got := h.next("p"); !got.Equal(sec(6)) {
 		t.Fatalf("resumed after a backfill of [1.5, 6): next %v, want 6 s (not 2 again)", got)
 	}

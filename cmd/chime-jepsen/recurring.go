@@ -115,10 +115,11 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 		if !sleep(ctx, time.Duration(1000+r.IntN(4000))*time.Millisecond) {
 			return
 		}
-		pausedAt := time.Now()
-		paused := w.recurringOp(r, checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionPause, ID: s.id},
-			func(ctx context.Context, rc chimev1.RecurringClient) error {
-				_, err := rc.Pause(ctx, &chimev1.PauseRecurringRequest{Id: s.id})
+		var resumesFrom *timestamppb.Timestamp
+		paused := w.recurringOpFill(r, checker.Op{Process: p, F: checker.FRecurring, Action: checker.ActionPause, ID: s.id},
+			func(ctx context.Context, rc chimev1.RecurringClient, _ *checker.Op) error {
+				resp, err := rc.Pause(ctx, &chimev1.PauseRecurringRequest{Id: s.id})
+				resumesFrom = resp.GetResumesFrom()
 				return err
 			})
 		if paused == checker.TypeFail {
@@ -127,11 +128,16 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 		rctx, cancel := context.WithCancel(context.Background())
 		live := sleep(ctx, time.Duration(500+r.IntN(3000))*time.Millisecond)
 		if live && r.IntN(pauseBackfillChance) == 0 {
-			// What the pause held back, from just before it: the pending occurrence it
-			// cancelled is made anew, and the resume catches up only after the range. If the
-			// pause did not take, the schedule is active and its pending occurrence ends
-			// the range it may cover: FAILED_PRECONDITION, nothing made.
-			w.backfill(p, r, s.id, pausedAt.Add(-2*time.Second), time.Now())
+			// What the pause held back: from the first time the schedule has not made (the
+			// pending occurrence the pause cancelled, however late it was), to now. The
+			// resume then catches up only after the range, so each time is made once. An
+			// unknown pause is read back first; if it did not take, nothing is backfilled.
+			if resumesFrom == nil {
+				resumesFrom = w.pausedFrom(r, s.id)
+			}
+			if resumesFrom != nil {
+				w.backfill(p, r, s.id, resumesFrom.AsTime(), time.Now())
+			}
 		}
 		if !live {
 			// The workload is over, and the nemesis holds its last fault until this
@@ -150,6 +156,18 @@ func (w *workload) recurrer(ctx context.Context, p int, r *rand.Rand, end time.T
 			})
 		cancel()
 	}
+}
+
+// pausedFrom reads schedule id and returns where its resume would start, or nil if it is not
+// paused or the read fails.
+func (w *workload) pausedFrom(r *rand.Rand, id string) *timestamppb.Timestamp {
+	ctx, cancel := context.WithTimeout(context.Background(), w.opTimeout)
+	defer cancel()
+	s, err := w.node(r).recurring().Get(ctx, &chimev1.GetRecurringRequest{Id: id})
+	if err != nil || s.GetState() != chimev1.RecurringState_RECURRING_STATE_PAUSED {
+		return nil
+	}
+	return s.GetResumesFrom()
 }
 
 // trigger triggers schedule id once, with an occurrence time chosen before the call, as a

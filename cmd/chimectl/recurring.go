@@ -447,6 +447,10 @@ func (c *cli) scheduleBlock(s *chimev1.RecurringSchedule) [][2]string {
 	if s.PausedAt != nil {
 		rows = append(rows, [2]string{"paused", c.localTime(s.PausedAt.AsTime())})
 	}
+	if s.ResumesFrom != nil {
+		from := s.ResumesFrom.AsTime()
+		rows = append(rows, [2]string{"resumes from", fmt.Sprintf("%s, %s (backfill from here to skip nothing)", zoneAndUTC(from, r.GetTimeZone()), relative(from.Sub(c.now())))})
+	}
 	for i, u := range s.Upcoming {
 		label := ""
 		if i == 0 {

@@ -46,7 +46,7 @@ func TestRecurringCommands(t *testing.T) {
 	if r := chimectl(t, env, "", "recurring", "update", "nightly", "--topic", "reports-v2"); r.code != 0 || !strings.Contains(r.stdout, "version 2") || !strings.Contains(r.stdout, "topic reports-v2") || !strings.Contains(r.stdout, `cron "30 2 * * *" in Europe/Paris`) {
 		t.Fatalf("update of the target: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r := chimectl(t, env, "", "recurring", "pause", "nightly"); r.code != 0 || !strings.Contains(r.stdout, "paused, version 2") {
+	if r := chimectl(t, env, "", "recurring", "pause", "nightly"); r.code != 0 || !strings.Contains(r.stdout, "paused, version 2") || !strings.Contains(r.stdout, "resumes from") {
 		t.Fatalf("pause: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if r := chimectl(t, env, "", "recurring", "resume", "nightly"); r.code != 0 || !strings.Contains(r.stdout, "active, version 2") {

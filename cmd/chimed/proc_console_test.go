@@ -265,7 +265,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	b.waitJS("the schedule's page", `document.querySelector("#rstate")?.textContent === "active"`)
 	b.shootSection("recurring-one")
 	b.clickConfirmed("button#pause", "Pause "+consoleSchedule)
-	b.waitJS("the schedule paused", `document.querySelector("#rstate")?.textContent === "paused" && document.querySelector("#done") !== null`)
+	b.waitJS("the schedule paused, saying where a resume starts", `document.querySelector("#rstate")?.textContent === "paused" && document.querySelector("#done") !== null && document.querySelector("#resumes-from") !== null`)
 	b.shoot("paused")
 	if rs, err := admin.Recurring().Get(ctx, consoleSchedule); err != nil || rs.State != client.RecurringPaused {
 		t.Errorf("after the pause, the API reads %s as %v %v", consoleSchedule, rs.State, err)

@@ -91,7 +91,7 @@ func (b *Backend) Recurring(ctx context.Context, rc raftfsm.Recurring, scope sha
 		cur = nil
 		return answer(raftfsm.RecurringDeleted)
 	case raftfsm.RecurringPause:
-		cur.s.State, cur.s.PausedAt = raftfsm.SchedulePaused, now.UnixNano()
+		cur.s.State, cur.s.PausedAt, cur.s.ResumesFrom = raftfsm.SchedulePaused, now.UnixNano(), cur.s.Next
 		cur.s.Next, cur.s.NextDue, cur.s.NextSeq = 0, 0, 0
 		return answer(raftfsm.RecurringPaused)
 	case raftfsm.RecurringTrigger:
@@ -107,7 +107,7 @@ func (b *Backend) Recurring(ctx context.Context, rc raftfsm.Recurring, scope sha
 	case raftfsm.RecurringBackfill:
 		return b.backfill(cur, rc, now)
 	default:
-		cur.s.State, cur.s.PausedAt = raftfsm.ScheduleActive, 0
+		cur.s.State, cur.s.PausedAt, cur.s.ResumesFrom = raftfsm.ScheduleActive, 0, 0
 		next(&cur.s, now)
 		return answer(raftfsm.RecurringResumed)
 	}

@@ -885,7 +885,15 @@ type RecurringSchedule struct {
 	// pending one first, up to five.
 	Upcoming []*timestamppb.Timestamp `protobuf:"bytes,13,rep,name=upcoming,proto3" json:"upcoming,omitempty"`
 	// Create only: the schedule existed with the same content.
-	Existing      bool `protobuf:"varint,14,opt,name=existing,proto3" json:"existing,omitempty"`
+	Existing bool `protobuf:"varint,14,opt,name=existing,proto3" json:"existing,omitempty"`
+	// While paused: the first of the rule's times after the last one the
+	// schedule made or counts as passed (a Backfill of a paused schedule counts
+	// its range as passed). A Resume makes this one first, if it is still
+	// ahead, or catches up from it as catch_up says: so the pending occurrence
+	// a Pause cancelled is here, and "pause, backfill from resumes_from to now,
+	// resume" produces each of the rule's times once. A Backfill starting later
+	// leaves the times before it unmade. Unset when the rule has none left.
+	ResumesFrom   *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=resumes_from,json=resumesFrom,proto3" json:"resumes_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1016,6 +1024,13 @@ func (x *RecurringSchedule) GetExisting() bool {
 		return x.Existing
 	}
 	return false
+}
+
+func (x *RecurringSchedule) GetResumesFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResumesFrom
+	}
+	return nil
 }
 
 type TriggerRecurringRequest struct {
@@ -1328,7 +1343,7 @@ const file_chime_v1_recurring_proto_rawDesc = "" +
 	"\bstale_ok\x18\x04 \x01(\bR\astaleOk\"z\n" +
 	"\x15ListRecurringResponse\x129\n" +
 	"\tschedules\x18\x01 \x03(\v2\x1b.chime.v1.RecurringScheduleR\tschedules\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x92\x05\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd1\x05\n" +
 	"\x11RecurringSchedule\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12+\n" +
 	"\x04rule\x18\x02 \x01(\v2\x17.chime.v1.RecurringRuleR\x04rule\x121\n" +
@@ -1346,7 +1361,8 @@ const file_chime_v1_recurring_proto_rawDesc = "" +
 	"\bnext_due\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\anextDue\x12 \n" +
 	"\voccurrences\x18\f \x01(\x04R\voccurrences\x126\n" +
 	"\bupcoming\x18\r \x03(\v2\x1a.google.protobuf.TimestampR\bupcoming\x12\x1a\n" +
-	"\bexisting\x18\x0e \x01(\bR\bexisting\"U\n" +
+	"\bexisting\x18\x0e \x01(\bR\bexisting\x12=\n" +
+	"\fresumes_from\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\vresumesFrom\"U\n" +
 	"\x17TriggerRecurringRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12*\n" +
 	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xbb\x01\n" +
@@ -1444,35 +1460,36 @@ var file_chime_v1_recurring_proto_depIdxs = []int32{
 	19, // 17: chime.v1.RecurringSchedule.next_occurrence:type_name -> google.protobuf.Timestamp
 	19, // 18: chime.v1.RecurringSchedule.next_due:type_name -> google.protobuf.Timestamp
 	19, // 19: chime.v1.RecurringSchedule.upcoming:type_name -> google.protobuf.Timestamp
-	19, // 20: chime.v1.TriggerRecurringRequest.at:type_name -> google.protobuf.Timestamp
-	19, // 21: chime.v1.TriggerRecurringResponse.occurrence:type_name -> google.protobuf.Timestamp
-	19, // 22: chime.v1.TriggerRecurringResponse.due:type_name -> google.protobuf.Timestamp
-	19, // 23: chime.v1.BackfillRecurringRequest.from:type_name -> google.protobuf.Timestamp
-	19, // 24: chime.v1.BackfillRecurringRequest.to:type_name -> google.protobuf.Timestamp
-	19, // 25: chime.v1.BackfillRecurringResponse.created_occurrences:type_name -> google.protobuf.Timestamp
-	4,  // 26: chime.v1.Recurring.Create:input_type -> chime.v1.CreateRecurringRequest
-	5,  // 27: chime.v1.Recurring.Update:input_type -> chime.v1.UpdateRecurringRequest
-	6,  // 28: chime.v1.Recurring.Delete:input_type -> chime.v1.DeleteRecurringRequest
-	8,  // 29: chime.v1.Recurring.Get:input_type -> chime.v1.GetRecurringRequest
-	11, // 30: chime.v1.Recurring.List:input_type -> chime.v1.ListRecurringRequest
-	9,  // 31: chime.v1.Recurring.Pause:input_type -> chime.v1.PauseRecurringRequest
-	10, // 32: chime.v1.Recurring.Resume:input_type -> chime.v1.ResumeRecurringRequest
-	14, // 33: chime.v1.Recurring.Trigger:input_type -> chime.v1.TriggerRecurringRequest
-	16, // 34: chime.v1.Recurring.Backfill:input_type -> chime.v1.BackfillRecurringRequest
-	13, // 35: chime.v1.Recurring.Create:output_type -> chime.v1.RecurringSchedule
-	13, // 36: chime.v1.Recurring.Update:output_type -> chime.v1.RecurringSchedule
-	7,  // 37: chime.v1.Recurring.Delete:output_type -> chime.v1.DeleteRecurringResponse
-	13, // 38: chime.v1.Recurring.Get:output_type -> chime.v1.RecurringSchedule
-	12, // 39: chime.v1.Recurring.List:output_type -> chime.v1.ListRecurringResponse
-	13, // 40: chime.v1.Recurring.Pause:output_type -> chime.v1.RecurringSchedule
-	13, // 41: chime.v1.Recurring.Resume:output_type -> chime.v1.RecurringSchedule
-	15, // 42: chime.v1.Recurring.Trigger:output_type -> chime.v1.TriggerRecurringResponse
-	17, // 43: chime.v1.Recurring.Backfill:output_type -> chime.v1.BackfillRecurringResponse
-	35, // [35:44] is the sub-list for method output_type
-	26, // [26:35] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	19, // 20: chime.v1.RecurringSchedule.resumes_from:type_name -> google.protobuf.Timestamp
+	19, // 21: chime.v1.TriggerRecurringRequest.at:type_name -> google.protobuf.Timestamp
+	19, // 22: chime.v1.TriggerRecurringResponse.occurrence:type_name -> google.protobuf.Timestamp
+	19, // 23: chime.v1.TriggerRecurringResponse.due:type_name -> google.protobuf.Timestamp
+	19, // 24: chime.v1.BackfillRecurringRequest.from:type_name -> google.protobuf.Timestamp
+	19, // 25: chime.v1.BackfillRecurringRequest.to:type_name -> google.protobuf.Timestamp
+	19, // 26: chime.v1.BackfillRecurringResponse.created_occurrences:type_name -> google.protobuf.Timestamp
+	4,  // 27: chime.v1.Recurring.Create:input_type -> chime.v1.CreateRecurringRequest
+	5,  // 28: chime.v1.Recurring.Update:input_type -> chime.v1.UpdateRecurringRequest
+	6,  // 29: chime.v1.Recurring.Delete:input_type -> chime.v1.DeleteRecurringRequest
+	8,  // 30: chime.v1.Recurring.Get:input_type -> chime.v1.GetRecurringRequest
+	11, // 31: chime.v1.Recurring.List:input_type -> chime.v1.ListRecurringRequest
+	9,  // 32: chime.v1.Recurring.Pause:input_type -> chime.v1.PauseRecurringRequest
+	10, // 33: chime.v1.Recurring.Resume:input_type -> chime.v1.ResumeRecurringRequest
+	14, // 34: chime.v1.Recurring.Trigger:input_type -> chime.v1.TriggerRecurringRequest
+	16, // 35: chime.v1.Recurring.Backfill:input_type -> chime.v1.BackfillRecurringRequest
+	13, // 36: chime.v1.Recurring.Create:output_type -> chime.v1.RecurringSchedule
+	13, // 37: chime.v1.Recurring.Update:output_type -> chime.v1.RecurringSchedule
+	7,  // 38: chime.v1.Recurring.Delete:output_type -> chime.v1.DeleteRecurringResponse
+	13, // 39: chime.v1.Recurring.Get:output_type -> chime.v1.RecurringSchedule
+	12, // 40: chime.v1.Recurring.List:output_type -> chime.v1.ListRecurringResponse
+	13, // 41: chime.v1.Recurring.Pause:output_type -> chime.v1.RecurringSchedule
+	13, // 42: chime.v1.Recurring.Resume:output_type -> chime.v1.RecurringSchedule
+	15, // 43: chime.v1.Recurring.Trigger:output_type -> chime.v1.TriggerRecurringResponse
+	17, // 44: chime.v1.Recurring.Backfill:output_type -> chime.v1.BackfillRecurringResponse
+	36, // [36:45] is the sub-list for method output_type
+	27, // [27:36] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_recurring_proto_init() }
