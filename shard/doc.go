@@ -94,6 +94,9 @@
 //   - Retention: with Tuning.Retention set, the leader proposes Expire
 //     entries for the events settled longer ago than it (expireLoop), and
 //     reports how far behind that clean-up is (CleanupLag).
+//   - The leader's sweep for lost events (sweep.go): an overdue pending
+//     event that two checks found in no part of the firing goes back into
+//     the wheel, counted and logged as the bug it is.
 //   - Telling its owner when raft is wedged: Stuck reports a leader whose
 //     raft has refused every entry, for a leadership transfer, far longer
 //     than a transfer takes (a hashicorp/raft v1.7.3 bug strands one); the
@@ -120,8 +123,8 @@
 //     under way checks stop between chunks. proposeLoop fails the
 //     queued proposals and closes applying, which ends applyWaitLoop;
 //     markLoop fails the queued marks; leadershipLoop stops the firing loops.
-//   - fireLoop (which turns the wheel in firing.run), with a retention
-//     expireLoop, and with a Directory reconcileLoop: started by
+//   - fireLoop (which turns the wheel in firing.run), with sweepLoop, a
+//     retention expireLoop, and with a Directory reconcileLoop: started by
 //     leadershipLoop (startFiring) when raft reports leadership, stopped by
 //     the function startFiring returned (cancel their ctx, wait) when
 //     leadership is lost or the shard closes.

@@ -100,7 +100,8 @@ func (s *Shard) leadershipLoop() {
 }
 
 // startFiring runs the leader's loops (firing, the clean-up of settled
-// events past the retention and, in a cluster, reconciliation) until the returned function is called; that function
+// events past the retention, the sweep for events the firing lost and, in a
+// cluster, reconciliation) until the returned function is called; that function
 // returns once they and their batches have finished.
 func (s *Shard) startFiring() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -124,6 +125,11 @@ func (s *Shard) startFiring() (stop func()) {
 			s.expireLoop(ctx)
 		}()
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.sweepLoop(ctx)
+	}()
 	return func() {
 		cancel()
 		wg.Wait()

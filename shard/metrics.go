@@ -27,6 +27,7 @@ type Metrics struct {
 	topics              topicLabels
 	RateLimited         *prometheus.CounterVec
 	Fired               prometheus.Counter
+	Orphans             prometheus.Counter
 	DeadLettered        prometheus.Counter
 	ScheduleBatchEvents prometheus.Histogram
 	// Ingest is the time a Schedule call waits on its shard's leader for
@@ -95,6 +96,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "chime_shard_leadership_gained_total",
 			Help: "Times a shard replica on this node became leader and started firing.",
 		}),
+		Orphans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "chime_fire_orphans_total",
+			Help: "Pending events overdue by more than 2 s that this node as leader found in no part of its firing (not in the wheel, a fire batch or a change) in two checks 2 s apart, and put back into the wheel to fire at once. The firing holds every pending event, so a count means a bug, and each such event fired up to about 6 s late instead of never.",
+		}),
 		FireStage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "chime_fire_stage_seconds",
 			Help:    "Time a fire batch spent in each stage of firing (wake, slot, read, hold, stalled, lease, produce, mark); stalled is observed only for a batch that waited for a MarkFired stuck uncommitted.",
@@ -102,7 +107,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"stage"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Lateness, m.TopicLateness, m.Early, m.RateLimitedLateness, m.RateLimited, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.Ingest, m.LeaderChanges, m.FireStage)
+		reg.MustRegister(m.Lateness, m.TopicLateness, m.Early, m.RateLimitedLateness, m.RateLimited, m.Fired, m.DeadLettered, m.ScheduleBatchEvents, m.Ingest, m.LeaderChanges, m.Orphans, m.FireStage)
 	}
 	return m
 }
