@@ -32,6 +32,10 @@ const (
 	sweepLimit = 256
 )
 
+// OrphanMessage is the log message of an event the sweep put back: what the
+// fault tests count in a node's log.
+const OrphanMessage = "an overdue pending event was in no part of the firing (not in the wheel, a fire batch or a change); put back into the wheel to fire now"
+
 // errSweepFull stops a sweep's read at sweepLimit events.
 var errSweepFull = errors.New("sweep: read enough")
 
@@ -72,7 +76,7 @@ func (s *Shard) sweep(suspects map[uint64]bool) (map[uint64]bool, error) {
 	found, placed := s.firing.sweep(overdue, suspects)
 	for _, e := range placed {
 		s.metrics.Orphans.Inc()
-		s.logger.Error("an overdue pending event was in no part of the firing (not in the wheel, a fire batch or a change); put back into the wheel to fire now",
+		s.logger.Error(OrphanMessage,
 			"seq", e.seq, "due", time.Unix(0, e.due).UTC(), "late", time.Duration(s.cfg.Now().UnixNano()-e.due).Round(time.Millisecond))
 	}
 	return found, nil

@@ -429,6 +429,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	for _, n := range c.everyNode() {
 		final.Crashes = append(final.Crashes, n.ended()...)
+		final.Orphans = append(final.Orphans, orphansIn(n.id, n.logPath)...)
 	}
 	for _, cr := range final.Crashes {
 		logger.Error("a node ended by itself", "node", cr.Node, "at", time.Unix(0, cr.AtNs).Format(time.TimeOnly), "exit", cr.Exit, "why", cr.Line)
@@ -609,7 +610,7 @@ func summary(r checker.Results) string {
 	u := r.Ops[checker.FUpdate]
 	rc := r.Ops[checker.FRecurring]
 	tp := r.Ops[checker.FTenantProbe]
-	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d (refired %d, retried %d) converged=%v crashes=%d format_refusals=%d disk_exits=%d\n"+
+	return fmt.Sprintf("%s: lost=%d early=%d (under skew %d) cancel_violations=%d phantom=%d idempotency_violations=%d expired_early=%d resurrected=%d duplicates=%d (refired %d, retried %d) converged=%v crashes=%d format_refusals=%d disk_exits=%d firing_orphans=%d\n"+
 		"updates: %d ok, %d failed, %d unknown; update_violations=%d stale_reads=%d\n"+
 		"lists: %s; bulk cancels: %s; bulk_cancel_violations=%d\n"+
 		"recurring: %d ops ok, %d failed, %d unknown; %d occurrences; recurring_missing=%d recurring_early=%d recurring_phantom=%d recurring_after_stop=%d recurring_trigger_lost=%d recurring_trigger_early=%d recurring_backfill_lost=%d recurring_backfill_outside=%d\n"+
@@ -617,7 +618,7 @@ func summary(r checker.Results) string {
 		"tenants: %d probes refused, %d let through, %d unanswered; tenant_violations=%d\n"+
 		"ingest: %s; ingest_lost=%d ingest_after_tombstone=%d ingest_after_replace=%d ingest_rejected=%d\n"+
 		"backups: %d ok, %d failed; backup_lost=%d backup_phantom=%d backup_wrong_state=%d backup_invalid=%d",
-		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.DuplicatesByStep["refired"], r.DuplicatesByStep["retried"], r.Converged, r.Crashes, r.FormatRefusals, r.DiskExits,
+		verdict, r.Lost, r.Early, r.EarlyUnderSkew, r.CancelViolations, r.Phantom, r.IdempotencyViolations, r.ExpiredEarly, r.Resurrected, r.Duplicates, r.DuplicatesByStep["refired"], r.DuplicatesByStep["retried"], r.Converged, r.Crashes, r.FormatRefusals, r.DiskExits, r.FiringOrphans,
 		u[checker.TypeOK], u[checker.TypeFail], u[checker.TypeInfo], r.UpdateViolations, r.StaleReads,
 		r.ListSummary(), r.BulkCancelSummary(), r.BulkCancelViolations,
 		rc[checker.TypeOK], rc[checker.TypeFail], rc[checker.TypeInfo], r.Occurrences, r.RecurringMissing, r.RecurringEarly, r.RecurringPhantom, r.RecurringAfterStop,

@@ -18,6 +18,7 @@ import (
 	"github.com/chimehq/chime/client"
 	"github.com/chimehq/chime/cmd/chime-jepsen/checker"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/shard"
 )
 
 // node is one chimed process in its own namespace.
@@ -131,6 +132,22 @@ func whyEnded(path string, offset int64) string {
 		}
 	}
 	return lines[len(lines)-1]
+}
+
+// orphansIn returns the lines of node's log at path that say its firing had lost an
+// event, which its sweep put back.
+func orphansIn(node, path string) []checker.Orphan {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []checker.Orphan
+	for l := range strings.Lines(string(b)) {
+		if strings.Contains(l, shard.OrphanMessage) {
+			out = append(out, checker.Orphan{Node: node, Line: strings.TrimSpace(l)})
+		}
+	}
+	return out
 }
 
 // ended is every time the node's process ended without kill ending it.

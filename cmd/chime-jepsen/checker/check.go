@@ -362,6 +362,12 @@ func Check(ops []Op, recs []Record, final Cluster, cfg Config) Results {
 		note("crashes", c.Node, "%s ended by itself at %s (%s): %s", c.Node, a.rel(c.AtNs), c.Exit, c.Line)
 	}
 
+	// 15. events a leader's firing lost and its sweep put back (measured)
+	for _, o := range final.Orphans {
+		res.FiringOrphans++
+		note("firing_orphans", o.Node, "%s", o.Line)
+	}
+
 	res.Valid = res.Lost == 0 && res.Early == 0 && res.CancelViolations == 0 && res.Phantom == 0 &&
 		res.IdempotencyViolations == 0 && res.ExpiredEarly == 0 && res.Resurrected == 0 &&
 		res.BackupLost == 0 && res.BackupPhantom == 0 && res.BackupWrongState == 0 && res.BackupInvalid == 0 &&

@@ -1203,3 +1203,17 @@ func TestPlantMembershipNotConverged(t *testing.T) {
 		})
 	}
 }
+
+// TestFiringOrphansMeasured: the log lines of events a leader's sweep put back are counted
+// and shown, and the run stays valid (the events still fired, never early).
+func TestFiringOrphansMeasured(t *testing.T) {
+	g := genClean(3, 200)
+	g.final.Orphans = []Orphan{{Node: "n2", Line: `level=ERROR msg="an overdue pending event was in no part of the firing" seq=42`}}
+	res := g.check()
+	if !res.Valid || res.FiringOrphans != 1 || len(res.Examples["firing_orphans"]) != 1 || res.Examples["firing_orphans"][0].ID != "n2" {
+		t.Fatalf("valid %v firing_orphans %d examples %v; want true 1 and the line", res.Valid, res.FiringOrphans, res.Examples["firing_orphans"])
+	}
+	if clean := genClean(3, 200).check(); clean.FiringOrphans != 0 {
+		t.Fatalf("a run without orphan lines: firing_orphans %d", clean.FiringOrphans)
+	}
+}

@@ -350,6 +350,11 @@
 //     is frozen ends only once it thaws); any other line, another node, another kind of
 //     window, or a time outside that range is a crash.
 //
+//  15. firing_orphans (measured, not judged): the lines of the nodes' logs that say a
+//     leader found a pending event overdue by seconds in no part of its firing, and put it
+//     back to fire (Cluster.Orphans). The event still fired, never early, so no other
+//     check fails for it; each line is a bug in the firing path to find.
+//
 //  15. The ingest topic (docs/ingest.md; design: "a Kafka ingest topic takes the same
 //     operations as records"). An ingest op (F "ingest") is one record the driver produced
 //     to the ingest topic with its own franz-go client (acks=all, idempotent, the key's
@@ -489,7 +494,7 @@
 //	 "converged", "convergence_problems": [string],
 //	 "lateness_ms": {"healthy"|"faulty"|"after_heal": {"count", "p50", "p99", "max"}},
 //	 "recovery": [{"kind", "targets", "start_ns", "heal_ns", "recovery_ms"}],
-//	 "disk_exits", "invalid_accepted", "ops": {f: {type: n}}, "acked_ids", "delivered_ids", "records",
+//	 "disk_exits", "firing_orphans", "invalid_accepted", "ops": {f: {type: n}}, "acked_ids", "delivered_ids", "records",
 //	 "dead_letter_records",
 //	 "bulk_cancels": {"ops", "matched", "cancelled", "skipped_fired", "skipped_held"},
 //	 "examples": {check: [{"id", "why"}]},

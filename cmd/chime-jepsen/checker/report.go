@@ -268,6 +268,7 @@ func renderReport(ops []Op, recs []Record, res Results) string {
 	row("invalid_accepted", res.InvalidAccepted, false)
 	row("format_refusals", res.FormatRefusals, false)
 	row("disk_exits", res.DiskExits, false)
+	row("firing_orphans", res.FiringOrphans, false)
 	v.Checks = append(v.Checks,
 		reportCheck{Name: "duplicates (extra copies)", Count: fmt.Sprint(res.Duplicates), Status: "measured"},
 		reportCheck{Name: "lists", Count: res.ListSummary()},
