@@ -91,6 +91,10 @@ type Knobs struct {
 	// schedule was checked against and its proposal, so a test can change
 	// the schedule in between.
 	RecurringRead func()
+	// BatchMark, if set, runs before a fire batch proposes the MarkFired of
+	// the records Kafka acknowledged; an error fails that mark as one
+	// proposed as leadership went does.
+	BatchMark func() error
 	// UpdatePinned, if set, runs between an Update's pin of the event and
 	// its proposal, so a test can hold a pinned event past its due time.
 	UpdatePinned func()

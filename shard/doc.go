@@ -94,6 +94,10 @@
 //   - Retention: with Tuning.Retention set, the leader proposes Expire
 //     entries for the events settled longer ago than it (expireLoop), and
 //     reports how far behind that clean-up is (CleanupLag).
+//   - Parked events (firing.parked): Kafka acknowledged their records and
+//     their MarkFired did not commit. Out of the wheel, in doubt, marked
+//     again by this replica as leader (markParked) until the mark commits,
+//     across lost and regained leaderships: never produced again here.
 //   - The leader's sweep for lost events (sweep.go): an overdue pending
 //     event that two checks found in no part of the firing goes back into
 //     the wheel, counted and logged as the bug it is.

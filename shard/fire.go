@@ -487,7 +487,13 @@ func (s *Shard) mark(b *fireBatch, out []publish.Record, outcomes []publish.Outc
 	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
 	defer cancel()
 	if len(fired) > 0 {
-		err := s.markFired(ctx, fired)
+		var err error
+		if hook := s.cfg.Knobs.BatchMark; hook != nil {
+			err = hook()
+		}
+		if err == nil {
+			err = s.markFired(ctx, fired)
+		}
 		s.observeStage("mark", start)
 		if err != nil {
 			s.logger.Warn("marking fired events", "err", err, "events", len(fired))

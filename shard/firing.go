@@ -99,6 +99,18 @@ type firing struct {
 	// and the FSM refuses it if that is no longer the event's. It leaves
 	// the set when the change is applied (settled) or given up (unpin).
 	pinned map[uint64]pinnedEvent
+
+	// parked holds the events whose records Kafka acknowledged and whose
+	// MarkFired did not commit (leadership went, or the mark timed out),
+	// by seq, with what the mark says. They are in Kafka: firing one again
+	// would only duplicate it, as a loss fault showed when a leader that
+	// lost its leadership and won it back produced again what its failed
+	// marks had named. So a parked event is in neither the wheel nor a fire
+	// batch, and this replica, as leader, marks it again (markParked)
+	// before it fires anything, and from then on until the mark commits.
+	// It leaves the set when it settles (a mark of this node's or another
+	// leader's, or a cancel). Another leader, not knowing, fires it again.
+	parked map[uint64]raftfsm.Fired
 }
 
 type pinnedEvent struct {
@@ -167,7 +179,7 @@ func newFiring(now func() time.Time, t *Tuning) (*firing, error) {
 		retrying: make(map[uint64]int64), unsure: make(map[uint64]int64),
 		limited: make(map[uint64]limitedEvent), gone: make(map[uint64]struct{}),
 		fenceUntil: never, sleepUntil: never,
-		pinned: make(map[uint64]pinnedEvent),
+		pinned: make(map[uint64]pinnedEvent), parked: make(map[uint64]raftfsm.Fired),
 		retry: backoff.ExponentialBackOff{
 			InitialInterval: t.RetryDelay, MaxInterval: t.MaxRetryDelay, Multiplier: 2,
 		},
@@ -215,6 +227,12 @@ func (f *firing) drainKick() {
 func (f *firing) replace(ws *wheelSet, until int64) {
 	f.mu.Lock()
 	for seq := range f.pinned {
+		if h, ok := ws.handles.take(seq); ok {
+			ws.wheel.Remove(h)
+			delete(ws.spread, seq)
+		}
+	}
+	for seq := range f.parked {
 		if h, ok := ws.handles.take(seq); ok {
 			ws.wheel.Remove(h)
 			delete(ws.spread, seq)
@@ -286,6 +304,9 @@ func (f *firing) addLoaded(gen uint64, es []loaded) bool {
 		if _, ok := f.pinned[e.seq]; ok {
 			continue
 		}
+		if _, ok := f.parked[e.seq]; ok {
+			continue
+		}
 		f.place(e.seq, e.due, e.p)
 		wake = wake || e.due < f.sleepUntil
 	}
@@ -332,6 +353,7 @@ func (f *firing) settled(seq uint64) {
 // settledLocked is settled with f.mu held.
 func (f *firing) settledLocked(seq uint64) {
 	delete(f.pinned, seq)
+	delete(f.parked, seq)
 	if f.loading {
 		f.gone[seq] = struct{}{}
 	}

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/chimehq/chime/publish"
+	"github.com/chimehq/chime/raftfsm"
 )
 
 // A batch whose produce fails puts its events back into the wheel at a
@@ -17,9 +18,10 @@ import (
 // brings every waiting event forward (healLocked) and resets the backoff.
 
 // settleOutcomes records, for the events out of one batch that Publish
-// answered with outcomes, which stay in doubt, and returns the events to
-// put back into the wheel and how long they wait. marked holds the events
-// whose outcome committed through Raft.
+// answered with outcomes, which stay in doubt and which are parked (in
+// Kafka, unmarked), and returns the events to put back into the wheel and
+// how long they wait. marked holds the events whose outcome committed
+// through Raft.
 func (f *firing) settleOutcomes(out []publish.Record, outcomes []publish.Outcome, marked map[uint64]bool) (map[uint64]bool, time.Duration) {
 	unsettled := make(map[uint64]bool, len(out))
 	now := f.now().UnixNano()
@@ -27,20 +29,29 @@ func (f *firing) settleOutcomes(out []publish.Record, outcomes []publish.Outcome
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, r := range out {
-		produced = produced || outcomes[i].Done
+		o := &outcomes[i]
+		produced = produced || o.Done
 		if marked[r.Seq] {
 			delete(f.unsure, r.Seq)
 			continue
 		}
+		if o.Done && !o.DeadLettered {
+			// In Kafka, its mark not committed: parked until a mark does,
+			// in doubt meanwhile. Kafka took it, so it is no failure of
+			// Kafka's.
+			f.unsure[r.Seq] = now
+			f.parked[r.Seq] = raftfsm.Fired{Seq: r.Seq, FiredAt: o.FiredAt, Attempts: o.Attempts, Due: r.Due}
+			continue
+		}
 		// Whatever is not marked goes back, and stays in doubt if it was
 		// sent: an unanswered request (of this call, or of an earlier
-		// attempt within it) may still land, and a produced record whose
-		// mark did not commit is in Kafka already. Neither sent nor done:
+		// attempt within it) may still land, and a dead-lettered record
+		// whose mark did not commit is on that topic already. Neither sent nor done:
 		// the lease ran out while the record waited for its turn in the
 		// publisher. It never left; fire it again at once, under a fresh
 		// lease.
 		unsettled[r.Seq] = true
-		if outcomes[i].Sent || outcomes[i].Done {
+		if o.Sent || o.Done {
 			f.unsure[r.Seq] = now
 			failed = true
 		}
@@ -102,4 +113,18 @@ func (f *firing) probeLocked(now int64) {
 		break
 	}
 	f.probeAt = now + int64(probeInterval)
+}
+
+// parkedEvents returns the marks of the parked events.
+func (f *firing) parkedEvents() []raftfsm.Fired {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.parked) == 0 {
+		return nil
+	}
+	out := make([]raftfsm.Fired, 0, len(f.parked))
+	for _, e := range f.parked {
+		out = append(out, e)
+	}
+	return out
 }

@@ -197,3 +197,20 @@ loop:
 		}
 	}
 }
+
+// markParked proposes a MarkFired of the parked events (firing.parked): in
+// Kafka, their marks not committed. Once it commits they settle, which
+// takes them out of the set; until then they stay parked, for the next try.
+func (s *Shard) markParked() {
+	fired := s.firing.parkedEvents()
+	if len(fired) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), markTimeout)
+	defer cancel()
+	if err := s.markFired(ctx, fired); err != nil {
+		s.logger.Warn("marking fired events produced earlier, whose marks did not commit", "err", err, "events", len(fired))
+		return
+	}
+	s.metrics.Fired.Add(float64(len(fired)))
+}

@@ -10,7 +10,8 @@ import (
 )
 
 // Every pending event due before the horizon is somewhere in the firing: in
-// the wheel, in a fire batch, or pinned by a change. One that is in none of
+// the wheel, in a fire batch, pinned by a change, or parked (in Kafka, its
+// mark not yet committed). One that is in none of
 // them is never fired, and nothing else would notice: its shard goes on
 // firing the rest on time. A fault run found one, an occurrence of a
 // recurring schedule that its predecessor's MarkFired created on a leader
@@ -39,8 +40,12 @@ const OrphanMessage = "an overdue pending event was in no part of the firing (no
 // errSweepFull stops a sweep's read at sweepLimit events.
 var errSweepFull = errors.New("sweep: read enough")
 
-// sweepLoop checks for orphaned events until ctx ends.
+// sweepLoop marks the parked events again, at once (those this replica
+// produced as leader of an earlier term) and every sweepInterval, and checks
+// for orphaned events, until ctx ends. Parked events are out of the wheel,
+// so the firing need not wait for their marks.
 func (s *Shard) sweepLoop(ctx context.Context) {
+	s.markParked()
 	t := time.NewTicker(sweepInterval)
 	defer t.Stop()
 	var suspects map[uint64]bool // found in no part of the firing by the last check
@@ -50,6 +55,7 @@ func (s *Shard) sweepLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		s.markParked()
 		var err error
 		if suspects, err = s.sweep(suspects); err != nil {
 			s.logger.Warn("looking for overdue events the firing does not hold", "err", err)
@@ -93,6 +99,9 @@ func (f *firing) sweep(overdue []loaded, suspects map[uint64]bool) (found map[ui
 			continue
 		}
 		if _, ok := f.pinned[e.seq]; ok || f.inflight[e.seq] != nil {
+			continue
+		}
+		if _, ok := f.parked[e.seq]; ok {
 			continue
 		}
 		if !suspects[e.seq] {
