@@ -98,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Orphans: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "chime_fire_orphans_total",
-			Help: "Pending events overdue by more than 2 s that this node as leader found in no part of its firing (not in the wheel, a fire batch or a change) in two checks 2 s apart, and put back into the wheel to fire at once. The firing holds every pending event, so a count means a bug, and each such event fired up to about 6 s late instead of never.",
+			Help: "Pending events overdue by 2 to 8 s that this node as leader found in no part of its firing (not in the wheel, a fire batch or a change) in two checks 2 s apart, and put back into the wheel to fire at once. The firing holds every pending event, so a count means a bug, and each such event fired up to about 6 s late instead of never.",
 		}),
 		FireStage: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "chime_fire_stage_seconds",
