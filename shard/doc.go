@@ -103,8 +103,10 @@
 //     the wheel, counted and logged as the bug it is.
 //   - Telling its owner when raft is wedged: Stuck reports a leader whose
 //     raft has refused every entry, for a leadership transfer, far longer
-//     than a transfer takes (a hashicorp/raft v1.7.3 bug strands one); the
-//     owner reopens the replica.
+//     than a transfer takes (a hashicorp/raft v1.7.3 bug strands one), and
+//     a follower whose raft counts log entries its log store no longer
+//     holds (the same raft's install of a snapshot on raft-wal leaves it so,
+//     refusing every entry after); the owner reopens the replica.
 //
 // # What it must never do
 //
@@ -216,7 +218,9 @@
 //     TestInstallRefusesACopyOlderThanTheLog).
 //  8. A leader whose raft refuses entries for a stranded leadership transfer
 //     is reported Stuck once that has lasted twice what a working transfer
-//     takes (Knobs.StuckAfter), and not before (TestStuckLeadershipTransfer).
+//     takes (Knobs.StuckAfter), and not before (TestStuckLeadershipTransfer);
+//     a follower whose raft counts entries its log store lost, once that has
+//     lasted goneAfter, and not before (TestStuckFollowerWithoutItsLog).
 //  9. Every pending event due before the horizon is in the wheel, in a fire
 //     batch or waiting to retry, exactly once: a load and apply may meet in
 //     any order (TestLoadRacesApply), and events scheduled beyond the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,13 @@ type Shard struct {
 	// a leadership transfer (Config.Now, Unix ns; 0 while it accepts
 	// them); see Stuck.
 	refusedSince atomic.Int64
+	// gone is what logGone saw last: raft's last index while raft counted
+	// entries its log store no longer held, and since when (0: not so).
+	gone struct {
+		sync.Mutex
+		last  uint64
+		since int64
+	}
 
 	stop      chan struct{} // closed by Close
 	wg        sync.WaitGroup
@@ -442,19 +450,67 @@ func (s *Shard) noteRaft(err error) {
 	}
 }
 
-// Stuck reports whether this replica leads its shard while raft has
-// refused all its entries, for a leadership transfer, far longer than a
-// transfer takes. hashicorp/raft (v1.7.3) can strand a transfer: if the
-// leader's replication of the target is busy when one transfer times out
-// and another starts, the second blocks for good once that replication
-// stops, and raft's "transfer in progress" flag, which refuses every
-// Apply and Barrier, stays set for the life of the raft instance; a node
-// elected leader again later refuses everything, and the shard takes no
-// writes and fires nothing until the replica is reopened. The owner of the
-// replica (shard/host) reopens a Stuck replica.
-func (s *Shard) Stuck() bool {
-	since := s.refusedSince.Load()
-	return since != 0 && s.IsLeader() && s.cfg.Now().UnixNano()-since > int64(s.cfg.Knobs.StuckAfter)
+// Stuck says why this replica's raft is wedged for the life of its raft
+// instance, or "" if it is not; the owner of the replica (shard/host)
+// reopens a Stuck replica, with a new raft instance. hashicorp/raft
+// (v1.7.3) wedges two ways:
+//
+//   - It can strand a leadership transfer: if the leader's replication of
+//     the target is busy when one transfer times out and another starts,
+//     the second blocks for good once that replication stops, and raft's
+//     "transfer in progress" flag, which refuses every Apply and Barrier,
+//     stays set; a node elected leader again later refuses everything, and
+//     the shard takes no writes and fires nothing. Stuck once raft has
+//     refused all of a leader's entries so far longer than a transfer takes.
+//   - A follower that installs a snapshot on a log store that refuses gaps
+//     (raft-wal) deletes its whole log but keeps its last index in memory.
+//     When its log went past the snapshot (a copy expanded from an older
+//     reference carries newer state than its index says), raft takes that
+//     index for its last entry, refuses every AppendEntries that follows
+//     the snapshot ("failed to get previous log"), and the leader sends the
+//     same snapshot again, round and round: in a fault run a shard whose
+//     third voter was then killed committed nothing for 20 s. Stuck once a
+//     follower's raft has counted, for goneAfter, a last index past both
+//     its log store's and its snapshot's (logGone).
+func (s *Shard) Stuck() string {
+	if since := s.refusedSince.Load(); since != 0 && s.IsLeader() && s.cfg.Now().UnixNano()-since > int64(s.cfg.Knobs.StuckAfter) {
+		return "raft has refused its entries for a leadership transfer that never ended"
+	}
+	if s.logGone() {
+		return "raft counts log entries its log store no longer holds, since it installed a snapshot, and refuses every entry after it"
+	}
+	return ""
+}
+
+// goneAfter is how long a follower's raft must count entries its log store
+// does not hold before the replica is Stuck: far longer than raft takes
+// between truncating a conflicting suffix and appending what replaces it,
+// the one moment it does so by design.
+const goneAfter = 3 * time.Second
+
+// logGone reports whether this follower's raft has counted, for goneAfter
+// and with the same last index throughout, a last index past both its log
+// store's and its latest snapshot's.
+func (s *Shard) logGone() bool {
+	last := s.raft.LastIndex()
+	gone := false
+	if s.raft.State() == raft.Follower {
+		stored, err := s.logs.LastIndex()
+		snap, _ := strconv.ParseUint(s.raft.Stats()["last_snapshot_index"], 10, 64)
+		gone = err == nil && last > stored && last > snap
+	}
+	now := s.cfg.Now().UnixNano()
+	s.gone.Lock()
+	defer s.gone.Unlock()
+	switch {
+	case !gone:
+		s.gone.last, s.gone.since = 0, 0
+		return false
+	case s.gone.since == 0 || s.gone.last != last:
+		s.gone.last, s.gone.since = last, now
+		return false
+	}
+	return now-s.gone.since >= int64(goneAfter)
 }
 
 // raftErr maps raft's errors onto this package's sentinels.

@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -76,7 +77,7 @@ func TestStuckLeadershipTransfer(t *testing.T) {
 	}
 	// raft answers a transfer before it clears its flag.
 	waitFor(t, 10*time.Second, "raft accepts entries after the first transfer", func() bool { return schedule() == nil })
-	if s.Stuck() {
+	if s.Stuck() != "" {
 		t.Fatal("Stuck after a transfer that ended")
 	}
 	if err := s.TransferLeadership("ghost", string(ghostAddr)); err == nil {
@@ -85,19 +86,19 @@ func TestStuckLeadershipTransfer(t *testing.T) {
 	if err := schedule(); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("schedule during the stranded transfer: %v, want refused (%v)", err, ErrNotLeader)
 	}
-	if s.Stuck() {
+	if s.Stuck() != "" {
 		t.Fatal("Stuck at the first refusal, before StuckAfter")
 	}
 	waitFor(t, 10*time.Second, "the replica counts as stuck", func() bool {
 		if err := schedule(); !errors.Is(err, ErrNotLeader) {
 			t.Fatalf("schedule during the stranded transfer: %v, want refused", err)
 		}
-		return s.Stuck()
+		return s.Stuck() != ""
 	})
 
 	g.release()
 	waitFor(t, 30*time.Second, "raft accepts entries once the ghost's replication moves", func() bool { return schedule() == nil })
-	if s.Stuck() {
+	if s.Stuck() != "" {
 		t.Fatal("still Stuck after raft accepted an entry")
 	}
 }
@@ -145,4 +146,52 @@ func (g *ghost) release() { g.releaseOnce.Do(func() { close(g.released) }) }
 func (g *ghost) stop() {
 	g.stopOnce.Do(func() { close(g.stopped) })
 	g.wg.Wait()
+}
+
+// TestStuckFollowerWithoutItsLog: a follower whose raft counts log entries
+// its log store no longer holds (what hashicorp/raft v1.7.3 leaves after it
+// installs a snapshot older than the log it had, on raft-wal) is Stuck once
+// that has lasted goneAfter with the same last index, not before; a leader
+// never is for it.
+func TestStuckFollowerWithoutItsLog(t *testing.T) {
+	leader, follower, _ := openPair(t, publishtest.NewBroker(t).Addrs(), 500*time.Millisecond)
+	r := Request{ID: "logged", Delay: time.Hour, HasDelay: true, Topic: "gone", Payload: []byte("p")}
+	r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
+	if _, err := leader.Schedule(t.Context(), []Request{r}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the follower has the entry", func() bool { return follower.raft.LastIndex() == leader.raft.LastIndex() })
+	if why := follower.Stuck(); why != "" {
+		t.Fatalf("a healthy follower is Stuck: %s", why)
+	}
+
+	// Its log store loses every entry, raft's memory keeps its last index.
+	first, err := follower.logs.FirstIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := follower.logs.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follower.logs.DeleteRange(first, last); err != nil {
+		t.Fatal(err)
+	}
+	if why := follower.Stuck(); why != "" {
+		t.Fatalf("Stuck at once, before goneAfter: %s", why)
+	}
+	start := time.Now()
+	waitFor(t, goneAfter+5*time.Second, "the follower counts as stuck", func() bool { return follower.Stuck() != "" })
+	if waited := time.Since(start); waited < goneAfter-200*time.Millisecond {
+		t.Fatalf("Stuck after %v, before goneAfter (%v)", waited, goneAfter)
+	}
+	if why := follower.Stuck(); why == "" || !strings.Contains(why, "log store no longer holds") {
+		t.Fatalf("Stuck says %q", why)
+	}
+	if why := leader.Stuck(); why != "" {
+		t.Fatalf("the leader is Stuck: %s", why)
+	}
+	// The leader first, so that its hand-over finds the follower open.
+	leader.Close()
+	follower.Close()
 }

@@ -42,9 +42,13 @@ func (h *Host) control() {
 		id := uint32(i)
 		wanted := slices.Contains(dir.Desired(id), self)
 		s := h.Replica(id)
+		stuck := ""
+		if s != nil {
+			stuck = s.Stuck()
+		}
 		switch {
-		case s != nil && s.Stuck():
-			h.cfg.Logger.Error("reopening replica: raft has refused its entries for a leadership transfer that never ended", "shard", id)
+		case stuck != "":
+			h.cfg.Logger.Error("reopening replica: "+stuck, "shard", id)
 			if err := h.reopenReplica(id); err != nil {
 				h.cfg.Logger.Warn("reopening a replica", "shard", id, "err", err)
 			}

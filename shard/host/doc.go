@@ -13,8 +13,10 @@
 //     and releases (closes and deletes) a replica once the shard's leader has
 //     taken this node out of the configuration. It also reopens a replica
 //     that is shard.Shard.Stuck (its raft refuses every entry for a
-//     leadership transfer that never ended): a new raft instance over the
-//     same data starts without raft's stranded flag.
+//     leadership transfer that never ended, or, a follower, counts log
+//     entries its log store no longer holds): a new raft instance over the
+//     same data starts without raft's stranded flag, and reads its last
+//     index from the log store.
 //   - Readiness (Ready) and the per-shard Prometheus collector (Collector).
 //
 // # What it must never do
