@@ -124,8 +124,9 @@
 //
 // Each has an owner that starts it and a stop path:
 //
-//   - proposeLoop, applyWaitLoop, markLoop, leadershipLoop, horizonLoop:
-//     started by Open, stopped by Close (close(stop), then wg.Wait); a load
+//   - proposeLoop, applyWaitLoop, markLoop, leadershipLoop, horizonLoop,
+//     leaderWatch: started by Open, stopped by Close (close(stop), then
+//     wg.Wait); a load
 //     under way checks stop between chunks. proposeLoop fails the
 //     queued proposals and closes applying, which ends applyWaitLoop;
 //     markLoop fails the queued marks; leadershipLoop stops the firing loops.

@@ -152,3 +152,17 @@ func openPair(t *testing.T, brokers []string, heartbeat time.Duration) (leader, 
 	})
 	return leader, other, trans
 }
+
+// TestLeaderWatchRecordsTheDeposed: a replica that sees the shard's leader go
+// records it as deposed, which holds rule 5 back from handing it the shard.
+func TestLeaderWatchRecordsTheDeposed(t *testing.T) {
+	leader, other, _ := openPair(t, startBroker(t), 500*time.Millisecond)
+	gone := leader.cfg.NodeID
+	leader.Close()
+	waitFor(t, 10*time.Second, "the other replica records the closed leader as deposed", func() bool {
+		other.transferMu.Lock()
+		defer other.transferMu.Unlock()
+		return other.deposed == gone && time.Since(other.deposedAt) < balanceHold
+	})
+	other.Close()
+}

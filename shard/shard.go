@@ -40,7 +40,14 @@ type Shard struct {
 	// handovers both record it.
 	transferMu       sync.Mutex
 	transferFailedAt map[string]time.Time
-	snaps            *snapshot.Store
+	// deposed is the last node this replica saw lose the shard's
+	// leadership (raft reported no leader after it), and when; under
+	// transferMu. leaderWatch keeps it.
+	deposed   string
+	deposedAt time.Time
+	// leaders delivers raft's leader observations to leaderWatch.
+	leaders chan raft.Observation
+	snaps   *snapshot.Store
 	// pace bounds the rate of the full snapshots this replica writes:
 	// expansions sent to followers and backups (Config.Installs).
 	pace *rate.Limiter
@@ -141,12 +148,13 @@ func Open(cfg Config) (*Shard, error) {
 		s.fsm.Close()
 		return nil, err
 	}
-	s.wg.Add(5)
+	s.wg.Add(6)
 	go s.horizonLoop()
 	go s.proposeLoop()
 	go s.applyWaitLoop()
 	go s.markLoop()
 	go s.leadershipLoop()
+	go s.leaderWatch()
 	return s, nil
 }
 
@@ -213,7 +221,35 @@ func (s *Shard) startRaft() error {
 		return err
 	}
 	s.raft = r
+	s.leaders = make(chan raft.Observation, 16)
+	r.RegisterObserver(raft.NewObserver(s.leaders, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	}))
 	return nil
+}
+
+// leaderWatch records, from raft's leader observations, the last node this
+// replica saw lose the shard's leadership (deposed), until the shard closes.
+// An observation raft drops because the channel is full costs at most a
+// missed record: deposed only holds rebalancing back.
+func (s *Shard) leaderWatch() {
+	defer s.wg.Done()
+	var last raft.ServerID
+	for {
+		select {
+		case <-s.stop:
+			return
+		case o := <-s.leaders:
+			lo, _ := o.Data.(raft.LeaderObservation)
+			if lo.LeaderID == "" && last != "" {
+				s.transferMu.Lock()
+				s.deposed, s.deposedAt = string(last), time.Now()
+				s.transferMu.Unlock()
+			}
+			last = lo.LeaderID
+		}
+	}
 }
 
 // newRaft bootstraps the group if this node founds it, then starts raft.
@@ -488,13 +524,13 @@ func (s *Shard) Stuck() string {
 // the one moment it does so by design.
 const goneAfter = 3 * time.Second
 
-// logGone reports whether this follower's raft has counted, for goneAfter
+// logGone reports whether this replica's raft, not leading, has counted, for goneAfter
 // and with the same last index throughout, a last index past both its log
 // store's and its latest snapshot's.
 func (s *Shard) logGone() bool {
 	last := s.raft.LastIndex()
 	gone := false
-	if s.raft.State() == raft.Follower {
+	if s.raft.State() != raft.Leader {
 		stored, err := s.logs.LastIndex()
 		snap, _ := strconv.ParseUint(s.raft.Stats()["last_snapshot_index"], 10, 64)
 		gone = err == nil && last > stored && last > snap
