@@ -158,11 +158,15 @@ func openPair(t *testing.T, brokers []string, heartbeat time.Duration) (leader, 
 func TestLeaderWatchRecordsTheDeposed(t *testing.T) {
 	leader, other, _ := openPair(t, startBroker(t), 500*time.Millisecond)
 	gone := leader.cfg.NodeID
-	leader.Close()
+	if err := leader.Close(); err != nil {
+		t.Errorf("closing the leader: %v", err)
+	}
 	waitFor(t, 10*time.Second, "the other replica records the closed leader as deposed", func() bool {
 		other.transferMu.Lock()
 		defer other.transferMu.Unlock()
 		return other.deposed == gone && time.Since(other.deposedAt) < balanceHold
 	})
-	other.Close()
+	if err := other.Close(); err != nil {
+		t.Errorf("closing the other replica: %v", err)
+	}
 }

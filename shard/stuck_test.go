@@ -197,6 +197,10 @@ func TestStuckFollowerWithoutItsLog(t *testing.T) {
 		t.Fatalf("the other replica, its log whole, is Stuck: %s", why)
 	}
 	// The leader first, so that its hand-over finds the follower open.
-	leader.Close()
-	follower.Close()
+	if err := leader.Close(); err != nil {
+		t.Errorf("closing the leader: %v", err)
+	}
+	if err := follower.Close(); err != nil {
+		t.Errorf("closing the follower: %v", err)
+	}
 }
