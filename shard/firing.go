@@ -226,17 +226,17 @@ func (f *firing) drainKick() {
 // event due before until.
 func (f *firing) replace(ws *wheelSet, until int64) {
 	f.mu.Lock()
-	for seq := range f.pinned {
+	out := func(seq uint64) {
 		if h, ok := ws.handles.take(seq); ok {
 			ws.wheel.Remove(h)
 			delete(ws.spread, seq)
 		}
 	}
+	for seq := range f.pinned {
+		out(seq)
+	}
 	for seq := range f.parked {
-		if h, ok := ws.handles.take(seq); ok {
-			ws.wheel.Remove(h)
-			delete(ws.spread, seq)
-		}
+		out(seq)
 	}
 	f.wheelSet, f.until = *ws, until
 	clear(f.retrying)
@@ -295,16 +295,7 @@ func (f *firing) addLoaded(gen uint64, es []loaded) bool {
 	}
 	wake := false
 	for _, e := range es {
-		if _, ok := f.handles.get(e.seq); ok {
-			continue
-		}
-		if _, ok := f.gone[e.seq]; ok || f.inflight[e.seq] != nil {
-			continue
-		}
-		if _, ok := f.pinned[e.seq]; ok {
-			continue
-		}
-		if _, ok := f.parked[e.seq]; ok {
+		if _, ok := f.gone[e.seq]; ok || f.holdsLocked(e.seq) {
 			continue
 		}
 		f.place(e.seq, e.due, e.p)
@@ -315,6 +306,20 @@ func (f *firing) addLoaded(gen uint64, es []loaded) bool {
 		f.wake()
 	}
 	return true
+}
+
+// holdsLocked reports whether pending event seq is in some part of the
+// firing: the wheel, a fire batch, pinned by a change, or parked. Called
+// with f.mu held.
+func (f *firing) holdsLocked(seq uint64) bool {
+	if _, ok := f.handles.get(seq); ok || f.inflight[seq] != nil {
+		return true
+	}
+	if _, ok := f.pinned[seq]; ok {
+		return true
+	}
+	_, ok := f.parked[seq]
+	return ok
 }
 
 // endLoad ends the load into wheel gen.

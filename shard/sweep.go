@@ -102,13 +102,7 @@ func (s *Shard) sweep(suspects map[uint64]bool) (map[uint64]bool, error) {
 func (f *firing) sweep(overdue []loaded, suspects map[uint64]bool) (found map[uint64]bool, placed []loaded) {
 	f.mu.Lock()
 	for _, e := range overdue {
-		if _, ok := f.handles.get(e.seq); ok {
-			continue
-		}
-		if _, ok := f.pinned[e.seq]; ok || f.inflight[e.seq] != nil {
-			continue
-		}
-		if _, ok := f.parked[e.seq]; ok {
+		if f.holdsLocked(e.seq) {
 			continue
 		}
 		if !suspects[e.seq] {
