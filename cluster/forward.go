@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -40,13 +41,21 @@ func ForwardContext(ctx context.Context, scope shard.Scope) context.Context {
 }
 
 // Schedule implements rpc.Backend: each shard's requests go to its leader.
-// A batch's requests all carry the scope of one caller.
+// A batch's requests all carry the scope of one caller. A part with a
+// Replace is a change that is not idempotent (a second attempt makes
+// another version, produced again if the first had fired), so it is
+// forwarded again only after its leader answered that it proposed nothing
+// (changeOutcome); a plain Schedule retried finds its id.
 func (c *Cluster) Schedule(ctx context.Context, reqs []shard.Request) ([]shard.Result, error) {
 	return scheduleByShard(ctx, reqs, c.shards, func(ctx context.Context, s uint32, part []shard.Request) ([]shard.Result, error) {
+		replace := slices.ContainsFunc(part, func(r shard.Request) bool { return r.Replace })
 		return on(ctx, c, s, false, part[0].Scope,
 			func(r *shard.Shard) ([]shard.Result, error) { return r.Schedule(ctx, part) },
 			func(ctx context.Context, p chimev1.PeerClient) ([]shard.Result, error) {
 				resp, err := p.ShardSchedule(ctx, validEvents(s, part))
+				if err != nil && replace {
+					return nil, changeOutcome(err)
+				}
 				if err != nil {
 					return nil, err
 				}

@@ -53,7 +53,8 @@ func changeOutcome(err error) error {
 //     was proposed (or the outcome is unknown because the node is going
 //     away), and a retry, after a short backoff or on another node, can
 //     succeed. Schedule with a client-chosen id is idempotent, so retrying it
-//     is always safe.
+//     is always safe; a Replace proposed before leadership went answers
+//     ErrChangeUnknown instead.
 //   - shard.ErrProduceUnknown, ErrFiring, ErrChanging: ABORTED. Nothing was
 //     changed; a retry once the event's firing is over can succeed (or say
 //     that it fired). ErrCancelUnsure: ABORTED, and the message says the

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -309,7 +310,10 @@ func (s *Shard) applyWaitLoop() {
 	for pa := range s.applying {
 		err := pa.future.Error()
 		s.noteRaft(err)
-		var results []raftfsm.ScheduleResult
+		var (
+			results []raftfsm.ScheduleResult
+			unsure  bool
+		)
 		if err == nil {
 			switch resp := pa.future.Response().(type) {
 			case *raftfsm.ScheduleBatchResult:
@@ -320,11 +324,22 @@ func (s *Shard) applyWaitLoop() {
 				err = fmt.Errorf("shard %d: unexpected schedule response %T", s.id, resp)
 			}
 		} else {
+			// Leadership lost or raft shut down once the entry was handed
+			// over: it may be in the log and commit under the next leader. A
+			// plain Schedule retried then finds its id (Existing), but a
+			// Replace makes another version, which fires again if the first
+			// had fired, or is refused as in doubt once the first is pending
+			// and due: its outcome is unknown.
+			unsure = errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrRaftShutdown)
 			err = raftErr(err)
 		}
 		off := 0
 		for _, p := range pa.props {
 			if err != nil {
+				if unsure && replaces(p.reqs) {
+					p.done <- proposalResult{err: fmt.Errorf("%w (%v)", ErrChangeUnknown, err)}
+					continue
+				}
 				p.done <- proposalResult{err: err}
 				continue
 			}
@@ -337,6 +352,16 @@ func (s *Shard) applyWaitLoop() {
 			p.done <- proposalResult{results: out}
 		}
 	}
+}
+
+// replaces reports whether reqs hold a Replace.
+func replaces(reqs []Request) bool {
+	for i := range reqs {
+		if reqs[i].Replace {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Shard) failQueued(err error) {

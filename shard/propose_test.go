@@ -116,3 +116,48 @@ func TestEntriesBoundedInBytes(t *testing.T) {
 		t.Fatalf("81 events of about 1 KiB in %d entries: the bound did not split them", entries)
 	}
 }
+
+// TestReplaceUnknownWhenLeadershipLost: a Replace whose entry was handed to
+// raft before the leader lost its leadership may still commit under the
+// next leader, so it answers ErrChangeUnknown, which nobody retries blindly,
+// while a plain Schedule in the same state answers ErrNotLeader, which is
+// retried (a re-sent Schedule finds its id). A fault run's upsert was
+// answered ErrNotLeader there, retried by the forwarding node, refused as in
+// doubt ("nothing was changed"), and its version reached Kafka.
+func TestReplaceUnknownWhenLeadershipLost(t *testing.T) {
+	leader, other, trans := openPair(t, startBroker(t), 500*time.Millisecond)
+	req := func(id, payload string, replace bool) Request {
+		r := Request{ID: id, Delay: time.Hour, HasDelay: true, Topic: "unsure", Payload: []byte(payload), Replace: replace}
+		r.ContentHash = raftfsm.ContentHash(r.Topic, r.Key, r.Payload, nil, 0, int64(r.Delay), false, true, raftfsm.DefaultPolicy, raftfsm.Output{})
+		return r
+	}
+	if _, err := leader.Schedule(t.Context(), []Request{req("u", "v1", false)}); err != nil {
+		t.Fatal(err)
+	}
+	// Cut off with a fresh lease: both calls are proposed, and neither can
+	// commit before the leader steps down.
+	waitFor(t, 10*time.Second, "a fresh lease", func() bool {
+		d, err := leader.lease.deadline(t.Context())
+		return err == nil && time.Until(d) > leader.tune.LeaderLeaseTimeout*3/4
+	})
+	for _, tr := range trans {
+		tr.DisconnectAll()
+	}
+	var wg sync.WaitGroup
+	var replaceErr, scheduleErr error
+	wg.Go(func() { _, replaceErr = leader.Schedule(t.Context(), []Request{req("u", "v2", true)}) })
+	wg.Go(func() { _, scheduleErr = leader.Schedule(t.Context(), []Request{req("w", "w1", false)}) })
+	wg.Wait()
+	if !errors.Is(replaceErr, ErrChangeUnknown) {
+		t.Errorf("the Replace answered %v, want ErrChangeUnknown", replaceErr)
+	}
+	if !errors.Is(scheduleErr, ErrNotLeader) || errors.Is(scheduleErr, ErrChangeUnknown) {
+		t.Errorf("the plain Schedule answered %v, want ErrNotLeader", scheduleErr)
+	}
+	if err := leader.Close(); err != nil {
+		t.Errorf("closing the leader: %v", err)
+	}
+	if err := other.Close(); err != nil {
+		t.Errorf("closing the other replica: %v", err)
+	}
+}
