@@ -33,6 +33,20 @@ const (
 	maxPoll = 20000
 	// sessionTimeout is how long the group waits for a silent member.
 	sessionTimeout = 10 * time.Second
+	// rebalanceTimeout is how long the group waits for its members to
+	// rejoin once a rebalance is due, well inside sessionTimeout: a member
+	// here rejoins as soon as the records of its poll are applied or given
+	// up (hurry) and committed (commitTimeout). Kafka's default, 60 s, kept
+	// the whole group from consuming for that long behind one member that
+	// did not rejoin; and a broker that counts a member's session down
+	// while it waits in the join (kfake does) dropped, unanswered, every
+	// member that had rejoined, each of which then waited out its JoinGroup
+	// (the rebalance timeout and 10 s) and rejoined, which started the
+	// wait again: a fault run's group consumed nothing for its last 5
+	// minutes.
+	rebalanceTimeout = 5 * time.Second
+	// commitTimeout bounds a commit, which a rebalance waits for.
+	commitTimeout = 4 * time.Second
 )
 
 // Source is one topic the consumer reads and how.
@@ -183,6 +197,7 @@ func New(cfg Config) (*Consumer, error) {
 		// without its heartbeats (Kafka's default is 45 s; its brokers
 		// accept 6 s and more).
 		kgo.SessionTimeout(sessionTimeout),
+		kgo.RebalanceTimeout(rebalanceTimeout),
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsCallbackBlocked(c.rebalanceDue),
 		kgo.OnPartitionsRevoked(c.forget),
@@ -384,7 +399,7 @@ func (c *Consumer) commit(last []*kgo.Record) {
 	if len(rs) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), commitTimeout)
 	defer cancel()
 	if err := c.cl.CommitRecords(ctx, rs...); err != nil {
 		c.log.Warn("committing offsets; the records after the last commit will be applied again", "err", err)

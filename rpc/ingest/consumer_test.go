@@ -38,6 +38,10 @@ type fakeAPI struct {
 	// shard does when a record of an earlier produce attempt may still
 	// reach Kafka.
 	unsure atomic.Bool
+	// hold makes the next BatchSchedule take that long (nanoseconds),
+	// whatever its context: a call already sent whose answer is slow.
+	hold atomic.Int64
+	held atomic.Bool // a held call is under way
 
 	mu        sync.Mutex
 	events    map[string]*chimev1.Event
@@ -74,6 +78,11 @@ func (f *fakeAPI) schedule(ev *chimev1.Event) (code codes.Code, msg string) {
 }
 
 func (f *fakeAPI) BatchSchedule(_ context.Context, in *chimev1.BatchScheduleRequest) (*chimev1.BatchScheduleResponse, error) {
+	if d := f.hold.Swap(0); d > 0 {
+		f.held.Store(true)
+		time.Sleep(time.Duration(d))
+		f.held.Store(false)
+	}
 	if f.down.Load() {
 		return nil, errDown
 	}
@@ -441,6 +450,32 @@ func TestAStuckPartitionLetsTheGroupRebalance(t *testing.T) {
 	h.waitWithin(15*time.Second, "the second member has a partition (else the stuck one held the rebalance)",
 		func() bool { return len(second.Status()) > 0 })
 	h.api.down.Store(false)
+	h.waitFor("every record applied", func() bool { return len(h.api.applied()) == 20 })
+}
+
+// TestASlowMemberIsLeftOutOfARebalance: a member whose call does not
+// return (it does not heed hurry) is left out of a rebalance after
+// rebalanceTimeout, and the member that joined consumes. With Kafka's
+// default of 60 s, kfake, which counts a member's session down while it
+// waits in the join, dropped the new member unanswered after its session
+// timeout, and it consumed nothing until its JoinGroup timed out 70 s on.
+func TestASlowMemberIsLeftOutOfARebalance(t *testing.T) {
+	h := newHarnessN(t, 2)
+	for i := range 20 {
+		r := &kgo.Record{Topic: "in", Partition: int32(i % 2), Key: []byte(fmt.Sprint("k", i)), Value: []byte("1"),
+			Headers: []kgo.RecordHeader{{Key: "chime-delay", Value: []byte("1h")}, {Key: "chime-topic", Value: []byte("out")}}}
+		if err := h.prod.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.api.hold.Store(int64(sessionTimeout + 2*time.Second))
+	first := h.start("g")
+	h.waitFor("the first member holds both partitions, a call under way", func() bool {
+		return len(first.Status()) == 2 && h.api.held.Load()
+	})
+	second := h.start("g")
+	h.waitWithin(rebalanceTimeout+4*time.Second, "the second member has a partition (else the slow one held the rebalance)",
+		func() bool { return len(second.Status()) > 0 })
 	h.waitFor("every record applied", func() bool { return len(h.api.applied()) == 20 })
 }
 
