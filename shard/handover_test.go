@@ -170,3 +170,53 @@ func TestLeaderWatchRecordsTheDeposed(t *testing.T) {
 		t.Errorf("closing the other replica: %v", err)
 	}
 }
+
+// TestTimeoutsSettleOnALeader: a replica starts with the short timeouts of
+// Tuning.startTimeout, so that a shard all of whose nodes restarted at once
+// elects a leader sooner, and keeps them while it hears of no leader; the
+// first leader it hears of gives it the Tuning's own.
+func TestTimeoutsSettleOnALeader(t *testing.T) {
+	const heartbeat = 500 * time.Millisecond
+	tune := Tuning{HeartbeatTimeout: heartbeat, ElectionTimeout: heartbeat, LeaderLeaseTimeout: heartbeat / 2}
+	tune.fill()
+	if got := tune.startTimeout(); got != heartbeat/2 {
+		t.Fatalf("startTimeout = %v, want %v", got, heartbeat/2)
+	}
+
+	// Alone of a group of two, it never hears of a leader.
+	addr, tr := raft.NewInmemTransport("")
+	d := t.TempDir()
+	store, err := raftfsm.OpenStore(d+"/pebble", raftfsm.StoreOptions{SnapshotFlushWait: testFlushWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	lone, err := Open(Config{ID: 0, NodeID: "n1", Dir: d + "/raft", Store: store, Transport: tr,
+		Directory: &pairDirectory{addrs: map[string]string{"n1": string(addr), "n2": "nowhere"}},
+		Bootstrap: []raft.Server{{Suffrage: raft.Voter, ID: "n1", Address: addr}, {Suffrage: raft.Voter, ID: "n2", Address: "nowhere"}},
+		Tuning:    tune})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * heartbeat) // it stands for election, and stands again
+	if rc := lone.raft.ReloadableConfig(); rc.HeartbeatTimeout != heartbeat/2 || rc.ElectionTimeout != heartbeat/2 {
+		t.Errorf("without a leader: heartbeat %v, election %v, want both %v", rc.HeartbeatTimeout, rc.ElectionTimeout, heartbeat/2)
+	}
+	if err := lone.Close(); err != nil {
+		t.Errorf("closing the lone replica: %v", err)
+	}
+
+	leader, other, _ := openPair(t, startBroker(t), heartbeat)
+	for _, s := range []*Shard{leader, other} {
+		waitFor(t, 10*time.Second, "the timeouts settle on "+s.cfg.NodeID, func() bool {
+			rc := s.raft.ReloadableConfig()
+			return rc.HeartbeatTimeout == heartbeat && rc.ElectionTimeout == heartbeat
+		})
+	}
+	if err := leader.Close(); err != nil {
+		t.Errorf("closing the leader: %v", err)
+	}
+	if err := other.Close(); err != nil {
+		t.Errorf("closing the other replica: %v", err)
+	}
+}

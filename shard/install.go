@@ -40,6 +40,8 @@ func NewInstallLimiter(t Tuning) *rate.Limiter {
 // the snapshot store raises it to all of them while a copy is sent, and
 // calls it one change at a time.
 func (s *Shard) setTrailingLogs(n uint64) {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
 	rc := s.raft.ReloadableConfig()
 	rc.TrailingLogs = n
 	if err := s.raft.ReloadConfig(rc); err != nil {

@@ -47,7 +47,11 @@ type Shard struct {
 	deposedAt time.Time
 	// leaders delivers raft's leader observations to leaderWatch.
 	leaders chan raft.Observation
-	snaps   *snapshot.Store
+	// reloadMu serialises the changes of raft's reloadable configuration,
+	// each a read, a change and a write: the trailing logs (the snapshot
+	// store) and the timeouts (settleTimeouts).
+	reloadMu sync.Mutex
+	snaps    *snapshot.Store
 	// pace bounds the rate of the full snapshots this replica writes:
 	// expansions sent to followers and backups (Config.Installs).
 	pace *rate.Limiter
@@ -233,15 +237,28 @@ func (s *Shard) startRaft() error {
 // replica saw lose the shard's leadership (deposed), until the shard closes.
 // An observation raft drops because the channel is full costs at most a
 // missed record: deposed only holds rebalancing back.
+//
+// The first leader it hears of also ends the replica's start: raft's
+// timeouts go from Tuning.startTimeout to their own (settleTimeouts).
 func (s *Shard) leaderWatch() {
 	defer s.wg.Done()
 	var last raft.ServerID
+	settled := false
+	if _, id := s.raft.LeaderWithID(); id != "" {
+		// Elected before the observer was registered.
+		s.settleTimeouts()
+		settled = true
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
 		case o := <-s.leaders:
 			lo, _ := o.Data.(raft.LeaderObservation)
+			if lo.LeaderID != "" && !settled {
+				s.settleTimeouts()
+				settled = true
+			}
 			if lo.LeaderID == "" && last != "" {
 				s.transferMu.Lock()
 				s.deposed, s.deposedAt = string(last), time.Now()
@@ -249,6 +266,18 @@ func (s *Shard) leaderWatch() {
 			}
 			last = lo.LeaderID
 		}
+	}
+}
+
+// settleTimeouts gives raft the heartbeat and election timeouts of the
+// Tuning, once the replica has heard of a leader: its start is over.
+func (s *Shard) settleTimeouts() {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	rc := s.raft.ReloadableConfig()
+	rc.HeartbeatTimeout, rc.ElectionTimeout = s.tune.HeartbeatTimeout, s.tune.ElectionTimeout
+	if err := s.raft.ReloadConfig(rc); err != nil {
+		s.logger.Warn("changing raft's timeouts", "heartbeat", rc.HeartbeatTimeout, "election", rc.ElectionTimeout, "err", err)
 	}
 }
 
