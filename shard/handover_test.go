@@ -154,7 +154,7 @@ func openPair(t *testing.T, brokers []string, heartbeat time.Duration) (leader, 
 }
 
 // TestLeaderWatchRecordsTheDeposed: a replica that sees the shard's leader go
-// records it as deposed, which holds rule 5 back from handing it the shard.
+// records it as deposed, which holds rule 5 back for balanceHold.
 func TestLeaderWatchRecordsTheDeposed(t *testing.T) {
 	leader, other, _ := openPair(t, startBroker(t), 500*time.Millisecond)
 	gone := leader.cfg.NodeID

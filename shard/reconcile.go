@@ -60,12 +60,16 @@ type Directory interface {
 //     desired voter that has caught up.
 //  5. for a while after the membership changed, leadership moves to the
 //     preferred leader (the first desired node), which spreads leaders
-//     evenly over the nodes; but not to one that lost the shard's
-//     leadership within balanceHold, to whatever made it lose it. Under
-//     packet loss the preferred leader lost its shards every few seconds,
-//     and each new leader handed them straight back: a fault run's shard
-//     moved between two nodes four times in ten seconds, each move firing
-//     again what the marks of the last had not committed.
+//     evenly over the nodes; but not while a node (the preferred one, the
+//     leader itself, any) lost the shard's leadership within balanceHold:
+//     a handover then meets whatever made it lose it. Under packet loss
+//     the preferred leader lost its shards every few seconds, and each new
+//     leader handed them straight back: a fault run's shard moved between
+//     two nodes four times in ten seconds, each move firing again what the
+//     marks of the last had not committed. Holding back only from the node
+//     that lost it was not enough: leaders that had lost the shard and won
+//     it back a second before handed it on under the same loss, their
+//     marks failed, and the next leader fired a burst's 209 events again.
 //
 // Neither 4 nor 5 hands leadership to a node a transfer to which failed
 // within transferBackoff.
@@ -89,7 +93,7 @@ const (
 	// on every reconcile, it stalled the shard for as long as its disk did.
 	transferBackoff = 30 * time.Second
 	// balanceHold is how long after a node lost the shard's leadership
-	// rule 5 does not hand it back to that node.
+	// rule 5 hands leadership to no one.
 	balanceHold = 20 * time.Second
 )
 
@@ -131,12 +135,10 @@ func (s *Shard) reconcile(ctx context.Context, balance bool) {
 			at, ok := s.transferFailedAt[n]
 			return ok && time.Since(at) < transferBackoff
 		},
-		deposedLately: func(n string) bool {
-			s.transferMu.Lock()
-			defer s.transferMu.Unlock()
-			return s.deposed == n && time.Since(s.deposedAt) < balanceHold
-		},
 	}
+	s.transferMu.Lock()
+	st.unsettled = s.deposed != "" && time.Since(s.deposedAt) < balanceHold
+	s.transferMu.Unlock()
 	act := plan(st)
 	if act.kind == noChange {
 		return
@@ -170,10 +172,9 @@ type configState struct {
 	replication                        int
 	removed, leaving, caughtUp, opened func(node string) bool
 	transferFailed                     func(node string) bool // nil: none did
-	// deposedLately reports a node that lost the shard's leadership within
-	// balanceHold (nil: none did).
-	deposedLately func(node string) bool
-	balance       bool
+	// unsettled: a node lost the shard's leadership within balanceHold.
+	unsettled bool
+	balance   bool
 }
 
 // mayLead reports whether reconcile may hand node leadership: no transfer to it
@@ -262,8 +263,7 @@ func plan(st configState) action {
 		}
 		return action{kind: removeServer, node: v, why: "removing a voter the placement no longer wants"}
 	}
-	if st.balance && st.desired[0] != st.self && slices.Contains(st.voters, st.desired[0]) && st.mayLead(st.desired[0]) &&
-		(st.deposedLately == nil || !st.deposedLately(st.desired[0])) { // 5
+	if st.balance && !st.unsettled && st.desired[0] != st.self && slices.Contains(st.voters, st.desired[0]) && st.mayLead(st.desired[0]) { // 5
 		return action{kind: transfer, to: st.desired[:1], why: "handing leadership to the preferred leader"}
 	}
 	return action{}
