@@ -293,7 +293,8 @@
 //     A is the latest append of any record of its ids.
 //     A burst is skipped (bursts_skipped, with the reason in bursts), not judged, when none
 //     of its schedules is ok or no record of its ids was read back (nothing to compare), or
-//     when a fault window [start, heal] overlaps [D, A + 1 s]: a leader killed, paused,
+//     when a fault window [start, heal] overlaps [min(D, F), A + 1 s], F the first append
+//     of a record of its ids (before D when a leader's clock ran ahead): a leader killed, paused,
 //     partitioned, slowed, skewed or cut off from Kafka while the burst drains hands its
 //     backlog to another leader, which loads it anew, or produces it in retries and
 //     catch-up batches, none of which keeps priority order; the second after A keeps out a

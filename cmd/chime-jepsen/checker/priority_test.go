@@ -241,6 +241,23 @@ func TestPriorityBurstUnderFaultSkipped(t *testing.T) {
 	}
 }
 
+// A burst a leader whose clock ran ahead produced before D, during a skew window that
+// healed before D, is skipped: a fault run judged such a burst, its order broken when the
+// clock went back mid-drain, as 3,972 violations.
+func TestPrioritySkewedBurstBeforeDSkipped(t *testing.T) {
+	g := newBurstRun()
+	g.appendAt("b1-09", 1205*time.Millisecond) // an inversion, judged only when checked
+	for i := range g.recs {
+		g.recs[i].AppendMs -= 2500 // every record 2.5 s early: the last at D−595 ms
+	}
+	g.fault("skew", burstD-6e9, burstD-100e6)
+	res := g.check()
+	assertBursts(t, res, 0, 1)
+	if b := res.Bursts[0]; !strings.Contains(b.Skipped, "fault window skew") || b.Violations != 0 || res.PriorityViolations != 0 {
+		t.Errorf("burst %+v, priority_violations %d", b, res.PriorityViolations)
+	}
+}
+
 // Only an event acked by D, without a window, never cancelled or updated, and produced
 // exactly once, to its topic, at attempt 1 is compared: the late H of the planted inversion
 // excuses it in each of these ways.
