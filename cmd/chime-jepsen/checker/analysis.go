@@ -97,6 +97,21 @@ func (h *idHistory) createdNs() int64 {
 	return 0
 }
 
+// storedByNs is when the event was certainly stored: the earliest completion of an ok
+// schedule of the id (an Existing answer too: the event was there by then), and false
+// when no schedule of it was acknowledged. An unanswered schedule may be applied long
+// after its call ended: a forwarded request held in a partitioned node's TCP buffers
+// reaches it once the partition heals, with its relative gRPC deadline still to run.
+func (h *idHistory) storedByNs() (int64, bool) {
+	var by int64
+	for _, op := range h.oks {
+		if by == 0 || op.CompleteNs < by {
+			by = op.CompleteNs
+		}
+	}
+	return by, by != 0
+}
+
 // windowNs is the firing window of the version of the event record r is (0: none): for a
 // version an upsert made, the upsert's; otherwise the window of the id's reference schedule
 // (its first ok one, else its first ok or info one). An Update keeps the event's window,

@@ -651,9 +651,10 @@ func (a *analysis) recovery() []Recovery {
 				continue
 			}
 			r := h.records[0]
-			// Backlog at the heal: events that had to be produced by then, at the end of
-			// their window when they have one.
-			if max(a.dueNs(h, r), h.createdNs())+h.windowNs(r) <= w.heal {
+			// Backlog at the heal: events stored (acknowledged) and due by then, at the
+			// end of their window when they have one.
+			stored, ok := h.storedByNs()
+			if ok && max(a.dueNs(h, r), stored)+h.windowNs(r) <= w.heal {
 				last = max(last, r.AppendMs*1e6)
 			}
 		}

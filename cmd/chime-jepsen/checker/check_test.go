@@ -686,6 +686,23 @@ func TestLatenessAndRecovery(t *testing.T) {
 	}
 }
 
+// The backlog at a heal is what was acknowledged by then: an event whose schedule was
+// only ever answered info may have been stored after the heal (seed 20261217: a call
+// forwarded to a partitioned node reached it as the partition healed, 20 s on, and its
+// event, due during the partition, fired 2.08 s after the heal).
+func TestRecoveryCountsAcknowledgedEvents(t *testing.T) {
+	kill := Op{F: FNemesis, Kind: "partition-one", InvokeNs: at(25 * time.Second), CompleteNs: at(30 * time.Second)}
+	ackedOp, ackedRec := event("acked", 27*time.Second, 3400*time.Millisecond)    // 30.4 s
+	unsureOp, unsureRec := event("unsure", 26*time.Second, 6100*time.Millisecond) // 32.1 s
+	unsureOp.Type, unsureOp.Code, unsureOp.AckDueNs = TypeInfo, "DeadlineExceeded", 0
+	lateAckOp, lateAckRec := event("late-ack", 26*time.Second, 5800*time.Millisecond) // 31.8 s
+	lateAckOp.CompleteNs = at(30*time.Second) + 1                                     // acknowledged only after the heal
+	res := Check([]Op{kill, ackedOp, unsureOp, lateAckOp}, []Record{ackedRec, unsureRec, lateAckRec}, cleanCluster(1), Config{})
+	if len(res.Recovery) != 1 || res.Recovery[0].RecoveryMs != 400 {
+		t.Errorf("recovery = %+v, want 400 ms (the acknowledged event; the unanswered one and the one acknowledged after the heal are no backlog)", res.Recovery)
+	}
+}
+
 // An event accepted after its due time (a deliver_at in the past, or a retry
 // of a request refused during a fault) is late only from its acceptance.
 func TestLatenessCountsFromAcceptance(t *testing.T) {

@@ -456,9 +456,12 @@
 //     p99 and max; quantiles are nearest-rank (the value at rank ⌈q·n⌉ of the sorted values),
 //     rounded to the microsecond. Duplicates are left out: they measure retries, not delivery.
 //   - recovery: per fault window, in start order, recovery_ms = max(0, A − heal) / 1e6, where
-//     A is the latest append among the first copies whose due and creation (as for lateness),
-//     plus the window of a windowed event, are ≤ heal, bursts' events aside (0 when there is
-//     none):
+//     A is the latest append among the first copies of acknowledged events whose due and
+//     first acknowledgement (the earliest CompleteNs of an ok schedule), plus the window of
+//     a windowed event, are ≤ heal, bursts' events aside (0 when there is none). An event
+//     only ever answered info is left out: its schedule may have been applied after the
+//     heal (a forwarded call held in a partitioned node's buffers arrives when the
+//     partition heals, with its relative deadline still to run).
 //     how long after the heal the backlog took to reach Kafka. Later duplicates are not
 //     backlog and are left out.
 //   - invalid_accepted: ops with f "invalid" (deliberately bad input, invariant 7) that
