@@ -336,7 +336,7 @@ func (s *Shard) applyWaitLoop() {
 		off := 0
 		for _, p := range pa.props {
 			if err != nil {
-				if unsure && replaces(p.reqs) {
+				if unsure && slices.ContainsFunc(p.reqs, func(r Request) bool { return r.Replace }) {
 					p.done <- proposalResult{err: fmt.Errorf("%w (%v)", ErrChangeUnknown, err)}
 					continue
 				}
@@ -352,16 +352,6 @@ func (s *Shard) applyWaitLoop() {
 			p.done <- proposalResult{results: out}
 		}
 	}
-}
-
-// replaces reports whether reqs hold a Replace.
-func replaces(reqs []Request) bool {
-	for i := range reqs {
-		if reqs[i].Replace {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Shard) failQueued(err error) {
