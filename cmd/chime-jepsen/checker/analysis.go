@@ -569,10 +569,17 @@ func (a *analysis) period(due int64) string {
 // it moved ahead (SkewNs > 0, chimed's convention: now = real time + offset) and the record
 // is early by no more than that plus EarlyTolerance. A clock moved back fires late, never
 // early.
+// skewLanding is how long after a skew window's heal a record its clock fired may be
+// appended: a produce in flight (a fault run's landed 1 ms after the heal).
+const skewLanding = time.Second
+
 func (a *analysis) skewExplains(due, appendNs int64) (window, bool) {
 	earliness := due - appendNs
 	for _, w := range a.windows {
-		if w.kind != KindSkew || (!w.contains(due) && !w.contains(appendNs)) {
+		// A record the skewed clock fired just before the heal is appended once its
+		// produce lands, after the heal: the append may trail the window by skewLanding.
+		landed := appendNs >= w.start && appendNs <= w.heal+int64(skewLanding)
+		if w.kind != KindSkew || (!w.contains(due) && !landed) {
 			continue
 		}
 		if w.skew < 0 || (w.skew > 0 && earliness > w.skew+int64(a.cfg.EarlyTolerance)) {

@@ -573,6 +573,7 @@ func TestEarlyUnderSkew(t *testing.T) {
 	}{
 		{"due inside the window", 50 * time.Second, time.Second, true},
 		{"appended inside the window, due after it", 54500 * time.Millisecond, 2500 * time.Millisecond, true},
+		{"appended just after the heal, due after it", 56 * time.Second, 2990 * time.Millisecond, true},
 		{"earlier than the skew explains", 50 * time.Second, 3500 * time.Millisecond, false},
 		{"nowhere near the window", 42 * time.Second, time.Second, false},
 		{"clock moved back", 50 * time.Second, time.Second, false},

@@ -102,9 +102,10 @@
 //     EarlyTolerance before due is not early.
 //
 //     early_under_skew (counts records, not in early, not in valid) takes the early records
-//     that a skew window can explain: its due or its append lies in [start, heal] of a window
-//     of kind "skew" (a clock set ahead fires while the skew is in place, and the event it
-//     fires may be due after the heal), and, when the window's SkewNs is non-zero, the clock
+//     that a skew window can explain: its due lies in [start, heal] or its append in
+//     [start, heal + 1 s] of a window of kind "skew" (a clock set ahead fires while the skew
+//     is in place, the event it fires may be due after the heal, and a produce in flight at
+//     the heal is appended after it), and, when the window's SkewNs is non-zero, the clock
 //     moved ahead (SkewNs > 0: chimed's fault clock reads real time + offset) and the record
 //     is early by at most SkewNs + EarlyTolerance (a clock moved ahead by s cannot fire more
 //     than s early; one moved back fires late, never early). SkewNs == 0 means the magnitude
