@@ -21,6 +21,7 @@ import (
 	"github.com/chimehq/chime/internal/durable"
 	"github.com/chimehq/chime/membership"
 	chimev1 "github.com/chimehq/chime/proto/chime/v1"
+	"github.com/chimehq/chime/raftfsm"
 	"github.com/chimehq/chime/shard"
 	"github.com/chimehq/chime/shard/host"
 )
@@ -519,6 +520,23 @@ func (c *Cluster) LogIndex(ctx context.Context, node string, s uint32) (uint64, 
 		}
 	}
 	return 0, fmt.Errorf("node %s has no replica of shard %d", node, s)
+}
+
+// Parked implements shard.Directory: it asks node's Peer service.
+func (c *Cluster) Parked(ctx context.Context, node string, s uint32) ([]raftfsm.Fired, error) {
+	cc, err := c.Conn(node)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := chimev1.NewPeerClient(cc).ShardParked(ctx, &chimev1.ShardParkedRequest{Shard: s})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]raftfsm.Fired, len(resp.Events))
+	for i, e := range resp.Events {
+		out[i] = raftfsm.Fired{Seq: e.Seq, FiredAt: e.FiredAt, Attempts: e.Attempts, Due: e.Due}
+	}
+	return out, nil
 }
 
 // Members implements shard.Directory: it asks the shard's leader.

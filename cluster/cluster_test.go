@@ -135,7 +135,8 @@ func forget(c *Cluster, node string) error {
 }
 
 // Without a host, a node reports no replicas; asking one over the Peer
-// service gets its id back, and no shard has a leader to find.
+// service gets its id back, no shard has a leader to find, and a question
+// about one replica fails.
 func TestReplicasOverPeer(t *testing.T) {
 	nodes := startNodes(t, "a", "b")
 	st, err := nodes["a"].c.NodeReplicas(context.Background(), "b")
@@ -149,6 +150,9 @@ func TestReplicasOverPeer(t *testing.T) {
 	defer cancel()
 	if _, err := nodes["a"].c.LogIndex(ctx, "b", 0); err == nil {
 		t.Fatal("LogIndex of a node without the replica succeeded")
+	}
+	if _, err := nodes["a"].c.Parked(ctx, "b", 0); err == nil {
+		t.Fatal("Parked of a node without the replica succeeded")
 	}
 	for s := range uint32(4) {
 		if d := nodes["a"].c.Desired(s); len(d) != 2 || !slices.Contains([]string{"a", "b"}, d[0]) {

@@ -57,8 +57,9 @@
 //     so a client gets the same code and words whichever node it called.
 //   - The chime.v1.Peer service (RegisterPeer) and its client side: a
 //     replica's typed Raft status (LogIndex for promoting a non-voter,
-//     Members for releasing a replica, the Admin API's Status fan-out) and
-//     Forget, the fan-out of an operator's node removal; the request path's
+//     Members for releasing a replica, the Admin API's Status fan-out),
+//     Forget, the fan-out of an operator's node removal, and ShardParked,
+//     a replica's parked events for the shard's new leader; the request path's
 //     calls (ShardSchedule, ShardUpdate, ShardCancelEvent, ShardGet,
 //     ShardRecurring) and ShardList, ShardCount, ShardCancel,
 //     ShardForecast and ShardSchedules, one shard's part of a List, Count,

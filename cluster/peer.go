@@ -48,6 +48,19 @@ func (p peerServer) Forget(_ context.Context, req *chimev1.ForgetRequest) (*chim
 	return &chimev1.ForgetResponse{}, nil
 }
 
+func (p peerServer) ShardParked(_ context.Context, req *chimev1.ShardParkedRequest) (*chimev1.ShardParkedResponse, error) {
+	r, err := p.replica(req.Shard)
+	if err != nil {
+		return nil, err
+	}
+	parked := r.Parked()
+	resp := &chimev1.ShardParkedResponse{Events: make([]*chimev1.ParkedEvent, len(parked))}
+	for i, e := range parked {
+		resp.Events[i] = &chimev1.ParkedEvent{Seq: e.Seq, FiredAt: e.FiredAt, Attempts: e.Attempts, Due: e.Due}
+	}
+	return resp, nil
+}
+
 // peerWait bounds how long a question to one other node waits.
 const peerWait = 2 * time.Second
 

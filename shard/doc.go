@@ -97,7 +97,9 @@
 //   - Parked events (firing.parked): Kafka acknowledged their records and
 //     their MarkFired did not commit. Out of the wheel, in doubt, marked
 //     again by this replica as leader (markParked) until the mark commits,
-//     across lost and regained leaderships: never produced again here.
+//     across lost and regained leaderships: never produced again here. A
+//     new leader asks the other replicas for theirs before it fires
+//     (askParked, at most parkedWait) and marks them too.
 //   - The leader's sweep for lost events (sweep.go): an overdue pending
 //     event that two checks found in no part of the firing goes back into
 //     the wheel, counted and logged as the bug it is.
@@ -141,6 +143,9 @@
 //     and its wait for a lease, the lease bounds its produce (plus
 //     publish.Config.WriteTimeout for an answer under way), markTimeout its
 //     marks.
+//   - askParked's questions, one per other replica: started by fireLoop
+//     after its barrier, each bounded by parkedWait, waited for before it
+//     fires.
 //   - quiesce's wait for the marks in flight: started by a handover once it
 //     holds every firing slot, so no batch starts meanwhile; it ends when
 //     they do (markTimeout), whether or not the handover waited that long.

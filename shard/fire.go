@@ -106,10 +106,14 @@ func (s *Shard) leadershipLoop() {
 func (s *Shard) startFiring() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	// asked is closed once the firing loop has adopted the other
+	// replicas' parked events, which the sweep loop's first mark then
+	// includes.
+	asked := make(chan struct{})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.fireLoop(ctx)
+		s.fireLoop(ctx, asked)
 	}()
 	if s.cfg.Directory != nil {
 		wg.Add(1)
@@ -128,7 +132,7 @@ func (s *Shard) startFiring() (stop func()) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		s.sweepLoop(ctx)
+		s.sweepLoop(ctx, asked)
 	}()
 	return func() {
 		cancel()
@@ -136,7 +140,11 @@ func (s *Shard) startFiring() (stop func()) {
 	}
 }
 
-func (s *Shard) fireLoop(ctx context.Context) {
+// fireLoop fires this leadership's events: after a barrier, and after
+// asking the other replicas for their parked events (closing asked), so
+// that none of those is produced again. It returns without closing asked
+// only once ctx has ended.
+func (s *Shard) fireLoop(ctx context.Context, asked chan<- struct{}) {
 	s.logger.Info("leading: barrier, then firing")
 	if !s.barrier(ctx) {
 		return
@@ -147,6 +155,8 @@ func (s *Shard) fireLoop(ctx context.Context) {
 		s.firing.setFence(never)
 		s.lease.end()
 	}()
+	s.askParked(ctx)
+	close(asked)
 
 	t := &firingTerm{slots: make(chan struct{}, s.tune.MaxFiring)}
 	s.term.Store(t)

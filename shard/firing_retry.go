@@ -5,6 +5,7 @@ import (
 
 	"github.com/chimehq/chime/publish"
 	"github.com/chimehq/chime/raftfsm"
+	"github.com/chimehq/chime/wheel"
 )
 
 // A batch whose produce fails puts its events back into the wheel at a
@@ -113,6 +114,59 @@ func (f *firing) probeLocked(now int64) {
 		break
 	}
 	f.probeAt = now + int64(probeInterval)
+}
+
+// adopt parks the events another replica parked (its Shard.Parked) that
+// this one's wheel holds at the due time that replica read, and returns how
+// many. They leave the wheel, as this replica's own parked events do, and
+// stay in doubt until markParked's mark commits. An event held elsewhere
+// (in a fire batch, pinned by a change, parked here already) or at another
+// due time (the other replica read a version since replaced) is left
+// where it is.
+func (f *firing) adopt(fired []raftfsm.Fired) int {
+	now := f.now().UnixNano()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, e := range fired {
+		h, ok := f.handles.get(e.Seq)
+		if !ok {
+			continue
+		}
+		if _, ok := f.parked[e.Seq]; ok {
+			continue
+		}
+		due := f.dueLocked(e.Seq, h)
+		if due != e.Due {
+			continue
+		}
+		f.wheel.Remove(h)
+		f.handles.delete(e.Seq)
+		delete(f.retrying, e.Seq)
+		delete(f.spread, e.Seq)
+		delete(f.limited, e.Seq)
+		f.parked[e.Seq] = e
+		f.unsure[e.Seq] = now
+		n++
+	}
+	return n
+}
+
+// dueLocked is the due time of event seq, which the wheel holds at h: the
+// time the wheel holds it for, unless that is a retry time, a point of its
+// window or a time a rate limit deferred it to.
+func (f *firing) dueLocked(seq uint64, h wheel.Handle) int64 {
+	if d, ok := f.retrying[seq]; ok {
+		return d
+	}
+	if d, ok := f.spread[seq]; ok {
+		return d
+	}
+	if l, ok := f.limited[seq]; ok {
+		return l.due
+	}
+	e, _ := f.wheel.Lookup(h)
+	return e.Due
 }
 
 // parkedEvents returns the marks of the parked events.

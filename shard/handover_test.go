@@ -84,6 +84,13 @@ func (d *pairDirectory) LogIndex(_ context.Context, n string, _ uint32) (uint64,
 	}
 	return r.(*Shard).raft.LastIndex(), nil
 }
+func (d *pairDirectory) Parked(_ context.Context, n string, _ uint32) ([]raftfsm.Fired, error) {
+	r, ok := d.replicas.Load(n)
+	if !ok {
+		return nil, errors.New("no replica")
+	}
+	return r.(*Shard).Parked(), nil
+}
 
 // TestCloseHandsLeadershipOver: a leader that closes hands its shard to the
 // other voter before its Raft shuts down, so the shard has a leader again at
@@ -107,6 +114,12 @@ func TestCloseHandsLeadershipOver(t *testing.T) {
 // transport, with a LeaderLeaseTimeout of half the heartbeat, and returns
 // them once one leads, with the transports by node id.
 func openPair(t *testing.T, brokers []string, heartbeat time.Duration) (leader, other *Shard, trans map[string]*raft.InmemTransport) {
+	t.Helper()
+	return openPairWith(t, brokers, heartbeat, Knobs{})
+}
+
+// openPairWith is openPair with knobs for both replicas.
+func openPairWith(t *testing.T, brokers []string, heartbeat time.Duration, knobs Knobs) (leader, other *Shard, trans map[string]*raft.InmemTransport) {
 	t.Helper()
 	dir := &pairDirectory{addrs: map[string]string{}}
 	trans = map[string]*raft.InmemTransport{}
@@ -132,7 +145,7 @@ func openPair(t *testing.T, brokers []string, heartbeat time.Duration) (leader, 
 		}
 		t.Cleanup(func() { store.Close() })
 		s, err := Open(Config{ID: 0, NodeID: id, Dir: d + "/raft", Store: store, Transport: trans[id], Publisher: pub,
-			Directory: dir, Bootstrap: servers,
+			Directory: dir, Bootstrap: servers, Knobs: knobs,
 			Tuning: Tuning{HeartbeatTimeout: heartbeat, ElectionTimeout: heartbeat, LeaderLeaseTimeout: heartbeat / 2}})
 		if err != nil {
 			t.Fatal(err)

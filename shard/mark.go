@@ -198,6 +198,67 @@ loop:
 	}
 }
 
+// Parked returns this replica's parked events: Kafka acknowledged their
+// records while it led, and their MarkFired has not committed. Another
+// replica that now leads asks for them (askParked) so as not to produce
+// them again.
+func (s *Shard) Parked() []raftfsm.Fired {
+	return s.firing.parkedEvents()
+}
+
+// parkedWait bounds how long a new leader waits for the other replicas'
+// parked events before it fires. A replica answers within milliseconds and
+// a stopped node refuses at once; only one cut off or paused costs the
+// whole wait. It leaves room for one resend of a lost segment (TCP's
+// shortest retransmission timeout is 200 ms): under packet loss, where
+// parked events come from, a question or its answer is often lost once.
+const parkedWait = 500 * time.Millisecond
+
+// askParked asks every other replica of the shard's Raft configuration for
+// its parked events and adopts those this replica's wheel holds (firing.adopt),
+// so that markParked marks them rather than the firing producing them
+// again. Only the replica that parked an event knows Kafka took its record:
+// under packet loss a leader that had parked a batch won the shard back
+// three times, each time failing to mark it, and then lost it for good to
+// another node, which produced all 35 events again.
+func (s *Shard) askParked(ctx context.Context) {
+	if s.cfg.Directory == nil {
+		return
+	}
+	cf := s.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, parkedWait)
+	defer cancel()
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		fired []raftfsm.Fired
+	)
+	for _, srv := range cf.Configuration().Servers {
+		node := string(srv.ID)
+		if node == s.cfg.NodeID {
+			continue
+		}
+		wg.Go(func() {
+			// A replica that does not answer (stopped, cut off, of a
+			// release without the question) has nothing to give in time.
+			got, err := s.cfg.Directory.Parked(ctx, node, s.id)
+			if err != nil || len(got) == 0 {
+				return
+			}
+			mu.Lock()
+			fired = append(fired, got...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if n := s.firing.adopt(fired); n > 0 {
+		s.logger.Info("marking events another replica produced as leader and could not mark, rather than producing them again", "events", n)
+	}
+}
+
 // markParked proposes a MarkFired of the parked events (firing.parked): in
 // Kafka, their marks not committed. Once it commits they settle, which
 // takes them out of the set; until then they stay parked, for the next try.

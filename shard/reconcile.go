@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/chimehq/chime/raftfsm"
 )
 
 // Directory is the cluster as the shard layer needs it. The node implements
@@ -37,6 +39,9 @@ type Directory interface {
 	// Members asks the shard's leader, through any node that knows it, for
 	// the shard's current voters and non-voters.
 	Members(ctx context.Context, shard uint32) (voters, nonvoters []string, err error)
+	// Parked asks node for the parked events of its replica of shard
+	// (Shard.Parked).
+	Parked(ctx context.Context, node string, shard uint32) ([]raftfsm.Fired, error)
 	// Changes is signalled (coalesced) when the membership view changes. It
 	// has one reader: the host (package shard/host).
 	Changes() <-chan struct{}

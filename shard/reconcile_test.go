@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/chimehq/chime/publish/publishtest"
+	"github.com/chimehq/chime/raftfsm"
 )
 
 func TestPlan(t *testing.T) {
@@ -175,6 +176,9 @@ func (d *placeDirectory) LogIndex(_ context.Context, n string, _ uint32) (uint64
 		return 0, errors.New("node n2 has no replica of shard 0")
 	}
 	return 0, nil
+}
+func (d *placeDirectory) Parked(context.Context, string, uint32) ([]raftfsm.Fired, error) {
+	return nil, nil
 }
 
 // TestReconcileAddsOnlyAnOpenReplica pins that a leader adds a node to its

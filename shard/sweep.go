@@ -47,11 +47,16 @@ const OrphanMessage = "an overdue pending event was in no part of the firing (no
 // errSweepFull stops a sweep's read at sweepLimit events.
 var errSweepFull = errors.New("sweep: read enough")
 
-// sweepLoop marks the parked events again, at once (those this replica
-// produced as leader of an earlier term) and every sweepInterval, and checks
-// for orphaned events, until ctx ends. Parked events are out of the wheel,
-// so the firing need not wait for their marks.
-func (s *Shard) sweepLoop(ctx context.Context) {
+// sweepLoop marks the parked events again, once the firing loop has asked
+// the other replicas for theirs (asked is closed), and every sweepInterval,
+// and checks for orphaned events, until ctx ends. Parked events are out of
+// the wheel, so the firing need not wait for their marks.
+func (s *Shard) sweepLoop(ctx context.Context, asked <-chan struct{}) {
+	select {
+	case <-asked:
+	case <-ctx.Done():
+		return
+	}
 	s.markParked()
 	t := time.NewTicker(sweepInterval)
 	defer t.Stop()

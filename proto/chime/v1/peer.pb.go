@@ -87,6 +87,166 @@ func (RaftState) EnumDescriptor() ([]byte, []int) {
 	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
 }
 
+type ShardParkedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shard         uint32                 `protobuf:"varint,1,opt,name=shard,proto3" json:"shard,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardParkedRequest) Reset() {
+	*x = ShardParkedRequest{}
+	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardParkedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardParkedRequest) ProtoMessage() {}
+
+func (x *ShardParkedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardParkedRequest.ProtoReflect.Descriptor instead.
+func (*ShardParkedRequest) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ShardParkedRequest) GetShard() uint32 {
+	if x != nil {
+		return x.Shard
+	}
+	return 0
+}
+
+// ParkedEvent is what the MarkFired of one parked event says (a
+// raftfsm.Fired).
+type ParkedEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Seq   uint64                 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Unix ns: when Kafka acknowledged the record.
+	FiredAt  int64  `protobuf:"varint,2,opt,name=fired_at,json=firedAt,proto3" json:"fired_at,omitempty"`
+	Attempts uint32 `protobuf:"varint,3,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// Unix ns: the due time the producing leader read with the event.
+	Due           int64 `protobuf:"varint,4,opt,name=due,proto3" json:"due,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ParkedEvent) Reset() {
+	*x = ParkedEvent{}
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ParkedEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ParkedEvent) ProtoMessage() {}
+
+func (x *ParkedEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ParkedEvent.ProtoReflect.Descriptor instead.
+func (*ParkedEvent) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ParkedEvent) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ParkedEvent) GetFiredAt() int64 {
+	if x != nil {
+		return x.FiredAt
+	}
+	return 0
+}
+
+func (x *ParkedEvent) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *ParkedEvent) GetDue() int64 {
+	if x != nil {
+		return x.Due
+	}
+	return 0
+}
+
+type ShardParkedResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Events        []*ParkedEvent         `protobuf:"bytes,1,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShardParkedResponse) Reset() {
+	*x = ShardParkedResponse{}
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShardParkedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShardParkedResponse) ProtoMessage() {}
+
+func (x *ShardParkedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShardParkedResponse.ProtoReflect.Descriptor instead.
+func (*ShardParkedResponse) Descriptor() ([]byte, []int) {
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ShardParkedResponse) GetEvents() []*ParkedEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // ValidEvent is an event as the node the client asked validated it: the
 // due time not yet resolved when the client gave a delay (the leader adds it
 // to its clock), the content hash over the fields as the client sent them.
@@ -117,7 +277,7 @@ type ValidEvent struct {
 
 func (x *ValidEvent) Reset() {
 	*x = ValidEvent{}
-	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -129,7 +289,7 @@ func (x *ValidEvent) String() string {
 func (*ValidEvent) ProtoMessage() {}
 
 func (x *ValidEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[0]
+	mi := &file_chime_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -142,7 +302,7 @@ func (x *ValidEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ValidEvent.ProtoReflect.Descriptor instead.
 func (*ValidEvent) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ValidEvent) GetId() string {
@@ -260,7 +420,7 @@ type ShardScheduleRequest struct {
 
 func (x *ShardScheduleRequest) Reset() {
 	*x = ShardScheduleRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -272,7 +432,7 @@ func (x *ShardScheduleRequest) String() string {
 func (*ShardScheduleRequest) ProtoMessage() {}
 
 func (x *ShardScheduleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[1]
+	mi := &file_chime_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -285,7 +445,7 @@ func (x *ShardScheduleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardScheduleRequest.ProtoReflect.Descriptor instead.
 func (*ShardScheduleRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ShardScheduleRequest) GetShard() uint32 {
@@ -318,7 +478,7 @@ type ShardResult struct {
 
 func (x *ShardResult) Reset() {
 	*x = ShardResult{}
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -330,7 +490,7 @@ func (x *ShardResult) String() string {
 func (*ShardResult) ProtoMessage() {}
 
 func (x *ShardResult) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[2]
+	mi := &file_chime_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -343,7 +503,7 @@ func (x *ShardResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardResult.ProtoReflect.Descriptor instead.
 func (*ShardResult) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ShardResult) GetOutcome() uint32 {
@@ -391,7 +551,7 @@ type ShardScheduleResponse struct {
 
 func (x *ShardScheduleResponse) Reset() {
 	*x = ShardScheduleResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +563,7 @@ func (x *ShardScheduleResponse) String() string {
 func (*ShardScheduleResponse) ProtoMessage() {}
 
 func (x *ShardScheduleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[3]
+	mi := &file_chime_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +576,7 @@ func (x *ShardScheduleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardScheduleResponse.ProtoReflect.Descriptor instead.
 func (*ShardScheduleResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ShardScheduleResponse) GetResults() []*ShardResult {
@@ -446,7 +606,7 @@ type ShardUpdateRequest struct {
 
 func (x *ShardUpdateRequest) Reset() {
 	*x = ShardUpdateRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -458,7 +618,7 @@ func (x *ShardUpdateRequest) String() string {
 func (*ShardUpdateRequest) ProtoMessage() {}
 
 func (x *ShardUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[4]
+	mi := &file_chime_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -471,7 +631,7 @@ func (x *ShardUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardUpdateRequest.ProtoReflect.Descriptor instead.
 func (*ShardUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ShardUpdateRequest) GetId() string {
@@ -550,7 +710,7 @@ type ShardUpdateResponse struct {
 
 func (x *ShardUpdateResponse) Reset() {
 	*x = ShardUpdateResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	mi := &file_chime_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +722,7 @@ func (x *ShardUpdateResponse) String() string {
 func (*ShardUpdateResponse) ProtoMessage() {}
 
 func (x *ShardUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[5]
+	mi := &file_chime_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +735,7 @@ func (x *ShardUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardUpdateResponse.ProtoReflect.Descriptor instead.
 func (*ShardUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ShardUpdateResponse) GetOutcome() uint32 {
@@ -615,7 +775,7 @@ type ShardEventRequest struct {
 
 func (x *ShardEventRequest) Reset() {
 	*x = ShardEventRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	mi := &file_chime_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +787,7 @@ func (x *ShardEventRequest) String() string {
 func (*ShardEventRequest) ProtoMessage() {}
 
 func (x *ShardEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[6]
+	mi := &file_chime_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +800,7 @@ func (x *ShardEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardEventRequest.ProtoReflect.Descriptor instead.
 func (*ShardEventRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ShardEventRequest) GetId() string {
@@ -660,7 +820,7 @@ type ShardCancelEventResponse struct {
 
 func (x *ShardCancelEventResponse) Reset() {
 	*x = ShardCancelEventResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[7]
+	mi := &file_chime_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -672,7 +832,7 @@ func (x *ShardCancelEventResponse) String() string {
 func (*ShardCancelEventResponse) ProtoMessage() {}
 
 func (x *ShardCancelEventResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[7]
+	mi := &file_chime_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -685,7 +845,7 @@ func (x *ShardCancelEventResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardCancelEventResponse.ProtoReflect.Descriptor instead.
 func (*ShardCancelEventResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ShardCancelEventResponse) GetOutcome() uint32 {
@@ -705,7 +865,7 @@ type ShardGetResponse struct {
 
 func (x *ShardGetResponse) Reset() {
 	*x = ShardGetResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[8]
+	mi := &file_chime_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +877,7 @@ func (x *ShardGetResponse) String() string {
 func (*ShardGetResponse) ProtoMessage() {}
 
 func (x *ShardGetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[8]
+	mi := &file_chime_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +890,7 @@ func (x *ShardGetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardGetResponse.ProtoReflect.Descriptor instead.
 func (*ShardGetResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ShardGetResponse) GetFound() bool {
@@ -757,7 +917,7 @@ type ShardRecurringRequest struct {
 
 func (x *ShardRecurringRequest) Reset() {
 	*x = ShardRecurringRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[9]
+	mi := &file_chime_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +929,7 @@ func (x *ShardRecurringRequest) String() string {
 func (*ShardRecurringRequest) ProtoMessage() {}
 
 func (x *ShardRecurringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[9]
+	mi := &file_chime_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +942,7 @@ func (x *ShardRecurringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardRecurringRequest.ProtoReflect.Descriptor instead.
 func (*ShardRecurringRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ShardRecurringRequest) GetCommand() []byte {
@@ -810,7 +970,7 @@ type ShardRecurringResponse struct {
 
 func (x *ShardRecurringResponse) Reset() {
 	*x = ShardRecurringResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[10]
+	mi := &file_chime_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +982,7 @@ func (x *ShardRecurringResponse) String() string {
 func (*ShardRecurringResponse) ProtoMessage() {}
 
 func (x *ShardRecurringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[10]
+	mi := &file_chime_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +995,7 @@ func (x *ShardRecurringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardRecurringResponse.ProtoReflect.Descriptor instead.
 func (*ShardRecurringResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ShardRecurringResponse) GetOutcome() uint32 {
@@ -894,7 +1054,7 @@ type ShardSchedulesQuery struct {
 
 func (x *ShardSchedulesQuery) Reset() {
 	*x = ShardSchedulesQuery{}
-	mi := &file_chime_v1_peer_proto_msgTypes[11]
+	mi := &file_chime_v1_peer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1066,7 @@ func (x *ShardSchedulesQuery) String() string {
 func (*ShardSchedulesQuery) ProtoMessage() {}
 
 func (x *ShardSchedulesQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[11]
+	mi := &file_chime_v1_peer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1079,7 @@ func (x *ShardSchedulesQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardSchedulesQuery.ProtoReflect.Descriptor instead.
 func (*ShardSchedulesQuery) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{11}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ShardSchedulesQuery) GetShard() uint32 {
@@ -971,7 +1131,7 @@ type ShardSchedulesResponse struct {
 
 func (x *ShardSchedulesResponse) Reset() {
 	*x = ShardSchedulesResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[12]
+	mi := &file_chime_v1_peer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1143,7 @@ func (x *ShardSchedulesResponse) String() string {
 func (*ShardSchedulesResponse) ProtoMessage() {}
 
 func (x *ShardSchedulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[12]
+	mi := &file_chime_v1_peer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1156,7 @@ func (x *ShardSchedulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardSchedulesResponse.ProtoReflect.Descriptor instead.
 func (*ShardSchedulesResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{12}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ShardSchedulesResponse) GetSchedules() []*RecurringSchedule {
@@ -1032,7 +1192,7 @@ type ShardQuery struct {
 
 func (x *ShardQuery) Reset() {
 	*x = ShardQuery{}
-	mi := &file_chime_v1_peer_proto_msgTypes[13]
+	mi := &file_chime_v1_peer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1204,7 @@ func (x *ShardQuery) String() string {
 func (*ShardQuery) ProtoMessage() {}
 
 func (x *ShardQuery) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[13]
+	mi := &file_chime_v1_peer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1217,7 @@ func (x *ShardQuery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardQuery.ProtoReflect.Descriptor instead.
 func (*ShardQuery) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{13}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ShardQuery) GetShard() uint32 {
@@ -1130,7 +1290,7 @@ type ShardListResponse struct {
 
 func (x *ShardListResponse) Reset() {
 	*x = ShardListResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[14]
+	mi := &file_chime_v1_peer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1142,7 +1302,7 @@ func (x *ShardListResponse) String() string {
 func (*ShardListResponse) ProtoMessage() {}
 
 func (x *ShardListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[14]
+	mi := &file_chime_v1_peer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1155,7 +1315,7 @@ func (x *ShardListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardListResponse.ProtoReflect.Descriptor instead.
 func (*ShardListResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{14}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ShardListResponse) GetEvents() []*GetResponse {
@@ -1186,7 +1346,7 @@ type ShardCancelResponse struct {
 
 func (x *ShardCancelResponse) Reset() {
 	*x = ShardCancelResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[15]
+	mi := &file_chime_v1_peer_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1198,7 +1358,7 @@ func (x *ShardCancelResponse) String() string {
 func (*ShardCancelResponse) ProtoMessage() {}
 
 func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[15]
+	mi := &file_chime_v1_peer_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1211,7 +1371,7 @@ func (x *ShardCancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardCancelResponse.ProtoReflect.Descriptor instead.
 func (*ShardCancelResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{15}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ShardCancelResponse) GetStep() *CancelMatchingProgress {
@@ -1252,7 +1412,7 @@ type ReplicasRequest struct {
 
 func (x *ReplicasRequest) Reset() {
 	*x = ReplicasRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[16]
+	mi := &file_chime_v1_peer_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1264,7 +1424,7 @@ func (x *ReplicasRequest) String() string {
 func (*ReplicasRequest) ProtoMessage() {}
 
 func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[16]
+	mi := &file_chime_v1_peer_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1277,7 +1437,7 @@ func (x *ReplicasRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasRequest.ProtoReflect.Descriptor instead.
 func (*ReplicasRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{16}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReplicasRequest) GetShards() []uint32 {
@@ -1315,7 +1475,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_chime_v1_peer_proto_msgTypes[17]
+	mi := &file_chime_v1_peer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1327,7 +1487,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[17]
+	mi := &file_chime_v1_peer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1340,7 +1500,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{17}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReplicaStatus) GetShard() uint32 {
@@ -1455,7 +1615,7 @@ type ReplicasResponse struct {
 
 func (x *ReplicasResponse) Reset() {
 	*x = ReplicasResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[18]
+	mi := &file_chime_v1_peer_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1627,7 @@ func (x *ReplicasResponse) String() string {
 func (*ReplicasResponse) ProtoMessage() {}
 
 func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[18]
+	mi := &file_chime_v1_peer_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1640,7 @@ func (x *ReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{18}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReplicasResponse) GetNodeId() string {
@@ -1521,7 +1681,7 @@ type ForgetRequest struct {
 
 func (x *ForgetRequest) Reset() {
 	*x = ForgetRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[19]
+	mi := &file_chime_v1_peer_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1693,7 @@ func (x *ForgetRequest) String() string {
 func (*ForgetRequest) ProtoMessage() {}
 
 func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[19]
+	mi := &file_chime_v1_peer_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +1706,7 @@ func (x *ForgetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetRequest.ProtoReflect.Descriptor instead.
 func (*ForgetRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{19}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ForgetRequest) GetNode() string {
@@ -1564,7 +1724,7 @@ type ForgetResponse struct {
 
 func (x *ForgetResponse) Reset() {
 	*x = ForgetResponse{}
-	mi := &file_chime_v1_peer_proto_msgTypes[20]
+	mi := &file_chime_v1_peer_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1736,7 @@ func (x *ForgetResponse) String() string {
 func (*ForgetResponse) ProtoMessage() {}
 
 func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[20]
+	mi := &file_chime_v1_peer_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1749,7 @@ func (x *ForgetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetResponse.ProtoReflect.Descriptor instead.
 func (*ForgetResponse) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{20}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{23}
 }
 
 type ShardForecastRequest struct {
@@ -1603,7 +1763,7 @@ type ShardForecastRequest struct {
 
 func (x *ShardForecastRequest) Reset() {
 	*x = ShardForecastRequest{}
-	mi := &file_chime_v1_peer_proto_msgTypes[21]
+	mi := &file_chime_v1_peer_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1615,7 +1775,7 @@ func (x *ShardForecastRequest) String() string {
 func (*ShardForecastRequest) ProtoMessage() {}
 
 func (x *ShardForecastRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_chime_v1_peer_proto_msgTypes[21]
+	mi := &file_chime_v1_peer_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1628,7 +1788,7 @@ func (x *ShardForecastRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardForecastRequest.ProtoReflect.Descriptor instead.
 func (*ShardForecastRequest) Descriptor() ([]byte, []int) {
-	return file_chime_v1_peer_proto_rawDescGZIP(), []int{21}
+	return file_chime_v1_peer_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ShardForecastRequest) GetShard() uint32 {
@@ -1649,7 +1809,16 @@ var File_chime_v1_peer_proto protoreflect.FileDescriptor
 
 const file_chime_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14chime/v1/admin.proto\x1a\x18chime/v1/recurring.proto\x1a\x18chime/v1/scheduler.proto\"\xc2\x03\n" +
+	"\x13chime/v1/peer.proto\x12\bchime.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14chime/v1/admin.proto\x1a\x18chime/v1/recurring.proto\x1a\x18chime/v1/scheduler.proto\"*\n" +
+	"\x12ShardParkedRequest\x12\x14\n" +
+	"\x05shard\x18\x01 \x01(\rR\x05shard\"h\n" +
+	"\vParkedEvent\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x19\n" +
+	"\bfired_at\x18\x02 \x01(\x03R\afiredAt\x12\x1a\n" +
+	"\battempts\x18\x03 \x01(\rR\battempts\x12\x10\n" +
+	"\x03due\x18\x04 \x01(\x03R\x03due\"D\n" +
+	"\x13ShardParkedResponse\x12-\n" +
+	"\x06events\x18\x01 \x03(\v2\x15.chime.v1.ParkedEventR\x06events\"\xc2\x03\n" +
 	"\n" +
 	"ValidEvent\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -1776,10 +1945,11 @@ const file_chime_v1_peer_proto_rawDesc = "" +
 	"\x13RAFT_STATE_FOLLOWER\x10\x01\x12\x18\n" +
 	"\x14RAFT_STATE_CANDIDATE\x10\x02\x12\x15\n" +
 	"\x11RAFT_STATE_LEADER\x10\x03\x12\x17\n" +
-	"\x13RAFT_STATE_SHUTDOWN\x10\x042\xbb\b\n" +
+	"\x13RAFT_STATE_SHUTDOWN\x10\x042\x87\t\n" +
 	"\x04Peer\x12A\n" +
 	"\bReplicas\x12\x19.chime.v1.ReplicasRequest\x1a\x1a.chime.v1.ReplicasResponse\x12;\n" +
-	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x12>\n" +
+	"\x06Forget\x12\x17.chime.v1.ForgetRequest\x1a\x18.chime.v1.ForgetResponse\x12J\n" +
+	"\vShardParked\x12\x1c.chime.v1.ShardParkedRequest\x1a\x1d.chime.v1.ShardParkedResponse\x12>\n" +
 	"\tShardList\x12\x14.chime.v1.ShardQuery\x1a\x1b.chime.v1.ShardListResponse\x12;\n" +
 	"\n" +
 	"ShardCount\x12\x14.chime.v1.ShardQuery\x1a\x17.chime.v1.CountResponse\x12B\n" +
@@ -1808,94 +1978,100 @@ func file_chime_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_chime_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_chime_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_chime_v1_peer_proto_goTypes = []any{
 	(RaftState)(0),                   // 0: chime.v1.RaftState
-	(*ValidEvent)(nil),               // 1: chime.v1.ValidEvent
-	(*ShardScheduleRequest)(nil),     // 2: chime.v1.ShardScheduleRequest
-	(*ShardResult)(nil),              // 3: chime.v1.ShardResult
-	(*ShardScheduleResponse)(nil),    // 4: chime.v1.ShardScheduleResponse
-	(*ShardUpdateRequest)(nil),       // 5: chime.v1.ShardUpdateRequest
-	(*ShardUpdateResponse)(nil),      // 6: chime.v1.ShardUpdateResponse
-	(*ShardEventRequest)(nil),        // 7: chime.v1.ShardEventRequest
-	(*ShardCancelEventResponse)(nil), // 8: chime.v1.ShardCancelEventResponse
-	(*ShardGetResponse)(nil),         // 9: chime.v1.ShardGetResponse
-	(*ShardRecurringRequest)(nil),    // 10: chime.v1.ShardRecurringRequest
-	(*ShardRecurringResponse)(nil),   // 11: chime.v1.ShardRecurringResponse
-	(*ShardSchedulesQuery)(nil),      // 12: chime.v1.ShardSchedulesQuery
-	(*ShardSchedulesResponse)(nil),   // 13: chime.v1.ShardSchedulesResponse
-	(*ShardQuery)(nil),               // 14: chime.v1.ShardQuery
-	(*ShardListResponse)(nil),        // 15: chime.v1.ShardListResponse
-	(*ShardCancelResponse)(nil),      // 16: chime.v1.ShardCancelResponse
-	(*ReplicasRequest)(nil),          // 17: chime.v1.ReplicasRequest
-	(*ReplicaStatus)(nil),            // 18: chime.v1.ReplicaStatus
-	(*ReplicasResponse)(nil),         // 19: chime.v1.ReplicasResponse
-	(*ForgetRequest)(nil),            // 20: chime.v1.ForgetRequest
-	(*ForgetResponse)(nil),           // 21: chime.v1.ForgetResponse
-	(*ShardForecastRequest)(nil),     // 22: chime.v1.ShardForecastRequest
-	(*Header)(nil),                   // 23: chime.v1.Header
-	(*GetResponse)(nil),              // 24: chime.v1.GetResponse
-	(*RecurringSchedule)(nil),        // 25: chime.v1.RecurringSchedule
-	(*EventFilter)(nil),              // 26: chime.v1.EventFilter
-	(*timestamppb.Timestamp)(nil),    // 27: google.protobuf.Timestamp
-	(*CancelMatchingProgress)(nil),   // 28: chime.v1.CancelMatchingProgress
-	(*IngestPartition)(nil),          // 29: chime.v1.IngestPartition
-	(*ForecastRequest)(nil),          // 30: chime.v1.ForecastRequest
-	(*CountResponse)(nil),            // 31: chime.v1.CountResponse
-	(*ForecastResponse)(nil),         // 32: chime.v1.ForecastResponse
+	(*ShardParkedRequest)(nil),       // 1: chime.v1.ShardParkedRequest
+	(*ParkedEvent)(nil),              // 2: chime.v1.ParkedEvent
+	(*ShardParkedResponse)(nil),      // 3: chime.v1.ShardParkedResponse
+	(*ValidEvent)(nil),               // 4: chime.v1.ValidEvent
+	(*ShardScheduleRequest)(nil),     // 5: chime.v1.ShardScheduleRequest
+	(*ShardResult)(nil),              // 6: chime.v1.ShardResult
+	(*ShardScheduleResponse)(nil),    // 7: chime.v1.ShardScheduleResponse
+	(*ShardUpdateRequest)(nil),       // 8: chime.v1.ShardUpdateRequest
+	(*ShardUpdateResponse)(nil),      // 9: chime.v1.ShardUpdateResponse
+	(*ShardEventRequest)(nil),        // 10: chime.v1.ShardEventRequest
+	(*ShardCancelEventResponse)(nil), // 11: chime.v1.ShardCancelEventResponse
+	(*ShardGetResponse)(nil),         // 12: chime.v1.ShardGetResponse
+	(*ShardRecurringRequest)(nil),    // 13: chime.v1.ShardRecurringRequest
+	(*ShardRecurringResponse)(nil),   // 14: chime.v1.ShardRecurringResponse
+	(*ShardSchedulesQuery)(nil),      // 15: chime.v1.ShardSchedulesQuery
+	(*ShardSchedulesResponse)(nil),   // 16: chime.v1.ShardSchedulesResponse
+	(*ShardQuery)(nil),               // 17: chime.v1.ShardQuery
+	(*ShardListResponse)(nil),        // 18: chime.v1.ShardListResponse
+	(*ShardCancelResponse)(nil),      // 19: chime.v1.ShardCancelResponse
+	(*ReplicasRequest)(nil),          // 20: chime.v1.ReplicasRequest
+	(*ReplicaStatus)(nil),            // 21: chime.v1.ReplicaStatus
+	(*ReplicasResponse)(nil),         // 22: chime.v1.ReplicasResponse
+	(*ForgetRequest)(nil),            // 23: chime.v1.ForgetRequest
+	(*ForgetResponse)(nil),           // 24: chime.v1.ForgetResponse
+	(*ShardForecastRequest)(nil),     // 25: chime.v1.ShardForecastRequest
+	(*Header)(nil),                   // 26: chime.v1.Header
+	(*GetResponse)(nil),              // 27: chime.v1.GetResponse
+	(*RecurringSchedule)(nil),        // 28: chime.v1.RecurringSchedule
+	(*EventFilter)(nil),              // 29: chime.v1.EventFilter
+	(*timestamppb.Timestamp)(nil),    // 30: google.protobuf.Timestamp
+	(*CancelMatchingProgress)(nil),   // 31: chime.v1.CancelMatchingProgress
+	(*IngestPartition)(nil),          // 32: chime.v1.IngestPartition
+	(*ForecastRequest)(nil),          // 33: chime.v1.ForecastRequest
+	(*CountResponse)(nil),            // 34: chime.v1.CountResponse
+	(*ForecastResponse)(nil),         // 35: chime.v1.ForecastResponse
 }
 var file_chime_v1_peer_proto_depIdxs = []int32{
-	23, // 0: chime.v1.ValidEvent.headers:type_name -> chime.v1.Header
-	1,  // 1: chime.v1.ShardScheduleRequest.events:type_name -> chime.v1.ValidEvent
-	3,  // 2: chime.v1.ShardScheduleResponse.results:type_name -> chime.v1.ShardResult
-	23, // 3: chime.v1.ShardUpdateRequest.headers:type_name -> chime.v1.Header
-	24, // 4: chime.v1.ShardGetResponse.event:type_name -> chime.v1.GetResponse
-	25, // 5: chime.v1.ShardRecurringResponse.schedule:type_name -> chime.v1.RecurringSchedule
-	25, // 6: chime.v1.ShardSchedulesResponse.schedules:type_name -> chime.v1.RecurringSchedule
-	26, // 7: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
-	27, // 8: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
-	24, // 9: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
-	28, // 10: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
-	27, // 11: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
-	0,  // 12: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
-	18, // 13: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
-	29, // 14: chime.v1.ReplicasResponse.ingest:type_name -> chime.v1.IngestPartition
-	30, // 15: chime.v1.ShardForecastRequest.request:type_name -> chime.v1.ForecastRequest
-	17, // 16: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
-	20, // 17: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
-	14, // 18: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
-	14, // 19: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
-	14, // 20: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
-	14, // 21: chime.v1.Peer.ShardListV2:input_type -> chime.v1.ShardQuery
-	14, // 22: chime.v1.Peer.ShardCountV2:input_type -> chime.v1.ShardQuery
-	14, // 23: chime.v1.Peer.ShardCancelV2:input_type -> chime.v1.ShardQuery
-	12, // 24: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
-	22, // 25: chime.v1.Peer.ShardForecast:input_type -> chime.v1.ShardForecastRequest
-	2,  // 26: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
-	5,  // 27: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
-	7,  // 28: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
-	7,  // 29: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
-	10, // 30: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
-	19, // 31: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
-	21, // 32: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
-	15, // 33: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
-	31, // 34: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
-	16, // 35: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
-	15, // 36: chime.v1.Peer.ShardListV2:output_type -> chime.v1.ShardListResponse
-	31, // 37: chime.v1.Peer.ShardCountV2:output_type -> chime.v1.CountResponse
-	16, // 38: chime.v1.Peer.ShardCancelV2:output_type -> chime.v1.ShardCancelResponse
-	13, // 39: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
-	32, // 40: chime.v1.Peer.ShardForecast:output_type -> chime.v1.ForecastResponse
-	4,  // 41: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
-	6,  // 42: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
-	8,  // 43: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
-	9,  // 44: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
-	11, // 45: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
-	31, // [31:46] is the sub-list for method output_type
-	16, // [16:31] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	2,  // 0: chime.v1.ShardParkedResponse.events:type_name -> chime.v1.ParkedEvent
+	26, // 1: chime.v1.ValidEvent.headers:type_name -> chime.v1.Header
+	4,  // 2: chime.v1.ShardScheduleRequest.events:type_name -> chime.v1.ValidEvent
+	6,  // 3: chime.v1.ShardScheduleResponse.results:type_name -> chime.v1.ShardResult
+	26, // 4: chime.v1.ShardUpdateRequest.headers:type_name -> chime.v1.Header
+	27, // 5: chime.v1.ShardGetResponse.event:type_name -> chime.v1.GetResponse
+	28, // 6: chime.v1.ShardRecurringResponse.schedule:type_name -> chime.v1.RecurringSchedule
+	28, // 7: chime.v1.ShardSchedulesResponse.schedules:type_name -> chime.v1.RecurringSchedule
+	29, // 8: chime.v1.ShardQuery.filter:type_name -> chime.v1.EventFilter
+	30, // 9: chime.v1.ShardQuery.after_due:type_name -> google.protobuf.Timestamp
+	27, // 10: chime.v1.ShardListResponse.events:type_name -> chime.v1.GetResponse
+	31, // 11: chime.v1.ShardCancelResponse.step:type_name -> chime.v1.CancelMatchingProgress
+	30, // 12: chime.v1.ShardCancelResponse.next_due:type_name -> google.protobuf.Timestamp
+	0,  // 13: chime.v1.ReplicaStatus.state:type_name -> chime.v1.RaftState
+	21, // 14: chime.v1.ReplicasResponse.replicas:type_name -> chime.v1.ReplicaStatus
+	32, // 15: chime.v1.ReplicasResponse.ingest:type_name -> chime.v1.IngestPartition
+	33, // 16: chime.v1.ShardForecastRequest.request:type_name -> chime.v1.ForecastRequest
+	20, // 17: chime.v1.Peer.Replicas:input_type -> chime.v1.ReplicasRequest
+	23, // 18: chime.v1.Peer.Forget:input_type -> chime.v1.ForgetRequest
+	1,  // 19: chime.v1.Peer.ShardParked:input_type -> chime.v1.ShardParkedRequest
+	17, // 20: chime.v1.Peer.ShardList:input_type -> chime.v1.ShardQuery
+	17, // 21: chime.v1.Peer.ShardCount:input_type -> chime.v1.ShardQuery
+	17, // 22: chime.v1.Peer.ShardCancel:input_type -> chime.v1.ShardQuery
+	17, // 23: chime.v1.Peer.ShardListV2:input_type -> chime.v1.ShardQuery
+	17, // 24: chime.v1.Peer.ShardCountV2:input_type -> chime.v1.ShardQuery
+	17, // 25: chime.v1.Peer.ShardCancelV2:input_type -> chime.v1.ShardQuery
+	15, // 26: chime.v1.Peer.ShardSchedules:input_type -> chime.v1.ShardSchedulesQuery
+	25, // 27: chime.v1.Peer.ShardForecast:input_type -> chime.v1.ShardForecastRequest
+	5,  // 28: chime.v1.Peer.ShardSchedule:input_type -> chime.v1.ShardScheduleRequest
+	8,  // 29: chime.v1.Peer.ShardUpdate:input_type -> chime.v1.ShardUpdateRequest
+	10, // 30: chime.v1.Peer.ShardCancelEvent:input_type -> chime.v1.ShardEventRequest
+	10, // 31: chime.v1.Peer.ShardGet:input_type -> chime.v1.ShardEventRequest
+	13, // 32: chime.v1.Peer.ShardRecurring:input_type -> chime.v1.ShardRecurringRequest
+	22, // 33: chime.v1.Peer.Replicas:output_type -> chime.v1.ReplicasResponse
+	24, // 34: chime.v1.Peer.Forget:output_type -> chime.v1.ForgetResponse
+	3,  // 35: chime.v1.Peer.ShardParked:output_type -> chime.v1.ShardParkedResponse
+	18, // 36: chime.v1.Peer.ShardList:output_type -> chime.v1.ShardListResponse
+	34, // 37: chime.v1.Peer.ShardCount:output_type -> chime.v1.CountResponse
+	19, // 38: chime.v1.Peer.ShardCancel:output_type -> chime.v1.ShardCancelResponse
+	18, // 39: chime.v1.Peer.ShardListV2:output_type -> chime.v1.ShardListResponse
+	34, // 40: chime.v1.Peer.ShardCountV2:output_type -> chime.v1.CountResponse
+	19, // 41: chime.v1.Peer.ShardCancelV2:output_type -> chime.v1.ShardCancelResponse
+	16, // 42: chime.v1.Peer.ShardSchedules:output_type -> chime.v1.ShardSchedulesResponse
+	35, // 43: chime.v1.Peer.ShardForecast:output_type -> chime.v1.ForecastResponse
+	7,  // 44: chime.v1.Peer.ShardSchedule:output_type -> chime.v1.ShardScheduleResponse
+	9,  // 45: chime.v1.Peer.ShardUpdate:output_type -> chime.v1.ShardUpdateResponse
+	11, // 46: chime.v1.Peer.ShardCancelEvent:output_type -> chime.v1.ShardCancelEventResponse
+	12, // 47: chime.v1.Peer.ShardGet:output_type -> chime.v1.ShardGetResponse
+	14, // 48: chime.v1.Peer.ShardRecurring:output_type -> chime.v1.ShardRecurringResponse
+	33, // [33:49] is the sub-list for method output_type
+	17, // [17:33] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_chime_v1_peer_proto_init() }
@@ -1906,14 +2082,14 @@ func file_chime_v1_peer_proto_init() {
 	file_chime_v1_admin_proto_init()
 	file_chime_v1_recurring_proto_init()
 	file_chime_v1_scheduler_proto_init()
-	file_chime_v1_peer_proto_msgTypes[0].OneofWrappers = []any{}
+	file_chime_v1_peer_proto_msgTypes[3].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_chime_v1_peer_proto_rawDesc), len(file_chime_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Peer_Replicas_FullMethodName         = "/chime.v1.Peer/Replicas"
 	Peer_Forget_FullMethodName           = "/chime.v1.Peer/Forget"
+	Peer_ShardParked_FullMethodName      = "/chime.v1.Peer/ShardParked"
 	Peer_ShardList_FullMethodName        = "/chime.v1.Peer/ShardList"
 	Peer_ShardCount_FullMethodName       = "/chime.v1.Peer/ShardCount"
 	Peer_ShardCancel_FullMethodName      = "/chime.v1.Peer/ShardCancel"
@@ -57,6 +58,12 @@ type PeerClient interface {
 	// Forget records on the answering node that an operator removed a node
 	// for good, so that the shards it leads drop that node.
 	Forget(ctx context.Context, in *ForgetRequest, opts ...grpc.CallOption) (*ForgetResponse, error)
+	// ShardParked reports the parked events of the answering node's replica
+	// of a shard: those whose records Kafka acknowledged while the replica
+	// led, and whose MarkFired did not commit. A new leader asks each other
+	// replica before it fires, and marks them rather than producing them
+	// again.
+	ShardParked(ctx context.Context, in *ShardParkedRequest, opts ...grpc.CallOption) (*ShardParkedResponse, error)
 	// ShardList is one shard's part of a List, answered by the shard's leader
 	// (any replica of it with stale_ok).
 	ShardList(ctx context.Context, in *ShardQuery, opts ...grpc.CallOption) (*ShardListResponse, error)
@@ -110,6 +117,16 @@ func (c *peerClient) Forget(ctx context.Context, in *ForgetRequest, opts ...grpc
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ForgetResponse)
 	err := c.cc.Invoke(ctx, Peer_Forget_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) ShardParked(ctx context.Context, in *ShardParkedRequest, opts ...grpc.CallOption) (*ShardParkedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ShardParkedResponse)
+	err := c.cc.Invoke(ctx, Peer_ShardParked_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -258,6 +275,12 @@ type PeerServer interface {
 	// Forget records on the answering node that an operator removed a node
 	// for good, so that the shards it leads drop that node.
 	Forget(context.Context, *ForgetRequest) (*ForgetResponse, error)
+	// ShardParked reports the parked events of the answering node's replica
+	// of a shard: those whose records Kafka acknowledged while the replica
+	// led, and whose MarkFired did not commit. A new leader asks each other
+	// replica before it fires, and marks them rather than producing them
+	// again.
+	ShardParked(context.Context, *ShardParkedRequest) (*ShardParkedResponse, error)
 	// ShardList is one shard's part of a List, answered by the shard's leader
 	// (any replica of it with stale_ok).
 	ShardList(context.Context, *ShardQuery) (*ShardListResponse, error)
@@ -302,6 +325,9 @@ func (UnimplementedPeerServer) Replicas(context.Context, *ReplicasRequest) (*Rep
 }
 func (UnimplementedPeerServer) Forget(context.Context, *ForgetRequest) (*ForgetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forget not implemented")
+}
+func (UnimplementedPeerServer) ShardParked(context.Context, *ShardParkedRequest) (*ShardParkedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ShardParked not implemented")
 }
 func (UnimplementedPeerServer) ShardList(context.Context, *ShardQuery) (*ShardListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ShardList not implemented")
@@ -395,6 +421,24 @@ func _Peer_Forget_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(PeerServer).Forget(ctx, req.(*ForgetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_ShardParked_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ShardParkedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).ShardParked(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_ShardParked_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).ShardParked(ctx, req.(*ShardParkedRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -647,6 +691,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Forget",
 			Handler:    _Peer_Forget_Handler,
+		},
+		{
+			MethodName: "ShardParked",
+			Handler:    _Peer_ShardParked_Handler,
 		},
 		{
 			MethodName: "ShardList",
