@@ -390,7 +390,9 @@
 //     explains it as for check 2 (early_under_skew), and so does, for a chime-delay, a
 //     window in which a clock was moved back by at least the earliness and that overlaps
 //     [I, append]: the leader counts the delay on its own clock, so a leader s behind
-//     gives the event a due s early, which it keeps after the heal.
+//     gives the event a due s early, which it keeps after the heal. Both together explain
+//     it too: a clock moved back by s as the delay was counted, and a skew window that
+//     explains the append as for check 2 against the due s earlier.
 //     (c) ingest_after_tombstone and ingest_after_replace (count records): a fired record of
 //     an ok produced record R, when the next ok record N of its key in the partition (a
 //     tombstone, or a schedule that replaces it) was applied before it was appended. Chime

@@ -230,18 +230,24 @@ func TestPlantIngestEarly(t *testing.T) {
 // gets a due that much early, which it keeps after the heal, so a clock moved back by at
 // least the earliness in [invocation, append] explains it; a clock moved ahead, a smaller
 // move, or a chime-deliver-at (an absolute due, not counted on the leader's clock) does not.
+// A clock behind when the delay was counted and one ahead when the record was produced
+// explain together as much as both moves.
 func TestIngestEarlyUnderSkew(t *testing.T) {
 	cases := []struct {
 		name      string
 		scenario  string
 		skew      time.Duration
+		fireSkew  time.Duration // a second skew window around the append, if not 0
 		early     time.Duration
 		underSkew bool
 	}{
-		{"clock behind by more", "ingest_plain", -3 * time.Second, 2500 * time.Millisecond, true},
-		{"clock behind by less", "ingest_plain", -2 * time.Second, 2500 * time.Millisecond, false},
-		{"clock ahead", "ingest_plain", 3 * time.Second, 2500 * time.Millisecond, false},
-		{"deliver-at", "ingest_deliver_at", -3 * time.Second, 2500 * time.Millisecond, false},
+		{"clock behind by more", "ingest_plain", -3 * time.Second, 0, 2500 * time.Millisecond, true},
+		{"clock behind by less", "ingest_plain", -2 * time.Second, 0, 2500 * time.Millisecond, false},
+		{"clock ahead", "ingest_plain", 3 * time.Second, 0, 2500 * time.Millisecond, false},
+		{"deliver-at", "ingest_deliver_at", -3 * time.Second, 0, 2500 * time.Millisecond, false},
+		{"behind, then ahead as it fired, by more together", "ingest_plain", -3 * time.Second, 3 * time.Second, 5500 * time.Millisecond, true},
+		{"behind, then ahead as it fired, by less together", "ingest_plain", -3 * time.Second, 2 * time.Second, 5500 * time.Millisecond, false},
+		{"ahead, then ahead as it fired", "ingest_plain", time.Second, 3 * time.Second, 5500 * time.Millisecond, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -255,13 +261,21 @@ func TestIngestEarlyUnderSkew(t *testing.T) {
 			}
 			// The one skew window of the run spans the produce and heals well before
 			// the record is appended.
+			at := due - int64(tc.early)
 			for i := range g.ops {
-				if g.ops[i].Kind == KindSkew {
-					g.ops[i].InvokeNs, g.ops[i].CompleteNs = op.InvokeNs-int64(time.Second), op.InvokeNs+int64(100*time.Millisecond)
-					g.ops[i].SkewNs = int64(tc.skew)
+				if g.ops[i].Kind != KindSkew {
+					continue
 				}
+				g.ops[i].InvokeNs, g.ops[i].CompleteNs = op.InvokeNs-int64(time.Second), op.InvokeNs+int64(100*time.Millisecond)
+				g.ops[i].SkewNs = int64(tc.skew)
+				if tc.fireSkew != 0 {
+					fired := g.ops[i]
+					fired.InvokeNs, fired.CompleteNs, fired.SkewNs = at-int64(time.Second), at+int64(time.Second), int64(tc.fireSkew)
+					g.ops = append(g.ops, fired)
+				}
+				break
 			}
-			g.recs[g.recsOf(id)[0]].AppendMs = (due - int64(tc.early)) / 1e6
+			g.recs[g.recsOf(id)[0]].AppendMs = at / 1e6
 			res := g.check()
 			if !tc.underSkew {
 				assertOnly(t, res, "early", id)
