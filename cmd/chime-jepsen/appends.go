@@ -1,8 +1,15 @@
 package main
 
 import (
+	"context"
 	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -19,6 +26,9 @@ import (
 type appendLog struct {
 	mu sync.Mutex
 	at map[appendKey]int64 // unix ns of the first produce request carrying the record
+	// last is when the broker last took a produce request (unix ns; 0:
+	// none yet), for watchStalls.
+	last atomic.Int64
 }
 
 // appendKey names one produced copy: an id is produced again only by a
@@ -43,6 +53,7 @@ func watchProduces(c *kfake.Cluster) *appendLog {
 	l := &appendLog{at: map[appendKey]int64{}}
 	c.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		now := time.Now().UnixNano()
+		l.last.Store(now)
 		pr, ok := req.(*kmsg.ProduceRequest)
 		if !ok {
 			return nil, nil, false
@@ -63,6 +74,79 @@ func watchProduces(c *kfake.Cluster) *appendLog {
 		return nil, nil, false // not handled: the broker goes on as usual
 	})
 	return l
+}
+
+const (
+	// stallAfter is how long the broker may take no produce request before
+	// watchStalls reports it; maxStallDumps bounds the goroutine dumps of a
+	// run.
+	stallAfter    = time.Second
+	maxStallDumps = 8
+	stallTick     = 250 * time.Millisecond
+)
+
+// watchStalls, until ctx ends, logs each time the broker has taken no
+// produce request for stallAfter, and writes what every goroutine of this
+// process is doing then to <out>/stall-N.txt. The broker serves every
+// request from one goroutine of this process, and runs have seen it append
+// nothing from any node for 1-2 s while the final heal ran, cause unknown;
+// the dump shows where that goroutine stood. A tick that comes late says the
+// whole process was not running. Some silences are the fault's own (a
+// kill-all leaves nobody to produce), which the log's fault windows tell.
+func (l *appendLog) watchStalls(ctx context.Context, out string, logger *slog.Logger) {
+	t := time.NewTicker(stallTick)
+	defer t.Stop()
+	prev, dumps, reported := time.Now(), 0, false
+	for {
+		var now time.Time
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			now = time.Now()
+		}
+		if late := now.Sub(prev) - stallTick; late > 2*stallTick {
+			logger.Warn("the driver's stall watch woke late: this process did not run", "late", late.Round(time.Millisecond))
+		}
+		prev = now
+		last := l.last.Load()
+		if last == 0 {
+			continue
+		}
+		idle := now.Sub(time.Unix(0, last))
+		if idle < stallAfter {
+			reported = false
+			continue
+		}
+		if reported {
+			continue
+		}
+		reported = true
+		attrs := []any{"since", time.Unix(0, last).Format("15:04:05.000")}
+		if dumps < maxStallDumps {
+			dumps++
+			path := filepath.Join(out, fmt.Sprintf("stall-%d.txt", dumps))
+			if err := dumpGoroutines(path); err != nil {
+				attrs = append(attrs, "err", err)
+			} else {
+				attrs = append(attrs, "goroutines", path)
+			}
+		}
+		logger.Warn("the broker has taken no produce request for a second", attrs...)
+	}
+}
+
+// dumpGoroutines writes every goroutine's stack to path.
+func dumpGoroutines(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("goroutine").WriteTo(f, 2); err != nil {
+		_ = f.Close() // the write's error is the one to report
+		return err
+	}
+	return f.Close()
 }
 
 func (l *appendLog) lookup(k appendKey) (int64, bool) {

@@ -288,6 +288,19 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	defer broker.Close()
 	appends := watchProduces(broker)
+	// The stall watch runs through the workload and the final heal; the
+	// drain that follows is silent by design.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		appends.watchStalls(watchCtx, out, logger)
+	}()
+	stopWatching := func() {
+		stopWatch()
+		<-watchDone
+	}
+	defer stopWatching()
 
 	// The ingest topic exists, with its partitions, before any node joins
 	// the group.
@@ -405,6 +418,7 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	finalHeal := time.Now()
 	<-backupsDone
 	logger.Info("final heal", "ops", len(h.snapshot()), "ran", time.Since(start).Round(time.Second))
+	stopWatching()
 
 	// Drain: wait until every event fell due (plus the drain period), then
 	// read everything back.

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// lockedBuffer is a log the watch writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestWatchStallsDumpsOnce: a broker that has taken no produce request for
+// stallAfter is reported once, with the goroutines written beside the run,
+// and a broker that takes requests is not reported.
+func TestWatchStallsDumpsOnce(t *testing.T) {
+	out := t.TempDir()
+	var log lockedBuffer
+	l := &appendLog{at: map[appendKey]int64{}}
+	l.last.Store(time.Now().UnixNano())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.watchStalls(ctx, out, slog.New(slog.NewTextHandler(&log, nil)))
+	}()
+	// Busy for a while: nothing to report.
+	for range 6 {
+		time.Sleep(stallTick)
+		l.last.Store(time.Now().UnixNano())
+	}
+	if strings.Contains(log.String(), "no produce request") {
+		t.Fatalf("a busy broker was reported: %s", log.String())
+	}
+	// Then silent for well over stallAfter: one report, one dump.
+	time.Sleep(stallAfter + 4*stallTick)
+	cancel()
+	<-done
+	if n := strings.Count(log.String(), "no produce request"); n != 1 {
+		t.Fatalf("%d reports of one silence, want 1: %s", n, log.String())
+	}
+	b, err := os.ReadFile(filepath.Join(out, "stall-1.txt"))
+	if err != nil || !strings.Contains(string(b), "watchStalls") {
+		t.Fatalf("the dump: %v, %d bytes without the watch's own goroutine", err, len(b))
+	}
+}
