@@ -395,16 +395,23 @@ func (f *firing) pin(seq uint64, due int64, p raftfsm.Policy) error {
 		return ErrChanging
 	}
 	if h, ok := f.handles.get(seq); ok {
-		f.wheel.Remove(h)
-		f.handles.delete(seq)
 		// A retried event goes back at its due time, not its retry time,
 		// which the wheel does not say: it is then retried at once.
-		delete(f.retrying, seq)
-		delete(f.spread, seq)
-		delete(f.limited, seq)
+		f.unwheelLocked(seq, h)
 	}
 	f.pinned[seq] = pinnedEvent{due, p}
 	return nil
+}
+
+// unwheelLocked takes event seq, which the wheel holds at h, out of the
+// wheel with what the wheel set keeps of it (its retry, window point or
+// rate-limit deferral). Called with f.mu held.
+func (f *firing) unwheelLocked(seq uint64, h wheel.Handle) {
+	f.wheel.Remove(h)
+	f.handles.delete(seq)
+	delete(f.retrying, seq)
+	delete(f.spread, seq)
+	delete(f.limited, seq)
 }
 
 // unpin puts a pinned event back where it was, if it is still pinned: the

@@ -140,11 +140,7 @@ func (f *firing) adopt(fired []raftfsm.Fired) int {
 		if due != e.Due {
 			continue
 		}
-		f.wheel.Remove(h)
-		f.handles.delete(e.Seq)
-		delete(f.retrying, e.Seq)
-		delete(f.spread, e.Seq)
-		delete(f.limited, e.Seq)
+		f.unwheelLocked(e.Seq, h)
 		f.parked[e.Seq] = e
 		f.unsure[e.Seq] = now
 		n++

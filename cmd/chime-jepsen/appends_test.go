@@ -7,35 +7,18 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-// lockedBuffer is a log the watch writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestWatchStallsDumpsOnce: a broker that has taken no produce request for
 // stallAfter is reported once, with the goroutines written beside the run,
-// and a broker that takes requests is not reported.
+// and a broker that takes requests is not reported (the busy spell comes
+// first, so a report of it would make two). The log is read once the
+// watch has returned.
 func TestWatchStallsDumpsOnce(t *testing.T) {
 	out := t.TempDir()
-	var log lockedBuffer
+	var log bytes.Buffer
 	l := &appendLog{at: map[appendKey]int64{}}
 	l.last.Store(time.Now().UnixNano())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -48,9 +31,6 @@ func TestWatchStallsDumpsOnce(t *testing.T) {
 	for range 6 {
 		time.Sleep(stallTick)
 		l.last.Store(time.Now().UnixNano())
-	}
-	if strings.Contains(log.String(), "no produce request") {
-		t.Fatalf("a busy broker was reported: %s", log.String())
 	}
 	// Then silent for well over stallAfter: one report, one dump.
 	time.Sleep(stallAfter + 4*stallTick)
