@@ -168,6 +168,19 @@ func (a *Admin) adminClient(node string) (chimev1.AdminClient, error) {
 	return chimev1.NewAdminClient(cc), nil
 }
 
+// leaderClient is adminClient for the node a replica names as shard s's
+// leader. A replica goes on naming a leader that was just removed until it
+// hears of the next election, so a leader gossip does not know is
+// leadership on the move, which the caller retries: UNAVAILABLE, where a
+// node the user named is NOT_FOUND.
+func (a *Admin) leaderClient(s uint32, leader string) (chimev1.AdminClient, error) {
+	cc, err := a.c.Conn(leader)
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "shard %d: its leader %s is not a known member (leadership is moving); retry in a moment", s, leader)
+	}
+	return chimev1.NewAdminClient(cc), nil
+}
+
 // alone is the FAILED_PRECONDITION of a call that needs other nodes on a
 // node that runs without gossip.
 func alone(err error) error {
@@ -260,7 +273,7 @@ func (a *Admin) TransferLeader(ctx context.Context, req *chimev1.TransferLeaderR
 	if err != nil {
 		return nil, cluster.StatusOf(a.logger, "admin", err)
 	}
-	cl, err := a.adminClient(leader)
+	cl, err := a.leaderClient(req.Shard, leader)
 	if err != nil {
 		return nil, err
 	}
@@ -348,7 +361,7 @@ func (a *Admin) Backup(req *chimev1.BackupRequest, stream chimev1.Admin_BackupSe
 	if leader == c.Self() {
 		return status.Errorf(codes.Unavailable, "shard %d is changing leader; retry", req.Shard)
 	}
-	cl, err := a.adminClient(leader)
+	cl, err := a.leaderClient(req.Shard, leader)
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/chimehq/chime/cluster"
+	"github.com/chimehq/chime/membership"
 )
 
 func TestFormatHorizon(t *testing.T) {
@@ -76,5 +82,24 @@ func TestLimitsValidateNamesTheFlag(t *testing.T) {
 	}
 	if got := (Limits{MaxKeyBytes: 5}).withDefaults(); got.MaxKeyBytes != 5 || got.MaxPayloadBytes != 1<<20 || got.MaxHorizon != 10*year {
 		t.Errorf("withDefaults() = %+v", got)
+	}
+}
+
+// A leader that gossip does not know (a replica still names a node that was
+// just removed) is leadership on the move: UNAVAILABLE, which callers such
+// as a backup retry; a node the user named and nobody knows is NOT_FOUND.
+func TestLeaderNobodyKnowsIsUnavailable(t *testing.T) {
+	c, err := cluster.New(cluster.Config{Self: membership.Meta{NodeID: "n1"}, Shards: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	a := &Admin{c: c}
+	_, err = a.leaderClient(2, "n9")
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "shard 2: its leader n9 is not a known member") {
+		t.Errorf("leaderClient: %v, want UNAVAILABLE naming the shard and the leader", err)
+	}
+	if _, err := a.adminClient("n9"); status.Code(err) != codes.NotFound {
+		t.Errorf("adminClient: %v, want NOT_FOUND", err)
 	}
 }
