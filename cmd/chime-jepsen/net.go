@@ -76,10 +76,13 @@ func setupNetwork(n int) error {
 }
 
 // teardownNetwork removes everything setupNetwork made; errors are ignored
-// because parts may not exist.
+// because parts may not exist. A namespace outlives its name while a
+// process (a node not yet dead) is in it, and keeps its veth pair; so the
+// pair is deleted by its host end too.
 func teardownNetwork(n int) {
 	for i := 1; i <= max(n, 9); i++ {
-		_ = exec.Command("ip", "netns", "del", nsName(i)).Run() // fails for a namespace never made
+		_ = exec.Command("ip", "netns", "del", nsName(i)).Run()               // fails for a namespace never made
+		_ = exec.Command("ip", "link", "del", fmt.Sprintf("chjv%d", i)).Run() // fails once the namespace took it
 	}
 	_ = exec.Command("ip", "link", "del", bridge).Run() // fails for a bridge never made
 }
