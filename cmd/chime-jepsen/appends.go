@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,21 +80,25 @@ func watchProduces(c *kfake.Cluster) *appendLog {
 const (
 	// stallAfter is how long the broker may take no produce request before
 	// watchStalls reports it; maxStallDumps bounds the goroutine dumps of a
-	// run.
-	stallAfter    = time.Second
+	// run. Runs have seen silences of 0.5-2.3 s.
+	stallAfter    = 600 * time.Millisecond
 	maxStallDumps = 8
 	stallTick     = 250 * time.Millisecond
+	// nodeDumpWait bounds the wait for the nodes' goroutine dumps.
+	nodeDumpWait = 3 * time.Second
 )
 
 // watchStalls, until ctx ends, logs each time the broker has taken no
 // produce request for stallAfter, and writes what every goroutine of this
-// process is doing then to <out>/stall-N.txt. The broker serves every
-// request from one goroutine of this process, and runs have seen it append
-// nothing from any node for 1-2 s while the final heal ran, cause unknown;
-// the dump shows where that goroutine stood. A tick that comes late says the
-// whole process was not running. Some silences are the fault's own (a
-// kill-all leaves nobody to produce), which the log's fault windows tell.
-func (l *appendLog) watchStalls(ctx context.Context, out string, logger *slog.Logger) {
+// process is doing then to <out>/stall-N.txt, and of each node nodes
+// returns to <out>/stall-N-<node>.txt. The broker serves every request from
+// one goroutine of this process, and runs have seen it append nothing from
+// any node for the whole of the final heal, 0.5-2.3 s when that took long,
+// cause unknown: the dumps show whether the broker's goroutine or the
+// nodes' producers stood still. A tick that comes late says the whole
+// process was not running. Some silences are the fault's own (a kill-all
+// leaves nobody to produce), which the log's fault windows tell.
+func (l *appendLog) watchStalls(ctx context.Context, out string, nodes func() []*node, logger *slog.Logger) {
 	t := time.NewTicker(stallTick)
 	defer t.Stop()
 	prev, dumps, reported := time.Now(), 0, false
@@ -131,9 +136,43 @@ func (l *appendLog) watchStalls(ctx context.Context, out string, logger *slog.Lo
 			} else {
 				attrs = append(attrs, "goroutines", path)
 			}
+			if errs := dumpNodes(ctx, strings.TrimSuffix(path, ".txt"), nodes()); len(errs) > 0 {
+				attrs = append(attrs, "node_dump_errors", errs)
+			}
+			prev = time.Now() // the dumps' own time is no lateness
 		}
-		logger.Warn("the broker has taken no produce request for a second", attrs...)
+		logger.Warn("the broker has taken no produce request for a while", append(attrs, "idle", idle.Round(time.Millisecond))...)
 	}
+}
+
+// dumpNodes writes each live node's goroutines to <prefix>-<node>.txt, all
+// at once, waiting at most nodeDumpWait, and returns what failed.
+func dumpNodes(ctx context.Context, prefix string, nodes []*node) []string {
+	ctx, cancel := context.WithTimeout(ctx, nodeDumpWait)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		errs []string
+		wg   sync.WaitGroup
+	)
+	for _, n := range nodes {
+		if !n.alive() {
+			continue
+		}
+		wg.Go(func() {
+			b, err := n.goroutines(ctx)
+			if err == nil {
+				err = os.WriteFile(prefix+"-"+n.id+".txt", b, 0o644)
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, n.id+": "+err.Error())
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return errs
 }
 
 // dumpGoroutines writes every goroutine's stack to path.

@@ -25,7 +25,7 @@ func TestWatchStallsDumpsOnce(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l.watchStalls(ctx, out, slog.New(slog.NewTextHandler(&log, nil)))
+		l.watchStalls(ctx, out, func() []*node { return nil }, slog.New(slog.NewTextHandler(&log, nil)))
 	}()
 	// Busy for a while: nothing to report.
 	for range 6 {

@@ -288,19 +288,6 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 	}
 	defer broker.Close()
 	appends := watchProduces(broker)
-	// The stall watch runs through the workload and the final heal; the
-	// drain that follows is silent by design.
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		appends.watchStalls(watchCtx, out, logger)
-	}()
-	stopWatching := func() {
-		stopWatch()
-		<-watchDone
-	}
-	defer stopWatching()
 
 	// The ingest topic exists, with its partitions, before any node joins
 	// the group.
@@ -388,6 +375,19 @@ func runTest(o options, kinds []string, logger *slog.Logger) (checker.Results, e
 		}
 	}
 	logger.Info("cluster converged; starting workload and nemesis")
+	// The stall watch runs through the workload and the final heal; the
+	// drain that follows is silent by design.
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		appends.watchStalls(watchCtx, out, c.members, logger)
+	}()
+	stopWatching := func() {
+		stopWatch()
+		<-watchDone
+	}
+	defer stopWatching()
 
 	h := &history{}
 	w := &workload{c: c, h: h, maxDelay: o.maxDelay, opTimeout: 5 * time.Second, retention: o.retention,

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -167,6 +168,8 @@ func (n *node) serveArgs() ([]string, error) {
 		"--kafka-brokers", hostIP + ":" + kafkaPort, "--shards", fmt.Sprint(n.shards),
 		"--dead-timeout", "1m", "--retention", n.retention.String(),
 		"--wheel-horizon", n.wheelHorizon.String(), "--log-level", "info",
+		// For the goroutine dumps the stall watch takes.
+		"--debug-endpoints",
 		// The embedded broker creates the workload's topics as they come,
 		// and serves plaintext on the test's own bridge.
 		"--kafka-auto-create-topics", "--kafka-insecure"}
@@ -375,23 +378,43 @@ func (n *node) admin() chimev1.AdminClient {
 
 // setClockOffset skews the node's clock (a chimefault build's debug handler).
 func (n *node) setClockOffset(d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := n.debugHTTP(ctx, http.MethodPost, fmt.Sprintf("/debug/fault/clock-offset?ns=%d", d.Nanoseconds()))
+	return err
+}
+
+// goroutines returns what every goroutine of the node is doing (its
+// --debug-endpoints profile).
+func (n *node) goroutines(ctx context.Context) ([]byte, error) {
+	return n.debugHTTP(ctx, http.MethodGet, "/debug/pprof/goroutine?debug=2")
+}
+
+// debugHTTP calls one of the node's debug handlers on its HTTP port, as the
+// driver (a node's certificate, which the admin-only handlers accept), and
+// returns the body of a 200.
+func (n *node) debugHTTP(ctx context.Context, method, path string) ([]byte, error) {
 	scheme, client := "http", http.DefaultClient
 	if n.sec != nil {
 		scheme, client = "https", n.sec.httpClient()
 	}
-	url := fmt.Sprintf("%s://%s/debug/fault/clock-offset?ns=%d", scheme, n.httpAddr(), d.Nanoseconds())
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, nil)
+	req, err := http.NewRequestWithContext(ctx, method, scheme+"://"+n.httpAddr()+path, nil)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_ = resp.Body.Close() // the status is the answer; the body is not read
-	if resp.StatusCode != 200 {
-		return fmt.Errorf("clock offset on %s: %s", n.id, resp.Status)
+	defer func() { _ = resp.Body.Close() }() // read to the end or given up on
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s %s on %s: %s", method, path, n.id, resp.Status)
+	}
+	return body, nil
 }
 
 // buildChimed builds the daemon with the fault-test clock into dir.
