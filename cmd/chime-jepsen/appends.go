@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"runtime/metrics"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -101,7 +103,8 @@ const (
 func (l *appendLog) watchStalls(ctx context.Context, out string, nodes func() []*node, logger *slog.Logger) {
 	t := time.NewTicker(stallTick)
 	defer t.Stop()
-	prev, dumps, reported := time.Now(), 0, false
+	prev, prevGC, dumps, reported := time.Now(), readGC(), 0, false
+	lastGC := prevGC // at the last tick the broker was busy
 	for {
 		var now time.Time
 		select {
@@ -110,17 +113,18 @@ func (l *appendLog) watchStalls(ctx context.Context, out string, nodes func() []
 		case <-t.C:
 			now = time.Now()
 		}
+		gc := readGC()
 		if late := now.Sub(prev) - stallTick; late > 2*stallTick {
-			logger.Warn("the driver's stall watch woke late: this process did not run", "late", late.Round(time.Millisecond))
+			logger.Warn("the driver's stall watch woke late: this process did not run", append([]any{"late", late.Round(time.Millisecond)}, gc.since(prevGC)...)...)
 		}
-		prev = now
+		prev, prevGC = now, gc
 		last := l.last.Load()
 		if last == 0 {
 			continue
 		}
 		idle := now.Sub(time.Unix(0, last))
 		if idle < stallAfter {
-			reported = false
+			reported, lastGC = false, gc
 			continue
 		}
 		if reported {
@@ -141,8 +145,42 @@ func (l *appendLog) watchStalls(ctx context.Context, out string, nodes func() []
 			}
 			prev = time.Now() // the dumps' own time is no lateness
 		}
-		logger.Warn("the broker has taken no produce request for a while", append(attrs, "idle", idle.Round(time.Millisecond))...)
+		attrs = append(attrs, "idle", idle.Round(time.Millisecond))
+		logger.Warn("the broker has taken no produce request for a while", append(attrs, gc.since(lastGC)...)...)
 	}
+}
+
+// gcState is this process's garbage collection so far, and the machine's
+// CPU pressure: whether a silence is the collector's, or the driver's
+// threads waiting for a CPU the nodes hold.
+type gcState struct {
+	cycles   int64
+	pause    time.Duration
+	heap     uint64
+	pressure string // /proc/pressure/cpu's "some" line, where the kernel has one
+}
+
+func readGC() gcState {
+	var st debug.GCStats
+	debug.ReadGCStats(&st)
+	// runtime/metrics, not ReadMemStats, which stops the world it watches.
+	heap := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(heap)
+	g := gcState{cycles: st.NumGC, pause: st.PauseTotal}
+	if heap[0].Value.Kind() == metrics.KindUint64 {
+		g.heap = heap[0].Value.Uint64()
+	}
+	if b, err := os.ReadFile("/proc/pressure/cpu"); err == nil {
+		g.pressure, _, _ = strings.Cut(string(b), "\n")
+	}
+	return g
+}
+
+// since describes what the collector did from prev to g, as log
+// attributes.
+func (g gcState) since(prev gcState) []any {
+	return []any{"gc_cycles", g.cycles - prev.cycles, "gc_pause", (g.pause - prev.pause).Round(time.Microsecond),
+		"heap_mib", g.heap >> 20, "cpu_pressure", g.pressure}
 }
 
 // dumpNodes writes each live node's goroutines to <prefix>-<node>.txt, all

@@ -12,10 +12,10 @@ import (
 )
 
 // TestWatchStallsDumpsOnce: a broker that has taken no produce request for
-// stallAfter is reported once, with the goroutines written beside the run,
-// and a broker that takes requests is not reported (the busy spell comes
-// first, so a report of it would make two). The log is read once the
-// watch has returned.
+// stallAfter is reported once, with the goroutines written beside the run
+// and what the collector did meanwhile, and a broker that takes requests is
+// not reported (the busy spell comes first, so a report of it would make
+// two). The log is read once the watch has returned.
 func TestWatchStallsDumpsOnce(t *testing.T) {
 	out := t.TempDir()
 	var log bytes.Buffer
@@ -38,6 +38,9 @@ func TestWatchStallsDumpsOnce(t *testing.T) {
 	<-done
 	if n := strings.Count(log.String(), "no produce request"); n != 1 {
 		t.Fatalf("%d reports of one silence, want 1: %s", n, log.String())
+	}
+	if !strings.Contains(log.String(), "gc_cycles=") || !strings.Contains(log.String(), "heap_mib=") {
+		t.Errorf("the report does not say what the collector did: %s", log.String())
 	}
 	b, err := os.ReadFile(filepath.Join(out, "stall-1.txt"))
 	if err != nil || !strings.Contains(string(b), "watchStalls") {
