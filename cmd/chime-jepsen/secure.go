@@ -111,6 +111,10 @@ func (s *security) clientOptions(token string) []client.Option {
 	return opts
 }
 
+// httpClient calls a node's HTTP port as the driver. Each client is made
+// for one call, so it keeps no connection open after it: an idle one of a
+// Transport nobody closes would stay, with its goroutines, to the end.
 func (s *security) httpClient() *http.Client {
-	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: s.driver.ClientConfig(certs.NodeName)}}
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: s.driver.ClientConfig(certs.NodeName), DisableKeepAlives: true}}
 }
