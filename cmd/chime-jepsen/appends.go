@@ -97,12 +97,11 @@ const (
 // produce request for stallAfter, and writes what every goroutine of this
 // process is doing then to <out>/stall-N.txt, and of each node nodes
 // returns to <out>/stall-N-<node>.txt. The broker serves every request from
-// one goroutine of this process, and runs have seen it append nothing from
-// any node for the whole of the final heal, 0.5-2.3 s when that took long,
-// cause unknown: the dumps show whether the broker's goroutine or the
-// nodes' producers stood still. A tick that comes late says the whole
-// process was not running. Some silences are the fault's own (a kill-all
-// leaves nobody to produce), which the log's fault windows tell.
+// one goroutine of this process; the silences runs have seen (0.5-3 s) were
+// this whole process not running while the nodes waited on the broker, and
+// a tick that comes late says so, with what the collector did meanwhile.
+// Some silences are the fault's own (a kill-all leaves nobody to produce),
+// which the log's fault windows tell.
 func (l *appendLog) watchStalls(ctx context.Context, out string, nodes func() []*node, logger *slog.Logger) {
 	t := time.NewTicker(stallTick)
 	defer t.Stop()
